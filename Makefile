@@ -1,0 +1,13 @@
+.PHONY: setup test lint format
+
+setup:
+	python3 -m venv .venv && . .venv/bin/activate && python -m pip install -c constraints.txt -e ".[dev]"
+
+test:
+	. .venv/bin/activate && python -m pytest -q
+
+lint:
+	. .venv/bin/activate && ruff check yolojet tests bench && ruff format --check yolojet tests bench
+
+format:
+	. .venv/bin/activate && ruff format yolojet tests bench && ruff check --fix yolojet tests bench

@@ -1,0 +1,173 @@
+"""The `yolojet` command: export and info, and a clear error for each kind of bad input."""
+
+from __future__ import annotations
+
+import torch
+from support import random_model, relative_max_error
+from torch import nn
+
+import yolojet
+from yolojet.cli import main
+from yolojet.errors import UnsupportedModuleError
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_export_yaml_then_info(tmp_path, capsys):
+    out = tmp_path / "yolo11n"
+    code, stdout, stderr = run_cli(capsys, "export", "yolo11n.yaml", "--imgsz", "128x96", "--out", out)
+    assert code == 0, stderr
+    assert "RANDOM weights" in stderr
+    assert (out / "graph.json").is_file() and (out / "weights.safetensors").is_file()
+
+    code, stdout, stderr = run_cli(capsys, "info", out)
+    assert code == 0, stderr
+    assert "task          detect" in stdout
+    assert "input         3x128x96" in stdout
+    assert "attention" in stdout and "conv" in stdout
+    assert "(RANDOM weights)" in stdout
+
+
+def test_info_gflops_agree_with_ultralytics(tmp_path, capsys):
+    from ultralytics.utils.torch_utils import get_flops
+
+    model = random_model("yolo11n.yaml")
+    graph = yolojet.Graph.load(yolojet.export(model, out=tmp_path / "m", imgsz=640))
+    ultralytics_gflops = get_flops(model, 640)
+    assert abs(graph.flops() / 1e9 - ultralytics_gflops) / ultralytics_gflops < 0.02
+
+
+def test_export_checkpoint_file_beside_it(tmp_path, capsys, monkeypatch):
+    """A `.pt` checkpoint (ultralytics' {"model": ...} layout) exports next to itself and runs like the original."""
+    model = random_model("yolov8n-pose.yaml")
+    checkpoint = tmp_path / "weights" / "pose.pt"
+    checkpoint.parent.mkdir()
+    torch.save({"model": model}, checkpoint)
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = run_cli(capsys, "export", checkpoint, "--imgsz", "128")
+    assert code == 0, stderr
+    model_dir = tmp_path / "weights" / "pose_128x128_yolojet"
+    assert model_dir.is_dir(), stdout
+    x = torch.rand(1, 3, 128, 128)
+    with torch.inference_mode():
+        expected = model(x)[0]
+    assert relative_max_error(yolojet.load_reference(model_dir)(x), expected) <= 1e-4
+
+
+def test_missing_file(tmp_path, capsys):
+    code, _, stderr = run_cli(capsys, "export", tmp_path / "nope" / "missing.pt")
+    assert code == 2
+    assert "missing.pt: no such file" in stderr
+
+
+def test_unknown_model_name_says_it_could_not_be_fetched(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, stderr = run_cli(capsys, "export", "yolo99z.pt")
+    assert code == 2
+    assert "yolo99z.pt: not found locally" in stderr
+
+
+def test_unknown_architecture_yaml(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, stderr = run_cli(capsys, "export", "yolo99z.yaml")
+    assert code == 2
+    assert "yolo99z.yaml" in stderr and "architecture" in stderr
+
+
+def test_corrupt_checkpoint(tmp_path, capsys):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy().tobytes())
+    code, _, stderr = run_cli(capsys, "export", bad, "--out", tmp_path / "out")
+    assert code == 2
+    assert "bad.pt: cannot read as a PyTorch checkpoint" in stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_truncated_checkpoint(tmp_path, capsys):
+    good = tmp_path / "good.pt"
+    torch.save({"model": random_model("yolov8n.yaml")}, good)
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[:20000])
+    code, _, stderr = run_cli(capsys, "export", truncated)
+    assert code == 2
+    assert "truncated.pt: cannot read as a PyTorch checkpoint" in stderr
+
+
+def test_non_yolo_checkpoints(tmp_path, capsys):
+    foreign_module = tmp_path / "linear.pt"
+    torch.save({"model": nn.Linear(3, 2)}, foreign_module)
+    code, _, stderr = run_cli(capsys, "export", foreign_module)
+    assert code == 2
+    assert "not an ultralytics YOLO model" in stderr
+
+    state_dict = tmp_path / "state_dict.pt"
+    torch.save({"state_dict": nn.Linear(3, 2).state_dict()}, state_dict)
+    code, _, stderr = run_cli(capsys, "export", state_dict)
+    assert code == 2
+    assert "not an ultralytics YOLO checkpoint" in stderr
+
+
+def test_imgsz_not_multiple_of_stride(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, stderr = run_cli(capsys, "export", "yolov8n.yaml", "--imgsz", "100", "--out", out)
+    assert code == 2
+    assert "100x100" in stderr and "multiples of the model's stride 32" in stderr
+    assert not out.exists()
+
+    code, _, stderr = run_cli(capsys, "export", "yolov8n-p6.yaml", "--imgsz", "96", "--out", out)
+    assert code == 2
+    assert "stride 64" in stderr
+
+
+def test_bad_imgsz_text(capsys):
+    try:
+        main(["export", "yolov8n.yaml", "--imgsz", "big"])
+    except SystemExit as e:
+        assert e.code == 2
+    assert "expected an integer or HEIGHTxWIDTH" in capsys.readouterr().err
+
+
+def test_failed_export_keeps_previous_directory(tmp_path, capsys):
+    out = tmp_path / "model"
+    assert run_cli(capsys, "export", "yolov8n-cls.yaml", "--imgsz", "64", "--out", out)[0] == 0
+    before = (out / "graph.json").read_bytes()
+    assert run_cli(capsys, "export", "yolov8n-cls.yaml", "--imgsz", "65", "--out", out)[0] == 2
+    assert (out / "graph.json").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_unsupported_module_names_class_and_layer(tmp_path):
+    class Mystery(nn.Module):
+        def forward(self, x):
+            return x
+
+    model = random_model("yolov8n.yaml")
+    original = model.model[3]
+    mystery = Mystery()
+    mystery.f, mystery.i = original.f, original.i
+    model.model[3] = mystery
+    try:
+        yolojet.export(model, out=tmp_path / "m", imgsz=64)
+    except UnsupportedModuleError as e:
+        assert e.module_class == "Mystery" and e.layer == 3
+        assert "layer 3: unsupported module Mystery" in str(e)
+    else:
+        raise AssertionError("an unknown module class must not be skipped silently")
+    finally:
+        model.model[3] = original
+
+
+def test_info_on_bad_directories(tmp_path, capsys):
+    code, _, stderr = run_cli(capsys, "info", tmp_path / "absent")
+    assert code == 2 and "not a model directory" in stderr
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "graph.json").write_text("{not json")
+    (broken / "weights.safetensors").write_bytes(b"")
+    code, _, stderr = run_cli(capsys, "info", broken)
+    assert code == 2 and "not valid JSON" in stderr

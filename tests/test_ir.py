@@ -1,0 +1,103 @@
+"""The graph IR: model directory round trip, validation, and shape inference agreeing with real execution."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+from support import random_model
+
+import yolojet
+from yolojet.errors import GraphError, ModelDirError
+from yolojet.ir import Graph, Node
+
+
+@pytest.fixture(scope="module")
+def seg_dir(tmp_path_factory):
+    return yolojet.export(random_model("yolo26n-seg.yaml"), out=tmp_path_factory.mktemp("ir") / "seg", imgsz=(96, 64))
+
+
+def test_round_trip_is_lossless(seg_dir, tmp_path):
+    graph = Graph.load(seg_dir)
+    copy = Graph.load(graph.save(tmp_path / "copy"))
+    assert copy.meta == graph.meta
+    assert copy.nodes == graph.nodes and copy.values == graph.values
+    assert copy.inputs == graph.inputs and copy.outputs == graph.outputs
+    assert copy.weights.keys() == graph.weights.keys()
+    for key, array in graph.weights.items():
+        np.testing.assert_array_equal(copy.weights[key], array)
+
+
+def test_directory_is_json_and_safetensors(seg_dir):
+    document = json.loads((seg_dir / "graph.json").read_text())
+    assert document["meta"]["task"] == "segment" and document["meta"]["imgsz"] == [96, 64]
+    weights = load_file(str(seg_dir / "weights.safetensors"))
+    referenced = {key for node in document["nodes"] for key in node["weights"].values()}
+    assert referenced == set(weights)
+    assert all(w.dtype == np.float32 for w in weights.values())
+
+
+def test_dump_shapes_match_recorded_shapes(seg_dir):
+    """Every value the reference executor produces has the shape the IR's shape rules recorded."""
+    reference = yolojet.load_reference(seg_dir)
+    values = reference.dump(torch.rand(3, 3, 96, 64))
+    graph = reference.graph
+    assert set(values) == set(graph.values)
+    for name, tensor in values.items():
+        expected = tuple(3 if d == "N" else d for d in graph.values[name].shape)
+        assert tuple(tensor.shape) == expected, name
+
+
+def test_validate_rejects_broken_graphs(seg_dir):
+    graph = Graph.load(seg_dir)
+    first = graph.nodes[0]
+
+    graph.nodes[0] = Node(first.name, "warp_drive", first.inputs, first.outputs, first.attrs, first.weights)
+    with pytest.raises(GraphError, match="unknown op kind 'warp_drive'"):
+        graph.validate()
+
+    graph.nodes[0] = Node(first.name, first.op, ["nowhere"], first.outputs, first.attrs, first.weights)
+    with pytest.raises(GraphError, match="reads nowhere before it is defined"):
+        graph.validate()
+
+    graph.nodes[0] = first
+    graph.values[first.outputs[0]].shape = ("N", 1, 2, 3)
+    with pytest.raises(GraphError, match="recorded shape"):
+        graph.validate()
+
+
+def test_load_rejects_incomplete_or_foreign_directories(seg_dir, tmp_path):
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "graph.json").write_text((seg_dir / "graph.json").read_text())
+    with pytest.raises(ModelDirError, match=r"missing weights\.safetensors"):
+        Graph.load(partial)
+
+    (partial / "weights.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(ModelDirError, match="cannot read weights"):
+        Graph.load(partial)
+
+    future = json.loads((seg_dir / "graph.json").read_text())
+    future["format_version"] = 99
+    (partial / "graph.json").write_text(json.dumps(future))
+    with pytest.raises(ModelDirError, match="format version 99"):
+        Graph.load(partial)
+
+
+def test_reference_rejects_bad_input(seg_dir):
+    reference = yolojet.load_reference(seg_dir)
+    with pytest.raises(ValueError, match="3 channels"):
+        reference(torch.rand(1, 4, 96, 64))
+    with pytest.raises(TypeError, match="floating-point"):
+        reference(torch.zeros(1, 3, 96, 64, dtype=torch.uint8))
+
+
+def test_import_does_not_pull_in_ultralytics():
+    import subprocess
+    import sys
+
+    code = "import sys, yolojet; yolojet.load_reference; assert 'ultralytics' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,118 @@
+"""Turn what the user typed (a `.pt` path, an ultralytics name, an architecture YAML) into an eval-mode model."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from yolojet.errors import CheckpointError, ModelNotFoundError, NotAYoloModelError
+
+log = logging.getLogger("yolojet")
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    source: str
+    random_weights: bool
+
+
+def _is_bare_name(source: str) -> bool:
+    return Path(source).name == source
+
+
+def _load_yaml(source: str) -> LoadedModel:
+    from ultralytics import YOLO
+
+    path = Path(source)
+    if not path.is_file() and not _is_bare_name(source):
+        raise ModelNotFoundError(f"{source}: no such architecture file")
+    try:
+        model = YOLO(source, verbose=False).model
+    except FileNotFoundError as e:
+        raise ModelNotFoundError(
+            f"{source}: not a file here and not an architecture name ultralytics knows (e.g. yolo11n.yaml)"
+        ) from e
+    print(
+        f"NOTICE: {source} is an architecture file: the model has RANDOM weights and its detections mean nothing. "
+        "Pass a trained .pt checkpoint for real results.",
+        file=sys.stderr,
+    )
+    return LoadedModel(model, source, random_weights=True)
+
+
+def _fetch_named_checkpoint(source: str) -> Path:
+    """Let ultralytics download an official checkpoint by name; say plainly when it cannot."""
+    from ultralytics.utils.downloads import attempt_download_asset
+
+    try:
+        fetched = Path(attempt_download_asset(source))
+    except Exception as e:  # network failures surface as many different exception types
+        raise ModelNotFoundError(
+            f"{source}: not found locally, and ultralytics could not download it ({type(e).__name__}: {e}). "
+            "Check the name and your network, or pass the path of a local .pt file."
+        ) from e
+    if not fetched.is_file():
+        raise ModelNotFoundError(
+            f"{source}: not found locally, and ultralytics could not download it (no network, or not an official "
+            "model name). Pass the path of a local .pt file."
+        )
+    return fetched
+
+
+def _load_checkpoint(source: str) -> LoadedModel:
+    from ultralytics.nn.tasks import load_checkpoint
+
+    path = Path(source)
+    if not path.is_file():
+        if not _is_bare_name(source):
+            raise ModelNotFoundError(f"{source}: no such file")
+        path = _fetch_named_checkpoint(source)
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: empty file, not a checkpoint")
+    try:
+        model, _ = load_checkpoint(str(path), device="cpu")
+    except (TypeError, KeyError, AttributeError) as e:
+        if zipfile.is_zipfile(path) or "Ultralytics checkpoint format" in str(e):
+            raise NotAYoloModelError(f"{path}: a PyTorch file, but not an ultralytics YOLO checkpoint ({e})") from e
+        raise CheckpointError(f"{path}: cannot read as a PyTorch checkpoint ({e})") from e
+    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot read as a PyTorch checkpoint, corrupt or truncated? ({e})") from e
+    return LoadedModel(model, str(path), random_weights=False)
+
+
+def check_yolo_model(model: nn.Module, source: str) -> None:
+    """A YOLO model is a `BaseModel` whose `model` is a layer list wired through `f` indices."""
+    from ultralytics.nn.tasks import BaseModel
+
+    layers = getattr(model, "model", None)
+    if not isinstance(model, BaseModel) or not isinstance(layers, nn.Sequential) or len(layers) == 0:
+        raise NotAYoloModelError(f"{source}: holds a {type(model).__name__}, not an ultralytics YOLO model")
+    if not all(hasattr(m, "f") and hasattr(m, "i") for m in layers):
+        raise NotAYoloModelError(f"{source}: layers lack ultralytics' from-index wiring (f/i attributes)")
+
+
+def load_model(source: str | Path | nn.Module) -> LoadedModel:
+    """Load an ultralytics model in eval mode, float32, on the CPU."""
+    if isinstance(source, nn.Module):
+        loaded = LoadedModel(source, type(source).__name__, random_weights=False)
+    else:
+        text = str(source)
+        suffix = Path(text).suffix.lower()
+        if suffix in (".yaml", ".yml"):
+            loaded = _load_yaml(text)
+        elif suffix == ".pt":
+            loaded = _load_checkpoint(text)
+        elif Path(text).exists():
+            raise NotAYoloModelError(f"{text}: expected a .pt checkpoint or a .yaml architecture file")
+        else:
+            raise ModelNotFoundError(f"{text}: no such file (expected a .pt checkpoint or a .yaml architecture)")
+    check_yolo_model(loaded.model, loaded.source)
+    loaded.model = loaded.model.float().eval().cpu()
+    return loaded

@@ -1,0 +1,1 @@
+"""Executors of the graph IR: the torch reference (truth and CPU fallback) and, on GPUs, the Triton engine."""
