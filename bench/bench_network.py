@@ -1,0 +1,201 @@
+"""Network-only benchmark on one GPU: yolojet against PyTorch peers, all in one run.
+
+For each model (built from its ultralytics YAML with random weights and BatchNorm statistics):
+export, build the engine (fp16, CUDA graphs for batch 1 and the large batch), check its outputs
+against the float32 reference executor on the GPU, then time graph replays (CUDA events, median,
+warm-up excluded) beside PyTorch eager fp16 (cuDNN), eager channels_last + CUDA graph and,
+with --compile, torch.compile(mode="max-autotune-no-cudagraphs") + CUDA graph. Start-up times
+(cold: empty kernel and tuning caches; cached: the same caches again) are measured in fresh
+processes. Prints a markdown table last; writes JSON and the table under --out.
+
+    python bench/bench_network.py --models yolo11n yolov8n --batches 1 64 --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support import random_model
+
+import yolojet
+from yolojet.ir import Graph
+from yolojet.runtime.engine import Engine
+
+STARTUP_SNIPPET = """
+import sys, time, torch
+from yolojet.ir import Graph
+from yolojet.runtime.engine import Engine
+graph = Graph.load(sys.argv[1])
+torch.cuda.init()
+start = time.perf_counter()
+Engine(graph, torch.device("cuda"), half=True, max_batch=1)
+torch.cuda.synchronize()
+print(time.perf_counter() - start)
+"""
+
+
+def median_ms(fn, repeats: int, warmup: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def graphed(fn, example: torch.Tensor):
+    """Capture fn(example) in a CUDA graph; returns the replay function."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn(example)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(example)
+    return graph.replay
+
+
+def relative_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((ours.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12))
+
+
+def check(engine: Engine, model_dir: Path, imgsz: int) -> float:
+    reference = yolojet.load_reference(model_dir, device="cuda")
+    x = torch.rand(2, 3, imgsz, imgsz, device="cuda")
+    engine.poison()
+    ours, expected = engine.raw(x), reference(x)
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    return max(relative_l2(o, e) for o, e in zip(ours, expected, strict=True))
+
+
+def startup_seconds(model_dir: Path, env: dict[str, str]) -> float:
+    result = subprocess.run(
+        [sys.executable, "-c", STARTUP_SNIPPET, str(model_dir)], env=env, capture_output=True, text=True, check=True
+    )
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def bench_model(name: str, batches: list[int], imgsz: int, repeats: int, use_compile: bool, work: Path) -> dict:
+    model = random_model(f"{name}.yaml")
+    model_dir = yolojet.export(model, out=work / name, imgsz=imgsz)
+    graph = Graph.load(model_dir)
+    row: dict = {"model": name, "imgsz": imgsz, "gflops": graph.flops() / 1e9, "batches": {}}
+
+    start = time.perf_counter()
+    engine = Engine(graph, torch.device("cuda"), half=True, max_batch=max(batches), buckets=batches)
+    row["engine_build_s"] = time.perf_counter() - start
+    row["tuning"] = engine.tuning
+    row["max_rel_l2_vs_reference"] = check(engine, model_dir, imgsz)
+    row["launches"] = {b: len(engine.launch_list(b)) for b in batches}
+
+    fused = model.fuse().half().cuda().eval() if hasattr(model, "fuse") else model.half().cuda().eval()
+    for batch in batches:
+        x = torch.rand(batch, 3, imgsz, imgsz, device="cuda", dtype=torch.float16)
+        times = {"yolojet": median_ms(lambda b=batch: engine.execute(b), repeats)}
+        with torch.inference_mode():
+            times["eager"] = median_ms(lambda x=x: fused(x), repeats)
+            fused_cl = fused.to(memory_format=torch.channels_last)
+            x_cl = x.contiguous(memory_format=torch.channels_last)
+            times["eager_cl_graph"] = median_ms(graphed(fused_cl, x_cl), repeats)
+            if use_compile:
+                start = time.perf_counter()
+                compiled = torch.compile(fused_cl, mode="max-autotune-no-cudagraphs")
+                replay = graphed(compiled, x_cl)
+                row.setdefault("compile_s", {})[batch] = time.perf_counter() - start
+                times["compile_graph"] = median_ms(replay, repeats)
+            fused.to(memory_format=torch.contiguous_format)
+        row["batches"][batch] = times
+    row["profile_b1"] = [vars(p) for p in engine.profile(min(batches))]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["yolov8n", "yolo11n", "yolo26n", "yolo11s", "yolo11m"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 64])
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile max-autotune (minutes)")
+    parser.add_argument("--startup", action="store_true", help="time cold and cached engine start-up (first model)")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    fresh = Path(tempfile.mkdtemp(prefix="yolojet-bench-"))
+    os.environ["YOLOJET_CACHE"] = str(fresh / "yolojet")
+    os.environ["TRITON_CACHE_DIR"] = str(fresh / "triton")
+    report = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "commit": os.environ.get("YOLOJET_COMMIT", "?"),
+        "models": [],
+    }
+    if args.startup:
+        model_dir = yolojet.export(random_model(f"{args.models[0]}.yaml"), out=fresh / "startup", imgsz=args.imgsz)
+        env = dict(os.environ, YOLOJET_CACHE=str(fresh / "startup-cache"), TRITON_CACHE_DIR=str(fresh / "st"))
+        report["startup_s"] = {"cold": startup_seconds(model_dir, env), "cached": startup_seconds(model_dir, env)}
+        print(f"start-up {args.models[0]} batch 1: {report['startup_s']}", flush=True)
+    for name in args.models:
+        row = bench_model(name, args.batches, args.imgsz, args.repeats, args.compile, fresh)
+        torch.cuda.empty_cache()
+        report["models"].append(row)
+        (args.out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+        print(f"{name}: built in {row['engine_build_s']:.1f}s, rel L2 {row['max_rel_l2_vs_reference']:.2e}", flush=True)
+
+    lines = [
+        f"{report['gpu']}, torch {report['torch']}, triton {report['triton']}, {report['date']}, fp16 {args.imgsz}²",
+        "",
+        "| model | batch | runtime | ms/batch | img/s | yolojet speed-up |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in report["models"]:
+        for batch, times in row["batches"].items():
+            for runtime, ms in times.items():
+                ratio = ms / times["yolojet"]
+                lines.append(
+                    f"| {row['model']} | {batch} | {runtime} | {ms:.3f} | {batch * 1000 / ms:,.0f} | {ratio:.2f}x |"
+                )
+    for row in report["models"]:
+        lines += [
+            "",
+            f"profile {row['model']} batch {min(args.batches)} (ms):",
+            "| family | count | total | % | mean | min | max |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        total = sum(p["total_ms"] for p in row["profile_b1"])
+        for p in row["profile_b1"]:
+            lines.append(
+                f"| {p['family']} | {p['count']} | {p['total_ms']:.4f} | {100 * p['total_ms'] / total:.1f} "
+                f"| {p['mean_ms']:.4f} | {p['min_ms']:.4f} | {p['max_ms']:.4f} |"
+            )
+    table = "\n".join(lines)
+    (args.out / "bench.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

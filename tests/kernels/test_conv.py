@@ -1,0 +1,226 @@
+"""conv2d_nhwc against a float64 torch reference, on odd shapes and strided channel-slice views.
+
+Without CUDA the kernels run under Triton's interpreter on small maps; on a GPU the same cases run compiled on
+maps SPATIAL times larger.
+"""
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch.nn.functional as F
+
+from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SPATIAL = 4 if DEVICE == "cuda" else 1
+TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
+SENTINEL = 7.0
+REFERENCE_ACTIVATIONS = {"identity": lambda t: t, "silu": F.silu, "relu": F.relu, "sigmoid": torch.sigmoid}
+F16, F32 = torch.float16, torch.float32
+SMALL_TILES = ConvConfig(16, 16, 16, 1, 1)  # forces several M, N and K tiles even on tiny maps
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    h: int
+    w: int
+    c_in: int
+    c_out: int
+    kernel: int | tuple[int, int]
+    stride: int | tuple[int, int] = 1
+    padding: int | tuple[int, int] = 0
+    dilation: int = 1
+    upsample: int = 1
+    activation: str = "silu"
+    residual: bool = False
+    sliced: bool = False  # input, output and residual are channel (and spatial) slices of wider buffers
+    dtype: torch.dtype = F16
+    config: ConvConfig | None = None
+
+
+CASES = {
+    "stem_c3_s2": Case(1, 9, 7, 3, 16, 3, stride=2, padding=1),
+    "c3_b3_fp32": Case(3, 9, 7, 3, 7, 3, padding=1, dtype=F32),
+    "1x1_identity": Case(1, 9, 7, 16, 33, 1, activation="identity"),
+    "1x1_residual_fp32": Case(3, 5, 6, 40, 16, 1, residual=True, dtype=F32),
+    "1x1_stride2_relu": Case(1, 9, 7, 5, 7, 1, stride=2, activation="relu"),
+    "1x1_upsample_sliced": Case(3, 5, 6, 16, 16, 1, upsample=2, sliced=True),
+    "1x1_pad1_fp32": Case(1, 5, 6, 40, 33, 1, padding=1, activation="identity", dtype=F32),
+    "1x1_small_tiles_sliced_residual": Case(3, 5, 6, 40, 33, 1, residual=True, sliced=True, config=SMALL_TILES),
+    "3x3_sliced_small_tiles": Case(3, 9, 7, 40, 33, 3, padding=1, sliced=True, config=SMALL_TILES),
+    "3x3_small_tiles_fp32": Case(1, 9, 7, 40, 33, 3, padding=1, dtype=F32, config=SMALL_TILES),
+    "3x3_bottleneck_residual": Case(1, 9, 7, 16, 16, 3, padding=1, residual=True),
+    "3x3_stride2_relu_fp32": Case(3, 9, 7, 16, 33, 3, stride=2, padding=1, activation="relu", dtype=F32),
+    "3x3_pad0_identity_fp32": Case(1, 9, 7, 5, 7, 3, activation="identity", dtype=F32),
+    "3x3_stride2_pad0": Case(1, 9, 7, 13, 7, 3, stride=2),
+    "3x3_c5_b3": Case(3, 5, 6, 5, 33, 3, padding=1),
+    "3x3_upsample2": Case(1, 5, 6, 16, 7, 3, padding=1, upsample=2),
+    "3x3_upsample2_stride2_residual_fp32": Case(
+        3, 5, 6, 5, 16, 3, stride=2, padding=1, upsample=2, activation="identity", residual=True, dtype=F32
+    ),
+    "3x3_upsample3": Case(1, 5, 6, 13, 7, 3, padding=1, upsample=3),
+    "3x3_dilation2": Case(1, 9, 7, 16, 16, 3, padding=2, dilation=2, dtype=F32),
+    "3x3_stride_pad_pairs": Case(3, 9, 7, 5, 16, 3, stride=(2, 1), padding=(1, 0)),
+    "1x3_kernel_fp32": Case(1, 9, 7, 13, 7, (1, 3), padding=(0, 1), dtype=F32),
+    "3x3_sigmoid_sliced_fp32": Case(1, 9, 7, 16, 7, 3, padding=1, activation="sigmoid", sliced=True, dtype=F32),
+    "3x3_residual_sliced_fp32": Case(3, 5, 6, 40, 16, 3, padding=1, residual=True, sliced=True, dtype=F32),
+    "3x3_c40_c33": Case(3, 9, 7, 40, 33, 3, padding=1),
+}
+
+
+def _nhwc(shape: tuple[int, int, int, int], dtype: torch.dtype, sliced: bool, fill: float | None = None):
+    """A random (or filled) NHWC tensor; when sliced, a view into a larger buffer with odd H/W/C offsets."""
+    n, h, w, c = shape
+    full = (n, h + 2, w + 3, c + 6) if sliced else shape
+    buf = torch.randn(full, dtype=torch.float64) if fill is None else torch.full(full, fill, dtype=torch.float64)
+    buf = buf.to(device=DEVICE, dtype=dtype)
+    view = buf[:, 1 : h + 1, 2 : w + 2, 2 : c + 2] if sliced else buf
+    return buf, view
+
+
+def _reference(case: Case, x, weight, bias, residual):
+    x64 = x.double().permute(0, 3, 1, 2)
+    if case.upsample > 1:
+        x64 = F.interpolate(x64, scale_factor=case.upsample, mode="nearest")
+    y = F.conv2d(x64, weight.double().permute(0, 3, 1, 2), bias.double(), case.stride, case.padding, case.dilation)
+    y = REFERENCE_ACTIVATIONS[case.activation](y).permute(0, 2, 3, 1)
+    return y if residual is None else y + residual.double()
+
+
+def _assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    nan_count = int(out.isnan().sum())
+    if nan_count:
+        first = tuple(int(i) for i in out.isnan().nonzero()[0])
+        pytest.fail(f"{nan_count} of {out.numel()} outputs are NaN (unwritten?), first at {first}")
+    err = (out.double() - ref).abs()
+    rel = float(err.norm() / ref.norm())
+    if rel > tol:
+        worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+        pytest.fail(
+            f"relative error {rel:.3g} > {tol:g}; worst at {worst}: got {float(out[worst]):.6g}, "
+            f"expected {float(ref[worst]):.6g}"
+        )
+
+
+def _make_case(case: Case, seed: int):
+    torch.manual_seed(seed)
+    kh, kw = (case.kernel, case.kernel) if isinstance(case.kernel, int) else case.kernel
+    x_buf, x = _nhwc((case.batch, case.h * SPATIAL, case.w * SPATIAL, case.c_in), case.dtype, case.sliced)
+    # fan-in scaling keeps fp16 outputs O(1), so the relative tolerance measures accumulation, not overflow
+    weight = (torch.randn(case.c_out, kh, kw, case.c_in, dtype=torch.float64) / (kh * kw * case.c_in) ** 0.5).to(
+        device=DEVICE, dtype=case.dtype
+    )
+    bias = torch.randn(case.c_out, dtype=torch.float32, device=DEVICE)
+    return x_buf, x, weight, bias
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_conv_matches_reference(name: str) -> None:
+    case = CASES[name]
+    _, x, weight, bias = _make_case(case, seed=list(CASES).index(name))
+    shape = _reference(case, x, weight, bias, None).shape
+    residual = _nhwc(shape, case.dtype, case.sliced)[1] if case.residual else None
+    ref = _reference(case, x, weight, bias, residual)
+    out_buf, out = _nhwc(shape, case.dtype, case.sliced, fill=SENTINEL)
+    out.fill_(float("nan"))
+
+    conv2d_nhwc(
+        out,
+        x,
+        weight,
+        bias,
+        stride=case.stride,
+        padding=case.padding,
+        dilation=case.dilation,
+        activation=case.activation,
+        residual=residual,
+        upsample=case.upsample,
+        config=case.config,
+    )
+
+    _assert_close(out, ref, TOLERANCE[case.dtype])
+    if case.sliced:
+        out.fill_(SENTINEL)
+        assert bool((out_buf == SENTINEL).all()), "conv wrote outside its output slice"
+
+
+@pytest.mark.parametrize("dtype", [F16, F32])
+def test_every_candidate_config_runs(dtype: torch.dtype) -> None:
+    case = Case(3, 9, 7, 40, 33, 3, padding=1, dtype=dtype)
+    _, x, weight, bias = _make_case(case, seed=100)
+    ref = _reference(case, x, weight, bias, None)
+    m, k = ref.shape[0] * ref.shape[1] * ref.shape[2], 9 * case.c_in
+    for config in conv_candidate_configs(m, case.c_out, k, kernel_is_1x1=False, dtype=dtype):
+        out = torch.full(ref.shape, float("nan"), dtype=dtype, device=DEVICE)
+        conv2d_nhwc(out, x, weight, bias, padding=1, config=config)
+        _assert_close(out, ref, TOLERANCE[dtype])
+
+
+def test_candidate_configs_cover_tiny_and_large_layers() -> None:
+    large = conv_candidate_configs(64 * 80 * 80, 256, 9 * 128, kernel_is_1x1=False)
+    assert ConvConfig(128, 128, 64, 4, 3) in large
+    tiny = conv_candidate_configs(400, 256, 256, kernel_is_1x1=True)
+    assert any(c.block_m == 32 for c in tiny)
+    stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False)
+    assert all(c.block_n == 16 and c.block_k == 16 for c in stem)
+    for dtype in (F16, F32):
+        configs = conv_candidate_configs(64 * 80 * 80, 256, 9 * 128, kernel_is_1x1=False, dtype=dtype)
+        assert all(c.num_stages * (c.block_m + c.block_n) * c.block_k * dtype.itemsize <= 200 * 1024 for c in configs)
+        assert default_config(64 * 80 * 80, 256, 9 * 128, False, dtype) in configs
+
+
+# Each entry replaces some arguments of a valid call (fp16, 8 -> 4 channels, 3x3, padding 1) to break one rule.
+BAD_ARGUMENTS = {
+    "c_in": (lambda a: {"weight": a["weight"][..., :7].contiguous()}, "C_in=7 but x has 8"),
+    "x_channel_stride": (lambda a: {"x": torch.cat([a["x"]] * 2, 3)[..., ::2]}, "x must have contiguous channels"),
+    "out_channel_stride": (
+        lambda a: {"out": a["out"].transpose(1, 3).contiguous().transpose(1, 3)},
+        "out must have contiguous channels",
+    ),
+    "weight_dtype": (lambda a: {"weight": a["weight"].float()}, "weight dtype"),
+    "out_dtype": (lambda a: {"out": a["out"].float()}, "out dtype"),
+    "bias_dtype": (lambda a: {"bias": a["bias"].half()}, "bias must be"),
+    "out_shape": (lambda a: {"out": a["out"][..., :3]}, "out must have shape"),
+    "residual_shape": (lambda a: {"residual": a["out"][:, :4]}, "residual must have shape"),
+    "activation": (lambda a: {"activation": "gelu"}, "activation must be"),
+    "upsample": (lambda a: {"upsample": 0}, "upsample must be"),
+    "stride": (lambda a: {"stride": (1, 0)}, "stride must be"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_ARGUMENTS))
+def test_launcher_rejects_bad_arguments(name: str) -> None:
+    change, message = BAD_ARGUMENTS[name]
+    args = {
+        "out": torch.empty(1, 5, 6, 4, device=DEVICE, dtype=F16),
+        "x": torch.randn(1, 5, 6, 8, device=DEVICE).half(),
+        "weight": torch.randn(4, 3, 3, 8, device=DEVICE).half(),
+        "bias": torch.zeros(4, device=DEVICE),
+        "padding": 1,
+    }
+    args.update(change(args))
+    with pytest.raises(ValueError, match=message):
+        conv2d_nhwc(args.pop("out"), args.pop("x"), args.pop("weight"), args.pop("bias"), **args)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a >4 GiB buffer; only worth it on a GPU")
+def test_offsets_beyond_int32() -> None:
+    # Batch strides of 2^31 elements put image 1 of x, out and residual past int32 range; the three views
+    # interleave in one buffer so the test allocates 4 GiB, not three times that.
+    buf = torch.randn(2**31 + 1024, device=DEVICE, dtype=F16)
+    x = buf.as_strided((2, 4, 4, 8), (2**31, 32, 8, 1))
+    out = buf.as_strided((2, 4, 4, 16), (2**31, 64, 16, 1), storage_offset=256).fill_(float("nan"))
+    residual = buf.as_strided((2, 4, 4, 16), (2**31, 64, 16, 1), storage_offset=512)
+    weight = torch.randn(16, 3, 3, 8, device=DEVICE, dtype=F16) / 8
+    bias = torch.randn(16, device=DEVICE)
+    case = Case(2, 4, 4, 8, 16, 3, padding=1, residual=True)
+    ref = _reference(case, x, weight, bias, residual)
+    conv2d_nhwc(out, x, weight, bias, padding=1, residual=residual)
+    _assert_close(out, ref, TOLERANCE[F16])

@@ -1,0 +1,69 @@
+"""Head decode kernel vs the reference executor's decode op, for every head flavour."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from yolojet.ir import Node
+from yolojet.kernels.decode import DecodeSpec, decode_heads
+from yolojet.runtime.reference import OPS
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+HEADS = {
+    "detect-dfl": dict(task="detect", reg_max=16, box_format="xywh", extra_channels=0),
+    "detect-26": dict(task="detect", reg_max=1, box_format="xyxy", extra_channels=0),
+    "segment": dict(task="segment", reg_max=16, box_format="xywh", extra_channels=8),
+    "obb-sigmoid": dict(task="obb", reg_max=16, box_format="xywh", extra_channels=1, angle="sigmoid"),
+    "obb-26": dict(task="obb", reg_max=1, box_format="xywh", extra_channels=1, angle="raw"),
+    "pose-v8": dict(task="pose", reg_max=16, box_format="xywh", extra_channels=51, kpt_shape=[17, 3], kpt_offset="v8"),
+    "pose-26-xy": dict(
+        task="pose", reg_max=1, box_format="xyxy", extra_channels=10, kpt_shape=[5, 2], kpt_offset="v26"
+    ),
+}
+
+
+def nhwc_slice(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """The NCHW tensor as an NHWC channel slice of a wider buffer (what the engine hands the kernel)."""
+    n, c, h, w = t.shape
+    wide = torch.randn(n, h, w, c + 2 * pad, device=DEVICE)
+    wide[..., pad : pad + c] = t.permute(0, 2, 3, 1)
+    return wide[..., pad : pad + c]
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+@pytest.mark.parametrize("batch", [1, 2])
+def test_decode_matches_reference(head, batch):
+    attrs = dict(HEADS[head], levels=3, nc=7, strides=[8, 16, 32])
+    g = torch.Generator().manual_seed(hash(head) % 1000 + batch)
+    sizes = [(6, 5), (3, 3), (2, 2)]  # odd, non-square levels
+    extra = attrs["extra_channels"]
+    boxes = [torch.randn(batch, 4 * attrs["reg_max"], h, w, generator=g) * 3 for h, w in sizes]
+    scores = [torch.randn(batch, 7, h, w, generator=g) * 3 for h, w in sizes]
+    extras = [torch.randn(batch, extra, h, w, generator=g) for h, w in sizes] if extra else []
+    node = Node("decode", "decode", [], ["out"], attrs)
+    (expected,) = OPS["decode"](node, boxes + scores + extras, {})
+
+    out = torch.full(expected.shape, float("nan"), device=DEVICE)
+    decode_heads(
+        out,
+        [nhwc_slice(b.to(DEVICE), 3) for b in boxes],
+        [nhwc_slice(s.to(DEVICE), 1) for s in scores],
+        [nhwc_slice(e.to(DEVICE), 2) for e in extras] or None,
+        DecodeSpec.from_attrs(attrs),
+    )
+    out = out.cpu()
+    assert not out.isnan().any(), f"{int(out.isnan().sum())} elements never written"
+    error = (out - expected).abs().max() / expected.abs().max()
+    worst = tuple(int(i) for i in torch.unravel_index((out - expected).abs().argmax(), out.shape))
+    assert error <= 1e-5, f"relative error {float(error):.2e}, worst at {worst}"
+
+
+def test_decode_rejects_mismatched_levels():
+    spec = DecodeSpec("detect", nc=2, reg_max=1, strides=(8,))
+    box = torch.zeros(1, 2, 2, 4, device=DEVICE)
+    with pytest.raises(ValueError, match="out must be float32"):
+        decode_heads(torch.zeros(1, 6, 5, device=DEVICE), [box], [torch.zeros(1, 2, 2, 2, device=DEVICE)], None, spec)
+    with pytest.raises(ValueError, match="score map"):
+        decode_heads(torch.zeros(1, 6, 4, device=DEVICE), [box], [torch.zeros(1, 2, 3, 2, device=DEVICE)], None, spec)

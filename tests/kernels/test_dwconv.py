@@ -1,0 +1,143 @@
+"""dwconv2d_nhwc against a float64 F.conv2d(groups=C) reference, on odd shapes and strided channel-slice views."""
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch.nn.functional as F
+
+from yolojet.kernels.dwconv import dwconv2d_nhwc
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
+SENTINEL = 7.0
+REFERENCE_ACTIVATIONS = {"identity": lambda t: t, "silu": F.silu, "relu": F.relu, "sigmoid": torch.sigmoid}
+F16, F32 = torch.float16, torch.float32
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    h: int
+    w: int
+    c: int
+    kernel: tuple[int, int] = (3, 3)
+    stride: int = 1
+    padding: int = 1
+    activation: str = "silu"
+    residual: bool = False
+    sliced: bool = False  # input, output and residual are channel (and spatial) slices of wider buffers
+    dtype: torch.dtype = F16
+
+
+CASES = {
+    "head_dw_c5": Case(1, 7, 5, 5),
+    "head_dw_c13_b3_sliced_fp32": Case(3, 9, 9, 13, sliced=True, dtype=F32),
+    "psa_pe_residual_sliced": Case(1, 9, 9, 40, activation="identity", residual=True, sliced=True),
+    "psa_pe_residual_fp32": Case(3, 7, 5, 13, activation="identity", residual=True, dtype=F32),
+    "stride2_pad1_b3": Case(3, 9, 9, 40, stride=2),
+    "stride2_pad0_relu_fp32": Case(1, 9, 9, 13, stride=2, padding=0, activation="relu", dtype=F32),
+    "5x5_stride2_pad2_sigmoid_sliced": Case(
+        3, 7, 5, 13, kernel=(5, 5), stride=2, padding=2, activation="sigmoid", sliced=True
+    ),
+    "1x3_pad0_fp32": Case(1, 7, 5, 40, kernel=(1, 3), padding=0, dtype=F32),
+    "1x1_residual_sliced_fp32": Case(3, 7, 5, 5, kernel=(1, 1), padding=0, residual=True, sliced=True, dtype=F32),
+}
+
+
+def _nhwc(shape, dtype, sliced, fill=None):
+    """A random (or filled) NHWC tensor; when sliced, a view into a larger buffer with odd H/W/C offsets."""
+    n, h, w, c = shape
+    full = (n, h + 2, w + 3, c + 6) if sliced else shape
+    buf = torch.randn(full, dtype=torch.float64) if fill is None else torch.full(full, fill, dtype=torch.float64)
+    buf = buf.to(device=DEVICE, dtype=dtype)
+    view = buf[:, 1 : h + 1, 2 : w + 2, 2 : c + 2] if sliced else buf
+    return buf, view
+
+
+def _assert_close(out, ref, tol):
+    nan_count = int(out.isnan().sum())
+    if nan_count:
+        first = tuple(int(i) for i in out.isnan().nonzero()[0])
+        pytest.fail(f"{nan_count} of {out.numel()} outputs are NaN (unwritten?), first at {first}")
+    err = (out.double() - ref).abs()
+    rel = float(err.norm() / ref.norm())
+    if rel > tol:
+        worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+        pytest.fail(
+            f"relative error {rel:.3g} > {tol:g}; worst at {worst}: got {float(out[worst]):.6g}, "
+            f"expected {float(ref[worst]):.6g}"
+        )
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_dwconv_matches_reference(name):
+    case = CASES[name]
+    torch.manual_seed(list(CASES).index(name))
+    kh, kw = case.kernel
+    x = _nhwc((case.batch, case.h, case.w, case.c), case.dtype, case.sliced)[1]
+    weight = (torch.randn(case.c, kh, kw, dtype=torch.float64) / (kh * kw) ** 0.5).to(DEVICE, case.dtype)
+    bias = torch.randn(case.c, device=DEVICE)
+    ref = F.conv2d(
+        x.double().permute(0, 3, 1, 2),
+        weight.double()[:, None],
+        bias.double(),
+        case.stride,
+        case.padding,
+        groups=case.c,
+    )
+    ref = REFERENCE_ACTIVATIONS[case.activation](ref).permute(0, 2, 3, 1)
+    residual = _nhwc(ref.shape, case.dtype, case.sliced)[1] if case.residual else None
+    if residual is not None:
+        ref = ref + residual.double()
+    out_buf, out = _nhwc(ref.shape, case.dtype, case.sliced, fill=SENTINEL)
+    out.fill_(float("nan"))
+
+    dwconv2d_nhwc(
+        out, x, weight, bias, stride=case.stride, padding=case.padding, activation=case.activation, residual=residual
+    )
+
+    _assert_close(out, ref, TOLERANCE[case.dtype])
+    out.fill_(SENTINEL)
+    assert bool((out_buf == SENTINEL).all()), "dwconv wrote outside its output slice"
+
+
+def _t(*shape, dtype=F16):
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        pytest.param(
+            lambda: {"weight": _t(7, 3, 3)}, r"weight: shape \(7, 3, 3\), expected \(8, \?, \?\)", id="weight_shape"
+        ),
+        pytest.param(lambda: {"weight": _t(8, 3, 3, dtype=F32)}, "weight: dtype torch.float32", id="weight_dtype"),
+        pytest.param(
+            lambda: {"weight": _t(3, 3, 8).permute(2, 0, 1)}, "weight: last-dimension stride 8", id="weight_stride"
+        ),
+        pytest.param(lambda: {"weight": _t(8, 3, 4)[..., :3]}, "weight: expected a contiguous", id="weight_contiguous"),
+        pytest.param(lambda: {"bias": _t(8, dtype=F16)}, "bias: dtype torch.float16", id="bias_dtype"),
+        pytest.param(lambda: {"out": _t(1, 5, 6, 8, dtype=F32)}, "out: dtype torch.float32", id="out_dtype"),
+        pytest.param(
+            lambda: {"out": _t(1, 3, 4, 8)}, r"out: shape \(1, 3, 4, 8\), expected \(1, 5, 6, 8\)", id="out_shape"
+        ),
+        pytest.param(lambda: {"x": _t(1, 8, 5, 6).permute(0, 2, 3, 1)}, "x: last-dimension stride", id="x_stride"),
+        pytest.param(
+            lambda: {"residual": _t(1, 5, 6, 16)[..., ::2]}, "residual: last-dimension stride", id="residual_stride"
+        ),
+        pytest.param(lambda: {"activation": "gelu"}, "activation: expected one of", id="activation"),
+        pytest.param(lambda: {"stride": 0}, "stride/padding", id="stride"),
+        pytest.param(lambda: {"padding": 0, "x": _t(1, 2, 2, 8)}, "kernel does not fit", id="too_small"),
+    ],
+)
+def test_launcher_rejects_bad_arguments(changes, message):
+    args = {"out": _t(1, 5, 6, 8), "x": _t(1, 5, 6, 8), "weight": _t(8, 3, 3), "bias": _t(8, dtype=F32), "padding": 1}
+    args.update(changes())
+    with pytest.raises(ValueError, match=message):
+        dwconv2d_nhwc(args.pop("out"), args.pop("x"), args.pop("weight"), args.pop("bias"), **args)

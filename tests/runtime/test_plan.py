@@ -1,0 +1,38 @@
+"""The memory plan: concats cost nothing, and buffers alive at the same time never share memory."""
+
+from __future__ import annotations
+
+import pytest
+from support import random_model
+
+from yolojet.export.walker import export_graph
+from yolojet.runtime.plan import ARENA_ALIGN, plan_memory
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolov8n-seg.yaml", "yolo26n-pose.yaml", "yolov8n-cls.yaml"])
+def test_plan_places_concat_inputs_and_separates_live_buffers(cfg):
+    graph = export_graph(random_model(cfg), 64)
+    plan = plan_memory(graph)
+    for node in graph.nodes:
+        if node.op != "concat":
+            continue
+        target = plan.placements[node.outputs[0]]
+        channel = target.channel
+        for value in node.inputs:
+            where = plan.placements[value]
+            placed = (where.buffer, where.channel) == (target.buffer, channel)
+            assert placed or value in plan.copies.get(node.name, []), f"{value} is neither in place nor copied"
+            channel += where.channels
+    assert plan.stats["copies"] <= 1  # only C2PSA's untouched half, if the model has one
+
+    def extent(b):
+        return b.offset, b.offset + -(-b.per_image // ARENA_ALIGN) * ARENA_ALIGN
+
+    for kind in ("feature", "head"):
+        buffers = [b for b in plan.buffers if b.kind == kind]
+        for i, a in enumerate(buffers):
+            for b in buffers[i + 1 :]:
+                if a.first <= b.last and b.first <= a.last:
+                    (a0, a1), (b0, b1) = extent(a), extent(b)
+                    assert a1 <= b0 or b1 <= a0, f"buffers {a.index} and {b.index} overlap while both alive"
+    assert plan.feature_elements < plan.stats["feature_elements_unshared"]

@@ -1,0 +1,349 @@
+"""NHWC convolution as an implicit GEMM on tensor cores, with bias, activation and residual fused.
+
+The GEMM view: M = N·OH·OW output pixels, N_gemm = C_out, K = kh·kw·C_in ordered (ky, kx, ci) so that one
+tap's K slice is a contiguous channel run in both the activation and the packed weight. Activations may be
+channel slices of wider NHWC buffers (arbitrary N/H/W strides, unit channel stride), which is how concat and
+split cost nothing in the engine.
+"""
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from yolojet.kernels.activations import ACTIVATIONS, apply_activation
+
+# Launching programs in groups of GROUP_M M-tiles keeps the input rows a group shares resident in L2 while
+# the group sweeps all C_out tiles.
+_GROUP_M = 8
+# About one wave on an H200 (132 SMs): on measured YOLO layers the biggest tile launching at least this many
+# programs was the fastest or within 10% of it.
+_TARGET_PROGRAMS = 100
+
+
+@triton.jit
+def _conv2d_nhwc_kernel(
+    out_ptr,
+    stride_on,
+    stride_oh,
+    stride_ow,
+    x_ptr,
+    stride_xn,
+    stride_xh,
+    stride_xw,
+    w_ptr,
+    bias_ptr,
+    res_ptr,
+    stride_rn,
+    stride_rh,
+    stride_rw,
+    H,
+    W,
+    C_in,
+    OH,
+    OW,
+    C_out,
+    M,
+    conv_stride_y,
+    conv_stride_x,
+    pad_y,
+    pad_x,
+    dil_y,
+    dil_x,
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    UPSAMPLE: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """out[n, oy, ox, co] = act(bias[co] + Σ_{ky,kx,ci} xu[n, iy, ix, ci] · w[co, ky, kx, ci]) (+ res[n, oy, ox, co])
+
+    with iy = oy·sy − py + ky·dy, ix = ox·sx − px + kx·dx, xu the nearest-neighbour upsample of x by UPSAMPLE
+    (xu[n, iy, ix] = x[n, iy // UPSAMPLE, ix // UPSAMPLE]) and zero outside [0, H·UPSAMPLE) × [0, W·UPSAMPLE).
+    Accumulation is fp32; the residual is added after the activation.
+    """
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(C_out, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < C_out
+
+    # Spatial decomposition happens once per tile, outside the K loop; batch offsets go through int64 because
+    # N·H·W·C overflows int32 at large batch.
+    img = (offs_m // (OH * OW)).to(tl.int64)
+    pix = offs_m % (OH * OW)
+    oy = pix // OW
+    ox = pix % OW
+    iy0 = oy * conv_stride_y - pad_y
+    ix0 = ox * conv_stride_x - pad_x
+    x_img = x_ptr + img * stride_xn
+    H_up = H * UPSAMPLE
+    W_up = W * UPSAMPLE
+    w_rows = w_ptr + offs_n * (KH * KW * C_in)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # input_precision="ieee" keeps fp32 mode exact (no TF32); Triton ignores it for fp16 operands.
+    if KH * KW == 1:
+        # A 1x1 conv is a plain GEMM: each output pixel reads one fixed input pixel, so the row pointers and
+        # bounds mask are loop invariants and the loop only walks channels.
+        row_ok = m_mask & (iy0 >= 0) & (iy0 < H_up) & (ix0 >= 0) & (ix0 < W_up)
+        x_rows = x_img + (iy0 // UPSAMPLE).to(tl.int64) * stride_xh + (ix0 // UPSAMPLE).to(tl.int64) * stride_xw
+        a_ptrs = x_rows[:, None] + offs_k[None, :]
+        b_ptrs = w_rows[None, :] + offs_k[:, None]
+        for k0 in range(0, C_in, BLOCK_K):
+            k_mask = offs_k < C_in - k0
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+    else:
+        # Taps and channel blocks share one flat loop so the compiler can software-pipeline all of K, not just
+        # the channel blocks of one tap (the stem has a single channel block per tap).
+        k_blocks = tl.cdiv(C_in, BLOCK_K)
+        for it in range(KH * KW * k_blocks):
+            tap = it // k_blocks
+            k0 = (it - tap * k_blocks) * BLOCK_K
+            ky = tap // KW
+            kx = tap % KW
+            iy = iy0 + ky * dil_y
+            ix = ix0 + kx * dil_x
+            row_ok = m_mask & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
+            x_rows = x_img + (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+            k_mask = offs_k < C_in - k0
+            a = tl.load(
+                x_rows[:, None] + (k0 + offs_k)[None, :],
+                mask=row_ok[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                w_rows[None, :] + (tap * C_in + k0 + offs_k)[:, None],
+                mask=k_mask[:, None] & n_mask[None, :],
+                other=0.0,
+            )
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+
+    bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
+    acc = apply_activation(acc + bias[None, :], ACTIVATION)
+    oy = oy.to(tl.int64)
+    ox = ox.to(tl.int64)
+    mask = m_mask[:, None] & n_mask[None, :]
+    if HAS_RESIDUAL:
+        res_rows = res_ptr + img * stride_rn + oy * stride_rh + ox * stride_rw
+        acc += tl.load(res_rows[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    out_rows = out_ptr + img * stride_on + oy * stride_oh + ox * stride_ow
+    tl.store(out_rows[:, None] + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """Tile shape and launch parameters of one conv kernel specialization."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        # tl.arange needs powers of two, and 16 is the smallest fp16 tensor-core K.
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"ConvConfig.{name} must be a power of two >= 16, got {value}")
+
+
+# Tiles measured on an H200 (fp16, YOLO layer shapes, batch 1 and 32). Among equal areas the earlier one won,
+# which default_config relies on.
+_CANDIDATES = (
+    ConvConfig(128, 256, 64, 8, 3),  # wide layers at large batch; 8 warps, so left to timing, never the default
+    ConvConfig(128, 128, 64, 4, 3),
+    ConvConfig(64, 128, 64, 4, 3),
+    ConvConfig(128, 64, 64, 4, 3),
+    ConvConfig(128, 32, 32, 4, 3),  # early layers with 16-32 output channels, the stem included
+    ConvConfig(64, 64, 64, 4, 3),
+    ConvConfig(32, 64, 64, 4, 4),  # tiny maps (e.g. 20x20 at batch 1): enough programs to fill the SMs
+    ConvConfig(64, 32, 32, 2, 3),
+    ConvConfig(32, 32, 64, 2, 4),
+)
+# Pipeline buffers must fit an SM's shared memory (227 KiB on Hopper) with room left for the epilogue.
+_SMEM_BUDGET = 200 * 1024
+
+
+def _fit(block: int, size: int) -> int:
+    # Plain Python: triton.next_power_of_2 is a jitted helper whose Python-side call costs microseconds.
+    return min(block, max(16, 1 << (size - 1).bit_length()))
+
+
+def conv_candidate_configs(
+    m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dtype = torch.float16
+) -> list[ConvConfig]:
+    """Tile configs worth timing for a conv with GEMM sizes M=m, N=C_out=n, K=kh·kw·C_in=k.
+
+    Tiles are shrunk to the problem (down to the 16-wide minimum) so small layers are not offered tiles that
+    would be mostly masked. BLOCK_K tiles one tap's channels, C_in = k for 1x1 kernels; other kernels are taken
+    to be 3x3 (all of YOLO's), which for other sizes can only under-size BLOCK_K, never break it. Configs whose
+    pipeline would not fit in shared memory at ``dtype`` are left out.
+    """
+    c_in = k if kernel_is_1x1 else max(1, k // 9)
+    configs = []
+    for c in _CANDIDATES:
+        fitted = ConvConfig(_fit(c.block_m, m), _fit(c.block_n, n), _fit(c.block_k, c_in), c.num_warps, c.num_stages)
+        smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
+        if smem <= _SMEM_BUDGET and fitted not in configs:
+            configs.append(fitted)
+    return configs
+
+
+@functools.cache
+def default_config(m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dtype = torch.float16) -> ConvConfig:
+    """An untimed choice: the largest 4-warp tile that still launches about a wave of programs.
+
+    Cached per layer shape because the launcher calls it on every launch without an explicit config.
+    """
+    configs = conv_candidate_configs(m, n, k, kernel_is_1x1, dtype)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        # The interpreter runs programs one after another, so the fewest, largest tiles are fastest.
+        return max(configs, key=_tile_area)
+    untimed = [c for c in configs if c.num_warps <= 4]
+    filling = [c for c in untimed if _programs(c, m, n) >= _TARGET_PROGRAMS]
+    if filling:
+        return max(filling, key=_tile_area)
+    return max(untimed, key=lambda c: _programs(c, m, n))
+
+
+def _tile_area(c: ConvConfig) -> int:
+    return c.block_m * c.block_n
+
+
+def _programs(c: ConvConfig, m: int, n: int) -> int:
+    return -(-m // c.block_m) * -(-n // c.block_n)
+
+
+def _pair(value: int | tuple[int, int], name: str, minimum: int) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v >= minimum for v in pair):
+        raise ValueError(f"{name} must be an int or a pair of ints >= {minimum}, got {value!r}")
+    return pair
+
+
+def _check_nhwc(t: torch.Tensor, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} dtype {t.dtype} does not match x dtype {dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, x is on {device}")
+    if t.stride(3) != 1:
+        raise ValueError(f"{name} must have contiguous channels (stride(3) == 1), got strides {t.stride()}")
+
+
+def conv2d_nhwc(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    dilation: int | tuple[int, int] = 1,
+    activation: str = "silu",
+    residual: torch.Tensor | None = None,
+    upsample: int = 1,
+    config: ConvConfig | None = None,
+) -> None:
+    """out = act(conv2d(upsample_nearest(x, upsample), weight) + bias) (+ residual), written in place.
+
+    x: (N, H, W, C_in) fp16/fp32 view with unit channel stride; out and residual: (N, OH, OW, C_out) views of
+    the same dtype; weight: contiguous (C_out, kh, kw, C_in) of that dtype; bias: fp32 (C_out,).
+    """
+    if x.dim() != 4:
+        raise ValueError(f"x must be a 4-D NHWC tensor, got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"x dtype must be float16 or float32, got {x.dtype}")
+    if weight.dim() != 4 or not weight.is_contiguous():
+        raise ValueError(f"weight must be a contiguous (C_out, kh, kw, C_in) tensor, got shape {tuple(weight.shape)}")
+    batch, height, width, c_in = x.shape
+    c_out, kh, kw, w_c_in = weight.shape
+    if w_c_in != c_in:
+        raise ValueError(f"weight expects C_in={w_c_in} but x has {c_in} channels")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"weight dtype {weight.dtype} does not match x dtype {x.dtype}")
+    if weight.device != x.device or bias.device != x.device:
+        raise ValueError(f"weight ({weight.device}) and bias ({bias.device}) must be on x's device {x.device}")
+    if x.stride(3) != 1:
+        raise ValueError(f"x must have contiguous channels (stride(3) == 1), got strides {x.stride()}")
+    if tuple(bias.shape) != (c_out,) or bias.dtype != torch.float32 or bias.stride(0) != 1:
+        raise ValueError(f"bias must be contiguous float32 of shape ({c_out},), got {bias.dtype} {tuple(bias.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    if not isinstance(upsample, int) or upsample < 1:
+        raise ValueError(f"upsample must be a positive int, got {upsample!r}")
+    sy, sx = _pair(stride, "stride", 1)
+    py, px = _pair(padding, "padding", 0)
+    dy, dx = _pair(dilation, "dilation", 1)
+    oh = (height * upsample + 2 * py - dy * (kh - 1) - 1) // sy + 1
+    ow = (width * upsample + 2 * px - dx * (kw - 1) - 1) // sx + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"kernel {kh}x{kw} does not fit the padded {height * upsample}x{width * upsample} input")
+    out_shape = (batch, oh, ow, c_out)
+    _check_nhwc(out, "out", out_shape, x.dtype, x.device)
+    if residual is not None:
+        _check_nhwc(residual, "residual", out_shape, x.dtype, x.device)
+
+    m = batch * oh * ow
+    if m == 0 or c_out == 0:
+        return
+    cfg = config or default_config(m, c_out, kh * kw * c_in, kh == kw == 1, x.dtype)
+    res = out if residual is None else residual  # never read without HAS_RESIDUAL; any valid pointer will do
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
+    _conv2d_nhwc_kernel[grid](
+        out,
+        *out.stride()[:3],
+        x,
+        *x.stride()[:3],
+        weight,
+        bias,
+        res,
+        *res.stride()[:3],
+        height,
+        width,
+        c_in,
+        oh,
+        ow,
+        c_out,
+        m,
+        sy,
+        sx,
+        py,
+        px,
+        dy,
+        dx,
+        KH=kh,
+        KW=kw,
+        UPSAMPLE=upsample,
+        ACTIVATION=ACTIVATIONS[activation],
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=_GROUP_M,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )

@@ -1,0 +1,225 @@
+"""Head decode: raw per-level head maps (NHWC views) → ultralytics' (N, 4 + nc + extra, A) float32 tensor.
+
+One launch per pyramid level writes that level's anchors. Per anchor a at grid cell (x, y) of a level
+with stride s, anchor centre (x + 0.5, y + 0.5):
+  distances l, t, r, b = Σ_i i·softmax(box[side·R : side·R + R])_i   (DFL, R = reg_max; raw values if R = 1)
+  boxes   = (cx, cy, w, h)·s  or  (x1, y1, x2, y2)·s  from the anchor ± distances, or for OBB the rotated
+            centre ((r − l)/2, (b − t)/2) rotated by θ plus the anchor, and (l + r, t + b), all ·s
+  scores  = sigmoid(cls)
+  extras  = mask coefficients as they are; OBB angle θ = (sigmoid(raw) − 1/4)·π or raw; pose keypoints
+            x = (2k + cx − 1/2)·s (v8) or (k + cx)·s (v26), likewise y, visibility sigmoid
+Follows ultralytics' Detect/_inference, dist2bbox, dist2rbox and kpts_decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+DETECT, SEGMENT, OBB, POSE = 0, 1, 2, 3
+TASK_CODES = {"detect": DETECT, "segment": SEGMENT, "obb": OBB, "pose": POSE}
+_OBB = tl.constexpr(OBB)
+_POSE = tl.constexpr(POSE)
+_BLOCK_A = 64
+_BLOCK_C = 32
+
+
+@triton.jit
+def _side_distance(box_ptr, pix, side: tl.constexpr, a_ok, REG_MAX: tl.constexpr, R_PAD: tl.constexpr):
+    """Expected bin of one box side's distribution (the DFL), or the raw distance when REG_MAX == 1."""
+    if REG_MAX == 1:
+        return tl.load(box_ptr + pix + side, mask=a_ok, other=0.0).to(tl.float32)
+    bins = tl.arange(0, R_PAD)
+    ok = a_ok[:, None] & (bins < REG_MAX)[None, :]
+    logits = tl.load(box_ptr + pix[:, None] + side * REG_MAX + bins[None, :], mask=ok, other=0.0)
+    # A large finite floor rather than -inf: rows past the last anchor must not produce inf - inf.
+    logits = tl.where(ok, logits.to(tl.float32), -1e30)
+    peak = tl.max(logits, axis=1)
+    weights = tl.where(ok, tl.exp(logits - peak[:, None]), 0.0)
+    return tl.sum(weights * bins.to(tl.float32)[None, :], axis=1) / tl.maximum(tl.sum(weights, axis=1), 1e-30)
+
+
+@triton.jit
+def _angle(raw, ANGLE_SIGMOID: tl.constexpr):
+    if ANGLE_SIGMOID:
+        return (tl.sigmoid(raw) - 0.25) * 3.141592653589793
+    return raw
+
+
+@triton.jit
+def _decode_level_kernel(
+    out_ptr,
+    so_n,
+    so_c,
+    box_ptr,
+    sb_n,
+    sb_h,
+    sb_w,
+    cls_ptr,
+    sc_n,
+    sc_h,
+    sc_w,
+    ext_ptr,
+    se_n,
+    se_h,
+    se_w,
+    H,
+    W,
+    anchor_offset,
+    stride,
+    NC,
+    EXTRA,
+    REG_MAX: tl.constexpr,
+    R_PAD: tl.constexpr,
+    TASK: tl.constexpr,
+    XYWH: tl.constexpr,
+    ANGLE_SIGMOID: tl.constexpr,
+    KPT_DIM: tl.constexpr,
+    KPT_V26: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    idx = pid * BLOCK_A + tl.arange(0, BLOCK_A)
+    a_ok = idx < H * W
+    gy = idx // W
+    gx = idx % W
+    ax = gx.to(tl.float32) + 0.5
+    ay = gy.to(tl.float32) + 0.5
+    out_col = out_ptr + n * so_n + anchor_offset + idx
+
+    box_pix = n * sb_n + gy * sb_h + gx * sb_w
+    left = _side_distance(box_ptr, box_pix, 0, a_ok, REG_MAX, R_PAD)
+    top = _side_distance(box_ptr, box_pix, 1, a_ok, REG_MAX, R_PAD)
+    right = _side_distance(box_ptr, box_pix, 2, a_ok, REG_MAX, R_PAD)
+    bottom = _side_distance(box_ptr, box_pix, 3, a_ok, REG_MAX, R_PAD)
+    ext_pix = n * se_n + gy * se_h + gx * se_w
+    if TASK == _OBB:
+        theta = _angle(tl.load(ext_ptr + ext_pix, mask=a_ok, other=0.0).to(tl.float32), ANGLE_SIGMOID)
+        cos = tl.cos(theta)
+        sin = tl.sin(theta)
+        xf = (right - left) / 2
+        yf = (bottom - top) / 2
+        b0 = (xf * cos - yf * sin + ax) * stride
+        b1 = (xf * sin + yf * cos + ay) * stride
+        b2 = (left + right) * stride
+        b3 = (top + bottom) * stride
+    elif XYWH:
+        b0 = (ax + (right - left) / 2) * stride
+        b1 = (ay + (bottom - top) / 2) * stride
+        b2 = (left + right) * stride
+        b3 = (top + bottom) * stride
+    else:
+        b0 = (ax - left) * stride
+        b1 = (ay - top) * stride
+        b2 = (ax + right) * stride
+        b3 = (ay + bottom) * stride
+    tl.store(out_col, b0, mask=a_ok)
+    tl.store(out_col + so_c, b1, mask=a_ok)
+    tl.store(out_col + 2 * so_c, b2, mask=a_ok)
+    tl.store(out_col + 3 * so_c, b3, mask=a_ok)
+
+    cls_pix = n * sc_n + gy * sc_h + gx * sc_w
+    for c0 in range(0, NC, BLOCK_C):
+        ch = c0 + tl.arange(0, BLOCK_C)
+        ok = a_ok[:, None] & (ch < NC)[None, :]
+        logits = tl.load(cls_ptr + cls_pix[:, None] + ch[None, :], mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_col[:, None] + (4 + ch)[None, :] * so_c, tl.sigmoid(logits), mask=ok)
+
+    for c0 in range(0, EXTRA, BLOCK_C):
+        ch = c0 + tl.arange(0, BLOCK_C)
+        ok = a_ok[:, None] & (ch < EXTRA)[None, :]
+        value = tl.load(ext_ptr + ext_pix[:, None] + ch[None, :], mask=ok, other=0.0).to(tl.float32)
+        if TASK == _OBB:
+            value = _angle(value, ANGLE_SIGMOID)
+        elif TASK == _POSE:
+            part = (ch % KPT_DIM)[None, :]
+            scale = 1.0 if KPT_V26 else 2.0
+            shift = 0.0 if KPT_V26 else 0.5
+            kx = (value * scale + ax[:, None] - shift) * stride
+            ky = (value * scale + ay[:, None] - shift) * stride
+            value = tl.where(part == 0, kx, tl.where(part == 1, ky, tl.sigmoid(value)))
+        tl.store(out_col[:, None] + (4 + NC + ch)[None, :] * so_c, value, mask=ok)
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """The head's static description, from the IR decode node's attributes."""
+
+    task: str
+    nc: int
+    reg_max: int
+    strides: tuple[int, ...]
+    xywh: bool = True
+    angle_sigmoid: bool = True
+    kpt_dim: int = 3
+    kpt_v26: bool = False
+
+    @classmethod
+    def from_attrs(cls, attrs: dict) -> DecodeSpec:
+        kpt_shape = attrs.get("kpt_shape") or (0, 3)
+        return cls(
+            task=attrs["task"],
+            nc=attrs["nc"],
+            reg_max=attrs["reg_max"],
+            strides=tuple(attrs["strides"]),
+            xywh=attrs.get("box_format", "xywh") == "xywh",
+            angle_sigmoid=attrs.get("angle", "sigmoid") == "sigmoid",
+            kpt_dim=int(kpt_shape[1]),
+            kpt_v26=attrs.get("kpt_offset") == "v26",
+        )
+
+
+def decode_heads(
+    out: torch.Tensor,
+    boxes: list[torch.Tensor],
+    scores: list[torch.Tensor],
+    extras: list[torch.Tensor] | None,
+    spec: DecodeSpec,
+) -> None:
+    """Decode every level into `out` (N, 4 + nc + extra, A), float32, anchors contiguous.
+
+    boxes[i]: (N, H_i, W_i, 4·reg_max), scores[i]: (N, H_i, W_i, nc), extras[i]: (N, H_i, W_i, E) NHWC views
+    with unit channel stride, levels in ultralytics' order (P3 first).
+    """
+    if spec.task not in TASK_CODES:
+        raise ValueError(f"decode: unknown task {spec.task!r}")
+    levels = len(boxes)
+    if len(scores) != levels or len(spec.strides) != levels or (extras is not None and len(extras) != levels):
+        raise ValueError(f"decode: {levels} box maps, {len(scores)} score maps, {len(spec.strides)} strides")
+    extra = 0 if not extras else extras[0].shape[3]
+    batch = boxes[0].shape[0]
+    anchors = sum(b.shape[1] * b.shape[2] for b in boxes)
+    expected = (batch, 4 + spec.nc + extra, anchors)
+    if tuple(out.shape) != expected or out.dtype != torch.float32 or out.stride(2) != 1:
+        raise ValueError(f"decode: out must be float32 {expected} with contiguous anchors, got {tuple(out.shape)}")
+    offset = 0
+    for i in range(levels):
+        box, cls = boxes[i], scores[i]
+        ext = extras[i] if extras else box
+        _, h, w, _ = box.shape
+        for name, t, channels in (("box", box, 4 * spec.reg_max), ("score", cls, spec.nc), ("extra", ext, None)):
+            if t.shape[:3] != box.shape[:3] or t.stride(3) != 1 or (channels and t.shape[3] != channels):
+                raise ValueError(f"decode: level {i} {name} map has shape {tuple(t.shape)} / strides {t.stride()}")
+        grid = (triton.cdiv(h * w, _BLOCK_A), batch)
+        _decode_level_kernel[grid](
+            out, out.stride(0), out.stride(1),
+            box, box.stride(0), box.stride(1), box.stride(2),
+            cls, cls.stride(0), cls.stride(1), cls.stride(2),
+            ext, ext.stride(0), ext.stride(1), ext.stride(2),
+            h, w, offset, float(spec.strides[i]), spec.nc, extra,
+            REG_MAX=spec.reg_max,
+            R_PAD=max(2, triton.next_power_of_2(spec.reg_max)),
+            TASK=TASK_CODES[spec.task],
+            XYWH=spec.xywh,
+            ANGLE_SIGMOID=spec.angle_sigmoid,
+            KPT_DIM=spec.kpt_dim,
+            KPT_V26=spec.kpt_v26,
+            BLOCK_A=_BLOCK_A,
+            BLOCK_C=_BLOCK_C,
+        )  # fmt: skip
+        offset += h * w

@@ -1,0 +1,138 @@
+"""Depthwise 2-D convolution (groups == C_in == C_out) on NHWC channel-slice views, as a direct kernel.
+
+A depthwise conv has kh·kw multiply-adds per output element and no reduction over channels, so a GEMM would
+be all padding; each program instead owns a (pixel block, channel block) tile, loads one contiguous channel
+run per tap and pixel, and keeps the fp32 accumulator in registers. Bias, activation and residual are fused.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from yolojet.kernels.activations import ACTIVATIONS, apply_activation
+from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets, pixel_coords
+
+
+@triton.jit
+def _dwconv2d_kernel(
+    out_ptr,
+    so_n,
+    so_h,
+    so_w,
+    x_ptr,
+    sx_n,
+    sx_h,
+    sx_w,
+    w_ptr,
+    b_ptr,
+    r_ptr,
+    sr_n,
+    sr_h,
+    sr_w,
+    H,
+    W,
+    C,
+    OH,
+    OW,
+    P,
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    STRIDE: tl.constexpr,
+    PAD: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    p_ok = pix < P
+    c_ok = ch < C
+    n, oh, ow = pixel_coords(pix, OH, OW)
+    ih0 = oh * STRIDE - PAD
+    iw0 = ow * STRIDE - PAD
+    # Window-origin pointers once per pixel; each tap then only adds a scalar and tests four int32 bounds.
+    x_base = x_ptr + nhwc_offsets(n, ih0, iw0, sx_n, sx_h, sx_w)
+    acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
+    for i in tl.static_range(KH):
+        for j in tl.static_range(KW):
+            inside = p_ok & (ih0 >= -i) & (ih0 < H - i) & (iw0 >= -j) & (iw0 < W - j)  # zero padding outside
+            xv = tl.load(
+                x_base[:, None] + (i * sx_h + j * sx_w) + ch[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0
+            )
+            wv = tl.load(w_ptr + ch * (KH * KW) + (i * KW + j), mask=c_ok, other=0.0)
+            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+    acc = apply_activation(acc + tl.load(b_ptr + ch, mask=c_ok, other=0.0)[None, :], ACT)
+    mask = p_ok[:, None] & c_ok[None, :]
+    if HAS_RES:
+        r_off = nhwc_offsets(n, oh, ow, sr_n, sr_h, sr_w)
+        acc += tl.load(r_ptr + r_off[:, None] + ch[None, :], mask=mask, other=0.0).to(tl.float32)
+    o_off = nhwc_offsets(n, oh, ow, so_n, so_h, so_w)
+    tl.store(out_ptr + o_off[:, None] + ch[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dwconv2d_nhwc(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    stride: int = 1,
+    padding: int = 0,
+    activation: str = "identity",
+    residual: torch.Tensor | None = None,
+) -> None:
+    """out = act(depthwise_conv2d(x, weight) + bias) (+ residual), written in place.
+
+    out[n, oh, ow, c] = act(bias[c] + sum_{i, j} weight[c, i, j] · x[n, oh·stride − padding + i, ow·stride −
+    padding + j, c]) + residual[n, oh, ow, c], with x zero outside the image and the residual added after the
+    activation. x: (N, H, W, C) view; out, residual: (N, OH, OW, C) views of x's dtype (any N/H/W strides, unit
+    channel stride); weight: contiguous (C, kh, kw) of x's dtype; bias: fp32 (C,).
+    """
+    check_view("x", x, (None,) * 4)
+    n, h, w, c = x.shape
+    check_view("weight", weight, (c, None, None), x.dtype, x.device)
+    if not weight.is_contiguous():
+        raise ValueError(f"weight: expected a contiguous (C, kh, kw) tensor, got strides {weight.stride()}")
+    check_view("bias", bias, (c,), torch.float32, x.device)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    if not isinstance(stride, int) or stride < 1 or not isinstance(padding, int) or padding < 0:
+        raise ValueError(f"stride/padding: expected ints >= 1 / >= 0, got {stride!r} / {padding!r}")
+    kh, kw = weight.shape[1:]
+    oh = (h + 2 * padding - kh) // stride + 1
+    ow = (w + 2 * padding - kw) // stride + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"weight: {kh}x{kw} kernel does not fit the padded {h}x{w} input")
+    check_view("out", out, (n, oh, ow, c), x.dtype, x.device)
+    if residual is not None:
+        check_view("residual", residual, (n, oh, ow, c), x.dtype, x.device)
+    res = out if residual is None else residual  # never read without HAS_RES; any valid pointer will do
+    block_p, block_c = nhwc_blocks(c)
+    grid = (triton.cdiv(n * oh * ow, block_p), triton.cdiv(c, block_c))
+    _dwconv2d_kernel[grid](
+        out,
+        *out.stride()[:3],
+        x,
+        *x.stride()[:3],
+        weight,
+        bias,
+        res,
+        *res.stride()[:3],
+        h,
+        w,
+        c,
+        oh,
+        ow,
+        n * oh * ow,
+        KH=kh,
+        KW=kw,
+        STRIDE=stride,
+        PAD=padding,
+        ACT=ACTIVATIONS[activation],
+        HAS_RES=residual is not None,
+        BLOCK_P=block_p,
+        BLOCK_C=block_c,
+    )

@@ -1,0 +1,98 @@
+"""Per-layer tile selection by measurement, remembered on disk.
+
+Each tunable launch offers candidate configs; each is timed on the real views with CUDA events and
+the fastest kept. Winners are stored in one JSON file keyed by GPU name, Triton version and the
+launch's shape key, so the next start-up on the same GPU skips the timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import triton
+
+from yolojet.kernels.conv import ConvConfig
+from yolojet.runtime.lowering import Launch
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("YOLOJET_CACHE", Path.home() / ".cache" / "yolojet"))
+
+
+class TuningCache:
+    """A JSON file of {device|triton|launch key: config}; writes replace the file atomically."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or cache_dir() / "autotune.json"
+        self.prefix = f"{torch.cuda.get_device_name()}|triton-{triton.__version__}|"
+        try:
+            self.entries: dict[str, dict] = json.loads(self.path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            self.entries = {}
+
+    def get(self, key: str) -> ConvConfig | None:
+        entry = self.entries.get(self.prefix + key)
+        return ConvConfig(**entry) if entry else None
+
+    def put(self, key: str, config: ConvConfig) -> None:
+        self.entries[self.prefix + key] = asdict(config)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, staging = tempfile.mkstemp(dir=self.path.parent, prefix=".autotune.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.entries, f, indent=0, sort_keys=True)
+        os.replace(staging, self.path)
+
+
+def time_launch(launch: Launch, repeats: int = 10, replays: int = 5) -> float:
+    """Device milliseconds of one launch: `repeats` back-to-back copies captured in a CUDA graph, replayed.
+
+    Timing plain launches would measure Python's launch overhead, which for these microsecond
+    kernels is larger than the kernels themselves.
+    """
+    launch.run()  # compiles this configuration
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            launch.run()
+    graph.replay()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / (repeats * replays)
+
+
+def tune(launches: list[Launch], cache: TuningCache, progress=None) -> dict[str, int]:
+    """Give every tunable launch its fastest config; returns counts of cached and newly timed launches."""
+    counts = {"cached": 0, "timed": 0}
+    for launch in launches:
+        if launch.tune_key is None or launch.configure is None:
+            continue
+        known = cache.get(launch.tune_key)
+        if known is not None:
+            launch.configure(known)
+            counts["cached"] += 1
+        else:
+            best = None
+            for config in launch.candidates:
+                launch.configure(config)
+                elapsed = time_launch(launch)
+                if best is None or elapsed < best[0]:
+                    best = (elapsed, config)
+            if best is not None:
+                launch.configure(best[1])
+                cache.put(launch.tune_key, best[1])
+            counts["timed"] += 1
+        if progress is not None:
+            progress()
+    return counts

@@ -1,0 +1,292 @@
+"""Lowering: each IR node (or fused group of nodes) becomes a `Launch` of one of our Triton kernels.
+
+A `Launch` is bound to device views for one batch size, so running the network is calling the
+launches in order, and capturing it is calling them inside a CUDA graph. Weights are packed once
+per engine (`PackedWeights`) and shared by every batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from yolojet.errors import GraphError
+from yolojet.ir import Graph, Node
+from yolojet.kernels.attention import psa_attention
+from yolojet.kernels.classify import global_avg_pool_nhwc, linear_softmax
+from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config
+from yolojet.kernels.decode import DecodeSpec, decode_heads
+from yolojet.kernels.dwconv import dwconv2d_nhwc
+from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
+from yolojet.kernels.pool import maxpool2d_nhwc, sppf_pools
+from yolojet.runtime.reference import OPS as REFERENCE_OPS
+
+ViewFn = Callable[[str], torch.Tensor]
+
+
+@dataclass
+class Launch:
+    """One kernel launch bound to its views; `tune_key` is set for launches whose tile config is tuned."""
+
+    family: str
+    nodes: list[str]  # the IR nodes this launch completes (more than one when fused)
+    outputs: list[str]
+    run: Callable[[], None]
+    tune_key: str | None = None
+    configure: Callable[[ConvConfig], None] | None = None
+    candidates: list[ConvConfig] = field(default_factory=list)
+
+
+class PackedWeights:
+    """Weights in the layouts the kernels read: conv [C_out, kh, kw, C_in], depthwise [C, kh, kw], bias fp32."""
+
+    def __init__(self, graph: Graph, device: torch.device, dtype: torch.dtype) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        for node in graph.nodes:
+            w = {role: torch.from_numpy(a) for role, a in graph.node_weights(node).items()}
+            if node.op == "conv":
+                weight = w["weight"]
+                if node.attrs["groups"] == 1:
+                    packed = weight.permute(0, 2, 3, 1)
+                else:
+                    packed = weight[:, 0]
+                self._put(node, "weight", packed, dtype, device)
+                self._put(node, "bias", w["bias"], torch.float32, device)
+            elif node.op == "conv_transpose":
+                # One 1x1 conv per kernel tap (dy, dx): weight (C_in, C_out, 2, 2) -> 4 x (C_out, 1, 1, C_in).
+                weight = w["weight"]
+                for dy in range(weight.shape[2]):
+                    for dx in range(weight.shape[3]):
+                        tap = weight[:, :, dy, dx].T[:, None, None, :]
+                        self._put(node, f"weight{dy}{dx}", tap, dtype, device)
+                self._put(node, "bias", w["bias"], torch.float32, device)
+            elif node.op == "linear":
+                self._put(node, "weight", w["weight"], dtype, device)
+                self._put(node, "bias", w["bias"], torch.float32, device)
+            elif node.weights:
+                raise GraphError(f"node {node.name}: no weight packing for op {node.op}")
+
+    def _put(self, node: Node, role: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
+        self.tensors[f"{node.name}.{role}"] = t.to(device=device, dtype=dtype).contiguous()
+
+    def get(self, node: Node, role: str) -> torch.Tensor:
+        return self.tensors[f"{node.name}.{role}"]
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _conv_tune_key(x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, node: Node, residual: bool) -> str:
+    a = node.attrs
+    return (
+        f"conv|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}|o{tuple(out.shape)}s{tuple(out.stride())}"
+        f"|w{tuple(weight.shape)}|st{a['stride']}|p{a['padding']}|d{a['dilation']}|{a['activation']}|r{int(residual)}"
+    )
+
+
+def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
+    a = node.attrs
+    x, out = view(node.inputs[0]), view(node.outputs[0])
+    residual = view(node.inputs[1]) if len(node.inputs) > 1 else None
+    weight, bias = weights.get(node, "weight"), weights.get(node, "bias")
+    stride, padding, dilation = _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"])
+    if a["groups"] != 1:
+        if a["groups"] != x.shape[3] or weight.shape[0] != x.shape[3] or dilation != (1, 1) or stride[0] != stride[1]:
+            raise GraphError(f"node {node.name}: grouped conv with groups={a['groups']} has no kernel")
+
+        def run_depthwise() -> None:
+            dwconv2d_nhwc(
+                out, x, weight, bias, stride=stride[0], padding=padding[0], activation=a["activation"],
+                residual=residual,
+            )  # fmt: skip
+
+        return Launch("dwconv", [node.name], list(node.outputs), run_depthwise)
+
+    batch, oh, ow, c_out = out.shape
+    m, k = batch * oh * ow, weight.shape[1] * weight.shape[2] * weight.shape[3]
+    is_1x1 = weight.shape[1] == weight.shape[2] == 1
+    chosen = [default_config(m, c_out, k, is_1x1, x.dtype)]
+
+    def run() -> None:
+        conv2d_nhwc(
+            out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
+            residual=residual, config=chosen[0],
+        )  # fmt: skip
+
+    def configure(config: ConvConfig) -> None:
+        chosen[0] = config
+
+    return Launch(
+        "conv",
+        [node.name],
+        list(node.outputs),
+        run,
+        tune_key=_conv_tune_key(x, out, weight, node, residual is not None),
+        configure=configure,
+        candidates=conv_candidate_configs(m, c_out, k, is_1x1, x.dtype),
+    )
+
+
+def _lower_conv_transpose(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
+    """A stride-2, 2x2 transposed conv is four 1x1 convs, each writing every other row and column."""
+    sy, sx = _pair(node.attrs["stride"])
+    taps = [key for key in weights.tensors if key.startswith(f"{node.name}.weight")]
+    if (sy, sx) != (2, 2) or _pair(node.attrs["padding"]) != (0, 0) or len(taps) != 4:
+        raise GraphError(f"node {node.name}: only 2x2 stride-2 transposed convs without padding have a kernel")
+    x, out, bias = view(node.inputs[0]), view(node.outputs[0]), weights.get(node, "bias")
+    parts = [(out[:, dy::2, dx::2, :], weights.get(node, f"weight{dy}{dx}")) for dy in (0, 1) for dx in (0, 1)]
+
+    def run() -> None:
+        for target, weight in parts:
+            conv2d_nhwc(target, x, weight, bias, activation="identity")
+
+    return Launch("conv", [node.name], list(node.outputs), run)
+
+
+def _sppf_chain(graph: Graph, start: int) -> list[Node]:
+    """Maxpools chained on each other's outputs with the same stride-1 'same' window: SPPF's pools."""
+    first = graph.nodes[start]
+    chain = [first]
+    attrs = first.attrs
+    if _pair(attrs["stride"]) != (1, 1) or _pair(attrs["padding"]) != tuple(k // 2 for k in _pair(attrs["kernel"])):
+        return chain
+    for node in graph.nodes[start + 1 :]:
+        if node.op == "maxpool" and node.attrs == attrs and node.inputs == chain[-1].outputs:
+            chain.append(node)
+    return chain
+
+
+def _lower_pools(chain: list[Node], view: ViewFn) -> Launch | None:
+    """SPPF's pools as one launch, when their outputs are equally spaced slices with one set of strides."""
+    if len(chain) < 2:
+        return None
+    outs = [view(n.outputs[0]) for n in chain]
+    step = outs[1].data_ptr() - outs[0].data_ptr()
+    spaced = step > 0 and all(o.data_ptr() - outs[0].data_ptr() == i * step for i, o in enumerate(outs))
+    if not spaced or any(o.stride() != outs[0].stride() for o in outs):
+        return None
+    x = view(chain[0].inputs[0])
+    kernel = _pair(chain[0].attrs["kernel"])[0]
+
+    def run() -> None:
+        sppf_pools(outs, x, kernel=kernel, repeats=len(outs))
+
+    return Launch("pool", [n.name for n in chain], [n.outputs[0] for n in chain], run)
+
+
+def _lower_maxpool(node: Node, view: ViewFn) -> Launch:
+    x, out = view(node.inputs[0]), view(node.outputs[0])
+    (kernel, _), (stride, _), (padding, _) = (_pair(node.attrs[k]) for k in ("kernel", "stride", "padding"))
+
+    def run() -> None:
+        maxpool2d_nhwc(out, x, kernel=kernel, stride=stride, padding=padding)
+
+    return Launch("pool", [node.name], list(node.outputs), run)
+
+
+def _lower_simple(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
+    ins = [view(i) for i in node.inputs]
+    outs = [view(o) for o in node.outputs]
+    a = node.attrs
+    if node.op == "upsample":
+
+        def run() -> None:
+            upsample_nearest_nhwc(outs[0], ins[0], a["scale"])
+
+        family = "elementwise"
+    elif node.op == "add":
+
+        def run() -> None:
+            add_nhwc(outs[0], ins[0], ins[1])
+
+        family = "elementwise"
+    elif node.op == "attention":
+
+        def run() -> None:
+            psa_attention(outs[0], ins[0], ins[1], ins[2], num_heads=a["num_heads"], scale=a["scale"])
+
+        family = "attention"
+    elif node.op == "global_avg_pool":
+
+        def run() -> None:
+            global_avg_pool_nhwc(outs[0], ins[0])
+
+        family = "classify"
+    elif node.op == "decode":
+        levels = a["levels"]
+        spec = DecodeSpec.from_attrs(a)
+        boxes, scores, extras = ins[:levels], ins[levels : 2 * levels], ins[2 * levels :] or None
+
+        def run() -> None:
+            decode_heads(outs[0], boxes, scores, extras, spec)
+
+        family = "decode"
+    elif node.op == "topk":
+        select = REFERENCE_OPS["topk"]
+
+        def run() -> None:
+            outs[0].copy_(select(node, ins, {})[0])
+
+        family = "topk"
+    else:
+        raise GraphError(f"node {node.name}: op {node.op} has no GPU kernel")
+    return Launch(family, [node.name], list(node.outputs), run)
+
+
+def lower(graph: Graph, view: ViewFn, weights: PackedWeights, copies: dict[str, list[str]], fuse: bool) -> list[Launch]:
+    """The launch list for one batch size; `view(name)` gives each value's device view at that size."""
+    launches: list[Launch] = []
+    done: set[str] = set()
+    for i, node in enumerate(graph.nodes):
+        if node.name in done:
+            continue
+        if node.op == "split":
+            continue  # outputs are views of the input
+        if node.op == "concat":
+            for value in copies.get(node.name, []):
+                launches.append(_copy_into_concat(node, value, view))
+            continue
+        if node.op == "conv":
+            launches.append(_lower_conv(node, view, weights))
+        elif node.op == "conv_transpose":
+            launches.append(_lower_conv_transpose(node, view, weights))
+        elif node.op == "maxpool":
+            fused = _lower_pools(_sppf_chain(graph, i), view) if fuse else None
+            launches.append(fused or _lower_maxpool(node, view))
+        elif node.op == "linear":
+            launches.append(_lower_linear(graph, i, view, weights))
+        else:
+            launches.append(_lower_simple(node, view, weights))
+        done.update(launches[-1].nodes)
+    return launches
+
+
+def _copy_into_concat(node: Node, value: str, view: ViewFn) -> Launch:
+    position = node.inputs.index(value)
+    source, target = view(value), view(node.outputs[0])
+    start = sum(view(v).shape[3] for v in node.inputs[:position])
+    destination = target[..., start : start + source.shape[3]]
+
+    def run() -> None:
+        copy_nhwc(destination, source)
+
+    return Launch("elementwise", [f"{node.name}<-{value}"], [], run)
+
+
+def _lower_linear(graph: Graph, i: int, view: ViewFn, weights: PackedWeights) -> Launch:
+    """The classifier's linear layer and the softmax after it are one kernel."""
+    node = graph.nodes[i]
+    following = graph.nodes[i + 1] if i + 1 < len(graph.nodes) else None
+    if following is None or following.op != "softmax" or following.inputs != node.outputs:
+        raise GraphError(f"node {node.name}: a linear layer runs on the GPU only fused with the softmax after it")
+    x, probs = view(node.inputs[0]), view(following.outputs[0])
+    weight, bias = weights.get(node, "weight"), weights.get(node, "bias")
+
+    def run() -> None:
+        linear_softmax(probs, x, weight, bias)
+
+    return Launch("classify", [node.name, following.name], list(following.outputs), run)

@@ -1,0 +1,199 @@
+"""Memory plan: where every value of the graph lives on the device.
+
+Feature maps live in NHWC buffers carved out of one activation arena. A concat's output is one
+buffer, and its inputs are placed as channel slices of it, so their producers write there directly
+and the concat itself costs nothing; a split's outputs are channel slices of its input. A value
+that cannot be placed where a concat wants it (it already lives elsewhere, or is the graph input)
+is copied, and the plan lists those copies. Buffers whose lifetimes do not overlap share memory.
+Head tensors (decode, top-k, classification outputs) are float32 and get their own arena.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from yolojet.ir import Graph
+
+CHANNEL_ALIGN = 8  # 16-byte pixel rows in fp16: vector loads stay aligned in every slice that starts aligned
+ARENA_ALIGN = 64  # elements; 128-byte aligned buffer starts in fp16
+FEATURE_OPS_WRITING_VIEWS = {"conv", "conv_transpose", "maxpool", "upsample", "add", "attention", "concat"}
+
+
+@dataclass
+class Buffer:
+    """A root allocation: NHWC (`pixels` = H·W, `row` = padded channels) or a flat float32 head tensor."""
+
+    index: int
+    kind: str  # "feature" (activation dtype, NHWC) or "head" (float32, logical layout)
+    shape: tuple[int, ...]  # per image: (H, W, row) for features, the value's shape without batch for heads
+    first: int  # index of the node that first writes it (-1: graph input)
+    last: int  # index of the node that last reads it (len(nodes): a graph output)
+    offset: int = 0  # in elements of the buffer's arena
+
+    @property
+    def per_image(self) -> int:
+        size = 1
+        for d in self.shape:
+            size *= d
+        return size
+
+
+@dataclass
+class Placement:
+    """A value = channels [channel, channel + channels) of a buffer (all channels for head tensors)."""
+
+    buffer: int
+    channel: int
+    channels: int
+
+
+@dataclass
+class MemoryPlan:
+    buffers: list[Buffer]
+    placements: dict[str, Placement]
+    copies: dict[str, list[str]]  # concat node name -> its inputs that must be copied into place
+    feature_elements: int = 0  # arena sizes per image slot, in elements
+    head_elements: int = 0
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def arena_elements(self, kind: str, max_batch: int) -> int:
+        per_image = self.feature_elements if kind == "feature" else self.head_elements
+        return per_image * max_batch
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def plan_memory(graph: Graph) -> MemoryPlan:
+    producers = {out: (i, node) for i, node in enumerate(graph.nodes) for out in node.outputs}
+    placements: dict[str, Placement] = {}
+    buffers: list[Buffer] = []
+    copies: dict[str, list[str]] = {}
+
+    def new_buffer(value: str, kind: str) -> int:
+        shape = graph.values[value].shape[1:]
+        if kind == "feature":
+            c, h, w = shape
+            shape = (h, w, _round_up(c, CHANNEL_ALIGN))
+        buffers.append(Buffer(len(buffers), kind, tuple(int(d) for d in shape), first=0, last=0))
+        return len(buffers) - 1
+
+    def split_run_fits(split_node, concat_inputs: list[str], position: int) -> bool:
+        """A split's outputs may share a concat buffer only if they appear there whole, in order, unplaced."""
+        outs = split_node.outputs
+        return concat_inputs[position : position + len(outs)] == outs and not any(o in placements for o in outs)
+
+    def place_into(value: str, buffer: int, channel: int, concat_inputs: list[str], position: int) -> bool:
+        """Try to make `value` a slice of `buffer`; False means the concat must copy it."""
+        if value in placements or value not in producers:
+            return False
+        _, producer = producers[value]
+        channels = int(graph.values[value].shape[1])
+        if producer.op == "split":
+            source = producer.inputs[0]
+            if not split_run_fits(producer, concat_inputs, position):
+                return False
+            if not place_into(source, buffer, channel, [source], 0):
+                return False
+            offset = channel
+            for out, size in zip(producer.outputs, producer.attrs["sizes"], strict=True):
+                placements[out] = Placement(buffer, offset, size)
+                offset += size
+            return True
+        if producer.op not in FEATURE_OPS_WRITING_VIEWS:
+            return False
+        placements[value] = Placement(buffer, channel, channels)
+        return True
+
+    # Concats first, last to first, so an outer concat claims its inputs before an inner one is laid out.
+    for node in reversed(graph.nodes):
+        if node.op != "concat":
+            continue
+        out = node.outputs[0]
+        if out not in placements:
+            placements[out] = Placement(new_buffer(out, "feature"), 0, int(graph.values[out].shape[1]))
+        target = placements[out]
+        channel = target.channel
+        for position, value in enumerate(node.inputs):
+            where = placements.get(value)
+            in_place = where is not None and (where.buffer, where.channel) == (target.buffer, channel)
+            if not in_place and not place_into(value, target.buffer, channel, node.inputs, position):
+                copies.setdefault(node.name, []).append(value)
+            channel += int(graph.values[value].shape[1])
+
+    # Everything else: split outputs are views of their input, other values get a buffer of their own.
+    for name in graph.inputs:
+        if name not in placements:
+            placements[name] = Placement(new_buffer(name, "feature"), 0, int(graph.values[name].shape[1]))
+    for node in graph.nodes:
+        if node.op == "split":
+            source = placements[node.inputs[0]]
+            offset = source.channel
+            for out, size in zip(node.outputs, node.attrs["sizes"], strict=True):
+                placements.setdefault(out, Placement(source.buffer, offset, size))
+                offset += size
+            continue
+        for out in node.outputs:
+            if out not in placements:
+                kind = "feature" if len(graph.values[out].shape) == 4 else "head"
+                channels = int(graph.values[out].shape[1])
+                placements[out] = Placement(new_buffer(out, kind), 0, channels)
+
+    _set_lifetimes(graph, buffers, placements)
+    plan = MemoryPlan(buffers, placements, copies)
+    plan.feature_elements = _allocate([b for b in buffers if b.kind == "feature"])
+    plan.head_elements = _allocate([b for b in buffers if b.kind == "head"])
+    plan.stats = {
+        "buffers": len(buffers),
+        "copies": sum(len(v) for v in copies.values()),
+        "feature_elements_unshared": sum(b.per_image for b in buffers if b.kind == "feature"),
+    }
+    return plan
+
+
+def _set_lifetimes(graph: Graph, buffers: list[Buffer], placements: dict[str, Placement]) -> None:
+    end = len(graph.nodes)
+    first = {b.index: end for b in buffers}
+    last = {b.index: -1 for b in buffers}
+    for name in graph.inputs:
+        first[placements[name].buffer] = -1
+    for i, node in enumerate(graph.nodes):
+        for name in node.outputs:
+            b = placements[name].buffer
+            first[b] = min(first[b], i)
+            last[b] = max(last[b], i)
+        for name in node.inputs:
+            last[placements[name].buffer] = max(last[placements[name].buffer], i)
+    for name in graph.outputs:
+        last[placements[name].buffer] = end
+    for b in buffers:
+        # Reserved from the node before its first writer: a launch that fuses a node with the one before it
+        # (linear + softmax, SPPF's pools) writes this buffer while that earlier node's inputs are still read.
+        b.first, b.last = max(first[b.index] - 1, -1), last[b.index]
+
+
+def _allocate(buffers: list[Buffer]) -> int:
+    """Offsets (per image slot) so that buffers alive at the same time never overlap; returns the arena size.
+
+    Largest buffers first, each at the lowest aligned offset that clears every already placed buffer
+    whose lifetime intersects its own: a greedy interval packing that is near-optimal for these chains.
+    """
+    placed: list[Buffer] = []
+    top = 0
+    for buf in sorted(buffers, key=lambda b: -b.per_image):
+        size = _round_up(buf.per_image, ARENA_ALIGN)
+        busy = sorted(
+            (p.offset, p.offset + _round_up(p.per_image, ARENA_ALIGN))
+            for p in placed
+            if p.first <= buf.last and buf.first <= p.last
+        )
+        offset = 0
+        for start, stop in busy:
+            if offset + size <= start:
+                break
+            offset = max(offset, stop)
+        buf.offset = offset
+        placed.append(buf)
+        top = max(top, offset + size)
+    return top
