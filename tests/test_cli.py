@@ -171,3 +171,53 @@ def test_info_on_bad_directories(tmp_path, capsys):
     (broken / "weights.safetensors").write_bytes(b"")
     code, _, stderr = run_cli(capsys, "info", broken)
     assert code == 2 and "not valid JSON" in stderr
+
+
+def test_dump_then_compare(tmp_path, capsys):
+    """`dump` runs the engine's kernels and the reference on a real photo; `compare` finds them within the gate."""
+    from ultralytics.utils import ASSETS
+
+    model_dir = yolojet.export(random_model("yolov8n-cls.yaml"), out=tmp_path / "cls", imgsz=64)
+    dump_dir = tmp_path / "dump"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    code, stdout, stderr = run_cli(
+        capsys, "dump", model_dir, "--image", ASSETS / "bus.jpg", "--out", dump_dir, "--device", device
+    )
+    assert code == 0, stderr
+    assert (dump_dir / "engine.safetensors").is_file() and (dump_dir / "reference.safetensors").is_file()
+    code, stdout, stderr = run_cli(capsys, "compare", dump_dir)
+    assert code == 0, stdout
+    assert "0 over the fp16 gate" in stdout
+    assert "29 values" in stdout  # the input and the output of each of the 28 launches
+
+
+def test_compare_flags_values_over_the_gate(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    good, bad = torch.rand(2, 8), torch.rand(2, 8)
+    save_file({"a": good, "b": bad}, str(tmp_path / "engine.safetensors"), {"precision": "fp32"})
+    save_file({"a": good, "b": bad + 1}, str(tmp_path / "reference.safetensors"), {"precision": "fp32"})
+    code, stdout, _ = run_cli(capsys, "compare", tmp_path)
+    assert code == 1
+    assert stdout.splitlines()[2].startswith("b ") and "FAIL" in stdout
+    assert "1 over the fp32 gate" in stdout
+
+
+def test_dump_and_compare_errors(tmp_path, capsys):
+    model_dir = yolojet.export(random_model("yolov8n-cls.yaml"), out=tmp_path / "cls", imgsz=64)
+    not_an_image = tmp_path / "notes.jpg"
+    not_an_image.write_text("not an image")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    code, _, stderr = run_cli(capsys, "dump", model_dir, "--image", not_an_image, "--device", device)
+    assert code == 2 and "notes.jpg: cannot read as an image" in stderr
+    code, _, stderr = run_cli(capsys, "compare", tmp_path / "nothing")
+    assert code == 2 and "run `yolojet dump` first" in stderr
+
+
+def test_profile(tmp_path, capsys):
+    model_dir = yolojet.export(random_model("yolov8n-cls.yaml"), out=tmp_path / "cls", imgsz=64)
+    code, stdout, stderr = run_cli(capsys, "profile", model_dir)
+    if torch.cuda.is_available():
+        assert code == 0 and "conv" in stdout and "whole graph replay" in stdout
+    else:
+        assert code == 2 and "no CUDA device" in stderr

@@ -7,8 +7,12 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from yolojet.errors import YolojetError
+from yolojet.errors import ImageReadError, ModelDirError, YolojetError
+
+if TYPE_CHECKING:
+    import torch
 
 EXIT_USAGE = 2
 
@@ -81,6 +85,107 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _letterboxed(image: Path, height: int, width: int) -> torch.Tensor:
+    """The image scaled to fit (height, width), centred on grey 114, as a float (1, 3, H, W) batch in [0, 1]."""
+    import torch
+    import torch.nn.functional as F
+    from torchvision.io import ImageReadMode, decode_image
+
+    try:
+        data = torch.frombuffer(bytearray(image.read_bytes()), dtype=torch.uint8)
+        picture = decode_image(data, mode=ImageReadMode.RGB).float()
+    except (OSError, RuntimeError, ValueError) as e:
+        raise ImageReadError(f"{image}: cannot read as an image ({e})") from e
+    _, h0, w0 = picture.shape
+    scale = min(height / h0, width / w0)
+    h1, w1 = max(1, round(h0 * scale)), max(1, round(w0 * scale))
+    resized = F.interpolate(picture[None], size=(h1, w1), mode="bilinear", align_corners=False)
+    canvas = torch.full((1, 3, height, width), 114.0)
+    top, left = (height - h1) // 2, (width - w1) // 2
+    canvas[:, :, top : top + h1, left : left + w1] = resized
+    return canvas / 255
+
+
+def _cmd_dump(args: argparse.Namespace) -> int:
+    import torch
+    from safetensors.torch import save_file
+
+    from yolojet.runtime.engine import Engine
+    from yolojet.runtime.reference import load_reference
+
+    engine = Engine.load(args.model_dir, device=args.device, half=not args.fp32, max_batch=1, tune=False)
+    h, w = engine.meta.imgsz
+    if args.image is not None:
+        x = _letterboxed(args.image, h, w)
+    else:
+        x = torch.rand(1, engine.meta.channels, h, w, generator=torch.Generator().manual_seed(args.seed))
+    x = x.to(engine.device)
+    ours = engine.dump(x)
+    expected = load_reference(args.model_dir, device=engine.device).dump(x)
+    args.out.mkdir(parents=True, exist_ok=True)
+    order = {name: str(i) for i, name in enumerate(ours)}
+    metadata = {"precision": "fp32" if args.fp32 else "fp16", **{f"order:{k}": v for k, v in order.items()}}
+    save_file({k: v.contiguous().cpu() for k, v in ours.items()}, str(args.out / "engine.safetensors"), metadata)
+    save_file({k: expected[k].contiguous().cpu() for k in ours}, str(args.out / "reference.safetensors"), metadata)
+    print(f"wrote {len(ours)} values from the engine and the reference executor to {args.out}")
+    return 0
+
+
+def compare_dumps(directory: Path) -> tuple[list[tuple[str, float]], str]:
+    """Per-value relative L2 error of the engine against the reference, worst first, and the precision."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    engine_file, reference_file = directory / "engine.safetensors", directory / "reference.safetensors"
+    for f in (engine_file, reference_file):
+        if not f.is_file():
+            raise ModelDirError(f"{directory}: no {f.name}; run `yolojet dump` first")
+    with safe_open(str(engine_file), "pt") as f:
+        precision = f.metadata().get("precision", "fp16")
+    ours, expected = load_file(str(engine_file)), load_file(str(reference_file))
+    errors = []
+    for name, value in ours.items():
+        ref = expected[name].float()
+        errors.append((name, float((value.float() - ref).norm() / ref.norm().clamp_min(1e-12))))
+    return sorted(errors, key=lambda e: -e[1]), precision
+
+
+GATES = {"fp16": 1e-2, "fp32": 1e-4}
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    errors, precision = compare_dumps(args.dump_dir)
+    gate = GATES[precision]
+    rows = [(name, f"{err:.2e}", "FAIL" if err > gate or err != err else "ok") for name, err in errors[: args.top]]
+    print(_format_table(rows, ("value", "rel L2", f"gate {gate:g}")))
+    failed = sum(1 for _, err in errors if err > gate or err != err)
+    print(f"{len(errors)} values, {failed} over the {precision} gate of {gate:g}")
+    return 1 if failed else 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    import torch
+
+    from yolojet.runtime.engine import Engine, EngineConfigError
+
+    if not torch.cuda.is_available():
+        raise EngineConfigError("profile times kernels on the GPU, and this machine has no CUDA device")
+
+    engine = Engine.load(args.model_dir, device="cuda", half=not args.fp32, max_batch=args.batch, buckets=[args.batch])
+    rows = engine.profile(args.batch)
+    total = sum(r.total_ms for r in rows)
+    table = [
+        (r.family, str(r.count), f"{r.total_ms:.4f}", f"{100 * r.total_ms / total:.1f}", f"{r.mean_ms:.4f}",
+         f"{r.min_ms:.4f}", f"{r.max_ms:.4f}")
+        for r in rows
+    ]  # fmt: skip
+    print(f"batch {args.batch}, {'fp32' if args.fp32 else 'fp16'}, per-launch device time in ms")
+    print(_format_table(table, ("family", "count", "total", "%", "mean", "min", "max")))
+    replay = sorted(engine.time_replay(args.batch))
+    print(f"whole graph replay: median {replay[len(replay) // 2]:.4f} ms")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="yolojet", description="Run ultralytics YOLO models on NVIDIA GPUs through hand-written Triton kernels."
@@ -102,6 +207,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="print a model directory's summary: task, ops, parameters, GFLOPs")
     p.add_argument("model_dir", type=Path, help="a directory written by `yolojet export`")
     p.set_defaults(run=_cmd_info)
+
+    p = sub.add_parser("dump", help="write every op's output from the engine and from the reference executor")
+    p.add_argument("model_dir", type=Path, help="a directory written by `yolojet export`")
+    p.add_argument("--image", type=Path, default=None, help="an image to run (default: seeded random input)")
+    p.add_argument("--out", type=Path, default=Path("yolojet_dump"), help="output directory (default yolojet_dump)")
+    p.add_argument("--fp32", action="store_true", help="run the engine in fp32 instead of fp16")
+    p.add_argument("--device", default=None, help="cuda (default when present) or cpu with TRITON_INTERPRET=1")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random input")
+    p.set_defaults(run=_cmd_dump)
+
+    p = sub.add_parser("compare", help="per-op relative error of a dump, worst first; exit 1 over the gate")
+    p.add_argument("dump_dir", type=Path, nargs="?", default=Path("yolojet_dump"))
+    p.add_argument("--top", type=int, default=25, help="rows to print (default 25)")
+    p.set_defaults(run=_cmd_compare)
+
+    p = sub.add_parser("profile", help="device time per kernel family (needs a GPU)")
+    p.add_argument("model_dir", type=Path, help="a directory written by `yolojet export`")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--fp32", action="store_true", help="profile the fp32 engine")
+    p.set_defaults(run=_cmd_profile)
     return parser
 
 

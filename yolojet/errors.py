@@ -39,3 +39,7 @@ class ModelDirError(YolojetError):
 
 class GraphError(YolojetError):
     """A graph that breaks an IR rule (use before definition, unknown op, shape mismatch)."""
+
+
+class ImageReadError(YolojetError, ValueError):
+    """A file or buffer that cannot be decoded as an image."""
