@@ -32,7 +32,7 @@ from support import random_model
 
 import yolojet
 from yolojet.ir import Graph
-from yolojet.runtime.engine import Engine
+from yolojet.runtime.network import TritonNetwork
 
 STARTUP_SNIPPET = """
 import sys, time, torch
@@ -41,7 +41,7 @@ from yolojet.runtime.engine import Engine
 graph = Graph.load(sys.argv[1])
 torch.cuda.init()
 start = time.perf_counter()
-Engine(graph, torch.device("cuda"), half=True, max_batch=1)
+TritonNetwork(graph, torch.device("cuda"), half=True, max_batch=1)
 torch.cuda.synchronize()
 print(time.perf_counter() - start)
 """
@@ -80,7 +80,7 @@ def relative_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return float((ours.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12))
 
 
-def check(engine: Engine, model_dir: Path, imgsz: int) -> float:
+def check(engine: TritonNetwork, model_dir: Path, imgsz: int) -> float:
     reference = yolojet.load_reference(model_dir, device="cuda")
     x = torch.rand(2, 3, imgsz, imgsz, device="cuda")
     engine.poison()
@@ -104,7 +104,7 @@ def bench_model(name: str, batches: list[int], imgsz: int, repeats: int, use_com
     row: dict = {"model": name, "imgsz": imgsz, "gflops": graph.flops() / 1e9, "batches": {}}
 
     start = time.perf_counter()
-    engine = Engine(graph, torch.device("cuda"), half=True, max_batch=max(batches), buckets=batches)
+    engine = TritonNetwork(graph, torch.device("cuda"), half=True, max_batch=max(batches), buckets=batches)
     row["engine_build_s"] = time.perf_counter() - start
     row["tuning"] = engine.tuning
     row["max_rel_l2_vs_reference"] = check(engine, model_dir, imgsz)

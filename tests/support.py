@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -79,3 +80,77 @@ def compare_outputs(ours, ref, end2end: bool) -> list[float]:
         one_to_one = end2end and i == 0
         errors.append(topk_relative_error(o, r) if one_to_one else relative_max_error(o, r))
     return errors
+
+
+def real_photos() -> dict[str, np.ndarray]:
+    """Photos that installed packages ship, as BGR uint8 arrays (OpenCV's order, what ultralytics reads)."""
+    import cv2
+    import skimage.data
+    from ultralytics.utils import ASSETS
+
+    return {
+        "bus.jpg": cv2.imread(str(ASSETS / "bus.jpg")),
+        "zidane.jpg": cv2.imread(str(ASSETS / "zidane.jpg")),
+        "astronaut": skimage.data.astronaut()[..., ::-1].copy(),
+        "coffee": skimage.data.coffee()[..., ::-1].copy(),
+        "chelsea": skimage.data.chelsea()[..., ::-1].copy(),
+    }
+
+
+@functools.lru_cache(maxsize=4)
+def calibrated_model(cfg: str, imgsz: int = 640, seed: int = 0) -> nn.Module:
+    """Random weights whose BatchNorm statistics are measured on the shipped photos (one pass in train mode).
+
+    Random BatchNorm statistics make the activations collapse, so every anchor scores alike and the
+    detections are ties; statistics measured on real images keep the outputs image-dependent, giving
+    distinct scores and boxes worth comparing with ultralytics.
+    """
+    from ultralytics import YOLO
+    from ultralytics.data.augment import LetterBox
+
+    torch.manual_seed(seed)
+    model = YOLO(cfg, verbose=False).model.float()
+    letterbox = LetterBox((imgsz, imgsz), auto=False)
+    batch = torch.stack(
+        [
+            torch.from_numpy(np.ascontiguousarray(letterbox(image=img)[..., ::-1])).permute(2, 0, 1).float() / 255
+            for img in real_photos().values()
+        ]
+    )
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the one batch
+    model.train()
+    with torch.no_grad():
+        model(batch)
+    return model.eval()
+
+
+def match_detections(ours, theirs, iou_min: float = 0.99, conf_tol: float = 0.01) -> list[str]:
+    """Problems found matching our boxes (rows x1 y1 x2 y2 conf cls) one-to-one with ultralytics' ones."""
+    from torchvision.ops import box_iou
+
+    ours, theirs = torch.as_tensor(ours, dtype=torch.float32), torch.as_tensor(theirs, dtype=torch.float32)
+    problems = []
+    if len(ours) != len(theirs):
+        problems.append(f"{len(ours)} boxes, ultralytics has {len(theirs)}")
+    if len(ours) == 0 or len(theirs) == 0:
+        return problems
+
+    def corners(boxes: torch.Tensor) -> torch.Tensor:
+        # Random weights can predict inverted boxes (x2 < x1); compare them as the rectangles they span.
+        return torch.cat([torch.minimum(boxes[:, :2], boxes[:, 2:4]), torch.maximum(boxes[:, :2], boxes[:, 2:4])], 1)
+
+    iou = box_iou(corners(theirs[:, :4]), corners(ours[:, :4]))
+    same_class = theirs[:, 5:6] == ours[:, 5][None]
+    close_conf = (theirs[:, 4:5] - ours[:, 4][None]).abs() <= conf_tol
+    candidates = (iou >= iou_min) & same_class & close_conf
+    used: set[int] = set()
+    for i in range(len(theirs)):
+        options = [j for j in candidates[i].nonzero().flatten().tolist() if j not in used]
+        if not options:
+            problems.append(f"ultralytics box {theirs[i].tolist()} has no match (best IoU {float(iou[i].max()):.4f})")
+            continue
+        used.add(max(options, key=lambda j: float(iou[i, j])))
+    return problems

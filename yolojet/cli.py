@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +13,9 @@ from yolojet.errors import ImageReadError, ModelDirError, YolojetError
 
 if TYPE_CHECKING:
     import torch
+    from tqdm import tqdm
+
+    from yolojet.tasks import Results
 
 EXIT_USAGE = 2
 
@@ -113,7 +116,9 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     from yolojet.runtime.engine import Engine
     from yolojet.runtime.reference import load_reference
 
-    engine = Engine.load(args.model_dir, device=args.device, half=not args.fp32, max_batch=1, tune=False)
+    engine = Engine.load(
+        args.model_dir, device=args.device, half=not args.fp32, max_batch=1, tune=False, backend="triton"
+    )
     h, w = engine.meta.imgsz
     if args.image is not None:
         x = _letterboxed(args.image, h, w)
@@ -166,13 +171,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
-    from yolojet.runtime.engine import Engine, EngineConfigError
+    from yolojet.errors import EngineConfigError
+    from yolojet.runtime.engine import Engine
 
     if not torch.cuda.is_available():
         raise EngineConfigError("profile times kernels on the GPU, and this machine has no CUDA device")
 
     engine = Engine.load(args.model_dir, device="cuda", half=not args.fp32, max_batch=args.batch, buckets=[args.batch])
-    rows = engine.profile(args.batch)
+    rows = engine.network.profile(args.batch)
     total = sum(r.total_ms for r in rows)
     table = [
         (r.family, str(r.count), f"{r.total_ms:.4f}", f"{100 * r.total_ms / total:.1f}", f"{r.mean_ms:.4f}",
@@ -181,9 +187,83 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     print(f"batch {args.batch}, {'fp32' if args.fp32 else 'fp16'}, per-launch device time in ms")
     print(_format_table(table, ("family", "count", "total", "%", "mean", "min", "max")))
-    replay = sorted(engine.time_replay(args.batch))
+    replay = sorted(engine.network.time_replay(args.batch))
     print(f"whole graph replay: median {replay[len(replay) // 2]:.4f} ms")
     return 0
+
+
+def _format_detections(result: Results) -> list[str]:
+    lines = []
+    for row in result.summary():
+        b = row["box"]
+        lines.append(
+            f"  {row['name']:<16} {row['confidence']:.3f}  {b['x1']:8.1f} {b['y1']:8.1f} {b['x2']:8.1f} {b['y2']:8.1f}"
+        )
+    return lines
+
+
+def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """Write through a temporary file beside `path`, renamed into place only when complete."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(staging))
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+
+
+def _cmd_detect(args: argparse.Namespace) -> int:
+    import json
+
+    from PIL import Image
+
+    from yolojet.images import expand_sources
+    from yolojet.runtime.engine import Engine
+
+    sources = expand_sources(args.source)
+    if not sources:
+        raise ImageReadError(f"{' '.join(args.source)}: no images found")
+    engine = Engine.load(args.model, imgsz=args.imgsz, max_batch=args.batch, half=not args.fp32)
+    options = {"conf": args.conf, "iou": args.iou, "max_det": args.max_det, "classes": args.classes}
+    progress = _progress(len(sources), enabled=len(sources) > 1 and not args.quiet)
+    failed, records = 0, []
+    for start in range(0, len(sources), args.batch):
+        chunk = sources[start : start + args.batch]
+        for source, result in zip(chunk, engine(chunk, **options), strict=True):
+            progress.update(1)
+            if result.error:
+                failed += 1
+                progress.write(f"{source}: error: {result.error}", file=sys.stderr)
+                continue
+            records.append({"path": source, "height": result.orig_shape[0], "width": result.orig_shape[1],
+                            "detections": result.summary()})  # fmt: skip
+            if not args.quiet:
+                progress.write(f"{source}: {len(result)} detections")
+                for line in _format_detections(result):
+                    progress.write(line)
+            if args.save is not None:
+                target = args.save / f"{Path(source).stem}.jpg"
+                image = Image.fromarray(result.plot()[..., ::-1])
+                _write_atomically(target, lambda p, image=image: image.save(p, format="JPEG", quality=90))
+    progress.close()
+    if args.json is not None:
+        text = "".join(json.dumps(r) + "\n" for r in records)
+        _write_atomically(args.json, lambda p: p.write_text(text))
+    if failed:
+        print(f"{failed} of {len(sources)} images could not be read", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _progress(total: int, enabled: bool) -> tqdm:
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not enabled, unit="img", file=sys.stderr, dynamic_ncols=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,6 +287,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="print a model directory's summary: task, ops, parameters, GFLOPs")
     p.add_argument("model_dir", type=Path, help="a directory written by `yolojet export`")
     p.set_defaults(run=_cmd_info)
+
+    p = sub.add_parser("detect", help="detect objects in images and print them in original image coordinates")
+    p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
+    p.add_argument("source", nargs="+", help="image files, globs or directories")
+    p.add_argument("--conf", type=float, default=0.25, help="confidence threshold (default 0.25)")
+    p.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold (default 0.7)")
+    p.add_argument("--max-det", type=int, default=300, help="most detections per image (default 300)")
+    p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
+    p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
+    p.add_argument("--batch", type=int, default=1, help="images per batch (default 1)")
+    p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
+    p.add_argument("--save", type=Path, default=None, help="write annotated images into this directory")
+    p.add_argument("--json", type=Path, default=None, help="write detections as JSON lines to this file")
+    p.add_argument("--quiet", action="store_true", help="print nothing per image")
+    p.set_defaults(run=_cmd_detect)
 
     p = sub.add_parser("dump", help="write every op's output from the engine and from the reference executor")
     p.add_argument("model_dir", type=Path, help="a directory written by `yolojet export`")

@@ -43,3 +43,7 @@ class GraphError(YolojetError):
 
 class ImageReadError(YolojetError, ValueError):
     """A file or buffer that cannot be decoded as an image."""
+
+
+class EngineConfigError(YolojetError, ValueError):
+    """An engine option that cannot work on this machine or with this model, or an input it cannot take."""

@@ -7,7 +7,9 @@ import torch
 from support import random_model
 
 import yolojet
-from yolojet.runtime.engine import Engine, EngineConfigError, batch_buckets
+from yolojet.errors import EngineConfigError
+from yolojet.runtime.engine import Engine
+from yolojet.runtime.network import batch_buckets
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
@@ -48,7 +50,7 @@ def test_engine_matches_reference(cfg, end2end, dtype, model_dirs):
     engine = Engine.load(model_dir, device=DEVICE, half=dtype == torch.float16, max_batch=2, tune=False)
     reference = yolojet.load_reference(model_dir, device=DEVICE)
     x = torch.rand(2, 3, 64, 64, device=DEVICE)
-    engine.poison()
+    engine.network.poison()
     ours, expected = engine.raw(x), reference(x)
     ours = ours if isinstance(ours, tuple) else (ours,)
     expected = expected if isinstance(expected, tuple) else (expected,)
@@ -93,6 +95,9 @@ def test_bad_inputs_and_options(model_dirs):
         engine.raw(torch.zeros(1, 3, 64, 64, dtype=torch.uint8, device=DEVICE))
     with pytest.raises(EngineConfigError, match="backend"):
         Engine.load(model_dir, device=DEVICE, backend="tensorrt")
+    if DEVICE == "cpu":
+        with pytest.raises(EngineConfigError, match="TRITON_INTERPRET"):
+            Engine.load(model_dir, device="meta", backend="triton")
     with pytest.raises(yolojet.YolojetError, match="exported for 64x64"):
         Engine.load(model_dir, device=DEVICE, imgsz=640)
 

@@ -114,8 +114,10 @@ def psa_attention(
         raise ValueError(f"v: {v.shape[3]} channels do not split into num_heads={num_heads} heads")
     check_view("out", out, v.shape, q.dtype, q.device)
     kd, hd, t = qc // num_heads, v.shape[3] // num_heads, h * w
-    block_t = min(64, max(16, triton.next_power_of_2(t)))  # query and key block; tl.dot needs dimensions >= 16
-    grid = (triton.cdiv(t, block_t), n * num_heads)
+    # tl.dot needs dimensions >= 16. fp32 ("ieee", no tensor cores) runs 1.5x faster with half the query rows.
+    block_n = min(64, max(16, triton.next_power_of_2(t)))
+    block_m = min(32 if q.dtype == torch.float32 else 64, block_n)
+    grid = (triton.cdiv(t, block_m), n * num_heads)
     _psa_attention_kernel[grid](
         out,
         *out.stride()[:3],
@@ -133,6 +135,6 @@ def psa_attention(
         HD=hd,
         BLOCK_KD=max(16, triton.next_power_of_2(kd)),
         BLOCK_HD=max(16, triton.next_power_of_2(hd)),
-        BLOCK_M=block_t,
-        BLOCK_N=block_t,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
     )

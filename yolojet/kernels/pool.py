@@ -169,7 +169,9 @@ def sppf_pools(outs: Sequence[torch.Tensor], x: torch.Tensor, *, kernel: int = 5
                 f"outs[{r}]: not equally spaced in memory (expected {r} × {byte_step} bytes after outs[0])"
             )
     n, h, w, c = x.shape
-    block_p, block_c = nhwc_blocks(c)
+    # 169 taps a pixel (kernel 5, 3 repeats) make this kernel latency-bound: half-size tiles keep twice the
+    # programs in flight (measured 1.6x faster on an H200 on 20x20 maps, 1.04x on 16 80x80 maps)
+    block_p, block_c = nhwc_blocks(c, tile=1024)
     grid = (triton.cdiv(n * h * w, block_p), triton.cdiv(c, block_c))
     _sppf_kernel[grid](
         outs[0],

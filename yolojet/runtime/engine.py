@@ -1,97 +1,52 @@
-"""The GPU engine: memory plan + Triton kernels + per-layer autotuning + one CUDA graph per batch bucket.
+"""The public engine: images in, detections out, on our kernels where there is a GPU.
 
-`Engine.load` resolves the model to a graph, plans memory (one NHWC activation arena, one float32
-head arena, both sized for `max_batch`), packs the weights, lowers every node to a kernel launch
-bound to its views for each batch bucket (1, 2, 4, ..., max_batch), times candidate tile configs
-per conv (cached on disk), and captures each bucket's launches into a CUDA graph. `raw(x)` copies
-the batch in, replays the smallest bucket's graph that fits, and returns the head outputs in the
-form the reference executor returns them.
-
-With `TRITON_INTERPRET=1` and `device="cpu"`, the same kernels run on the CPU through Triton's
-interpreter (no tuning, no graph): the path the CPU test suite takes.
+`Engine.load` resolves the model, then builds the network on our Triton kernels (a CUDA device, or
+the CPU under TRITON_INTERPRET=1) or, on a machine without a GPU, on the float32 reference
+executor with a one-line notice. `engine(images)` runs the whole predict path — letterbox, network,
+decode, NMS (or the YOLO26 one-to-one selection), boxes back to original pixels — and returns one
+`Results` per image; an image that cannot be read gets a `Results` carrying its error, and the
+others are still detected. `engine.raw(x)` returns the raw head outputs.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
-from yolojet.errors import YolojetError
+from yolojet.errors import EngineConfigError, YolojetError
+from yolojet.images import Frame, load_frame
 from yolojet.ir import Graph, ModelMeta
-from yolojet.runtime.autotune import TuningCache, time_launch, tune
-from yolojet.runtime.lowering import Launch, PackedWeights, ViewFn, lower
+from yolojet.runtime import torch_pipeline
 from yolojet.runtime.models import resolve_graph
-from yolojet.runtime.plan import MemoryPlan, plan_memory
+from yolojet.runtime.network import TritonNetwork
 from yolojet.runtime.reference import ReferenceExecutor
+from yolojet.tasks import Boxes, Results
 
-
-class EngineConfigError(YolojetError, ValueError):
-    """An engine option that cannot work on this machine or with this model."""
-
-
-def batch_buckets(max_batch: int) -> list[int]:
-    """1, 2, 4, ... below max_batch, then max_batch: a batch runs in the smallest bucket that holds it."""
-    buckets, b = [], 1
-    while b < max_batch:
-        buckets.append(b)
-        b *= 2
-    return [*buckets, max_batch]
+DETECTION_TASKS = ("detect",)
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@dataclass
-class FamilyProfile:
-    family: str
-    count: int
-    total_ms: float
-    mean_ms: float
-    min_ms: float
-    max_ms: float
-
-
 class Engine:
-    """A model ready to run on our kernels. Build with `Engine.load`."""
+    """A model ready to run. Build with `Engine.load`."""
 
-    def __init__(
-        self,
-        graph: Graph,
-        device: torch.device,
-        half: bool = True,
-        max_batch: int = 1,
-        tune_layers: bool = True,
-        fuse: bool = True,
-        verbose: bool = False,
-        buckets: list[int] | None = None,
-    ) -> None:
-        if max_batch < 1:
-            raise EngineConfigError(f"max_batch {max_batch}: must be at least 1")
-        buckets = sorted(set(buckets)) if buckets else batch_buckets(max_batch)
-        if buckets[0] < 1 or buckets[-1] != max_batch:
-            raise EngineConfigError(f"buckets {buckets}: must be positive and end at max_batch={max_batch}")
-        self.graph, self.device, self.max_batch = graph, device, max_batch
-        self.dtype = torch.float16 if half else torch.float32
-        self.plan: MemoryPlan = plan_memory(graph)
-        self.features = torch.empty(self.plan.arena_elements("feature", max_batch), dtype=self.dtype, device=device)
-        self.heads = torch.empty(self.plan.arena_elements("head", max_batch), dtype=torch.float32, device=device)
-        self.weights = PackedWeights(graph, device, self.dtype)
-        self.buckets = buckets
-        self.launches = {b: lower(graph, self._viewer(b), self.weights, self.plan.copies, fuse) for b in self.buckets}
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.tuning: dict[str, int] = {}
-        if device.type == "cuda":
-            if tune_layers:
-                self._tune(verbose)
-            self._capture()
+    def __init__(self, network: TritonNetwork | ReferenceExecutor, max_batch: int) -> None:
+        self.network = network
+        self.max_batch = max_batch
+        self.device = network.device
+        self._head = None
+        if isinstance(network, TritonNetwork) and self.meta.task in DETECTION_TASKS:
+            from yolojet.runtime.gpu_head import DetectionHead
 
-    # -- construction -------------------------------------------------------------------------
+            self._head = DetectionHead(network)
 
     @classmethod
     def load(
@@ -101,188 +56,141 @@ class Engine:
         half: bool = True,
         max_batch: int = 1,
         imgsz: int | tuple[int, int] | None = None,
-        backend: str = "triton",
+        backend: str | None = None,
         tune: bool | None = None,
         fuse: bool = True,
         verbose: bool = False,
         buckets: list[int] | None = None,
-    ) -> Engine | ReferenceExecutor:
-        """Load a model directory, `.pt`, ultralytics name or `.yaml` for the GPU engine.
+    ) -> Engine:
+        """Load a model directory, `.pt`, ultralytics name or `.yaml` (exported on first use and cached).
 
-        backend "triton" runs our kernels (on a CUDA device, or on the CPU when TRITON_INTERPRET=1);
-        "reference" returns the float32 torch executor. `tune=None` tunes unless YOLOJET_NOTUNE=1.
-        `buckets` overrides the batch sizes a CUDA graph is captured for (default 1, 2, 4, ..., max_batch).
+        backend "triton" runs our kernels (a CUDA device, or the CPU when TRITON_INTERPRET=1); "reference"
+        the float32 torch executor. The default is "triton" where it can run, else "reference" with a notice.
+        `tune=None` tunes conv tiles unless YOLOJET_NOTUNE=1. `buckets` overrides the batch sizes a CUDA
+        graph is captured for (default 1, 2, 4, ..., max_batch).
         """
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if max_batch < 1:
+            raise EngineConfigError(f"max_batch {max_batch}: must be at least 1")
+        triton_possible = device.type == "cuda" or (device.type == "cpu" and _interpreting())
+        if backend is None:
+            backend = "triton" if triton_possible else "reference"
+            if backend == "reference":
+                print(
+                    "yolojet: no CUDA GPU here; running the float32 reference executor on the CPU (slow)",
+                    file=sys.stderr,
+                )
         if backend not in ("triton", "reference"):
             raise EngineConfigError(f"backend {backend!r}: expected 'triton' or 'reference'")
-        if backend == "triton" and device.type == "cpu" and not _interpreting():
+        if backend == "triton" and not triton_possible:
             raise EngineConfigError(
-                "the triton backend needs a CUDA device; on the CPU set TRITON_INTERPRET=1 (slow, for tests) "
-                "or use backend='reference'"
+                f"the triton backend runs on a CUDA device, not {device}; on the CPU set TRITON_INTERPRET=1 "
+                "(slow, for tests) or use backend='reference'"
             )
-        if backend == "triton" and device.type not in ("cuda", "cpu"):
-            raise EngineConfigError(f"device {device}: the triton backend runs on cuda (or cpu when interpreting)")
         graph = resolve_graph(model, imgsz)
         if backend == "reference":
-            return ReferenceExecutor(graph, device)
+            return cls(ReferenceExecutor(graph, device), max_batch)
         if tune is None:
             tune = os.environ.get("YOLOJET_NOTUNE") != "1"
-        return cls(
-            graph, device, half=half, max_batch=max_batch, tune_layers=tune, fuse=fuse, verbose=verbose, buckets=buckets
-        )
+        network = TritonNetwork(
+            graph, device, half=half, max_batch=max_batch, tune_layers=tune, fuse=fuse, verbose=verbose,
+            buckets=buckets,
+        )  # fmt: skip
+        return cls(network, max_batch)
 
-    def _viewer(self, batch: int) -> ViewFn:
-        def view(name: str) -> torch.Tensor:
-            return self.value_view(name, batch)
+    # -- what the model is --------------------------------------------------------------------
 
-        return view
-
-    def value_view(self, name: str, batch: int) -> torch.Tensor:
-        """The device view holding value `name` when running `batch` images: NHWC for feature maps."""
-        place = self.plan.placements[name]
-        buf = self.plan.buffers[place.buffer]
-        start = buf.offset * self.max_batch
-        if buf.kind == "feature":
-            h, w, row = buf.shape
-            region = self.features[start : start + batch * buf.per_image].view(batch, h, w, row)
-            return region[..., place.channel : place.channel + place.channels]
-        return self.heads[start : start + batch * buf.per_image].view(batch, *buf.shape)
-
-    def _tune(self, verbose: bool) -> None:
-        cache = TuningCache()
-        tunable = sum(1 for b in self.buckets for launch in self.launches[b] if launch.tune_key)
-        done = [0]
-
-        def progress() -> None:
-            done[0] += 1
-            if verbose:
-                print(f"\rtuning conv tiles {done[0]}/{tunable}", end="", file=sys.stderr, flush=True)
-
-        totals: dict[str, int] = defaultdict(int)
-        for b in self.buckets:
-            for key, value in tune(self.launches[b], cache, progress).items():
-                totals[key] += value
-        if verbose and tunable:
-            print(file=sys.stderr)
-        cache.save()
-        self.tuning = dict(totals)
-
-    def _capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for b in self.buckets:  # compile every kernel before any capture
-                self._run_eager(b)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.synchronize(self.device)
-        for b in self.buckets:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._run_eager(b)
-            self.graphs[b] = graph
-        torch.cuda.synchronize(self.device)
-
-    # -- running ------------------------------------------------------------------------------
+    @property
+    def graph(self) -> Graph:
+        return self.network.graph
 
     @property
     def meta(self) -> ModelMeta:
-        return self.graph.meta
+        return self.network.graph.meta
 
-    def bucket_for(self, batch: int) -> int:
-        return next(b for b in self.buckets if b >= batch)
+    @property
+    def names(self) -> dict[int, str]:
+        return self.meta.names
 
-    def _run_eager(self, bucket: int) -> None:
-        for launch in self.launches[bucket]:
-            launch.run()
+    @property
+    def backend(self) -> str:
+        return "triton" if isinstance(self.network, TritonNetwork) else "reference"
 
-    def execute(self, bucket: int) -> None:
-        """Run the network on whatever the bucket's input view holds: one graph replay on a GPU."""
-        graph = self.graphs.get(bucket)
-        if graph is not None:
-            graph.replay()
-        else:
-            self._run_eager(bucket)
-
-    def input_view(self, batch: int) -> torch.Tensor:
-        return self.value_view(self.graph.inputs[0], batch)
-
-    def _check_input(self, x: torch.Tensor) -> None:
-        h, w = self.meta.imgsz
-        expected = (self.meta.channels, h, w)
-        if not isinstance(x, torch.Tensor) or x.ndim != 4 or tuple(x.shape[1:]) != expected:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise EngineConfigError(f"input {shape}: expected a float (N, {expected[0]}, {h}, {w}) tensor in [0, 1]")
-        if not x.is_floating_point():
-            raise EngineConfigError(f"input dtype {x.dtype}: expected a floating-point tensor in [0, 1]")
-
-    def _read(self, name: str, batch: int) -> torch.Tensor:
-        value = self.value_view(name, batch)
-        if self.plan.buffers[self.plan.placements[name].buffer].kind == "feature":
-            return value.permute(0, 3, 1, 2).float().contiguous()
-        return value.clone()
+    # -- raw network --------------------------------------------------------------------------
 
     def raw(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """Raw head outputs for a float NCHW batch in [0, 1], in the reference executor's form (float32)."""
-        self._check_input(x)
-        chunks = []
-        for part in x.split(self.max_batch):
-            batch = part.shape[0]
-            bucket = self.bucket_for(batch)
-            self.input_view(bucket)[:batch].copy_(part.permute(0, 2, 3, 1))
-            self.execute(bucket)
-            chunks.append([self._read(name, bucket)[:batch] for name in self.graph.outputs])
-        outputs = tuple(torch.cat(parts) for parts in zip(*chunks, strict=True))
-        return outputs[0] if len(outputs) == 1 else outputs
-
-    def poison(self) -> None:
-        """Fill every activation and head buffer with NaN: a value some kernel fails to write then shows."""
-        self.features.fill_(float("nan"))
-        self.heads.fill_(float("nan"))
+        """Raw head outputs for a float NCHW batch in [0, 1], in the reference executor's form."""
+        if isinstance(self.network, TritonNetwork):
+            return self.network.raw(x)
+        return self.network(x.to(self.device))
 
     def dump(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every value a launch writes, snapshotted right after that launch (NCHW float32 for feature maps)."""
-        self._check_input(x)
-        batch = x.shape[0]
-        if batch > self.max_batch:
-            raise EngineConfigError(f"dump takes at most max_batch={self.max_batch} images, got {batch}")
-        bucket = self.bucket_for(batch)
-        self.input_view(bucket)[:batch].copy_(x.permute(0, 2, 3, 1))
-        values = {self.graph.inputs[0]: self._read(self.graph.inputs[0], bucket)[:batch]}
-        for launch in self.launches[bucket]:
-            launch.run()
-            for name in launch.outputs:
-                values[name] = self._read(name, bucket)[:batch]
-        return values
+        return self.network.dump(x)
 
-    # -- measuring ----------------------------------------------------------------------------
+    # -- images in, results out ---------------------------------------------------------------
 
-    def time_replay(self, batch: int, repeats: int = 200, warmup: int = 20) -> list[float]:
-        """Milliseconds of each of `repeats` graph replays at `batch` images (CUDA events)."""
-        bucket = self.bucket_for(batch)
-        for _ in range(warmup):
-            self.execute(bucket)
-        torch.cuda.synchronize(self.device)
-        times = []
-        for _ in range(repeats):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            self.execute(bucket)
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop))
-        return times
+    def __call__(
+        self,
+        images: Any,
+        conf: float = 0.25,
+        iou: float = 0.7,
+        max_det: int = 300,
+        classes: Sequence[int] | None = None,
+        agnostic: bool = False,
+    ) -> list[Results]:
+        """Detect objects in one image or a list of them (paths, bytes, numpy BGR, PIL, torch tensors)."""
+        if self.meta.task not in DETECTION_TASKS:
+            raise EngineConfigError(f"{self.meta.task} models are not served by engine(images) yet; use raw()")
+        self._check_options(conf, iou, max_det, classes)
+        sources = list(images) if isinstance(images, (list, tuple)) else [images]
+        results: list[Results | None] = [None] * len(sources)
+        frames: list[tuple[int, Frame]] = []
+        decode_on = self.device if self.device.type == "cuda" else None
+        for i, source in enumerate(sources):
+            try:
+                frames.append((i, load_frame(source, decode_on)))
+            except YolojetError as e:
+                results[i] = Results(Boxes(np.zeros((0, 6), np.float32), (0, 0)), self.names, error=str(e))
+        options = {"conf": conf, "iou": iou, "max_det": max_det, "classes": classes, "agnostic": agnostic}
+        for start in range(0, len(frames), self.max_batch):
+            chunk = frames[start : start + self.max_batch]
+            rows = self._detect([f for _, f in chunk], **options)
+            for (i, frame), found in zip(chunk, rows, strict=True):
+                image = torch_pipeline.rgb_pixels(frame).cpu().numpy()
+                boxes = Boxes(found[:, :6].cpu().numpy().astype(np.float32), frame.shape)
+                results[i] = Results(boxes, self.names, path=frame.path, orig_img=image)
+        return results  # type: ignore[return-value]
 
-    def profile(self, batch: int = 1) -> list[FamilyProfile]:
-        """Device time per launch, grouped by kernel family, most expensive family first."""
-        if self.device.type != "cuda":
-            raise EngineConfigError("profile needs a CUDA device")
-        per_family: dict[str, list[float]] = defaultdict(list)
-        for launch in self.launches[self.bucket_for(batch)]:
-            per_family[launch.family].append(time_launch(launch))
-        rows = [FamilyProfile(f, len(t), sum(t), sum(t) / len(t), min(t), max(t)) for f, t in per_family.items()]
-        return sorted(rows, key=lambda r: -r.total_ms)
+    def _check_options(self, conf: float, iou: float, max_det: int, classes: Sequence[int] | None) -> None:
+        if not 0 <= conf <= 1 or not 0 <= iou <= 1:
+            raise EngineConfigError(f"conf {conf} and iou {iou} must lie in [0, 1]")
+        if max_det < 1:
+            raise EngineConfigError(f"max_det {max_det}: must be at least 1")
+        if self._head is not None and max_det > self._head.capacity:
+            raise EngineConfigError(f"max_det {max_det}: this engine keeps at most {self._head.capacity} boxes")
+        if classes is not None and any(not 0 <= int(c) < self.meta.nc for c in classes):
+            raise EngineConfigError(f"classes {list(classes)}: class ids run from 0 to {self.meta.nc - 1}")
 
-    def launch_list(self, batch: int = 1) -> list[Launch]:
-        return self.launches[self.bucket_for(batch)]
+    def _detect(self, frames: list[Frame], **options: Any) -> list[torch.Tensor]:
+        if self._head is not None:
+            return self._head.detect(frames, **options)
+        return self._detect_reference(frames, **options)
+
+    def _detect_reference(
+        self, frames: list[Frame], conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool
+    ) -> list[torch.Tensor]:
+        boxes, inputs = [], []
+        for frame in frames:
+            x, box = torch_pipeline.letterbox(frame, self.meta.imgsz)
+            inputs.append(x.to(self.device))
+            boxes.append(box)
+        preds = self.raw(torch.stack(inputs))
+        preds = preds[0] if isinstance(preds, tuple) else preds
+        classes = list(classes) if classes is not None else None
+        if self.meta.end2end:
+            found = torch_pipeline.select_end2end(preds, conf, max_det, classes)
+        else:
+            found = torch_pipeline.non_max_suppression(
+                preds, self.meta.nc, conf, iou, max_det, agnostic=agnostic, classes=classes
+            )
+        return [torch_pipeline.scale_boxes(rows.clone(), box) for rows, box in zip(found, boxes, strict=True)]

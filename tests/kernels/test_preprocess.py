@@ -1,0 +1,158 @@
+"""preprocess_letterbox and letterbox_params against ultralytics' own LetterBox on real photos."""
+
+import functools
+import os
+import random
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from skimage import data as skdata
+from ultralytics.data.augment import LetterBox
+from ultralytics.utils import ASSETS
+
+from yolojet.kernels.preprocess import letterbox_params, preprocess_letterbox
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F16, F32 = torch.float16, torch.float32
+SENTINEL = 7.0
+OUT_CHANNELS = slice(2, 5)  # the output is a 3-channel slice of an 8-channel-wide buffer, like the engine's input
+
+
+@functools.cache
+def photo_bgr(name: str) -> np.ndarray:
+    """A real photo as a contiguous uint8 BGR (h, w, 3) array."""
+    if name in ("bus", "zidane"):
+        return cv2.imread(str(ASSETS / f"{name}.jpg"))
+    return np.ascontiguousarray(getattr(skdata, name)()[..., ::-1])
+
+
+def reference(img_bgr: np.ndarray, target: tuple[int, int]) -> torch.Tensor:
+    """ultralytics' predict pre-processing of a BGR image: LetterBox, BGR → RGB, /255 (float64)."""
+    padded = LetterBox(target, auto=False)(image=img_bgr)
+    return torch.from_numpy(padded[..., ::-1] / 255)
+
+
+def run(frame: np.ndarray | torch.Tensor, target: tuple[int, int], dtype: torch.dtype, bgr: bool, **kwargs):
+    """preprocess_letterbox into a NaN-poisoned channel slice of a SENTINEL-filled (H, W, 8) buffer; returns the
+    slice (on the CPU) and the placement, after checking nothing outside the slice was written."""
+    buf = torch.full((*target, 8), SENTINEL, dtype=dtype, device=DEVICE)
+    out = buf[..., OUT_CHANNELS]
+    out.fill_(float("nan"))
+    frame = torch.as_tensor(frame, device=DEVICE)
+    lb = preprocess_letterbox(out, frame, bgr=bgr, **kwargs)
+    rest = torch.cat([buf[..., : OUT_CHANNELS.start], buf[..., OUT_CHANNELS.stop :]], dim=-1)
+    assert bool((rest == SENTINEL).all()), "kernel wrote outside its channel slice"
+    return out.cpu(), lb
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, lb) -> None:
+    """Pad exactly 114/255 in out's dtype; the image within 1.5/255 (mean 0.3/255) of cv2's uint8 resize."""
+    assert not bool(out.isnan().any()), f"{int(out.isnan().sum())} outputs are NaN (unwritten?)"
+    inside = torch.zeros(out.shape[:2], dtype=torch.bool)
+    inside[lb.pad_top : lb.pad_top + lb.new_h, lb.pad_left : lb.pad_left + lb.new_w] = True
+    pad = torch.tensor(114 / 255, dtype=F32).to(out.dtype)
+    assert bool((out[~inside] == pad).all()), "pad region is not 114/255"
+    err = (out.double() - ref)[inside].abs()
+    assert float(err.max()) <= 1.5 / 255, f"max |diff| {float(err.max()) * 255:.3f}/255"
+    assert float(err.mean()) <= 0.3 / 255, f"mean |diff| {float(err.mean()) * 255:.3f}/255"
+
+
+def test_params_match_ultralytics():
+    rng = random.Random(0)
+    for _ in range(500):
+        h0, w0 = rng.randint(1, 4000), rng.randint(1, 4000)
+        target = rng.randint(1, 1280), rng.randint(1, 1280)
+        ref = LetterBox(target, auto=False).get_params({"img": np.empty((h0, w0, 0), np.uint8)})
+        lb = letterbox_params((h0, w0), target)
+        assert (lb.pad_top, lb.pad_left, (lb.new_w, lb.new_h)) == (ref["top"], ref["left"], ref["new_unpad"])
+        assert lb.gain == ref["ratio"][0]
+
+
+PHOTOS = ["bus", "zidane", "astronaut", "coffee", "chelsea"]
+TARGETS = [(64, 64), (96, 160), (160, 96), (128, 128)]
+
+
+@pytest.mark.parametrize("dtype", [F16, F32])
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", PHOTOS)
+def test_photo_matches_ultralytics(name, target, dtype):
+    img = photo_bgr(name)
+    out, lb = run(img, target, dtype, bgr=True)
+    assert lb == letterbox_params(img.shape[:2], target)
+    assert_matches(out, reference(img, target), lb)
+
+
+def test_rgb_input_matches_bgr_input():
+    img = photo_bgr("astronaut")
+    from_bgr, _ = run(img, (96, 160), F32, bgr=True)
+    from_rgb, _ = run(np.ascontiguousarray(img[..., ::-1]), (96, 160), F32, bgr=False)
+    assert torch.equal(from_rgb, from_bgr)
+
+
+def test_four_channels_drop_alpha():
+    img = photo_bgr("coffee")
+    alpha = np.random.default_rng(0).integers(0, 256, (*img.shape[:2], 1), dtype=np.uint8)
+    three, _ = run(img, (160, 96), F16, bgr=True)
+    bgra, _ = run(np.concatenate([img, alpha], axis=-1), (160, 96), F16, bgr=True)
+    rgba, _ = run(np.concatenate([img[..., ::-1], alpha], axis=-1), (160, 96), F16, bgr=False)
+    assert torch.equal(bgra, three)
+    assert torch.equal(rgba, three)
+
+
+@pytest.mark.parametrize("bgr", [True, False])
+def test_grey_replicated(bgr):
+    grey = skdata.camera()
+    out, lb = run(grey[..., None], (96, 160), F32, bgr=bgr)
+    assert_matches(out, reference(cv2.cvtColor(grey, cv2.COLOR_GRAY2BGR), (96, 160)), lb)
+
+
+def test_upscale_from_strided_crop():
+    full = torch.from_numpy(photo_bgr("bus"))
+    crop = full[300:323, 400:431]  # 23×31 view with the full photo's row stride
+    assert not crop.is_contiguous()
+    params = letterbox_params((23, 31), (64, 64))
+    out, lb = run(crop, (64, 64), F32, bgr=True, params=params)
+    assert lb is params
+    assert (lb.new_h, lb.new_w) == (47, 64)
+    assert_matches(out, reference(crop.numpy().copy(), (64, 64)), lb)
+
+
+def test_exact_size_is_a_copy():
+    img = np.ascontiguousarray(photo_bgr("chelsea")[100:164, 200:248])  # 64×48 into 64×64: gain 1, no resize
+    out, lb = run(img, (64, 64), F32, bgr=True)
+    assert (lb.gain, lb.new_h, lb.new_w, lb.pad_left) == (1.0, 64, 48, 8)
+    assert_matches(out, reference(img, (64, 64)), lb)
+    assert float((out.double() - reference(img, (64, 64))).abs().max()) <= 1e-6
+
+
+def _frame(shape, dtype=torch.uint8):
+    return torch.zeros(shape, dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    ("out_shape", "out_dtype", "frame", "match"),
+    [
+        ((64, 64, 3), F32, _frame((32, 32, 3), torch.float32), "frame: dtype"),
+        ((64, 64, 3), F32, _frame((32, 32)), "frame: shape"),
+        ((64, 64, 3), F32, _frame((32, 32, 5)), "frame: 5 channels"),
+        ((64, 64, 3), F32, _frame((0, 32, 3)), "frame: empty"),
+        ((64, 64, 4), F32, _frame((32, 32, 3)), "out: shape"),
+        ((64, 64, 3), torch.float64, _frame((32, 32, 3)), "out: dtype"),
+    ],
+)
+def test_rejects_bad_arguments(out_shape, out_dtype, frame, match):
+    out = torch.zeros(out_shape, dtype=out_dtype, device=DEVICE)
+    with pytest.raises(ValueError, match=match):
+        preprocess_letterbox(out, frame, bgr=True)
+
+
+def test_rejects_params_outside_output():
+    params = letterbox_params((32, 32), (128, 128))
+    with pytest.raises(ValueError, match="params"):
+        preprocess_letterbox(_frame((64, 64, 3), F32), _frame((32, 32, 3)), bgr=True, params=params)

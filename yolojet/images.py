@@ -1,0 +1,121 @@
+"""Turning what a user passes as an image into a uint8 HWC frame, and finding image files.
+
+Accepted: a path (str or Path), encoded bytes, a numpy array (HWC uint8, BGR like OpenCV, or
+HW grey), a PIL image (RGB), a torch tensor (uint8 HWC, RGB, CPU or CUDA; or float CHW in [0, 1],
+RGB, as ultralytics takes). Files and bytes are decoded by torchvision (JPEG, PNG, WebP, GIF), on
+the GPU's nvJPEG when the frame is wanted there. Anything else is an `ImageReadError` that names
+the input.
+"""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolojet.errors import ImageReadError
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp"}
+
+
+@dataclass
+class Frame:
+    """An image as uint8 (H, W, C), C in {1, 3, 4}; `bgr` says the channel order of C = 3 or 4."""
+
+    pixels: torch.Tensor
+    bgr: bool
+    path: str = ""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.pixels.shape[0]), int(self.pixels.shape[1])
+
+
+def _describe(source: Any) -> str:
+    if isinstance(source, (str, Path)):
+        return str(source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"<{len(source)} bytes>"
+    shape = getattr(source, "shape", None)
+    return f"<{type(source).__name__}{' ' + str(tuple(shape)) if shape is not None else ''}>"
+
+
+def _decode(data: bytes, name: str, device: torch.device | None) -> torch.Tensor:
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+    if len(data) == 0:
+        raise ImageReadError(f"{name}: empty, not an image")
+    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    try:
+        if device is not None and device.type == "cuda" and data[:2] == b"\xff\xd8":
+            chw = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
+        else:
+            chw = decode_image(encoded, mode=ImageReadMode.RGB)
+    except RuntimeError as e:
+        reason = str(e).split(", ")[-1].strip()
+        raise ImageReadError(f"{name}: cannot decode as an image ({reason})") from e
+    return chw.permute(1, 2, 0)
+
+
+def _check_pixels(pixels: torch.Tensor, name: str) -> torch.Tensor:
+    if pixels.ndim == 2:
+        pixels = pixels[..., None]
+    if pixels.ndim != 3 or pixels.shape[2] not in (1, 3, 4):
+        raise ImageReadError(f"{name}: expected an (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) image")
+    if pixels.dtype != torch.uint8:
+        raise ImageReadError(f"{name}: dtype {pixels.dtype}, expected uint8 pixels")
+    if pixels.shape[0] == 0 or pixels.shape[1] == 0:
+        raise ImageReadError(f"{name}: the image has zero size")
+    return pixels
+
+
+def load_frame(source: Any, device: torch.device | None = None) -> Frame:
+    """One image as a `Frame`; decoding happens on `device` where that is a CUDA device and the file a JPEG."""
+    name = _describe(source)
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise ImageReadError(f"{path}: no such file")
+        return Frame(_check_pixels(_decode(path.read_bytes(), str(path), device), name), bgr=False, path=str(path))
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return Frame(_check_pixels(_decode(bytes(source), name, device), name), bgr=False)
+    if isinstance(source, np.ndarray):
+        if source.dtype != np.uint8:
+            raise ImageReadError(f"{name}: dtype {source.dtype}, expected uint8 pixels (BGR, as OpenCV reads them)")
+        return Frame(_check_pixels(torch.from_numpy(np.ascontiguousarray(source)), name), bgr=True)
+    if isinstance(source, torch.Tensor):
+        if source.is_floating_point():
+            if source.ndim == 4 and source.shape[0] == 1:
+                source = source[0]
+            if source.ndim != 3 or source.shape[0] not in (1, 3):
+                raise ImageReadError(f"{name}: a float tensor must be (C, H, W) or (1, C, H, W) RGB in [0, 1]")
+            source = (source.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0)
+        return Frame(_check_pixels(source, name), bgr=False)
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - Pillow comes with torchvision
+        Image = None
+    if Image is not None and isinstance(source, Image.Image):
+        rgb = np.asarray(source.convert("RGBA" if "A" in source.getbands() else "RGB"))
+        return Frame(_check_pixels(torch.from_numpy(rgb.copy()), name), bgr=False)
+    raise ImageReadError(f"{name}: not an image (expected a path, bytes, numpy array, PIL image or torch tensor)")
+
+
+def expand_sources(sources: list[str]) -> list[str]:
+    """Files, globs and directories → the image files they name, in a stable order; a name matching nothing is kept
+    as is so that loading it reports it."""
+    files: list[str] = []
+    for source in sources:
+        path = Path(source)
+        if path.is_dir():
+            files += sorted(str(p) for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        elif any(ch in source for ch in "*?["):
+            matches = sorted(glob.glob(source, recursive=True))
+            files += [m for m in matches if Path(m).suffix.lower() in IMAGE_SUFFIXES] or [source]
+        else:
+            files.append(source)
+    return files

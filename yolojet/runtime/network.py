@@ -1,0 +1,236 @@
+"""The network on our kernels: memory plan + Triton launches + per-layer autotuning + CUDA graphs per batch bucket.
+
+`TritonNetwork` plans memory (one NHWC activation arena, one float32 head arena, both sized for
+`max_batch`), packs the weights, lowers every node to a kernel launch bound to its views for each
+batch bucket (1, 2, 4, ..., max_batch), times candidate tile configs per conv (cached on disk), and
+captures each bucket's launches into a CUDA graph. `raw(x)` copies the batch in, replays the
+smallest bucket's graph that fits, and returns the head outputs in the reference executor's form.
+
+With `TRITON_INTERPRET=1` and a CPU device, the same kernels run through Triton's interpreter
+(no tuning, no graph): the path the CPU test suite takes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from yolojet.errors import EngineConfigError
+from yolojet.ir import Graph, ModelMeta
+from yolojet.runtime.autotune import TuningCache, time_launch, tune
+from yolojet.runtime.lowering import Launch, PackedWeights, ViewFn, lower
+from yolojet.runtime.plan import MemoryPlan, plan_memory
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, ... below max_batch, then max_batch: a batch runs in the smallest bucket that holds it."""
+    buckets, b = [], 1
+    while b < max_batch:
+        buckets.append(b)
+        b *= 2
+    return [*buckets, max_batch]
+
+
+@dataclass
+class FamilyProfile:
+    family: str
+    count: int
+    total_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+
+
+class TritonNetwork:
+    """A graph bound to our kernels on one device, ready to run batches of up to `max_batch` images."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        device: torch.device,
+        half: bool = True,
+        max_batch: int = 1,
+        tune_layers: bool = True,
+        fuse: bool = True,
+        verbose: bool = False,
+        buckets: list[int] | None = None,
+    ) -> None:
+        if max_batch < 1:
+            raise EngineConfigError(f"max_batch {max_batch}: must be at least 1")
+        buckets = sorted(set(buckets)) if buckets else batch_buckets(max_batch)
+        if buckets[0] < 1 or buckets[-1] != max_batch:
+            raise EngineConfigError(f"buckets {buckets}: must be positive and end at max_batch={max_batch}")
+        self.graph, self.device, self.max_batch = graph, device, max_batch
+        self.dtype = torch.float16 if half else torch.float32
+        self.plan: MemoryPlan = plan_memory(graph)
+        self.features = torch.empty(self.plan.arena_elements("feature", max_batch), dtype=self.dtype, device=device)
+        self.heads = torch.empty(self.plan.arena_elements("head", max_batch), dtype=torch.float32, device=device)
+        self.weights = PackedWeights(graph, device, self.dtype)
+        self.buckets = buckets
+        self.launches = {b: lower(graph, self._viewer(b), self.weights, self.plan.copies, fuse) for b in self.buckets}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.tuning: dict[str, int] = {}
+        if device.type == "cuda":
+            if tune_layers:
+                self._tune(verbose)
+            self._capture()
+
+    # -- construction -------------------------------------------------------------------------
+
+    def _viewer(self, batch: int) -> ViewFn:
+        def view(name: str) -> torch.Tensor:
+            return self.value_view(name, batch)
+
+        return view
+
+    def value_view(self, name: str, batch: int) -> torch.Tensor:
+        """The device view holding value `name` when running `batch` images: NHWC for feature maps."""
+        place = self.plan.placements[name]
+        buf = self.plan.buffers[place.buffer]
+        start = buf.offset * self.max_batch
+        if buf.kind == "feature":
+            h, w, row = buf.shape
+            region = self.features[start : start + batch * buf.per_image].view(batch, h, w, row)
+            return region[..., place.channel : place.channel + place.channels]
+        return self.heads[start : start + batch * buf.per_image].view(batch, *buf.shape)
+
+    def _tune(self, verbose: bool) -> None:
+        cache = TuningCache()
+        tunable = sum(1 for b in self.buckets for launch in self.launches[b] if launch.tune_key)
+        done = [0]
+
+        def progress() -> None:
+            done[0] += 1
+            if verbose:
+                print(f"\rtuning conv tiles {done[0]}/{tunable}", end="", file=sys.stderr, flush=True)
+
+        totals: dict[str, int] = defaultdict(int)
+        for b in self.buckets:
+            for key, value in tune(self.launches[b], cache, progress).items():
+                totals[key] += value
+        if verbose and tunable:
+            print(file=sys.stderr)
+        cache.save()
+        self.tuning = dict(totals)
+
+    def _capture(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for b in self.buckets:  # compile every kernel before any capture
+                self._run_eager(b)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        for b in self.buckets:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._run_eager(b)
+            self.graphs[b] = graph
+        torch.cuda.synchronize(self.device)
+
+    # -- running ------------------------------------------------------------------------------
+
+    @property
+    def meta(self) -> ModelMeta:
+        return self.graph.meta
+
+    def bucket_for(self, batch: int) -> int:
+        return next(b for b in self.buckets if b >= batch)
+
+    def _run_eager(self, bucket: int) -> None:
+        for launch in self.launches[bucket]:
+            launch.run()
+
+    def execute(self, bucket: int) -> None:
+        """Run the network on whatever the bucket's input view holds: one graph replay on a GPU."""
+        graph = self.graphs.get(bucket)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._run_eager(bucket)
+
+    def input_view(self, batch: int) -> torch.Tensor:
+        return self.value_view(self.graph.inputs[0], batch)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        h, w = self.meta.imgsz
+        expected = (self.meta.channels, h, w)
+        if not isinstance(x, torch.Tensor) or x.ndim != 4 or tuple(x.shape[1:]) != expected:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise EngineConfigError(f"input {shape}: expected a float (N, {expected[0]}, {h}, {w}) tensor in [0, 1]")
+        if not x.is_floating_point():
+            raise EngineConfigError(f"input dtype {x.dtype}: expected a floating-point tensor in [0, 1]")
+
+    def _read(self, name: str, batch: int) -> torch.Tensor:
+        value = self.value_view(name, batch)
+        if self.plan.buffers[self.plan.placements[name].buffer].kind == "feature":
+            return value.permute(0, 3, 1, 2).float().contiguous()
+        return value.clone()
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Raw head outputs for a float NCHW batch in [0, 1], in the reference executor's form (float32)."""
+        self._check_input(x)
+        chunks = []
+        for part in x.split(self.max_batch):
+            batch = part.shape[0]
+            bucket = self.bucket_for(batch)
+            self.input_view(bucket)[:batch].copy_(part.permute(0, 2, 3, 1))
+            self.execute(bucket)
+            chunks.append([self._read(name, bucket)[:batch] for name in self.graph.outputs])
+        outputs = tuple(torch.cat(parts) for parts in zip(*chunks, strict=True))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def poison(self) -> None:
+        """Fill every activation and head buffer with NaN: a value some kernel fails to write then shows."""
+        self.features.fill_(float("nan"))
+        self.heads.fill_(float("nan"))
+
+    def dump(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every value a launch writes, snapshotted right after that launch (NCHW float32 for feature maps)."""
+        self._check_input(x)
+        batch = x.shape[0]
+        if batch > self.max_batch:
+            raise EngineConfigError(f"dump takes at most max_batch={self.max_batch} images, got {batch}")
+        bucket = self.bucket_for(batch)
+        self.input_view(bucket)[:batch].copy_(x.permute(0, 2, 3, 1))
+        values = {self.graph.inputs[0]: self._read(self.graph.inputs[0], bucket)[:batch]}
+        for launch in self.launches[bucket]:
+            launch.run()
+            for name in launch.outputs:
+                values[name] = self._read(name, bucket)[:batch]
+        return values
+
+    # -- measuring ----------------------------------------------------------------------------
+
+    def time_replay(self, batch: int, repeats: int = 200, warmup: int = 20) -> list[float]:
+        """Milliseconds of each of `repeats` graph replays at `batch` images (CUDA events)."""
+        bucket = self.bucket_for(batch)
+        for _ in range(warmup):
+            self.execute(bucket)
+        torch.cuda.synchronize(self.device)
+        times = []
+        for _ in range(repeats):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.execute(bucket)
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+        return times
+
+    def profile(self, batch: int = 1) -> list[FamilyProfile]:
+        """Device time per launch, grouped by kernel family, most expensive family first."""
+        if self.device.type != "cuda":
+            raise EngineConfigError("profile needs a CUDA device")
+        per_family: dict[str, list[float]] = defaultdict(list)
+        for launch in self.launches[self.bucket_for(batch)]:
+            per_family[launch.family].append(time_launch(launch))
+        rows = [FamilyProfile(f, len(t), sum(t), sum(t) / len(t), min(t), max(t)) for f, t in per_family.items()]
+        return sorted(rows, key=lambda r: -r.total_ms)
+
+    def launch_list(self, batch: int = 1) -> list[Launch]:
+        return self.launches[self.bucket_for(batch)]
