@@ -221,3 +221,13 @@ def test_profile(tmp_path, capsys):
         assert code == 0 and "conv" in stdout and "whole graph replay" in stdout
     else:
         assert code == 2 and "no CUDA device" in stderr
+
+
+def test_pipeline_and_bench(tmp_path, capsys):
+    model_dir = yolojet.export(random_model("yolov8n.yaml"), out=tmp_path / "det", imgsz=64)
+    for command in ("pipeline", "bench"):
+        code, stdout, stderr = run_cli(capsys, command, model_dir, "--iters", "5", "--warmup", "1")
+        if torch.cuda.is_available():
+            assert code == 0 and "ms/" in stdout
+        else:
+            assert code == 2 and f"{command} times the GPU path" in stderr

@@ -12,4 +12,17 @@ from yolojet.ir import Graph, ModelMeta
 from yolojet.runtime.reference import ReferenceExecutor, load_reference
 
 __version__ = "0.1.0"
-__all__ = ["Graph", "ModelMeta", "ReferenceExecutor", "YolojetError", "export", "load_reference"]
+__all__ = ["Engine", "Graph", "ModelMeta", "ReferenceExecutor", "Results", "YolojetError", "export", "load_reference"]
+
+
+def __getattr__(name: str) -> object:
+    # The engine pulls in Triton and every kernel module: load it on first use, not on `import yolojet`.
+    if name == "Engine":
+        from yolojet.runtime.engine import Engine
+
+        return Engine
+    if name == "Results":
+        from yolojet.tasks import Results
+
+        return Results
+    raise AttributeError(f"module 'yolojet' has no attribute {name!r}")

@@ -266,6 +266,103 @@ def _progress(total: int, enabled: bool) -> tqdm:
     return tqdm(total=total, disable=not enabled, unit="img", file=sys.stderr, dynamic_ncols=True)
 
 
+def _require_cuda(command: str) -> None:
+    import torch
+
+    from yolojet.errors import EngineConfigError
+
+    if not torch.cuda.is_available():
+        raise EngineConfigError(f"{command} times the GPU path, and this machine has no CUDA device")
+
+
+def _median_ms(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[len(ordered) // 2] * 1000
+
+
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from yolojet.runtime.engine import Engine
+
+    _require_cuda("pipeline")
+    engine = Engine.load(args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch])
+    image = args.image or _bundled_photo()
+    frame = _photo_pixels(image)
+    rows = []
+    for where in ("pinned host", "GPU"):
+        pixels = frame if where == "pinned host" else frame.to("cuda")
+        for slot in range(args.batch):
+            engine.preprocess(pixels, slot)
+        engine.configure(conf=args.conf)
+        for _ in range(args.warmup):
+            engine.run(args.batch)
+        samples = []
+        for _ in range(args.iters):
+            start = time.perf_counter()
+            engine.run(args.batch)
+            samples.append(time.perf_counter() - start)
+        rows.append((f"frame in {where} memory -> boxes in pinned memory", f"{_median_ms(samples) / args.batch:.4f}"))
+    network = sorted(engine.network.time_replay(args.batch, repeats=args.iters))
+    rows.append(("network only (graph replay)", f"{network[len(network) // 2] / args.batch:.4f}"))
+    print(f"{image}: {tuple(frame.shape)} frames, batch {args.batch}, median of {args.iters} runs, ms per frame")
+    print(_format_table(rows, ("path", "ms/frame")))
+    torch.cuda.synchronize()
+    return 0
+
+
+def _bundled_photo() -> Path:
+    """A real photo to time with when none is given: the one torchvision-decodable JPEG this package can find."""
+    from importlib.util import find_spec
+
+    spec = find_spec("ultralytics")
+    if spec is None or spec.origin is None:
+        raise ImageReadError("no --image given, and no bundled photo found (ultralytics is not installed)")
+    return Path(spec.origin).parent / "assets" / "bus.jpg"
+
+
+def _photo_pixels(image: Path) -> torch.Tensor:
+    """The photo as uint8 RGB (H, W, 3) in host memory."""
+    from yolojet.images import load_frame
+
+    frame = load_frame(image)
+    return frame.pixels if not frame.bgr else frame.pixels.flip(-1)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from yolojet.runtime.engine import Engine
+
+    _require_cuda("bench")
+    engine = Engine.load(args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch])
+    network = engine.network
+    bucket = network.bucket_for(args.batch)
+    samples = []
+    for i in range(args.warmup + args.iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for launch in network.launch_list(bucket):
+            launch.run()
+        torch.cuda.synchronize()
+        if i >= args.warmup:
+            samples.append(time.perf_counter() - start)
+    graph = network.time_replay(args.batch, repeats=args.iters, warmup=args.warmup)
+    launches = len(network.launch_list(bucket))
+    rows = [
+        ("stream launches", f"{_median_ms(samples):.4f}", f"{args.batch * 1000 / _median_ms(samples):,.0f}"),
+        ("CUDA graph replay", f"{sorted(graph)[len(graph) // 2]:.4f}",
+         f"{args.batch * 1000 / sorted(graph)[len(graph) // 2]:,.0f}"),
+    ]  # fmt: skip
+    print(f"network only, batch {args.batch}, {launches} kernel launches, median of {args.iters}")
+    print(_format_table(rows, ("mode", "ms/batch", "img/s")))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="yolojet", description="Run ultralytics YOLO models on NVIDIA GPUs through hand-written Triton kernels."
@@ -302,6 +399,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, help="write detections as JSON lines to this file")
     p.add_argument("--quiet", action="store_true", help="print nothing per image")
     p.set_defaults(run=_cmd_detect)
+
+    p = sub.add_parser("pipeline", help="time the end-to-end path: frame in memory to boxes in pinned memory (GPU)")
+    p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
+    p.add_argument("--image", type=Path, default=None, help="the frame to time (default: ultralytics' bus.jpg)")
+    p.add_argument("--imgsz", type=_imgsz, default=None)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--conf", type=float, default=0.25)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.set_defaults(run=_cmd_pipeline)
+
+    p = sub.add_parser("bench", help="time the network alone: stream launches vs one CUDA graph (GPU)")
+    p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
+    p.add_argument("--imgsz", type=_imgsz, default=None)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.set_defaults(run=_cmd_bench)
 
     p = sub.add_parser("dump", help="write every op's output from the engine and from the reference executor")
     p.add_argument("model_dir", type=Path, help="a directory written by `yolojet export`")

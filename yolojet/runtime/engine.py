@@ -47,6 +47,11 @@ class Engine:
             from yolojet.runtime.gpu_head import DetectionHead
 
             self._head = DetectionHead(network)
+        self._frames: list[Frame | None] = [None] * max_batch
+        self._rows: list[torch.Tensor | None] = [None] * max_batch
+        self._options: dict[str, Any] = {}
+        if self.meta.task in DETECTION_TASKS:
+            self.configure()
 
     @classmethod
     def load(
@@ -127,54 +132,94 @@ class Engine:
     def dump(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.network.dump(x)
 
-    # -- images in, results out ---------------------------------------------------------------
+    # -- images in, results out ------------------------------------------------------------
 
-    def __call__(
+    def configure(
         self,
-        images: Any,
         conf: float = 0.25,
         iou: float = 0.7,
         max_det: int = 300,
         classes: Sequence[int] | None = None,
         agnostic: bool = False,
-    ) -> list[Results]:
-        """Detect objects in one image or a list of them (paths, bytes, numpy BGR, PIL, torch tensors)."""
+    ) -> None:
+        """Set the detection options the next `run` uses (no re-capture: they are read on the device)."""
         if self.meta.task not in DETECTION_TASKS:
-            raise EngineConfigError(f"{self.meta.task} models are not served by engine(images) yet; use raw()")
-        self._check_options(conf, iou, max_det, classes)
-        sources = list(images) if isinstance(images, (list, tuple)) else [images]
-        results: list[Results | None] = [None] * len(sources)
-        frames: list[tuple[int, Frame]] = []
-        decode_on = self.device if self.device.type == "cuda" else None
-        for i, source in enumerate(sources):
-            try:
-                frames.append((i, load_frame(source, decode_on)))
-            except YolojetError as e:
-                results[i] = Results(Boxes(np.zeros((0, 6), np.float32), (0, 0)), self.names, error=str(e))
-        options = {"conf": conf, "iou": iou, "max_det": max_det, "classes": classes, "agnostic": agnostic}
-        for start in range(0, len(frames), self.max_batch):
-            chunk = frames[start : start + self.max_batch]
-            rows = self._detect([f for _, f in chunk], **options)
-            for (i, frame), found in zip(chunk, rows, strict=True):
-                image = torch_pipeline.rgb_pixels(frame).cpu().numpy()
-                boxes = Boxes(found[:, :6].cpu().numpy().astype(np.float32), frame.shape)
-                results[i] = Results(boxes, self.names, path=frame.path, orig_img=image)
-        return results  # type: ignore[return-value]
-
-    def _check_options(self, conf: float, iou: float, max_det: int, classes: Sequence[int] | None) -> None:
+            raise EngineConfigError(f"{self.meta.task} models are not served by the detection path yet; use raw()")
         if not 0 <= conf <= 1 or not 0 <= iou <= 1:
             raise EngineConfigError(f"conf {conf} and iou {iou} must lie in [0, 1]")
-        if max_det < 1:
-            raise EngineConfigError(f"max_det {max_det}: must be at least 1")
-        if self._head is not None and max_det > self._head.capacity:
-            raise EngineConfigError(f"max_det {max_det}: this engine keeps at most {self._head.capacity} boxes")
+        capacity = self._head.capacity if self._head is not None else 300
+        if not 1 <= max_det <= capacity:
+            raise EngineConfigError(f"max_det {max_det}: must lie in 1..{capacity}")
         if classes is not None and any(not 0 <= int(c) < self.meta.nc for c in classes):
             raise EngineConfigError(f"classes {list(classes)}: class ids run from 0 to {self.meta.nc - 1}")
-
-    def _detect(self, frames: list[Frame], **options: Any) -> list[torch.Tensor]:
+        self._options = {"conf": conf, "iou": iou, "max_det": max_det, "classes": classes, "agnostic": agnostic}
         if self._head is not None:
-            return self._head.detect(frames, **options)
-        return self._detect_reference(frames, **options)
+            self._head.set_options(conf, iou, max_det, classes, agnostic)
+
+    def preprocess(self, frame: Any, slot: int = 0) -> None:
+        """Stage one image (any accepted kind; a CUDA tensor stays on the GPU) in batch slot `slot`."""
+        if not 0 <= slot < self.max_batch:
+            raise EngineConfigError(f"slot {slot}: this engine has slots 0..{self.max_batch - 1}")
+        decoded = load_frame(frame, self.device if self.device.type == "cuda" else None)
+        self._frames[slot] = decoded
+        if self._head is not None:
+            self._head.stage(slot, decoded)
+
+    def run_async(self, batch: int = 1) -> None:
+        """Start the whole path on slots [0, batch); on a GPU this is one graph launch and returns at once."""
+        if not 1 <= batch <= self.max_batch or any(f is None for f in self._frames[:batch]):
+            raise EngineConfigError(f"run({batch}): stage a frame into each of slots 0..{batch - 1} first")
+        if self._head is not None:
+            self._head.launch(batch)
+        else:
+            self._rows[:batch] = self._detect_reference(self._frames[:batch], **self._options)
+
+    def sync(self) -> None:
+        """Wait for the last `run_async`."""
+        if self._head is not None:
+            self._head.wait()
+
+    def run(self, batch: int = 1) -> None:
+        self.run_async(batch)
+        self.sync()
+
+    def get(self, slot: int = 0) -> Results:
+        """The detections of slot `slot` from the last run, in its original image's pixels."""
+        frame = self._frames[slot]
+        rows = self._head.rows_of(slot) if self._head is not None else self._rows[slot]
+        boxes = Boxes(rows[:, :6].cpu().numpy().astype(np.float32), frame.shape)
+        image = torch_pipeline.rgb_pixels(frame).cpu().numpy()
+        return Results(boxes, self.names, path=frame.path, orig_img=image)
+
+    def __call__(self, images: Any, **options: Any) -> list[Results]:
+        """Detect objects in one image or a list (paths, bytes, numpy BGR, PIL, torch tensors).
+
+        Options as `configure` (conf=0.25, iou=0.7, max_det=300, classes=None, agnostic=False). An image that
+        cannot be read gets a `Results` whose `error` says why; the others are still detected.
+        """
+        self.configure(**options)
+        sources = list(images) if isinstance(images, (list, tuple)) else [images]
+        results: list[Results] = []
+        pending: list[int] = []
+        for i, source in enumerate(sources):
+            try:
+                self.preprocess(source, len(pending))
+            except YolojetError as e:
+                results.append(Results(Boxes(np.zeros((0, 6), np.float32), (0, 0)), self.names, error=str(e)))
+                continue
+            results.append(None)  # type: ignore[arg-type]
+            pending.append(i)
+            if len(pending) == self.max_batch:
+                self._finish(pending, results)
+        if pending:
+            self._finish(pending, results)
+        return results
+
+    def _finish(self, pending: list[int], results: list[Results]) -> None:
+        self.run(len(pending))
+        for slot, index in enumerate(pending):
+            results[index] = self.get(slot)
+        pending.clear()
 
     def _detect_reference(
         self, frames: list[Frame], conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool
@@ -193,4 +238,4 @@ class Engine:
             found = torch_pipeline.non_max_suppression(
                 preds, self.meta.nc, conf, iou, max_det, agnostic=agnostic, classes=classes
             )
-        return [torch_pipeline.scale_boxes(rows.clone(), box) for rows, box in zip(found, boxes, strict=True)]
+        return [torch_pipeline.scale_boxes(rows.clone(), box).cpu() for rows, box in zip(found, boxes, strict=True)]

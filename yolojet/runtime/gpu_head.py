@@ -1,16 +1,24 @@
-"""The predict path around the network on our kernels: letterbox in, NMS and box mapping out, all on the GPU.
+"""The predict path around the network on our kernels, captured whole in one CUDA graph.
 
-Buffers are allocated once per engine; thresholds, max_det, the class filter and the per-image
-box mapping live in small device tensors that the kernels read, so changing them needs no new
-kernel arguments (and no re-capture once the whole path is captured).
+One graph per (batch bucket, frame sizes, frame location) holds: the copy of each staged frame from
+pinned host memory (skipped for frames already on the GPU), the copy of the pinned options
+(conf, iou, max_det, agnostic, class filter) to the device, the letterbox kernel per slot, every
+network launch, decode, NMS (or the YOLO26 one-to-one selection), the box mapping, and the copy of
+the fixed-size results back into pinned host memory. Running a batch is one graph launch and one
+event wait; changing thresholds only rewrites pinned memory, so nothing is captured again. Video
+streams keep one frame size, so they keep one graph. Under Triton's interpreter (no CUDA) the same
+steps run in order without a graph.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
+from yolojet.errors import EngineConfigError
 from yolojet.images import Frame
 from yolojet.kernels.boxes import scale_boxes, select_rows
 from yolojet.kernels.nms import NmsScratch, non_max_suppression
@@ -19,6 +27,17 @@ from yolojet.runtime.network import TritonNetwork
 from yolojet.runtime.torch_pipeline import Letterbox
 
 MAX_NMS = 30000  # ultralytics' default cap on candidates entering NMS
+MAX_GRAPHS = 8  # captured (bucket, frame sizes) combinations kept; the oldest is dropped past this
+
+
+@dataclass
+class _Slot:
+    """A staged frame: its pixels (pinned host or device staging) and where it lands in the input."""
+
+    shape: tuple[int, int, int]
+    on_device: bool
+    bgr: bool
+    box: Letterbox
 
 
 class DetectionHead:
@@ -31,50 +50,145 @@ class DetectionHead:
         self.end2end = self.meta.end2end
         width = shape[2] if self.end2end else 6 + shape[1] - 4 - self.meta.nc
         self.capacity = capacity
+        self.cuda = device.type == "cuda"
+        pin = self.cuda
         self.rows = torch.zeros(batch, capacity, width, dtype=torch.float32, device=device)
         self.count = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.rows_host = torch.zeros(batch, capacity, width, dtype=torch.float32, pin_memory=pin)
+        self.count_host = torch.zeros(batch, dtype=torch.int32, pin_memory=pin)
         self.thresholds = torch.zeros(2, dtype=torch.float32, device=device)
         self.limits = torch.zeros(3, dtype=torch.int32, device=device)
         self.class_mask = torch.ones(self.meta.nc, dtype=torch.uint8, device=device)
-        self.box_params = torch.zeros(batch, 6, dtype=torch.float32, device=device)
+        self.thresholds_host = torch.zeros(2, dtype=torch.float32, pin_memory=pin)
+        self.limits_host = torch.zeros(3, dtype=torch.int32, pin_memory=pin)
+        self.class_mask_host = torch.ones(self.meta.nc, dtype=torch.uint8, pin_memory=pin)
         self.scratch = None if self.end2end else NmsScratch.allocate(batch, int(shape[2]), device)
+        self.slots: list[_Slot | None] = [None] * batch
+        self.staging: dict[tuple, torch.Tensor] = {}
+        self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = OrderedDict()
+        self.done = torch.cuda.Event() if self.cuda else None
+        self.filtered = False
+        self.set_options(0.25, 0.7, capacity, None, False)
 
-    def _set_options(
-        self, conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool
-    ) -> None:
-        self.thresholds.copy_(torch.tensor([conf, iou], dtype=torch.float32))
-        self.limits.copy_(torch.tensor([max_det, MAX_NMS, int(agnostic)], dtype=torch.int32))
-        mask = torch.ones(self.meta.nc, dtype=torch.uint8)
+    # -- options ------------------------------------------------------------------------------
+
+    def set_options(self, conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool) -> None:
+        """Write the options where the next run reads them (pinned memory copied in by the graph)."""
+        self.thresholds_host.copy_(torch.tensor([conf, iou], dtype=torch.float32))
+        self.limits_host.copy_(torch.tensor([max_det, MAX_NMS, int(agnostic)], dtype=torch.int32))
+        self.class_mask_host.fill_(0 if classes is not None else 1)
         if classes is not None:
-            mask.zero_()
-            mask[list(classes)] = 1
-        self.class_mask.copy_(mask)
+            self.class_mask_host[list(classes)] = 1
+        self.filtered = classes is not None
+
+    # -- the low-latency trio -----------------------------------------------------------------
+
+    def _staging(self, slot: int, shape: tuple[int, ...], where: str) -> torch.Tensor:
+        """The slot's staging buffer for frames of this shape; kept for as long as the engine, because captured
+        graphs hold its address."""
+        key = (slot, shape, where)
+        if key not in self.staging:
+            device = self.network.device if where == "device" else torch.device("cpu")
+            pinned = where == "host"
+            self.staging[key] = torch.empty(shape, dtype=torch.uint8, device=device, pin_memory=pinned)
+        return self.staging[key]
+
+    def stage(self, slot: int, frame: Frame) -> None:
+        """Put a frame in a batch slot: into pinned host staging, or device staging for a frame on the GPU."""
+        if not 0 <= slot < len(self.slots):
+            raise EngineConfigError(f"slot {slot}: this engine has slots 0..{len(self.slots) - 1}")
+        pixels = frame.pixels
+        on_device = pixels.device.type == "cuda" or not self.cuda
+        shape = tuple(int(d) for d in pixels.shape)
+        self._staging(slot, shape, "device" if on_device else "host").copy_(pixels)
+        box = Letterbox.fit((shape[0], shape[1]), self.meta.imgsz)
+        self.slots[slot] = _Slot(shape, on_device, frame.bgr, box)
+
+    def launch(self, batch: int) -> None:
+        """Run slots [0, batch) through the whole path; returns at once on a GPU (see `wait`)."""
+        slots = self.slots[:batch]
+        if batch < 1 or any(s is None for s in slots):
+            raise EngineConfigError(f"run({batch}): stage a frame into each of slots 0..{batch - 1} first")
+        if not self.cuda:
+            self._steps(batch, slots, self._box_params(slots))()
+            return
+        key = (self.network.bucket_for(batch), batch, tuple((s.shape, s.on_device, s.bgr) for s in slots),
+               self.filtered)  # fmt: skip
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(batch, slots)
+            while len(self.graphs) > MAX_GRAPHS:
+                self.graphs.popitem(last=False)
+        self.graphs.move_to_end(key)
+        self.graphs[key][0].replay()
+        self.done.record()
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+
+    def rows_of(self, slot: int) -> torch.Tensor:
+        """The last run's detections of a slot, [x1, y1, x2, y2, conf, cls, extras] in original pixels."""
+        return self.rows_host[slot, : int(self.count_host[slot])]
 
     def detect(
         self, frames: list[Frame], conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool
     ) -> list[torch.Tensor]:
-        network, n = self.network, len(frames)
-        bucket = network.bucket_for(n)
-        images = network.input_view(bucket)
-        params = []
+        self.set_options(conf, iou, max_det, classes, agnostic)
         for slot, frame in enumerate(frames):
-            box = Letterbox.fit(frame.shape, self.meta.imgsz)
-            pixels = frame.pixels.to(network.device, non_blocking=True)
-            preprocess_letterbox(images[slot], pixels, bgr=frame.bgr, params=box.kernel_params())
-            params.append(box.box_params())
-        self.box_params[:n].copy_(torch.tensor(params, dtype=torch.float32))
-        self._set_options(conf, iou, max_det, classes, agnostic)
-        network.execute(bucket)
-        preds = network.value_view(self.output, bucket)[:n]
-        rows, count = self.rows[:n], self.count[:n]
-        class_mask = self.class_mask if classes is not None else None
-        if self.end2end:
-            select_rows(rows, count, preds, self.thresholds, self.limits, class_mask)
-        else:
-            non_max_suppression(
-                rows, count, preds, nc=self.meta.nc, thresholds=self.thresholds, limits=self.limits,
-                class_mask=class_mask, scratch=self.scratch,
-            )  # fmt: skip
-        scale_boxes(rows, count, self.box_params[:n])
-        counts, found = count.cpu().tolist(), rows.cpu()
-        return [found[i, : counts[i]] for i in range(n)]
+            self.stage(slot, frame)
+        self.launch(len(frames))
+        self.wait()
+        return [self.rows_of(slot).clone() for slot in range(len(frames))]
+
+    # -- building the path --------------------------------------------------------------------
+
+    def _box_params(self, slots: list[_Slot]) -> torch.Tensor:
+        params = torch.tensor([s.box.box_params() for s in slots], dtype=torch.float32)
+        return params.to(self.network.device)
+
+    def _steps(self, batch: int, slots: list[_Slot], box_params: torch.Tensor) -> Callable[[], None]:
+        network = self.network
+        bucket = network.bucket_for(batch)
+        images = network.input_view(bucket)
+        preds = network.value_view(self.output, bucket)[:batch]
+        rows, count = self.rows[:batch], self.count[:batch]
+        launches = network.launch_list(bucket)
+        frames = [self._staging(i, s.shape, "device") for i, s in enumerate(slots)]
+
+        def run() -> None:
+            self.thresholds.copy_(self.thresholds_host, non_blocking=True)
+            self.limits.copy_(self.limits_host, non_blocking=True)
+            self.class_mask.copy_(self.class_mask_host, non_blocking=True)
+            for i, (s, pixels) in enumerate(zip(slots, frames, strict=True)):
+                if not s.on_device:
+                    pixels.copy_(self._staging(i, s.shape, "host"), non_blocking=True)
+                preprocess_letterbox(images[i], pixels, bgr=s.bgr, params=s.box.kernel_params())
+            for launch in launches:
+                launch.run()
+            mask = self.class_mask if self.filtered else None
+            if self.end2end:
+                select_rows(rows, count, preds, self.thresholds, self.limits, mask)
+            else:
+                non_max_suppression(
+                    rows, count, preds, nc=self.meta.nc, thresholds=self.thresholds, limits=self.limits,
+                    class_mask=mask, scratch=self.scratch,
+                )  # fmt: skip
+            scale_boxes(rows, count, box_params)
+            self.rows_host[:batch].copy_(rows, non_blocking=True)
+            self.count_host[:batch].copy_(count, non_blocking=True)
+
+        return run
+
+    def _capture(self, batch: int, slots: list[_Slot]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        box_params = self._box_params(slots)
+        run = self._steps(batch, slots, box_params)
+        side = torch.cuda.Stream(self.network.device)
+        side.wait_stream(torch.cuda.current_stream(self.network.device))
+        with torch.cuda.stream(side):
+            run()  # compiles any kernel not yet compiled, outside the capture
+        torch.cuda.current_stream(self.network.device).wait_stream(side)
+        torch.cuda.synchronize(self.network.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        return graph, box_params
