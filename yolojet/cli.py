@@ -193,12 +193,18 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _format_detections(result: Results) -> list[str]:
+    """One line per instance: class, confidence, then the box (x1 y1 x2 y2, or cx cy w h angle for OBB)."""
     lines = []
-    for row in result.summary():
-        b = row["box"]
-        lines.append(
-            f"  {row['name']:<16} {row['confidence']:.3f}  {b['x1']:8.1f} {b['y1']:8.1f} {b['x2']:8.1f} {b['y2']:8.1f}"
-        )
+    for i, row in enumerate(result.summary()):
+        text = f"  {row['name']:<16} {row['confidence']:.3f}"
+        box = row.get("box")
+        if box is not None:
+            text += "  " + " ".join(f"{v:8.1f}" if k != "r" else f"{v:7.4f}" for k, v in box.items())
+        if result.masks is not None:
+            text += f"  mask {int(result.masks.data[i].sum())} px"
+        if result.keypoints is not None:
+            text += f"  {result.keypoints.data.shape[1]} keypoints"
+        lines.append(text)
     return lines
 
 
@@ -244,7 +250,8 @@ def _cmd_detect(args: argparse.Namespace) -> int:
             records.append({"path": source, "height": result.orig_shape[0], "width": result.orig_shape[1],
                             "detections": result.summary()})  # fmt: skip
             if not args.quiet:
-                progress.write(f"{source}: {len(result)} detections")
+                noun = "top-5" if result.probs is not None else "detections"
+                progress.write(f"{source}: {len(result) if result.probs is None else len(result.probs.top5)} {noun}")
                 for line in _format_detections(result):
                     progress.write(line)
             if args.save is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from yolojet.runtime.network import TritonNetwork
 from yolojet.runtime.reference import ReferenceExecutor
 from yolojet.tasks import Boxes, Results
 
-DETECTION_TASKS = ("detect",)
+TASKS_WITH_BOXES = ("detect", "segment", "pose", "obb")
 
 
 def _interpreting() -> bool:
@@ -43,15 +43,14 @@ class Engine:
         self.max_batch = max_batch
         self.device = network.device
         self._head = None
-        if isinstance(network, TritonNetwork) and self.meta.task in DETECTION_TASKS:
+        if isinstance(network, TritonNetwork) and self.meta.task == "detect":
             from yolojet.runtime.gpu_head import DetectionHead
 
             self._head = DetectionHead(network)
         self._frames: list[Frame | None] = [None] * max_batch
-        self._rows: list[torch.Tensor | None] = [None] * max_batch
+        self._found: list[dict[str, Any] | None] = [None] * max_batch
         self._options: dict[str, Any] = {}
-        if self.meta.task in DETECTION_TASKS:
-            self.configure()
+        self.configure()
 
     @classmethod
     def load(
@@ -141,10 +140,13 @@ class Engine:
         max_det: int = 300,
         classes: Sequence[int] | None = None,
         agnostic: bool = False,
+        retina_masks: bool = False,
     ) -> None:
-        """Set the detection options the next `run` uses (no re-capture: they are read on the device)."""
-        if self.meta.task not in DETECTION_TASKS:
-            raise EngineConfigError(f"{self.meta.task} models are not served by the detection path yet; use raw()")
+        """Set the options the next `run` uses (no re-capture on the GPU path: they are read on the device).
+
+        conf, iou, max_det, classes and agnostic act as in ultralytics' predict; retina_masks builds segment
+        masks at the original resolution. Classification ignores them all.
+        """
         if not 0 <= conf <= 1 or not 0 <= iou <= 1:
             raise EngineConfigError(f"conf {conf} and iou {iou} must lie in [0, 1]")
         capacity = self._head.capacity if self._head is not None else 300
@@ -152,7 +154,8 @@ class Engine:
             raise EngineConfigError(f"max_det {max_det}: must lie in 1..{capacity}")
         if classes is not None and any(not 0 <= int(c) < self.meta.nc for c in classes):
             raise EngineConfigError(f"classes {list(classes)}: class ids run from 0 to {self.meta.nc - 1}")
-        self._options = {"conf": conf, "iou": iou, "max_det": max_det, "classes": classes, "agnostic": agnostic}
+        self._options = {"conf": conf, "iou": iou, "max_det": max_det, "classes": classes, "agnostic": agnostic,
+                         "retina_masks": retina_masks}  # fmt: skip
         if self._head is not None:
             self._head.set_options(conf, iou, max_det, classes, agnostic)
 
@@ -172,7 +175,7 @@ class Engine:
         if self._head is not None:
             self._head.launch(batch)
         else:
-            self._rows[:batch] = self._detect_reference(self._frames[:batch], **self._options)
+            self._found[:batch] = self._run_torch_path(self._frames[:batch])
 
     def sync(self) -> None:
         """Wait for the last `run_async`."""
@@ -184,12 +187,11 @@ class Engine:
         self.sync()
 
     def get(self, slot: int = 0) -> Results:
-        """The detections of slot `slot` from the last run, in its original image's pixels."""
+        """What the last run found in slot `slot`, in its original image's pixels."""
         frame = self._frames[slot]
-        rows = self._head.rows_of(slot) if self._head is not None else self._rows[slot]
-        boxes = Boxes(rows[:, :6].cpu().numpy().astype(np.float32), frame.shape)
+        found = {"boxes": self._head.rows_of(slot)} if self._head is not None else self._found[slot]
         image = torch_pipeline.rgb_pixels(frame).cpu().numpy()
-        return Results(boxes, self.names, path=frame.path, orig_img=image)
+        return make_results(self.meta, found, frame, image)
 
     def __call__(self, images: Any, **options: Any) -> list[Results]:
         """Detect objects in one image or a list (paths, bytes, numpy BGR, PIL, torch tensors).
@@ -205,7 +207,8 @@ class Engine:
             try:
                 self.preprocess(source, len(pending))
             except YolojetError as e:
-                results.append(Results(Boxes(np.zeros((0, 6), np.float32), (0, 0)), self.names, error=str(e)))
+                results.append(Results(names=self.names, path=str(source) if isinstance(source, (str, Path)) else "",
+                                       error=str(e)))  # fmt: skip
                 continue
             results.append(None)  # type: ignore[arg-type]
             pending.append(i)
@@ -221,21 +224,72 @@ class Engine:
             results[index] = self.get(slot)
         pending.clear()
 
-    def _detect_reference(
-        self, frames: list[Frame], conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool
-    ) -> list[torch.Tensor]:
+    def _run_torch_path(self, frames: list[Frame]) -> list[dict[str, Any]]:
+        """Pre-processing, network and post-processing with torch ops around `raw`: the reference backend's
+        path, and the Triton backend's for the tasks whose heads have no kernels of ours yet."""
+        o = self._options
+        if self.meta.task == "classify":
+            from yolojet.runtime.postprocess.classify import classify_preprocess
+
+            batch = torch.stack([classify_preprocess(f, self.meta.imgsz[0]) for f in frames]).to(self.device)
+            return [{"probs": p.float().cpu()} for p in self.raw(batch)]
         boxes, inputs = [], []
         for frame in frames:
             x, box = torch_pipeline.letterbox(frame, self.meta.imgsz)
             inputs.append(x.to(self.device))
             boxes.append(box)
-        preds = self.raw(torch.stack(inputs))
-        preds = preds[0] if isinstance(preds, tuple) else preds
-        classes = list(classes) if classes is not None else None
+        raw = self.raw(torch.stack(inputs))
+        classes = list(o["classes"]) if o["classes"] is not None else None
+        common = {"conf": o["conf"], "iou": o["iou"], "max_det": o["max_det"], "classes": classes,
+                  "agnostic": o["agnostic"], "end2end": self.meta.end2end}  # fmt: skip
+        task = self.meta.task
+        if task == "segment":
+            from yolojet.runtime.postprocess.segment import segment_postprocess
+
+            found = segment_postprocess(raw[0], raw[1], boxes, self.meta.imgsz, nc=self.meta.nc,
+                                        retina_masks=o["retina_masks"], **common)  # fmt: skip
+            return [{"boxes": rows.cpu(), "masks": masks.cpu()} for rows, masks in found]
+        if task == "pose":
+            from yolojet.runtime.postprocess.pose import pose_postprocess
+
+            found = pose_postprocess(raw, boxes, nc=self.meta.nc, kpt_shape=self.meta.kpt_shape, **common)
+            return [{"boxes": rows.cpu(), "keypoints": kpts.cpu()} for rows, kpts in found]
+        if task == "obb":
+            from yolojet.runtime.postprocess.obb import obb_postprocess
+
+            return [{"obb": rows.cpu()} for rows in obb_postprocess(raw, boxes, nc=self.meta.nc, **common)]
         if self.meta.end2end:
-            found = torch_pipeline.select_end2end(preds, conf, max_det, classes)
+            found = torch_pipeline.select_end2end(raw, o["conf"], o["max_det"], classes)
         else:
             found = torch_pipeline.non_max_suppression(
-                preds, self.meta.nc, conf, iou, max_det, agnostic=agnostic, classes=classes
+                raw, self.meta.nc, o["conf"], o["iou"], o["max_det"], agnostic=o["agnostic"], classes=classes
             )
-        return [torch_pipeline.scale_boxes(rows.clone(), box).cpu() for rows, box in zip(found, boxes, strict=True)]
+        return [
+            {"boxes": torch_pipeline.scale_boxes(rows.clone(), box).cpu()}
+            for rows, box in zip(found, boxes, strict=True)
+        ]
+
+
+def make_results(meta: ModelMeta, found: dict[str, Any], frame: Frame, image: np.ndarray) -> Results:
+    """A `Results` from one image's task outputs (torch tensors on the CPU)."""
+    shape = frame.shape
+    parts: dict[str, Any] = {}
+    if "boxes" in found:
+        parts["boxes"] = Boxes(found["boxes"][:, :6].numpy().astype(np.float32), shape)
+    if "masks" in found:
+        from yolojet.tasks.segment import Masks
+
+        parts["masks"] = Masks(found["masks"].numpy().astype(bool))
+    if "keypoints" in found:
+        from yolojet.tasks.pose import Keypoints
+
+        parts["keypoints"] = Keypoints(found["keypoints"].numpy().astype(np.float32))
+    if "obb" in found:
+        from yolojet.tasks.obb import OBB
+
+        parts["obb"] = OBB(found["obb"].numpy().astype(np.float32), shape)
+    if "probs" in found:
+        from yolojet.tasks.classify import Probs
+
+        parts["probs"] = Probs(found["probs"].numpy().astype(np.float32))
+    return Results(names=meta.names, path=frame.path, orig_img=image, orig_shape=shape, **parts)

@@ -1,9 +1,15 @@
-"""Detections of one image, with ultralytics' attribute names (`boxes.xyxy`, `boxes.conf`, `boxes.cls`, `names`)."""
+"""What a model found in one image, with ultralytics' attribute names.
+
+`boxes` (detect, segment, pose), `masks` (segment), `keypoints` (pose), `obb` (oriented boxes),
+`probs` (classify); whichever the task does not produce is None. Coordinates are original-image
+pixels. `summary()`/`to_json()` give one plain dict per instance, `plot()` an annotated BGR image.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -41,53 +47,109 @@ class Boxes:
         return self.xyxy / np.array([w, h, w, h], dtype=self.data.dtype)
 
 
+def _corners(xyxy: np.ndarray) -> dict[str, float]:
+    return dict(zip(("x1", "y1", "x2", "y2"), (round(float(v), 2) for v in xyxy), strict=True))
+
+
 @dataclass
 class Results:
-    """What the model found in one image."""
+    """One image's results; `error` is set (and everything else empty) when the image could not be read."""
 
-    boxes: Boxes
     names: dict[int, str]
+    orig_shape: tuple[int, int] = (0, 0)
+    boxes: Boxes | None = None
+    masks: Any = None  # yolojet.tasks.segment.Masks
+    keypoints: Any = None  # yolojet.tasks.pose.Keypoints
+    obb: Any = None  # yolojet.tasks.obb.OBB
+    probs: Any = None  # yolojet.tasks.classify.Probs
     path: str = ""
     orig_img: np.ndarray | None = field(default=None, repr=False)  # RGB uint8, kept for plot()
-    error: str | None = None  # why this image could not be read; the result is then empty
-
-    @property
-    def orig_shape(self) -> tuple[int, int]:
-        return self.boxes.orig_shape
+    error: str | None = None
 
     def __len__(self) -> int:
-        return len(self.boxes)
+        for part in (self.boxes, self.obb):
+            if part is not None:
+                return len(part)
+        return 0 if self.probs is None else 1
+
+    def _name(self, cls: float) -> str:
+        return self.names.get(int(cls), str(int(cls)))
 
     def summary(self) -> list[dict]:
-        """One dict per detection: class name, class id, confidence, box corners."""
+        """One dict per instance (per top-5 class for classification)."""
+        if self.probs is not None:
+            return [
+                {"name": self._name(c), "class": int(c), "confidence": round(float(p), 5)}
+                for c, p in zip(self.probs.top5, self.probs.top5conf, strict=True)
+            ]
         rows = []
-        for xyxy, conf, cls in zip(self.boxes.xyxy, self.boxes.conf, self.boxes.cls, strict=True):
-            corners = dict(zip(("x1", "y1", "x2", "y2"), (round(float(v), 2) for v in xyxy), strict=True))
-            name = self.names.get(int(cls), str(int(cls)))
-            rows.append({"name": name, "class": int(cls), "confidence": round(float(conf), 5), "box": corners})
+        if self.obb is not None:
+            for xywhr, corners, conf, cls in zip(
+                self.obb.xywhr, self.obb.xyxyxyxy, self.obb.conf, self.obb.cls, strict=True
+            ):
+                rows.append({"name": self._name(cls), "class": int(cls), "confidence": round(float(conf), 5),
+                             "box": dict(zip(("x", "y", "w", "h", "r"), (round(float(v), 4) for v in xywhr),
+                                             strict=True)),
+                             "corners": np.round(corners, 2).tolist()})  # fmt: skip
+            return rows
+        if self.boxes is None:
+            return rows
+        for i, (xyxy, conf, cls) in enumerate(zip(self.boxes.xyxy, self.boxes.conf, self.boxes.cls, strict=True)):
+            row = {
+                "name": self._name(cls),
+                "class": int(cls),
+                "confidence": round(float(conf), 5),
+                "box": _corners(xyxy),
+            }
+            if self.masks is not None:
+                polygon = self.masks.xy[i]
+                row["segments"] = {"x": np.round(polygon[:, 0], 2).tolist(), "y": np.round(polygon[:, 1], 2).tolist()}
+            if self.keypoints is not None:
+                points = self.keypoints.data[i]
+                row["keypoints"] = {"x": np.round(points[:, 0], 2).tolist(), "y": np.round(points[:, 1], 2).tolist()}
+                if points.shape[1] == 3:
+                    row["keypoints"]["visible"] = np.round(points[:, 2], 4).tolist()
+            rows.append(row)
         return rows
 
     def to_json(self) -> str:
         return json.dumps(self.summary())
 
     def plot(self, line_width: int | None = None) -> np.ndarray:
-        """The original image with boxes and labels drawn, as a BGR uint8 array (OpenCV's order, as ultralytics)."""
+        """The original image with the results drawn, as a BGR uint8 array (OpenCV's order, as ultralytics)."""
         from PIL import Image, ImageDraw
 
         if self.orig_img is None:
             raise ValueError("this result holds no image to draw on")
-        image = Image.fromarray(self.orig_img)
+        canvas = self.orig_img.astype(np.float32)
+        if self.masks is not None:
+            for i, mask in enumerate(self.masks.data):
+                color = np.array(_PALETTE[int(self.boxes.cls[i]) % len(_PALETTE)], dtype=np.float32)
+                canvas[mask] = canvas[mask] * 0.5 + color * 0.5
+        image = Image.fromarray(canvas.astype(np.uint8))
         draw = ImageDraw.Draw(image)
         width = line_width or max(round(sum(image.size) / 2 * 0.003), 2)
-        for row in self.summary():
-            box = row["box"]
+        if self.probs is not None:
+            text = "\n".join(f"{r['name']} {r['confidence']:.2f}" for r in self.summary())
+            draw.text((8, 8), text, fill=(255, 255, 255))
+        for i, row in enumerate(self.summary() if self.probs is None else []):
             color = _PALETTE[row["class"] % len(_PALETTE)]
-            draw.rectangle((box["x1"], box["y1"], box["x2"], box["y2"]), outline=color, width=width)
+            if "corners" in row:
+                draw.polygon([tuple(p) for p in row["corners"]], outline=color, width=width)
+                anchor = tuple(row["corners"][0])
+            else:
+                box = row["box"]
+                draw.rectangle((box["x1"], box["y1"], box["x2"], box["y2"]), outline=color, width=width)
+                anchor = (box["x1"], box["y1"])
             label = f"{row['name']} {row['confidence']:.2f}"
-            left, top, right, bottom = draw.textbbox((box["x1"], box["y1"]), label)
+            left, top, right, bottom = draw.textbbox(anchor, label)
             lift = bottom - top + 2
             draw.rectangle((left, top - lift, right + 2, bottom - lift), fill=color)
-            draw.text((box["x1"] + 1, box["y1"] - lift), label, fill=(255, 255, 255))
+            draw.text((anchor[0] + 1, anchor[1] - lift), label, fill=(255, 255, 255))
+            if self.keypoints is not None:
+                for x, y, *visible in self.keypoints.data[i]:
+                    if not visible or visible[0] >= 0.5:
+                        draw.ellipse((x - width, y - width, x + width, y + width), fill=color)
         return np.asarray(image)[..., ::-1].copy()
 
 
