@@ -238,7 +238,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     engine = Engine.load(args.model, imgsz=args.imgsz, max_batch=args.batch, half=not args.fp32)
     options = {"conf": args.conf, "iou": args.iou, "max_det": args.max_det, "classes": args.classes}
     progress = _progress(len(sources), enabled=len(sources) > 1 and not args.quiet)
-    failed, records = 0, []
+    failed, records, taken = 0, [], set()
     for start in range(0, len(sources), args.batch):
         chunk = sources[start : start + args.batch]
         for source, result in zip(chunk, engine(chunk, **options), strict=True):
@@ -255,7 +255,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
                 for line in _format_detections(result):
                     progress.write(line)
             if args.save is not None:
-                target = args.save / f"{Path(source).stem}.jpg"
+                target = _unique_target(args.save, Path(source).stem, taken)
                 image = Image.fromarray(result.plot()[..., ::-1])
                 _write_atomically(target, lambda p, image=image: image.save(p, format="JPEG", quality=90))
     progress.close()
@@ -265,6 +265,16 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     if failed:
         print(f"{failed} of {len(sources)} images could not be read", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _unique_target(folder: Path, stem: str, taken: set[str]) -> Path:
+    """`stem.jpg`, or `stem_1.jpg`, `stem_2.jpg`, ... when inputs share a name, so no annotated image is lost."""
+    name, i = f"{stem}.jpg", 0
+    while name in taken:
+        i += 1
+        name = f"{stem}_{i}.jpg"
+    taken.add(name)
+    return folder / name
 
 
 def _progress(total: int, enabled: bool) -> tqdm:
@@ -370,6 +380,28 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_val(args: argparse.Namespace) -> int:
+    import json
+
+    from yolojet.eval.val import validate_model
+
+    result = validate_model(
+        args.model, args.data, args.images, imgsz=args.imgsz, half=not args.fp32, batch=args.batch,
+        conf=args.conf, iou=args.iou, max_det=args.max_det, progress=not args.quiet,
+    )  # fmt: skip
+    scores = result.scores
+    print(f"{result.images} images, {len(result.predictions)} detections (conf {args.conf}, iou {args.iou})")
+    rows = [("mAP50-95", f"{scores.map50_95:.4f}"), ("mAP50", f"{scores.map50:.4f}"),
+            ("mAP75", f"{scores.map75:.4f}"), ("AR100", f"{scores.ar100:.4f}")]  # fmt: skip
+    print(_format_table(rows, ("metric", "value")))
+    if args.out is not None:
+        metrics = {"model": str(args.model), "data": str(args.data), "images": result.images, **scores.to_json()}
+        _write_atomically(args.out / "predictions.json", lambda p: p.write_text(json.dumps(result.predictions)))
+        _write_atomically(args.out / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=1)))
+        print(f"wrote {args.out / 'metrics.json'} and {args.out / 'predictions.json'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="yolojet", description="Run ultralytics YOLO models on NVIDIA GPUs through hand-written Triton kernels."
@@ -406,6 +438,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, help="write detections as JSON lines to this file")
     p.add_argument("--quiet", action="store_true", help="print nothing per image")
     p.set_defaults(run=_cmd_detect)
+
+    p = sub.add_parser("val", help="COCO evaluation (pycocotools) of a model on a dataset")
+    p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
+    p.add_argument("--data", required=True, type=Path, help="a COCO instances .json or an ultralytics dataset .yaml")
+    p.add_argument("--images", type=Path, default=None, help="folder the JSON's file_names are relative to")
+    p.add_argument("--imgsz", type=_imgsz, default=None)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--conf", type=float, default=0.001)
+    p.add_argument("--iou", type=float, default=0.7)
+    p.add_argument("--max-det", type=int, default=300)
+    p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
+    p.add_argument("--out", type=Path, default=None, help="write metrics.json and predictions.json here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_cmd_val)
 
     p = sub.add_parser("pipeline", help="time the end-to-end path: frame in memory to boxes in pinned memory (GPU)")
     p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")

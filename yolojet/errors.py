@@ -47,3 +47,7 @@ class ImageReadError(YolojetError, ValueError):
 
 class EngineConfigError(YolojetError, ValueError):
     """An engine option that cannot work on this machine or with this model, or an input it cannot take."""
+
+
+class DatasetError(YolojetError, ValueError):
+    """An evaluation dataset that is missing, malformed or inconsistent with its images."""

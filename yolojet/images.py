@@ -3,13 +3,14 @@
 Accepted: a path (str or Path), encoded bytes, a numpy array (HWC uint8, BGR like OpenCV, or
 HW grey), a PIL image (RGB), a torch tensor (uint8 HWC, RGB, CPU or CUDA; or float CHW in [0, 1],
 RGB, as ultralytics takes). Files and bytes are decoded by torchvision (JPEG, PNG, WebP, GIF), on
-the GPU's nvJPEG when the frame is wanted there. Anything else is an `ImageReadError` that names
+the GPU's nvJPEG when the frame is wanted there, and BMP/TIFF by Pillow. Anything else is an `ImageReadError` that names
 the input.
 """
 
 from __future__ import annotations
 
 import glob
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 
 from yolojet.errors import ImageReadError
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp"}
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 
 
 @dataclass
@@ -44,20 +45,42 @@ def _describe(source: Any) -> str:
     return f"<{type(source).__name__}{' ' + str(tuple(shape)) if shape is not None else ''}>"
 
 
+def _decode_with_pillow(data: bytes, name: str) -> torch.Tensor:
+    """BMP and TIFF, which torchvision does not decode (identified by their magic bytes first, so Pillow is never
+    handed arbitrary bytes)."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            rgb = np.asarray(image.convert("RGBA" if "A" in image.getbands() else "RGB"))
+    except OSError as e:
+        raise ImageReadError(f"{name}: cannot decode as an image ({e})") from e
+    return torch.from_numpy(rgb.copy())
+
+
 def _decode(data: bytes, name: str, device: torch.device | None) -> torch.Tensor:
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
     if len(data) == 0:
         raise ImageReadError(f"{name}: empty, not an image")
+    if data[:2] == b"BM" or data[:4] in (b"II*\x00", b"MM\x00*"):
+        return _decode_with_pillow(data, name)
     encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     try:
         if device is not None and device.type == "cuda" and data[:2] == b"\xff\xd8":
-            chw = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
+            chw = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True)
         else:
-            chw = decode_image(encoded, mode=ImageReadMode.RGB)
+            # EXIF orientation applied, as cv2.imread (and so ultralytics) does.
+            chw = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
     except RuntimeError as e:
-        reason = str(e).split(", ")[-1].strip()
+        # torchvision prefixes its messages with the C++ function, file and line: keep only the reason.
+        reason = re.sub(r"^\w+, \S+:\d+, ", "", str(e)).strip()
         raise ImageReadError(f"{name}: cannot decode as an image ({reason})") from e
+    if chw.dtype == torch.uint16:
+        chw = (chw.to(torch.int32) // 256).to(torch.uint8)  # 16-bit PNGs: the top 8 bits, as cv2.imread gives
     return chw.permute(1, 2, 0)
 
 
@@ -112,10 +135,10 @@ def expand_sources(sources: list[str]) -> list[str]:
     for source in sources:
         path = Path(source)
         if path.is_dir():
-            files += sorted(str(p) for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            files += sorted(str(p) for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         elif any(ch in source for ch in "*?["):
             matches = sorted(glob.glob(source, recursive=True))
-            files += [m for m in matches if Path(m).suffix.lower() in IMAGE_SUFFIXES] or [source]
+            files += [m for m in matches if Path(m).suffix.lower() in IMAGE_SUFFIXES and Path(m).is_file()] or [source]
         else:
             files.append(source)
     return files

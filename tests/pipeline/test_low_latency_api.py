@@ -55,3 +55,12 @@ def test_trio_errors(engine):
     fresh = Engine(engine.network, engine.max_batch)
     with pytest.raises(EngineConfigError, match="stage a frame"):
         fresh.run(1)
+
+
+def test_fewer_images_than_slots(engine):
+    """One image in a two-slot engine runs in the smaller bucket with the scratch of one image."""
+    photo = real_photos()["bus.jpg"]
+    one = engine(photo, conf=0.0005)[0]
+    both = engine([photo, photo], conf=0.0005)
+    np.testing.assert_allclose(one.boxes.data, both[0].boxes.data, atol=1e-3)
+    np.testing.assert_allclose(both[0].boxes.data, both[1].boxes.data, atol=1e-3)

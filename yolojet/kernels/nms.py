@@ -251,6 +251,10 @@ class NmsScratch:
             torch.empty(shape, dtype=torch.int32, device=device),
         )
 
+    def first(self, batch: int) -> NmsScratch:
+        """The scratch of the first `batch` images (contiguous views), for a run on fewer than allocated."""
+        return NmsScratch(self.best_score[:batch], self.best_class[:batch], self.order[:batch])
+
 
 def non_max_suppression(
     out: torch.Tensor,

@@ -283,7 +283,7 @@ def make_results(meta: ModelMeta, found: dict[str, Any], frame: Frame, image: np
     if "keypoints" in found:
         from yolojet.tasks.pose import Keypoints
 
-        parts["keypoints"] = Keypoints(found["keypoints"].numpy().astype(np.float32))
+        parts["keypoints"] = Keypoints(found["keypoints"].numpy().astype(np.float32), shape)
     if "obb" in found:
         from yolojet.tasks.obb import OBB
 

@@ -154,6 +154,7 @@ class DetectionHead:
         rows, count = self.rows[:batch], self.count[:batch]
         launches = network.launch_list(bucket)
         frames = [self._staging(i, s.shape, "device") for i, s in enumerate(slots)]
+        scratch = self.scratch.first(batch) if self.scratch is not None else None
 
         def run() -> None:
             self.thresholds.copy_(self.thresholds_host, non_blocking=True)
@@ -171,7 +172,7 @@ class DetectionHead:
             else:
                 non_max_suppression(
                     rows, count, preds, nc=self.meta.nc, thresholds=self.thresholds, limits=self.limits,
-                    class_mask=mask, scratch=self.scratch,
+                    class_mask=mask, scratch=scratch,
                 )  # fmt: skip
             scale_boxes(rows, count, box_params)
             self.rows_host[:batch].copy_(rows, non_blocking=True)

@@ -1,0 +1,151 @@
+"""`yolojet val` on a small dataset built from the shipped photos, with ground truth taken from ultralytics'
+own predictions with the same weights: yolojet must find the same objects (mAP50-95 ≥ 0.99), report exactly
+what pycocotools computes on its saved predictions, and agree with ultralytics' predictions' score."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import cv2
+import pytest
+import torch
+from support import calibrated_model, real_photos
+
+import yolojet
+from yolojet.cli import main
+from yolojet.errors import DatasetError
+from yolojet.eval.coco import evaluate
+from yolojet.eval.datasets import COCO80_TO_COCO91, load_dataset
+from yolojet.eval.val import validate
+from yolojet.runtime.engine import Engine
+
+GT_CONF = 0.005  # ultralytics' boxes above this become the ground truth
+
+
+def ultralytics_boxes(model, image, conf: float) -> torch.Tensor:
+    from copy import deepcopy
+
+    from ultralytics import YOLO
+
+    wrapper = YOLO("yolov8n.yaml", verbose=False)
+    wrapper.model = deepcopy(model)
+    result = wrapper.predict(image, imgsz=640, conf=conf, verbose=False, rect=False)[0]
+    return torch.cat([result.boxes.xyxy, result.boxes.conf[:, None], result.boxes.cls[:, None]], 1)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A COCO-format folder: the photos as lossless PNGs and ultralytics' confident boxes as annotations."""
+    root = tmp_path_factory.mktemp("coco")
+    (root / "images").mkdir()
+    model = calibrated_model("yolov8n.yaml")
+    images, annotations = [], []
+    for image_id, (name, bgr) in enumerate(real_photos().items(), 1):
+        file = f"images/{name.split('.')[0]}.png"
+        cv2.imwrite(str(root / file), bgr)
+        images.append({"id": image_id, "file_name": file, "width": bgr.shape[1], "height": bgr.shape[0]})
+        for x1, y1, x2, y2, _, cls in ultralytics_boxes(model, bgr, GT_CONF).tolist():
+            box = [x1, y1, x2 - x1, y2 - y1]
+            category = COCO80_TO_COCO91[int(cls)]
+            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": category,
+                                "bbox": box, "area": box[2] * box[3], "iscrowd": 0})  # fmt: skip
+    categories = [{"id": COCO80_TO_COCO91[i], "name": name} for i, name in model.names.items()]
+    (root / "instances.json").write_text(json.dumps({"images": images, "annotations": annotations,
+                                                      "categories": categories}))  # fmt: skip
+    model_dir = yolojet.export(model, out=root / "model", imgsz=640)
+    assert len(annotations) >= 10, "the check needs objects to mean something"
+    return root, model, model_dir
+
+
+def cpu_fallback(monkeypatch) -> None:
+    """Without a GPU, run the CLI as a user without one would: the reference executor, not Triton's interpreter
+    (which conftest enables for the kernel tests and would take minutes at 640)."""
+    if not torch.cuda.is_available():
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def test_val_finds_ultralytics_objects_and_matches_pycocotools(dataset, tmp_path, capsys, monkeypatch):
+    cpu_fallback(monkeypatch)
+    root, model, model_dir = dataset
+    out = tmp_path / "val"
+    code = main(["val", str(model_dir), "--data", str(root / "instances.json"), "--out", str(out), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["mAP50-95"] >= 0.99
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    gt = COCO(str(root / "instances.json"))
+    scorer = COCOeval(gt, gt.loadRes(str(out / "predictions.json")), "bbox")
+    scorer.evaluate()
+    scorer.accumulate()
+    scorer.summarize()
+    assert metrics["mAP50-95"] == pytest.approx(scorer.stats[0], abs=1e-6)
+    assert metrics["mAP50"] == pytest.approx(scorer.stats[1], abs=1e-6)
+
+    dataset_ = load_dataset(root / "instances.json")
+    theirs = []
+    for image in dataset_.images:
+        for x1, y1, x2, y2, conf, cls in ultralytics_boxes(model, cv2.imread(str(image.path)), 0.001).tolist():
+            theirs.append({"image_id": image.id, "category_id": COCO80_TO_COCO91[int(cls)], "score": conf,
+                           "bbox": [x1, y1, x2 - x1, y2 - y1]})  # fmt: skip
+    assert abs(evaluate(dataset_.ground_truth, theirs).map50_95 - metrics["mAP50-95"]) <= 0.005
+
+
+def test_yolo_yaml_dataset_gives_the_same_ground_truth(dataset, tmp_path):
+    """The same annotations written as YOLO labels under an ultralytics dataset YAML convert back to the same boxes."""
+    root, model, model_dir = dataset
+    coco = load_dataset(root / "instances.json")
+    yolo_root = tmp_path / "yolo"
+    (yolo_root / "images" / "val").mkdir(parents=True)
+    (yolo_root / "labels" / "val").mkdir(parents=True)
+    to_class = {cat: i for i, cat in enumerate(COCO80_TO_COCO91)}
+    for image in coco.images:
+        shutil.copy(image.path, yolo_root / "images" / "val" / image.path.name)
+        lines = []
+        for a in coco.ground_truth["annotations"]:
+            if a["image_id"] == image.id:
+                x, y, w, h = a["bbox"]
+                cx, cy = (x + w / 2) / image.width, (y + h / 2) / image.height
+                lines.append(
+                    f"{to_class[a['category_id']]} {cx:.8f} {cy:.8f} {w / image.width:.8f} {h / image.height:.8f}"
+                )
+        (yolo_root / "labels" / "val" / f"{image.path.stem}.txt").write_text("\n".join(lines))
+    names = "\n".join(f"  {i}: {n}" for i, n in model.names.items())
+    (yolo_root / "data.yaml").write_text(f"path: {yolo_root}\nval: images/val\nnames:\n{names}\n")
+    converted = load_dataset(yolo_root / "data.yaml")
+    assert len(converted.ground_truth["annotations"]) == len(coco.ground_truth["annotations"])
+    engine = Engine.load(model_dir, device="cpu", backend="reference", max_batch=5)  # the torch path on any machine
+    assert validate(engine, converted, progress=False).scores.map50_95 >= 0.99
+
+
+def test_malformed_datasets(tmp_path, dataset):
+    root, _, _ = dataset
+    document = json.loads((root / "instances.json").read_text())
+    document["images"].append({"id": 99, "file_name": "images/absent.png", "width": 4, "height": 4})
+    broken = root / "missing.json"
+    broken.write_text(json.dumps(document))
+    with pytest.raises(DatasetError, match=r"1 images not found .*99 \(absent\.png\)"):
+        load_dataset(broken)
+    (tmp_path / "bad.json").write_text("{oops")
+    with pytest.raises(DatasetError, match="not valid JSON"):
+        load_dataset(tmp_path / "bad.json")
+    labels = tmp_path / "yolo" / "labels" / "val"
+    labels.mkdir(parents=True)
+    (tmp_path / "yolo" / "images" / "val").mkdir(parents=True)
+    shutil.copy(root / "images" / "bus.png", tmp_path / "yolo" / "images" / "val" / "bus.png")
+    (labels / "bus.txt").write_text("0 0.5 0.5 0.2 0.2\n7 0.5 0.5 0.2 0.2\n")
+    (tmp_path / "yolo" / "data.yaml").write_text(f"path: {tmp_path / 'yolo'}\nval: images/val\nnames: [a, b]\n")
+    with pytest.raises(DatasetError, match=r"bus\.txt:2: class 7 is not among the 2 names"):
+        load_dataset(tmp_path / "yolo" / "data.yaml")
+
+
+def test_failed_val_writes_nothing(dataset, tmp_path, capsys, monkeypatch):
+    cpu_fallback(monkeypatch)
+    root, _, model_dir = dataset
+    out = tmp_path / "val"
+    code = main(["val", str(model_dir), "--data", str(root / "missing-file.json"), "--out", str(out), "--quiet"])
+    assert code == 2 and "no such dataset file" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,0 +1,288 @@
+"""`yolojet detect`: real photos in, the same detections as ultralytics' predict out (printed, as JSON lines and
+as annotated images); bad images reported without stopping the others; bad options a clear error; and no
+half-written output files when the command fails.
+
+The model is yolov8n with random weights and BatchNorm statistics measured on the shipped photos (see
+`support.calibrated_model`), so scores depend on the image; conf 0.005 gives bus.jpg a few dozen boxes.
+Without a GPU the command runs the float32 reference executor (the test clears TRITON_INTERPRET, which the
+conftest sets for the kernel tests, so that the CLI takes the CPU fallback a user without a GPU gets); with
+one it runs our kernels, in fp32 so that boxes scoring right at the threshold cannot flip.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from copy import deepcopy
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from support import calibrated_model, match_detections
+from ultralytics.utils import ASSETS
+
+import yolojet
+from yolojet.cli import main
+
+CFG = "yolov8n.yaml"
+CONF = "0.005"
+PHOTOS = {"bus.jpg": (1080, 810), "zidane.jpg": (720, 1280)}  # name: (height, width)
+DETECTION_LINE = r"^  (\S+)\s+(\d+\.\d{3})\s+(-?\d+\.\d)\s+(-?\d+\.\d)\s+(-?\d+\.\d)\s+(-?\d+\.\d)$"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return yolojet.export(calibrated_model(CFG, 640), out=tmp_path_factory.mktemp("cli_detect") / "model", imgsz=640)
+
+
+@pytest.fixture(autouse=True)
+def cpu_fallback(monkeypatch, tmp_path):
+    if not torch.cuda.is_available():
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def photos(tmp_path) -> Path:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name in PHOTOS:
+        shutil.copy(ASSETS / name, folder / name)
+    return folder
+
+
+@functools.cache
+def ultralytics_detections(name: str, classes: tuple[int, ...] | None = None, max_det: int = 300):
+    """ultralytics' predict on the photo with the same weights, square 640 input (rect=False), the same conf:
+    rows [x1, y1, x2, y2, conf, cls] and the class names."""
+    from ultralytics import YOLO
+
+    wrapper = YOLO(CFG, verbose=False)
+    wrapper.model = deepcopy(calibrated_model(CFG, 640))  # predict fuses the model it is given in place
+    result = wrapper.predict(
+        str(ASSETS / name), imgsz=640, conf=float(CONF), verbose=False, rect=False,
+        classes=list(classes) if classes is not None else None, max_det=max_det,
+    )[0]  # fmt: skip
+    rows = torch.cat([result.boxes.xyxy, result.boxes.conf[:, None], result.boxes.cls[:, None]], 1)
+    return rows, result.names
+
+
+def rows_of(detections: list[dict]) -> torch.Tensor:
+    """JSON detections as rows [x1, y1, x2, y2, conf, cls]."""
+    return torch.tensor(
+        [[d["box"]["x1"], d["box"]["y1"], d["box"]["x2"], d["box"]["y2"], d["confidence"], d["class"]]
+         for d in detections],
+        dtype=torch.float32,
+    ).reshape(-1, 6)  # fmt: skip
+
+
+def read_json_lines(path: Path) -> list[dict]:
+    text = path.read_text()
+    assert text.endswith("\n") or text == ""
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def assert_matches_ultralytics(record: dict, name: str, **options) -> torch.Tensor:
+    expected, names = ultralytics_detections(name, **options)
+    problems = match_detections(rows_of(record["detections"]), expected)
+    assert not problems, f"{name}: {problems[:3]}"
+    for d in record["detections"]:
+        assert d["name"] == names[d["class"]]
+    return expected
+
+
+def printed_detections(stdout: str, path: str) -> list[tuple[str, float, list[float]]]:
+    """The lines `detect` printed under `path: N detections`, parsed; checks N is the number of lines."""
+    import re
+
+    lines = stdout.splitlines()
+    header = [i for i, line in enumerate(lines) if re.fullmatch(rf"{re.escape(path)}: (\d+) detections", line)]
+    assert len(header) == 1, f"no single header for {path} in {stdout[:500]!r}"
+    n = int(lines[header[0]].rsplit(":", 1)[1].split()[0])
+    parsed = []
+    for line in lines[header[0] + 1 : header[0] + 1 + n]:
+        match = re.match(DETECTION_LINE, line)
+        assert match, f"not a detection line: {line!r}"
+        parsed.append((match[1], float(match[2]), [float(v) for v in match.groups()[2:]]))
+    following = lines[header[0] + 1 + n] if header[0] + 1 + n < len(lines) else ""
+    assert not re.match(DETECTION_LINE, following), "more detection lines than the header says"
+    return parsed
+
+
+def outline_mask(shape: tuple[int, int], detections: list[dict], width: int) -> np.ndarray:
+    mask = np.zeros(shape, np.uint8)
+    for d in detections:
+        b = d["box"]
+        x1, y1, x2, y2 = (round(b[k]) for k in ("x1", "y1", "x2", "y2"))
+        cv2.rectangle(mask, (min(x1, x2), min(y1, y2)), (max(x1, x2), max(y1, y2)), 1, width)
+    return mask.astype(bool)
+
+
+def test_detect_directory_matches_ultralytics_predict(model_dir, photos, tmp_path, capsys):
+    out_json, out_dir = tmp_path / "results" / "out.jsonl", tmp_path / "annotated"
+    code, stdout, stderr = run_cli(
+        capsys, "detect", model_dir, photos, "--conf", CONF, "--json", out_json, "--save", out_dir, "--fp32"
+    )
+    assert code == 0, stderr
+
+    records = read_json_lines(out_json)
+    assert [r["path"] for r in records] == [str(photos / name) for name in PHOTOS]
+    total = 0
+    for record, (name, (h, w)) in zip(records, PHOTOS.items(), strict=True):
+        assert set(record) == {"path", "width", "height", "detections"}
+        assert (record["height"], record["width"]) == (h, w)
+        total += len(assert_matches_ultralytics(record, name))
+
+        printed = printed_detections(stdout, record["path"])
+        assert len(printed) == len(record["detections"])
+        for (label, conf, box), d in zip(printed, record["detections"], strict=True):
+            assert label == d["name"] and abs(conf - d["confidence"]) <= 5e-4
+            assert np.allclose(box, [d["box"][k] for k in ("x1", "y1", "x2", "y2")], atol=0.051)
+
+        original = cv2.imread(str(ASSETS / name)).astype(np.int16)
+        annotated = cv2.imread(str(out_dir / name))
+        assert annotated is not None and annotated.shape == (h, w, 3), name
+        diff = np.abs(annotated.astype(np.int16) - original).max(2)
+        if record["detections"]:
+            # Boxes are drawn: along their outlines the picture changed by far more than JPEG re-encoding does.
+            outlines = outline_mask((h, w), record["detections"], width=2)
+            assert diff[outlines].mean() > 40, f"{name}: the boxes are not drawn"
+        else:
+            assert diff.mean() < 3, f"{name}: nothing to draw, yet the image changed"
+    assert total >= 10, "the comparison needs detections to mean something"
+    # Written through staging files renamed into place: nothing else is left beside the outputs.
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(PHOTOS)
+    assert [p.name for p in out_json.parent.iterdir()] == ["out.jsonl"]
+
+
+def test_bad_images_are_reported_and_the_good_ones_still_detected(model_dir, photos, tmp_path, capsys):
+    missing = tmp_path / "missing.jpg"
+    not_an_image = photos / "notes.jpg"
+    not_an_image.write_text("a shopping list, not a photo\n")
+    good = photos / "bus.jpg"
+    out_json, out_dir = tmp_path / "out.jsonl", tmp_path / "annotated"
+    code, stdout, stderr = run_cli(
+        capsys, "detect", model_dir, missing, good, not_an_image, "--conf", CONF, "--json", out_json,
+        "--save", out_dir, "--fp32", "--batch", 2,  # the missing file and the good one share a batch
+    )  # fmt: skip
+    assert code == 1, stderr
+    errors = [line for line in stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 2, stderr
+    assert errors[0].startswith(f"{missing}: error:") and "no such file" in errors[0]
+    assert errors[1].startswith(f"{not_an_image}: error:") and "cannot decode" in errors[1]
+    assert "2 of 3 images could not be read" in stderr
+    assert str(missing) not in stdout and str(not_an_image) not in stdout
+
+    (record,) = read_json_lines(out_json)
+    assert record["path"] == str(good) and (record["height"], record["width"]) == PHOTOS["bus.jpg"]
+    expected = assert_matches_ultralytics(record, "bus.jpg")
+    assert len(expected) > 0
+    assert len(printed_detections(stdout, str(good))) == len(expected)
+    assert sorted(p.name for p in out_dir.iterdir()) == ["bus.jpg"]
+
+
+def test_classes_keeps_only_those_classes(model_dir, photos, tmp_path, capsys):
+    everything, _ = ultralytics_detections("bus.jpg")
+    counts = torch.bincount(everything[:, 5].long())
+    chosen = tuple(sorted(counts.argsort(descending=True)[:2].tolist()))
+    assert counts[list(chosen)].sum() < len(everything), "the filter must have something to remove"
+    out_json = tmp_path / "out.jsonl"
+    code, _, stderr = run_cli(
+        capsys, "detect", model_dir, photos / "bus.jpg", "--conf", CONF, "--classes", *chosen, "--json", out_json,
+        "--fp32",
+    )  # fmt: skip
+    assert code == 0, stderr
+    (record,) = read_json_lines(out_json)
+    found = {d["class"] for d in record["detections"]}
+    assert found and found <= set(chosen)
+    assert_matches_ultralytics(record, "bus.jpg", classes=chosen)
+
+
+def test_max_det_caps_the_count(model_dir, photos, tmp_path, capsys):
+    out_json = tmp_path / "out.jsonl"
+    code, stdout, stderr = run_cli(
+        capsys, "detect", model_dir, photos / "bus.jpg", "--conf", CONF, "--max-det", 2, "--json", out_json, "--fp32"
+    )
+    assert code == 0, stderr
+    (record,) = read_json_lines(out_json)
+    assert len(record["detections"]) == 2
+    assert_matches_ultralytics(record, "bus.jpg", max_det=2)
+    everything, _ = ultralytics_detections("bus.jpg")
+    top = sorted((float(c) for c in everything[:, 4]), reverse=True)[:2]
+    assert np.allclose([d["confidence"] for d in record["detections"]], top, atol=0.01)
+    assert len(printed_detections(stdout, str(photos / "bus.jpg"))) == 2
+
+
+def test_save_keeps_one_annotated_image_per_input(model_dir, tmp_path, capsys):
+    """Directories are searched recursively, so two inputs can share a file name (a/x.jpg, b/x.jpg): each must
+    get its own annotated image, not overwrite the other's."""
+    for folder, name in (("a", "bus.jpg"), ("b", "zidane.jpg")):
+        (tmp_path / "photos" / folder).mkdir(parents=True)
+        shutil.copy(ASSETS / name, tmp_path / "photos" / folder / "x.jpg")
+    out_dir = tmp_path / "annotated"
+    code, _, stderr = run_cli(capsys, "detect", model_dir, tmp_path / "photos", "--save", out_dir, "--quiet")
+    assert code == 0, stderr
+    saved = sorted(out_dir.iterdir())
+    shapes = sorted(cv2.imread(str(p)).shape[:2] for p in saved)
+    assert shapes == sorted(PHOTOS.values()), f"annotated images {[p.name for p in saved]} of sizes {shapes}"
+
+
+@pytest.mark.parametrize(
+    ("option", "fragment"),
+    [
+        (["--conf", "1.5"], "conf 1.5"),
+        (["--conf", "-0.1"], "conf -0.1"),
+        (["--iou", "1.2"], "iou 1.2"),
+        (["--max-det", "0"], "max_det 0"),
+        (["--classes", "3", "80"], "classes [3, 80]"),
+    ],
+)
+def test_invalid_options_are_clear_errors_that_write_nothing(model_dir, photos, tmp_path, capsys, option, fragment):
+    out_json, out_dir = tmp_path / "out.jsonl", tmp_path / "annotated"
+    code, stdout, stderr = run_cli(
+        capsys, "detect", model_dir, photos, *option, "--json", out_json, "--save", out_dir, "--quiet"
+    )
+    assert code == 2, stderr
+    assert stderr.strip().splitlines()[-1].startswith("yolojet detect: error:"), stderr
+    assert fragment in stderr, stderr
+    assert "Traceback" not in stderr
+    assert stdout == ""
+    assert not out_json.exists() and not out_dir.exists()
+
+
+def test_failure_before_writing_leaves_no_outputs(photos, tmp_path, capsys):
+    """A model that does not exist: the command fails, no output file or folder appears, and an existing JSON file
+    from an earlier run is left as it was."""
+    model = tmp_path / "no_such_model"
+    out_json, out_dir = tmp_path / "out.jsonl", tmp_path / "annotated"
+    code, _, stderr = run_cli(capsys, "detect", model, photos, "--json", out_json, "--save", out_dir)
+    assert code == 2
+    assert f"yolojet detect: error: {model}" in stderr and "no such file" in stderr
+    assert not out_json.exists() and not out_dir.exists()
+
+    earlier = '{"path": "earlier.jpg", "width": 1, "height": 1, "detections": []}\n'
+    out_json.write_text(earlier)
+    code, _, stderr = run_cli(capsys, "detect", model, photos, "--json", out_json, "--save", out_dir)
+    assert code == 2
+    assert out_json.read_text() == earlier and not out_dir.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "photos"]
+
+
+def test_no_images_found_is_an_error(model_dir, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "readme.txt").write_text("no pictures here")
+    out_json = tmp_path / "out.jsonl"
+    code, _, stderr = run_cli(capsys, "detect", model_dir, empty, "--json", out_json)
+    assert code == 2
+    assert f"{empty}: no images found" in stderr
+    assert not out_json.exists()

@@ -1,0 +1,269 @@
+"""load_frame and expand_sources: every kind of image a user can pass gives the same pixels, every bad one an
+ImageReadError that names it, and directories and globs expand to image files in a stable order.
+
+The reference pixels come from decoders other than the one under test (OpenCV, PIL) or from arrays the test
+wrote itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from ultralytics.utils import ASSETS
+
+from yolojet.errors import ImageReadError
+from yolojet.images import Frame, expand_sources, load_frame
+
+BUS = ASSETS / "bus.jpg"
+# yolojet decodes JPEG files and bytes with torchvision (libjpeg-turbo); the reference is OpenCV's decoder. Two
+# JPEG decoders may differ by rounding in the inverse DCT and chroma upsampling, a level or two per pixel, so the
+# comparison allows 4 levels at any pixel and 0.5 on average. An orientation, channel-order or colour-space
+# mistake is off by tens of levels.
+JPEG_MAX_DIFF, JPEG_MEAN_DIFF = 4, 0.5
+
+
+def rgb(frame: Frame) -> np.ndarray:
+    """The frame's pixels as an RGB (or grey) numpy array, from its own `bgr` flag."""
+    pixels = frame.pixels.cpu().numpy()
+    if frame.bgr and pixels.shape[2] in (3, 4):
+        pixels = np.concatenate([pixels[..., 2::-1], pixels[..., 3:]], axis=2)
+    return pixels
+
+
+def random_image(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Seeded uint8 pixels: smooth gradients plus noise, so a shifted or flipped channel cannot pass."""
+    rng = np.random.default_rng(seed)
+    h, w = shape[:2]
+    base = np.add.outer(np.arange(h) * 3, np.arange(w) * 5)
+    if len(shape) == 3:
+        base = base[..., None] + np.arange(shape[2]) * 60
+    return ((base + rng.integers(0, 40, shape)) % 256).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def bus_rgb() -> np.ndarray:
+    return np.ascontiguousarray(cv2.imread(str(BUS))[..., ::-1])
+
+
+def assert_jpeg_close(ours: np.ndarray, reference: np.ndarray) -> None:
+    assert ours.shape == reference.shape
+    diff = np.abs(ours.astype(np.int16) - reference.astype(np.int16))
+    assert diff.max() <= JPEG_MAX_DIFF and diff.mean() <= JPEG_MEAN_DIFF, (diff.max(), diff.mean())
+
+
+def test_jpeg_path_and_bytes_decode_to_the_same_rgb_pixels(bus_rgb):
+    for source in (BUS, str(BUS)):
+        frame = load_frame(source)
+        assert frame.bgr is False and frame.path == str(BUS)
+        assert frame.pixels.dtype == torch.uint8 and tuple(frame.pixels.shape) == (1080, 810, 3)
+        assert frame.shape == (1080, 810)
+        assert_jpeg_close(rgb(frame), bus_rgb)
+    from_path = load_frame(BUS)
+    for data in (BUS.read_bytes(), bytearray(BUS.read_bytes()), memoryview(BUS.read_bytes())):
+        frame = load_frame(data)
+        assert frame.bgr is False and frame.path == ""
+        assert torch.equal(frame.pixels, from_path.pixels), "bytes and path go through the same decoder"
+    # PIL is a third decoder, an independent check of the same bound.
+    assert_jpeg_close(rgb(from_path), np.asarray(Image.open(BUS).convert("RGB")))
+
+
+def test_in_memory_images_keep_their_pixels(bus_rgb):
+    """A numpy BGR array (as cv2 decodes it), a PIL RGB image, a uint8 HWC tensor and a float CHW tensor in [0, 1]
+    (also with a batch dimension) all give bus.jpg's pixels exactly, with the right channel order flag."""
+    bgr = np.ascontiguousarray(bus_rgb[..., ::-1])
+    chw = torch.from_numpy(bus_rgb.copy()).permute(2, 0, 1).float() / 255
+    cases = {
+        "numpy BGR": (bgr, True),
+        "PIL RGB": (Image.fromarray(bus_rgb), False),
+        "uint8 HWC tensor": (torch.from_numpy(bus_rgb.copy()), False),
+        "float CHW tensor": (chw, False),
+        "float 1CHW tensor": (chw[None], False),
+    }
+    for kind, (source, bgr_flag) in cases.items():
+        frame = load_frame(source)
+        assert frame.bgr is bgr_flag, kind
+        assert frame.pixels.dtype == torch.uint8 and tuple(frame.pixels.shape) == (1080, 810, 3), kind
+        assert frame.shape == (1080, 810) and frame.path == "", kind
+        assert np.array_equal(rgb(frame), bus_rgb), kind
+    # The numpy frame is the array as given, in BGR order.
+    assert np.array_equal(load_frame(bgr).pixels.numpy(), bgr)
+
+
+def test_jpeg_decoders_agree_across_kinds(bus_rgb):
+    """The file through yolojet and cv2's decode of it handed over as an array give the same picture."""
+    from_file = rgb(load_frame(str(BUS)))
+    from_array = rgb(load_frame(cv2.imread(str(BUS))))
+    assert_jpeg_close(from_file, from_array)
+
+
+def test_float_tensor_is_clamped_and_rounded():
+    g = torch.Generator().manual_seed(4)
+    chw = torch.rand(3, 17, 23, generator=g) * 1.4 - 0.2  # values outside [0, 1] on both sides
+    frame = load_frame(chw)
+    expected = (np.clip(chw.numpy(), 0, 1) * 255 + 0.5).astype(np.uint8).transpose(1, 2, 0)
+    assert np.array_equal(frame.pixels.numpy(), expected)
+    grey = load_frame(chw[:1])
+    assert tuple(grey.pixels.shape) == (17, 23, 1)
+    assert np.array_equal(grey.pixels.numpy(), expected[..., :1])
+
+
+def test_png_file_is_exact(tmp_path):
+    bgr = random_image((37, 53, 3), seed=1)
+    path = tmp_path / "picture.png"
+    assert cv2.imwrite(str(path), bgr)
+    for source in (path, path.read_bytes()):
+        frame = load_frame(source)
+        assert frame.bgr is False and frame.shape == (37, 53)
+        assert np.array_equal(frame.pixels.numpy(), bgr[..., ::-1])
+
+
+def test_grey_and_rgba_inputs(tmp_path):
+    grey = random_image((29, 41), seed=2)
+    frame = load_frame(grey)
+    assert tuple(frame.pixels.shape) == (29, 41, 1) and frame.shape == (29, 41)
+    assert np.array_equal(frame.pixels.numpy()[..., 0], grey)
+    assert tuple(load_frame(grey[..., None]).pixels.shape) == (29, 41, 1)
+
+    bgra = random_image((29, 41, 4), seed=3)
+    frame = load_frame(bgra)
+    assert frame.bgr is True and tuple(frame.pixels.shape) == (29, 41, 4)
+    assert np.array_equal(frame.pixels.numpy(), bgra)
+
+    rgba = np.ascontiguousarray(bgra[..., [2, 1, 0, 3]])
+    frame = load_frame(Image.fromarray(rgba, mode="RGBA"))
+    assert frame.bgr is False and tuple(frame.pixels.shape) == (29, 41, 4)
+    assert np.array_equal(frame.pixels.numpy(), rgba)
+
+    frame = load_frame(Image.fromarray(grey, mode="L"))  # PIL grey comes back as RGB
+    assert frame.bgr is False and np.array_equal(frame.pixels.numpy(), np.repeat(grey[..., None], 3, axis=2))
+
+    # Files: a grey PNG decodes to three equal channels, an RGBA PNG to its RGB part.
+    assert cv2.imwrite(str(tmp_path / "grey.png"), grey)
+    assert np.array_equal(load_frame(tmp_path / "grey.png").pixels.numpy(), np.repeat(grey[..., None], 3, axis=2))
+    assert cv2.imwrite(str(tmp_path / "rgba.png"), bgra)
+    assert np.array_equal(load_frame(tmp_path / "rgba.png").pixels.numpy(), bgra[..., 2::-1])
+
+
+def test_errors_name_the_input(tmp_path):
+    data = BUS.read_bytes()
+    text_file = tmp_path / "notes.jpg"
+    text_file.write_text("these are notes, not a picture\n")
+    truncated_file = tmp_path / "half.jpg"
+    truncated_file.write_bytes(data[: len(data) // 2])
+    missing = tmp_path / "nowhere" / "missing.jpg"
+    rng = np.random.default_rng(5)
+    cases = [
+        (missing, [str(missing), "no such file"]),
+        (str(missing), [str(missing), "no such file"]),
+        (tmp_path, [str(tmp_path), "no such file"]),  # a directory is not an image file
+        (text_file, [str(text_file), "cannot decode"]),
+        (truncated_file, [str(truncated_file), "cannot decode"]),
+        (data[: len(data) // 2], [f"<{len(data) // 2} bytes>", "cannot decode"]),
+        (b"", ["<0 bytes>", "empty"]),
+        (np.zeros((0, 5, 3), np.uint8), ["ndarray (0, 5, 3)", "zero size"]),
+        (rng.random((4, 5, 3)), ["ndarray (4, 5, 3)", "float64"]),
+        (rng.integers(0, 256, (4, 5, 5), dtype=np.uint8), ["ndarray (4, 5, 5)", "(H, W, 3)"]),
+        (rng.integers(0, 256, (2, 4, 5, 3), dtype=np.uint8), ["ndarray (2, 4, 5, 3)"]),
+        (torch.randint(0, 256, (4, 5, 3), dtype=torch.int32), ["Tensor (4, 5, 3)", "torch.int32"]),
+        (torch.rand(5, 7, 3), ["Tensor (5, 7, 3)", "(C, H, W)"]),  # a float tensor in HWC order
+        (torch.rand(3, 0, 7), ["Tensor (3, 0, 7)", "zero size"]),
+        (7, ["<int>", "not an image"]),
+        ([str(BUS)], ["<list>", "not an image"]),
+    ]
+    for source, fragments in cases:
+        with pytest.raises(ImageReadError) as info:
+            load_frame(source)
+        message = str(info.value)
+        assert all(f in message for f in fragments), f"{fragments} not all in {message!r}"
+
+
+def touch(path: Path, data: bytes = b"x") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def test_expand_sources(tmp_path):
+    root = tmp_path / "photos"
+    # Created out of order, so the result's order cannot come from the file system's.
+    for name in ["zebra.png", "sub/deeper/b.webp", "sub/a.JPG", "apple.jpeg", "Mixed.Gif", "notes.txt", "sub/c.bmp"]:
+        touch(root / name)
+    touch(root / "sub" / "readme.md")
+    touch(root / "no_suffix")
+
+    tree = expand_sources([str(root)])
+    names = ["Mixed.Gif", "apple.jpeg", "sub/a.JPG", "sub/c.bmp", "sub/deeper/b.webp", "zebra.png"]  # sorted
+    expected_tree = [str(root / name) for name in names]
+    assert tree == expected_tree
+
+    globs = [str(root / "*.png"), str(root / "*.jpeg")]
+    assert expand_sources(globs) == [str(root / "zebra.png"), str(root / "apple.jpeg")]  # in the order given
+    assert expand_sources([str(root / "**" / "*.[jJ]*")]) == [str(root / "apple.jpeg"), str(root / "sub/a.JPG")]
+
+    missing = str(tmp_path / "missing.jpg")
+    unmatched = str(tmp_path / "*.png")
+    only_text = str(root / "*.txt")
+    sources = [missing, str(root / "sub"), "plain_name", unmatched, only_text, str(root / "zebra.png")]
+    assert expand_sources(sources) == [
+        missing,
+        str(root / "sub/a.JPG"),
+        str(root / "sub/c.bmp"),
+        str(root / "sub/deeper/b.webp"),
+        "plain_name",
+        unmatched,  # a glob matching nothing is kept, so loading it reports it
+        only_text,  # likewise a glob matching no image
+        str(root / "zebra.png"),
+    ]
+    assert expand_sources([]) == []
+    assert expand_sources([str(root), str(root)]) == expected_tree * 2
+
+
+def test_expand_sources_skips_directories_named_like_images(tmp_path):
+    """A folder called `2024.jpg` inside a directory is not an image file: it must not be handed to load_frame."""
+    touch(tmp_path / "a.jpg")
+    (tmp_path / "2024.jpg").mkdir()
+    touch(tmp_path / "2024.jpg" / "b.png")
+    assert expand_sources([str(tmp_path)]) == [str(tmp_path / "2024.jpg" / "b.png"), str(tmp_path / "a.jpg")]
+
+
+def test_expanded_files_load(tmp_path):
+    """Every file expand_sources collects from a directory loads and yields its pixels."""
+    bgr = random_image((12, 18, 3), seed=6)
+    assert cv2.imwrite(str(tmp_path / "image.png"), bgr)
+    assert cv2.imwrite(str(tmp_path / "image.webp"), bgr, [cv2.IMWRITE_WEBP_QUALITY, 101])  # 101: lossless
+    assert cv2.imwrite(str(tmp_path / "image.jpg"), bgr, [cv2.IMWRITE_JPEG_QUALITY, 100])
+    Image.fromarray(np.ascontiguousarray(bgr[..., ::-1])).save(tmp_path / "image.gif")
+    touch(tmp_path / "image.txt", b"not collected")
+    files = expand_sources([str(tmp_path)])
+    assert [Path(f).suffix for f in files] == [".gif", ".jpg", ".png", ".webp"]
+    for file in files:
+        frame = load_frame(file)
+        assert frame.shape == (12, 18) and frame.path == file
+        if file.endswith((".png", ".webp")):
+            assert np.array_equal(frame.pixels.numpy(), bgr[..., ::-1]), file
+        else:  # lossy: JPEG at quality 100, GIF's 256-colour palette
+            assert np.abs(frame.pixels.numpy().astype(int) - bgr[..., ::-1]).mean() < 12, file
+
+
+def test_bmp_files_that_expand_sources_collects_load(tmp_path):
+    """`.bmp` is among the suffixes expand_sources collects (as ultralytics reads them), so a BMP must decode."""
+    bgr = random_image((12, 18, 3), seed=7)
+    assert cv2.imwrite(str(tmp_path / "image.bmp"), bgr)
+    (file,) = expand_sources([str(tmp_path)])
+    assert np.array_equal(load_frame(file).pixels.numpy(), bgr[..., ::-1])
+
+
+def test_16_bit_png_loads_as_8_bit_pixels(tmp_path):
+    """A 16-bit PNG is a valid PNG: OpenCV (what ultralytics reads with) gives its top 8 bits; so must we."""
+    deep = (random_image((15, 22, 3), seed=8).astype(np.uint16) << 8) | random_image((15, 22, 3), seed=9)
+    path = tmp_path / "deep.png"
+    assert cv2.imwrite(str(path), deep)
+    reference = cv2.imread(str(path))
+    assert reference.dtype == np.uint8
+    frame = load_frame(path)
+    assert frame.pixels.dtype == torch.uint8
+    assert np.abs(frame.pixels.numpy().astype(int) - reference[..., ::-1]).max() <= 1

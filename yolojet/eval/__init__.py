@@ -1,0 +1,1 @@
+"""COCO evaluation: datasets (COCO JSON or ultralytics YAML), the pycocotools protocol, and `validate`."""

@@ -1,0 +1,175 @@
+"""Evaluation datasets as COCO ground truth: a COCO instances JSON with its images, or an ultralytics
+dataset YAML whose YOLO-format labels are converted on the fly (class ids mapped to COCO's 91
+category ids when the names are COCO's 80, as ultralytics does).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from yolojet.errors import DatasetError
+from yolojet.images import IMAGE_SUFFIXES
+
+COCO80_TO_COCO91 = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32, 33, 34,
+    35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63,
+    64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88, 89, 90,
+]  # fmt: skip
+COCO80_FIRST_NAMES = ("person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck")
+
+
+@dataclass
+class EvalImage:
+    id: int
+    path: Path
+    width: int
+    height: int
+
+
+@dataclass
+class Dataset:
+    """Images to run and the COCO ground truth to score them against."""
+
+    images: list[EvalImage]
+    categories: dict[int, str]  # category id -> name
+    ground_truth: dict[str, Any] = field(repr=False)
+    source: str = ""
+
+
+def load_dataset(data: str | Path, images: str | Path | None = None) -> Dataset:
+    """A COCO instances JSON (images resolved against `images`, default the JSON's folder) or a dataset YAML."""
+    path = Path(data)
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such dataset file (expected a COCO instances .json or a dataset .yaml)")
+    if path.suffix.lower() == ".json":
+        return _load_coco(path, Path(images) if images is not None else path.parent)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return _load_yolo_yaml(path)
+    raise DatasetError(f"{path}: expected a COCO instances .json or an ultralytics dataset .yaml")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(document, dict) or not {"images", "annotations", "categories"} <= document.keys():
+        raise DatasetError(f"{path}: a COCO instances file needs 'images', 'annotations' and 'categories'")
+    return document
+
+
+def _load_coco(path: Path, root: Path) -> Dataset:
+    gt = _read_json(path)
+    images, missing = [], []
+    for record in gt["images"]:
+        try:
+            image = EvalImage(
+                int(record["id"]), root / record["file_name"], int(record["width"]), int(record["height"])
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise DatasetError(f"{path}: image entry {record!r} lacks id, file_name, width or height") from e
+        (images if image.path.is_file() else missing).append(image)
+    if missing:
+        listed = ", ".join(f"{m.id} ({m.path.name})" for m in missing[:10])
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise DatasetError(f"{path}: {len(missing)} images not found under {root}: {listed}{more}")
+    ids = {i.id for i in images}
+    categories = {int(c["id"]): str(c["name"]) for c in gt["categories"]}
+    for a in gt["annotations"]:
+        if a.get("image_id") not in ids:
+            raise DatasetError(f"{path}: annotation {a.get('id')} refers to unknown image {a.get('image_id')}")
+        if a.get("category_id") not in categories:
+            raise DatasetError(f"{path}: annotation {a.get('id')} has unknown category {a.get('category_id')}")
+        if len(a.get("bbox", ())) != 4:
+            raise DatasetError(f"{path}: annotation {a.get('id')} has no [x, y, w, h] bbox")
+        a.setdefault("iscrowd", 0)
+        a.setdefault("area", a["bbox"][2] * a["bbox"][3])
+    return Dataset(images, categories, gt, str(path))
+
+
+def _image_size(path: Path) -> tuple[int, int]:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.width, image.height
+    except (OSError, UnidentifiedImageError) as e:
+        raise DatasetError(f"{path}: cannot read the image's size ({e})") from e
+
+
+def _yaml_images(root: Path, entry: str | list[str]) -> list[Path]:
+    entries = entry if isinstance(entry, list) else [entry]
+    files: list[Path] = []
+    for item in entries:
+        target = root / item
+        if target.is_dir():
+            files += sorted(p for p in target.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        elif target.is_file() and target.suffix == ".txt":
+            for line in target.read_text().splitlines():
+                if line.strip():
+                    candidate = Path(line.strip())
+                    files.append(candidate if candidate.is_absolute() else root / candidate)
+        else:
+            raise DatasetError(f"{target}: the dataset's val entry is neither a folder nor a .txt list")
+    return files
+
+
+def _label_file(image: Path) -> Path:
+    parts = list(image.parts)
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] == "images":
+            parts[i] = "labels"
+            break
+    return Path(*parts).with_suffix(".txt")
+
+
+def _load_yolo_yaml(path: Path) -> Dataset:
+    import yaml
+
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise DatasetError(f"{path}: not valid YAML ({e})") from e
+    if not isinstance(spec, dict) or "val" not in spec or "names" not in spec:
+        raise DatasetError(f"{path}: a dataset YAML needs 'val' and 'names'")
+    names = spec["names"]
+    names = dict(enumerate(names)) if isinstance(names, list) else {int(k): str(v) for k, v in names.items()}
+    root = Path(spec.get("path") or path.parent)
+    root = root if root.is_absolute() else path.parent / root
+    is_coco = len(names) == 80 and tuple(names[i] for i in range(8)) == COCO80_FIRST_NAMES
+    category_of = (lambda c: COCO80_TO_COCO91[c]) if is_coco else (lambda c: c)
+    files = _yaml_images(root, spec["val"])
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        raise DatasetError(f"{path}: {len(missing)} images not found: {', '.join(str(m) for m in missing[:10])}")
+    images, annotations = [], []
+    for image_id, file in enumerate(files):
+        width, height = _image_size(file)
+        images.append(EvalImage(image_id, file, width, height))
+        label = _label_file(file)
+        if not label.is_file():
+            continue  # an image without a label file has no objects, as in ultralytics
+        for line_no, line in enumerate(label.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                cls, cx, cy, w, h = (float(v) for v in line.split()[:5])
+            except ValueError as e:
+                raise DatasetError(f"{label}:{line_no}: expected 'class cx cy w h', got {line!r}") from e
+            if int(cls) != cls or int(cls) not in names:
+                raise DatasetError(f"{label}:{line_no}: class {cls:g} is not among the {len(names)} names")
+            if not all(-0.01 <= v <= 1.01 for v in (cx, cy, w, h)):
+                raise DatasetError(f"{label}:{line_no}: box {cx, cy, w, h} is not normalized to [0, 1]")
+            box = [(cx - w / 2) * width, (cy - h / 2) * height, w * width, h * height]
+            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": category_of(int(cls)),
+                                "bbox": box, "area": box[2] * box[3], "iscrowd": 0})  # fmt: skip
+    categories = {category_of(c): n for c, n in names.items()}
+    gt = {
+        "images": [{"id": i.id, "file_name": str(i.path), "width": i.width, "height": i.height} for i in images],
+        "annotations": annotations,
+        "categories": [{"id": k, "name": v} for k, v in categories.items()],
+    }
+    return Dataset(images, categories, gt, str(path))

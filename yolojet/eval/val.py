@@ -1,0 +1,77 @@
+"""`validate`: run an engine over an evaluation dataset and score its detections with the COCO protocol."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from yolojet.errors import DatasetError
+from yolojet.eval.coco import CocoScores, box_predictions, evaluate
+from yolojet.eval.datasets import Dataset, load_dataset
+
+
+@dataclass
+class ValResult:
+    scores: CocoScores
+    predictions: list[dict[str, Any]] = field(repr=False)
+    images: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+def category_map(model_names: dict[int, str], dataset: Dataset) -> list[int]:
+    """Model class index -> dataset category id: by name when the names agree, else by order of category id."""
+    ids = sorted(dataset.categories)
+    if len(ids) != len(model_names):
+        raise DatasetError(f"{dataset.source}: {len(ids)} categories, the model predicts {len(model_names)} classes")
+    by_name = {name: cat for cat, name in dataset.categories.items()}
+    if all(model_names[i] in by_name for i in range(len(model_names))):
+        return [by_name[model_names[i]] for i in range(len(model_names))]
+    return ids
+
+
+def validate(
+    engine: Any,
+    dataset: Dataset,
+    batch: int = 8,
+    conf: float = 0.001,
+    iou: float = 0.7,
+    max_det: int = 300,
+    progress: bool = True,
+) -> ValResult:
+    """Detections for every dataset image (original pixels) and their COCO box scores."""
+    from tqdm import tqdm
+
+    categories = category_map(engine.names, dataset)
+    predictions: list[dict[str, Any]] = []
+    failed = []
+    bar = tqdm(total=len(dataset.images), disable=not progress, unit="img", file=sys.stderr, desc="val")
+    for start in range(0, len(dataset.images), batch):
+        chunk = dataset.images[start : start + batch]
+        for image, result in zip(chunk, engine([str(i.path) for i in chunk], conf=conf, iou=iou, max_det=max_det),
+                                 strict=True):  # fmt: skip
+            bar.update(1)
+            if result.error:
+                failed.append(f"{image.path}: {result.error}")
+                continue
+            if result.orig_shape != (image.height, image.width):
+                raise DatasetError(
+                    f"{image.path}: the annotation says {image.width}x{image.height}, "
+                    f"the file is {result.orig_shape[1]}x{result.orig_shape[0]}"
+                )
+            cats = [categories[int(c)] for c in result.boxes.cls]
+            predictions += box_predictions(image.id, result.boxes.xyxy, result.boxes.conf, cats)
+    bar.close()
+    if failed:
+        raise DatasetError(f"{len(failed)} images could not be read: " + "; ".join(failed[:5]))
+    return ValResult(evaluate(dataset.ground_truth, predictions), predictions, len(dataset.images))
+
+
+def validate_model(model: str | Path, data: str | Path, images: str | Path | None = None, **options: Any) -> ValResult:
+    from yolojet.runtime.engine import Engine
+
+    engine_options = {k: options.pop(k) for k in ("imgsz", "half", "device") if k in options}
+    dataset = load_dataset(data, images)
+    engine = Engine.load(model, max_batch=options.get("batch", 8), **engine_options)
+    return validate(engine, dataset, **options)

@@ -1,0 +1,177 @@
+"""Instance masks of one image, with ultralytics' attribute names (`masks.data`, `masks.xy`, `masks.xyn`), and COCO RLE.
+
+Plain numpy, no OpenCV: the polygons come from a border follower written here that reproduces OpenCV's
+`findContours(mask, RETR_EXTERNAL, CHAIN_APPROX_SIMPLE)` (Suzuki & Abe's algorithm as OpenCV implements it), and
+the RLE strings are pycocotools' compressed format, written here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+# OpenCV's chain codes: direction s moves by (dx, dy); 0 is right and they turn counterclockwise on screen.
+_DX = (1, 1, 0, -1, -1, -1, 0, 1)
+_DY = (0, -1, -1, -1, 0, 1, 1, 1)
+_OUTER_MARK = 2  # border pixel whose right neighbour is set (OpenCV's nbd)
+_RIGHT_MARK = -126  # border pixel whose right neighbour is empty (nbd | -128 as a signed char)
+
+
+def _follow_border(img: np.ndarray, y0: int, x0: int) -> list[tuple[int, int]]:
+    """Trace the outer border starting at (y0, x0) of a zero-framed int8 image, marking it as OpenCV does; the
+    CHAIN_APPROX_SIMPLE points (x, y) in img's coordinates."""
+    s = 4  # the pixel on the left is empty: search clockwise from it for the first set neighbour
+    while True:
+        s = (s - 1) & 7
+        if s == 4 or img[y0 + _DY[s], x0 + _DX[s]] != 0:
+            break
+    if s == 4:  # back at the empty left neighbour: no set neighbour, a single pixel
+        img[y0, x0] = _RIGHT_MARK
+        return [(x0, y0)]
+    y1, x1 = y0 + _DY[s], x0 + _DX[s]
+    points = []
+    prev_s = s ^ 4
+    y3, x3 = y0, x0
+    while True:
+        s_end = s
+        while True:  # counterclockwise from the pixel we came from, up to a full turn
+            s += 1
+            y4, x4 = y3 + _DY[s & 7], x3 + _DX[s & 7]
+            if img[y4, x4] != 0 or s >= 15:
+                break
+        s &= 7
+        if 0 <= s - 1 < s_end:  # the search passed the (empty) right neighbour
+            img[y3, x3] = _RIGHT_MARK
+        elif img[y3, x3] == 1:
+            img[y3, x3] = _OUTER_MARK
+        if s != prev_s:
+            points.append((x3, y3))
+            prev_s = s
+        if y4 == y0 and x4 == x0 and y3 == y1 and x3 == x1:
+            return points
+        y3, x3 = y4, x4
+        s = (s + 4) & 7
+
+
+def external_contours(mask: np.ndarray) -> list[np.ndarray]:
+    """Outer contours of a 2-d mask as (n, 2) int32 (x, y) pixel arrays, in the order and with the points of
+    OpenCV's findContours(mask, RETR_EXTERNAL, CHAIN_APPROX_SIMPLE): components inside another's hole are left out."""
+    mask = np.asarray(mask)
+    if mask.ndim != 2:
+        raise ValueError(f"external_contours: expected a 2-d mask, got shape {mask.shape}")
+    rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+    if len(rows) == 0:
+        return []
+    top, left = int(rows[0]), int(cols[0])
+    crop = mask[top : int(rows[-1]) + 1, left : int(cols[-1]) + 1] != 0
+    img = np.zeros((crop.shape[0] + 2, crop.shape[1] + 2), np.int8)  # a zero frame, as OpenCV adds
+    img[1:-1, 1:-1] = crop
+    found = []
+    for y in range(1, img.shape[0] - 1):
+        row = img[y]
+        inside = False  # sign of the last marked border pixel on this row: inside a traced component?
+        x = 1
+        while True:
+            # the pixels from x on where the value changes: only there can a border start or a mark be read
+            changes = np.flatnonzero(row[x:] != row[x - 1 : -1]) + x
+            traced = False
+            for c in changes.tolist():
+                p = int(row[c])
+                if p == 1 and row[c - 1] == 0 and not inside:
+                    found.append(_follow_border(img, y, c))
+                    inside = row[c] > 0
+                    x = c + 1
+                    traced = True
+                    break  # the trace marked pixels of this row: look at it again
+                if p not in (0, 1):
+                    inside = p > 0
+            if not traced:
+                break
+    offset = np.array([left - 1, top - 1], np.int32)
+    return [np.asarray(points, np.int32) + offset for points in reversed(found)]
+
+
+def largest_contour(mask: np.ndarray) -> np.ndarray:
+    """(n, 2) float32 (x, y) points of the outer contour with the most points, as ultralytics'
+    masks2segments(strategy="largest"); (0, 2) for an empty mask."""
+    contours = external_contours(mask)
+    if not contours:
+        return np.zeros((0, 2), np.float32)
+    return contours[int(np.argmax([len(c) for c in contours]))].astype(np.float32)
+
+
+def _rle_string(counts: np.ndarray) -> str:
+    """pycocotools' rleToString: each count (after the first two, as the difference with the one two before) in
+    5-bit groups, low first, 0x20 marking a continuation, offset by 48 into printable ASCII."""
+    out = []
+    values = counts.astype(np.int64).tolist()
+    for i, x in enumerate(values):
+        if i > 2:
+            x -= values[i - 2]
+        while True:
+            c = x & 0x1F
+            x >>= 5
+            more = x != -1 if c & 0x10 else x != 0
+            if more:
+                c |= 0x20
+            out.append(chr(c + 48))
+            if not more:
+                break
+    return "".join(out)
+
+
+def encode_rle(mask: np.ndarray) -> dict:
+    """A 2-d mask as a COCO RLE dict {"size": [h, w], "counts": str}: run lengths in column-major order, starting
+    with a (possibly empty) run of zeros, in pycocotools' compressed string form."""
+    mask = np.asarray(mask)
+    if mask.ndim != 2:
+        raise ValueError(f"encode_rle: expected a 2-d mask, got shape {mask.shape}")
+    h, w = mask.shape
+    flat = (mask.T.reshape(-1) != 0).astype(np.int8)
+    edges = np.flatnonzero(np.diff(flat)) + 1
+    bounds = np.concatenate([[0], edges, [flat.size]])
+    counts = np.diff(bounds)
+    if flat.size and flat[0]:
+        counts = np.concatenate([[0], counts])
+    return {"size": [int(h), int(w)], "counts": _rle_string(counts)}
+
+
+@dataclass
+class Masks:
+    """k instance masks as a (k, h, w) bool array over the original image."""
+
+    data: np.ndarray
+
+    def __post_init__(self) -> None:
+        data = np.asarray(self.data)
+        if data.ndim == 2:
+            data = data[None]
+        if data.ndim != 3:
+            raise ValueError(f"Masks data: expected (k, h, w), got shape {data.shape}")
+        self.data = data.astype(bool, copy=False)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    @property
+    def orig_shape(self) -> tuple[int, int]:
+        return (int(self.data.shape[1]), int(self.data.shape[2]))
+
+    @cached_property
+    def xy(self) -> list[np.ndarray]:
+        """Per mask, the (n, 2) float32 (x, y) pixel points of its largest outer contour (the one with the most
+        points, as ultralytics' masks2segments(strategy="largest")); (0, 2) for an empty mask."""
+        return [largest_contour(m) for m in self.data]
+
+    @property
+    def xyn(self) -> list[np.ndarray]:
+        """`xy` divided by the image's width and height."""
+        h, w = self.orig_shape
+        return [p / np.array([w, h], np.float32) for p in self.xy]
+
+    def to_rle(self) -> list[dict]:
+        """One COCO RLE dict {"size": [h, w], "counts": str} per mask, as pycocotools.mask.encode writes it
+        (decodable with pycocotools.mask.decode)."""
+        return [encode_rle(m) for m in self.data]
