@@ -45,7 +45,9 @@ class Letterbox:
 
 def _cv2_taps(src: int, dst: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """cv2.resize INTER_LINEAR taps and 11-bit weights along one axis (see kernels/preprocess.py)."""
-    f = ((torch.arange(dst, device=device, dtype=torch.float32) + 0.5) * (src / dst) - 0.5).float()
+    # The source coordinate in double, then float, exactly as cv2 computes it: float32 arithmetic here
+    # moves some taps by one step of rounding and the pixel by one grey level.
+    f = ((torch.arange(dst, device=device, dtype=torch.float64) + 0.5) * (src / dst) - 0.5).float()
     i = torch.floor(f)
     frac = f - i
     i = i.long()
@@ -53,7 +55,7 @@ def _cv2_taps(src: int, dst: int, device: torch.device) -> tuple[torch.Tensor, .
     i = i.clamp_min(0)
     frac = torch.where(i >= src - 1, 0.0, frac)
     i = i.clamp_max(src - 1)
-    w0 = torch.floor((1.0 - frac) * 2048.0 + 0.5).long()
+    w0 = torch.round((1.0 - frac) * 2048.0).long()  # half to even, as cv2's cvRound
     return i, (i + 1).clamp_max(src - 1), w0, 2048 - w0
 
 
