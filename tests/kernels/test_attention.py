@@ -8,27 +8,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from kernel_checks import assert_close
+
 from yolojet.kernels.attention import psa_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
 SENTINEL = 7.0
 F16, F32 = torch.float16, torch.float32
-
-
-def _assert_close(out, ref, tol):
-    nan_count = int(out.isnan().sum())
-    if nan_count:
-        first = tuple(int(i) for i in out.isnan().nonzero()[0])
-        pytest.fail(f"{nan_count} of {out.numel()} outputs are NaN (unwritten?), first at {first}")
-    err = (out.double() - ref).abs()
-    rel = float(err.norm() / ref.norm())
-    if rel > tol:
-        worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
-        pytest.fail(
-            f"relative error {rel:.3g} > {tol:g}; worst at {worst}: got {float(out[worst]):.6g}, "
-            f"expected {float(ref[worst]):.6g}"
-        )
 
 
 def _reference(q, k, v, num_heads, scale):
@@ -73,7 +60,7 @@ def test_attention_matches_ultralytics(batch, h, w, heads, kd, hd, dtype, sliced
 
     psa_attention(out, q, k, v, num_heads=heads, scale=scale)
 
-    _assert_close(out, _reference(q, k, v, heads, scale), TOLERANCE[dtype])
+    assert_close(out, _reference(q, k, v, heads, scale), TOLERANCE[dtype])
     out.fill_(SENTINEL)
     assert bool((out_buf == SENTINEL).all()), "psa_attention wrote outside its output slice"
 

@@ -8,27 +8,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from kernel_checks import assert_close
+
 from yolojet.kernels.classify import global_avg_pool_nhwc, linear_softmax
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
 SENTINEL = 7.0
 F16, F32 = torch.float16, torch.float32
-
-
-def _assert_close(out, ref, tol):
-    nan_count = int(out.isnan().sum())
-    if nan_count:
-        first = tuple(int(i) for i in out.isnan().nonzero()[0])
-        pytest.fail(f"{nan_count} of {out.numel()} outputs are NaN (unwritten?), first at {first}")
-    err = (out.double() - ref).abs()
-    rel = float(err.norm() / ref.norm())
-    if rel > tol:
-        worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
-        pytest.fail(
-            f"relative error {rel:.3g} > {tol:g}; worst at {worst}: got {float(out[worst]):.6g}, "
-            f"expected {float(ref[worst]):.6g}"
-        )
 
 
 def _row_slice(buf_shape, lo, width, fill):
@@ -56,7 +43,7 @@ def test_global_avg_pool(shape, dtype, sliced):
     x = x if sliced else x.contiguous()
     buf, out = _row_slice((n, c + 5), 2, c, float("nan"))
     global_avg_pool_nhwc(out, x)
-    _assert_close(out, x.double().mean((1, 2)), TOLERANCE[F32])
+    assert_close(out, x.double().mean((1, 2)), TOLERANCE[F32])
     out.fill_(SENTINEL)
     assert bool((buf == SENTINEL).all()), "global_avg_pool_nhwc wrote outside its output slice"
 
@@ -80,7 +67,7 @@ def test_linear_softmax(batch, channels, classes, x_dtype, w_dtype):
     buf, probs = _row_slice((batch, classes + 7), 3, classes, float("nan"))
     linear_softmax(probs, x, weight, bias)
     ref = (x.double() @ weight.double().T + bias.double()).softmax(-1)
-    _assert_close(probs, ref, TOLERANCE[F32])
+    assert_close(probs, ref, TOLERANCE[F32])
     probs.fill_(SENTINEL)
     assert bool((buf == SENTINEL).all()), "linear_softmax wrote outside its output slice"
 

@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch.nn.functional as F
+from kernel_checks import assert_close
 
 from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config
 
@@ -94,21 +95,6 @@ def _reference(case: Case, x, weight, bias, residual):
     return y if residual is None else y + residual.double()
 
 
-def _assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
-    nan_count = int(out.isnan().sum())
-    if nan_count:
-        first = tuple(int(i) for i in out.isnan().nonzero()[0])
-        pytest.fail(f"{nan_count} of {out.numel()} outputs are NaN (unwritten?), first at {first}")
-    err = (out.double() - ref).abs()
-    rel = float(err.norm() / ref.norm())
-    if rel > tol:
-        worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
-        pytest.fail(
-            f"relative error {rel:.3g} > {tol:g}; worst at {worst}: got {float(out[worst]):.6g}, "
-            f"expected {float(ref[worst]):.6g}"
-        )
-
-
 def _make_case(case: Case, seed: int):
     torch.manual_seed(seed)
     kh, kw = (case.kernel, case.kernel) if isinstance(case.kernel, int) else case.kernel
@@ -145,7 +131,7 @@ def test_conv_matches_reference(name: str) -> None:
         config=case.config,
     )
 
-    _assert_close(out, ref, TOLERANCE[case.dtype])
+    assert_close(out, ref, TOLERANCE[case.dtype])
     if case.sliced:
         out.fill_(SENTINEL)
         assert bool((out_buf == SENTINEL).all()), "conv wrote outside its output slice"
@@ -160,7 +146,7 @@ def test_every_candidate_config_runs(dtype: torch.dtype) -> None:
     for config in conv_candidate_configs(m, case.c_out, k, kernel_is_1x1=False, dtype=dtype):
         out = torch.full(ref.shape, float("nan"), dtype=dtype, device=DEVICE)
         conv2d_nhwc(out, x, weight, bias, padding=1, config=config)
-        _assert_close(out, ref, TOLERANCE[dtype])
+        assert_close(out, ref, TOLERANCE[dtype])
 
 
 def test_candidate_configs_cover_tiny_and_large_layers() -> None:
@@ -223,4 +209,4 @@ def test_offsets_beyond_int32() -> None:
     case = Case(2, 4, 4, 8, 16, 3, padding=1, residual=True)
     ref = _reference(case, x, weight, bias, residual)
     conv2d_nhwc(out, x, weight, bias, padding=1, residual=residual)
-    _assert_close(out, ref, TOLERANCE[F16])
+    assert_close(out, ref, TOLERANCE[F16])

@@ -10,6 +10,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch.nn.functional as F
+from kernel_checks import assert_close
 
 from yolojet.kernels.dwconv import dwconv2d_nhwc
 
@@ -60,21 +61,6 @@ def _nhwc(shape, dtype, sliced, fill=None):
     return buf, view
 
 
-def _assert_close(out, ref, tol):
-    nan_count = int(out.isnan().sum())
-    if nan_count:
-        first = tuple(int(i) for i in out.isnan().nonzero()[0])
-        pytest.fail(f"{nan_count} of {out.numel()} outputs are NaN (unwritten?), first at {first}")
-    err = (out.double() - ref).abs()
-    rel = float(err.norm() / ref.norm())
-    if rel > tol:
-        worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
-        pytest.fail(
-            f"relative error {rel:.3g} > {tol:g}; worst at {worst}: got {float(out[worst]):.6g}, "
-            f"expected {float(ref[worst]):.6g}"
-        )
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_dwconv_matches_reference(name):
     case = CASES[name]
@@ -102,7 +88,7 @@ def test_dwconv_matches_reference(name):
         out, x, weight, bias, stride=case.stride, padding=case.padding, activation=case.activation, residual=residual
     )
 
-    _assert_close(out, ref, TOLERANCE[case.dtype])
+    assert_close(out, ref, TOLERANCE[case.dtype])
     out.fill_(SENTINEL)
     assert bool((out_buf == SENTINEL).all()), "dwconv wrote outside its output slice"
 

@@ -9,6 +9,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch.nn.functional as F
+from kernel_checks import assert_close
 
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
 
@@ -35,21 +36,6 @@ def _output(shape, dtype, sliced):
     return buf, view
 
 
-def _assert_close(out, ref, tol):
-    nan_count = int(out.isnan().sum())
-    if nan_count:
-        first = tuple(int(i) for i in out.isnan().nonzero()[0])
-        pytest.fail(f"{nan_count} of {out.numel()} outputs are NaN (unwritten?), first at {first}")
-    err = (out.double() - ref).abs()
-    rel = float(err.norm() / ref.norm())
-    if rel > tol:
-        worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
-        pytest.fail(
-            f"relative error {rel:.3g} > {tol:g}; worst at {worst}: got {float(out[worst]):.6g}, "
-            f"expected {float(ref[worst]):.6g}"
-        )
-
-
 def _assert_slice_only(buf, view):
     view.fill_(SENTINEL)
     assert bool((buf == SENTINEL).all()), "kernel wrote outside its output slice"
@@ -70,7 +56,7 @@ def test_add(shape, dtype, sliced_in, sliced_out):
     a, b = _nhwc(shape, dtype, sliced_in)[1], _nhwc(shape, dtype, sliced_in)[1]
     buf, out = _output(shape, dtype, sliced_out)
     add_nhwc(out, a, b)
-    _assert_close(out, a.double() + b.double(), TOLERANCE[dtype])
+    assert_close(out, a.double() + b.double(), TOLERANCE[dtype])
     _assert_slice_only(buf, out)
 
 
@@ -83,7 +69,7 @@ def test_upsample_nearest(shape, dtype, sliced_in, sliced_out):
     buf, out = _output((n, h * factor, w * factor, c), dtype, sliced_out)
     upsample_nearest_nhwc(out, x, factor)
     ref = F.interpolate(x.double().permute(0, 3, 1, 2), scale_factor=factor, mode="nearest").permute(0, 2, 3, 1)
-    _assert_close(out, ref, 0.0)
+    assert_close(out, ref, 0.0)
     _assert_slice_only(buf, out)
 
 
@@ -93,7 +79,7 @@ def test_copy(shape, dtype, sliced_in, sliced_out):
     x = _nhwc(shape, dtype, sliced_in)[1]
     buf, out = _output(shape, dtype, sliced_out)
     copy_nhwc(out, x)
-    _assert_close(out, x.double(), 0.0)
+    assert_close(out, x.double(), 0.0)
     _assert_slice_only(buf, out)
 
 

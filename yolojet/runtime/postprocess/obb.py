@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from yolojet.errors import EngineConfigError
+from yolojet.runtime.postprocess import check_options, head_output
 from yolojet.runtime.torch_pipeline import Letterbox, select_end2end
 
 MAX_WH = 7680  # ultralytics' class offset: boxes of different classes never overlap
@@ -115,29 +116,6 @@ def scale_rboxes(rows: torch.Tensor, box: Letterbox) -> torch.Tensor:
     return out
 
 
-def _check_options(conf: float, iou: float, max_det: int, classes: Sequence[int] | None, nc: int) -> None:
-    if not 0 <= conf <= 1 or not 0 <= iou <= 1:
-        raise EngineConfigError(f"conf {conf} and iou {iou} must lie in [0, 1]")
-    if max_det < 1:
-        raise EngineConfigError(f"max_det {max_det}: must be at least 1")
-    if nc < 1:
-        raise EngineConfigError(f"nc {nc}: a model has at least one class")
-    if classes is not None and any(not 0 <= int(c) < nc for c in classes):
-        raise EngineConfigError(f"classes {list(classes)}: class ids run from 0 to {nc - 1}")
-
-
-def _head_output(preds: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
-    """The first output when the executor returns several (as ultralytics' non_max_suppression takes it)."""
-    if isinstance(preds, (tuple, list)):
-        if not preds:
-            raise EngineConfigError("preds: an empty sequence of head outputs")
-        preds = preds[0]
-    if not isinstance(preds, torch.Tensor) or preds.ndim != 3:
-        shape = tuple(preds.shape) if isinstance(preds, torch.Tensor) else type(preds).__name__
-        raise EngineConfigError(f"preds: expected a 3-d head output tensor, got {shape}")
-    return preds
-
-
 def obb_postprocess(
     preds: torch.Tensor | Sequence[torch.Tensor],
     boxes: Sequence[Letterbox],
@@ -156,8 +134,8 @@ def obb_postprocess(
     rows [cx, cy, w, h, score, cls, angle] for YOLO26's one-to-one head (`end2end=True`; `iou` and `agnostic`
     then do nothing, as in ultralytics). `boxes[i]` says where image i sits in the model input.
     """
-    preds = _head_output(preds)
-    _check_options(conf, iou, max_det, classes, nc)
+    preds = head_output(preds)
+    check_options(conf, iou, max_det, classes, nc)
     if len(boxes) != preds.shape[0]:
         raise EngineConfigError(f"{len(boxes)} letterboxes for a batch of {preds.shape[0]} predictions")
     if end2end:

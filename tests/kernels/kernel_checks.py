@@ -1,0 +1,20 @@
+"""The comparison every kernel test makes: relative L2 error against a float64 reference, NaN meaning unwritten."""
+
+import pytest
+import torch
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    """Fail with the NaN count (outputs are poisoned first, so NaN means never written) or the worst element."""
+    nan_count = int(out.isnan().sum())
+    if nan_count:
+        first = tuple(int(i) for i in out.isnan().nonzero()[0])
+        pytest.fail(f"{nan_count} of {out.numel()} outputs are NaN (unwritten?), first at {first}")
+    err = (out.double() - ref).abs()
+    rel = float(err.norm() / ref.norm())
+    if rel > tol:
+        worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+        pytest.fail(
+            f"relative error {rel:.3g} > {tol:g}; worst at {worst}: got {float(out[worst]):.6g}, "
+            f"expected {float(ref[worst]):.6g}"
+        )
