@@ -402,6 +402,22 @@ def _cmd_val(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from yolojet.eval.report import report_files, run_report
+
+    report = run_report(
+        args.model, args.data, args.images, imgsz=args.imgsz, big_batch=args.big_batch, iters=args.iters,
+        progress=sys.stderr.isatty(),
+    )  # fmt: skip
+    if args.out is not None:
+        files = report_files(report)  # every file rendered before any is written
+        for name, write in files.items():
+            _write_atomically(args.out / name, write)
+        print(f"wrote {', '.join(str(args.out / name) for name in files)}", file=sys.stderr)
+    print(report.tables(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="yolojet", description="Run ultralytics YOLO models on NVIDIA GPUs through hand-written Triton kernels."
@@ -490,6 +506,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--fp32", action="store_true", help="profile the fp32 engine")
     p.set_defaults(run=_cmd_profile)
+
+    p = sub.add_parser(
+        "report", help="yolojet fp16/fp32 next to PyTorch eager (and ONNX Runtime): speed and mAP on one dataset"
+    )
+    p.add_argument("model", nargs="+", help="model directories, .pt checkpoints, ultralytics names or .yaml files")
+    p.add_argument("--data", required=True, type=Path, help="a COCO instances .json or an ultralytics dataset .yaml")
+    p.add_argument("--images", type=Path, default=None, help="folder the JSON's file_names are relative to")
+    p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
+    p.add_argument("--big-batch", type=int, default=None, help="batch for the img/s column (default 64; 4 on a CPU)")
+    p.add_argument("--iters", type=int, default=None, help="timed runs per batch size (default 50; 5 on a CPU)")
+    p.add_argument("--out", type=Path, default=None, help="write report.json, report.md and latency.png here")
+    p.set_defaults(run=_cmd_report)
     return parser
 
 
