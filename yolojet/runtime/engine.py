@@ -43,7 +43,7 @@ class Engine:
         self.max_batch = max_batch
         self.device = network.device
         self._head = None
-        if isinstance(network, TritonNetwork) and self.meta.task == "detect":
+        if isinstance(network, TritonNetwork) and self.meta.task in ("detect", "segment"):
             from yolojet.runtime.gpu_head import DetectionHead
 
             self._head = DetectionHead(network)
@@ -172,15 +172,19 @@ class Engine:
         """Start the whole path on slots [0, batch); on a GPU this is one graph launch and returns at once."""
         if not 1 <= batch <= self.max_batch or any(f is None for f in self._frames[:batch]):
             raise EngineConfigError(f"run({batch}): stage a frame into each of slots 0..{batch - 1} first")
-        if self._head is not None:
+        if self._on_head():
             self._head.launch(batch)
         else:
             self._found[:batch] = self._run_torch_path(self._frames[:batch])
 
     def sync(self) -> None:
         """Wait for the last `run_async`."""
-        if self._head is not None:
+        if self._on_head():
             self._head.wait()
+
+    def _on_head(self) -> bool:
+        """Whether runs go through the captured GPU path (retina masks are built by the torch path)."""
+        return self._head is not None and not self._options.get("retina_masks", False)
 
     def run(self, batch: int = 1) -> None:
         self.run_async(batch)
@@ -189,7 +193,7 @@ class Engine:
     def get(self, slot: int = 0) -> Results:
         """What the last run found in slot `slot`, in its original image's pixels."""
         frame = self._frames[slot]
-        found = {"boxes": self._head.rows_of(slot)} if self._head is not None else self._found[slot]
+        found = self._head.found(slot) if self._on_head() else self._found[slot]
         image = torch_pipeline.rgb_pixels(frame).cpu().numpy()
         return make_results(self.meta, found, frame, image)
 

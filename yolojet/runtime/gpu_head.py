@@ -21,6 +21,7 @@ import torch
 from yolojet.errors import EngineConfigError
 from yolojet.images import Frame
 from yolojet.kernels.boxes import scale_boxes, select_rows
+from yolojet.kernels.masks import assemble_masks, masks_to_original
 from yolojet.kernels.nms import NmsScratch, non_max_suppression
 from yolojet.kernels.preprocess import preprocess_letterbox
 from yolojet.runtime.network import TritonNetwork
@@ -41,11 +42,19 @@ class _Slot:
 
 
 class DetectionHead:
+    """Detect and segment heads on our kernels (segment adds mask assembly after NMS)."""
+
+    TASKS = ("detect", "segment")
+
     def __init__(self, network: TritonNetwork, capacity: int = 300) -> None:
         self.network = network
         graph, device, batch = network.graph, network.device, network.max_batch
         self.meta = graph.meta
         self.output = graph.outputs[0]
+        self.segment = self.meta.task == "segment"
+        if self.segment:
+            # Masks at input resolution for every slot and row: capacity x H x W bytes an image.
+            self.masks_input = torch.zeros(batch, capacity, *self.meta.imgsz, dtype=torch.uint8, device=device)
         shape = graph.values[self.output].shape
         self.end2end = self.meta.end2end
         width = shape[2] if self.end2end else 6 + shape[1] - 4 - self.meta.nc
@@ -84,14 +93,18 @@ class DetectionHead:
     # -- the low-latency trio -----------------------------------------------------------------
 
     def _staging(self, slot: int, shape: tuple[int, ...], where: str) -> torch.Tensor:
-        """The slot's staging buffer for frames of this shape; kept for as long as the engine, because captured
-        graphs hold its address."""
+        """The slot's staging buffer for frames (or original-size masks) of this shape; kept for as long as the
+        engine, because captured graphs hold its address."""
         key = (slot, shape, where)
         if key not in self.staging:
-            device = self.network.device if where == "device" else torch.device("cpu")
-            pinned = where == "host"
+            device = self.network.device if where in ("device", "masks") else torch.device("cpu")
+            pinned = where == "host" and self.cuda
             self.staging[key] = torch.empty(shape, dtype=torch.uint8, device=device, pin_memory=pinned)
         return self.staging[key]
+
+    def _mask_buffer(self, slot: int) -> torch.Tensor:
+        h0, w0 = self.slots[slot].shape[:2]
+        return self._staging(slot, (self.capacity, h0, w0), "masks")
 
     def stage(self, slot: int, frame: Frame) -> None:
         """Put a frame in a batch slot: into pinned host staging, or device staging for a frame on the GPU."""
@@ -130,6 +143,16 @@ class DetectionHead:
         """The last run's detections of a slot, [x1, y1, x2, y2, conf, cls, extras] in original pixels."""
         return self.rows_host[slot, : int(self.count_host[slot])]
 
+    def found(self, slot: int) -> dict[str, torch.Tensor]:
+        """The last run's results of a slot: boxes, and for segment the original-size masks of the instances whose
+        mask is not empty (ultralytics drops the others)."""
+        rows = self.rows_of(slot)
+        if not self.segment:
+            return {"boxes": rows}
+        masks = self._mask_buffer(slot)[: len(rows)].bool()
+        keep = masks.flatten(1).any(1).cpu()
+        return {"boxes": rows[keep], "masks": masks[keep.to(masks.device)].cpu()}
+
     def detect(
         self, frames: list[Frame], conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool
     ) -> list[torch.Tensor]:
@@ -155,6 +178,10 @@ class DetectionHead:
         launches = network.launch_list(bucket)
         frames = [self._staging(i, s.shape, "device") for i, s in enumerate(slots)]
         scratch = self.scratch.first(batch) if self.scratch is not None else None
+        if self.segment:
+            proto = network.value_view(network.graph.outputs[1], bucket)[:batch]
+            masks_input = self.masks_input[:batch]
+            masks_out = [self._mask_buffer(i) for i in range(batch)]
 
         def run() -> None:
             self.thresholds.copy_(self.thresholds_host, non_blocking=True)
@@ -174,6 +201,9 @@ class DetectionHead:
                     rows, count, preds, nc=self.meta.nc, thresholds=self.thresholds, limits=self.limits,
                     class_mask=mask, scratch=scratch,
                 )  # fmt: skip
+            if self.segment:  # masks from the boxes in input pixels, so before they are mapped back
+                assemble_masks(masks_input, rows, count, proto, input_hw=self.meta.imgsz)
+                masks_to_original(masks_out, masks_input, count, box_params)
             scale_boxes(rows, count, box_params)
             self.rows_host[:batch].copy_(rows, non_blocking=True)
             self.count_host[:batch].copy_(count, non_blocking=True)
