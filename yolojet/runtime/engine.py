@@ -43,7 +43,7 @@ class Engine:
         self.max_batch = max_batch
         self.device = network.device
         self._head = None
-        if isinstance(network, TritonNetwork) and self.meta.task in ("detect", "segment"):
+        if isinstance(network, TritonNetwork) and self.meta.task in ("detect", "segment", "pose", "obb"):
             from yolojet.runtime.gpu_head import DetectionHead
 
             self._head = DetectionHead(network)

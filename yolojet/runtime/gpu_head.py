@@ -21,9 +21,11 @@ import torch
 from yolojet.errors import EngineConfigError
 from yolojet.images import Frame
 from yolojet.kernels.boxes import scale_boxes, select_rows
+from yolojet.kernels.keypoints import scale_keypoints
 from yolojet.kernels.masks import assemble_masks, masks_to_original
 from yolojet.kernels.nms import NmsScratch, non_max_suppression
 from yolojet.kernels.preprocess import preprocess_letterbox
+from yolojet.kernels.rotated_nms import RotatedNmsScratch, rotated_non_max_suppression, scale_rotated_boxes
 from yolojet.runtime.network import TritonNetwork
 from yolojet.runtime.torch_pipeline import Letterbox
 
@@ -42,22 +44,24 @@ class _Slot:
 
 
 class DetectionHead:
-    """Detect and segment heads on our kernels (segment adds mask assembly after NMS)."""
+    """The detect, segment, pose and OBB heads on our kernels: NMS (rotated for OBB) or the one-to-one selection,
+    then per task mask assembly, keypoint or rotated-box mapping, and the box mapping."""
 
-    TASKS = ("detect", "segment")
+    TASKS = ("detect", "segment", "pose", "obb")
 
     def __init__(self, network: TritonNetwork, capacity: int = 300) -> None:
         self.network = network
         graph, device, batch = network.graph, network.device, network.max_batch
         self.meta = graph.meta
         self.output = graph.outputs[0]
-        self.segment = self.meta.task == "segment"
+        self.task = self.meta.task
+        self.segment = self.task == "segment"
         if self.segment:
             # Masks at input resolution for every slot and row: capacity x H x W bytes an image.
             self.masks_input = torch.zeros(batch, capacity, *self.meta.imgsz, dtype=torch.uint8, device=device)
         shape = graph.values[self.output].shape
         self.end2end = self.meta.end2end
-        width = shape[2] if self.end2end else 6 + shape[1] - 4 - self.meta.nc
+        width = shape[2] if self.end2end else 6 + shape[1] - 4 - self.meta.nc  # OBB: 7, the angle is the extra
         self.capacity = capacity
         self.cuda = device.type == "cuda"
         pin = self.cuda
@@ -71,7 +75,8 @@ class DetectionHead:
         self.thresholds_host = torch.zeros(2, dtype=torch.float32, pin_memory=pin)
         self.limits_host = torch.zeros(3, dtype=torch.int32, pin_memory=pin)
         self.class_mask_host = torch.ones(self.meta.nc, dtype=torch.uint8, pin_memory=pin)
-        self.scratch = None if self.end2end else NmsScratch.allocate(batch, int(shape[2]), device)
+        scratch_type = RotatedNmsScratch if self.task == "obb" else NmsScratch
+        self.scratch = None if self.end2end else scratch_type.allocate(batch, int(shape[2]), device)
         self.slots: list[_Slot | None] = [None] * batch
         self.staging: dict[tuple, torch.Tensor] = {}
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = OrderedDict()
@@ -147,6 +152,10 @@ class DetectionHead:
         """The last run's results of a slot: boxes, and for segment the original-size masks of the instances whose
         mask is not empty (ultralytics drops the others)."""
         rows = self.rows_of(slot)
+        if self.task == "obb":
+            return {"obb": rows}
+        if self.task == "pose":
+            return {"boxes": rows[:, :6], "keypoints": rows[:, 6:].reshape(len(rows), *self.meta.kpt_shape)}
         if not self.segment:
             return {"boxes": rows}
         masks = self._mask_buffer(slot)[: len(rows)].bool()
@@ -194,17 +203,22 @@ class DetectionHead:
             for launch in launches:
                 launch.run()
             mask = self.class_mask if self.filtered else None
+            options = {"thresholds": self.thresholds, "limits": self.limits, "class_mask": mask}
             if self.end2end:
                 select_rows(rows, count, preds, self.thresholds, self.limits, mask)
+            elif self.task == "obb":
+                rotated_non_max_suppression(rows, count, preds, nc=self.meta.nc, scratch=scratch, **options)
             else:
-                non_max_suppression(
-                    rows, count, preds, nc=self.meta.nc, thresholds=self.thresholds, limits=self.limits,
-                    class_mask=mask, scratch=scratch,
-                )  # fmt: skip
+                non_max_suppression(rows, count, preds, nc=self.meta.nc, scratch=scratch, **options)
             if self.segment:  # masks from the boxes in input pixels, so before they are mapped back
                 assemble_masks(masks_input, rows, count, proto, input_hw=self.meta.imgsz)
                 masks_to_original(masks_out, masks_input, count, box_params)
-            scale_boxes(rows, count, box_params)
+            if self.task == "obb":
+                scale_rotated_boxes(rows, count, box_params)
+            else:
+                scale_boxes(rows, count, box_params)
+            if self.task == "pose":
+                scale_keypoints(rows, count, box_params, kpt_shape=self.meta.kpt_shape, first_column=6)
             self.rows_host[:batch].copy_(rows, non_blocking=True)
             self.count_host[:batch].copy_(count, non_blocking=True)
 
