@@ -8,15 +8,14 @@ import json
 import math
 from copy import deepcopy
 
-import cv2
 import pytest
 import torch
-from support import calibrated_model, real_photos
-from test_val import GT_CONF, cpu_fallback, ultralytics_boxes
+from support import calibrated_model
+from test_val import cpu_fallback, write_coco_dataset
 
 import yolojet
 from yolojet.cli import main
-from yolojet.eval.datasets import COCO80_TO_COCO91, load_dataset
+from yolojet.eval.datasets import load_dataset
 from yolojet.eval.report import batch_sizes, markdown_table, onnx_unavailable
 from yolojet.eval.val import validate
 from yolojet.runtime.engine import Engine
@@ -29,25 +28,12 @@ def dataset(tmp_path_factory):
     """test_val's COCO folder, with the model saved as an ultralytics checkpoint and exported from it, so the model
     directory names the checkpoint that PyTorch eager loads."""
     root = tmp_path_factory.mktemp("report")
-    (root / "images").mkdir()
     model = calibrated_model("yolov8n.yaml")
-    images, annotations = [], []
-    for image_id, (name, bgr) in enumerate(real_photos().items(), 1):
-        file = f"images/{name.split('.')[0]}.png"
-        cv2.imwrite(str(root / file), bgr)
-        images.append({"id": image_id, "file_name": file, "width": bgr.shape[1], "height": bgr.shape[0]})
-        for x1, y1, x2, y2, _, cls in ultralytics_boxes(model, bgr, GT_CONF).tolist():
-            box = [x1, y1, x2 - x1, y2 - y1]
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id,
-                                "category_id": COCO80_TO_COCO91[int(cls)], "bbox": box, "area": box[2] * box[3],
-                                "iscrowd": 0})  # fmt: skip
-    categories = [{"id": COCO80_TO_COCO91[i], "name": name} for i, name in model.names.items()]
-    (root / "instances.json").write_text(json.dumps({"images": images, "annotations": annotations,
-                                                      "categories": categories}))  # fmt: skip
+    annotations = write_coco_dataset(root, model)
     checkpoint = root / "calibrated.pt"
     torch.save({"model": deepcopy(model)}, checkpoint)
     model_dir = yolojet.export(str(checkpoint), out=root / "model", imgsz=640)
-    assert len(annotations) >= 10, "the check needs objects to mean something"
+    assert annotations >= 10, "the check needs objects to mean something"
     return root, model, model_dir
 
 

@@ -34,12 +34,10 @@ def ultralytics_boxes(model, image, conf: float) -> torch.Tensor:
     return torch.cat([result.boxes.xyxy, result.boxes.conf[:, None], result.boxes.cls[:, None]], 1)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    """A COCO-format folder: the photos as lossless PNGs and ultralytics' confident boxes as annotations."""
-    root = tmp_path_factory.mktemp("coco")
+def write_coco_dataset(root, model) -> int:
+    """The photos as lossless PNGs under root/images and ultralytics' confident boxes as root/instances.json;
+    returns how many annotations there are."""
     (root / "images").mkdir()
-    model = calibrated_model("yolov8n.yaml")
     images, annotations = [], []
     for image_id, (name, bgr) in enumerate(real_photos().items(), 1):
         file = f"images/{name.split('.')[0]}.png"
@@ -53,8 +51,17 @@ def dataset(tmp_path_factory):
     categories = [{"id": COCO80_TO_COCO91[i], "name": name} for i, name in model.names.items()]
     (root / "instances.json").write_text(json.dumps({"images": images, "annotations": annotations,
                                                       "categories": categories}))  # fmt: skip
+    return len(annotations)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A COCO-format folder: the photos as lossless PNGs and ultralytics' confident boxes as annotations."""
+    root = tmp_path_factory.mktemp("coco")
+    model = calibrated_model("yolov8n.yaml")
+    annotations = write_coco_dataset(root, model)
     model_dir = yolojet.export(model, out=root / "model", imgsz=640)
-    assert len(annotations) >= 10, "the check needs objects to mean something"
+    assert annotations >= 10, "the check needs objects to mean something"
     return root, model, model_dir
 
 
