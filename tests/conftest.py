@@ -2,6 +2,7 @@
 
 Without a CUDA device the kernel tests run under Triton's interpreter. The flag must be set before
 triton is first imported, which is why it lives here rather than in the kernel test files alone.
+On a GPU, TF32 is turned off so that ultralytics' own fp32 forward passes are fp32.
 """
 
 import os
@@ -10,6 +11,11 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The tests hold fp32 engines to ultralytics' fp32 forward passes; on a GPU torch would run those cuDNN
+# convolutions in TF32 (10-bit mantissas) by default, which is no reference at 1e-4.
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -97,19 +97,16 @@ def real_photos() -> dict[str, np.ndarray]:
     }
 
 
-@functools.lru_cache(maxsize=4)
-def calibrated_model(cfg: str, imgsz: int = 640, seed: int = 0) -> nn.Module:
-    """Random weights whose BatchNorm statistics are measured on the shipped photos (one pass in train mode).
+def calibrate_batchnorm(model: nn.Module, imgsz: int = 640) -> nn.Module:
+    """Measure every BatchNorm's statistics on the shipped photos (one pass in train mode); returns the model in
+    eval mode.
 
     Random BatchNorm statistics make the activations collapse, so every anchor scores alike and the
     detections are ties; statistics measured on real images keep the outputs image-dependent, giving
     distinct scores and boxes worth comparing with ultralytics.
     """
-    from ultralytics import YOLO
     from ultralytics.data.augment import LetterBox
 
-    torch.manual_seed(seed)
-    model = YOLO(cfg, verbose=False).model.float()
     letterbox = LetterBox((imgsz, imgsz), auto=False)
     batch = torch.stack(
         [
@@ -127,11 +124,22 @@ def calibrated_model(cfg: str, imgsz: int = 640, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
+@functools.lru_cache(maxsize=4)
+def calibrated_model(cfg: str, imgsz: int = 640, seed: int = 0) -> nn.Module:
+    """Random weights from an architecture YAML, BatchNorm statistics measured on the shipped photos."""
+    from ultralytics import YOLO
+
+    torch.manual_seed(seed)
+    return calibrate_batchnorm(YOLO(cfg, verbose=False).model.float(), imgsz)
+
+
 def match_detections(ours, theirs, iou_min: float = 0.99, conf_tol: float = 0.01) -> list[str]:
     """Problems found matching our boxes (rows x1 y1 x2 y2 conf cls) one-to-one with ultralytics' ones."""
     from torchvision.ops import box_iou
 
-    ours, theirs = torch.as_tensor(ours, dtype=torch.float32), torch.as_tensor(theirs, dtype=torch.float32)
+    # ultralytics' results stay on the device predict ran on; ours are on the host.
+    ours = torch.as_tensor(ours, dtype=torch.float32).cpu()
+    theirs = torch.as_tensor(theirs, dtype=torch.float32).cpu()
     problems = []
     if len(ours) != len(theirs):
         problems.append(f"{len(ours)} boxes, ultralytics has {len(theirs)}")

@@ -18,3 +18,10 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
             f"relative error {rel:.3g} > {tol:g}; worst at {worst}: got {float(out[worst]):.6g}, "
             f"expected {float(ref[worst]):.6g}"
         )
+
+
+def to_device_keeping_strides(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """`t` on `device` with its strides kept. `Tensor.to` packs a non-dense view (a slice) into a contiguous
+    copy when it changes device, which would hide the very layout a test hands a kernel."""
+    moved = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+    return moved.copy_(t)

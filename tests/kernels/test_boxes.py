@@ -15,6 +15,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from kernel_checks import to_device_keeping_strides
 from ultralytics.utils.ops import scale_boxes as ultralytics_scale_boxes
 
 from yolojet.kernels.boxes import scale_boxes, select_rows
@@ -238,4 +239,4 @@ def test_select_rows_rejects_bad_arguments(override, message):
 )
 def test_scale_boxes_rejects_bad_arguments(rows, count, params, message):
     with pytest.raises(ValueError, match=message):
-        scale_boxes(rows.to(DEVICE), count.to(DEVICE), params.to(DEVICE))
+        scale_boxes(*(to_device_keeping_strides(t, DEVICE) for t in (rows, count, params)))

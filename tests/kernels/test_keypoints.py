@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_checks import to_device_keeping_strides
 from ultralytics.utils.ops import scale_coords as ultralytics_scale_coords
 
 from yolojet.kernels.keypoints import scale_keypoints
@@ -166,7 +167,7 @@ def test_scale_keypoints_rejects_bad_arguments(override, message):
         "first_column": 6,
     }
     args.update(override)
-    args = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    args = {k: to_device_keeping_strides(v, DEVICE) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     rows, count, params = args.pop("rows"), args.pop("count"), args.pop("params")
     with pytest.raises(ValueError, match=message):
         scale_keypoints(rows, count, params, **args)

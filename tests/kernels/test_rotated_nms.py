@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from kernel_checks import to_device_keeping_strides
 from ultralytics.utils.nms import non_max_suppression as ultralytics_nms
 
 from yolojet.kernels import rotated_nms as rotated_nms_module
@@ -462,4 +463,4 @@ def test_scale_rotated_boxes_after_nms_on_a_column_slice():
 )
 def test_scale_rotated_boxes_rejects_bad_arguments(rows, count, params, message):
     with pytest.raises(ValueError, match=message):
-        scale_rotated_boxes(rows.to(DEVICE), count.to(DEVICE), params.to(DEVICE))
+        scale_rotated_boxes(*(to_device_keeping_strides(t, DEVICE) for t in (rows, count, params)))

@@ -103,9 +103,9 @@ def _scale_boxes_kernel(rows_ptr, sr_n, sr_k, count_ptr, params_ptr, BLOCK_K: tl
         for axis in tl.static_range(4):
             value = tl.load(row + axis, mask=ok, other=0.0)
             if axis % 2 == 0:
-                value = tl.minimum(tl.maximum((value - pad_x) / gain_x, 0.0), w0)
+                value = tl.minimum(tl.maximum(tl.math.div_rn(value - pad_x, gain_x), 0.0), w0)
             else:
-                value = tl.minimum(tl.maximum((value - pad_y) / gain_y, 0.0), h0)
+                value = tl.minimum(tl.maximum(tl.math.div_rn(value - pad_y, gain_y), 0.0), h0)
             tl.store(row + axis, value, mask=ok)
 
 

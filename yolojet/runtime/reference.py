@@ -7,8 +7,9 @@ own arithmetic so that the exported graph reproduces the checkpoint's forward pa
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -199,6 +200,18 @@ OPS: dict[str, OpFn] = {
 }
 
 
+@contextlib.contextmanager
+def full_float32() -> Iterator[None]:
+    """TF32 off for cuDNN convolutions and matmuls while inside: torch enables it for cuDNN by default, which on a
+    GPU would round the reference's inputs to 10-bit mantissas and make it no truth for an fp32 engine."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 class ReferenceExecutor:
     """Callable on a float32 NCHW batch in [0, 1]; returns the raw head outputs in ultralytics' form."""
 
@@ -235,6 +248,10 @@ class ReferenceExecutor:
     @torch.inference_mode()
     def run(self, x: torch.Tensor, keep_all: bool = False) -> dict[str, torch.Tensor]:
         """Execute the graph; with `keep_all` every intermediate value is kept, else only the outputs."""
+        with full_float32():
+            return self._run(x, keep_all)
+
+    def _run(self, x: torch.Tensor, keep_all: bool) -> dict[str, torch.Tensor]:
         env = {self.graph.inputs[0]: self._check_input(x)}
         keep = set(self.graph.outputs)
         for i, node in enumerate(self.graph.nodes):
