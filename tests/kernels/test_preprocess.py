@@ -156,3 +156,70 @@ def test_rejects_params_outside_output():
     params = letterbox_params((32, 32), (128, 128))
     with pytest.raises(ValueError, match="params"):
         preprocess_letterbox(_frame((64, 64, 3), F32), _frame((32, 32, 3)), bgr=True, params=params)
+
+
+# -- classification: Pillow's resize and centre crop on the resample kernel -----------------------------------
+
+
+def run_classify(frame: torch.Tensor, imgsz, dtype: torch.dtype, bgr: bool) -> torch.Tensor:
+    """DeviceResamplePlan into a NaN-poisoned channel slice of a SENTINEL-filled buffer, as (3, h, w) on the CPU."""
+    from yolojet.runtime.postprocess.classify import DeviceResamplePlan, classify_plan
+
+    plan = classify_plan(int(frame.shape[0]), int(frame.shape[1]), imgsz)
+    buf = torch.full((*plan.crop, 8), SENTINEL, dtype=dtype, device=DEVICE)
+    out = buf[..., OUT_CHANNELS]
+    out.fill_(float("nan"))
+    DeviceResamplePlan(plan, int(frame.shape[2]), torch.device(DEVICE))(out, frame.to(DEVICE), bgr=bgr)
+    rest = torch.cat([buf[..., : OUT_CHANNELS.start], buf[..., OUT_CHANNELS.stop :]], dim=-1)
+    assert bool((rest == SENTINEL).all()), "kernel wrote outside its channel slice"
+    return out.permute(2, 0, 1).cpu()
+
+
+def torch_classify(frame: torch.Tensor, imgsz, bgr: bool) -> torch.Tensor:
+    """The torch path, held bit for bit to PIL and to ultralytics' predict by tests/pipeline."""
+    from yolojet.images import Frame
+    from yolojet.runtime.postprocess.classify import classify_preprocess
+
+    return classify_preprocess(Frame(frame, bgr=bgr), imgsz)
+
+
+@pytest.mark.parametrize(("imgsz", "dtype"), [(224, F32), (224, F16), (96, F32), (7, F16), ((96, 160), F32)])
+@pytest.mark.parametrize("name", PHOTOS)
+def test_classify_resample_equals_torch_path(name, imgsz, dtype):
+    frame = torch.from_numpy(photo_bgr(name))
+    ours = run_classify(frame, imgsz, dtype, bgr=True)
+    assert not bool(ours.isnan().any()), f"{int(ours.isnan().sum())} outputs unwritten"
+    assert torch.equal(ours, torch_classify(frame, imgsz, bgr=True).to(dtype))
+
+
+def test_classify_resample_layouts():
+    bgr = torch.from_numpy(photo_bgr("coffee"))
+    expected = torch_classify(bgr, 96, bgr=True)
+    assert torch.equal(run_classify(bgr.flip(-1).contiguous(), 96, F32, bgr=False), expected)
+    alpha = torch.randint(0, 256, (*bgr.shape[:2], 1), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(run_classify(torch.cat([bgr, alpha], -1), 96, F32, bgr=True), expected)
+    grey = torch.from_numpy(skdata.camera())[..., None]
+    assert torch.equal(run_classify(grey, 96, F32, bgr=True), torch_classify(grey, 96, bgr=True))
+    crop = torch.from_numpy(photo_bgr("bus"))[300:341, 400:431]  # 41x31 view: an upscale from a strided frame
+    assert torch.equal(run_classify(crop, 64, F32, bgr=True), torch_classify(crop, 64, bgr=True))
+    exact = torch.from_numpy(photo_bgr("chelsea"))[100:164, 200:264]  # already 64x64: no pass but the crop
+    assert torch.equal(run_classify(exact, 64, F32, bgr=True), torch_classify(exact, 64, bgr=True))
+
+
+def test_resample_pass_rejects_bad_arguments():
+    from yolojet.kernels.preprocess import resample_pass
+
+    src = _frame((10, 12, 3))
+    index = torch.zeros(5, 2, dtype=torch.int32, device=DEVICE)
+    weights = torch.zeros(5, 2, dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(5, 12, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="axis"):
+        resample_pass(out, src, 2, index, weights, bgr=True)
+    with pytest.raises(ValueError, match="int32"):
+        resample_pass(out, src, 0, index.long(), weights, bgr=True)
+    with pytest.raises(ValueError, match="along axis"):
+        resample_pass(out, src, 1, index, weights, bgr=True)
+    with pytest.raises(ValueError, match="out: dtype"):
+        resample_pass(out, src, 0, index, weights, bgr=None)  # an intermediate pass writes uint8
+    with pytest.raises(ValueError, match="src: 5 channels"):
+        resample_pass(out, _frame((10, 12, 5)), 0, index, weights, bgr=True)

@@ -75,7 +75,9 @@ def peaked(model: nn.Module) -> nn.Module:
     return model
 
 
-def ultralytics_predict(model: nn.Module, cfg: str, images: list, monkeypatch) -> tuple[torch.Tensor, list]:
+def ultralytics_predict(
+    model: nn.Module, cfg: str, images: list, monkeypatch, imgsz: int = IMGSZ
+) -> tuple[torch.Tensor, list]:
     """(the input tensor predict fed the model, predict's Results) for the images, one batch."""
     from ultralytics import YOLO
     from ultralytics.models.yolo.classify import ClassificationPredictor
@@ -91,7 +93,7 @@ def ultralytics_predict(model: nn.Module, cfg: str, images: list, monkeypatch) -
     monkeypatch.setattr(ClassificationPredictor, "preprocess", recording)
     wrapper = YOLO(cfg, verbose=False)
     wrapper.model = deepcopy(model)  # predict fuses the model it is given in place
-    results = wrapper.predict(images, imgsz=IMGSZ, verbose=False)
+    results = wrapper.predict(images, imgsz=imgsz, verbose=False)
     assert len(inputs) == 1, "expected the images to go through predict as one batch"
     return inputs[0], results
 
@@ -175,6 +177,34 @@ def test_reference_backend_matches_ultralytics_predict(cfg, nc, seed, tmp_path, 
     # The comparison means something: image-dependent classes, peaked probabilities.
     assert len({r.probs.top1 for r in results}) > 1, "every image got the same class"
     assert min(float(r.probs.top1conf) for r in results) >= max(0.05, 2 / nc), "near-uniform probabilities"
+
+
+def test_triton_engine_matches_ultralytics_predict(tmp_path, monkeypatch):
+    """The whole path on our kernels (resample kernel into the input slot, network, softmax; one CUDA graph per
+    frame shape on a GPU, Triton's interpreter on the CPU) against predict: same top-5, |Δp| <= PROB_TOL. Six
+    images through two slots: three runs, frames of several shapes, grey among them."""
+    from yolojet.runtime.engine import Engine
+
+    imgsz = IMGSZ if torch.cuda.is_available() else 64
+    cfg = "yolo11n-cls.yaml"
+    model = peaked(calibrated_model(cfg, imgsz, 0))
+    model_dir = yolojet.export(model, out=tmp_path / "model", imgsz=imgsz)
+    engine = Engine.load(model_dir, backend="triton", half=False, max_batch=2, tune=False)
+    images = photos()
+    _, expected = ultralytics_predict(model, cfg, list(images.values()), monkeypatch, imgsz)
+    ours = engine(list(images.values()))
+    for name, result, theirs in zip(images, ours, expected, strict=True):
+        assert result.error is None, name
+        assert result.probs.top5 == list(theirs.probs.top5), name
+        assert float(np.abs(result.probs.data - theirs.probs.data.cpu().numpy()).max()) <= PROB_TOL, name
+    assert len({r.probs.top1 for r in expected}) > 1, "every image got the same class"
+    bus = images["bus.jpg"]
+    engine.preprocess(torch.from_numpy(bus[..., ::-1].copy()).to(engine.device), 1)  # RGB tensor on the device
+    engine.preprocess(bus, 0)
+    engine.run(2)
+    # The same image in two slots; the batch position may move the last bits of a GEMM's sums.
+    assert np.allclose(engine.get(0).probs.data, engine.get(1).probs.data, rtol=0, atol=1e-6)
+    assert engine.get(0).probs.top5 == ours[0].probs.top5
 
 
 @pytest.mark.parametrize("nc", [1, 3, 5, 7, 1000])

@@ -1,4 +1,7 @@
-"""Predict pre-processing: letterbox, BGR → RGB and /255 of one uint8 frame into one NHWC batch slot, in one pass.
+"""Predict pre-processing of one uint8 frame into one NHWC batch slot: the detection letterbox, and the
+classification resize-and-crop.
+
+Letterbox (detect, segment, pose, OBB): letterbox, BGR → RGB and /255 in one pass.
 
 Follows ultralytics' LetterBox (auto=False, center=True, scaleup=True, padding value 114) as used by predict:
   r = min(H/h0, W/w0);  new_w, new_h = max(round(w0·r), 1), max(round(h0·r), 1)
@@ -126,7 +129,9 @@ def _letterbox_kernel(
     lower = p10 * wx0[:, None] + p11 * wx1[:, None]
     pixel = (((upper >> 4) * wy0[:, None]) >> 16) + (((lower >> 4) * wy1[:, None]) >> 16)
     pixel = tl.minimum(tl.maximum((pixel + 2) >> 2, 0), 255).to(tl.float32)
-    v = tl.where(m, pixel, 114.0) / 255.0  # 114: LetterBox's padding grey
+    # 114: LetterBox's padding grey. Correctly rounded division, as numpy's and torch's: on a GPU Triton's `/`
+    # on float32 is an approximation that can miss by an ulp.
+    v = tl.math.div_rn(tl.where(m, pixel, 114.0), tl.full(pixel.shape, 255.0, tl.float32))
 
     o_off = y.to(tl.int64) * so_h + x.to(tl.int64) * so_w
     tl.store(out_ptr + o_off[:, None] + ch[None, :], v.to(out_ptr.dtype.element_ty), mask=p_ok[:, None] & c_ok[None, :])
@@ -175,3 +180,115 @@ def preprocess_letterbox(
         enable_fp_fusion=False,
     )
     return lb
+
+
+@triton.jit
+def _resample_pass_kernel(
+    out_ptr,
+    so_o,
+    so_j,
+    src_ptr,
+    ss_o,
+    ss_j,
+    index_ptr,
+    weight_ptr,
+    taps,
+    count,
+    length,
+    C_SRC: tl.constexpr,
+    FINAL: tl.constexpr,
+    BGR: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # Element e is output o (along the resampled axis) of line j (along the other axis).
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ch = tl.arange(0, 4)  # up to three channels and a masked lane: tensor dimensions must be powers of two
+    ok = e < count * length
+    o = e // length
+    j = e % length
+    if FINAL:
+        c_ok = ch < 3
+        if C_SRC == 1:
+            src_ch = ch * 0  # grey replicated to RGB
+        elif BGR:
+            src_ch = 2 - ch
+        else:
+            src_ch = ch
+    else:
+        c_ok = ch < C_SRC  # an intermediate keeps the source's channel order
+        src_ch = ch
+    m = ok[:, None] & c_ok[None, :]
+    line = src_ptr + j.to(tl.int64) * ss_j
+    acc = tl.full((BLOCK, 4), 1 << 21, tl.int32)  # Pillow's 22-bit fixed point: half a step, added before the shift
+    for t in range(taps):
+        index = tl.load(index_ptr + o * taps + t, mask=ok, other=0)
+        weight = tl.load(weight_ptr + o * taps + t, mask=ok, other=0)
+        pixel = tl.load((line + index.to(tl.int64) * ss_o)[:, None] + src_ch[None, :], mask=m, other=0)
+        acc += pixel.to(tl.int32) * weight[:, None]
+    value = tl.minimum(tl.maximum(acc >> 22, 0), 255)
+    target = out_ptr + (o.to(tl.int64) * so_o + j.to(tl.int64) * so_j)[:, None] + ch[None, :]
+    if FINAL:
+        # ToTensor's /255, correctly rounded as torch's division is (Triton's `/` on a GPU is not).
+        scaled = tl.math.div_rn(value.to(tl.float32), tl.full(value.shape, 255.0, tl.float32))
+        tl.store(target, scaled.to(out_ptr.dtype.element_ty), mask=m)
+    else:
+        tl.store(target, value.to(tl.uint8), mask=m)
+
+
+def resample_pass(
+    out: torch.Tensor, src: torch.Tensor, axis: int, index: torch.Tensor, weights: torch.Tensor, *, bgr: bool | None
+) -> None:
+    """One Pillow resampling pass of a uint8 (rows, cols, C) view along `axis` (0 rows, 1 columns) into `out`.
+
+    Output i along the axis is sum_t src[index[i, t]] * weights[i, t] in 22-bit fixed point, rounded and clipped
+    to uint8 as Pillow does; index and weights are (outputs, taps) int32 on the device. With `bgr=None` the pass
+    is an intermediate one: `out` is uint8 with src's channels (1, or the first 3 of 3 or 4). Otherwise it is the
+    last: `out` is an (rows', cols', 3) fp16/fp32 view (one NHWC batch slot) and receives RGB / 255 (grey
+    replicated, BGR flipped when `bgr`). Both views need channel stride 1.
+    """
+    final = bgr is not None
+    if src.dim() == 3 and src.shape[2] == 1:
+        src = src[..., 0, None]  # a lone channel's stride is meaningless (numpy's [..., None] makes it 0)
+    check_view("src", src, (None, None, None), torch.uint8, out.device)
+    c_src = 1 if src.shape[2] == 1 else 3
+    if src.shape[2] not in (1, 3, 4):
+        raise ValueError(f"src: {src.shape[2]} channels, expected 1, 3 or 4")
+    if final:
+        check_view("out", out, (None, None, 3))
+        if out.dtype not in (torch.float16, torch.float32):
+            raise ValueError(f"out: dtype {out.dtype}, expected torch.float16 or torch.float32")
+    else:
+        check_view("out", out, (None, None, c_src), torch.uint8)
+    if axis not in (0, 1):
+        raise ValueError(f"axis {axis}: expected 0 (rows) or 1 (columns)")
+    other = 1 - axis
+    if index.dtype != torch.int32 or weights.dtype != torch.int32 or index.shape != weights.shape or index.dim() != 2:
+        raise ValueError(
+            f"index {tuple(index.shape)} {index.dtype}, weights {tuple(weights.shape)} {weights.dtype}: "
+            "expected the same (outputs, taps) shape, int32"
+        )
+    if not (index.is_contiguous() and weights.is_contiguous()) or {index.device, weights.device} != {out.device}:
+        raise ValueError("index and weights must be contiguous and on out's device")
+    if out.shape[axis] != index.shape[0] or out.shape[other] != src.shape[other]:
+        raise ValueError(f"out {tuple(out.shape)}: expected {index.shape[0]} along axis {axis} and src's "
+                         f"{src.shape[other]} along the other")  # fmt: skip
+    count, length = out.shape[axis], out.shape[other]
+    if count * length == 0:
+        return
+    _resample_pass_kernel[(triton.cdiv(count * length, _BLOCK_P),)](
+        out,
+        out.stride(axis),
+        out.stride(other),
+        src,
+        src.stride(axis),
+        src.stride(other),
+        index,
+        weights,
+        index.shape[1],
+        count,
+        length,
+        C_SRC=c_src,
+        FINAL=final,
+        BGR=bool(bgr),
+        BLOCK=_BLOCK_P,
+    )

@@ -43,10 +43,10 @@ class Engine:
         self.max_batch = max_batch
         self.device = network.device
         self._head = None
-        if isinstance(network, TritonNetwork) and self.meta.task in ("detect", "segment", "pose", "obb"):
-            from yolojet.runtime.gpu_head import DetectionHead
+        if isinstance(network, TritonNetwork):
+            from yolojet.runtime.gpu_head import ClassifyHead, DetectionHead
 
-            self._head = DetectionHead(network)
+            self._head = ClassifyHead(network) if self.meta.task == "classify" else DetectionHead(network)
         self._frames: list[Frame | None] = [None] * max_batch
         self._found: list[dict[str, Any] | None] = [None] * max_batch
         self._options: dict[str, Any] = {}
@@ -230,12 +230,13 @@ class Engine:
 
     def _run_torch_path(self, frames: list[Frame]) -> list[dict[str, Any]]:
         """Pre-processing, network and post-processing with torch ops around `raw`: the reference backend's
-        path, and the Triton backend's for the tasks whose heads have no kernels of ours yet."""
+        path, and the Triton backend's for segment with retina masks."""
         o = self._options
         if self.meta.task == "classify":
             from yolojet.runtime.postprocess.classify import classify_preprocess
 
-            batch = torch.stack([classify_preprocess(f, self.meta.imgsz[0]) for f in frames]).to(self.device)
+            h, w = self.meta.imgsz
+            batch = torch.stack([classify_preprocess(f, h if h == w else (h, w)) for f in frames]).to(self.device)
             return [{"probs": p.float().cpu()} for p in self.raw(batch)]
         boxes, inputs = [], []
         for frame in frames:

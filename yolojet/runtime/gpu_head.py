@@ -1,4 +1,5 @@
-"""The predict path around the network on our kernels, captured whole in one CUDA graph.
+"""The predict path around the network on our kernels, captured whole in one CUDA graph: `DetectionHead` for the
+tasks with boxes, `ClassifyHead` for classification.
 
 One graph per (batch bucket, frame sizes, frame location) holds: the copy of each staged frame from
 pinned host memory (skipped for frames already on the GPU), the copy of the pinned options
@@ -7,7 +8,8 @@ network launch, decode, NMS (or the YOLO26 one-to-one selection), the box mappin
 the fixed-size results back into pinned host memory. Running a batch is one graph launch and one
 event wait; changing thresholds only rewrites pinned memory, so nothing is captured again. Video
 streams keep one frame size, so they keep one graph. Under Triton's interpreter (no CUDA) the same
-steps run in order without a graph.
+steps run in order without a graph. Classification is the same frame (pinned or on the GPU), Pillow's resize and
+centre crop on our resample kernel, the network with its softmax, and the copy of the probabilities.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,6 +30,7 @@ from yolojet.kernels.nms import NmsScratch, non_max_suppression
 from yolojet.kernels.preprocess import preprocess_letterbox
 from yolojet.kernels.rotated_nms import RotatedNmsScratch, rotated_non_max_suppression, scale_rotated_boxes
 from yolojet.runtime.network import TritonNetwork
+from yolojet.runtime.postprocess.classify import DeviceResamplePlan, classify_plan
 from yolojet.runtime.torch_pipeline import Letterbox
 
 MAX_NMS = 30000  # ultralytics' default cap on candidates entering NMS
@@ -35,24 +39,121 @@ MAX_GRAPHS = 8  # captured (bucket, frame sizes) combinations kept; the oldest i
 
 @dataclass
 class _Slot:
-    """A staged frame: its pixels (pinned host or device staging) and where it lands in the input."""
+    """A staged frame: its pixels (pinned host or device staging) and how it becomes the network input (a
+    `Letterbox`, or a classification `DeviceResamplePlan`)."""
 
     shape: tuple[int, int, int]
     on_device: bool
     bgr: bool
-    box: Letterbox
+    placement: Any
 
 
-class DetectionHead:
+class CapturedPath:
+    """Staging of frames into batch slots and one captured graph per (bucket, frame shapes, frame locations) for a
+    path built by `_steps`; subclasses say how a frame shape is placed and what the path does."""
+
+    capacity = 300  # the largest max_det the engine accepts
+
+    def __init__(self, network: TritonNetwork) -> None:
+        self.network = network
+        self.meta = network.graph.meta
+        self.cuda = network.device.type == "cuda"
+        self.slots: list[_Slot | None] = [None] * network.max_batch
+        self.staging: dict[tuple, Any] = {}
+        self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, Callable[[], None]]] = OrderedDict()
+        self.done = torch.cuda.Event() if self.cuda else None
+
+    def set_options(self, conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool) -> None:
+        """Options the path reads on the device; none by default."""
+
+    def _placement(self, slot: int, shape: tuple[int, ...]) -> Any:
+        raise NotImplementedError
+
+    def _variant(self) -> Any:
+        """Anything besides the frames that changes what is captured."""
+        return None
+
+    def _steps(self, batch: int, slots: list[_Slot]) -> Callable[[], None]:
+        raise NotImplementedError
+
+    def _staging(self, slot: int, shape: tuple[int, ...], where: str) -> torch.Tensor:
+        """The slot's staging buffer for frames (or original-size masks) of this shape; kept for as long as the
+        engine, because captured graphs hold its address."""
+        key = (slot, shape, where)
+        if key not in self.staging:
+            device = self.network.device if where in ("device", "masks") else torch.device("cpu")
+            pinned = where == "host" and self.cuda
+            self.staging[key] = torch.empty(shape, dtype=torch.uint8, device=device, pin_memory=pinned)
+        return self.staging[key]
+
+    def stage(self, slot: int, frame: Frame) -> None:
+        """Put a frame in a batch slot: into pinned host staging, or device staging for a frame on the GPU."""
+        if not 0 <= slot < len(self.slots):
+            raise EngineConfigError(f"slot {slot}: this engine has slots 0..{len(self.slots) - 1}")
+        pixels = frame.pixels
+        on_device = pixels.device.type == "cuda" or not self.cuda
+        shape = tuple(int(d) for d in pixels.shape)
+        placement = self._placement(slot, shape)
+        self._staging(slot, shape, "device" if on_device else "host").copy_(pixels)
+        self.slots[slot] = _Slot(shape, on_device, frame.bgr, placement)
+
+    def launch(self, batch: int) -> None:
+        """Run slots [0, batch) through the whole path; returns at once on a GPU (see `wait`)."""
+        slots = self.slots[:batch]
+        if batch < 1 or any(s is None for s in slots):
+            raise EngineConfigError(f"run({batch}): stage a frame into each of slots 0..{batch - 1} first")
+        if not self.cuda:
+            self._steps(batch, slots)()
+            return
+        key = (self.network.bucket_for(batch), batch, tuple((s.shape, s.on_device, s.bgr) for s in slots),
+               self._variant())  # fmt: skip
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(batch, slots)
+            while len(self.graphs) > MAX_GRAPHS:
+                self.graphs.popitem(last=False)
+        self.graphs.move_to_end(key)
+        self.graphs[key][0].replay()
+        self.done.record()
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+
+    def _frame_copies(self, slots: list[_Slot]) -> tuple[list[torch.Tensor], Callable[[], None]]:
+        """The device frames of the slots, and the step that copies the pinned ones in."""
+        frames = [self._staging(i, s.shape, "device") for i, s in enumerate(slots)]
+        copies = [(frames[i], self._staging(i, s.shape, "host")) for i, s in enumerate(slots) if not s.on_device]
+
+        def copy_in() -> None:
+            for device_frame, host_frame in copies:
+                device_frame.copy_(host_frame, non_blocking=True)
+
+        return frames, copy_in
+
+    def _capture(self, batch: int, slots: list[_Slot]) -> tuple[torch.cuda.CUDAGraph, Callable[[], None]]:
+        """The path captured; the closure is kept with the graph, which holds the addresses of what it owns."""
+        run = self._steps(batch, slots)
+        side = torch.cuda.Stream(self.network.device)
+        side.wait_stream(torch.cuda.current_stream(self.network.device))
+        with torch.cuda.stream(side):
+            run()  # compiles any kernel not yet compiled, outside the capture
+        torch.cuda.current_stream(self.network.device).wait_stream(side)
+        torch.cuda.synchronize(self.network.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        return graph, run
+
+
+class DetectionHead(CapturedPath):
     """The detect, segment, pose and OBB heads on our kernels: NMS (rotated for OBB) or the one-to-one selection,
     then per task mask assembly, keypoint or rotated-box mapping, and the box mapping."""
 
     TASKS = ("detect", "segment", "pose", "obb")
 
     def __init__(self, network: TritonNetwork, capacity: int = 300) -> None:
-        self.network = network
+        super().__init__(network)
         graph, device, batch = network.graph, network.device, network.max_batch
-        self.meta = graph.meta
         self.output = graph.outputs[0]
         self.task = self.meta.task
         self.segment = self.task == "segment"
@@ -63,7 +164,6 @@ class DetectionHead:
         self.end2end = self.meta.end2end
         width = shape[2] if self.end2end else 6 + shape[1] - 4 - self.meta.nc  # OBB: 7, the angle is the extra
         self.capacity = capacity
-        self.cuda = device.type == "cuda"
         pin = self.cuda
         self.rows = torch.zeros(batch, capacity, width, dtype=torch.float32, device=device)
         self.count = torch.zeros(batch, dtype=torch.int32, device=device)
@@ -77,10 +177,6 @@ class DetectionHead:
         self.class_mask_host = torch.ones(self.meta.nc, dtype=torch.uint8, pin_memory=pin)
         scratch_type = RotatedNmsScratch if self.task == "obb" else NmsScratch
         self.scratch = None if self.end2end else scratch_type.allocate(batch, int(shape[2]), device)
-        self.slots: list[_Slot | None] = [None] * batch
-        self.staging: dict[tuple, torch.Tensor] = {}
-        self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = OrderedDict()
-        self.done = torch.cuda.Event() if self.cuda else None
         self.filtered = False
         self.set_options(0.25, 0.7, capacity, None, False)
 
@@ -95,54 +191,17 @@ class DetectionHead:
             self.class_mask_host[list(classes)] = 1
         self.filtered = classes is not None
 
-    # -- the low-latency trio -----------------------------------------------------------------
+    # -- staging and results ------------------------------------------------------------------
 
-    def _staging(self, slot: int, shape: tuple[int, ...], where: str) -> torch.Tensor:
-        """The slot's staging buffer for frames (or original-size masks) of this shape; kept for as long as the
-        engine, because captured graphs hold its address."""
-        key = (slot, shape, where)
-        if key not in self.staging:
-            device = self.network.device if where in ("device", "masks") else torch.device("cpu")
-            pinned = where == "host" and self.cuda
-            self.staging[key] = torch.empty(shape, dtype=torch.uint8, device=device, pin_memory=pinned)
-        return self.staging[key]
+    def _placement(self, slot: int, shape: tuple[int, ...]) -> Letterbox:
+        return Letterbox.fit((shape[0], shape[1]), self.meta.imgsz)
+
+    def _variant(self) -> bool:
+        return self.filtered  # a class filter adds a launch
 
     def _mask_buffer(self, slot: int) -> torch.Tensor:
         h0, w0 = self.slots[slot].shape[:2]
         return self._staging(slot, (self.capacity, h0, w0), "masks")
-
-    def stage(self, slot: int, frame: Frame) -> None:
-        """Put a frame in a batch slot: into pinned host staging, or device staging for a frame on the GPU."""
-        if not 0 <= slot < len(self.slots):
-            raise EngineConfigError(f"slot {slot}: this engine has slots 0..{len(self.slots) - 1}")
-        pixels = frame.pixels
-        on_device = pixels.device.type == "cuda" or not self.cuda
-        shape = tuple(int(d) for d in pixels.shape)
-        self._staging(slot, shape, "device" if on_device else "host").copy_(pixels)
-        box = Letterbox.fit((shape[0], shape[1]), self.meta.imgsz)
-        self.slots[slot] = _Slot(shape, on_device, frame.bgr, box)
-
-    def launch(self, batch: int) -> None:
-        """Run slots [0, batch) through the whole path; returns at once on a GPU (see `wait`)."""
-        slots = self.slots[:batch]
-        if batch < 1 or any(s is None for s in slots):
-            raise EngineConfigError(f"run({batch}): stage a frame into each of slots 0..{batch - 1} first")
-        if not self.cuda:
-            self._steps(batch, slots, self._box_params(slots))()
-            return
-        key = (self.network.bucket_for(batch), batch, tuple((s.shape, s.on_device, s.bgr) for s in slots),
-               self.filtered)  # fmt: skip
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(batch, slots)
-            while len(self.graphs) > MAX_GRAPHS:
-                self.graphs.popitem(last=False)
-        self.graphs.move_to_end(key)
-        self.graphs[key][0].replay()
-        self.done.record()
-
-    def wait(self) -> None:
-        if self.done is not None:
-            self.done.synchronize()
 
     def rows_of(self, slot: int) -> torch.Tensor:
         """The last run's detections of a slot, [x1, y1, x2, y2, conf, cls, extras] in original pixels."""
@@ -162,30 +221,21 @@ class DetectionHead:
         keep = masks.flatten(1).any(1).cpu()
         return {"boxes": rows[keep], "masks": masks[keep.to(masks.device)].cpu()}
 
-    def detect(
-        self, frames: list[Frame], conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool
-    ) -> list[torch.Tensor]:
-        self.set_options(conf, iou, max_det, classes, agnostic)
-        for slot, frame in enumerate(frames):
-            self.stage(slot, frame)
-        self.launch(len(frames))
-        self.wait()
-        return [self.rows_of(slot).clone() for slot in range(len(frames))]
-
     # -- building the path --------------------------------------------------------------------
 
     def _box_params(self, slots: list[_Slot]) -> torch.Tensor:
-        params = torch.tensor([s.box.box_params() for s in slots], dtype=torch.float32)
+        params = torch.tensor([s.placement.box_params() for s in slots], dtype=torch.float32)
         return params.to(self.network.device)
 
-    def _steps(self, batch: int, slots: list[_Slot], box_params: torch.Tensor) -> Callable[[], None]:
+    def _steps(self, batch: int, slots: list[_Slot]) -> Callable[[], None]:
         network = self.network
+        box_params = self._box_params(slots)
         bucket = network.bucket_for(batch)
         images = network.input_view(bucket)
         preds = network.value_view(self.output, bucket)[:batch]
         rows, count = self.rows[:batch], self.count[:batch]
         launches = network.launch_list(bucket)
-        frames = [self._staging(i, s.shape, "device") for i, s in enumerate(slots)]
+        frames, copy_in = self._frame_copies(slots)
         scratch = self.scratch.first(batch) if self.scratch is not None else None
         if self.segment:
             proto = network.value_view(network.graph.outputs[1], bucket)[:batch]
@@ -196,10 +246,9 @@ class DetectionHead:
             self.thresholds.copy_(self.thresholds_host, non_blocking=True)
             self.limits.copy_(self.limits_host, non_blocking=True)
             self.class_mask.copy_(self.class_mask_host, non_blocking=True)
+            copy_in()
             for i, (s, pixels) in enumerate(zip(slots, frames, strict=True)):
-                if not s.on_device:
-                    pixels.copy_(self._staging(i, s.shape, "host"), non_blocking=True)
-                preprocess_letterbox(images[i], pixels, bgr=s.bgr, params=s.box.kernel_params())
+                preprocess_letterbox(images[i], pixels, bgr=s.bgr, params=s.placement.kernel_params())
             for launch in launches:
                 launch.run()
             mask = self.class_mask if self.filtered else None
@@ -224,16 +273,42 @@ class DetectionHead:
 
         return run
 
-    def _capture(self, batch: int, slots: list[_Slot]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        box_params = self._box_params(slots)
-        run = self._steps(batch, slots, box_params)
-        side = torch.cuda.Stream(self.network.device)
-        side.wait_stream(torch.cuda.current_stream(self.network.device))
-        with torch.cuda.stream(side):
-            run()  # compiles any kernel not yet compiled, outside the capture
-        torch.cuda.current_stream(self.network.device).wait_stream(side)
-        torch.cuda.synchronize(self.network.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-        return graph, box_params
+
+class ClassifyHead(CapturedPath):
+    """Classification on our kernels: Pillow's resize and centre crop (ultralytics' classify transforms, bit for
+    bit) into the input slot, the network with its softmax, the probabilities copied to pinned memory."""
+
+    def __init__(self, network: TritonNetwork) -> None:
+        super().__init__(network)
+        h, w = self.meta.imgsz
+        self.imgsz = h if h == w else (h, w)
+        self.output = network.graph.outputs[0]
+        self.probs_host = torch.zeros(network.max_batch, self.meta.nc, dtype=torch.float32, pin_memory=self.cuda)
+
+    def _placement(self, slot: int, shape: tuple[int, ...]) -> DeviceResamplePlan:
+        key = (slot, shape, "resample")
+        if key not in self.staging:  # kept: captured graphs hold the taps' and intermediates' addresses
+            plan = classify_plan(shape[0], shape[1], self.imgsz)
+            self.staging[key] = DeviceResamplePlan(plan, shape[2], self.network.device)
+        return self.staging[key]
+
+    def _steps(self, batch: int, slots: list[_Slot]) -> Callable[[], None]:
+        network = self.network
+        bucket = network.bucket_for(batch)
+        images = network.input_view(bucket)
+        probs = network.value_view(self.output, bucket)[:batch]
+        launches = network.launch_list(bucket)
+        frames, copy_in = self._frame_copies(slots)
+
+        def run() -> None:
+            copy_in()
+            for i, (s, pixels) in enumerate(zip(slots, frames, strict=True)):
+                s.placement(images[i], pixels, bgr=s.bgr)
+            for launch in launches:
+                launch.run()
+            self.probs_host[:batch].copy_(probs, non_blocking=True)
+
+        return run
+
+    def found(self, slot: int) -> dict[str, torch.Tensor]:
+        return {"probs": self.probs_host[slot].clone()}

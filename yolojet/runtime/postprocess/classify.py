@@ -30,6 +30,7 @@ import functools
 import importlib.metadata
 import math
 import operator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -111,10 +112,30 @@ def _pillow_may_resize_vertically_first() -> bool:
         return True
 
 
-def pil_resize_crop(pixels: torch.Tensor, size: tuple[int, int], crop: tuple[int, int]) -> torch.Tensor:
-    """uint8 (H, W, C) → `PIL.Image.resize(size[::-1], BILINEAR)`, then the window torchvision's `center_crop`
-    keeps, as uint8 (crop_h, crop_w, C). Only the kept pixels, and the source pixels they read, are computed."""
-    height, width = int(pixels.shape[0]), int(pixels.shape[1])
+@dataclass(frozen=True)
+class ResamplePass:
+    """One Pillow pass along `axis` (0 rows, 1 columns): output i = sum_t input[index[i, t]] * weights[i, t], in
+    22-bit fixed point, rounded to uint8. Indices count from the start of the pass's input."""
+
+    axis: int
+    index: np.ndarray  # (outputs, taps) int64
+    weights: np.ndarray  # (outputs, taps) int32
+
+
+@dataclass(frozen=True)
+class ResamplePlan:
+    """How a (height, width) image becomes the centre crop of its Pillow resize: the source window that is read
+    (top, left, rows, cols), then the passes in Pillow's order, each rounding to uint8. No pass: the window is the
+    crop."""
+
+    window: tuple[int, int, int, int]
+    passes: tuple[ResamplePass, ...]
+    crop: tuple[int, int]
+
+
+def resample_plan(height: int, width: int, size: tuple[int, int], crop: tuple[int, int]) -> ResamplePlan:
+    """The plan for `PIL.Image.resize(size[::-1], BILINEAR)` of a height x width image, then the window
+    torchvision's `center_crop` keeps. Only the kept pixels, and the source pixels they read, are computed."""
     new_h, new_w = size
     crop_h, crop_w = crop
     if crop_h > new_h or crop_w > new_w:
@@ -124,22 +145,64 @@ def pil_resize_crop(pixels: torch.Tensor, size: tuple[int, int], crop: tuple[int
     # A dimension whose size is unchanged gets no pass (Pillow skips it; an unchanged image torchvision returns
     # as is), so it is only cropped. For the others: taps for the kept outputs only, and the source narrowed to
     # the span those taps read. Each output pixel depends on its own taps alone, so this changes no value.
+    window: list[tuple[int, int]] = []
     taps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for axis, (n_in, n_out, first, count) in enumerate(((height, new_h, top, crop_h), (width, new_w, left, crop_w))):
         if n_out == n_in:
-            pixels = pixels.narrow(axis, first, count)
+            window.append((first, count))
             continue
         index, weights = _pil_bilinear_taps(n_in, n_out, first, count)
         lo, hi = int(index.min()), int(index.max()) + 1
-        pixels = pixels.narrow(axis, lo, hi - lo)
+        window.append((lo, hi - lo))
         taps[axis] = (index - lo, weights)
     # Pillow's pass order; each pass rounds to uint8, so the order shows in the result.
     shrink_h, shrink_w = height - new_h, width - new_w
     vertical_first = _pillow_may_resize_vertically_first() and shrink_h > 0 and shrink_h > 2 * shrink_w
-    for axis in (0, 1) if vertical_first else (1, 0):
-        if axis in taps:
-            pixels = _resample_axis(pixels, axis, *taps[axis])
-    return pixels
+    order = (0, 1) if vertical_first else (1, 0)
+    passes = tuple(ResamplePass(axis, *taps[axis]) for axis in order if axis in taps)
+    (top_in, rows), (left_in, cols) = window
+    return ResamplePlan((top_in, left_in, rows, cols), passes, (crop_h, crop_w))
+
+
+def classify_plan(height: int, width: int, imgsz: int | tuple[int, int]) -> ResamplePlan:
+    """The resample plan of ultralytics' classification pre-processing for a height x width image (see
+    `classify_preprocess` for what `imgsz` means)."""
+    crop = _check_imgsz(imgsz)
+    if height < 1 or width < 1:
+        raise ImageReadError("the image has zero size")
+    return resample_plan(height, width, _resized_size(height, width, crop[0] if crop[0] == crop[1] else crop), crop)
+
+
+class DeviceResamplePlan:
+    """A `ResamplePlan` on the device, run by our resample kernel: taps uploaded once, an intermediate buffer for
+    each pass but the last. Calling it writes one frame's classification input into an (h, w, 3) NHWC slot."""
+
+    def __init__(self, plan: ResamplePlan, channels: int, device: torch.device) -> None:
+        rows, cols = plan.window[2:]
+        self.window = plan.window
+        passes = plan.passes or (  # nothing to resize: one identity pass does the crop, RGB and /255
+            ResamplePass(0, np.arange(rows)[:, None], np.full((rows, 1), 1 << _PRECISION_BITS, np.int32)),
+        )
+        kept = 1 if channels == 1 else 3
+        shape = [rows, cols]
+        self.steps: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        for k, step in enumerate(passes):
+            shape[step.axis] = step.index.shape[0]
+            last = k == len(passes) - 1
+            scratch = None if last else torch.empty(*shape, kept, dtype=torch.uint8, device=device)
+            index = torch.from_numpy(step.index.astype(np.int32)).to(device)
+            weights = torch.from_numpy(step.weights.astype(np.int32)).to(device)
+            self.steps.append((step.axis, index, weights, scratch))
+
+    def __call__(self, out: torch.Tensor, frame: torch.Tensor, *, bgr: bool) -> None:
+        from yolojet.kernels.preprocess import resample_pass
+
+        top, left, rows, cols = self.window
+        source = frame[top : top + rows, left : left + cols]
+        for axis, index, weights, scratch in self.steps:
+            target = out if scratch is None else scratch
+            resample_pass(target, source, axis, index, weights, bgr=bgr if scratch is None else None)
+            source = target
 
 
 def _check_imgsz(imgsz: object) -> tuple[int, int]:
@@ -166,16 +229,15 @@ def classify_preprocess(frame: Frame, imgsz: int | tuple[int, int]) -> torch.Ten
     """
     if not isinstance(frame, Frame):
         raise TypeError(f"classify_preprocess takes a yolojet.images.Frame, got {type(frame).__name__}")
-    crop = _check_imgsz(imgsz)
     pixels = frame.pixels
     if pixels.ndim != 3 or pixels.shape[2] not in (1, 3, 4) or pixels.dtype != torch.uint8:
         raise ImageReadError(f"frame of {tuple(pixels.shape)} {pixels.dtype}: expected uint8 (H, W, C), C in 1, 3, 4")
-    if pixels.shape[0] == 0 or pixels.shape[1] == 0:
-        raise ImageReadError("the image has zero size")
+    plan = classify_plan(int(pixels.shape[0]), int(pixels.shape[1]), imgsz)
     pixels = pixels[..., :3]  # alpha dropped, as ultralytics' loader does (cv2 BGRA2BGR, PIL convert("RGB"))
-    height, width = int(pixels.shape[0]), int(pixels.shape[1])
-    size = _resized_size(height, width, crop[0] if crop[0] == crop[1] else crop)
-    pixels = pil_resize_crop(pixels, size, crop)  # per channel, so BGR→RGB can wait for the small crop
+    top, left, rows, cols = plan.window
+    pixels = pixels[top : top + rows, left : left + cols]
+    for step in plan.passes:  # per channel, so BGR→RGB can wait for the small crop
+        pixels = _resample_axis(pixels, step.axis, step.index, step.weights)
     x = pixels.permute(2, 0, 1).float().div_(255)  # ToTensor's / 255; Normalize(mean=0, std=1) changes nothing
     if x.shape[0] == 1:
         return x.expand(3, -1, -1).contiguous()  # grey replicated, as cv2 GRAY2BGR
