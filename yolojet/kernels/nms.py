@@ -30,8 +30,8 @@ from yolojet.kernels.elementwise import check_view
 _MAX_WH = tl.constexpr(7680.0)  # ultralytics' per-class box offset for class-aware NMS
 _BLOCK_A = 128
 _BLOCK_C = 32
-_BLOCK_I = 64
-_BLOCK_J = 128
+_BLOCK_I = 32
+_BLOCK_J = 512  # few, wide steps over the anchors: the rank pass is latency-bound at batch 1
 _CHUNK = 64
 _BLOCK_E = 16
 _BLOCK_COUNT = 1024
