@@ -12,13 +12,14 @@ if TYPE_CHECKING:
 def export(
     source: str | Path | nn.Module,
     out: str | Path | None = None,
-    imgsz: int | tuple[int, int] = 640,
+    imgsz: int | tuple[int, int] | None = 640,
     end2end: bool | None = None,
 ) -> Path:
     """Export a `.pt` checkpoint, an ultralytics model name or an architecture YAML to a model directory.
 
     `source` may also be an ultralytics model object. `imgsz` is an int or (height, width), each a
-    multiple of the model's largest stride. `end2end=None` follows the checkpoint's head mode (YOLO26
+    multiple of the model's largest stride; None takes the size the checkpoint was trained at, as
+    ultralytics' predict does (640 when it does not say). `end2end=None` follows the checkpoint's head mode (YOLO26
     one-to-one vs one-to-many); True or False overrides it. Returns the model directory's path; the
     directory is written atomically (default: `<name>_yolojet` beside the checkpoint, or here).
     """

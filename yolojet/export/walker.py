@@ -92,16 +92,28 @@ def default_output_dir(source: str, imgsz: tuple[int, int]) -> Path:
     return path.with_name(name) if path.is_file() else Path(name)
 
 
+def trained_imgsz(model: nn.Module) -> int | tuple[int, int]:
+    """The image size ultralytics' predict uses for this model by default: the one it was trained at (a
+    checkpoint's `train_args`, e.g. 224 for classifiers, 1024 for DOTA OBB models), else 640."""
+    args = getattr(model, "args", None)
+    size = args.get("imgsz") if isinstance(args, dict) else getattr(args, "imgsz", None)
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    if isinstance(size, (list, tuple)) and len(size) in (1, 2) and all(isinstance(v, int) and v > 0 for v in size):
+        return (size[0], size[-1])
+    return 640
+
+
 def export_model(
     source: str | Path | nn.Module,
     out: str | Path | None = None,
-    imgsz: int | tuple[int, int] = 640,
+    imgsz: int | tuple[int, int] | None = 640,
     end2end: bool | None = None,
 ) -> Path:
     import ultralytics
 
     loaded = load_model(source)
-    graph = export_graph(loaded.model, imgsz, end2end)
+    graph = export_graph(loaded.model, trained_imgsz(loaded.model) if imgsz is None else imgsz, end2end)
     graph.meta.source = loaded.source
     graph.meta.random_weights = loaded.random_weights
     graph.meta.ultralytics_version = ultralytics.__version__

@@ -1,7 +1,8 @@
 """From what the user named (model directory, `.pt`, ultralytics name, `.yaml`) to a loaded graph.
 
 Checkpoints are exported on first use into a cache directory keyed by the file's content and the
-image size, so later loads read the model directory straight away. Architecture YAMLs build a fresh
+image size (by default the size the checkpoint was trained at), so later loads read the model
+directory straight away. Architecture YAMLs build a fresh
 random-weight model each time and are exported to a temporary directory.
 """
 
@@ -42,17 +43,18 @@ def resolve_graph(model: str | Path, imgsz: int | tuple[int, int] | None = None)
                 f"export the checkpoint again with --imgsz {_size_tag(imgsz)}"
             )
         return graph
-    size = imgsz if imgsz is not None else 640
+    # Without a size, a checkpoint runs at the size it was trained at, as ultralytics' predict does.
+    tag = _size_tag(imgsz) if imgsz is not None else "trained-size"
     if path.suffix.lower() in (".yaml", ".yml"):
         with tempfile.TemporaryDirectory(prefix="yolojet-") as tmp:
-            return Graph.load(export(str(model), out=Path(tmp) / "model", imgsz=size))
+            return Graph.load(export(str(model), out=Path(tmp) / "model", imgsz=imgsz if imgsz is not None else 640))
     if path.is_file():
-        target = cache_dir() / "models" / f"{path.stem}-{_file_digest(path)}-{_size_tag(size)}"
+        target = cache_dir() / "models" / f"{path.stem}-{_file_digest(path)}-{tag}"
         if not (target / GRAPH_FILE).is_file():
-            export(str(model), out=target, imgsz=size)
+            export(str(model), out=target, imgsz=imgsz)
         return Graph.load(target)
     # A bare name such as yolo11n.pt: the exporter fetches it through ultralytics, or says why it cannot.
-    target = cache_dir() / "models" / f"{path.stem}-{_size_tag(size)}"
+    target = cache_dir() / "models" / f"{path.stem}-{tag}"
     if not (target / GRAPH_FILE).is_file():
-        export(str(model), out=target, imgsz=size)
+        export(str(model), out=target, imgsz=imgsz)
     return Graph.load(target)
