@@ -1,16 +1,21 @@
-"""End-to-end benchmark on one GPU: a raw frame in memory → boxes in pinned host memory, in one run.
+"""End-to-end benchmark on one GPU, every task: a raw frame in memory → results in pinned host memory.
 
 For each model (random weights, BatchNorm statistics measured on the shipped photos so that NMS has
-real work): build the engine (fp16, batch 1), check its detections against the reference backend,
-then time with wall clock (what a caller waits, launch and sync included), median of --iters runs:
+real work): build the engine (fp16, batch 1), check its results against the reference backend (fp32
+torch ops), then time with wall clock (what a caller waits, launch and sync included), median of
+--iters runs:
   - the whole path from a frame in pinned host memory (H2D copy inside the graph),
   - the whole path from a frame already on the GPU,
-  - the network alone (graph replay, CUDA events), so that path − network = what preprocess and the
-    head add,
-  - ultralytics' predict on the same GPU with the same weights, for reference.
-Prints a markdown table last; writes JSON under --out.
+  - the same path's graph replayed and timed with CUDA events (device time, no host launch or sync),
+  - the network alone (graph replay, CUDA events), so that path (device) − network = what preprocess and
+    the head add,
+  - ultralytics' predict on the same GPU with the same weights (fp16),
+  - PyTorch eager: the same ultralytics model in fp16 on an input already letterboxed on the GPU,
+    network only (a lower bound for any eager pipeline).
+The task comes from the name (yolo11n, yolo11n-seg, -pose, -obb, -cls); image sizes default to
+ultralytics' (OBB 1024, classify 224, else 640). Prints a markdown table last; writes JSON under --out.
 
-    python bench/bench_pipeline.py --models yolo11n --out results/
+    python bench/bench_pipeline.py --models yolo11n yolo11n-seg yolo11n-pose yolo11n-obb yolo11n-cls --out results/
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
+import traceback
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -30,6 +38,8 @@ from support import calibrated_model, match_detections, real_photos
 
 import yolojet
 from yolojet.runtime.engine import Engine
+
+DEFAULT_IMGSZ = {"obb": 1024, "cls": 224}
 
 
 def wall_ms(fn, iters: int, warmup: int = 20) -> float:
@@ -43,33 +53,111 @@ def wall_ms(fn, iters: int, warmup: int = 20) -> float:
     return statistics.median(samples) * 1000
 
 
-def bench(name: str, iters: int, conf: float, work: Path) -> dict:
+def agreement(ours, truth) -> dict:
+    """How the engine's results differ from the reference backend's on the same frame."""
+    found: dict = {}
+    if ours.probs is not None:
+        found["same_top5"] = list(ours.probs.top5) == list(truth.probs.top5)
+        found["max_abs_dprob"] = float(np.abs(ours.probs.data - truth.probs.data).max())
+        return found
+    if ours.obb is not None:
+        found["count"], found["reference_count"] = len(ours.obb.data), len(truth.obb.data)
+        if len(ours.obb.data) == len(truth.obb.data) and len(ours.obb.data):
+            found["max_abs_dxywhr_conf_cls"] = float(np.abs(ours.obb.data - truth.obb.data).max())
+        return found
+    found["mismatches"] = match_detections(ours.boxes.data, truth.boxes.data)
+    found["count"], found["reference_count"] = len(ours.boxes.data), len(truth.boxes.data)
+    same = not found["mismatches"] and len(ours.boxes.data) > 0
+    if ours.masks is not None and same:
+        a, b = ours.masks.data.reshape(len(ours.masks.data), -1), truth.masks.data.reshape(len(truth.masks.data), -1)
+        inter, union = (a[:, None] & b[None]).sum(-1), (a[:, None] | b[None]).sum(-1)
+        found["worst_best_mask_iou"] = float((inter / np.maximum(union, 1)).max(1).min())
+    if ours.keypoints is not None and same:
+        order = [int(np.argmin(np.abs(truth.boxes.data[:, :4] - row[:4]).sum(1))) for row in ours.boxes.data]
+        found["max_keypoint_px"] = float(np.abs(ours.keypoints.xy - truth.keypoints.xy[order]).max())
+    return found
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, iters: int, warmup: int = 20) -> float:
+    """Median device time of one replay of a captured graph (CUDA events), without the host's launch and sync."""
+    for _ in range(warmup):
+        graph.replay()
+    samples = []
+    for _ in range(iters):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop))
+    return statistics.median(samples)
+
+
+def kernel_profile(run, iters: int = 20) -> list[dict]:
+    """Device time per kernel (or copy) name inside `run`'s graph, summed over `iters` runs, per run, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            run()
+    totals: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            totals.setdefault(event.name, []).append(event.device_time_total if hasattr(event, "device_time_total")
+                                                     else event.cuda_time_total)  # fmt: skip
+    rows = [{"name": k[:90], "per_run_us": sum(v) / iters, "calls_per_run": len(v) / iters} for k, v in totals.items()]
+    return sorted(rows, key=lambda r: -r["per_run_us"])
+
+
+def bench(name: str, iters: int, conf: float, work: Path, profile: bool) -> dict:
     from copy import deepcopy
 
     from ultralytics import YOLO
 
-    model = calibrated_model(f"{name}.yaml")
-    model_dir = yolojet.export(model, out=work / name, imgsz=640)
+    task = name.rsplit("-", 1)[1] if "-" in name else "detect"
+    imgsz = DEFAULT_IMGSZ.get(task, 640)
+    model = calibrated_model(f"{name}.yaml", imgsz=imgsz)
+    model_dir = yolojet.export(model, out=work / name, imgsz=imgsz)
+    start = time.perf_counter()
     engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
+    row = {"model": name, "imgsz": imgsz, "build_s": time.perf_counter() - start}
     reference = Engine.load(model_dir, device="cuda", backend="reference")
     frame = real_photos()["bus.jpg"]  # 1080 x 810, BGR
     ours, truth = engine(frame, conf=conf)[0], reference(frame, conf=conf)[0]
-    row = {"model": name, "frame": list(frame.shape), "detections": len(ours)}
-    row["mismatches_vs_reference_fp32"] = match_detections(ours.boxes.data, truth.boxes.data)
+    row["frame"] = list(frame.shape)
+    row["vs_reference_fp32"] = agreement(ours, truth)
 
     engine.configure(conf=conf)
     engine.preprocess(frame, 0)
     row["host_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
     engine.preprocess(torch.from_numpy(frame[..., ::-1].copy()).cuda(), 0)
     row["gpu_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
-    replays = engine.network.time_replay(1, repeats=iters)
-    row["network_ms"] = statistics.median(replays)
+    path_graph = next(reversed(engine._head.graphs.values()))[0]  # the graph the last run replayed
+    row["gpu_frame_device_ms"] = replay_ms(path_graph, iters)
+    row["network_ms"] = statistics.median(engine.network.time_replay(1, repeats=iters))
+    if profile:
+        try:
+            row["kernels"] = kernel_profile(lambda: engine.run(1))
+        except Exception as e:  # the profile is extra information; never lose the timings over it
+            row["kernels"] = [{"name": f"profile failed: {type(e).__name__}: {e}", "per_run_us": 0, "calls_per_run": 0}]
+        print(f"{name}: device time per run by kernel (us)", flush=True)
+        for k in row["kernels"][:25]:
+            print(f"  {k['per_run_us']:8.2f}  x{k['calls_per_run']:<5.1f} {k['name']}", flush=True)
 
     wrapper = YOLO(f"{name}.yaml", verbose=False)
     wrapper.model = deepcopy(model).cuda()
-    row["ultralytics_predict_ms"] = wall_ms(
-        lambda: wrapper.predict(frame, imgsz=640, conf=conf, half=True, verbose=False), max(iters // 4, 10)
-    )
+    predict = lambda: wrapper.predict(frame, imgsz=imgsz, conf=conf, half=True, verbose=False)  # noqa: E731
+    row["ultralytics_predict_ms"] = wall_ms(predict, max(iters // 4, 10), warmup=5)
+    eager = deepcopy(model).cuda().half().eval()
+    x = torch.rand(1, 3, imgsz, imgsz, device="cuda", dtype=torch.half)
+
+    def eager_forward() -> None:
+        with torch.inference_mode():
+            eager(x)
+        torch.cuda.synchronize()
+
+    row["eager_network_ms"] = wall_ms(eager_forward, max(iters // 4, 10), warmup=5)
     return row
 
 
@@ -77,24 +165,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["yolo11n", "yolov8n", "yolo26n"])
     parser.add_argument("--iters", type=int, default=200)
-    parser.add_argument("--conf", type=float, default=0.25)
+    parser.add_argument("--conf", type=float, default=0.01, help="low enough that random weights give NMS real work")
+    parser.add_argument("--profile", action="store_true", help="also print device time per kernel of the whole path")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
+    work = Path(tempfile.mkdtemp(prefix="yolojet-bench-"))  # exported models stay out of the results folder
     for name in args.models:
-        rows.append(bench(name, args.iters, args.conf, args.out / "models"))
+        try:
+            rows.append(bench(name, args.iters, args.conf, work, args.profile))
+        except Exception as e:  # one model failing must not cost the others' numbers
+            traceback.print_exc()
+            rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
         (args.out / "pipeline.json").write_text(json.dumps(rows, indent=1))
     lines = [
         f"{torch.cuda.get_device_name()}, fp16, batch 1, 810x1080 frame, conf {args.conf}, median ms (wall clock)",
         "",
-        "| model | frame in pinned host memory | frame on GPU | network only | added by pre+head | ultralytics |",
-        "|---|---|---|---|---|---|",
+        "| model | imgsz | frame in pinned host memory | frame on GPU | same, device time | network only "
+        "| added by pre+head (device) "
+        "| ultralytics predict | PyTorch eager network | agreement with fp32 reference |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | failed: {r['error'][:200]} |")
+            continue
         lines.append(
-            f"| {r['model']} | {r['host_frame_ms']:.3f} | {r['gpu_frame_ms']:.3f} | {r['network_ms']:.3f} "
-            f"| {r['gpu_frame_ms'] - r['network_ms']:.3f} | {r['ultralytics_predict_ms']:.2f} |"
+            f"| {r['model']} | {r['imgsz']} | {r['host_frame_ms']:.3f} | {r['gpu_frame_ms']:.3f} "
+            f"| {r['gpu_frame_device_ms']:.3f} | {r['network_ms']:.3f} "
+            f"| {r['gpu_frame_device_ms'] - r['network_ms']:.3f} | {r['ultralytics_predict_ms']:.2f} "
+            f"| {r['eager_network_ms']:.2f} | {json.dumps(r['vs_reference_fp32'])[:160]} |"
         )
     table = "\n".join(lines)
     (args.out / "pipeline.md").write_text(table + "\n")

@@ -1,16 +1,36 @@
 #!/usr/bin/env bash
-# One GPU session in one call: the test suite on the device (kernels at larger shapes, whole models, the predict
-# path against ultralytics at 640), then the network and end-to-end benchmarks. Results land in $OUT.
+# One GPU session in one call: the end-to-end benchmark of every task (each checked against the fp32
+# reference backend), the test suite on the device (kernels at full shapes, whole models, the predict
+# paths against ultralytics), the cold and cached start-up, then the network benchmark. Results land in $OUT. Each stage has its own
+# time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
 #   bash bench/gpu_check.sh            # needs .whl/ from ../shared/device/wheels.sh (ultralytics) beside the code
+#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
+STAGES=${STAGES:-pipeline tests network}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-timeout "${TEST_SECONDS:-240}" python3 -m pytest tests/kernels tests/runtime tests/pipeline -q -p no:cacheprovider \
-  -k "not classify_matches and not obb and not pose and not segment" 2>&1 | tee "$OUT/tests.log" | tail -8
-timeout "${NETWORK_SECONDS:-300}" python3 bench/bench_network.py --models ${MODELS:-yolo11n yolov8n yolo26n} \
-  --batches 1 64 --repeats 100 --out "$OUT" 2>&1 | tee "$OUT/network.log" | tail -30
-timeout "${PIPELINE_SECONDS:-150}" python3 bench/bench_pipeline.py --models yolo11n --iters 100 --out "$OUT" 2>&1 \
-  | tee "$OUT/pipeline.log" | tail -8
+for stage in $STAGES; do
+  case $stage in
+  pipeline)
+    timeout "${PIPELINE_SECONDS:-330}" python3 bench/bench_pipeline.py --iters 100 --profile --out "$OUT" \
+      --models ${PIPELINE_MODELS:-yolo11n yolo11n-seg yolo11n-pose yolo11n-obb yolo11n-cls yolov8n yolo26n} \
+      > "$OUT/pipeline.log" 2>&1
+    tail -14 "$OUT/pipeline.log" ;;
+  tests)
+    # SIGINT at the limit: pytest still prints its summary of what failed so far.
+    YOLOJET_NOTUNE=1 timeout -s INT "${TEST_SECONDS:-220}" python3 -m pytest ${TESTS:-tests/kernels tests/runtime tests/pipeline} \
+      -q -p no:cacheprovider --tb=short -rfE ${TEST_FLAGS:-} > "$OUT/tests.log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -25 ;;
+  startup)
+    timeout "${STARTUP_SECONDS:-200}" python3 bench/bench_network.py --models yolo11n --startup-only --out "$OUT" \
+      > "$OUT/startup.log" 2>&1
+    tail -3 "$OUT/startup.log" ;;
+  network)
+    timeout "${NETWORK_SECONDS:-300}" python3 bench/bench_network.py --models ${MODELS:-yolo11n yolov8n yolo26n} \
+      --batches 1 64 --repeats 100 ${NETWORK_FLAGS:-} --out "$OUT" > "$OUT/network.log" 2>&1
+    tail -30 "$OUT/network.log" ;;
+  esac
+done
