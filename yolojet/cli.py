@@ -389,13 +389,16 @@ def _cmd_val(args: argparse.Namespace) -> int:
         args.model, args.data, args.images, imgsz=args.imgsz, half=not args.fp32, batch=args.batch,
         conf=args.conf, iou=args.iou, max_det=args.max_det, progress=not args.quiet,
     )  # fmt: skip
-    scores = result.scores
     print(f"{result.images} images, {len(result.predictions)} detections (conf {args.conf}, iou {args.iou})")
-    rows = [("mAP50-95", f"{scores.map50_95:.4f}"), ("mAP50", f"{scores.map50:.4f}"),
-            ("mAP75", f"{scores.map75:.4f}"), ("AR100", f"{scores.ar100:.4f}")]  # fmt: skip
+    rows = []
+    for kind, scores, recall in (("box", result.scores, "AR100"), ("mask", result.mask_scores, "AR100"),
+                                 ("keypoints", result.keypoint_scores, "AR20")):  # fmt: skip
+        if scores is not None:
+            rows += [(f"{kind} mAP50-95", f"{scores.map50_95:.4f}"), (f"{kind} mAP50", f"{scores.map50:.4f}"),
+                     (f"{kind} mAP75", f"{scores.map75:.4f}"), (f"{kind} {recall}", f"{scores.ar100:.4f}")]  # fmt: skip
     print(_format_table(rows, ("metric", "value")))
     if args.out is not None:
-        metrics = {"model": str(args.model), "data": str(args.data), "images": result.images, **scores.to_json()}
+        metrics = {"model": str(args.model), "data": str(args.data), "images": result.images, **result.to_json()}
         _write_atomically(args.out / "predictions.json", lambda p: p.write_text(json.dumps(result.predictions)))
         _write_atomically(args.out / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=1)))
         print(f"wrote {args.out / 'metrics.json'} and {args.out / 'predictions.json'}")

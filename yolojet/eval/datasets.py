@@ -1,6 +1,8 @@
 """Evaluation datasets as COCO ground truth: a COCO instances JSON with its images, or an ultralytics
 dataset YAML whose YOLO-format labels are converted on the fly (class ids mapped to COCO's 91
-category ids when the names are COCO's 80, as ultralytics does).
+category ids when the names are COCO's 80, as ultralytics does). Labels may be boxes, polygons
+(segment datasets: the box is the polygon's extent, the polygon the mask) or boxes with keypoints
+(pose datasets, whose YAML gives `kpt_shape`), as ultralytics reads them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class Dataset:
     categories: dict[int, str]  # category id -> name
     ground_truth: dict[str, Any] = field(repr=False)
     source: str = ""
+    has_masks: bool = False  # every annotation has a segmentation: mask mAP can be scored
+    keypoints: int = 0  # keypoints per annotation (0: none): keypoint mAP (OKS) can be scored
 
 
 def load_dataset(data: str | Path, images: str | Path | None = None) -> Dataset:
@@ -87,7 +91,17 @@ def _load_coco(path: Path, root: Path) -> Dataset:
             raise DatasetError(f"{path}: annotation {a.get('id')} has no [x, y, w, h] bbox")
         a.setdefault("iscrowd", 0)
         a.setdefault("area", a["bbox"][2] * a["bbox"][3])
-    return Dataset(images, categories, gt, str(path))
+        if "keypoints" in a:
+            if len(a["keypoints"]) % 3:
+                raise DatasetError(f"{path}: annotation {a.get('id')} keypoints are not [x, y, v] triples")
+            a.setdefault("num_keypoints", sum(1 for v in a["keypoints"][2::3] if v > 0))
+    annotations = gt["annotations"]
+    has_masks = bool(annotations) and all(a.get("segmentation") for a in annotations)
+    counts = {len(a["keypoints"]) // 3 for a in annotations if "keypoints" in a}
+    if len(counts) > 1:
+        raise DatasetError(f"{path}: annotations have different keypoint counts {sorted(counts)}")
+    keypoints = counts.pop() if counts and all("keypoints" in a for a in annotations) else 0
+    return Dataset(images, categories, gt, str(path), has_masks, keypoints)
 
 
 def _image_size(path: Path) -> tuple[int, int]:
@@ -141,6 +155,7 @@ def _load_yolo_yaml(path: Path) -> Dataset:
     root = root if root.is_absolute() else path.parent / root
     is_coco = len(names) == 80 and tuple(names[i] for i in range(8)) == COCO80_FIRST_NAMES
     category_of = (lambda c: COCO80_TO_COCO91[c]) if is_coco else (lambda c: c)
+    kpt_shape = _kpt_shape(path, spec.get("kpt_shape"))
     files = _yaml_images(root, spec["val"])
     missing = [f for f in files if not f.is_file()]
     if missing:
@@ -155,21 +170,68 @@ def _load_yolo_yaml(path: Path) -> Dataset:
         for line_no, line in enumerate(label.read_text().splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                cls, cx, cy, w, h = (float(v) for v in line.split()[:5])
-            except ValueError as e:
-                raise DatasetError(f"{label}:{line_no}: expected 'class cx cy w h', got {line!r}") from e
-            if int(cls) != cls or int(cls) not in names:
-                raise DatasetError(f"{label}:{line_no}: class {cls:g} is not among the {len(names)} names")
-            if not all(-0.01 <= v <= 1.01 for v in (cx, cy, w, h)):
-                raise DatasetError(f"{label}:{line_no}: box {cx, cy, w, h} is not normalized to [0, 1]")
-            box = [(cx - w / 2) * width, (cy - h / 2) * height, w * width, h * height]
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": category_of(int(cls)),
-                                "bbox": box, "area": box[2] * box[3], "iscrowd": 0})  # fmt: skip
+            where = f"{label}:{line_no}"
+            annotation = _label_annotation(where, line, names, kpt_shape, width, height)
+            annotation.update(id=len(annotations) + 1, image_id=image_id,
+                              category_id=category_of(annotation["category_id"]))  # fmt: skip
+            annotations.append(annotation)
     categories = {category_of(c): n for c, n in names.items()}
     gt = {
         "images": [{"id": i.id, "file_name": str(i.path), "width": i.width, "height": i.height} for i in images],
         "annotations": annotations,
         "categories": [{"id": k, "name": v} for k, v in categories.items()],
     }
-    return Dataset(images, categories, gt, str(path))
+    has_masks = bool(annotations) and all("segmentation" in a for a in annotations)
+    return Dataset(images, categories, gt, str(path), has_masks, kpt_shape[0] if kpt_shape else 0)
+
+
+def _kpt_shape(path: Path, value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and value[0] >= 1 and value[1] in (2, 3)):
+        raise DatasetError(f"{path}: kpt_shape {value!r}: expected [keypoints, 2 or 3]")
+    return int(value[0]), int(value[1])
+
+
+def _label_annotation(
+    where: str, line: str, names: dict[int, str], kpt_shape: tuple[int, int] | None, width: int, height: int
+) -> dict[str, Any]:
+    """One YOLO label line as a COCO annotation (without ids) in pixels: `class cx cy w h`, a polygon
+    `class x1 y1 x2 y2 …` (three points or more), or with kpt_shape `class cx cy w h` + keypoints."""
+    try:
+        values = [float(v) for v in line.split()]
+    except ValueError as e:
+        raise DatasetError(f"{where}: expected numbers, got {line!r}") from e
+    if not values or int(values[0]) != values[0] or int(values[0]) not in names:
+        shown = f"{values[0]:g}" if values else "(none)"
+        raise DatasetError(f"{where}: class {shown} is not among the {len(names)} names")
+    cls, coords = int(values[0]), values[1:]
+    if not all(-0.01 <= v <= 1.01 for v in coords[: 4 if kpt_shape else len(coords)]):
+        raise DatasetError(f"{where}: coordinates {coords[:8]} are not normalized to [0, 1]")
+    annotation: dict[str, Any] = {"category_id": cls, "iscrowd": 0}
+    if kpt_shape is not None:
+        k, ndim = kpt_shape
+        if len(coords) != 4 + k * ndim:
+            raise DatasetError(f"{where}: expected class, box and {k}x{ndim} keypoint values, got {len(values)} values")
+        points = [coords[4 + i * ndim : 4 + (i + 1) * ndim] for i in range(k)]
+        flat = []
+        for point in points:
+            x, y = point[0] * width, point[1] * height
+            visible = point[2] if ndim == 3 else (2.0 if point[0] > 0 or point[1] > 0 else 0.0)
+            flat += [x, y, visible] if visible > 0 else [0.0, 0.0, 0.0]
+        annotation["keypoints"] = flat
+        annotation["num_keypoints"] = sum(1 for v in flat[2::3] if v > 0)
+        coords = coords[:4]
+    if len(coords) == 4:
+        cx, cy, w, h = coords
+        box = [(cx - w / 2) * width, (cy - h / 2) * height, w * width, h * height]
+        annotation.update(bbox=box, area=box[2] * box[3])
+        return annotation
+    if len(coords) < 6 or len(coords) % 2:
+        raise DatasetError(f"{where}: expected 'class cx cy w h' or a polygon 'class x1 y1 x2 y2 x3 y3 ...'")
+    xs, ys = [x * width for x in coords[0::2]], [y * height for y in coords[1::2]]
+    polygon = [v for xy in zip(xs, ys, strict=True) for v in xy]
+    box = [min(xs), min(ys), max(xs) - min(xs), max(ys) - min(ys)]
+    area = 0.5 * abs(sum(xs[i] * ys[i - 1] - xs[i - 1] * ys[i] for i in range(len(xs))))  # shoelace
+    annotation.update(bbox=box, area=area, segmentation=[polygon])
+    return annotation

@@ -473,7 +473,7 @@ def _onnx_session(module: torch.nn.Module, meta: ModelMeta, device: torch.device
 
 def _score(runtime: Runtime, dataset: Dataset, batch: int, progress: bool) -> tuple[CocoScores, int]:
     view = _ValidateView(runtime)
-    result = validate(view, dataset, batch=batch, progress=progress, **VAL_OPTIONS)
+    result = validate(view, dataset, batch=batch, progress=progress, boxes_only=True, **VAL_OPTIONS)
     return result.scores, view.detections
 
 

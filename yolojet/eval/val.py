@@ -1,4 +1,5 @@
-"""`validate`: run an engine over an evaluation dataset and score its detections with the COCO protocol."""
+"""`validate`: run an engine over an evaluation dataset and score its detections with the COCO protocol: boxes
+always, masks for segment models on datasets with masks, keypoints (OKS) for pose models on datasets with them."""
 
 from __future__ import annotations
 
@@ -8,16 +9,32 @@ from pathlib import Path
 from typing import Any
 
 from yolojet.errors import DatasetError
-from yolojet.eval.coco import CocoScores, box_predictions, evaluate
+from yolojet.eval.coco import (
+    CocoScores,
+    attach_keypoints,
+    attach_masks,
+    box_predictions,
+    evaluate,
+    keypoint_sigmas,
+)
 from yolojet.eval.datasets import Dataset, load_dataset
 
 
 @dataclass
 class ValResult:
-    scores: CocoScores
+    scores: CocoScores  # boxes
     predictions: list[dict[str, Any]] = field(repr=False)
     images: int = 0
-    failed: list[str] = field(default_factory=list)
+    mask_scores: CocoScores | None = None
+    keypoint_scores: CocoScores | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        document = self.scores.to_json()
+        if self.mask_scores is not None:
+            document["mask"] = self.mask_scores.to_json()
+        if self.keypoint_scores is not None:
+            document["keypoints"] = self.keypoint_scores.to_json()
+        return document
 
 
 def category_map(model_names: dict[int, str], dataset: Dataset) -> list[int]:
@@ -39,11 +56,23 @@ def validate(
     iou: float = 0.7,
     max_det: int = 300,
     progress: bool = True,
+    boxes_only: bool = False,
 ) -> ValResult:
-    """Detections for every dataset image (original pixels) and their COCO box scores."""
+    """Detections for every dataset image (original pixels) and their COCO scores: boxes, and the masks or
+    keypoints of segment and pose models where the dataset has them (unless `boxes_only`, for callers that only
+    have boxes, such as `yolojet report`)."""
     from tqdm import tqdm
 
     categories = category_map(engine.names, dataset)
+    task = "detect" if boxes_only else engine.meta.task
+    if task not in ("detect", "segment", "pose"):
+        raise DatasetError(f"a {task} model cannot be scored with the COCO box protocol")
+    with_masks = task == "segment" and dataset.has_masks
+    with_keypoints = task == "pose" and dataset.keypoints > 0
+    if with_keypoints and dataset.keypoints != engine.meta.kpt_shape[0]:
+        raise DatasetError(
+            f"{dataset.source}: {dataset.keypoints} keypoints per object, the model predicts {engine.meta.kpt_shape[0]}"
+        )
     predictions: list[dict[str, Any]] = []
     failed = []
     bar = tqdm(total=len(dataset.images), disable=not progress, unit="img", file=sys.stderr, desc="val")
@@ -61,11 +90,25 @@ def validate(
                     f"the file is {result.orig_shape[1]}x{result.orig_shape[0]}"
                 )
             cats = [categories[int(c)] for c in result.boxes.cls]
-            predictions += box_predictions(image.id, result.boxes.xyxy, result.boxes.conf, cats)
+            found = box_predictions(image.id, result.boxes.xyxy, result.boxes.conf, cats)
+            if with_masks:
+                attach_masks(found, result.masks.to_rle())
+            if with_keypoints:
+                attach_keypoints(found, result.keypoints.data)
+            predictions += found
     bar.close()
     if failed:
         raise DatasetError(f"{len(failed)} images could not be read: " + "; ".join(failed[:5]))
-    return ValResult(evaluate(dataset.ground_truth, predictions), predictions, len(dataset.images))
+    gt = dataset.ground_truth
+    return ValResult(
+        evaluate(gt, predictions),
+        predictions,
+        len(dataset.images),
+        mask_scores=evaluate(gt, predictions, "segm") if with_masks else None,
+        keypoint_scores=evaluate(gt, predictions, "keypoints", keypoint_sigmas(dataset.keypoints))
+        if with_keypoints
+        else None,
+    )
 
 
 def validate_model(model: str | Path, data: str | Path, images: str | Path | None = None, **options: Any) -> ValResult:
