@@ -391,11 +391,9 @@ def _cmd_val(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print(f"{result.images} images, {len(result.predictions)} detections (conf {args.conf}, iou {args.iou})")
     rows = []
-    for kind, scores, recall in (("box", result.scores, "AR100"), ("mask", result.mask_scores, "AR100"),
-                                 ("keypoints", result.keypoint_scores, "AR20")):  # fmt: skip
+    for kind, scores in (("box", result.scores), ("mask", result.mask_scores), ("keypoints", result.keypoint_scores)):
         if scores is not None:
-            rows += [(f"{kind} mAP50-95", f"{scores.map50_95:.4f}"), (f"{kind} mAP50", f"{scores.map50:.4f}"),
-                     (f"{kind} mAP75", f"{scores.map75:.4f}"), (f"{kind} {recall}", f"{scores.ar100:.4f}")]  # fmt: skip
+            rows += [(f"{kind} {k}", f"{v:.4f}") for k, v in scores.to_json().items() if isinstance(v, float)]
     print(_format_table(rows, ("metric", "value")))
     if args.out is not None:
         metrics = {"model": str(args.model), "data": str(args.data), "images": result.images, **result.to_json()}

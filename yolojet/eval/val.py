@@ -1,5 +1,6 @@
 """`validate`: run an engine over an evaluation dataset and score its detections with the COCO protocol: boxes
-always, masks for segment models on datasets with masks, keypoints (OKS) for pose models on datasets with them."""
+always, masks for segment models on datasets with masks, keypoints (OKS) for pose models on datasets with them;
+OBB models with ultralytics' OBB metric against four-point (DOTA-style) ground truth."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from yolojet.errors import DatasetError
 from yolojet.eval.coco import (
@@ -18,11 +21,12 @@ from yolojet.eval.coco import (
     keypoint_sigmas,
 )
 from yolojet.eval.datasets import Dataset, load_dataset
+from yolojet.eval.obb import ObbScores, evaluate_obb, quad_to_xywhr
 
 
 @dataclass
 class ValResult:
-    scores: CocoScores  # boxes
+    scores: CocoScores | ObbScores  # boxes (rotated boxes for OBB models)
     predictions: list[dict[str, Any]] = field(repr=False)
     images: int = 0
     mask_scores: CocoScores | None = None
@@ -65,8 +69,10 @@ def validate(
 
     categories = category_map(engine.names, dataset)
     task = "detect" if boxes_only else engine.meta.task
-    if task not in ("detect", "segment", "pose"):
-        raise DatasetError(f"a {task} model cannot be scored with the COCO box protocol")
+    if task not in ("detect", "segment", "pose", "obb"):
+        raise DatasetError(f"a {task} model has no detections to score")
+    if task == "obb":
+        return _validate_obb(engine, dataset, categories, batch, conf, iou, max_det, progress)
     with_masks = task == "segment" and dataset.has_masks
     with_keypoints = task == "pose" and dataset.keypoints > 0
     if with_keypoints and dataset.keypoints != engine.meta.kpt_shape[0]:
@@ -118,3 +124,48 @@ def validate_model(model: str | Path, data: str | Path, images: str | Path | Non
     dataset = load_dataset(data, images)
     engine = Engine.load(model, max_batch=options.get("batch", 8), **engine_options)
     return validate(engine, dataset, **options)
+
+
+def _obb_truth(dataset: Dataset) -> dict[int, tuple]:
+    """image id -> (rotated ground-truth boxes, category ids), from four-point polygons."""
+    by_image: dict[int, list] = {image.id: [] for image in dataset.images}
+    for a in dataset.ground_truth["annotations"]:
+        polygon = a.get("segmentation")
+        if not (isinstance(polygon, list) and len(polygon) == 1 and len(polygon[0]) == 8):
+            raise DatasetError(
+                f"{dataset.source}: annotation {a.get('id')} is not a four-point polygon (class x1 y1 ... x4 y4), "
+                "which OBB models are scored against"
+            )
+        by_image[a["image_id"]].append((polygon[0], a["category_id"]))
+    truth = {}
+    for image_id, rows in by_image.items():
+        quads = np.array([r[0] for r in rows], dtype=np.float64).reshape(-1, 4, 2)
+        truth[image_id] = (quad_to_xywhr(quads), np.array([r[1] for r in rows], dtype=np.int64))
+    return truth
+
+
+def _validate_obb(engine, dataset, categories, batch, conf, iou, max_det, progress) -> ValResult:
+    from tqdm import tqdm
+
+    truth = _obb_truth(dataset)
+    found, predictions, failed = {}, [], []
+    bar = tqdm(total=len(dataset.images), disable=not progress, unit="img", file=sys.stderr, desc="val")
+    for start in range(0, len(dataset.images), batch):
+        chunk = dataset.images[start : start + batch]
+        for image, result in zip(chunk, engine([str(i.path) for i in chunk], conf=conf, iou=iou, max_det=max_det),
+                                 strict=True):  # fmt: skip
+            bar.update(1)
+            if result.error:
+                failed.append(f"{image.path}: {result.error}")
+                continue
+            obb = result.obb
+            cats = np.array([categories[int(c)] for c in obb.cls], dtype=np.int64)
+            found[image.id] = (obb.xywhr.astype(np.float64), obb.conf.astype(np.float64), cats)
+            for box, corners, score, cat in zip(obb.xywhr, obb.xyxyxyxy, obb.conf, cats, strict=True):
+                predictions.append({"image_id": image.id, "category_id": int(cat), "score": round(float(score), 5),
+                                    "rbox": [round(float(v), 3) for v in box],
+                                    "poly": [round(float(v), 3) for v in np.asarray(corners).reshape(-1)]})  # fmt: skip
+    bar.close()
+    if failed:
+        raise DatasetError(f"{len(failed)} images could not be read: " + "; ".join(failed[:5]))
+    return ValResult(evaluate_obb(truth, found), predictions, len(dataset.images))
