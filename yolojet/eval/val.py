@@ -5,6 +5,7 @@ OBB models with ultralytics' OBB metric against four-point (DOTA-style) ground t
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,30 @@ def category_map(model_names: dict[int, str], dataset: Dataset) -> list[int]:
     return ids
 
 
+def _results(engine: Any, dataset: Dataset, batch: int, options: dict[str, Any], progress: bool) -> Iterator:
+    """(image, Results) for every dataset image, in batches, with a progress bar; raises once all ran if any
+    image could not be read, or at once if an image's size disagrees with its annotation."""
+    from tqdm import tqdm
+
+    failed = []
+    with tqdm(total=len(dataset.images), disable=not progress, unit="img", file=sys.stderr, desc="val") as bar:
+        for start in range(0, len(dataset.images), batch):
+            chunk = dataset.images[start : start + batch]
+            for image, result in zip(chunk, engine([str(i.path) for i in chunk], **options), strict=True):
+                bar.update(1)
+                if result.error:
+                    failed.append(f"{image.path}: {result.error}")
+                    continue
+                if result.orig_shape != (image.height, image.width):
+                    raise DatasetError(
+                        f"{image.path}: the annotation says {image.width}x{image.height}, "
+                        f"the file is {result.orig_shape[1]}x{result.orig_shape[0]}"
+                    )
+                yield image, result
+    if failed:
+        raise DatasetError(f"{len(failed)} images could not be read: " + "; ".join(failed[:5]))
+
+
 def validate(
     engine: Any,
     dataset: Dataset,
@@ -64,15 +89,14 @@ def validate(
 ) -> ValResult:
     """Detections for every dataset image (original pixels) and their COCO scores: boxes, and the masks or
     keypoints of segment and pose models where the dataset has them (unless `boxes_only`, for callers that only
-    have boxes, such as `yolojet report`)."""
-    from tqdm import tqdm
-
+    have boxes, such as `yolojet report`); rotated boxes of OBB models with ultralytics' OBB metric."""
     categories = category_map(engine.names, dataset)
     task = "detect" if boxes_only else engine.meta.task
     if task not in ("detect", "segment", "pose", "obb"):
         raise DatasetError(f"a {task} model has no detections to score")
+    results = _results(engine, dataset, batch, {"conf": conf, "iou": iou, "max_det": max_det}, progress)
     if task == "obb":
-        return _validate_obb(engine, dataset, categories, batch, conf, iou, max_det, progress)
+        return _validate_obb(dataset, categories, results)
     with_masks = task == "segment" and dataset.has_masks
     with_keypoints = task == "pose" and dataset.keypoints > 0
     if with_keypoints and dataset.keypoints != engine.meta.kpt_shape[0]:
@@ -80,31 +104,14 @@ def validate(
             f"{dataset.source}: {dataset.keypoints} keypoints per object, the model predicts {engine.meta.kpt_shape[0]}"
         )
     predictions: list[dict[str, Any]] = []
-    failed = []
-    bar = tqdm(total=len(dataset.images), disable=not progress, unit="img", file=sys.stderr, desc="val")
-    for start in range(0, len(dataset.images), batch):
-        chunk = dataset.images[start : start + batch]
-        for image, result in zip(chunk, engine([str(i.path) for i in chunk], conf=conf, iou=iou, max_det=max_det),
-                                 strict=True):  # fmt: skip
-            bar.update(1)
-            if result.error:
-                failed.append(f"{image.path}: {result.error}")
-                continue
-            if result.orig_shape != (image.height, image.width):
-                raise DatasetError(
-                    f"{image.path}: the annotation says {image.width}x{image.height}, "
-                    f"the file is {result.orig_shape[1]}x{result.orig_shape[0]}"
-                )
-            cats = [categories[int(c)] for c in result.boxes.cls]
-            found = box_predictions(image.id, result.boxes.xyxy, result.boxes.conf, cats)
-            if with_masks:
-                attach_masks(found, result.masks.to_rle())
-            if with_keypoints:
-                attach_keypoints(found, result.keypoints.data)
-            predictions += found
-    bar.close()
-    if failed:
-        raise DatasetError(f"{len(failed)} images could not be read: " + "; ".join(failed[:5]))
+    for image, result in results:
+        cats = [categories[int(c)] for c in result.boxes.cls]
+        found = box_predictions(image.id, result.boxes.xyxy, result.boxes.conf, cats)
+        if with_masks:
+            attach_masks(found, result.masks.to_rle())
+        if with_keypoints:
+            attach_keypoints(found, result.keypoints.data)
+        predictions += found
     gt = dataset.ground_truth
     return ValResult(
         evaluate(gt, predictions),
@@ -144,28 +151,15 @@ def _obb_truth(dataset: Dataset) -> dict[int, tuple]:
     return truth
 
 
-def _validate_obb(engine, dataset, categories, batch, conf, iou, max_det, progress) -> ValResult:
-    from tqdm import tqdm
-
-    truth = _obb_truth(dataset)
-    found, predictions, failed = {}, [], []
-    bar = tqdm(total=len(dataset.images), disable=not progress, unit="img", file=sys.stderr, desc="val")
-    for start in range(0, len(dataset.images), batch):
-        chunk = dataset.images[start : start + batch]
-        for image, result in zip(chunk, engine([str(i.path) for i in chunk], conf=conf, iou=iou, max_det=max_det),
-                                 strict=True):  # fmt: skip
-            bar.update(1)
-            if result.error:
-                failed.append(f"{image.path}: {result.error}")
-                continue
-            obb = result.obb
-            cats = np.array([categories[int(c)] for c in obb.cls], dtype=np.int64)
-            found[image.id] = (obb.xywhr.astype(np.float64), obb.conf.astype(np.float64), cats)
-            for box, corners, score, cat in zip(obb.xywhr, obb.xyxyxyxy, obb.conf, cats, strict=True):
-                predictions.append({"image_id": image.id, "category_id": int(cat), "score": round(float(score), 5),
-                                    "rbox": [round(float(v), 3) for v in box],
-                                    "poly": [round(float(v), 3) for v in np.asarray(corners).reshape(-1)]})  # fmt: skip
-    bar.close()
-    if failed:
-        raise DatasetError(f"{len(failed)} images could not be read: " + "; ".join(failed[:5]))
+def _validate_obb(dataset: Dataset, categories: list[int], results: Iterator) -> ValResult:
+    truth = _obb_truth(dataset)  # before any image runs: a dataset without four-point labels fails at once
+    found, predictions = {}, []
+    for image, result in results:
+        obb = result.obb
+        cats = np.array([categories[int(c)] for c in obb.cls], dtype=np.int64)
+        found[image.id] = (obb.xywhr.astype(np.float64), obb.conf.astype(np.float64), cats)
+        for box, corners, score, cat in zip(obb.xywhr, obb.xyxyxyxy, obb.conf, cats, strict=True):
+            predictions.append({"image_id": image.id, "category_id": int(cat), "score": round(float(score), 5),
+                                "rbox": [round(float(v), 3) for v in box],
+                                "poly": [round(float(v), 3) for v in np.asarray(corners).reshape(-1)]})  # fmt: skip
     return ValResult(evaluate_obb(truth, found), predictions, len(dataset.images))
