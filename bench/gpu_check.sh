@@ -30,7 +30,7 @@ for stage in $STAGES; do
     tail -3 "$OUT/startup.log" ;;
   network)
     timeout "${NETWORK_SECONDS:-300}" python3 bench/bench_network.py --models ${MODELS:-yolo11n yolov8n yolo26n} \
-      --batches 1 64 --repeats 100 ${NETWORK_FLAGS:-} --out "$OUT" > "$OUT/network.log" 2>&1
+      --batches ${BATCHES:-1 64} --repeats 100 ${NETWORK_FLAGS:-} --out "$OUT" > "$OUT/network.log" 2>&1
     tail -30 "$OUT/network.log" ;;
   esac
 done
