@@ -35,6 +35,12 @@ from yolojet.runtime.torch_pipeline import Letterbox
 
 MAX_NMS = 30000  # ultralytics' default cap on candidates entering NMS
 MAX_GRAPHS = 8  # captured (bucket, frame sizes) combinations kept; the oldest is dropped past this
+_OPTIONS_BYTES = 20  # thresholds (2 float32) and limits (3 int32) ahead of the class mask
+
+
+def _option_views(buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(thresholds float32 [2], limits int32 [3], class mask uint8 [nc]) viewing one uint8 options buffer."""
+    return buffer[:8].view(torch.float32), buffer[8:20].view(torch.int32), buffer[20:]
 
 
 @dataclass
@@ -169,12 +175,12 @@ class DetectionHead(CapturedPath):
         self.count = torch.zeros(batch, dtype=torch.int32, device=device)
         self.rows_host = torch.zeros(batch, capacity, width, dtype=torch.float32, pin_memory=pin)
         self.count_host = torch.zeros(batch, dtype=torch.int32, pin_memory=pin)
-        self.thresholds = torch.zeros(2, dtype=torch.float32, device=device)
-        self.limits = torch.zeros(3, dtype=torch.int32, device=device)
-        self.class_mask = torch.ones(self.meta.nc, dtype=torch.uint8, device=device)
-        self.thresholds_host = torch.zeros(2, dtype=torch.float32, pin_memory=pin)
-        self.limits_host = torch.zeros(3, dtype=torch.int32, pin_memory=pin)
-        self.class_mask_host = torch.ones(self.meta.nc, dtype=torch.uint8, pin_memory=pin)
+        # The options in one byte buffer, pinned and on the device, so that the graph copies them in one go:
+        # float32 [conf, iou] at byte 0, int32 [max_det, max_nms, agnostic] at byte 8, the uint8 class mask at 20.
+        self.options = torch.zeros(_OPTIONS_BYTES + self.meta.nc, dtype=torch.uint8, device=device)
+        self.options_host = torch.zeros(_OPTIONS_BYTES + self.meta.nc, dtype=torch.uint8, pin_memory=pin)
+        self.thresholds, self.limits, self.class_mask = _option_views(self.options)
+        self.thresholds_host, self.limits_host, self.class_mask_host = _option_views(self.options_host)
         scratch_type = RotatedNmsScratch if self.task == "obb" else NmsScratch
         self.scratch = None if self.end2end else scratch_type.allocate(batch, int(shape[2]), device)
         self.filtered = False
@@ -243,9 +249,7 @@ class DetectionHead(CapturedPath):
             masks_out = [self._mask_buffer(i) for i in range(batch)]
 
         def run() -> None:
-            self.thresholds.copy_(self.thresholds_host, non_blocking=True)
-            self.limits.copy_(self.limits_host, non_blocking=True)
-            self.class_mask.copy_(self.class_mask_host, non_blocking=True)
+            self.options.copy_(self.options_host, non_blocking=True)
             copy_in()
             for i, (s, pixels) in enumerate(zip(slots, frames, strict=True)):
                 preprocess_letterbox(images[i], pixels, bgr=s.bgr, params=s.placement.kernel_params())
