@@ -231,3 +231,17 @@ def test_pipeline_and_bench(tmp_path, capsys):
             assert code == 0 and "ms/" in stdout
         else:
             assert code == 2 and f"{command} times the GPU path" in stderr
+
+
+def test_export_defaults_to_the_training_size(tmp_path, capsys):
+    """Without --imgsz a checkpoint exports at the size it was trained at (its train args), as predict runs it."""
+    from copy import deepcopy
+
+    model = deepcopy(random_model("yolov8n-cls.yaml"))
+    model.args = {"task": "classify", "imgsz": 96}
+    checkpoint = tmp_path / "cls.pt"
+    torch.save({"model": model, "train_args": dict(model.args)}, checkpoint)
+    code, _, stderr = run_cli(capsys, "export", checkpoint)
+    assert code == 0, stderr
+    graph = yolojet.Graph.load(tmp_path / "cls_96x96_yolojet")
+    assert tuple(graph.meta.imgsz) == (96, 96)

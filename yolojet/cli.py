@@ -427,7 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a checkpoint to a yolojet model directory")
     p.add_argument("model", help="a .pt checkpoint, an ultralytics name (yolo11n.pt) or an architecture (yolo11n.yaml)")
-    p.add_argument("--imgsz", type=_imgsz, default=640, help="input size, 640 or HEIGHTxWIDTH (default 640)")
+    p.add_argument(
+        "--imgsz",
+        type=_imgsz,
+        default=None,
+        help="input size, 640 or HEIGHTxWIDTH (default: the size the checkpoint was trained at, else 640)",
+    )
     p.add_argument("--out", type=Path, default=None, help="output directory (default: <name>_yolojet)")
     p.add_argument(
         "--head",

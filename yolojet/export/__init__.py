@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 def export(
     source: str | Path | nn.Module,
     out: str | Path | None = None,
-    imgsz: int | tuple[int, int] | None = 640,
+    imgsz: int | tuple[int, int] | None = None,
     end2end: bool | None = None,
 ) -> Path:
     """Export a `.pt` checkpoint, an ultralytics model name or an architecture YAML to a model directory.

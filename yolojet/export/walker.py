@@ -107,7 +107,7 @@ def trained_imgsz(model: nn.Module) -> int | tuple[int, int]:
 def export_model(
     source: str | Path | nn.Module,
     out: str | Path | None = None,
-    imgsz: int | tuple[int, int] | None = 640,
+    imgsz: int | tuple[int, int] | None = None,
     end2end: bool | None = None,
 ) -> Path:
     import ultralytics
