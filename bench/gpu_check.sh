@@ -21,7 +21,7 @@ for stage in $STAGES; do
     tail -14 "$OUT/pipeline.log" ;;
   tests)
     # SIGINT at the limit: pytest still prints its summary of what failed so far.
-    YOLOJET_NOTUNE=1 timeout -s INT "${TEST_SECONDS:-220}" python3 -m pytest ${TESTS:-tests/pipeline tests/eval tests/runtime tests/kernels} \
+    YOLOJET_NOTUNE=1 YOLOJET_LIVE_FAILURES=1 timeout -s INT "${TEST_SECONDS:-220}" python3 -m pytest ${TESTS:-tests/pipeline tests/eval tests/runtime tests/kernels} \
       -q -p no:cacheprovider --tb=short -rfE ${TEST_FLAGS:-} > "$OUT/tests.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -25 ;;
   startup)

@@ -28,3 +28,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for cfg, imgsz, head, errors in sorted(VERIFIED):
         worst = max(errors)
         terminalreporter.write_line(f"{cfg:<22} {imgsz[0]:>4}x{imgsz[1]:<4} {head:<9} {worst:.2e}")
+
+
+def pytest_runtest_logreport(report):
+    """With YOLOJET_LIVE_FAILURES=1 (bench/gpu_check.sh sets it), print each failure's traceback as it happens, so
+    that a run cut short by a time limit still shows why the tests before the cut failed."""
+    if report.failed and os.environ.get("YOLOJET_LIVE_FAILURES") == "1":
+        import sys
+
+        print(f"\nFAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n", file=sys.stderr, flush=True)
