@@ -90,14 +90,25 @@ def test_task_metrics_find_ultralytics_objects(task_dataset):
     dataset = load_dataset(root / "instances.json")
     result = validate(engine, dataset, progress=False)
     assert result.scores.map50_95 >= 0.99
+    document = json.loads((root / "instances.json").read_text())
     if "seg" in cfg:
         assert dataset.has_masks and result.keypoint_scores is None
         assert result.mask_scores.map50_95 >= 0.99
         assert "mask" in result.to_json() and all("segmentation" in p for p in result.predictions)
+        for a in document["annotations"]:  # a dataset with boxes only: the masks cannot be scored
+            del a["segmentation"]
+        (root / "boxes.json").write_text(json.dumps(document))
+        boxes_only = validate(engine, load_dataset(root / "boxes.json"), progress=False)
+        assert boxes_only.mask_scores is None and boxes_only.scores.map50_95 == result.scores.map50_95
     else:
         assert dataset.keypoints == 17 and result.mask_scores is None
         assert result.keypoint_scores.map50_95 >= 0.99
         assert result.to_json()["keypoints"]["AR20"] >= 0.99
+        for a in document["annotations"]:  # another keypoint shape than the model's is an error, not a score
+            a["keypoints"] = a["keypoints"][: 5 * 3]
+        (root / "five.json").write_text(json.dumps(document))
+        with pytest.raises(DatasetError, match="5 keypoints per object, the model predicts 17"):
+            validate(engine, load_dataset(root / "five.json"), progress=False)
 
 
 def test_yolo_labels_convert_to_the_same_annotations(task_dataset, tmp_path):
@@ -173,15 +184,3 @@ def test_malformed_task_labels(tmp_path):
         data.write_text(f"path: {yolo}\nval: images/val\n{extra}names: [thing]\n")
         with pytest.raises(DatasetError, match=message):
             load_dataset(data)
-
-
-def test_pose_model_on_a_dataset_with_other_keypoints(task_dataset, tmp_path):
-    cfg, root, engine = task_dataset
-    if "pose" not in cfg:
-        pytest.skip("pose only")
-    document = json.loads((root / "instances.json").read_text())
-    for a in document["annotations"]:
-        a["keypoints"] = a["keypoints"][: 5 * 3]
-    (root / "five.json").write_text(json.dumps(document))
-    with pytest.raises(DatasetError, match="5 keypoints per object, the model predicts 17"):
-        validate(engine, load_dataset(root / "five.json"), progress=False)

@@ -250,9 +250,9 @@ def resample_pass(
     if src.dim() == 3 and src.shape[2] == 1:
         src = src[..., 0, None]  # a lone channel's stride is meaningless (numpy's [..., None] makes it 0)
     check_view("src", src, (None, None, None), torch.uint8, out.device)
-    c_src = 1 if src.shape[2] == 1 else 3
     if src.shape[2] not in (1, 3, 4):
         raise ValueError(f"src: {src.shape[2]} channels, expected 1, 3 or 4")
+    c_src = 1 if src.shape[2] == 1 else 3  # a fourth channel (alpha) is never read
     if final:
         check_view("out", out, (None, None, 3))
         if out.dtype not in (torch.float16, torch.float32):

@@ -14,6 +14,7 @@ centre crop on our resample kernel, the network with its softmax, and the copy o
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class _Slot:
     placement: Any
 
 
-class CapturedPath:
+class CapturedPath(ABC):
     """Staging of frames into batch slots and one captured graph per (bucket, frame shapes, frame locations) for a
     path built by `_steps`; subclasses say how a frame shape is placed and what the path does."""
 
@@ -69,18 +70,17 @@ class CapturedPath:
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, Callable[[], None]]] = OrderedDict()
         self.done = torch.cuda.Event() if self.cuda else None
 
-    def set_options(self, conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool) -> None:
-        """Options the path reads on the device; none by default."""
-
+    @abstractmethod
     def _placement(self, slot: int, shape: tuple[int, ...]) -> Any:
-        raise NotImplementedError
+        """How a frame of this shape becomes the network input (kept for as long as graphs use it)."""
 
     def _variant(self) -> Any:
         """Anything besides the frames that changes what is captured."""
         return None
 
+    @abstractmethod
     def _steps(self, batch: int, slots: list[_Slot]) -> Callable[[], None]:
-        raise NotImplementedError
+        """The whole path for these staged slots, as one callable (run once eagerly, then captured)."""
 
     def _staging(self, slot: int, shape: tuple[int, ...], where: str) -> torch.Tensor:
         """The slot's staging buffer for frames (or original-size masks) of this shape; kept for as long as the
@@ -313,6 +313,10 @@ class ClassifyHead(CapturedPath):
             self.probs_host[:batch].copy_(probs, non_blocking=True)
 
         return run
+
+    def set_options(self, conf: float, iou: float, max_det: int, classes: Iterable[int] | None, agnostic: bool) -> None:
+        """Classification reads none of the predict options (as ultralytics' classify predictor)."""
+        return
 
     def found(self, slot: int) -> dict[str, torch.Tensor]:
         return {"probs": self.probs_host[slot].clone()}

@@ -37,6 +37,7 @@ import torch
 
 from yolojet.errors import ImageReadError, ImageSizeError
 from yolojet.images import Frame
+from yolojet.kernels.preprocess import resample_pass
 
 # Pillow's 8-bit resampling: 32 - 8 - 2 fraction bits (Resample.c, PRECISION_BITS).
 _PRECISION_BITS = 22
@@ -195,8 +196,6 @@ class DeviceResamplePlan:
             self.steps.append((step.axis, index, weights, scratch))
 
     def __call__(self, out: torch.Tensor, frame: torch.Tensor, *, bgr: bool) -> None:
-        from yolojet.kernels.preprocess import resample_pass
-
         top, left, rows, cols = self.window
         source = frame[top : top + rows, left : left + cols]
         for axis, index, weights, scratch in self.steps:
