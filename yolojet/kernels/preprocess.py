@@ -25,7 +25,10 @@ import triton.language as tl
 
 from yolojet.kernels.elementwise import check_view
 
-_BLOCK_P = 512  # pixels a program: 2048 (pixel, channel) elements, the tile size of the other NHWC kernels
+_BLOCK_P = 512  # pixels a resample program: 2048 (pixel, channel) elements, the tile size of the NHWC kernels
+# A letterbox program: 4 rows of 256 output elements (85 pixels), 1,280 programs for a 640x640 input.
+_LETTERBOX_ROWS = 4
+_LETTERBOX_ELEMENTS = 256
 
 
 @dataclass(frozen=True)
@@ -91,50 +94,52 @@ def _letterbox_kernel(
     new_w,
     C_IN: tl.constexpr,
     BGR: tl.constexpr,
-    BLOCK_P: tl.constexpr,
+    BLOCK_Y: tl.constexpr,
+    BLOCK_E: tl.constexpr,
 ):
-    pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    ch = tl.arange(0, 4)  # R, G, B and a masked lane: tensor dimensions must be powers of two
-    c_ok = ch < 3
-    p_ok = pix < H * W
-    y = pix // W
-    x = pix % W
+    # A program covers BLOCK_Y output rows and BLOCK_E consecutive elements of each, element e of a row being
+    # channel e % 3 of pixel e // 3: the stores of a row run contiguously, and each axis's taps are computed once
+    # a row or a column rather than once a pixel.
+    y = tl.program_id(0) * BLOCK_Y + tl.arange(0, BLOCK_Y)
+    e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    x = e // 3
+    ch = e - x * 3
+    y_ok = y < H
+    e_ok = e < W * 3
     dy = y - pad_top
     dx = x - pad_left
-    inside = p_ok & (dy >= 0) & (dy < new_h) & (dx >= 0) & (dx < new_w)
+    y_inside = (dy >= 0) & (dy < new_h)
+    x_inside = (dx >= 0) & (dx < new_w)
 
     y0, y1, wy0, wy1 = _cv2_taps(dy, H0, new_h)
     x0, x1, wx0, wx1 = _cv2_taps(dx, W0, new_w)
-    row0 = y0.to(tl.int64) * sf_h
-    row1 = y1.to(tl.int64) * sf_h
-    col0 = (x0.to(tl.int64) * sf_w)[:, None]
-    col1 = (x1.to(tl.int64) * sf_w)[:, None]
-
     if C_IN == 1:
         src_ch = ch * 0  # grey: every output channel reads the one input channel
     elif BGR:
         src_ch = 2 - ch
     else:
         src_ch = ch  # RGB(A): alpha, channel 3, is never read
-    m = inside[:, None] & c_ok[None, :]
-    base0 = frame_ptr + row0[:, None] + src_ch[None, :]
-    base1 = frame_ptr + row1[:, None] + src_ch[None, :]
-    p00 = tl.load(base0 + col0, mask=m, other=0).to(tl.int32)
-    p01 = tl.load(base0 + col1, mask=m, other=0).to(tl.int32)
-    p10 = tl.load(base1 + col0, mask=m, other=0).to(tl.int32)
-    p11 = tl.load(base1 + col1, mask=m, other=0).to(tl.int32)
+    row0 = frame_ptr + (y0.to(tl.int64) * sf_h)[:, None]
+    row1 = frame_ptr + (y1.to(tl.int64) * sf_h)[:, None]
+    col0 = (x0.to(tl.int64) * sf_w + src_ch)[None, :]
+    col1 = (x1.to(tl.int64) * sf_w + src_ch)[None, :]
+    m = (y_ok & y_inside)[:, None] & (e_ok & x_inside)[None, :]
+    p00 = tl.load(row0 + col0, mask=m, other=0).to(tl.int32)
+    p01 = tl.load(row0 + col1, mask=m, other=0).to(tl.int32)
+    p10 = tl.load(row1 + col0, mask=m, other=0).to(tl.int32)
+    p11 = tl.load(row1 + col1, mask=m, other=0).to(tl.int32)
     # cv2's fixed-point arithmetic (11-bit weights; the vertical pass drops 4 bits, weighs, drops 16, then
     # rounds the last 2), so resized pixels equal cv2.resize's bit for bit wherever its SIMD path runs.
-    upper = p00 * wx0[:, None] + p01 * wx1[:, None]
-    lower = p10 * wx0[:, None] + p11 * wx1[:, None]
+    upper = p00 * wx0[None, :] + p01 * wx1[None, :]
+    lower = p10 * wx0[None, :] + p11 * wx1[None, :]
     pixel = (((upper >> 4) * wy0[:, None]) >> 16) + (((lower >> 4) * wy1[:, None]) >> 16)
     pixel = tl.minimum(tl.maximum((pixel + 2) >> 2, 0), 255).to(tl.float32)
     # 114: LetterBox's padding grey. Correctly rounded division, as numpy's and torch's: on a GPU Triton's `/`
     # on float32 is an approximation that can miss by an ulp.
     v = tl.math.div_rn(tl.where(m, pixel, 114.0), tl.full(pixel.shape, 255.0, tl.float32))
 
-    o_off = y.to(tl.int64) * so_h + x.to(tl.int64) * so_w
-    tl.store(out_ptr + o_off[:, None] + ch[None, :], v.to(out_ptr.dtype.element_ty), mask=p_ok[:, None] & c_ok[None, :])
+    o_off = (y.to(tl.int64) * so_h)[:, None] + (x.to(tl.int64) * so_w + ch)[None, :]
+    tl.store(out_ptr + o_off, v.to(out_ptr.dtype.element_ty), mask=y_ok[:, None] & e_ok[None, :])
 
 
 def preprocess_letterbox(
@@ -161,7 +166,7 @@ def preprocess_letterbox(
     lb = letterbox_params((h0, w0), (h, w)) if params is None else params
     if not (0 <= lb.pad_top <= h - lb.new_h and 0 <= lb.pad_left <= w - lb.new_w and min(lb.new_h, lb.new_w) >= 1):
         raise ValueError(f"params: {lb} does not place the frame inside the {h}×{w} output")
-    _letterbox_kernel[(triton.cdiv(h * w, _BLOCK_P),)](
+    _letterbox_kernel[(triton.cdiv(h, _LETTERBOX_ROWS), triton.cdiv(3 * w, _LETTERBOX_ELEMENTS))](
         out,
         *out.stride()[:2],
         frame,
@@ -176,7 +181,8 @@ def preprocess_letterbox(
         lb.new_w,
         C_IN=c,
         BGR=bgr,
-        BLOCK_P=_BLOCK_P,
+        BLOCK_Y=_LETTERBOX_ROWS,
+        BLOCK_E=_LETTERBOX_ELEMENTS,
         enable_fp_fusion=False,
     )
     return lb
