@@ -32,6 +32,7 @@ from support import random_model
 
 import yolojet
 from yolojet.ir import Graph
+from yolojet.runtime.autotune import TuningCache
 from yolojet.runtime.network import TritonNetwork
 
 STARTUP_SNIPPET = """
@@ -99,7 +100,9 @@ def startup_seconds(model_dir: Path, env: dict[str, str]) -> dict[str, float]:
     return {"load_s": loaded, "first_result_s": first_result}
 
 
-def bench_model(name: str, batches: list[int], imgsz: int, repeats: int, use_compile: bool, work: Path) -> dict:
+def bench_model(
+    name: str, batches: list[int], imgsz: int, repeats: int, use_compile: bool, pdl_off_row: bool, work: Path
+) -> dict:
     model = random_model(f"{name}.yaml")
     model_dir = yolojet.export(model, out=work / name, imgsz=imgsz)
     graph = Graph.load(model_dir)
@@ -111,11 +114,20 @@ def bench_model(name: str, batches: list[int], imgsz: int, repeats: int, use_com
     row["tuning"] = engine.tuning
     row["max_rel_l2_vs_reference"] = check(engine, model_dir, imgsz)
     row["launches"] = {b: len(engine.launch_list(b)) for b in batches}
+    row["pdl"] = engine.pdl
+    # The same tile picks (from the tuning cache just written), ordinary launches: what PDL itself buys.
+    no_pdl = (
+        TritonNetwork(graph, torch.device("cuda"), half=True, max_batch=max(batches), buckets=batches, pdl=False)
+        if pdl_off_row and engine.pdl
+        else None
+    )
 
     fused = model.fuse().half().cuda().eval() if hasattr(model, "fuse") else model.half().cuda().eval()
     for batch in batches:
         x = torch.rand(batch, 3, imgsz, imgsz, device="cuda", dtype=torch.float16)
         times = {"yolojet": median_ms(lambda b=batch: engine.execute(b), repeats)}
+        if no_pdl is not None:
+            times["yolojet_no_pdl"] = median_ms(lambda b=batch: no_pdl.execute(b), repeats)
         with torch.inference_mode():
             times["eager"] = median_ms(lambda x=x: fused(x), repeats)
             fused_cl = fused.to(memory_format=torch.channels_last)
@@ -130,6 +142,12 @@ def bench_model(name: str, batches: list[int], imgsz: int, repeats: int, use_com
             fused.to(memory_format=torch.contiguous_format)
         row["batches"][batch] = times
     row["profile_b1"] = [vars(p) for p in engine.profile(min(batches))]
+    picks = TuningCache()
+    row["launches_b1"] = [
+        {"nodes": launch.nodes, "family": launch.family, "ms": ms, "shape": launch.tune_key,
+         "config": str(picks.get(launch.tune_key)) if launch.tune_key else None}
+        for launch, ms in engine.launch_times(min(batches))
+    ]  # fmt: skip
     return row
 
 
@@ -140,6 +158,7 @@ def main() -> None:
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile max-autotune (minutes)")
+    parser.add_argument("--pdl-off-row", action="store_true", help="also time yolojet with ordinary launches")
     parser.add_argument("--startup", action="store_true", help="time cold and cached engine start-up (first model)")
     parser.add_argument("--startup-only", action="store_true", help="time start-up, then stop")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -166,7 +185,7 @@ def main() -> None:
         if args.startup_only:
             return
     for name in args.models:
-        row = bench_model(name, args.batches, args.imgsz, args.repeats, args.compile, fresh)
+        row = bench_model(name, args.batches, args.imgsz, args.repeats, args.compile, args.pdl_off_row, fresh)
         torch.cuda.empty_cache()
         report["models"].append(row)
         (args.out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
@@ -198,6 +217,10 @@ def main() -> None:
                 f"| {p['family']} | {p['count']} | {p['total_ms']:.4f} | {100 * p['total_ms'] / total:.1f} "
                 f"| {p['mean_ms']:.4f} | {p['min_ms']:.4f} | {p['max_ms']:.4f} |"
             )
+    for row in report["models"]:
+        slowest = sorted(row["launches_b1"], key=lambda r: -r["ms"])[:25]
+        lines += ["", f"slowest launches {row['model']} batch {min(args.batches)} (us):"]
+        lines += [f"{1000 * r['ms']:7.2f} {r['family']:<8} {r['shape']} {r['config']}" for r in slowest]
     table = "\n".join(lines)
     (args.out / "bench.md").write_text(table + "\n")
     print(table)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.elementwise import check_view, nhwc_offsets
+from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
 @triton.jit
@@ -51,6 +52,7 @@ def _psa_attention_kernel(
     BLOCK_HD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     n = tl.program_id(1) // NUM_HEADS
     head = tl.program_id(1) % NUM_HEADS
@@ -62,6 +64,7 @@ def _psa_attention_kernel(
     cv_ok = cv < HD
     # Padded key/head channels load as 0, which adds nothing to either product.
     q_off = _token_offsets(i, W, sq_n, sq_h, sq_w, n) + head * KD
+    wait_for_previous_kernel(PDL)
     q = tl.load(q_ptr + q_off[:, None] + ck[None, :], mask=i_ok[:, None] & ck_ok[None, :], other=0.0)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)  # running row max of the log2-domain scores
     l_i = tl.zeros((BLOCK_M,), tl.float32)  # running softmax denominator, relative to m_i
@@ -91,7 +94,14 @@ def _psa_attention_kernel(
 
 
 def psa_attention(
-    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, num_heads: int, scale: float
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    num_heads: int,
+    scale: float,
+    pdl: bool = False,
 ) -> None:
     """Multi-head softmax attention over the H·W pixels of each image, written in place.
 
@@ -137,4 +147,6 @@ def psa_attention(
         BLOCK_HD=max(16, triton.next_power_of_2(hd)),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        PDL=pdl,
+        **launch_options(pdl),
     )

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets
+from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 _FLOATS = (torch.float16, torch.float32)
 # Classes per logits program: 63 programs an image for 1000 classes; 4 to 32 measured alike at batch 1 on an H200,
@@ -27,10 +28,12 @@ def _global_avg_pool_kernel(
     HW,
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     n = tl.program_id(0)
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = ch < C
+    wait_for_previous_kernel(PDL)
     acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
     for p0 in range(0, HW, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
@@ -52,12 +55,14 @@ def _linear_kernel(
     K,
     BLOCK_K: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # A GEMV per batch row (one image's features): spread over class blocks so the weight streams through
     # many SMs at once; the fp32 products are summed per class at the end.
     ks = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     n = tl.program_id(1).to(tl.int64)
     k_ok = ks < K
+    wait_for_previous_kernel(PDL)
     acc = tl.zeros((BLOCK_K, BLOCK_C), tl.float32)
     for c0 in range(0, C, BLOCK_C):
         cs = c0 + tl.arange(0, BLOCK_C)
@@ -72,9 +77,10 @@ def _linear_kernel(
 
 
 @triton.jit
-def _softmax_rows_kernel(out_ptr, so_n, K, BLOCK_K: tl.constexpr):
+def _softmax_rows_kernel(out_ptr, so_n, K, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # In place over one row of logits: an online max and denominator, then a normalising pass.
     row = out_ptr + tl.program_id(0).to(tl.int64) * so_n
+    wait_for_previous_kernel(PDL)
     run_max = tl.full((), float("-inf"), tl.float32)
     run_sum = tl.zeros((), tl.float32)  # sum of exp(logit - run_max)
     for k0 in range(0, K, BLOCK_K):
@@ -91,7 +97,7 @@ def _softmax_rows_kernel(out_ptr, so_n, K, BLOCK_K: tl.constexpr):
         tl.store(row + ks, tl.exp(logits - run_max) * inv_sum, mask=ks < K)
 
 
-def global_avg_pool_nhwc(out: torch.Tensor, x: torch.Tensor) -> None:
+def global_avg_pool_nhwc(out: torch.Tensor, x: torch.Tensor, *, pdl: bool = False) -> None:
     """out[n, c] = mean_{y, x} x[n, y, x, c], accumulated and stored in fp32.
 
     x: (N, H, W, C) fp16/fp32 view (any N/H/W strides, unit channel stride); out: (N, C) fp32 with unit C stride.
@@ -102,11 +108,14 @@ def global_avg_pool_nhwc(out: torch.Tensor, x: torch.Tensor) -> None:
     block_p, block_c = nhwc_blocks(c)
     block_p = min(block_p, triton.next_power_of_2(h * w))
     _global_avg_pool_kernel[(n, triton.cdiv(c, block_c))](
-        out, out.stride(0), x, *x.stride()[:3], w, c, h * w, BLOCK_P=block_p, BLOCK_C=block_c
-    )
+        out, out.stride(0), x, *x.stride()[:3], w, c, h * w, BLOCK_P=block_p, BLOCK_C=block_c, PDL=pdl,
+        **launch_options(pdl),
+    )  # fmt: skip
 
 
-def linear_softmax(out_probs: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
+def linear_softmax(
+    out_probs: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, pdl: bool = False
+) -> None:
     """out_probs[n, k] = softmax_k(sum_c x[n, c] · weight[k, c] + bias[k]), computed and stored in fp32.
 
     x: (N, C) fp16/fp32; weight: (K, C) fp16/fp32; bias: fp32 (K,); out_probs: (N, K) fp32; all with unit last
@@ -134,5 +143,10 @@ def linear_softmax(out_probs: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
         k,
         BLOCK_K=_LINEAR_BLOCK_K,
         BLOCK_C=block_c,
+        PDL=pdl,
+        **launch_options(pdl),
     )
-    _softmax_rows_kernel[(n,)](out_probs, out_probs.stride(0), k, BLOCK_K=min(1024, triton.next_power_of_2(k)))
+    _softmax_rows_kernel[(n,)](
+        out_probs, out_probs.stride(0), k, BLOCK_K=min(1024, triton.next_power_of_2(k)), PDL=pdl,
+        **launch_options(pdl),
+    )  # fmt: skip

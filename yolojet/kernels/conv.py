@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
+from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 # Launching programs in groups of GROUP_M M-tiles keeps the input rows a group shares resident in L2 while
 # the group sweeps all C_out tiles.
@@ -62,6 +63,7 @@ def _conv2d_nhwc_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[n, oy, ox, co] = act(bias[co] + Σ_{ky,kx,ci} xu[n, iy, ix, ci] · w[co, ky, kx, ci]) (+ res[n, oy, ox, co])
 
@@ -97,6 +99,7 @@ def _conv2d_nhwc_kernel(
     W_up = W * UPSAMPLE
     w_rows = w_ptr + offs_n * (KH * KW * C_in)
 
+    wait_for_previous_kernel(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # input_precision="ieee" keeps fp32 mode exact (no TF32); Triton ignores it for fp16 operands.
     if KH * KW == 1:
@@ -267,11 +270,15 @@ def conv2d_nhwc(
     residual: torch.Tensor | None = None,
     upsample: int = 1,
     config: ConvConfig | None = None,
+    pdl: bool = False,
+    compile_only: bool = False,
 ) -> None:
     """out = act(conv2d(upsample_nearest(x, upsample), weight) + bias) (+ residual), written in place.
 
     x: (N, H, W, C_in) fp16/fp32 view with unit channel stride; out and residual: (N, OH, OW, C_out) views of
-    the same dtype; weight: contiguous (C_out, kh, kw, C_in) of that dtype; bias: fp32 (C_out,).
+    the same dtype; weight: contiguous (C_out, kh, kw, C_in) of that dtype; bias: fp32 (C_out,). `pdl` launches
+    with programmatic dependent launch (see yolojet.kernels.pdl). `compile_only` compiles the specialization this
+    call needs without launching it (for compiling many tile candidates in parallel before timing them).
     """
     if x.dim() != 4:
         raise ValueError(f"x must be a 4-D NHWC tensor, got shape {tuple(x.shape)}")
@@ -313,7 +320,8 @@ def conv2d_nhwc(
     cfg = config or default_config(m, c_out, kh * kw * c_in, kh == kw == 1, x.dtype)
     res = out if residual is None else residual  # never read without HAS_RESIDUAL; any valid pointer will do
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
-    _conv2d_nhwc_kernel[grid](
+    kernel = functools.partial(_conv2d_nhwc_kernel.warmup, grid=grid) if compile_only else _conv2d_nhwc_kernel[grid]
+    kernel(
         out,
         *out.stride()[:3],
         x,
@@ -344,6 +352,8 @@ def conv2d_nhwc(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         GROUP_M=_GROUP_M,
+        PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **launch_options(pdl),
     )

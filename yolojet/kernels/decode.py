@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+
 DETECT, SEGMENT, OBB, POSE = 0, 1, 2, 3
 TASK_CODES = {"detect": DETECT, "segment": SEGMENT, "obb": OBB, "pose": POSE}
 _OBB = tl.constexpr(OBB)
@@ -81,6 +83,7 @@ def _decode_level_kernel(
     KPT_V26: tl.constexpr,
     BLOCK_A: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
@@ -91,6 +94,7 @@ def _decode_level_kernel(
     ax = gx.to(tl.float32) + 0.5
     ay = gy.to(tl.float32) + 0.5
     out_col = out_ptr + n * so_n + anchor_offset + idx
+    wait_for_previous_kernel(PDL)
 
     box_pix = n * sb_n + gy * sb_h + gx * sb_w
     left = _side_distance(box_ptr, box_pix, 0, a_ok, REG_MAX, R_PAD)
@@ -180,6 +184,8 @@ def decode_heads(
     scores: list[torch.Tensor],
     extras: list[torch.Tensor] | None,
     spec: DecodeSpec,
+    *,
+    pdl: bool = False,
 ) -> None:
     """Decode every level into `out` (N, 4 + nc + extra, A), float32, anchors contiguous.
 
@@ -221,5 +227,7 @@ def decode_heads(
             KPT_V26=spec.kpt_v26,
             BLOCK_A=_BLOCK_A,
             BLOCK_C=_BLOCK_C,
+            PDL=pdl,
+            **launch_options(pdl),
         )  # fmt: skip
         offset += h * w

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
 from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets, pixel_coords
+from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
 @triton.jit
@@ -45,6 +46,7 @@ def _dwconv2d_kernel(
     HAS_RES: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -55,6 +57,7 @@ def _dwconv2d_kernel(
     iw0 = ow * STRIDE - PAD
     # Window-origin pointers once per pixel; each tap then only adds a scalar and tests four int32 bounds.
     x_base = x_ptr + nhwc_offsets(n, ih0, iw0, sx_n, sx_h, sx_w)
+    wait_for_previous_kernel(PDL)
     acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
     for i in tl.static_range(KH):
         for j in tl.static_range(KW):
@@ -83,6 +86,7 @@ def dwconv2d_nhwc(
     padding: int = 0,
     activation: str = "identity",
     residual: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> None:
     """out = act(depthwise_conv2d(x, weight) + bias) (+ residual), written in place.
 
@@ -135,4 +139,6 @@ def dwconv2d_nhwc(
         HAS_RES=residual is not None,
         BLOCK_P=block_p,
         BLOCK_C=block_c,
+        PDL=pdl,
+        **launch_options(pdl),
     )

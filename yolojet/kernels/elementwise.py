@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+
 
 def check_view(
     name: str,
@@ -82,12 +84,14 @@ def _gather_add_kernel(
     HAS_B: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     n, oh, ow = pixel_coords(pix, OH, OW)
     mask = (pix < P)[:, None] & (ch < C)[None, :]
     x_off = nhwc_offsets(n, oh // FACTOR, ow // FACTOR, sx_n, sx_h, sx_w)
+    wait_for_previous_kernel(PDL)
     y = tl.load(x_ptr + x_off[:, None] + ch[None, :], mask=mask)
     if HAS_B:
         b = tl.load(b_ptr + nhwc_offsets(n, oh, ow, sb_n, sb_h, sb_w)[:, None] + ch[None, :], mask=mask)
@@ -96,7 +100,7 @@ def _gather_add_kernel(
     tl.store(out_ptr + o_off[:, None] + ch[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(out: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None, factor: int) -> None:
+def _launch(out: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None, factor: int, pdl: bool) -> None:
     n, oh, ow, c = out.shape
     block_p, block_c = nhwc_blocks(c)
     grid = (triton.cdiv(n * oh * ow, block_p), triton.cdiv(c, block_c))
@@ -116,29 +120,31 @@ def _launch(out: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None, factor: 
         HAS_B=b is not None,
         BLOCK_P=block_p,
         BLOCK_C=block_c,
+        PDL=pdl,
+        **launch_options(pdl),
     )
 
 
-def add_nhwc(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def add_nhwc(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, pdl: bool = False) -> None:
     """out = a + b (computed in fp32, stored in out's dtype); all three (N, H, W, C) views of one dtype."""
     check_view("a", a, (None,) * 4)
     check_view("b", b, a.shape, a.dtype, a.device)
     check_view("out", out, a.shape, a.dtype, a.device)
-    _launch(out, a, b, 1)
+    _launch(out, a, b, 1, pdl)
 
 
-def upsample_nearest_nhwc(out: torch.Tensor, x: torch.Tensor, factor: int) -> None:
+def upsample_nearest_nhwc(out: torch.Tensor, x: torch.Tensor, factor: int, *, pdl: bool = False) -> None:
     """out[n, y, x, c] = x[n, y // factor, x // factor, c]; out is (N, H*factor, W*factor, C)."""
     check_view("x", x, (None,) * 4)
     if not isinstance(factor, int) or factor < 1:
         raise ValueError(f"factor: expected a positive int, got {factor!r}")
     n, h, w, c = x.shape
     check_view("out", out, (n, h * factor, w * factor, c), x.dtype, x.device)
-    _launch(out, x, None, factor)
+    _launch(out, x, None, factor, pdl)
 
 
-def copy_nhwc(out: torch.Tensor, x: torch.Tensor) -> None:
+def copy_nhwc(out: torch.Tensor, x: torch.Tensor, *, pdl: bool = False) -> None:
     """out[...] = x[...] for two (N, H, W, C) views of one shape and dtype (e.g. into a concat buffer's slice)."""
     check_view("x", x, (None,) * 4)
     check_view("out", out, x.shape, x.dtype, x.device)
-    _launch(out, x, None, 1)
+    _launch(out, x, None, 1, pdl)

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets, pixel_coords
+from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
 @triton.jit
@@ -48,6 +49,7 @@ def _maxpool2d_kernel(
     PAD: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -57,6 +59,7 @@ def _maxpool2d_kernel(
     ih0 = oh * STRIDE - PAD
     iw0 = ow * STRIDE - PAD
     x_base = x_ptr + nhwc_offsets(n, ih0, iw0, sx_n, sx_h, sx_w)
+    wait_for_previous_kernel(PDL)
     m = tl.full((BLOCK_P, BLOCK_C), float("-inf"), x_ptr.dtype.element_ty)
     for i in tl.static_range(K):
         for j in tl.static_range(K):
@@ -84,6 +87,7 @@ def _sppf_kernel(
     REPEATS: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # r chained stride-1 pools of half-width HALF equal one pool of half-width r·HALF, and those square windows
     # are nested: walk Chebyshev rings d = 0, 1, ... around each pixel with one running max, and store output
@@ -94,6 +98,7 @@ def _sppf_kernel(
     c_ok = ch < C
     n, oh, ow = pixel_coords(pix, H, W)
     x_base = x_ptr + nhwc_offsets(n, oh, ow, sx_n, sx_h, sx_w)
+    wait_for_previous_kernel(PDL)
     m = tl.full((BLOCK_P, BLOCK_C), float("-inf"), x_ptr.dtype.element_ty)
     m = _max_tap(m, x_base, oh, ow, 0, 0, sx_h, sx_w, H, W, ch, p_ok, c_ok)
     o_ptrs = out_ptr + nhwc_offsets(n, oh, ow, so_n, so_h, so_w)[:, None] + ch[None, :]
@@ -108,7 +113,9 @@ def _sppf_kernel(
             tl.store(o_ptrs + (d // HALF - 1) * so_r, m, mask=p_ok[:, None] & c_ok[None, :])
 
 
-def maxpool2d_nhwc(out: torch.Tensor, x: torch.Tensor, *, kernel: int, stride: int, padding: int) -> None:
+def maxpool2d_nhwc(
+    out: torch.Tensor, x: torch.Tensor, *, kernel: int, stride: int, padding: int, pdl: bool = False
+) -> None:
     """out[n, oh, ow, c] = max_{0 <= i, j < kernel} x[n, oh·stride − padding + i, ow·stride − padding + j, c].
 
     x is -inf outside the image (as torch.nn.functional.max_pool2d); OH = (H + 2·padding − kernel) // stride + 1.
@@ -143,10 +150,14 @@ def maxpool2d_nhwc(out: torch.Tensor, x: torch.Tensor, *, kernel: int, stride: i
         PAD=padding,
         BLOCK_P=block_p,
         BLOCK_C=block_c,
+        PDL=pdl,
+        **launch_options(pdl),
     )
 
 
-def sppf_pools(outs: Sequence[torch.Tensor], x: torch.Tensor, *, kernel: int = 5, repeats: int = 3) -> None:
+def sppf_pools(
+    outs: Sequence[torch.Tensor], x: torch.Tensor, *, kernel: int = 5, repeats: int = 3, pdl: bool = False
+) -> None:
     """SPPF's chained pools in one pass: outs[r] = maxpool^(r+1)(x) with maxpool = (kernel, stride 1, pad kernel//2).
 
     Equivalently outs[r][n, y, x, c] = max over |dy|, |dx| <= (r+1)·(kernel // 2) of x[n, y + dy, x + dx, c], the
@@ -187,4 +198,6 @@ def sppf_pools(outs: Sequence[torch.Tensor], x: torch.Tensor, *, kernel: int = 5
         REPEATS=repeats,
         BLOCK_P=block_p,
         BLOCK_C=block_c,
+        PDL=pdl,
+        **launch_options(pdl),
     )

@@ -3,6 +3,11 @@
 Each tunable launch offers candidate configs; each is timed on the real views with CUDA events and
 the fastest kept. Winners are stored in one JSON file keyed by GPU name, Triton version and the
 launch's shape key, so the next start-up on the same GPU skips the timing.
+
+Compiling the candidates costs far more than timing them (a few hundred specializations at up to
+seconds each), so before the timing starts every candidate of every untuned launch is compiled at
+once on a pool of threads, through Triton's asynchronous compile mode where the installed Triton
+has it (its compiler releases the GIL); the timing then only launches.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -70,6 +76,31 @@ def time_launch(launch: Launch, repeats: int = 10, replays: int = 5) -> float:
     stop.record()
     stop.synchronize()
     return start.elapsed_time(stop) / (repeats * replays)
+
+
+def untuned(launches: list[Launch], cache: TuningCache) -> list[Launch]:
+    """The tunable launches whose winner the cache does not hold yet."""
+    return [
+        launch for launch in launches if launch.tune_key and launch.configure and cache.get(launch.tune_key) is None
+    ]
+
+
+def compile_candidates(launches: list[Launch], workers: int | None = None) -> bool:
+    """Compile every candidate config of `launches` in parallel; False where this Triton cannot compile in the
+    background (each candidate is then compiled when first timed, one after another)."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return False
+    workers = workers or min(32, os.cpu_count() or 1)
+    # Leaving AsyncCompileMode waits for every compile (identical specializations are compiled once); only then
+    # is the pool shut down.
+    with ThreadPoolExecutor(workers, thread_name_prefix="yolojet-compile") as pool, AsyncCompileMode(pool):
+        for launch in launches:
+            if launch.compile is not None:
+                for config in launch.candidates:
+                    launch.compile(config)
+    return True
 
 
 def tune(launches: list[Launch], cache: TuningCache, progress=None) -> dict[str, int]:

@@ -65,13 +65,15 @@ class Engine:
         fuse: bool = True,
         verbose: bool = False,
         buckets: list[int] | None = None,
+        pdl: bool | None = None,
     ) -> Engine:
         """Load a model directory, `.pt`, ultralytics name or `.yaml` (exported on first use and cached).
 
         backend "triton" runs our kernels (a CUDA device, or the CPU when TRITON_INTERPRET=1); "reference"
         the float32 torch executor. The default is "triton" where it can run, else "reference" with a notice.
         `tune=None` tunes conv tiles unless YOLOJET_NOTUNE=1. `buckets` overrides the batch sizes a CUDA
-        graph is captured for (default 1, 2, 4, ..., max_batch).
+        graph is captured for (default 1, 2, 4, ..., max_batch). `pdl=None` launches the network's kernels with
+        programmatic dependent launch where the GPU supports it (Hopper and later) unless YOLOJET_PDL=0.
         """
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if max_batch < 1:
@@ -98,7 +100,7 @@ class Engine:
             tune = os.environ.get("YOLOJET_NOTUNE") != "1"
         network = TritonNetwork(
             graph, device, half=half, max_batch=max_batch, tune_layers=tune, fuse=fuse, verbose=verbose,
-            buckets=buckets,
+            buckets=buckets, pdl=pdl,
         )  # fmt: skip
         return cls(network, max_batch)
 

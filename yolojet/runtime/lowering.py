@@ -37,6 +37,7 @@ class Launch:
     run: Callable[[], None]
     tune_key: str | None = None
     configure: Callable[[ConvConfig], None] | None = None
+    compile: Callable[[ConvConfig], None] | None = None  # compiles a candidate without launching it
     candidates: list[ConvConfig] = field(default_factory=list)
 
 
@@ -88,7 +89,7 @@ def _conv_tune_key(x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, nod
     )
 
 
-def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
+def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
     a = node.attrs
     x, out = view(node.inputs[0]), view(node.outputs[0])
     residual = view(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -101,7 +102,7 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
         def run_depthwise() -> None:
             dwconv2d_nhwc(
                 out, x, weight, bias, stride=stride[0], padding=padding[0], activation=a["activation"],
-                residual=residual,
+                residual=residual, pdl=pdl,
             )  # fmt: skip
 
         return Launch("dwconv", [node.name], list(node.outputs), run_depthwise)
@@ -114,11 +115,17 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
     def run() -> None:
         conv2d_nhwc(
             out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
-            residual=residual, config=chosen[0],
+            residual=residual, config=chosen[0], pdl=pdl,
         )  # fmt: skip
 
     def configure(config: ConvConfig) -> None:
         chosen[0] = config
+
+    def compile_config(config: ConvConfig) -> None:
+        conv2d_nhwc(
+            out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
+            residual=residual, config=config, pdl=pdl, compile_only=True,
+        )  # fmt: skip
 
     return Launch(
         "conv",
@@ -127,11 +134,12 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
         run,
         tune_key=_conv_tune_key(x, out, weight, node, residual is not None),
         configure=configure,
+        compile=compile_config,
         candidates=conv_candidate_configs(m, c_out, k, is_1x1, x.dtype),
     )
 
 
-def _lower_conv_transpose(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
+def _lower_conv_transpose(node: Node, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
     """A stride-2, 2x2 transposed conv is four 1x1 convs, each writing every other row and column."""
     sy, sx = _pair(node.attrs["stride"])
     taps = [key for key in weights.tensors if key.startswith(f"{node.name}.weight")]
@@ -142,7 +150,7 @@ def _lower_conv_transpose(node: Node, view: ViewFn, weights: PackedWeights) -> L
 
     def run() -> None:
         for target, weight in parts:
-            conv2d_nhwc(target, x, weight, bias, activation="identity")
+            conv2d_nhwc(target, x, weight, bias, activation="identity", pdl=pdl)
 
     return Launch("conv", [node.name], list(node.outputs), run)
 
@@ -160,7 +168,7 @@ def _sppf_chain(graph: Graph, start: int) -> list[Node]:
     return chain
 
 
-def _lower_pools(chain: list[Node], view: ViewFn) -> Launch | None:
+def _lower_pools(chain: list[Node], view: ViewFn, pdl: bool) -> Launch | None:
     """SPPF's pools as one launch, when their outputs are equally spaced slices with one set of strides."""
     if len(chain) < 2:
         return None
@@ -173,47 +181,47 @@ def _lower_pools(chain: list[Node], view: ViewFn) -> Launch | None:
     kernel = _pair(chain[0].attrs["kernel"])[0]
 
     def run() -> None:
-        sppf_pools(outs, x, kernel=kernel, repeats=len(outs))
+        sppf_pools(outs, x, kernel=kernel, repeats=len(outs), pdl=pdl)
 
     return Launch("pool", [n.name for n in chain], [n.outputs[0] for n in chain], run)
 
 
-def _lower_maxpool(node: Node, view: ViewFn) -> Launch:
+def _lower_maxpool(node: Node, view: ViewFn, pdl: bool) -> Launch:
     x, out = view(node.inputs[0]), view(node.outputs[0])
     (kernel, _), (stride, _), (padding, _) = (_pair(node.attrs[k]) for k in ("kernel", "stride", "padding"))
 
     def run() -> None:
-        maxpool2d_nhwc(out, x, kernel=kernel, stride=stride, padding=padding)
+        maxpool2d_nhwc(out, x, kernel=kernel, stride=stride, padding=padding, pdl=pdl)
 
     return Launch("pool", [node.name], list(node.outputs), run)
 
 
-def _lower_simple(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
+def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
     ins = [view(i) for i in node.inputs]
     outs = [view(o) for o in node.outputs]
     a = node.attrs
     if node.op == "upsample":
 
         def run() -> None:
-            upsample_nearest_nhwc(outs[0], ins[0], a["scale"])
+            upsample_nearest_nhwc(outs[0], ins[0], a["scale"], pdl=pdl)
 
         family = "elementwise"
     elif node.op == "add":
 
         def run() -> None:
-            add_nhwc(outs[0], ins[0], ins[1])
+            add_nhwc(outs[0], ins[0], ins[1], pdl=pdl)
 
         family = "elementwise"
     elif node.op == "attention":
 
         def run() -> None:
-            psa_attention(outs[0], ins[0], ins[1], ins[2], num_heads=a["num_heads"], scale=a["scale"])
+            psa_attention(outs[0], ins[0], ins[1], ins[2], num_heads=a["num_heads"], scale=a["scale"], pdl=pdl)
 
         family = "attention"
     elif node.op == "global_avg_pool":
 
         def run() -> None:
-            global_avg_pool_nhwc(outs[0], ins[0])
+            global_avg_pool_nhwc(outs[0], ins[0], pdl=pdl)
 
         family = "classify"
     elif node.op == "decode":
@@ -222,7 +230,7 @@ def _lower_simple(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
         boxes, scores, extras = ins[:levels], ins[levels : 2 * levels], ins[2 * levels :] or None
 
         def run() -> None:
-            decode_heads(outs[0], boxes, scores, extras, spec)
+            decode_heads(outs[0], boxes, scores, extras, spec, pdl=pdl)
 
         family = "decode"
     elif node.op == "topk":
@@ -237,8 +245,13 @@ def _lower_simple(node: Node, view: ViewFn, weights: PackedWeights) -> Launch:
     return Launch(family, [node.name], list(node.outputs), run)
 
 
-def lower(graph: Graph, view: ViewFn, weights: PackedWeights, copies: dict[str, list[str]], fuse: bool) -> list[Launch]:
-    """The launch list for one batch size; `view(name)` gives each value's device view at that size."""
+def lower(
+    graph: Graph, view: ViewFn, weights: PackedWeights, copies: dict[str, list[str]], fuse: bool, pdl: bool = False
+) -> list[Launch]:
+    """The launch list for one batch size; `view(name)` gives each value's device view at that size.
+
+    `pdl` launches every kernel with programmatic dependent launch (yolojet.kernels.pdl).
+    """
     launches: list[Launch] = []
     done: set[str] = set()
     for i, node in enumerate(graph.nodes):
@@ -248,36 +261,36 @@ def lower(graph: Graph, view: ViewFn, weights: PackedWeights, copies: dict[str, 
             continue  # outputs are views of the input
         if node.op == "concat":
             for value in copies.get(node.name, []):
-                launches.append(_copy_into_concat(node, value, view))
+                launches.append(_copy_into_concat(node, value, view, pdl))
             continue
         if node.op == "conv":
-            launches.append(_lower_conv(node, view, weights))
+            launches.append(_lower_conv(node, view, weights, pdl))
         elif node.op == "conv_transpose":
-            launches.append(_lower_conv_transpose(node, view, weights))
+            launches.append(_lower_conv_transpose(node, view, weights, pdl))
         elif node.op == "maxpool":
-            fused = _lower_pools(_sppf_chain(graph, i), view) if fuse else None
-            launches.append(fused or _lower_maxpool(node, view))
+            fused = _lower_pools(_sppf_chain(graph, i), view, pdl) if fuse else None
+            launches.append(fused or _lower_maxpool(node, view, pdl))
         elif node.op == "linear":
-            launches.append(_lower_linear(graph, i, view, weights))
+            launches.append(_lower_linear(graph, i, view, weights, pdl))
         else:
-            launches.append(_lower_simple(node, view, weights))
+            launches.append(_lower_simple(node, view, pdl))
         done.update(launches[-1].nodes)
     return launches
 
 
-def _copy_into_concat(node: Node, value: str, view: ViewFn) -> Launch:
+def _copy_into_concat(node: Node, value: str, view: ViewFn, pdl: bool) -> Launch:
     position = node.inputs.index(value)
     source, target = view(value), view(node.outputs[0])
     start = sum(view(v).shape[3] for v in node.inputs[:position])
     destination = target[..., start : start + source.shape[3]]
 
     def run() -> None:
-        copy_nhwc(destination, source)
+        copy_nhwc(destination, source, pdl=pdl)
 
     return Launch("elementwise", [f"{node.name}<-{value}"], [], run)
 
 
-def _lower_linear(graph: Graph, i: int, view: ViewFn, weights: PackedWeights) -> Launch:
+def _lower_linear(graph: Graph, i: int, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
     """The classifier's linear layer and the softmax after it are one kernel."""
     node = graph.nodes[i]
     following = graph.nodes[i + 1] if i + 1 < len(graph.nodes) else None
@@ -287,6 +300,6 @@ def _lower_linear(graph: Graph, i: int, view: ViewFn, weights: PackedWeights) ->
     weight, bias = weights.get(node, "weight"), weights.get(node, "bias")
 
     def run() -> None:
-        linear_softmax(probs, x, weight, bias)
+        linear_softmax(probs, x, weight, bias, pdl=pdl)
 
     return Launch("classify", [node.name, following.name], list(following.outputs), run)

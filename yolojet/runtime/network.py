@@ -20,7 +20,8 @@ import torch
 
 from yolojet.errors import EngineConfigError
 from yolojet.ir import Graph, ModelMeta
-from yolojet.runtime.autotune import TuningCache, time_launch, tune
+from yolojet.kernels.pdl import pdl_available
+from yolojet.runtime.autotune import TuningCache, compile_candidates, time_launch, tune, untuned
 from yolojet.runtime.lowering import Launch, PackedWeights, ViewFn, lower
 from yolojet.runtime.plan import MemoryPlan, plan_memory
 
@@ -57,6 +58,7 @@ class TritonNetwork:
         fuse: bool = True,
         verbose: bool = False,
         buckets: list[int] | None = None,
+        pdl: bool | None = None,
     ) -> None:
         if max_batch < 1:
             raise EngineConfigError(f"max_batch {max_batch}: must be at least 1")
@@ -70,7 +72,11 @@ class TritonNetwork:
         self.heads = torch.empty(self.plan.arena_elements("head", max_batch), dtype=torch.float32, device=device)
         self.weights = PackedWeights(graph, device, self.dtype)
         self.buckets = buckets
-        self.launches = {b: lower(graph, self._viewer(b), self.weights, self.plan.copies, fuse) for b in self.buckets}
+        # None: wherever the GPU and Triton support it (off under the interpreter and with YOLOJET_PDL=0).
+        self.pdl = pdl_available(device) if pdl is None else pdl
+        self.launches = {
+            b: lower(graph, self._viewer(b), self.weights, self.plan.copies, fuse, self.pdl) for b in self.buckets
+        }
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.tuning: dict[str, int] = {}
         if device.type == "cuda":
@@ -107,6 +113,12 @@ class TritonNetwork:
             if verbose:
                 print(f"\rtuning conv tiles {done[0]}/{tunable}", end="", file=sys.stderr, flush=True)
 
+        pending = [launch for b in self.buckets for launch in untuned(self.launches[b], cache)]
+        if pending:
+            if verbose:
+                candidates = sum(len(launch.candidates) for launch in pending)
+                print(f"compiling {candidates} tile candidates of {len(pending)} convs", file=sys.stderr, flush=True)
+            compile_candidates(pending)
         totals: dict[str, int] = defaultdict(int)
         for b in self.buckets:
             for key, value in tune(self.launches[b], cache, progress).items():
@@ -222,13 +234,17 @@ class TritonNetwork:
             times.append(start.elapsed_time(stop))
         return times
 
-    def profile(self, batch: int = 1) -> list[FamilyProfile]:
-        """Device time per launch, grouped by kernel family, most expensive family first."""
+    def launch_times(self, batch: int = 1) -> list[tuple[Launch, float]]:
+        """Each launch of the bucket for `batch` with its device milliseconds, timed alone, in network order."""
         if self.device.type != "cuda":
             raise EngineConfigError("profile needs a CUDA device")
+        return [(launch, time_launch(launch)) for launch in self.launches[self.bucket_for(batch)]]
+
+    def profile(self, batch: int = 1) -> list[FamilyProfile]:
+        """Device time per launch, grouped by kernel family, most expensive family first."""
         per_family: dict[str, list[float]] = defaultdict(list)
-        for launch in self.launches[self.bucket_for(batch)]:
-            per_family[launch.family].append(time_launch(launch))
+        for launch, ms in self.launch_times(batch):
+            per_family[launch.family].append(ms)
         rows = [FamilyProfile(f, len(t), sum(t), sum(t) / len(t), min(t), max(t)) for f, t in per_family.items()]
         return sorted(rows, key=lambda r: -r.total_ms)
 
