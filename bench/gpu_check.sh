@@ -3,7 +3,7 @@
 # reference backend), the test suite on the device (kernels at full shapes, whole models, the predict
 # paths against ultralytics), the cold and cached start-up, then the network benchmark. Results land in $OUT. Each stage has its own
 # time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
-#   bash bench/gpu_check.sh            # needs .whl/ from ../shared/device/wheels.sh (ultralytics) beside the code
+#   bash bench/gpu_check.sh   # needs .whl/ beside the code: ../shared/device/wheels.sh, then wheels.sh pycocotools==2.0.11
 #   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}

@@ -162,3 +162,14 @@ def match_detections(ours, theirs, iou_min: float = 0.99, conf_tol: float = 0.01
             continue
         used.add(max(options, key=lambda j: float(iou[i, j])))
     return problems
+
+
+def assert_same_top5(ours: list[int], theirs: list[int], their_probs, tie: float = 1e-4, label: str = "") -> None:
+    """Same top-5 class ids in the same order as predict, except where predict's own probabilities of the two ids
+    differ by at most `tie`: a near tie that float rounding may order either way."""
+    probs = np.asarray(their_probs, dtype=np.float64)
+    assert len(ours) == len(theirs), f"{label}: top-5 {ours} vs predict's {theirs}"
+    for a, b in zip(ours, theirs, strict=True):
+        assert a == b or abs(probs[a] - probs[b]) <= tie, (
+            f"{label}: top-5 {ours} vs predict's {theirs}; p[{a}] = {probs[a]:.6f}, p[{b}] = {probs[b]:.6f}"
+        )

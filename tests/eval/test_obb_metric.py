@@ -109,7 +109,7 @@ def ultralytics_obb(model, image: np.ndarray, conf: float):
 
     wrapper = YOLO("yolo11n-obb.yaml", verbose=False)
     wrapper.model = deepcopy(model)
-    return wrapper.predict(image, imgsz=640, conf=conf, verbose=False, rect=False)[0].obb
+    return wrapper.predict(image, imgsz=640, conf=conf, verbose=False, rect=False)[0].cpu().obb
 
 
 @pytest.fixture(scope="module")

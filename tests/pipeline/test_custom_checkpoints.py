@@ -16,7 +16,7 @@ import datetime
 import numpy as np
 import pytest
 import torch
-from support import calibrate_batchnorm, match_detections, real_photos
+from support import assert_same_top5, calibrate_batchnorm, match_detections, real_photos
 
 import yolojet
 from yolojet.runtime.engine import Engine
@@ -59,7 +59,8 @@ def save_checkpoint(path, cfg: str, task: str, nc: int, imgsz: int):
 def ultralytics_predict(path, images, conf: float):
     from ultralytics import YOLO
 
-    return YOLO(str(path)).predict(images, conf=conf, verbose=False, rect=False)
+    results = YOLO(str(path)).predict(images, conf=conf, verbose=False, rect=False)
+    return [r.cpu() for r in results]  # predict leaves them on its device
 
 
 @pytest.mark.parametrize(
@@ -81,14 +82,16 @@ def test_custom_class_count_checkpoint_runs_like_ultralytics(cfg, task, nc, tmp_
         assert got.error is None
         if task == "classify":
             assert got.probs.data.shape == (nc,), "padding leaked into the probabilities"
-            assert got.probs.top5 == list(want.probs.top5)
+            assert_same_top5(got.probs.top5, list(want.probs.top5), want.probs.data.numpy())
             assert float(np.abs(got.probs.data - want.probs.data.cpu().numpy()).max()) <= 5e-3
             continue
         assert not match_detections(got.boxes.data, want.boxes.data)
         classes = got.boxes.cls.astype(int)
         assert classes.size == 0 or classes.max() < nc, "a padded class came out"
         assert {got.names[c] for c in classes} <= {f"kind-{i}" for i in range(nc)}
-        if task == "segment":  # test_segment holds masks to predict's exactly; here: the coefficients line up
+        if task == "segment" and len(
+            got
+        ):  # test_segment holds masks to predict's exactly; here: the coefficients line up
             from ultralytics.utils.ops import scale_masks
 
             theirs_masks = scale_masks(want.masks.data[None].float().cpu(), got.orig_shape)[0].numpy() > 0.5

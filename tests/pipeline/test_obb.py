@@ -147,7 +147,8 @@ def ultralytics_obb(model, cfg: str, images: list[np.ndarray], end2end: bool, co
     wrapper.model = deepcopy(model)  # predict fuses the model it is given in place
     wrapper.model.end2end = end2end
     nms = False if end2end else None
-    return wrapper.predict(images, imgsz=IMGSZ, conf=conf, verbose=False, nms=nms, rect=False)
+    results = wrapper.predict(images, imgsz=IMGSZ, conf=conf, verbose=False, nms=nms, rect=False)
+    return [r.cpu() for r in results]  # predict leaves them on its device
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,8 @@ def ultralytics_pose(model, cfg: str, images: list[np.ndarray], end2end: bool, c
     wrapper.model = deepcopy(model)  # predict fuses the model it is given in place
     wrapper.model.end2end = end2end
     nms = False if end2end else None
-    return wrapper.predict(images, imgsz=IMGSZ, conf=conf, verbose=False, nms=nms, rect=False)
+    results = wrapper.predict(images, imgsz=IMGSZ, conf=conf, verbose=False, nms=nms, rect=False)
+    return [r.cpu() for r in results]  # predict leaves them on its device
 
 
 def pairs(ours: torch.Tensor, theirs: torch.Tensor, iou_min: float = 0.99, conf_tol: float = 0.01) -> list[int]:

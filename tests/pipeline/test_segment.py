@@ -99,6 +99,7 @@ def ultralytics_results(model, cfg, images, end2end, retina_masks):
         images, imgsz=IMGSZ, conf=CONF[cfg], verbose=False, nms=nms, rect=False, retina_masks=retina_masks,
         batch=len(images),
     )  # fmt: skip
+    results = [r.cpu() for r in results]  # predict leaves them on its device
     found = []
     for image, r in zip(images, results, strict=True):
         rows = torch.cat([r.boxes.xyxy, r.boxes.conf[:, None], r.boxes.cls[:, None]], 1)
