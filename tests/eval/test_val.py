@@ -76,7 +76,10 @@ def test_val_finds_ultralytics_objects_and_matches_pycocotools(dataset, tmp_path
     cpu_fallback(monkeypatch)
     root, model, model_dir = dataset
     out = tmp_path / "val"
-    code = main(["val", str(model_dir), "--data", str(root / "instances.json"), "--out", str(out), "--quiet"])
+    # fp32 on a GPU: the ground truth is random weights' low-confidence, near-tied boxes, which fp16 rounding
+    # reorders and moves by pixels (measured 0.970 mAP50-95 on an H200 in fp16); fp16 agreement is a question
+    # for trained weights (README: COCO val2017).
+    code = main(["val", str(model_dir), "--data", str(root / "instances.json"), "--out", str(out), "--quiet", "--fp32"])
     assert code == 0, capsys.readouterr().err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["mAP50-95"] >= 0.99

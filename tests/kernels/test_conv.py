@@ -73,11 +73,8 @@ CASES = {
     "3x3_sigmoid_sliced_fp32": Case(1, 9, 7, 16, 7, 3, padding=1, activation="sigmoid", sliced=True, dtype=F32),
     "3x3_residual_sliced_fp32": Case(3, 5, 6, 40, 16, 3, padding=1, residual=True, sliced=True, dtype=F32),
     "3x3_c40_c33": Case(3, 9, 7, 40, 33, 3, padding=1),
-    # Fewer than 16 input channels: taps packed into K, every element finding its own tap.
-    "3x3_packed_taps_sliced_residual_dilation": Case(
-        3, 9, 7, 5, 16, 3, padding=2, dilation=2, residual=True, sliced=True
-    ),
-    "3x3_packed_taps_upsample_fp32": Case(1, 5, 6, 3, 7, 3, padding=1, upsample=2, dtype=F32),
+    "3x3_c5_sliced_residual_dilation": Case(3, 9, 7, 5, 16, 3, padding=2, dilation=2, residual=True, sliced=True),
+    "3x3_c3_upsample_fp32": Case(1, 5, 6, 3, 7, 3, padding=1, upsample=2, dtype=F32),
     "3x3_deep_k_tile": Case(1, 5, 6, 80, 33, 3, padding=1, config=ConvConfig(32, 64, 128, 4, 3)),
     "3x3_16_row_tile_fp32": Case(
         1, 5, 6, 80, 33, 3, stride=2, padding=1, dtype=F32, config=ConvConfig(16, 64, 128, 2, 3)
@@ -164,7 +161,7 @@ def test_candidate_configs_cover_tiny_and_large_layers() -> None:
     tiny = conv_candidate_configs(400, 256, 256, kernel_is_1x1=True)
     assert any(c.block_m == 32 for c in tiny)
     stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False)
-    assert all(c.block_n == 16 and c.block_k == 32 for c in stem)  # taps packed: one K tile holds all 27
+    assert all(c.block_n == 16 and c.block_k == 16 for c in stem)
     for dtype in (F16, F32):
         configs = conv_candidate_configs(64 * 80 * 80, 256, 9 * 128, kernel_is_1x1=False, dtype=dtype)
         assert all(c.num_stages * (c.block_m + c.block_n) * c.block_k * dtype.itemsize <= 200 * 1024 for c in configs)

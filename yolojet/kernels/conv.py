@@ -59,7 +59,6 @@ def _conv2d_nhwc_kernel(
     UPSAMPLE: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
-    PACK_TAPS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -117,24 +116,6 @@ def _conv2d_nhwc_kernel(
             acc = tl.dot(a, b, acc, input_precision="ieee")
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
-    elif PACK_TAPS:
-        # Few input channels (the stem's 3): a tap's channels would fill a sliver of a K tile, so K runs over
-        # (ky, kx, ci) flattened, as the weight is packed, and each element finds its own tap.
-        k_total = KH * KW * C_in
-        for k0 in range(0, k_total, BLOCK_K):
-            k = k0 + offs_k
-            k_ok = k < k_total
-            tap = k // C_in
-            ci = k - tap * C_in
-            ky = tap // KW
-            kx = tap - ky * KW
-            iy = iy0[:, None] + (ky * dil_y)[None, :]
-            ix = ix0[:, None] + (kx * dil_x)[None, :]
-            ok = m_mask[:, None] & k_ok[None, :] & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
-            pixel = (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
-            a = tl.load(x_img[:, None] + pixel + ci[None, :], mask=ok, other=0.0)
-            b = tl.load(w_rows[None, :] + k[:, None], mask=k_ok[:, None] & n_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
     else:
         # Taps and channel blocks share one flat loop so the compiler can software-pipeline all of K, not just
         # the channel blocks of one tap (the stem has a single channel block per tap).
@@ -208,8 +189,7 @@ _CANDIDATES = (
     ConvConfig(32, 32, 128, 4, 3),
     ConvConfig(16, 64, 128, 2, 3),
 )
-# Below this many input channels a k×k conv packs its taps into K (see PACK_TAPS in the kernel).
-_PACK_TAPS_BELOW = 16
+
 # Pipeline buffers must fit an SM's shared memory (227 KiB on Hopper) with room left for the epilogue.
 _SMEM_BUDGET = 200 * 1024
 
@@ -225,16 +205,14 @@ def conv_candidate_configs(
     """Tile configs worth timing for a conv with GEMM sizes M=m, N=C_out=n, K=kh·kw·C_in=k.
 
     Tiles are shrunk to the problem (down to the 16-wide minimum) so small layers are not offered tiles that
-    would be mostly masked. BLOCK_K tiles one tap's channels, or all of K for 1x1 kernels and for kernels whose
-    taps are packed (fewer than 16 input channels); other kernels are taken to be 3x3 (all of YOLO's), which for
-    other sizes can only mis-size BLOCK_K, never break it. Configs whose
+    would be mostly masked. BLOCK_K tiles one tap's channels, C_in = k for 1x1 kernels; other kernels are taken
+    to be 3x3 (all of YOLO's), which for other sizes can only under-size BLOCK_K, never break it. Configs whose
     pipeline would not fit in shared memory at ``dtype`` are left out.
     """
     c_in = k if kernel_is_1x1 else max(1, k // 9)
-    k_tiled = k if kernel_is_1x1 or c_in < _PACK_TAPS_BELOW else c_in  # the extent one K tile walks
     configs = []
     for c in _CANDIDATES:
-        fitted = ConvConfig(_fit(c.block_m, m), _fit(c.block_n, n), _fit(c.block_k, k_tiled), c.num_warps, c.num_stages)
+        fitted = ConvConfig(_fit(c.block_m, m), _fit(c.block_n, n), _fit(c.block_k, c_in), c.num_warps, c.num_stages)
         smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
         if smem <= _SMEM_BUDGET and fitted not in configs:
             configs.append(fitted)
@@ -375,7 +353,6 @@ def conv2d_nhwc(
         UPSAMPLE=upsample,
         ACTIVATION=ACTIVATIONS[activation],
         HAS_RESIDUAL=residual is not None,
-        PACK_TAPS=kh * kw > 1 and c_in < _PACK_TAPS_BELOW,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
