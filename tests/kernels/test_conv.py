@@ -151,8 +151,82 @@ def test_every_candidate_config_runs(dtype: torch.dtype, c_in: int) -> None:
     m, k = ref.shape[0] * ref.shape[1] * ref.shape[2], 9 * case.c_in
     for config in conv_candidate_configs(m, case.c_out, k, kernel_is_1x1=False, dtype=dtype):
         out = torch.full(ref.shape, float("nan"), dtype=dtype, device=DEVICE)
-        conv2d_nhwc(out, x, weight, bias, padding=1, config=config)
+        partials, arrivals = split_scratch(config, m, case.c_out)
+        conv2d_nhwc(out, x, weight, bias, padding=1, config=config, partials=partials, arrivals=arrivals)
         assert_close(out, ref, TOLERANCE[dtype])
+
+
+def split_scratch(config: ConvConfig, m: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K scratch for one launch: partials poisoned with NaN (a partial read before it is written shows),
+    arrival counts at zero."""
+    elements, tiles = config.split_scratch(m, n)
+    partials = torch.full((max(elements, 1),), float("nan"), dtype=torch.float32, device=DEVICE)
+    return partials, torch.zeros(max(tiles, 1), dtype=torch.int32, device=DEVICE)
+
+
+SPLIT_CASES = {
+    # 1x1 and 3x3, splits that divide the K steps and ones that leave the last split short or empty, residual
+    # and channel-slice views, fp16 and fp32.
+    "1x1_split2": (Case(1, 5, 6, 80, 33, 1), ConvConfig(16, 32, 16, 2, 2, split_k=2)),
+    "1x1_split3_uneven_residual_sliced": (
+        Case(3, 5, 6, 80, 33, 1, residual=True, sliced=True),
+        ConvConfig(32, 16, 16, 2, 2, split_k=3),
+    ),
+    "3x3_split4_fp32": (Case(1, 5, 6, 40, 16, 3, padding=1, dtype=F32), ConvConfig(16, 16, 16, 1, 1, split_k=4)),
+    "3x3_split8_stride2_sliced": (
+        Case(3, 9, 7, 20, 33, 3, stride=2, padding=1, sliced=True),
+        ConvConfig(16, 32, 32, 2, 2, split_k=8),
+    ),
+    "3x3_split7_more_splits_than_steps": (Case(1, 5, 6, 5, 7, 3, padding=1), ConvConfig(16, 16, 16, 1, 1, split_k=7)),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_split_k_matches_reference_and_leaves_the_counts_at_zero(name: str) -> None:
+    case, config = SPLIT_CASES[name]
+    _, x, weight, bias = _make_case(case, seed=200 + list(SPLIT_CASES).index(name))
+    shape = _reference(case, x, weight, bias, None).shape
+    residual = _nhwc(shape, case.dtype, case.sliced)[1] if case.residual else None
+    ref = _reference(case, x, weight, bias, residual)
+    m = shape[0] * shape[1] * shape[2]
+    partials, arrivals = split_scratch(config, m, case.c_out)
+    for _ in range(2):  # the second launch relies on the first having reset its counts
+        out_buf, out = _nhwc(shape, case.dtype, case.sliced, fill=SENTINEL)
+        out.fill_(float("nan"))
+        conv2d_nhwc(
+            out, x, weight, bias, stride=case.stride, padding=case.padding, residual=residual, config=config,
+            partials=partials, arrivals=arrivals,
+        )  # fmt: skip
+        assert_close(out, ref, TOLERANCE[case.dtype])
+        assert int(arrivals.abs().sum()) == 0
+        if case.sliced:
+            out.fill_(SENTINEL)
+            assert bool((out_buf == SENTINEL).all()), "conv wrote outside its output slice"
+
+
+def test_split_k_needs_its_scratch() -> None:
+    case = Case(1, 5, 6, 40, 16, 3, padding=1)
+    _, x, weight, bias = _make_case(case, seed=0)
+    out = torch.empty(1, 5 * SPATIAL, 6 * SPATIAL, 16, dtype=F16, device=DEVICE)
+    config = ConvConfig(16, 16, 16, 1, 1, split_k=2)
+    with pytest.raises(ValueError, match="split_k=2 needs partials"):
+        conv2d_nhwc(out, x, weight, bias, padding=1, config=config)
+    partials, _ = split_scratch(config, out.shape[1] * out.shape[2], 16)
+    with pytest.raises(ValueError, match="needs arrivals"):
+        conv2d_nhwc(out, x, weight, bias, padding=1, config=config, partials=partials)
+    with pytest.raises(ValueError, match="split_k must be a positive int"):
+        ConvConfig(16, 16, 16, 1, 1, split_k=0)
+
+
+def test_split_k_offered_only_to_sparse_layers_with_long_k() -> None:
+    small = conv_candidate_configs(400, 64, 9 * 256, kernel_is_1x1=False)  # 20x20, 256 -> 64 at batch 1
+    assert any(c.split_k > 1 for c in small)
+    for c in small:
+        steps = 9 * -(-256 // c.block_k)
+        assert steps >= 2 * c.split_k
+    large = conv_candidate_configs(64 * 80 * 80, 256, 9 * 128, kernel_is_1x1=False)
+    assert all(c.split_k == 1 for c in large)
+    assert default_config(400, 64, 9 * 256, False).split_k == 1  # untimed picks never split
 
 
 def test_candidate_configs_cover_tiny_and_large_layers() -> None:

@@ -97,6 +97,27 @@ def test_dependent_launch_changes_no_value(tmp_path):
             assert torch.equal(a, b)
 
 
+def test_split_k_tiles_share_one_scratch_across_the_network(model_dirs):
+    """Every conv that the tuner may give a split-K tile gets one (the largest split offered), all sharing the
+    network's scratch: outputs still match the reference, and the arrival counts end at zero."""
+    model_dir = model_dirs("yolo11n.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
+    split = 0
+    for bucket in engine.network.buckets:
+        for launch in engine.network.launch_list(bucket):
+            splits = [c for c in launch.candidates if c.split_k > 1]
+            if splits:
+                launch.configure(max(splits, key=lambda c: c.split_k))
+                split += 1
+    assert split >= 10
+    if DEVICE == "cuda":
+        engine.network._capture()  # the graphs hold the launches' old configs
+    x = torch.rand(2, 3, 64, 64, device=DEVICE)
+    engine.network.poison()
+    assert relative_l2(engine.raw(x), yolojet.load_reference(model_dir, device=DEVICE)(x)) <= 1e-2
+    assert int(engine.network.split_scratch.arrivals.abs().sum()) == 0
+
+
 def test_batch_larger_than_max_batch_is_split(model_dirs):
     model_dir = model_dirs("yolov8n-cls.yaml", None)
     engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=2, tune=False)

@@ -7,8 +7,9 @@ split cost nothing in the engine.
 """
 
 import functools
+import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -23,6 +24,16 @@ _GROUP_M = 8
 # About one wave on an H200 (132 SMs): on measured YOLO layers the biggest tile launching at least this many
 # programs was the fastest or within 10% of it.
 _TARGET_PROGRAMS = 100
+
+
+@triton.jit
+def _split_range(steps, split, SPLIT_K: tl.constexpr):
+    """The K steps [first, end) that split `split` of SPLIT_K walks."""
+    if SPLIT_K == 1:
+        return 0, steps
+    per_split = tl.cdiv(steps, SPLIT_K)
+    first = split * per_split
+    return first, tl.minimum(first + per_split, steps)
 
 
 @triton.jit
@@ -41,6 +52,8 @@ def _conv2d_nhwc_kernel(
     stride_rn,
     stride_rh,
     stride_rw,
+    partial_ptr,
+    arrivals_ptr,
     H,
     W,
     C_in,
@@ -63,6 +76,7 @@ def _conv2d_nhwc_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """out[n, oy, ox, co] = act(bias[co] + Σ_{ky,kx,ci} xu[n, iy, ix, ci] · w[co, ky, kx, ci]) (+ res[n, oy, ox, co])
@@ -70,8 +84,14 @@ def _conv2d_nhwc_kernel(
     with iy = oy·sy − py + ky·dy, ix = ox·sx − px + kx·dx, xu the nearest-neighbour upsample of x by UPSAMPLE
     (xu[n, iy, ix] = x[n, iy // UPSAMPLE, ix // UPSAMPLE]) and zero outside [0, H·UPSAMPLE) × [0, W·UPSAMPLE).
     Accumulation is fp32; the residual is added after the activation.
+
+    With SPLIT_K > 1 the K steps of each output tile are shared by SPLIT_K programs (program_id(1)); each stores
+    its fp32 partial tile in partial_ptr and counts itself in arrivals_ptr[tile], and the last to arrive sums
+    the partials in split order (so results do not depend on arrival order), applies the epilogue, and resets
+    the count to 0 for the next launch.
     """
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(C_out, BLOCK_N)
     num_pid_in_group = GROUP_M * num_pid_n
@@ -107,10 +127,11 @@ def _conv2d_nhwc_kernel(
         # bounds mask are loop invariants and the loop only walks channels.
         row_ok = m_mask & (iy0 >= 0) & (iy0 < H_up) & (ix0 >= 0) & (ix0 < W_up)
         x_rows = x_img + (iy0 // UPSAMPLE).to(tl.int64) * stride_xh + (ix0 // UPSAMPLE).to(tl.int64) * stride_xw
-        a_ptrs = x_rows[:, None] + offs_k[None, :]
-        b_ptrs = w_rows[None, :] + offs_k[:, None]
-        for k0 in range(0, C_in, BLOCK_K):
-            k_mask = offs_k < C_in - k0
+        first, end = _split_range(tl.cdiv(C_in, BLOCK_K), split, SPLIT_K)
+        a_ptrs = x_rows[:, None] + (first * BLOCK_K + offs_k)[None, :]
+        b_ptrs = w_rows[None, :] + (first * BLOCK_K + offs_k)[:, None]
+        for kb in range(first, end):
+            k_mask = offs_k < C_in - kb * BLOCK_K
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_mask[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision="ieee")
@@ -120,7 +141,8 @@ def _conv2d_nhwc_kernel(
         # Taps and channel blocks share one flat loop so the compiler can software-pipeline all of K, not just
         # the channel blocks of one tap (the stem has a single channel block per tap).
         k_blocks = tl.cdiv(C_in, BLOCK_K)
-        for it in range(KH * KW * k_blocks):
+        first, end = _split_range(KH * KW * k_blocks, split, SPLIT_K)
+        for it in range(first, end):
             tap = it // k_blocks
             k0 = (it - tap * k_blocks) * BLOCK_K
             ky = tap // KW
@@ -142,11 +164,29 @@ def _conv2d_nhwc_kernel(
             )
             acc = tl.dot(a, b, acc, input_precision="ieee")
 
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT_K > 1:
+        tile_elements = BLOCK_M * BLOCK_N
+        in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tiles = tl.num_programs(0)
+        tl.store(partial_ptr + (split * tiles + pid).to(tl.int64) * tile_elements + in_tile, acc)
+        # Every thread's partial is written before one thread's release makes the arrival visible.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrivals_ptr + pid, 1, sem="acq_rel")
+        last = arrived == SPLIT_K - 1
+        if last:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                # .cg reads from L2: L1 is not coherent with the other SMs' writes.
+                acc += tl.load(partial_ptr + (s * tiles + pid).to(tl.int64) * tile_elements + in_tile,
+                               cache_modifier=".cg")  # fmt: skip
+            tl.atomic_xchg(arrivals_ptr + pid, 0)
+        mask = mask & last  # only the last program of a tile runs the epilogue's stores
+
     bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
     acc = apply_activation(acc + bias[None, :], ACTIVATION)
     oy = oy.to(tl.int64)
     ox = ox.to(tl.int64)
-    mask = m_mask[:, None] & n_mask[None, :]
     if HAS_RESIDUAL:
         res_rows = res_ptr + img * stride_rn + oy * stride_rh + ox * stride_rw
         acc += tl.load(res_rows[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -163,6 +203,7 @@ class ConvConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    split_k: int = 1  # programs sharing each output tile's K steps (see the kernel)
 
     def __post_init__(self) -> None:
         # tl.arange needs powers of two, and 16 is the smallest fp16 tensor-core K.
@@ -170,6 +211,15 @@ class ConvConfig:
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"ConvConfig.{name} must be a power of two >= 16, got {value}")
+        if not isinstance(self.split_k, int) or self.split_k < 1:
+            raise ValueError(f"ConvConfig.split_k must be a positive int, got {self.split_k!r}")
+
+    def split_scratch(self, m: int, n: int) -> tuple[int, int]:
+        """(fp32 partial elements, arrival counters) a launch of this config needs for GEMM sizes M=m, N=n."""
+        if self.split_k == 1:
+            return 0, 0
+        tiles = -(-m // self.block_m) * -(-n // self.block_n)
+        return self.split_k * tiles * self.block_m * self.block_n, tiles
 
 
 # Tiles measured on an H200 (fp16, YOLO layer shapes, batch 1 and 32). Among equal areas the earlier one won,
@@ -190,8 +240,15 @@ _CANDIDATES = (
     ConvConfig(16, 64, 128, 2, 3),
 )
 
+_SPLITS = (2, 4, 8)
 # Pipeline buffers must fit an SM's shared memory (227 KiB on Hopper) with room left for the epilogue.
 _SMEM_BUDGET = 200 * 1024
+
+
+def candidate_set_id() -> str:
+    """A short digest of the candidate tiles: tuning results remembered for another set are not reused, so a
+    new candidate gets timed."""
+    return hashlib.sha1(repr((_CANDIDATES, _SPLITS, _TARGET_PROGRAMS)).encode()).hexdigest()[:8]
 
 
 def _fit(block: int, size: int) -> int:
@@ -216,7 +273,21 @@ def conv_candidate_configs(
         smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
         if smem <= _SMEM_BUDGET and fitted not in configs:
             configs.append(fitted)
-    return configs
+    return configs + _split_k_variants(configs, m, n, k, kernel_is_1x1)
+
+
+def _split_k_variants(configs: list[ConvConfig], m: int, n: int, k: int, kernel_is_1x1: bool) -> list[ConvConfig]:
+    """Split-K versions of the tiles that launch under half a wave of programs on a long K walk (the 20x20 and
+    40x40 layers at batch 1): up to 3 tiles, each split 2, 4 and 8 ways while every split keeps 2 K steps."""
+    taps, c_in = (1, k) if kernel_is_1x1 else (9, max(1, k // 9))
+    sparse = [c for c in configs if _programs(c, m, n) < _TARGET_PROGRAMS // 2]
+    variants = []
+    for c in sorted(sparse, key=lambda c: -_programs(c, m, n))[:3]:
+        steps = taps * -(-c_in // c.block_k)
+        for split in _SPLITS:
+            if steps >= 2 * split and _programs(c, m, n) * split <= 3 * _TARGET_PROGRAMS:
+                variants.append(replace(c, split_k=split))
+    return variants
 
 
 @functools.cache
@@ -229,7 +300,7 @@ def default_config(m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dty
     if os.environ.get("TRITON_INTERPRET") == "1":
         # The interpreter runs programs one after another, so the fewest, largest tiles are fastest.
         return max(configs, key=_tile_area)
-    untimed = [c for c in configs if c.num_warps <= 4]
+    untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1]
     filling = [c for c in untimed if _programs(c, m, n) >= _TARGET_PROGRAMS]
     if filling:
         return max(filling, key=_tile_area)
@@ -262,6 +333,39 @@ def _check_nhwc(t: torch.Tensor, name: str, shape: tuple[int, ...], dtype: torch
         raise ValueError(f"{name} must have contiguous channels (stride(3) == 1), got strides {t.stride()}")
 
 
+def _split_scratch(
+    cfg: ConvConfig,
+    m: int,
+    n: int,
+    partials: torch.Tensor | None,
+    arrivals: torch.Tensor | None,
+    fallback: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scratch tensors to pass the kernel: checked when the config splits K; otherwise `fallback` for both,
+    any valid pointer, since the kernel then never touches them."""
+    need_partials, need_arrivals = cfg.split_scratch(m, n)
+    if need_arrivals == 0:
+        return fallback, fallback
+    device = fallback.device
+    if (
+        partials is None
+        or partials.dtype != torch.float32
+        or partials.device != device
+        or partials.numel() < need_partials
+    ):
+        raise ValueError(f"split_k={cfg.split_k} needs partials: float32 with >= {need_partials} elements on {device}")
+    if (
+        arrivals is None
+        or arrivals.dtype != torch.int32
+        or arrivals.device != device
+        or arrivals.numel() < need_arrivals
+    ):
+        raise ValueError(
+            f"split_k={cfg.split_k} needs arrivals: int32 zeros with >= {need_arrivals} elements on {device}"
+        )
+    return partials, arrivals
+
+
 def conv2d_nhwc(
     out: torch.Tensor,
     x: torch.Tensor,
@@ -277,6 +381,8 @@ def conv2d_nhwc(
     config: ConvConfig | None = None,
     pdl: bool = False,
     compile_only: bool = False,
+    partials: torch.Tensor | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> None:
     """out = act(conv2d(upsample_nearest(x, upsample), weight) + bias) (+ residual), written in place.
 
@@ -284,6 +390,8 @@ def conv2d_nhwc(
     the same dtype; weight: contiguous (C_out, kh, kw, C_in) of that dtype; bias: fp32 (C_out,). `pdl` launches
     with programmatic dependent launch (see yolojet.kernels.pdl). `compile_only` compiles the specialization this
     call needs without launching it (for compiling many tile candidates in parallel before timing them).
+    A config with split_k > 1 needs `partials`, float32 with at least `config.split_scratch(M, C_out)[0]`
+    elements, and `arrivals`, int32 zeros with at least `[1]` elements (the kernel leaves them at zero).
     """
     if x.dim() != 4:
         raise ValueError(f"x must be a 4-D NHWC tensor, got shape {tuple(x.shape)}")
@@ -324,7 +432,8 @@ def conv2d_nhwc(
         return
     cfg = config or default_config(m, c_out, kh * kw * c_in, kh == kw == 1, x.dtype)
     res = out if residual is None else residual  # never read without HAS_RESIDUAL; any valid pointer will do
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
+    partials, arrivals = _split_scratch(cfg, m, c_out, partials, arrivals, bias)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)
     kernel = functools.partial(_conv2d_nhwc_kernel.warmup, grid=grid) if compile_only else _conv2d_nhwc_kernel[grid]
     kernel(
         out,
@@ -335,6 +444,8 @@ def conv2d_nhwc(
         bias,
         res,
         *res.stride()[:3],
+        partials,
+        arrivals,
         height,
         width,
         c_in,
@@ -357,6 +468,7 @@ def conv2d_nhwc(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         GROUP_M=_GROUP_M,
+        SPLIT_K=cfg.split_k,
         PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

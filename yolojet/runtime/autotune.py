@@ -1,8 +1,8 @@
 """Per-layer tile selection by measurement, remembered on disk.
 
 Each tunable launch offers candidate configs; each is timed on the real views with CUDA events and
-the fastest kept. Winners are stored in one JSON file keyed by GPU name, Triton version and the
-launch's shape key, so the next start-up on the same GPU skips the timing.
+the fastest kept. Winners are stored in one JSON file keyed by GPU name, Triton version, the set of
+candidate tiles and the launch's shape key, so the next start-up on the same GPU skips the timing.
 
 Compiling the candidates costs far more than timing them (a few hundred specializations at up to
 seconds each), so before the timing starts every candidate of every untuned launch is compiled at
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import triton
 
-from yolojet.kernels.conv import ConvConfig
+from yolojet.kernels.conv import ConvConfig, candidate_set_id
 from yolojet.runtime.lowering import Launch
 
 
@@ -35,7 +35,7 @@ class TuningCache:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or cache_dir() / "autotune.json"
-        self.prefix = f"{torch.cuda.get_device_name()}|triton-{triton.__version__}|"
+        self.prefix = f"{torch.cuda.get_device_name()}|triton-{triton.__version__}|tiles-{candidate_set_id()}|"
         try:
             self.entries: dict[str, dict] = json.loads(self.path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):

@@ -41,6 +41,26 @@ class Launch:
     candidates: list[ConvConfig] = field(default_factory=list)
 
 
+class SplitKScratch:
+    """The partial tiles and arrival counts of split-K conv launches, shared by all of one network's launches.
+
+    Sharing is safe because the launches run one after another on one stream (a dependent launch waits for its
+    predecessor before touching memory) and each leaves its counts at zero. Lowering reserves the largest need
+    of every candidate config; launches read the tensors when they run, so growth during lowering is fine, and
+    nothing grows once lowering is done (captured graphs hold the addresses).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.partials = torch.empty(0, dtype=torch.float32, device=device)
+        self.arrivals = torch.zeros(0, dtype=torch.int32, device=device)
+
+    def reserve(self, partials: int, arrivals: int) -> None:
+        if partials > self.partials.numel():
+            self.partials = torch.empty(partials, dtype=torch.float32, device=self.partials.device)
+        if arrivals > self.arrivals.numel():
+            self.arrivals = torch.zeros(arrivals, dtype=torch.int32, device=self.arrivals.device)
+
+
 class PackedWeights:
     """Weights in the layouts the kernels read: conv [C_out, kh, kw, C_in], depthwise [C, kh, kw], bias fp32."""
 
@@ -89,7 +109,7 @@ def _conv_tune_key(x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, nod
     )
 
 
-def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
+def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: SplitKScratch, pdl: bool) -> Launch:
     a = node.attrs
     x, out = view(node.inputs[0]), view(node.outputs[0])
     residual = view(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -111,11 +131,14 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, pdl: bool) -> 
     m, k = batch * oh * ow, weight.shape[1] * weight.shape[2] * weight.shape[3]
     is_1x1 = weight.shape[1] == weight.shape[2] == 1
     chosen = [default_config(m, c_out, k, is_1x1, x.dtype)]
+    candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype)
+    for config in candidates:
+        scratch.reserve(*config.split_scratch(m, c_out))
 
     def run() -> None:
         conv2d_nhwc(
             out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
-            residual=residual, config=chosen[0], pdl=pdl,
+            residual=residual, config=chosen[0], pdl=pdl, partials=scratch.partials, arrivals=scratch.arrivals,
         )  # fmt: skip
 
     def configure(config: ConvConfig) -> None:
@@ -124,7 +147,8 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, pdl: bool) -> 
     def compile_config(config: ConvConfig) -> None:
         conv2d_nhwc(
             out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
-            residual=residual, config=config, pdl=pdl, compile_only=True,
+            residual=residual, config=config, pdl=pdl, compile_only=True, partials=scratch.partials,
+            arrivals=scratch.arrivals,
         )  # fmt: skip
 
     return Launch(
@@ -135,7 +159,7 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, pdl: bool) -> 
         tune_key=_conv_tune_key(x, out, weight, node, residual is not None),
         configure=configure,
         compile=compile_config,
-        candidates=conv_candidate_configs(m, c_out, k, is_1x1, x.dtype),
+        candidates=candidates,
     )
 
 
@@ -246,11 +270,18 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
 
 
 def lower(
-    graph: Graph, view: ViewFn, weights: PackedWeights, copies: dict[str, list[str]], fuse: bool, pdl: bool = False
+    graph: Graph,
+    view: ViewFn,
+    weights: PackedWeights,
+    copies: dict[str, list[str]],
+    fuse: bool,
+    scratch: SplitKScratch,
+    pdl: bool = False,
 ) -> list[Launch]:
     """The launch list for one batch size; `view(name)` gives each value's device view at that size.
 
-    `pdl` launches every kernel with programmatic dependent launch (yolojet.kernels.pdl).
+    `scratch` serves the convs whose tuned tile splits K; `pdl` launches every kernel with programmatic
+    dependent launch (yolojet.kernels.pdl).
     """
     launches: list[Launch] = []
     done: set[str] = set()
@@ -264,7 +295,7 @@ def lower(
                 launches.append(_copy_into_concat(node, value, view, pdl))
             continue
         if node.op == "conv":
-            launches.append(_lower_conv(node, view, weights, pdl))
+            launches.append(_lower_conv(node, view, weights, scratch, pdl))
         elif node.op == "conv_transpose":
             launches.append(_lower_conv_transpose(node, view, weights, pdl))
         elif node.op == "maxpool":

@@ -22,7 +22,7 @@ from yolojet.errors import EngineConfigError
 from yolojet.ir import Graph, ModelMeta
 from yolojet.kernels.pdl import pdl_available
 from yolojet.runtime.autotune import TuningCache, compile_candidates, time_launch, tune, untuned
-from yolojet.runtime.lowering import Launch, PackedWeights, ViewFn, lower
+from yolojet.runtime.lowering import Launch, PackedWeights, SplitKScratch, ViewFn, lower
 from yolojet.runtime.plan import MemoryPlan, plan_memory
 
 
@@ -74,8 +74,10 @@ class TritonNetwork:
         self.buckets = buckets
         # None: wherever the GPU and Triton support it (off under the interpreter and with YOLOJET_PDL=0).
         self.pdl = pdl_available(device) if pdl is None else pdl
+        self.split_scratch = SplitKScratch(device)
         self.launches = {
-            b: lower(graph, self._viewer(b), self.weights, self.plan.copies, fuse, self.pdl) for b in self.buckets
+            b: lower(graph, self._viewer(b), self.weights, self.plan.copies, fuse, self.split_scratch, self.pdl)
+            for b in self.buckets
         }
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.tuning: dict[str, int] = {}
