@@ -75,6 +75,27 @@ CASES = {
     "3x3_c40_c33": Case(3, 9, 7, 40, 33, 3, padding=1),
     "3x3_c5_sliced_residual_dilation": Case(3, 9, 7, 5, 16, 3, padding=2, dilation=2, residual=True, sliced=True),
     "3x3_c3_upsample_fp32": Case(1, 5, 6, 3, 7, 3, padding=1, upsample=2, dtype=F32),
+    # The FMA kernel for few input channels.
+    "direct_stem_c3_s2": Case(1, 9, 7, 3, 16, 3, stride=2, padding=1, config=ConvConfig(64, 16, 16, 2, 1, direct=True)),
+    "direct_c8_residual_sliced": Case(
+        3, 9, 7, 8, 16, 3, padding=1, residual=True, sliced=True, config=ConvConfig(32, 16, 16, 2, 1, direct=True)
+    ),
+    "direct_c5_c33_upsample_dilation_fp32": Case(
+        1,
+        5,
+        6,
+        5,
+        33,
+        3,
+        padding=2,
+        dilation=2,
+        upsample=2,
+        dtype=F32,
+        config=ConvConfig(64, 16, 16, 4, 1, direct=True),
+    ),
+    "direct_1x3_stride_pairs": Case(
+        3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, direct=True)
+    ),
     "3x3_deep_k_tile": Case(1, 5, 6, 80, 33, 3, padding=1, config=ConvConfig(32, 64, 128, 4, 3)),
     "3x3_16_row_tile_fp32": Case(
         1, 5, 6, 80, 33, 3, stride=2, padding=1, dtype=F32, config=ConvConfig(16, 64, 128, 2, 3)
@@ -216,6 +237,15 @@ def test_split_k_needs_its_scratch() -> None:
         conv2d_nhwc(out, x, weight, bias, padding=1, config=config, partials=partials)
     with pytest.raises(ValueError, match="split_k must be a positive int"):
         ConvConfig(16, 16, 16, 1, 1, split_k=0)
+
+
+def test_direct_kernel_offered_only_for_few_input_channels() -> None:
+    stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False)
+    assert any(c.direct for c in stem) and not default_config(320 * 320, 16, 27, False).direct
+    assert not any(c.direct for c in conv_candidate_configs(160 * 160, 32, 9 * 16, kernel_is_1x1=False))
+    assert not any(c.direct for c in conv_candidate_configs(160 * 160, 32, 4, kernel_is_1x1=True))
+    with pytest.raises(ValueError, match="does not split"):
+        ConvConfig(64, 16, 16, 2, 1, split_k=2, direct=True)
 
 
 def test_split_k_offered_only_to_sparse_layers_with_long_k() -> None:

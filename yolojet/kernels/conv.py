@@ -183,6 +183,14 @@ def _conv2d_nhwc_kernel(
             tl.atomic_xchg(arrivals_ptr + pid, 0)
         mask = mask & last  # only the last program of a tile runs the epilogue's stores
 
+    _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
+              stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
+              stride_on, stride_oh, stride_ow, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr):  # fmt: skip
+    """bias, activation, then the residual, stored in out's dtype: the end of every conv kernel here."""
     bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
     acc = apply_activation(acc + bias[None, :], ACTIVATION)
     oy = oy.to(tl.int64)
@@ -192,6 +200,81 @@ def _conv2d_nhwc_kernel(
         acc += tl.load(res_rows[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
     out_rows = out_ptr + img * stride_on + oy * stride_oh + ox * stride_ow
     tl.store(out_rows[:, None] + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _conv2d_direct_kernel(
+    out_ptr,
+    stride_on,
+    stride_oh,
+    stride_ow,
+    x_ptr,
+    stride_xn,
+    stride_xh,
+    stride_xw,
+    w_ptr,
+    bias_ptr,
+    res_ptr,
+    stride_rn,
+    stride_rh,
+    stride_rw,
+    H,
+    W,
+    OH,
+    OW,
+    C_out,
+    M,
+    conv_stride_y,
+    conv_stride_x,
+    pad_y,
+    pad_x,
+    dil_y,
+    dil_x,
+    C_IN: tl.constexpr,
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    UPSAMPLE: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The same convolution as _conv2d_nhwc_kernel for a handful of input channels (the stem's 3, C3k2's 8), as
+    KH·KW·C_IN outer products on the FMA units: a tensor-core tile would spend most of its K on padding and its
+    loads on gathers."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(C_out, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < C_out
+    img = (offs_m // (OH * OW)).to(tl.int64)
+    pix = offs_m % (OH * OW)
+    oy = pix // OW
+    ox = pix % OW
+    iy0 = oy * conv_stride_y - pad_y
+    ix0 = ox * conv_stride_x - pad_x
+    x_img = x_ptr + img * stride_xn
+    w_cols = w_ptr + offs_n * (KH * KW * C_IN)
+
+    wait_for_previous_kernel(PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ky in tl.static_range(KH):
+        for kx in tl.static_range(KW):
+            iy = iy0 + ky * dil_y
+            ix = ix0 + kx * dil_x
+            ok = m_mask & (iy >= 0) & (iy < H * UPSAMPLE) & (ix >= 0) & (ix < W * UPSAMPLE)
+            pixel = x_img + (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+            for ci in tl.static_range(C_IN):
+                xv = tl.load(pixel + ci, mask=ok, other=0.0).to(tl.float32)
+                wv = tl.load(w_cols + ((ky * KW + kx) * C_IN + ci), mask=n_mask, other=0.0).to(tl.float32)
+                acc += xv[:, None] * wv[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
+              stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -204,6 +287,7 @@ class ConvConfig:
     num_warps: int
     num_stages: int
     split_k: int = 1  # programs sharing each output tile's K steps (see the kernel)
+    direct: bool = False  # the FMA kernel for a few input channels; block_k, num_stages and split_k unused
 
     def __post_init__(self) -> None:
         # tl.arange needs powers of two, and 16 is the smallest fp16 tensor-core K.
@@ -213,6 +297,8 @@ class ConvConfig:
                 raise ValueError(f"ConvConfig.{name} must be a power of two >= 16, got {value}")
         if not isinstance(self.split_k, int) or self.split_k < 1:
             raise ValueError(f"ConvConfig.split_k must be a positive int, got {self.split_k!r}")
+        if self.direct and self.split_k != 1:
+            raise ValueError("ConvConfig: the direct kernel does not split K")
 
     def split_scratch(self, m: int, n: int) -> tuple[int, int]:
         """(fp32 partial elements, arrival counters) a launch of this config needs for GEMM sizes M=m, N=n."""
@@ -241,6 +327,9 @@ _CANDIDATES = (
 )
 
 _SPLITS = (2, 4, 8)
+# Direct-kernel tiles (BLOCK_M, BLOCK_N cap, warps) for k×k convs of at most _DIRECT_MAX_C_IN input channels.
+_DIRECT_TILES = ((128, 32, 4), (64, 32, 2), (256, 16, 4))
+_DIRECT_MAX_C_IN = 8
 # Pipeline buffers must fit an SM's shared memory (227 KiB on Hopper) with room left for the epilogue.
 _SMEM_BUDGET = 200 * 1024
 
@@ -248,7 +337,7 @@ _SMEM_BUDGET = 200 * 1024
 def candidate_set_id() -> str:
     """A short digest of the candidate tiles: tuning results remembered for another set are not reused, so a
     new candidate gets timed."""
-    return hashlib.sha1(repr((_CANDIDATES, _SPLITS, _TARGET_PROGRAMS)).encode()).hexdigest()[:8]
+    return hashlib.sha1(repr((_CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES)).encode()).hexdigest()[:8]
 
 
 def _fit(block: int, size: int) -> int:
@@ -273,7 +362,13 @@ def conv_candidate_configs(
         smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
         if smem <= _SMEM_BUDGET and fitted not in configs:
             configs.append(fitted)
-    return configs + _split_k_variants(configs, m, n, k, kernel_is_1x1)
+    direct = []
+    if not kernel_is_1x1 and c_in <= _DIRECT_MAX_C_IN:
+        for block_m, block_n, warps in _DIRECT_TILES:
+            config = ConvConfig(_fit(block_m, m), _fit(block_n, n), 16, warps, 1, direct=True)
+            if config not in direct:
+                direct.append(config)
+    return configs + _split_k_variants(configs, m, n, k, kernel_is_1x1) + direct
 
 
 def _split_k_variants(configs: list[ConvConfig], m: int, n: int, k: int, kernel_is_1x1: bool) -> list[ConvConfig]:
@@ -299,8 +394,8 @@ def default_config(m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dty
     configs = conv_candidate_configs(m, n, k, kernel_is_1x1, dtype)
     if os.environ.get("TRITON_INTERPRET") == "1":
         # The interpreter runs programs one after another, so the fewest, largest tiles are fastest.
-        return max(configs, key=_tile_area)
-    untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1]
+        return max((c for c in configs if c.split_k == 1 and not c.direct), key=_tile_area)
+    untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1 and not c.direct]
     filling = [c for c in untimed if _programs(c, m, n) >= _TARGET_PROGRAMS]
     if filling:
         return max(filling, key=_tile_area)
@@ -432,6 +527,19 @@ def conv2d_nhwc(
         return
     cfg = config or default_config(m, c_out, kh * kw * c_in, kh == kw == 1, x.dtype)
     res = out if residual is None else residual  # never read without HAS_RESIDUAL; any valid pointer will do
+    if cfg.direct:
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
+        kernel = (
+            functools.partial(_conv2d_direct_kernel.warmup, grid=grid) if compile_only else _conv2d_direct_kernel[grid]
+        )
+        kernel(
+            out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3],
+            height, width, oh, ow, c_out, m, sy, sx, py, px, dy, dx,
+            C_IN=c_in, KH=kh, KW=kw, UPSAMPLE=upsample, ACTIVATION=ACTIVATIONS[activation],
+            HAS_RESIDUAL=residual is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PDL=pdl,
+            num_warps=cfg.num_warps, **launch_options(pdl),
+        )  # fmt: skip
+        return
     partials, arrivals = _split_scratch(cfg, m, c_out, partials, arrivals, bias)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)
     kernel = functools.partial(_conv2d_nhwc_kernel.warmup, grid=grid) if compile_only else _conv2d_nhwc_kernel[grid]
