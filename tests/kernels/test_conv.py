@@ -244,6 +244,8 @@ def test_direct_kernel_offered_only_for_few_input_channels() -> None:
     assert any(c.direct for c in stem) and not default_config(320 * 320, 16, 27, False).direct
     assert not any(c.direct for c in conv_candidate_configs(160 * 160, 32, 9 * 16, kernel_is_1x1=False))
     assert not any(c.direct for c in conv_candidate_configs(160 * 160, 32, 4, kernel_is_1x1=True))
+    # A 2x2 kernel over 20 channels (K = 80) is not a 3x3 over 8 once the real channel count is given.
+    assert not any(c.direct for c in conv_candidate_configs(400, 32, 80, kernel_is_1x1=False, c_in=20))
     with pytest.raises(ValueError, match="does not split"):
         ConvConfig(64, 16, 16, 2, 1, split_k=2, direct=True)
 

@@ -140,6 +140,9 @@ def test_bad_inputs_and_options(model_dirs):
         engine.raw(torch.zeros(1, 3, 64, 64, dtype=torch.uint8, device=DEVICE))
     with pytest.raises(EngineConfigError, match="backend"):
         Engine.load(model_dir, device=DEVICE, backend="tensorrt")
+    if not pdl_available(torch.device(DEVICE)):
+        with pytest.raises(EngineConfigError, match="pdl=True: programmatic dependent launch needs"):
+            Engine.load(model_dir, device=DEVICE, tune=False, pdl=True)
     if DEVICE == "cpu":
         with pytest.raises(EngineConfigError, match="TRITON_INTERPRET"):
             Engine.load(model_dir, device="meta", backend="triton")

@@ -337,7 +337,8 @@ _SMEM_BUDGET = 200 * 1024
 def candidate_set_id() -> str:
     """A short digest of the candidate tiles: tuning results remembered for another set are not reused, so a
     new candidate gets timed."""
-    return hashlib.sha1(repr((_CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES)).encode()).hexdigest()[:8]
+    offer = (_CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _SMEM_BUDGET)
+    return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
 
 
 def _fit(block: int, size: int) -> int:
@@ -346,16 +347,17 @@ def _fit(block: int, size: int) -> int:
 
 
 def conv_candidate_configs(
-    m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dtype = torch.float16
+    m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dtype = torch.float16, c_in: int | None = None
 ) -> list[ConvConfig]:
     """Tile configs worth timing for a conv with GEMM sizes M=m, N=C_out=n, K=kh·kw·C_in=k.
 
     Tiles are shrunk to the problem (down to the 16-wide minimum) so small layers are not offered tiles that
-    would be mostly masked. BLOCK_K tiles one tap's channels, C_in = k for 1x1 kernels; other kernels are taken
-    to be 3x3 (all of YOLO's), which for other sizes can only under-size BLOCK_K, never break it. Configs whose
-    pipeline would not fit in shared memory at ``dtype`` are left out.
+    would be mostly masked. BLOCK_K tiles one tap's channels, C_in = k for 1x1 kernels; without `c_in` other
+    kernels are taken to be 3x3 (all of YOLO's), which for other sizes only mis-sizes the offer, never breaks a
+    launch. Configs whose pipeline would not fit in shared memory at ``dtype`` are left out.
     """
-    c_in = k if kernel_is_1x1 else max(1, k // 9)
+    if c_in is None:
+        c_in = k if kernel_is_1x1 else max(1, k // 9)
     configs = []
     for c in _CANDIDATES:
         fitted = ConvConfig(_fit(c.block_m, m), _fit(c.block_n, n), _fit(c.block_k, c_in), c.num_warps, c.num_stages)
@@ -368,13 +370,12 @@ def conv_candidate_configs(
             config = ConvConfig(_fit(block_m, m), _fit(block_n, n), 16, warps, 1, direct=True)
             if config not in direct:
                 direct.append(config)
-    return configs + _split_k_variants(configs, m, n, k, kernel_is_1x1) + direct
+    return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + direct
 
 
-def _split_k_variants(configs: list[ConvConfig], m: int, n: int, k: int, kernel_is_1x1: bool) -> list[ConvConfig]:
+def _split_k_variants(configs: list[ConvConfig], m: int, n: int, taps: int, c_in: int) -> list[ConvConfig]:
     """Split-K versions of the tiles that launch under half a wave of programs on a long K walk (the 20x20 and
     40x40 layers at batch 1): up to 3 tiles, each split 2, 4 and 8 ways while every split keeps 2 K steps."""
-    taps, c_in = (1, k) if kernel_is_1x1 else (9, max(1, k // 9))
     sparse = [c for c in configs if _programs(c, m, n) < _TARGET_PROGRAMS // 2]
     variants = []
     for c in sorted(sparse, key=lambda c: -_programs(c, m, n))[:3]:

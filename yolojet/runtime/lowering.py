@@ -131,7 +131,7 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
     m, k = batch * oh * ow, weight.shape[1] * weight.shape[2] * weight.shape[3]
     is_1x1 = weight.shape[1] == weight.shape[2] == 1
     chosen = [default_config(m, c_out, k, is_1x1, x.dtype)]
-    candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype)
+    candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=x.shape[3])
     for config in candidates:
         scratch.reserve(*config.split_scratch(m, c_out))
 
@@ -142,6 +142,7 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
         )  # fmt: skip
 
     def configure(config: ConvConfig) -> None:
+        scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         chosen[0] = config
 
     def compile_config(config: ConvConfig) -> None:

@@ -73,6 +73,11 @@ class TritonNetwork:
         self.weights = PackedWeights(graph, device, self.dtype)
         self.buckets = buckets
         # None: wherever the GPU and Triton support it (off under the interpreter and with YOLOJET_PDL=0).
+        if pdl and not pdl_available(device):
+            raise EngineConfigError(
+                f"pdl=True: programmatic dependent launch needs a CUDA GPU of compute capability 9.0 or later and a "
+                f"Triton that supports it, not {device} (or YOLOJET_PDL=0 is set); pass pdl=None to use it where it can"
+            )
         self.pdl = pdl_available(device) if pdl is None else pdl
         self.split_scratch = SplitKScratch(device)
         self.launches = {
