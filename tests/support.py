@@ -173,3 +173,30 @@ def assert_same_top5(ours: list[int], theirs: list[int], their_probs, tie: float
         assert a == b or abs(probs[a] - probs[b]) <= tie, (
             f"{label}: top-5 {ours} vs predict's {theirs}; p[{a}] = {probs[a]:.6f}, p[{b}] = {probs[b]:.6f}"
         )
+
+
+def letterboxed(photos: dict[str, np.ndarray], imgsz: int) -> tuple[torch.Tensor, list]:
+    """The photos letterboxed to imgsz × imgsz by the torch path (float NCHW batch), with each placement."""
+    from yolojet.images import load_frame
+    from yolojet.runtime import torch_pipeline
+
+    inputs, boxes = [], []
+    for image in photos.values():
+        x, box = torch_pipeline.letterbox(load_frame(image), (imgsz, imgsz))
+        inputs.append(x)
+        boxes.append(box)
+    return torch.stack(inputs), boxes
+
+
+def ultralytics_results(model: nn.Module, cfg: str, images: list, imgsz: int, end2end: bool, conf: float) -> list:
+    """ultralytics predict's Results per image on the host (rect=False: the square input our export takes)."""
+    from copy import deepcopy
+
+    from ultralytics import YOLO
+
+    wrapper = YOLO(cfg, verbose=False)
+    wrapper.model = deepcopy(model)  # predict fuses the model it is given in place
+    wrapper.model.end2end = end2end
+    nms = False if end2end else None
+    results = wrapper.predict(images, imgsz=imgsz, conf=conf, verbose=False, nms=nms, rect=False)
+    return [r.cpu() for r in results]  # predict leaves them on its device

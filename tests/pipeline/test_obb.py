@@ -13,17 +13,13 @@ in float64, below), independent of the probabilistic IoU that the NMS uses.
 
 from __future__ import annotations
 
-from copy import deepcopy
-
 import numpy as np
 import pytest
 import torch
-from support import calibrated_model, real_photos
+from support import calibrated_model, letterboxed, real_photos, ultralytics_results
 
 import yolojet
 from yolojet.errors import EngineConfigError
-from yolojet.images import load_frame
-from yolojet.runtime import torch_pipeline
 from yolojet.runtime.postprocess.obb import batch_probiou, obb_postprocess
 from yolojet.runtime.torch_pipeline import Letterbox
 from yolojet.tasks.obb import OBB
@@ -130,27 +126,6 @@ def test_polygon_iou_helper():
 # -- against ultralytics' predict ---------------------------------------------------------------
 
 
-def letterboxed(photos: dict[str, np.ndarray], imgsz: int) -> tuple[torch.Tensor, list[Letterbox]]:
-    inputs, boxes = [], []
-    for image in photos.values():
-        x, box = torch_pipeline.letterbox(load_frame(image), (imgsz, imgsz))
-        inputs.append(x)
-        boxes.append(box)
-    return torch.stack(inputs), boxes
-
-
-def ultralytics_obb(model, cfg: str, images: list[np.ndarray], end2end: bool, conf: float):
-    """ultralytics' Results per image (rect=False: the square input our export takes)."""
-    from ultralytics import YOLO
-
-    wrapper = YOLO(cfg, verbose=False)
-    wrapper.model = deepcopy(model)  # predict fuses the model it is given in place
-    wrapper.model.end2end = end2end
-    nms = False if end2end else None
-    results = wrapper.predict(images, imgsz=IMGSZ, conf=conf, verbose=False, nms=nms, rect=False)
-    return [r.cpu() for r in results]  # predict leaves them on its device
-
-
 @pytest.mark.parametrize(
     ("cfg", "end2end"),
     [("yolov8n-obb.yaml", None), ("yolo11n-obb.yaml", None), ("yolo26n-obb.yaml", None), ("yolo26n-obb.yaml", True)],
@@ -166,7 +141,7 @@ def test_obb_matches_ultralytics_predict(cfg, end2end, tmp_path):
     ours = obb_postprocess(
         reference(x), boxes, nc=meta.nc, conf=CONF, iou=0.7, max_det=300, end2end=meta.end2end
     )  # fmt: skip
-    expected = ultralytics_obb(model, cfg, list(photos.values()), bool(end2end), CONF)
+    expected = ultralytics_results(model, cfg, list(photos.values()), IMGSZ, bool(end2end), CONF)
     total = 0
     for (name, image), rows, result in zip(photos.items(), ours, expected, strict=True):
         theirs = result.obb.data.numpy()

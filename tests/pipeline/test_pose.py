@@ -15,43 +15,18 @@ within 0.01.
 
 from __future__ import annotations
 
-from copy import deepcopy
-
 import numpy as np
 import pytest
 import torch
-from support import calibrated_model, match_detections, real_photos
+from support import calibrated_model, letterboxed, match_detections, real_photos, ultralytics_results
 
 import yolojet
 from yolojet.errors import EngineConfigError
-from yolojet.images import load_frame
-from yolojet.runtime import torch_pipeline
 from yolojet.runtime.postprocess.pose import pose_postprocess
 from yolojet.runtime.torch_pipeline import Letterbox
 from yolojet.tasks.pose import Keypoints
 
 IMGSZ = 640
-
-
-def letterboxed(photos: dict[str, np.ndarray]) -> tuple[torch.Tensor, list[Letterbox]]:
-    inputs, boxes = [], []
-    for image in photos.values():
-        x, box = torch_pipeline.letterbox(load_frame(image), (IMGSZ, IMGSZ))
-        inputs.append(x)
-        boxes.append(box)
-    return torch.stack(inputs), boxes
-
-
-def ultralytics_pose(model, cfg: str, images: list[np.ndarray], end2end: bool, conf: float):
-    """ultralytics' Results per image (rect=False: the square input our export takes)."""
-    from ultralytics import YOLO
-
-    wrapper = YOLO(cfg, verbose=False)
-    wrapper.model = deepcopy(model)  # predict fuses the model it is given in place
-    wrapper.model.end2end = end2end
-    nms = False if end2end else None
-    results = wrapper.predict(images, imgsz=IMGSZ, conf=conf, verbose=False, nms=nms, rect=False)
-    return [r.cpu() for r in results]  # predict leaves them on its device
 
 
 def pairs(ours: torch.Tensor, theirs: torch.Tensor, iou_min: float = 0.99, conf_tol: float = 0.01) -> list[int]:
@@ -81,11 +56,11 @@ def compare_with_ultralytics(model, cfg: str, model_dir, end2end: bool, conf: fl
     assert meta.task == "pose" and meta.end2end == end2end
     assert meta.kpt_shape == tuple(model.model[-1].kpt_shape)
     photos = real_photos()
-    x, boxes = letterboxed(photos)
+    x, boxes = letterboxed(photos, IMGSZ)
     ours = pose_postprocess(
         reference(x), boxes, nc=meta.nc, kpt_shape=meta.kpt_shape, conf=conf, iou=0.7, max_det=300, end2end=end2end
     )  # fmt: skip
-    expected = ultralytics_pose(model, cfg, list(photos.values()), end2end, conf)
+    expected = ultralytics_results(model, cfg, list(photos.values()), IMGSZ, end2end, conf)
     stats = {"instances": 0, "xy": 0.0, "visibility": 0.0}
     for (name, image), (rows, keypoints), result in zip(photos.items(), ours, expected, strict=True):
         theirs = result.boxes.data
