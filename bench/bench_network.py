@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from support import random_model
+from support import random_model, relative_l2
 
 import yolojet
 from yolojet.ir import Graph
@@ -75,10 +75,6 @@ def graphed(fn, example: torch.Tensor):
     with torch.cuda.graph(graph):
         fn(example)
     return graph.replay
-
-
-def relative_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12))
 
 
 def check(engine: TritonNetwork, model_dir: Path, imgsz: int) -> float:

@@ -44,6 +44,11 @@ def relative_max_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return float((ours - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
 
 
+def relative_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖ours − ref‖ / ‖ref‖ in float32, the kernel and engine tolerance measure."""
+    return float((ours.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12))
+
+
 def topk_relative_error(ours: torch.Tensor, ref: torch.Tensor, score_tol: float = 1e-6) -> float:
     """Relative error between two one-to-one outputs (N, K, 6+extra), sorted by score, up to tie order.
 

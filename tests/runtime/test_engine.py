@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import random_model
+from support import random_model, relative_l2
 
 import yolojet
 from yolojet.errors import EngineConfigError
@@ -24,10 +24,6 @@ MODELS = [
     ("yolo11n-obb.yaml", None, torch.float32),
     ("yolov8n-cls.yaml", None, torch.float16),
 ]
-
-
-def relative_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours - ref).norm() / ref.norm().clamp_min(1e-12))
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import random_model
+from support import random_model, relative_l2
 
 import yolojet
 from yolojet.runtime.engine import Engine
@@ -37,10 +37,6 @@ GPU_MODELS = [
     ("yolov8n-obb.yaml", None, torch.float32),
 ]
 CPU_MODELS = [("yolov8n-seg.yaml", None, torch.float16), ("yolo26n-pose.yaml", True, torch.float32)]
-
-
-def relative_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours - ref).norm() / ref.norm().clamp_min(1e-12))
 
 
 @pytest.mark.parametrize(
