@@ -32,12 +32,31 @@ def nhwc_slice(t: torch.Tensor, pad: int) -> torch.Tensor:
     return wide[..., pad : pad + c]
 
 
+# Odd, non-square levels; P2/P6-style four levels (one launch); five levels (two launches); a level wider than one
+# program's block of anchors.
+LEVEL_SIZES = {
+    "three": [(6, 5), (3, 3), (2, 2)],
+    "four": [(9, 8), (5, 4), (3, 2), (1, 1)],
+    "five": [(9, 9), (6, 5), (3, 3), (2, 2), (1, 1)],
+}
+
+
 @pytest.mark.parametrize("head", sorted(HEADS))
 @pytest.mark.parametrize("batch", [1, 2])
 def test_decode_matches_reference(head, batch):
-    attrs = dict(HEADS[head], levels=3, nc=7, strides=[8, 16, 32])
-    g = torch.Generator().manual_seed(hash(head) % 1000 + batch)
-    sizes = [(6, 5), (3, 3), (2, 2)]  # odd, non-square levels
+    check_decode(head, batch, LEVEL_SIZES["three"])
+
+
+@pytest.mark.parametrize("levels", ["four", "five"])
+@pytest.mark.parametrize("head", ["detect-dfl", "pose-v8"])
+def test_decode_many_levels_matches_reference(head, levels):
+    check_decode(head, 2, LEVEL_SIZES[levels])
+
+
+def check_decode(head: str, batch: int, sizes: list[tuple[int, int]]) -> None:
+    strides = [8 * 2**i for i in range(len(sizes))]
+    attrs = dict(HEADS[head], levels=len(sizes), nc=7, strides=strides)
+    g = torch.Generator().manual_seed(hash(head) % 1000 + batch + len(sizes))
     extra = attrs["extra_channels"]
     boxes = [torch.randn(batch, 4 * attrs["reg_max"], h, w, generator=g) * 3 for h, w in sizes]
     scores = [torch.randn(batch, 7, h, w, generator=g) * 3 for h, w in sizes]

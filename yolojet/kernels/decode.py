@@ -1,6 +1,6 @@
 """Head decode: raw per-level head maps (NHWC views) → ultralytics' (N, 4 + nc + extra, A) float32 tensor.
 
-One launch per pyramid level writes that level's anchors. Per anchor a at grid cell (x, y) of a level
+One launch writes every pyramid level's anchors (up to four levels per launch). Per anchor a at grid cell (x, y) of a level
 with stride s, anchor centre (x + 0.5, y + 0.5):
   distances l, t, r, b = Σ_i i·softmax(box[side·R : side·R + R])_i   (DFL, R = reg_max; raw values if R = 1)
   boxes   = (cx, cy, w, h)·s  or  (x1, y1, x2, y2)·s  from the anchor ± distances, or for OBB the rotated
@@ -27,6 +27,8 @@ _OBB = tl.constexpr(OBB)
 _POSE = tl.constexpr(POSE)
 _BLOCK_A = 64
 _BLOCK_C = 32
+# Ultralytics heads have 3 levels, P2 and P6 variants 4; more would take a second launch.
+MAX_LEVELS_PER_LAUNCH = 4
 
 
 @triton.jit
@@ -52,10 +54,12 @@ def _angle(raw, ANGLE_SIGMOID: tl.constexpr):
 
 
 @triton.jit
-def _decode_level_kernel(
+def _decode_level(
     out_ptr,
     so_n,
     so_c,
+    n,
+    block,
     box_ptr,
     sb_n,
     sb_h,
@@ -85,9 +89,8 @@ def _decode_level_kernel(
     BLOCK_C: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n = tl.program_id(1).to(tl.int64)
-    idx = pid * BLOCK_A + tl.arange(0, BLOCK_A)
+    """BLOCK_A anchors of one level, starting at the level's anchor `block`·BLOCK_A."""
+    idx = block * BLOCK_A + tl.arange(0, BLOCK_A)
     a_ok = idx < H * W
     gy = idx // W
     gx = idx % W
@@ -150,6 +153,65 @@ def _decode_level_kernel(
         tl.store(out_col[:, None] + (4 + NC + ch)[None, :] * so_c, value, mask=ok)
 
 
+@triton.jit
+def _decode_kernel(
+    out_ptr,
+    so_n,
+    so_c,
+    # Level 0..3: its maps (pointer and N/H/W strides), grid size, first anchor, stride, and the end of its
+    # range of program ids. Levels past LEVELS are never read (the launcher repeats level 0 there).
+    box0, sb0_n, sb0_h, sb0_w, cls0, sc0_n, sc0_h, sc0_w, ext0, se0_n, se0_h, se0_w, H0, W0, off0, stride0, end0,
+    box1, sb1_n, sb1_h, sb1_w, cls1, sc1_n, sc1_h, sc1_w, ext1, se1_n, se1_h, se1_w, H1, W1, off1, stride1, end1,
+    box2, sb2_n, sb2_h, sb2_w, cls2, sc2_n, sc2_h, sc2_w, ext2, se2_n, se2_h, se2_w, H2, W2, off2, stride2, end2,
+    box3, sb3_n, sb3_h, sb3_w, cls3, sc3_n, sc3_h, sc3_w, ext3, se3_n, se3_h, se3_w, H3, W3, off3, stride3,
+    NC,
+    EXTRA,
+    LEVELS: tl.constexpr,
+    REG_MAX: tl.constexpr,
+    R_PAD: tl.constexpr,
+    TASK: tl.constexpr,
+    XYWH: tl.constexpr,
+    ANGLE_SIGMOID: tl.constexpr,
+    KPT_DIM: tl.constexpr,
+    KPT_V26: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    # Every level in one launch: program ids are dealt out level by level (each level starts a fresh block), so a
+    # program decodes anchors of exactly one level and the head costs one launch instead of one per level.
+    pid = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64)
+    if pid < end0:
+        _decode_level(
+            out_ptr, so_n, so_c, n, pid,
+            box0, sb0_n, sb0_h, sb0_w, cls0, sc0_n, sc0_h, sc0_w, ext0, se0_n, se0_h, se0_w, H0, W0, off0, stride0,
+            NC, EXTRA, REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
+        )  # fmt: skip
+    elif LEVELS > 1:
+        if pid < end1:
+            _decode_level(
+                out_ptr, so_n, so_c, n, pid - end0,
+                box1, sb1_n, sb1_h, sb1_w, cls1, sc1_n, sc1_h, sc1_w, ext1, se1_n, se1_h, se1_w, H1, W1, off1, stride1,
+                NC, EXTRA, REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
+            )  # fmt: skip
+        elif LEVELS > 2:
+            if pid < end2:
+                _decode_level(
+                    out_ptr, so_n, so_c, n, pid - end1,
+                    box2, sb2_n, sb2_h, sb2_w, cls2, sc2_n, sc2_h, sc2_w, ext2, se2_n, se2_h, se2_w, H2, W2, off2,
+                    stride2, NC, EXTRA, REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C,
+                    PDL,
+                )  # fmt: skip
+            elif LEVELS > 3:
+                _decode_level(
+                    out_ptr, so_n, so_c, n, pid - end2,
+                    box3, sb3_n, sb3_h, sb3_w, cls3, sc3_n, sc3_h, sc3_w, ext3, se3_n, se3_h, se3_w, H3, W3, off3,
+                    stride3, NC, EXTRA, REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C,
+                    PDL,
+                )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class DecodeSpec:
     """The head's static description, from the IR decode node's attributes."""
@@ -203,6 +265,7 @@ def decode_heads(
     expected = (batch, 4 + spec.nc + extra, anchors)
     if tuple(out.shape) != expected or out.dtype != torch.float32 or out.stride(2) != 1:
         raise ValueError(f"decode: out must be float32 {expected} with contiguous anchors, got {tuple(out.shape)}")
+    level_args = []
     offset = 0
     for i in range(levels):
         box, cls = boxes[i], scores[i]
@@ -211,23 +274,36 @@ def decode_heads(
         for name, t, channels in (("box", box, 4 * spec.reg_max), ("score", cls, spec.nc), ("extra", ext, None)):
             if t.shape[:3] != box.shape[:3] or t.stride(3) != 1 or (channels and t.shape[3] != channels):
                 raise ValueError(f"decode: level {i} {name} map has shape {tuple(t.shape)} / strides {t.stride()}")
-        grid = (triton.cdiv(h * w, _BLOCK_A), batch)
-        _decode_level_kernel[grid](
-            out, out.stride(0), out.stride(1),
-            box, box.stride(0), box.stride(1), box.stride(2),
-            cls, cls.stride(0), cls.stride(1), cls.stride(2),
-            ext, ext.stride(0), ext.stride(1), ext.stride(2),
-            h, w, offset, float(spec.strides[i]), spec.nc, extra,
-            REG_MAX=spec.reg_max,
-            R_PAD=max(2, triton.next_power_of_2(spec.reg_max)),
-            TASK=TASK_CODES[spec.task],
-            XYWH=spec.xywh,
-            ANGLE_SIGMOID=spec.angle_sigmoid,
-            KPT_DIM=spec.kpt_dim,
-            KPT_V26=spec.kpt_v26,
-            BLOCK_A=_BLOCK_A,
-            BLOCK_C=_BLOCK_C,
-            PDL=pdl,
-            **launch_options(pdl),
-        )  # fmt: skip
+        level_args.append(
+            (box, *box.stride()[:3], cls, *cls.stride()[:3], ext, *ext.stride()[:3], h, w, offset, float(spec.strides[i]))
+        )
         offset += h * w
+    for first in range(0, levels, MAX_LEVELS_PER_LAUNCH):
+        _launch(out, level_args[first : first + MAX_LEVELS_PER_LAUNCH], batch, spec, extra, pdl)
+
+
+def _launch(out: torch.Tensor, level_args: list[tuple], batch: int, spec: DecodeSpec, extra: int, pdl: bool) -> None:
+    args = []
+    end = 0
+    for slot in range(MAX_LEVELS_PER_LAUNCH):
+        level = level_args[min(slot, len(level_args) - 1)]  # unused slots repeat a real level: valid pointers
+        h, w = level[12], level[13]
+        end += triton.cdiv(h * w, _BLOCK_A) if slot < len(level_args) else 0
+        args += [*level, end] if slot < MAX_LEVELS_PER_LAUNCH - 1 else list(level)
+    _decode_kernel[(end, batch)](
+        out, out.stride(0), out.stride(1),
+        *args,
+        spec.nc, extra,
+        LEVELS=len(level_args),
+        REG_MAX=spec.reg_max,
+        R_PAD=max(2, triton.next_power_of_2(spec.reg_max)),
+        TASK=TASK_CODES[spec.task],
+        XYWH=spec.xywh,
+        ANGLE_SIGMOID=spec.angle_sigmoid,
+        KPT_DIM=spec.kpt_dim,
+        KPT_V26=spec.kpt_v26,
+        BLOCK_A=_BLOCK_A,
+        BLOCK_C=_BLOCK_C,
+        PDL=pdl,
+        **launch_options(pdl),
+    )  # fmt: skip
