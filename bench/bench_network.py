@@ -136,8 +136,11 @@ def bench_model(
                 row.setdefault("compile_s", {})[batch] = time.perf_counter() - start
                 times["compile_graph"] = median_ms(replay, repeats)
                 # Printed at once: the compile takes minutes, and a run cut short by its time limit still has it.
-                print(f"{name} batch {batch}: torch.compile max-autotune built in {row['compile_s'][batch]:.0f} s, "
-                      f"{times['compile_graph']:.3f} ms per batch (yolojet {times['yolojet']:.3f} ms)", flush=True)
+                print(
+                    f"{name} batch {batch}: torch.compile max-autotune built in {row['compile_s'][batch]:.0f} s, "
+                    f"{times['compile_graph']:.3f} ms per batch (yolojet {times['yolojet']:.3f} ms)",
+                    flush=True,
+                )
             fused.to(memory_format=torch.contiguous_format)
         row["batches"][batch] = times
     row["profile_b1"] = [vars(p) for p in engine.profile(min(batches))]

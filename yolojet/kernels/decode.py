@@ -1,7 +1,7 @@
 """Head decode: raw per-level head maps (NHWC views) → ultralytics' (N, 4 + nc + extra, A) float32 tensor.
 
-One launch writes every pyramid level's anchors (up to four levels per launch). Per anchor a at grid cell (x, y) of a level
-with stride s, anchor centre (x + 0.5, y + 0.5):
+One launch writes every pyramid level's anchors (up to four levels per launch). Per anchor a at grid cell
+(x, y) of a level with stride s, anchor centre (x + 0.5, y + 0.5):
   distances l, t, r, b = Σ_i i·softmax(box[side·R : side·R + R])_i   (DFL, R = reg_max; raw values if R = 1)
   boxes   = (cx, cy, w, h)·s  or  (x1, y1, x2, y2)·s  from the anchor ± distances, or for OBB the rotated
             centre ((r − l)/2, (b − t)/2) rotated by θ plus the anchor, and (l + r, t + b), all ·s
@@ -274,9 +274,8 @@ def decode_heads(
         for name, t, channels in (("box", box, 4 * spec.reg_max), ("score", cls, spec.nc), ("extra", ext, None)):
             if t.shape[:3] != box.shape[:3] or t.stride(3) != 1 or (channels and t.shape[3] != channels):
                 raise ValueError(f"decode: level {i} {name} map has shape {tuple(t.shape)} / strides {t.stride()}")
-        level_args.append(
-            (box, *box.stride()[:3], cls, *cls.stride()[:3], ext, *ext.stride()[:3], h, w, offset, float(spec.strides[i]))
-        )
+        maps = (box, *box.stride()[:3], cls, *cls.stride()[:3], ext, *ext.stride()[:3])
+        level_args.append((*maps, h, w, offset, float(spec.strides[i])))
         offset += h * w
     for first in range(0, levels, MAX_LEVELS_PER_LAUNCH):
         _launch(out, level_args[first : first + MAX_LEVELS_PER_LAUNCH], batch, spec, extra, pdl)
