@@ -40,9 +40,10 @@ from yolojet.kernels.elementwise import check_view
 _BLOCK_K = 16
 _BLOCK_Y = 8
 _BLOCK_X = 16
-# masks_to_original: BLOCK_P output pixels × BLOCK_K rows an iteration, 2048 elements (16 a thread at 4 warps).
-_ORIG_BLOCK_K = 8
-_ORIG_BLOCK_P = 256
+# masks_to_original: tiles of 8 rows × 128 columns of the original image, one instance an iteration (8 pixels a
+# thread at 4 warps; a row of the tile is 128 contiguous output bytes).
+_ORIG_BLOCK_Y = 8
+_ORIG_BLOCK_X = 128
 _MASK_DTYPES = (torch.uint8, torch.bool)
 
 
@@ -118,7 +119,8 @@ def _assemble_masks_kernel(
     x = (tile % TILES_X) * BLOCK_X + p % BLOCK_X
     pix_ok = (y < H) & (x < W)
 
-    # The four proto neighbours of each pixel, all channels, loaded once and shared by every row of the image.
+    # The four proto neighbours of each pixel: their addresses here, their loads (all channels) only in a block
+    # of rows with a box over this tile, since most tiles of an image lie under no box.
     y0, y1, wy0, wy1 = _bilinear_taps(y, scale_y, MH)
     x0, x1, wx0, wx1 = _bilinear_taps(x, scale_x, MW)
     c = tl.arange(0, BLOCK_C)
@@ -129,10 +131,6 @@ def _assemble_masks_kernel(
     r1 = y1.to(tl.int64) * sp_h
     q0 = x0.to(tl.int64) * sp_w
     q1 = x1.to(tl.int64) * sp_w
-    p00 = tl.load(img + (r0 + q0)[None, :], mask=ld, other=0.0)
-    p01 = tl.load(img + (r0 + q1)[None, :], mask=ld, other=0.0)
-    p10 = tl.load(img + (r1 + q0)[None, :], mask=ld, other=0.0)
-    p11 = tl.load(img + (r1 + q1)[None, :], mask=ld, other=0.0)
 
     count = tl.minimum(tl.maximum(tl.load(count_ptr + n), 0), K)  # a bad count must not write past `out`
     yf = y.to(tl.float32)[None, :]
@@ -150,6 +148,10 @@ def _assemble_masks_kernel(
         keep = (xf >= bx1) & (xf < bx2) & (yf >= by1) & (yf < by2)
         # Most (tile, box) pairs miss: boxes are small next to the image. Only pay for the dots where one hits.
         if tl.sum(tl.sum(keep.to(tl.int32), 1), 0) > 0:
+            p00 = tl.load(img + (r0 + q0)[None, :], mask=ld, other=0.0)
+            p01 = tl.load(img + (r0 + q1)[None, :], mask=ld, other=0.0)
+            p10 = tl.load(img + (r1 + q0)[None, :], mask=ld, other=0.0)
+            p11 = tl.load(img + (r1 + q1)[None, :], mask=ld, other=0.0)
             coefs = tl.load(row[:, None] + 6 + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
             hi = coefs.to(p00.dtype)
             lo = (coefs - hi.to(tl.float32)).to(p00.dtype)
@@ -222,13 +224,16 @@ def _masks_to_original_kernel(
     W0,
     h0f,
     w0f,
-    BLOCK_K: tl.constexpr,
-    BLOCK_P: tl.constexpr,
+    TILES_X,
+    BLOCK_Y: tl.constexpr,
+    BLOCK_X: tl.constexpr,
 ):
-    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    p_ok = p < H0 * W0
-    oy = p // W0
-    ox = p % W0
+    # A BLOCK_Y × BLOCK_X tile of output pixels: the taps are computed once per tile row and column (not per
+    # pixel), and each row of the tile is a contiguous run of the output, so stores go out whole.
+    tile = tl.program_id(0)
+    oy = (tile // TILES_X) * BLOCK_Y + tl.arange(0, BLOCK_Y)
+    ox = (tile % TILES_X) * BLOCK_X + tl.arange(0, BLOCK_X)
+    ok = (oy < H0)[:, None] & (ox < W0)[None, :]
     # The letterbox content window as scale_masks cuts it: params hold the letterbox's integer offsets
     # (pad_left = round((W − new_w)/2 − 0.1), scale_masks' `left`) and gains new_w / w0, new_h / h0, whose products
     # with w0, h0 sit within an ulp of the integers new_w, new_h (scale_masks' max(round(w0·gain), 1)).
@@ -240,28 +245,28 @@ def _masks_to_original_kernel(
     sy0, sy1, wy0, wy1 = _bilinear_taps(oy, tl.math.div_rn(height, h0f), height.to(tl.int32))
     sx0, sx1, wx0, wx1 = _bilinear_taps(ox, tl.math.div_rn(width, w0f), width.to(tl.int32))
     # Clamped into the mask so that params that do not fit the input cannot read outside it.
-    r0 = (tl.minimum(tl.maximum(top + sy0, 0), H - 1).to(tl.int64) * sm_h)[None, :]
-    r1 = (tl.minimum(tl.maximum(top + sy1, 0), H - 1).to(tl.int64) * sm_h)[None, :]
+    r0 = (tl.minimum(tl.maximum(top + sy0, 0), H - 1).to(tl.int64) * sm_h)[:, None]
+    r1 = (tl.minimum(tl.maximum(top + sy1, 0), H - 1).to(tl.int64) * sm_h)[:, None]
     q0 = tl.minimum(tl.maximum(left + sx0, 0), W - 1)[None, :]
     q1 = tl.minimum(tl.maximum(left + sx1, 0), W - 1)[None, :]
     wx0 = wx0[None, :]
     wx1 = wx1[None, :]
-    wy0 = wy0[None, :]
-    wy1 = wy1[None, :]
-    out_pix = out_ptr + (oy.to(tl.int64) * so_h + ox)[None, :]
+    wy0 = wy0[:, None]
+    wy1 = wy1[:, None]
+    out_pix = out_ptr + (oy.to(tl.int64) * so_h)[:, None] + ox[None, :]
 
     count = tl.minimum(tl.maximum(tl.load(count_ptr), 0), K)
-    for k0 in range(0, count, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        ok = (k < count)[:, None] & p_ok[None, :]
-        src = masks_ptr + k.to(tl.int64)[:, None] * sm_k
+    src = masks_ptr
+    for _ in range(0, count):  # pointers step an instance at a time: 64-bit, however large K·H·W
         # The 0/1 masks as float, as scale_masks' masks.float(); any nonzero byte counts as 1.
         m00 = (tl.load(src + r0 + q0, mask=ok, other=0) != 0).to(tl.float32)
         m01 = (tl.load(src + r0 + q1, mask=ok, other=0) != 0).to(tl.float32)
         m10 = (tl.load(src + r1 + q0, mask=ok, other=0) != 0).to(tl.float32)
         m11 = (tl.load(src + r1 + q1, mask=ok, other=0) != 0).to(tl.float32)
         value = (m00 * wx0 + m01 * wx1) * wy0 + (m10 * wx0 + m11 * wx1) * wy1
-        tl.store(out_pix + k.to(tl.int64)[:, None] * so_k, (value > 0.5).to(out_ptr.dtype.element_ty), mask=ok)
+        tl.store(out_pix, (value > 0.5).to(out_ptr.dtype.element_ty), mask=ok)
+        src += sm_k
+        out_pix += so_k
 
 
 def masks_to_original(
@@ -305,7 +310,8 @@ def masks_to_original(
         return
     for i, o in enumerate(outs):
         h0, w0 = o.shape[1:]
-        _masks_to_original_kernel[(triton.cdiv(h0 * w0, _ORIG_BLOCK_P),)](
+        tiles_x = triton.cdiv(w0, _ORIG_BLOCK_X)
+        _masks_to_original_kernel[(triton.cdiv(h0, _ORIG_BLOCK_Y) * tiles_x,)](
             o, o.stride(0), o.stride(1), masks[i], masks.stride(1), masks.stride(2), count[i:], params[i],
-            k, h, w, h0, w0, float(h0), float(w0), BLOCK_K=_ORIG_BLOCK_K, BLOCK_P=_ORIG_BLOCK_P,
+            k, h, w, h0, w0, float(h0), float(w0), tiles_x, BLOCK_Y=_ORIG_BLOCK_Y, BLOCK_X=_ORIG_BLOCK_X,
         )  # fmt: skip
