@@ -66,6 +66,7 @@ class Engine:
         verbose: bool = False,
         buckets: list[int] | None = None,
         pdl: bool | None = None,
+        branches: bool | None = None,
     ) -> Engine:
         """Load a model directory, `.pt`, ultralytics name or `.yaml` (exported on first use and cached).
 
@@ -74,6 +75,8 @@ class Engine:
         `tune=None` tunes conv tiles unless YOLOJET_NOTUNE=1. `buckets` overrides the batch sizes a CUDA
         graph is captured for (default 1, 2, 4, ..., max_batch). `pdl=None` launches the network's kernels with
         programmatic dependent launch where the GPU supports it (Hopper and later) unless YOLOJET_PDL=0.
+        `branches=True` (or YOLOJET_BRANCHES=1 with None) runs independent launches, such as the head's per-level
+        chains, on parallel streams inside the captured graph.
         """
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if max_batch < 1:
@@ -100,7 +103,7 @@ class Engine:
             tune = os.environ.get("YOLOJET_NOTUNE") != "1"
         network = TritonNetwork(
             graph, device, half=half, max_batch=max_batch, tune_layers=tune, fuse=fuse, verbose=verbose,
-            buckets=buckets, pdl=pdl,
+            buckets=buckets, pdl=pdl, branches=branches,
         )  # fmt: skip
         return cls(network, max_batch)
 

@@ -240,7 +240,6 @@ class DetectionHead(CapturedPath):
         images = network.input_view(bucket)
         preds = network.value_view(self.output, bucket)[:batch]
         rows, count = self.rows[:batch], self.count[:batch]
-        launches = network.launch_list(bucket)
         frames, copy_in = self._frame_copies(slots)
         scratch = self.scratch.first(batch) if self.scratch is not None else None
         if self.segment:
@@ -253,8 +252,7 @@ class DetectionHead(CapturedPath):
             copy_in()
             for i, (s, pixels) in enumerate(zip(slots, frames, strict=True)):
                 preprocess_letterbox(images[i], pixels, bgr=s.bgr, params=s.placement.kernel_params())
-            for launch in launches:
-                launch.run()
+            network.run_launches(bucket)
             mask = self.class_mask if self.filtered else None
             options = {"thresholds": self.thresholds, "limits": self.limits, "class_mask": mask}
             if self.end2end:
@@ -301,15 +299,13 @@ class ClassifyHead(CapturedPath):
         bucket = network.bucket_for(batch)
         images = network.input_view(bucket)
         probs = network.value_view(self.output, bucket)[:batch]
-        launches = network.launch_list(bucket)
         frames, copy_in = self._frame_copies(slots)
 
         def run() -> None:
             copy_in()
             for i, (s, pixels) in enumerate(zip(slots, frames, strict=True)):
                 s.placement(images[i], pixels, bgr=s.bgr)
-            for launch in launches:
-                launch.run()
+            network.run_launches(bucket)
             self.probs_host[:batch].copy_(probs, non_blocking=True)
 
         return run

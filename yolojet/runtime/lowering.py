@@ -39,13 +39,17 @@ class Launch:
     configure: Callable[[ConvConfig], None] | None = None
     compile: Callable[[ConvConfig], None] | None = None  # compiles a candidate without launching it
     candidates: list[ConvConfig] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)  # values read and written: what orders it against others
+    writes: list[str] = field(default_factory=list)
+    uses_split_scratch: Callable[[], bool] = lambda: False  # with its current config
 
 
 class SplitKScratch:
     """The partial tiles and arrival counts of split-K conv launches, shared by all of one network's launches.
 
-    Sharing is safe because the launches run one after another on one stream (a dependent launch waits for its
-    predecessor before touching memory) and each leaves its counts at zero. Lowering reserves the largest need
+    Sharing is safe because split-K launches never overlap: on one stream a dependent launch waits for its
+    predecessor before touching memory, parallel streams order them like launches that write the same memory
+    (runtime/streams.py), and each leaves its counts at zero. Lowering reserves the largest need
     of every candidate config; launches read the tensors when they run, so growth during lowering is fine, and
     nothing grows once lowering is done (captured graphs hold the addresses).
     """
@@ -161,6 +165,7 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
         configure=configure,
         compile=compile_config,
         candidates=candidates,
+        uses_split_scratch=lambda: chosen[0].split_k > 1,
     )
 
 
@@ -286,6 +291,7 @@ def lower(
     """
     launches: list[Launch] = []
     done: set[str] = set()
+    by_name = {node.name: node for node in graph.nodes}
     for i, node in enumerate(graph.nodes):
         if node.name in done:
             continue
@@ -306,8 +312,17 @@ def lower(
             launches.append(_lower_linear(graph, i, view, weights, pdl))
         else:
             launches.append(_lower_simple(node, view, pdl))
+        _set_access(launches[-1], by_name)
         done.update(launches[-1].nodes)
     return launches
+
+
+def _set_access(launch: Launch, by_name: dict[str, Node]) -> None:
+    """A launch reads its nodes' inputs that none of them produce, and writes all their outputs."""
+    nodes = [by_name[name] for name in launch.nodes]
+    produced = {out for node in nodes for out in node.outputs}
+    launch.reads = list(dict.fromkeys(v for node in nodes for v in node.inputs if v not in produced))
+    launch.writes = list(dict.fromkeys(produced))
 
 
 def _copy_into_concat(node: Node, value: str, view: ViewFn, pdl: bool) -> Launch:
@@ -319,7 +334,7 @@ def _copy_into_concat(node: Node, value: str, view: ViewFn, pdl: bool) -> Launch
     def run() -> None:
         copy_nhwc(destination, source, pdl=pdl)
 
-    return Launch("elementwise", [f"{node.name}<-{value}"], [], run)
+    return Launch("elementwise", [f"{node.name}<-{value}"], [], run, reads=[value], writes=[node.outputs[0]])
 
 
 def _lower_linear(graph: Graph, i: int, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:

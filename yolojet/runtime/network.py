@@ -3,7 +3,8 @@
 `TritonNetwork` plans memory (one NHWC activation arena, one float32 head arena, both sized for
 `max_batch`), packs the weights, lowers every node to a kernel launch bound to its views for each
 batch bucket (1, 2, 4, ..., max_batch), times candidate tile configs per conv (cached on disk), and
-captures each bucket's launches into a CUDA graph. `raw(x)` copies the batch in, replays the
+captures each bucket's launches into a CUDA graph (with `branches`, independent launches on parallel
+streams inside it). `raw(x)` copies the batch in, replays the
 smallest bucket's graph that fits, and returns the head outputs in the reference executor's form.
 
 With `TRITON_INTERPRET=1` and a CPU device, the same kernels run through Triton's interpreter
@@ -12,6 +13,7 @@ With `TRITON_INTERPRET=1` and a CPU device, the same kernels run through Triton'
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -24,6 +26,15 @@ from yolojet.kernels.pdl import pdl_available
 from yolojet.runtime.autotune import TuningCache, compile_candidates, time_launch, tune, untuned
 from yolojet.runtime.lowering import Launch, PackedWeights, SplitKScratch, ViewFn, lower
 from yolojet.runtime.plan import MemoryPlan, plan_memory
+from yolojet.runtime.streams import (
+    SCRATCH,
+    Access,
+    Schedule,
+    StreamRunner,
+    dependencies,
+    schedule_streams,
+    value_region,
+)
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -59,6 +70,7 @@ class TritonNetwork:
         verbose: bool = False,
         buckets: list[int] | None = None,
         pdl: bool | None = None,
+        branches: bool | None = None,
     ) -> None:
         if max_batch < 1:
             raise EngineConfigError(f"max_batch {max_batch}: must be at least 1")
@@ -79,6 +91,11 @@ class TritonNetwork:
                 f"Triton that supports it, not {device} (or YOLOJET_PDL=0 is set); pass pdl=None to use it where it can"
             )
         self.pdl = pdl_available(device) if pdl is None else pdl
+        # None: off unless YOLOJET_BRANCHES=1 (independent branches on parallel streams, runtime/streams.py).
+        self.branches = os.environ.get("YOLOJET_BRANCHES") == "1" if branches is None else branches
+        if self.branches and device.type != "cuda":
+            raise EngineConfigError(f"branches=True: parallel streams need a CUDA device, not {device}")
+        self.runners: dict[int, StreamRunner] = {}
         self.split_scratch = SplitKScratch(device)
         self.launches = {
             b: lower(graph, self._viewer(b), self.weights, self.plan.copies, fuse, self.split_scratch, self.pdl)
@@ -135,7 +152,27 @@ class TritonNetwork:
         cache.save()
         self.tuning = dict(totals)
 
+    def accesses(self, bucket: int) -> list[Access]:
+        """What each launch of a bucket reads and writes, as memory regions of the plan (and the split-K scratch
+        for launches whose tile splits K)."""
+        result = []
+        for launch in self.launches[bucket]:
+            reads = tuple(value_region(self.plan, v) for v in launch.reads)
+            writes = tuple(value_region(self.plan, v) for v in launch.writes)
+            if launch.uses_split_scratch():
+                writes += (SCRATCH,)
+            result.append(Access(reads, writes))
+        return result
+
+    def schedule(self, bucket: int) -> Schedule:
+        """The bucket's launches on parallel streams, ordered wherever their memory says they must be."""
+        return schedule_streams(dependencies(self.accesses(bucket)))
+
     def _capture(self) -> None:
+        if self.branches:  # after tuning: a launch's tile decides whether it uses the split-K scratch
+            for b in self.buckets:
+                runs = [launch.run for launch in self.launches[b]]
+                self.runners[b] = StreamRunner(runs, self.schedule(b), self.device)
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -147,7 +184,7 @@ class TritonNetwork:
         for b in self.buckets:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._run_eager(b)
+                self.run_launches(b)
             self.graphs[b] = graph
         torch.cuda.synchronize(self.device)
 
@@ -163,6 +200,15 @@ class TritonNetwork:
     def _run_eager(self, bucket: int) -> None:
         for launch in self.launches[bucket]:
             launch.run()
+
+    def run_launches(self, bucket: int) -> None:
+        """Every launch of the bucket on the current stream, or forked onto parallel streams and joined back into
+        it with `branches`: what a captured graph (the network's, or a predict path's around it) records."""
+        runner = self.runners.get(bucket)
+        if runner is not None:
+            runner()
+        else:
+            self._run_eager(bucket)
 
     def execute(self, bucket: int) -> None:
         """Run the network on whatever the bucket's input view holds: one graph replay on a GPU."""

@@ -4,12 +4,15 @@ Feature maps live in NHWC buffers carved out of one activation arena. A concat's
 buffer, and its inputs are placed as channel slices of it, so their producers write there directly
 and the concat itself costs nothing; a split's outputs are channel slices of its input. A value
 that cannot be placed where a concat wants it (it already lives elsewhere, or is the graph input)
-is copied, and the plan lists those copies. Buffers whose lifetimes do not overlap share memory.
+is copied, and the plan lists those copies. Buffers share memory only when every use of one comes before
+every write of the other in the graph itself (not just in launch order), so independent branches may run
+side by side.
 Head tensors (decode, top-k, classification outputs) are float32 and get their own arena.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from yolojet.ir import Graph
@@ -141,9 +144,10 @@ def plan_memory(graph: Graph) -> MemoryPlan:
                 placements[out] = Placement(new_buffer(out, kind), 0, channels)
 
     _set_lifetimes(graph, buffers, placements)
+    ordered = _ordered_pairs(graph, buffers, placements)
     plan = MemoryPlan(buffers, placements, copies)
-    plan.feature_elements = _allocate([b for b in buffers if b.kind == "feature"])
-    plan.head_elements = _allocate([b for b in buffers if b.kind == "head"])
+    plan.feature_elements = _allocate([b for b in buffers if b.kind == "feature"], ordered)
+    plan.head_elements = _allocate([b for b in buffers if b.kind == "head"], ordered)
     plan.stats = {
         "buffers": len(buffers),
         "copies": sum(len(v) for v in copies.values()),
@@ -173,11 +177,46 @@ def _set_lifetimes(graph: Graph, buffers: list[Buffer], placements: dict[str, Pl
         b.first, b.last = max(first[b.index] - 1, -1), last[b.index]
 
 
-def _allocate(buffers: list[Buffer]) -> int:
-    """Offsets (per image slot) so that buffers alive at the same time never overlap; returns the arena size.
+def _ordered_pairs(graph: Graph, buffers: list[Buffer], placements: dict[str, Placement]) -> Callable[[int, int], bool]:
+    """Whether every node touching one buffer is an ancestor, in the graph, of every node writing the other.
+
+    Only such buffers may share memory. Sharing by network order alone would be enough for launches that run one
+    after another, but independent branches (the head's per-level chains) may run side by side on parallel
+    streams (runtime/streams.py), and a branch must not reuse memory that another branch may still be using.
+    """
+    producers = {out: i for i, node in enumerate(graph.nodes) for out in node.outputs}
+    ancestors: list[int] = []  # bit i set: node i is an ancestor
+    for node in graph.nodes:
+        mask = 0
+        for name in node.inputs:
+            if name in producers:
+                mask |= ancestors[producers[name]] | (1 << producers[name])
+        ancestors.append(mask)
+    touching = [0] * len(buffers)
+    writers: list[list[int]] = [[] for _ in buffers]
+    for i, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            touching[placements[name].buffer] |= 1 << i
+        for name in node.outputs:
+            touching[placements[name].buffer] |= 1 << i
+            writers[placements[name].buffer].append(i)
+
+    def before(a: int, b: int) -> bool:
+        return bool(writers[b]) and all(touching[a] & ~ancestors[w] == 0 for w in writers[b])
+
+    def ordered(a: int, b: int) -> bool:
+        return before(a, b) or before(b, a)
+
+    return ordered
+
+
+def _allocate(buffers: list[Buffer], ordered: Callable[[int, int], bool]) -> int:
+    """Offsets (per image slot) so that buffers that may be in use at the same time never overlap; returns the
+    arena size.
 
     Largest buffers first, each at the lowest aligned offset that clears every already placed buffer
-    whose lifetime intersects its own: a greedy interval packing that is near-optimal for these chains.
+    whose lifetime intersects its own or that is not ordered with it in the graph: a greedy interval packing
+    that is near-optimal for these chains.
     """
     placed: list[Buffer] = []
     top = 0
@@ -186,7 +225,7 @@ def _allocate(buffers: list[Buffer]) -> int:
         busy = sorted(
             (p.offset, p.offset + _round_up(p.per_image, ARENA_ALIGN))
             for p in placed
-            if p.first <= buf.last and buf.first <= p.last
+            if (p.first <= buf.last and buf.first <= p.last) or not ordered(p.index, buf.index)
         )
         offset = 0
         for start, stop in busy:

@@ -1,0 +1,206 @@
+"""Independent launches on parallel streams: the schedule keeps every memory conflict ordered, finds the head's
+branches, and a network run in the most reordered way the schedule allows gives the sequential run's outputs
+bit for bit (under the interpreter on the CPU); on a GPU, graphs captured with parallel streams give the same
+outputs as sequential graphs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from support import random_model
+
+import yolojet
+from yolojet.errors import EngineConfigError
+from yolojet.export.walker import export_graph
+from yolojet.ir import Graph
+from yolojet.runtime import plan as plan_module
+from yolojet.runtime.engine import Engine
+from yolojet.runtime.network import TritonNetwork
+from yolojet.runtime.plan import ARENA_ALIGN, plan_memory
+from yolojet.runtime.streams import Access, Region, dependencies, schedule_streams
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def region(buffer: int, start: int = 0, stop: int = 10, channels: tuple[int, int] = (0, 8)) -> Region:
+    return Region("feature", start, stop, buffer, channels)
+
+
+def test_regions_overlap_by_memory_and_channels():
+    assert region(0).overlaps(region(0))
+    assert not region(0, channels=(0, 4)).overlaps(region(0, channels=(4, 8)))  # two slices of one concat buffer
+    assert region(0, channels=(0, 4)).overlaps(region(1, channels=(4, 8)))  # two buffers sharing memory
+    assert not region(0, 0, 10).overlaps(region(1, 10, 20))
+    assert not region(0).overlaps(Region("head", 0, 10, 0, (0, 8)))
+
+
+def test_dependencies_cover_read_and_write_hazards():
+    a, b, c = region(0, channels=(0, 4)), region(0, channels=(4, 8)), region(1, 20, 30)
+    accesses = [
+        Access(reads=(), writes=(a,)),  # 0 writes a
+        Access(reads=(), writes=(b,)),  # 1 writes b: another slice, independent of 0
+        Access(reads=(a, b), writes=(c,)),  # 2 reads both: after 0 and 1
+        Access(reads=(), writes=(a,)),  # 3 overwrites a: after 0 (write after write) and 2 (write after read)
+    ]
+    assert dependencies(accesses) == [set(), set(), {0, 1}, {0, 2}]
+
+
+def test_chains_stay_on_a_stream_and_joins_wait():
+    # 0 → 1 → 2 and 0 → 3 → 4, joined by 5.
+    deps = [set(), {0}, {1}, {0}, {3}, {2, 4}]
+    schedule = schedule_streams(deps)
+    assert schedule.stream[:3] == [0, 0, 0] and schedule.stream[3] == schedule.stream[4] != 0
+    assert schedule.waits == [[], [], [], [0], [], [2]]
+    assert all(d <= before for d, before in zip(deps, schedule.happens_before(), strict=True))
+
+
+@pytest.mark.parametrize("max_streams", [1, 2, 3, 8])
+def test_random_dependencies_are_all_kept(max_streams):
+    rng = random.Random(max_streams)
+    for _ in range(50):
+        n = rng.randint(1, 40)
+        deps = [{i for i in range(j) if rng.random() < 0.08} for j in range(n)]
+        schedule = schedule_streams(deps, max_streams)
+        assert schedule.streams <= max_streams
+        for j, before in enumerate(schedule.happens_before()):
+            assert deps[j] <= before, f"launch {j} may start before {deps[j] - before}"
+        # A wait that stream order or an earlier wait already implies is never issued twice.
+        for waits in schedule.waits:
+            assert len({schedule.stream[i] for i in waits}) == len(waits)
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolov8n-seg.yaml", "yolo26n-pose.yaml", "yolo11n-obb.yaml"])
+def test_plan_shares_memory_only_between_graph_ordered_buffers(cfg):
+    """Buffers in the same memory are used one after the other in the graph itself, not merely in launch order."""
+    graph = export_graph(random_model(cfg), 64)
+    plan = plan_memory(graph)
+    producers = {out: i for i, node in enumerate(graph.nodes) for out in node.outputs}
+    ancestors: list[set[int]] = []
+    for node in graph.nodes:
+        mine = set()
+        for name in node.inputs:
+            if name in producers:
+                mine |= ancestors[producers[name]] | {producers[name]}
+        ancestors.append(mine)
+    touching: dict[int, set[int]] = {b.index: set() for b in plan.buffers}
+    writers: dict[int, set[int]] = {b.index: set() for b in plan.buffers}
+    for i, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            touching[plan.placements[name].buffer].add(i)
+        for name in node.outputs:
+            touching[plan.placements[name].buffer].add(i)
+            writers[plan.placements[name].buffer].add(i)
+
+    def before(a: int, b: int) -> bool:
+        return bool(writers[b]) and all(touching[a] <= ancestors[w] for w in writers[b])
+
+    shared = 0
+    for kind in ("feature", "head"):
+        buffers = [b for b in plan.buffers if b.kind == kind]
+        for i, a in enumerate(buffers):
+            for b in buffers[i + 1 :]:
+                a_end = a.offset + -(-a.per_image // ARENA_ALIGN) * ARENA_ALIGN
+                b_end = b.offset + -(-b.per_image // ARENA_ALIGN) * ARENA_ALIGN
+                if a.offset < b_end and b.offset < a_end:
+                    shared += 1
+                    assert before(a.index, b.index) or before(b.index, a.index), f"{a.index} and {b.index}"
+    assert shared > 0, "memory is still reused along chains"
+
+
+@pytest.fixture(scope="module")
+def seg_graph(tmp_path_factory):
+    """yolo11n-seg at 64: C3k's parallel branches, the head's six chains, and the proto branch beside them."""
+    model_dir = yolojet.export(random_model("yolo11n-seg.yaml"), out=tmp_path_factory.mktemp("streams") / "m", imgsz=64)
+    return Graph.load(model_dir)
+
+
+@pytest.fixture(scope="module")
+def seg_network(seg_graph):
+    """Through the interpreter on the CPU, the device on a GPU."""
+    return TritonNetwork(seg_graph, torch.device(DEVICE), half=False, max_batch=2, tune_layers=False)
+
+
+def test_schedule_orders_every_conflict_and_finds_the_head_branches(seg_network):
+    network = seg_network
+    for bucket in network.buckets:
+        launches = network.launch_list(bucket)
+        deps = dependencies(network.accesses(bucket))
+        schedule = network.schedule(bucket)
+        for j, before in enumerate(schedule.happens_before()):
+            assert deps[j] <= before, f"{launches[j].nodes}: may start before {sorted(deps[j] - before)}"
+        head_streams = {
+            schedule.stream[j]
+            for j, launch in enumerate(launches)
+            if ".cv2." in launch.nodes[0] and "23." in launch.nodes[0]
+        }
+        assert len(head_streams) >= 3, "the box branches of the three levels should run side by side"
+        assert schedule.streams >= 4
+
+
+@pytest.mark.parametrize("plan", ["graph-ordered", "launch-ordered"])
+def test_most_reordered_run_matches_the_sequential_run(seg_graph, seg_network, plan, monkeypatch):
+    """Every launch as early as the schedule lets it run (the latest ready launch first): a write that reuses
+    memory another launch still reads, or a read of a value not yet written, would change the outputs. The
+    launch-ordered plan shares memory between independent branches (as a plan by lifetimes in launch order
+    would), so there the schedule's write-after-read ordering is what keeps the outputs right."""
+    network = seg_network
+    if plan == "launch-ordered":
+        monkeypatch.setattr(plan_module, "_ordered_pairs", lambda *args: lambda a, b: True)
+        network = TritonNetwork(seg_graph, torch.device(DEVICE), half=False, max_batch=2, tune_layers=False)
+        assert network.plan.feature_elements < seg_network.plan.feature_elements
+    bucket = network.buckets[-1]
+    launches = network.launch_list(bucket)
+    before = network.schedule(bucket).happens_before()
+    x = torch.rand(bucket, 3, 64, 64, device=DEVICE)
+
+    def outputs() -> list[torch.Tensor]:
+        return [network.value_view(name, bucket).clone() for name in network.graph.outputs]
+
+    network.poison()
+    network.input_view(bucket).copy_(x.permute(0, 2, 3, 1))
+    for launch in launches:
+        launch.run()
+    sequential = outputs()
+
+    network.poison()
+    network.input_view(bucket).copy_(x.permute(0, 2, 3, 1))
+    done: set[int] = set()
+    order = []
+    while len(done) < len(launches):
+        ready = [j for j in range(len(launches)) if j not in done and before[j] <= done]
+        j = max(ready)
+        launches[j].run()
+        done.add(j)
+        order.append(j)
+    assert order != sorted(order), "the schedule allows no reordering at all"
+    for a, b in zip(outputs(), sequential, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_branches_need_a_gpu(tmp_path):
+    if DEVICE == "cuda":
+        pytest.skip("this machine has a GPU")
+    model_dir = yolojet.export(random_model("yolo11n.yaml"), out=tmp_path / "m", imgsz=64)
+    with pytest.raises(EngineConfigError, match="branches=True"):
+        Engine.load(model_dir, device="cpu", backend="triton", branches=True)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="parallel streams in a CUDA graph need a GPU")
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolov8n-seg.yaml", "yolo11n-pose.yaml"])
+def test_parallel_branch_graphs_change_no_value(tmp_path, cfg):
+    """Graph replays with the branches on parallel streams give bit-identical outputs to sequential graphs."""
+    model_dir = yolojet.export(random_model(cfg), out=tmp_path / "m", imgsz=320)
+    engines = [
+        Engine.load(model_dir, device=DEVICE, half=True, max_batch=4, tune=False, branches=branches)
+        for branches in (True, False)
+    ]
+    assert engines[0].network.schedule(4).streams >= 4 and engines[0].network.runners
+    for _ in range(20):
+        x = torch.rand(4, 3, 320, 320, device=DEVICE)
+        for engine in engines:
+            engine.network.poison()
+        parallel, sequential = engines[0].raw(x), engines[1].raw(x)
+        for a, b in zip(parallel, sequential, strict=True):
+            assert torch.equal(a, b)
