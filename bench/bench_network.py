@@ -6,7 +6,10 @@ against the float32 reference executor on the GPU, then time graph replays (CUDA
 warm-up excluded) beside PyTorch eager fp16 (cuDNN), eager channels_last + CUDA graph and,
 with --compile, torch.compile(mode="max-autotune-no-cudagraphs") + CUDA graph. Start-up times
 (cold: empty kernel and tuning caches; cached: the same caches again) are measured in fresh
-processes. Prints a markdown table last; writes JSON and the table under --out.
+processes. --pdl-off-row and --branches-row add yolojet rows with the same tile picks: ordinary
+launches instead of programmatic dependent launch, and independent launches on parallel streams
+(checked bit-identical to the sequential graph). Prints a markdown table last; writes JSON and the
+table under --out.
 
     python bench/bench_network.py --models yolo11n yolov8n --batches 1 64 --out results/
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -87,6 +91,17 @@ def check(engine: TritonNetwork, model_dir: Path, imgsz: int) -> float:
     return max(relative_l2(o, e) for o, e in zip(ours, expected, strict=True))
 
 
+def same_outputs(a: TritonNetwork, b: TritonNetwork, imgsz: int, batch: int) -> bool:
+    """Whether two builds of one network give bit-identical outputs on the same random batch."""
+    x = torch.rand(batch, 3, imgsz, imgsz, device="cuda")
+    a.poison()
+    b.poison()
+    ours, theirs = a.raw(x), b.raw(x)
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    theirs = theirs if isinstance(theirs, tuple) else (theirs,)
+    return all(torch.equal(o, t) for o, t in zip(ours, theirs, strict=True))
+
+
 def startup_seconds(model_dir: Path, env: dict[str, str]) -> dict[str, float]:
     """Seconds from a fresh process's `Engine.load` (batch 1) to the engine being ready, and to its first result."""
     result = subprocess.run(
@@ -97,7 +112,7 @@ def startup_seconds(model_dir: Path, env: dict[str, str]) -> dict[str, float]:
 
 
 def bench_model(
-    name: str, batches: list[int], imgsz: int, repeats: int, use_compile: bool, pdl_off_row: bool, work: Path
+    name: str, batches: list[int], imgsz: int, repeats: int, use_compile: bool, extra_rows: set[str], work: Path
 ) -> dict:
     model = random_model(f"{name}.yaml")
     model_dir = yolojet.export(model, out=work / name, imgsz=imgsz)
@@ -111,19 +126,23 @@ def bench_model(
     row["max_rel_l2_vs_reference"] = check(engine, model_dir, imgsz)
     row["launches"] = {b: len(engine.launch_list(b)) for b in batches}
     row["pdl"] = engine.pdl
-    # The same tile picks (from the tuning cache just written), ordinary launches: what PDL itself buys.
-    no_pdl = (
-        TritonNetwork(graph, torch.device("cuda"), half=True, max_batch=max(batches), buckets=batches, pdl=False)
-        if pdl_off_row and engine.pdl
-        else None
-    )
+    # Variants with the same tile picks (from the tuning cache just written): ordinary launches (what PDL itself
+    # buys), and independent launches on parallel streams (what overlapping the branches buys).
+    variants: dict[str, TritonNetwork] = {}
+    build = functools.partial(TritonNetwork, graph, torch.device("cuda"), half=True, max_batch=max(batches))
+    if "no-pdl" in extra_rows and engine.pdl:
+        variants["yolojet_no_pdl"] = build(buckets=batches, pdl=False)
+    if "branches" in extra_rows:
+        parallel = variants["yolojet_branches"] = build(buckets=batches, branches=True)
+        row["branches_streams"] = {b: parallel.schedule(b).streams for b in batches}
+        row["branches_identical"] = same_outputs(engine, parallel, imgsz, max(batches))
 
     fused = model.fuse().half().cuda().eval() if hasattr(model, "fuse") else model.half().cuda().eval()
     for batch in batches:
         x = torch.rand(batch, 3, imgsz, imgsz, device="cuda", dtype=torch.float16)
         times = {"yolojet": median_ms(lambda b=batch: engine.execute(b), repeats)}
-        if no_pdl is not None:
-            times["yolojet_no_pdl"] = median_ms(lambda b=batch: no_pdl.execute(b), repeats)
+        for label, variant in variants.items():
+            times[label] = median_ms(lambda b=batch, v=variant: v.execute(b), repeats)
         with torch.inference_mode():
             times["eager"] = median_ms(lambda x=x: fused(x), repeats)
             fused_cl = fused.to(memory_format=torch.channels_last)
@@ -161,6 +180,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile max-autotune (minutes)")
     parser.add_argument("--pdl-off-row", action="store_true", help="also time yolojet with ordinary launches")
+    parser.add_argument(
+        "--branches-row", action="store_true", help="also time yolojet with independent launches on parallel streams"
+    )
     parser.add_argument("--startup", action="store_true", help="time cold and cached engine start-up (first model)")
     parser.add_argument("--startup-only", action="store_true", help="time start-up, then stop")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -187,11 +209,16 @@ def main() -> None:
         if args.startup_only:
             return
     for name in args.models:
-        row = bench_model(name, args.batches, args.imgsz, args.repeats, args.compile, args.pdl_off_row, fresh)
+        extra_rows = {
+            label for label, wanted in (("no-pdl", args.pdl_off_row), ("branches", args.branches_row)) if wanted
+        }
+        row = bench_model(name, args.batches, args.imgsz, args.repeats, args.compile, extra_rows, fresh)
         torch.cuda.empty_cache()
         report["models"].append(row)
         (args.out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
         print(f"{name}: built in {row['engine_build_s']:.1f}s, rel L2 {row['max_rel_l2_vs_reference']:.2e}", flush=True)
+        if "branches_identical" in row:
+            print(f"{name}: streams {row['branches_streams']}, identical outputs: {row['branches_identical']}")
 
     lines = [
         f"{report['gpu']}, torch {report['torch']}, triton {report['triton']}, {report['date']}, fp16 {args.imgsz}²",
