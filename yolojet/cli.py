@@ -177,7 +177,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         raise EngineConfigError("profile times kernels on the GPU, and this machine has no CUDA device")
 
-    engine = Engine.load(args.model_dir, device="cuda", half=not args.fp32, max_batch=args.batch, buckets=[args.batch])
+    engine = Engine.load(
+        args.model_dir, device="cuda", half=not args.fp32, max_batch=args.batch, buckets=[args.batch],
+        **_engine_switches(args),
+    )  # fmt: skip
     rows = engine.network.profile(args.batch)
     total = sum(r.total_ms for r in rows)
     table = [
@@ -235,7 +238,9 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     sources = expand_sources(args.source)
     if not sources:
         raise ImageReadError(f"{' '.join(args.source)}: no images found")
-    engine = Engine.load(args.model, imgsz=args.imgsz, max_batch=args.batch, half=not args.fp32)
+    engine = Engine.load(
+        args.model, imgsz=args.imgsz, max_batch=args.batch, half=not args.fp32, **_engine_switches(args)
+    )
     options = {"conf": args.conf, "iou": args.iou, "max_det": args.max_det, "classes": args.classes}
     progress = _progress(len(sources), enabled=len(sources) > 1 and not args.quiet)
     failed, records, taken = 0, [], set()
@@ -277,6 +282,30 @@ def _unique_target(folder: Path, stem: str, taken: set[str]) -> Path:
     return folder / name
 
 
+def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine switches, for debugging and experiments")
+    group.add_argument("--no-tune", action="store_true", help="untimed default conv tiles (as YOLOJET_NOTUNE=1)")
+    group.add_argument("--no-fuse", action="store_true", help="one launch per node where nodes share one (SPPF)")
+    group.add_argument(
+        "--no-pdl", action="store_true", help="ordinary launches, no programmatic dependent launch (as YOLOJET_PDL=0)"
+    )
+    group.add_argument(
+        "--branches",
+        action="store_true",
+        help="independent launches on parallel streams in the graph (as YOLOJET_BRANCHES=1; not yet timed)",
+    )
+
+
+def _engine_switches(args: argparse.Namespace) -> dict[str, bool | None]:
+    """Engine.load's arguments for the switches given; None leaves a choice to the environment and the GPU."""
+    return {
+        "tune": False if args.no_tune else None,
+        "fuse": not args.no_fuse,
+        "pdl": False if args.no_pdl else None,
+        "branches": True if args.branches else None,
+    }
+
+
 def _progress(total: int, enabled: bool) -> tqdm:
     from tqdm import tqdm
 
@@ -305,7 +334,9 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     from yolojet.runtime.engine import Engine
 
     _require_cuda("pipeline")
-    engine = Engine.load(args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch])
+    engine = Engine.load(
+        args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch], **_engine_switches(args)
+    )
     image = args.image or _bundled_photo()
     frame = _photo_pixels(image)
     rows = []
@@ -356,7 +387,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from yolojet.runtime.engine import Engine
 
     _require_cuda("bench")
-    engine = Engine.load(args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch])
+    engine = Engine.load(
+        args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch], **_engine_switches(args)
+    )
     network = engine.network
     bucket = network.bucket_for(args.batch)
     samples = []
@@ -387,7 +420,7 @@ def _cmd_val(args: argparse.Namespace) -> int:
 
     result = validate_model(
         args.model, args.data, args.images, imgsz=args.imgsz, half=not args.fp32, batch=args.batch,
-        conf=args.conf, iou=args.iou, max_det=args.max_det, progress=not args.quiet,
+        conf=args.conf, iou=args.iou, max_det=args.max_det, progress=not args.quiet, **_engine_switches(args),
     )  # fmt: skip
     print(f"{result.images} images, {len(result.predictions)} detections (conf {args.conf}, iou {args.iou})")
     rows = []
@@ -459,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", type=Path, default=None, help="write annotated images into this directory")
     p.add_argument("--json", type=Path, default=None, help="write detections as JSON lines to this file")
     p.add_argument("--quiet", action="store_true", help="print nothing per image")
+    _add_engine_switches(p)
     p.set_defaults(run=_cmd_detect)
 
     p = sub.add_parser("val", help="COCO evaluation (pycocotools) of a model on a dataset")
@@ -473,6 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
     p.add_argument("--out", type=Path, default=None, help="write metrics.json and predictions.json here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_engine_switches(p)
     p.set_defaults(run=_cmd_val)
 
     p = sub.add_parser("pipeline", help="time the end-to-end path: frame in memory to boxes in pinned memory (GPU)")
@@ -483,6 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conf", type=float, default=0.25)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
+    _add_engine_switches(p)
     p.set_defaults(run=_cmd_pipeline)
 
     p = sub.add_parser("bench", help="time the network alone: stream launches vs one CUDA graph (GPU)")
@@ -491,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
+    _add_engine_switches(p)
     p.set_defaults(run=_cmd_bench)
 
     p = sub.add_parser("dump", help="write every op's output from the engine and from the reference executor")
@@ -511,6 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model_dir", type=Path, help="a directory written by `yolojet export`")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--fp32", action="store_true", help="profile the fp32 engine")
+    _add_engine_switches(p)
     p.set_defaults(run=_cmd_profile)
 
     p = sub.add_parser(

@@ -127,7 +127,8 @@ def validate(
 def validate_model(model: str | Path, data: str | Path, images: str | Path | None = None, **options: Any) -> ValResult:
     from yolojet.runtime.engine import Engine
 
-    engine_options = {k: options.pop(k) for k in ("imgsz", "half", "device") if k in options}
+    engine_keys = ("imgsz", "half", "device", "tune", "fuse", "pdl", "branches")
+    engine_options = {k: options.pop(k) for k in engine_keys if k in options}
     dataset = load_dataset(data, images)
     engine = Engine.load(model, max_batch=options.get("batch", 8), **engine_options)
     return validate(engine, dataset, **options)
