@@ -159,9 +159,9 @@ def test_assemble_masks_count_from_the_device_between_calls_on_the_same_buffers(
     assert_assembled(buffer, rows, proto, [0, K])
 
 
-def assemble_reference_input(seed: int) -> tuple[torch.Tensor, list[int]]:
+def assemble_reference_input(seed: int) -> tuple[torch.Tensor, list[int], torch.Tensor]:
     """(N, K, H, W) uint8 input masks: process_mask's masks for the first counts, random noise after them (so a
-    row past the count that were read would show); the counts."""
+    row past the count that were read would show); the counts; the rows, whose boxes bound each mask."""
     rows, proto = make_rows(seed), make_proto(seed + 1, torch.float32)
     counts = [17, 21]
     g = torch.Generator().manual_seed(seed)
@@ -169,7 +169,8 @@ def assemble_reference_input(seed: int) -> tuple[torch.Tensor, list[int]]:
     for n in range(N):
         masks[n, : counts[n]] = reference_masks(rows, proto, n, counts[n])[0]
     masks[1, 0] = torch.randint(2, (H, W), generator=g, dtype=torch.uint8)  # salt and pepper: many ties at 0.5
-    return masks.to(DEVICE), counts
+    rows[1, 0, :4] = torch.tensor([-1.0, -1.0, W + 1.0, H + 1.0])  # its box: the whole input
+    return masks.to(DEVICE), counts, rows
 
 
 def assert_original(buffers, masks, counts, sizes) -> int:
@@ -182,21 +183,67 @@ def assert_original(buffers, masks, counts, sizes) -> int:
     return mismatches
 
 
+@pytest.mark.parametrize("boxes", [False, True], ids=["every-tile", "tiles-under-boxes"])
 @pytest.mark.parametrize("out_dtype", [torch.uint8, torch.bool], ids=["uint8", "bool"])
 @pytest.mark.parametrize("sizes", [ORIGINALS[:2], ORIGINALS[2:4], [ORIGINALS[4]] * 2], ids=["a", "b", "c"])
-def test_masks_to_original_matches_scale_masks(sizes, out_dtype):
-    masks, counts = assemble_reference_input(seed=6)
+def test_masks_to_original_matches_scale_masks(sizes, out_dtype, boxes):
+    """With the rows given, tiles that no tap of a box reaches are written as zeros unread: the same masks."""
+    masks, counts, rows = assemble_reference_input(seed=6)
     params = torch.tensor([Letterbox.fit(s, (H, W)).box_params() for s in sizes], device=DEVICE)
     count = torch.tensor(counts, dtype=torch.int32, device=DEVICE)
     pairs = [poisoned((K, *s), out_dtype) for s in sizes]
     masks_in = masks if out_dtype == torch.uint8 else masks.bool()
-    masks_to_original([o for _, o in pairs], masks_in, count, params)
+    masks_to_original([o for _, o in pairs], masks_in, count, params, rows=rows if boxes else None)
     assert_original([b for b, _ in pairs], masks, counts, sizes)
+
+
+def test_tiles_outside_every_box_are_written_without_reading_the_mask():
+    """Masks of ones everywhere (not cropped, so only the box test can zero them) with one small box: rows of
+    the original image far from the box come out 0, read or not, and rows inside it 1."""
+    size = ORIGINALS[0]  # 50 x 100: letterboxed at gain 0.8 with 12 rows of padding above
+    masks = torch.ones(N, K, H, W, dtype=torch.uint8, device=DEVICE)
+    rows = make_rows(seed=12)
+    rows[:, :, :4] = torch.tensor([10.0, 20.0, 30.0, 40.0], device=DEVICE)  # input rows 20..39: original 10..34
+    params = torch.tensor([Letterbox.fit(size, (H, W)).box_params()] * N, device=DEVICE)
+    count = torch.tensor([3, 1], dtype=torch.int32, device=DEVICE)
+    buffer, out = poisoned((N, K, *size), torch.uint8)
+    masks_to_original(out, masks, count, params, rows=rows)
+    for n, c in enumerate([3, 1]):
+        got = buffer[n, :c].cpu()
+        assert bool(((got == 0) | (got == 1)).all()) and bool((buffer[n, c:] == POISON).all())
+        assert bool((got[:, 11:35] == 1).all()), "rows under the box"
+        # A tile is 8 rows: rows more than a tile (and a tap) from the box belong to tiles the box misses.
+        assert int(got[:, :1].sum()) == 0 and int(got[:, 45:].sum()) == 0, "rows far from the box"
+
+
+@pytest.mark.parametrize("size", [ORIGINALS[1], ORIGINALS[4], (131, 170)], ids=["tall", "small", "large"])
+def test_skipping_tiles_never_changes_a_mask(size):
+    """Masks that are exactly their boxes (ones inside, the crop assemble_masks applies), integer and half-pixel
+    box edges: the output with the box test equals the output reading every tile, edges included."""
+    g = torch.Generator().manual_seed(size[0])
+    rows = make_rows(seed=size[1])
+    corners = torch.randint(-4, max(H, W) + 4, (N, K, 2, 2), generator=g).float().sort(dim=2).values
+    corners[:, ::2] += 0.5 * torch.randint(2, (N, K // 2, 2, 2), generator=g)
+    rows[:, :, [0, 2]] = corners[..., 1].to(DEVICE)
+    rows[:, :, [1, 3]] = corners[..., 0].to(DEVICE)
+    x = torch.arange(W, device=DEVICE).float()
+    y = torch.arange(H, device=DEVICE).float()[:, None]
+    b = rows[..., :4, None, None]
+    masks = ((x >= b[:, :, 0]) & (x < b[:, :, 2]) & (y >= b[:, :, 1]) & (y < b[:, :, 3])).to(torch.uint8)
+    params = torch.tensor([Letterbox.fit(size, (H, W)).box_params()] * N, device=DEVICE)
+    count = torch.tensor([K, K - 3], dtype=torch.int32, device=DEVICE)
+    outs = []
+    for with_rows in (None, rows):
+        buffer, out = poisoned((N, K, *size), torch.uint8)
+        masks_to_original(out, masks, count, params, rows=with_rows)
+        outs.append(buffer.cpu())
+    assert int(outs[0][:, :, :, :].sum()) > 0
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_masks_to_original_one_tensor_and_counts_between_calls():
     sizes = [ORIGINALS[0]] * 2
-    masks, _ = assemble_reference_input(seed=8)
+    masks, _, _ = assemble_reference_input(seed=8)
     params = torch.tensor([Letterbox.fit(s, (H, W)).box_params() for s in sizes], device=DEVICE)
     buffer, out = poisoned((N, K, *sizes[0]), torch.uint8)
     count = torch.tensor([4, 17], dtype=torch.int32, device=DEVICE)
@@ -221,7 +268,7 @@ def test_end_to_end_matches_masks_upsampled(proto_dtype):
     masks = torch.full((N, K, H, W), POISON, dtype=torch.uint8, device=DEVICE)
     assemble_masks(masks, rows, count, proto, input_hw=(H, W))
     pairs = [poisoned((K, *s), torch.uint8) for s in sizes]
-    masks_to_original([o for _, o in pairs], masks, count, params)
+    masks_to_original([o for _, o in pairs], masks, count, params, rows=rows)
     for n, ((buffer, _), size) in enumerate(zip(pairs, sizes, strict=True)):
         c = counts[n]
         keep, expected = masks_upsampled(
@@ -262,6 +309,7 @@ def _u8(*shape: int) -> torch.Tensor:
         (lambda r, c, p, o: masks_to_original([_u8(K, 9, 9).float()] * N, o, c, _params()), r"out\[0\]: dtype"),
         (lambda r, c, p, o: masks_to_original([_u8(K, 0, 9)] * N, o, c, _params()), "empty image"),
         (lambda r, c, p, o: masks_to_original(_u8(N, K, 9), o, c, _params()), "out: shape"),
+        (lambda r, c, p, o: masks_to_original([_u8(K, 9, 9)] * N, o, c, _params(), rows=r[:, :2]), "rows: shape"),
     ],
 )
 def test_launchers_reject_bad_arguments(call, message):

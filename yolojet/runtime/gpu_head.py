@@ -263,7 +263,7 @@ class DetectionHead(CapturedPath):
                 non_max_suppression(rows, count, preds, nc=self.meta.nc, scratch=scratch, **options)
             if self.segment:  # masks from the boxes in input pixels, so before they are mapped back
                 assemble_masks(masks_input, rows, count, proto, input_hw=self.meta.imgsz)
-                masks_to_original(masks_out, masks_input, count, box_params)
+                masks_to_original(masks_out, masks_input, count, box_params, rows=rows)
             if self.task == "obb":
                 scale_rotated_boxes(rows, count, box_params)
             else:
