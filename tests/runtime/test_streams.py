@@ -204,3 +204,46 @@ def test_parallel_branch_graphs_change_no_value(tmp_path, cfg):
         parallel, sequential = engines[0].raw(x), engines[1].raw(x)
         for a, b in zip(parallel, sequential, strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="parallel streams in a CUDA graph need a GPU")
+def test_parallel_branches_with_split_k_tiles_change_no_value(tmp_path):
+    """Split-K launches share one scratch area: with every layer that can split given its largest split, the
+    schedule must keep them apart on parallel streams too."""
+    model_dir = yolojet.export(random_model("yolo11n.yaml"), out=tmp_path / "m", imgsz=320)
+    engines = [
+        Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False, branches=branches)
+        for branches in (True, False)
+    ]
+    for engine in engines:
+        split = 0
+        for bucket in engine.network.buckets:
+            for launch in engine.network.launch_list(bucket):
+                splits = [c for c in launch.candidates if c.split_k > 1]
+                if splits:
+                    launch.configure(max(splits, key=lambda c: c.split_k))
+                    split += 1
+        assert split >= 10
+        engine.network._capture()  # the schedule and the graphs follow the new tiles
+    for _ in range(10):
+        x = torch.rand(2, 3, 320, 320, device=DEVICE)
+        for engine in engines:
+            engine.network.poison()
+        assert torch.equal(engines[0].raw(x), engines[1].raw(x))
+    assert int(engines[0].network.split_scratch.arrivals.abs().sum()) == 0
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="parallel streams in a CUDA graph need a GPU")
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo11n-seg.yaml", "yolo11n-cls.yaml"])
+def test_predict_path_with_parallel_branches_gives_the_same_results(tmp_path, cfg):
+    """The predict path captures the network's launches inside its own graph: the same results either way."""
+    from support import real_photos
+
+    model_dir = yolojet.export(random_model(cfg), out=tmp_path / "m", imgsz=320)
+    photos = list(real_photos().values())[:3]
+    results = [
+        Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False, branches=branches)(photos, conf=0.01)
+        for branches in (True, False)
+    ]
+    for parallel, sequential in zip(*results, strict=True):
+        assert parallel.to_json() == sequential.to_json()

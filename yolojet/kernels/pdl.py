@@ -48,7 +48,12 @@ def launch_options(pdl: bool) -> dict[str, bool]:
 
 @triton.jit
 def wait_for_previous_kernel(PDL: tl.constexpr):
-    """Call first thing in every program, before any load or store, in kernels launched with `launch_options`."""
+    """Call first thing in every program, before any load or store, in kernels launched with `launch_options`.
+
+    Every program must reach it, unconditionally (no early exit before it): a kernel that starts while its
+    predecessor drains may only touch memory once every kernel it depends on has finished, and the parallel
+    stream schedule (runtime/streams.py) relies on that to skip waits that earlier waits already imply.
+    """
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
