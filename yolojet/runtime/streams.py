@@ -9,9 +9,10 @@ What must stay ordered is worked out from memory, not from the graph's edges alo
 (i before j in network order) when j reads what i writes (a true dependency), writes what i reads (the memory
 plan lets values whose lifetimes do not overlap share memory, so a later writer may reuse a buffer an earlier
 launch still reads) or writes what i writes; and split-K launches share one scratch area, so they follow each
-other too. `schedule_streams` puts each launch on the stream of the latest launch it depends on where that
-launch is the stream's last so far (a chain stays on one stream), otherwise on a new stream, and records which
-launches' completion it must wait for on other streams, skipping waits already implied by earlier ones.
+other too. `schedule_streams` puts each launch behind the deepest of its predecessors that is the last launch
+of its stream so far (a chain stays on one stream; at a join, the longest branch goes on), otherwise on a new
+stream, and records which launches' completion it must wait for on other streams, skipping waits already
+implied by earlier ones.
 """
 
 from __future__ import annotations
@@ -120,8 +121,14 @@ def schedule_streams(deps: Sequence[set[int]], max_streams: int = MAX_STREAMS) -
     # known[s][t]: the latest launch of stream t that stream s has (transitively) waited for, -1 for none.
     known: list[list[int]] = []
     seen_after: list[list[int]] = []  # a copy of known[stream[j]] right after launch j
+    depth: list[int] = []  # launches on the longest dependency path ending at each launch
     for j, mine in enumerate(deps):
-        chosen = next((stream[i] for i in sorted(mine, reverse=True) if tails[stream[i]] == i), None)
+        depth.append(1 + max((depth[i] for i in mine), default=0))
+        # Continue the deepest chain among the streams this launch can extend: that predecessor is likely the
+        # last to finish, and a launch right behind it on its stream keeps the dependent-launch overlap, while
+        # the shorter branches it joins have usually finished by then.
+        extendable = [i for i in mine if tails[stream[i]] == i]
+        chosen = stream[max(extendable, key=lambda i: (depth[i], i))] if extendable else None
         if chosen is None:
             if not tails:
                 chosen = 0
