@@ -205,3 +205,17 @@ def ultralytics_results(model: nn.Module, cfg: str, images: list, imgsz: int, en
     nms = False if end2end else None
     results = wrapper.predict(images, imgsz=imgsz, conf=conf, verbose=False, nms=nms, rect=False)
     return [r.cpu() for r in results]  # predict leaves them on its device
+
+
+def assert_identical_replays(first, second, batch: int, imgsz: int, replays: int = 20) -> None:
+    """Two engines of one model give bit-identical raw outputs on fresh random batches, with every activation
+    poisoned with NaN before each run (a value one of them fails to write then shows)."""
+    for _ in range(replays):
+        x = torch.rand(batch, 3, imgsz, imgsz, device=first.device)
+        first.network.poison()
+        second.network.poison()
+        ours, theirs = first.raw(x), second.raw(x)
+        ours = ours if isinstance(ours, tuple) else (ours,)
+        theirs = theirs if isinstance(theirs, tuple) else (theirs,)
+        for a, b in zip(ours, theirs, strict=True):
+            assert torch.equal(a, b)

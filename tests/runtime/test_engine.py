@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import random_model, relative_l2
+from support import assert_identical_replays, random_model, relative_l2
 
 import yolojet
 from yolojet.errors import EngineConfigError
@@ -84,13 +84,7 @@ def test_dependent_launch_changes_no_value(tmp_path):
         Engine.load(model_dir, device=DEVICE, half=True, max_batch=4, tune=False, pdl=pdl) for pdl in (True, False)
     ]
     assert engines[0].network.pdl and not engines[1].network.pdl
-    for _ in range(20):
-        x = torch.rand(4, 3, 320, 320, device=DEVICE)
-        for engine in engines:
-            engine.network.poison()
-        with_pdl, without = engines[0].raw(x), engines[1].raw(x)
-        for a, b in zip(with_pdl, without, strict=True):
-            assert torch.equal(a, b)
+    assert_identical_replays(*engines, batch=4, imgsz=320)
 
 
 def test_split_k_and_direct_tiles_across_the_network(model_dirs):

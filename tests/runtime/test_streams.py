@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from support import random_model
+from support import assert_identical_replays, random_model
 
 import yolojet
 from yolojet.errors import EngineConfigError
@@ -197,13 +197,7 @@ def test_parallel_branch_graphs_change_no_value(tmp_path, cfg):
         for branches in (True, False)
     ]
     assert engines[0].network.schedule(4).streams >= 4 and engines[0].network.runners
-    for _ in range(20):
-        x = torch.rand(4, 3, 320, 320, device=DEVICE)
-        for engine in engines:
-            engine.network.poison()
-        parallel, sequential = engines[0].raw(x), engines[1].raw(x)
-        for a, b in zip(parallel, sequential, strict=True):
-            assert torch.equal(a, b)
+    assert_identical_replays(*engines, batch=4, imgsz=320)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="parallel streams in a CUDA graph need a GPU")
@@ -225,11 +219,7 @@ def test_parallel_branches_with_split_k_tiles_change_no_value(tmp_path):
                     split += 1
         assert split >= 10
         engine.network._capture()  # the schedule and the graphs follow the new tiles
-    for _ in range(10):
-        x = torch.rand(2, 3, 320, 320, device=DEVICE)
-        for engine in engines:
-            engine.network.poison()
-        assert torch.equal(engines[0].raw(x), engines[1].raw(x))
+    assert_identical_replays(*engines, batch=2, imgsz=320, replays=10)
     assert int(engines[0].network.split_scratch.arrivals.abs().sum()) == 0
 
 
