@@ -11,7 +11,9 @@ torch ops), then time with wall clock (what a caller waits, launch and sync incl
     the head add,
   - ultralytics' predict on the same GPU with the same weights (fp16),
   - PyTorch eager: the same ultralytics model in fp16 on an input already letterboxed on the GPU,
-    network only (a lower bound for any eager pipeline).
+    network only (a lower bound for any eager pipeline),
+  - with --branches-row, the path again with independent launches on parallel streams (its results checked
+    equal to the sequential engine's first).
 The task comes from the name (yolo11n, yolo11n-seg, -pose, -obb, -cls); image sizes default to
 ultralytics' (OBB 1024, classify 224, else 640). Prints a markdown table last; writes JSON under --out.
 
@@ -110,7 +112,22 @@ def kernel_profile(run, iters: int = 20) -> list[dict]:
     return sorted(rows, key=lambda r: -r["per_run_us"])
 
 
-def bench(name: str, iters: int, conf: float, work: Path, profile: bool) -> dict:
+def time_branches(model_dir: Path, frame: np.ndarray, sequential_result, conf: float, iters: int) -> dict:
+    """The same path with independent launches on parallel streams (same tile picks, from the tuning cache): its
+    results must equal the sequential engine's; then its timings."""
+    engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1], branches=True)
+    found = {"same_results": engine(frame, conf=conf)[0].to_json() == sequential_result.to_json()}
+    found["streams"] = engine.network.schedule(1).streams
+    engine.configure(conf=conf)
+    engine.preprocess(frame, 0)
+    found["host_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
+    engine.preprocess(torch.from_numpy(frame[..., ::-1].copy()).cuda(), 0)
+    found["gpu_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
+    found["network_ms"] = statistics.median(engine.network.time_replay(1, repeats=iters))
+    return found
+
+
+def bench(name: str, iters: int, conf: float, work: Path, profile: bool, branches_row: bool) -> dict:
     from copy import deepcopy
 
     from ultralytics import YOLO
@@ -145,6 +162,10 @@ def bench(name: str, iters: int, conf: float, work: Path, profile: bool) -> dict
         for k in row["kernels"][:25]:
             print(f"  {k['per_run_us']:8.2f}  x{k['calls_per_run']:<5.1f} {k['name']}", flush=True)
 
+    if branches_row:
+        row["branches"] = time_branches(model_dir, frame, ours, conf, iters)
+        print(f"{name}: parallel streams {row['branches']}", flush=True)
+
     wrapper = YOLO(f"{name}.yaml", verbose=False)
     wrapper.model = deepcopy(model).cuda()
     predict = lambda: wrapper.predict(frame, imgsz=imgsz, conf=conf, half=True, verbose=False)  # noqa: E731
@@ -167,6 +188,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--conf", type=float, default=0.01, help="low enough that random weights give NMS real work")
     parser.add_argument("--profile", action="store_true", help="also print device time per kernel of the whole path")
+    parser.add_argument(
+        "--branches-row", action="store_true", help="also time the path with independent launches on parallel streams"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -174,7 +198,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="yolojet-bench-"))  # exported models stay out of the results folder
     for name in args.models:
         try:
-            rows.append(bench(name, args.iters, args.conf, work, args.profile))
+            rows.append(bench(name, args.iters, args.conf, work, args.profile, args.branches_row))
         except Exception as e:  # one model failing must not cost the others' numbers
             traceback.print_exc()
             rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})

@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | 
 for stage in $STAGES; do
   case $stage in
   pipeline)
-    timeout "${PIPELINE_SECONDS:-330}" python3 bench/bench_pipeline.py --iters 100 --profile --out "$OUT" \
+    timeout "${PIPELINE_SECONDS:-330}" python3 bench/bench_pipeline.py --iters 100 --profile ${PIPELINE_FLAGS:-} --out "$OUT" \
       --models ${PIPELINE_MODELS:-yolo11n yolo11n-seg yolo11n-pose yolo11n-obb yolo11n-cls yolov8n yolo26n} \
       > "$OUT/pipeline.log" 2>&1
     tail -14 "$OUT/pipeline.log" ;;
