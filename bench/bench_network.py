@@ -6,9 +6,9 @@ against the float32 reference executor on the GPU, then time graph replays (CUDA
 warm-up excluded) beside PyTorch eager fp16 (cuDNN), eager channels_last + CUDA graph and,
 with --compile, torch.compile(mode="max-autotune-no-cudagraphs") + CUDA graph. Start-up times
 (cold: empty kernel and tuning caches; cached: the same caches again) are measured in fresh
-processes. --pdl-off-row and --branches-row add yolojet rows with the same tile picks: ordinary
-launches instead of programmatic dependent launch, and independent launches on parallel streams
-(checked bit-identical to the sequential graph). Prints a markdown table last; writes JSON and the
+processes. --pdl-off-row and --sequential-row add yolojet rows with the same tile picks: ordinary
+launches instead of programmatic dependent launch, and every launch in order on one stream instead of
+independent launches on parallel streams (checked bit-identical first). Prints a markdown table last; writes JSON and the
 table under --out.
 
     python bench/bench_network.py --models yolo11n yolov8n --batches 1 64 --out results/
@@ -126,16 +126,16 @@ def bench_model(
     row["max_rel_l2_vs_reference"] = check(engine, model_dir, imgsz)
     row["launches"] = {b: len(engine.launch_list(b)) for b in batches}
     row["pdl"] = engine.pdl
+    row["streams"] = {b: engine.schedule(b).streams for b in batches}
     # Variants with the same tile picks (from the tuning cache just written): ordinary launches (what PDL itself
-    # buys), and independent launches on parallel streams (what overlapping the branches buys).
+    # buys), and every launch in order on one stream (what overlapping the branches buys).
     variants: dict[str, TritonNetwork] = {}
     build = functools.partial(TritonNetwork, graph, torch.device("cuda"), half=True, max_batch=max(batches))
     if "no-pdl" in extra_rows and engine.pdl:
         variants["yolojet_no_pdl"] = build(buckets=batches, pdl=False)
-    if "branches" in extra_rows:
-        parallel = variants["yolojet_branches"] = build(buckets=batches, branches=True)
-        row["branches_streams"] = {b: parallel.schedule(b).streams for b in batches}
-        row["branches_identical"] = same_outputs(engine, parallel, imgsz, max(batches))
+    if "sequential" in extra_rows and engine.branches:
+        sequential = variants["yolojet_sequential"] = build(buckets=batches, branches=False)
+        row["sequential_identical"] = same_outputs(engine, sequential, imgsz, max(batches))
 
     fused = model.fuse().half().cuda().eval() if hasattr(model, "fuse") else model.half().cuda().eval()
     for batch in batches:
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile max-autotune (minutes)")
     parser.add_argument("--pdl-off-row", action="store_true", help="also time yolojet with ordinary launches")
     parser.add_argument(
-        "--branches-row", action="store_true", help="also time yolojet with independent launches on parallel streams"
+        "--sequential-row", action="store_true", help="also time yolojet with every launch in order on one stream"
     )
     parser.add_argument("--startup", action="store_true", help="time cold and cached engine start-up (first model)")
     parser.add_argument("--startup-only", action="store_true", help="time start-up, then stop")
@@ -210,15 +210,15 @@ def main() -> None:
             return
     for name in args.models:
         extra_rows = {
-            label for label, wanted in (("no-pdl", args.pdl_off_row), ("branches", args.branches_row)) if wanted
+            label for label, wanted in (("no-pdl", args.pdl_off_row), ("sequential", args.sequential_row)) if wanted
         }
         row = bench_model(name, args.batches, args.imgsz, args.repeats, args.compile, extra_rows, fresh)
         torch.cuda.empty_cache()
         report["models"].append(row)
         (args.out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
         print(f"{name}: built in {row['engine_build_s']:.1f}s, rel L2 {row['max_rel_l2_vs_reference']:.2e}", flush=True)
-        if "branches_identical" in row:
-            print(f"{name}: streams {row['branches_streams']}, identical outputs: {row['branches_identical']}")
+        if "sequential_identical" in row:
+            print(f"{name}: streams {row['streams']}, identical to sequential: {row['sequential_identical']}")
 
     lines = [
         f"{report['gpu']}, torch {report['torch']}, triton {report['triton']}, {report['date']}, fp16 {args.imgsz}²",

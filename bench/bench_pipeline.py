@@ -12,8 +12,8 @@ torch ops), then time with wall clock (what a caller waits, launch and sync incl
   - ultralytics' predict on the same GPU with the same weights (fp16),
   - PyTorch eager: the same ultralytics model in fp16 on an input already letterboxed on the GPU,
     network only (a lower bound for any eager pipeline),
-  - with --branches-row, the path again with independent launches on parallel streams (its results checked
-    equal to the sequential engine's first).
+  - with --sequential-row, the path again with every launch in order on one stream instead of independent
+    launches on parallel streams (its results checked equal first).
 The task comes from the name (yolo11n, yolo11n-seg, -pose, -obb, -cls); image sizes default to
 ultralytics' (OBB 1024, classify 224, else 640). Prints a markdown table last; writes JSON under --out.
 
@@ -112,12 +112,11 @@ def kernel_profile(run, iters: int = 20) -> list[dict]:
     return sorted(rows, key=lambda r: -r["per_run_us"])
 
 
-def time_branches(model_dir: Path, frame: np.ndarray, sequential_result, conf: float, iters: int) -> dict:
-    """The same path with independent launches on parallel streams (same tile picks, from the tuning cache): its
-    results must equal the sequential engine's; then its timings."""
-    engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1], branches=True)
-    found = {"same_results": engine(frame, conf=conf)[0].to_json() == sequential_result.to_json()}
-    found["streams"] = engine.network.schedule(1).streams
+def time_sequential(model_dir: Path, frame: np.ndarray, parallel_result, conf: float, iters: int) -> dict:
+    """The same path with every launch in order on one stream (same tile picks, from the tuning cache): its
+    results must equal those of the engine with parallel streams; then its timings."""
+    engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1], branches=False)
+    found = {"same_results": engine(frame, conf=conf)[0].to_json() == parallel_result.to_json()}
     engine.configure(conf=conf)
     engine.preprocess(frame, 0)
     found["host_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
@@ -127,7 +126,7 @@ def time_branches(model_dir: Path, frame: np.ndarray, sequential_result, conf: f
     return found
 
 
-def bench(name: str, iters: int, conf: float, work: Path, profile: bool, branches_row: bool) -> dict:
+def bench(name: str, iters: int, conf: float, work: Path, profile: bool, sequential_row: bool) -> dict:
     from copy import deepcopy
 
     from ultralytics import YOLO
@@ -162,9 +161,10 @@ def bench(name: str, iters: int, conf: float, work: Path, profile: bool, branche
         for k in row["kernels"][:25]:
             print(f"  {k['per_run_us']:8.2f}  x{k['calls_per_run']:<5.1f} {k['name']}", flush=True)
 
-    if branches_row:
-        row["branches"] = time_branches(model_dir, frame, ours, conf, iters)
-        print(f"{name}: parallel streams {row['branches']}", flush=True)
+    row["streams"] = engine.network.schedule(1).streams
+    if sequential_row:
+        row["sequential"] = time_sequential(model_dir, frame, ours, conf, iters)
+        print(f"{name}: {row['streams']} streams; on one stream {row['sequential']}", flush=True)
 
     wrapper = YOLO(f"{name}.yaml", verbose=False)
     wrapper.model = deepcopy(model).cuda()
@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--conf", type=float, default=0.01, help="low enough that random weights give NMS real work")
     parser.add_argument("--profile", action="store_true", help="also print device time per kernel of the whole path")
     parser.add_argument(
-        "--branches-row", action="store_true", help="also time the path with independent launches on parallel streams"
+        "--sequential-row", action="store_true", help="also time the path with every launch in order on one stream"
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
@@ -198,7 +198,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="yolojet-bench-"))  # exported models stay out of the results folder
     for name in args.models:
         try:
-            rows.append(bench(name, args.iters, args.conf, work, args.profile, args.branches_row))
+            rows.append(bench(name, args.iters, args.conf, work, args.profile, args.sequential_row))
         except Exception as e:  # one model failing must not cost the others' numbers
             traceback.print_exc()
             rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})

@@ -248,19 +248,19 @@ def test_export_defaults_to_the_training_size(tmp_path, capsys):
 
 
 def test_engine_switches(tmp_path, capsys):
-    """--no-tune, --no-fuse and --no-pdl reach Engine.load and change no detection; --branches needs a GPU."""
+    """--no-tune, --no-fuse, --no-pdl and --no-branches reach Engine.load and change no detection."""
     from ultralytics.utils import ASSETS
 
     from yolojet.cli import _engine_switches, build_parser
 
-    args = build_parser().parse_args(["detect", "m", "x.jpg", "--no-tune", "--no-fuse", "--no-pdl", "--branches"])
-    assert _engine_switches(args) == {"tune": False, "fuse": False, "pdl": False, "branches": True}
+    args = build_parser().parse_args(["detect", "m", "x.jpg", "--no-tune", "--no-fuse", "--no-pdl", "--no-branches"])
+    assert _engine_switches(args) == {"tune": False, "fuse": False, "pdl": False, "branches": False}
     args = build_parser().parse_args(["bench", "m"])
     assert _engine_switches(args) == {"tune": None, "fuse": True, "pdl": None, "branches": None}
 
     model_dir = yolojet.export(random_model("yolov8n.yaml"), out=tmp_path / "det", imgsz=64)
     outputs = []
-    for i, switches in enumerate([[], ["--no-tune", "--no-fuse", "--no-pdl"]]):
+    for i, switches in enumerate([[], ["--no-tune", "--no-fuse", "--no-pdl", "--no-branches"]]):
         out = tmp_path / f"run{i}.jsonl"
         code, _, stderr = run_cli(
             capsys, "detect", model_dir, ASSETS / "bus.jpg", "--conf", "0.001", "--json", out, *switches
@@ -268,8 +268,3 @@ def test_engine_switches(tmp_path, capsys):
         assert code == 0, stderr
         outputs.append(out.read_text())
     assert outputs[0] == outputs[1] and outputs[0].strip()
-    code, _, stderr = run_cli(capsys, "detect", model_dir, ASSETS / "bus.jpg", "--branches")
-    if torch.cuda.is_available():
-        assert code == 0, stderr
-    else:
-        assert code == 2 and "parallel streams need a CUDA device" in stderr

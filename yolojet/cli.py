@@ -290,9 +290,9 @@ def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
         "--no-pdl", action="store_true", help="ordinary launches, no programmatic dependent launch (as YOLOJET_PDL=0)"
     )
     group.add_argument(
-        "--branches",
+        "--no-branches",
         action="store_true",
-        help="independent launches on parallel streams in the graph (as YOLOJET_BRANCHES=1; not yet timed)",
+        help="every launch in order on one stream, no parallel branches in the graph (as YOLOJET_BRANCHES=0)",
     )
 
 
@@ -302,7 +302,7 @@ def _engine_switches(args: argparse.Namespace) -> dict[str, bool | None]:
         "tune": False if args.no_tune else None,
         "fuse": not args.no_fuse,
         "pdl": False if args.no_pdl else None,
-        "branches": True if args.branches else None,
+        "branches": False if args.no_branches else None,
     }
 
 

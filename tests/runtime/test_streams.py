@@ -5,6 +5,7 @@ outputs as sequential graphs."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -183,6 +184,19 @@ def test_branches_need_a_gpu(seg_graph):
     """Parallel streams on a CPU device are a clear error, on any machine."""
     with pytest.raises(EngineConfigError, match="branches=True: parallel streams need a CUDA device"):
         TritonNetwork(seg_graph, torch.device("cpu"), half=False, max_batch=1, tune_layers=False, branches=True)
+
+
+def test_branches_default_follows_the_device(seg_graph, monkeypatch):
+    """Parallel streams are the default on a CUDA device (YOLOJET_BRANCHES=0 turns them off); the interpreter on
+    the CPU runs launches in order."""
+    monkeypatch.delenv("YOLOJET_BRANCHES", raising=False)
+    cpu = TritonNetwork(seg_graph, torch.device("cpu"), half=False, max_batch=1, tune_layers=False)
+    assert cpu.branches is False and not cpu.runners
+    if DEVICE == "cuda":
+        make = functools.partial(TritonNetwork, seg_graph, torch.device("cuda"), max_batch=1, tune_layers=False)
+        assert make().branches is True
+        monkeypatch.setenv("YOLOJET_BRANCHES", "0")
+        assert make().branches is False
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="parallel streams in a CUDA graph need a GPU")

@@ -75,8 +75,8 @@ class Engine:
         `tune=None` tunes conv tiles unless YOLOJET_NOTUNE=1. `buckets` overrides the batch sizes a CUDA
         graph is captured for (default 1, 2, 4, ..., max_batch). `pdl=None` launches the network's kernels with
         programmatic dependent launch where the GPU supports it (Hopper and later) unless YOLOJET_PDL=0.
-        `branches=True` (or YOLOJET_BRANCHES=1 with None) runs independent launches, such as the head's per-level
-        chains, on parallel streams inside the captured graph.
+        `branches=None` runs independent launches, such as the head's per-level chains, on parallel streams inside
+        the captured graph on a CUDA device unless YOLOJET_BRANCHES=0; `branches=False` runs them in order.
         """
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if max_batch < 1:

@@ -91,8 +91,11 @@ class TritonNetwork:
                 f"Triton that supports it, not {device} (or YOLOJET_PDL=0 is set); pass pdl=None to use it where it can"
             )
         self.pdl = pdl_available(device) if pdl is None else pdl
-        # None: off unless YOLOJET_BRANCHES=1 (independent branches on parallel streams, runtime/streams.py).
-        self.branches = os.environ.get("YOLOJET_BRANCHES") == "1" if branches is None else branches
+        # None: on for a CUDA device unless YOLOJET_BRANCHES=0 (independent branches on parallel streams,
+        # runtime/streams.py); the interpreter on the CPU runs launches in order.
+        if branches is None:
+            branches = device.type == "cuda" and os.environ.get("YOLOJET_BRANCHES") != "0"
+        self.branches = branches
         if self.branches and device.type != "cuda":
             raise EngineConfigError(f"branches=True: parallel streams need a CUDA device, not {device}")
         self.runners: dict[int, StreamRunner] = {}
