@@ -57,7 +57,18 @@ def test_chains_stay_on_a_stream_and_joins_wait():
     assert all(d <= before for d, before in zip(deps, schedule.happens_before(), strict=True))
 
 
-@pytest.mark.parametrize("max_streams", [1, 2, 3, 8])
+def test_with_every_stream_taken_a_branch_avoids_a_busy_sibling():
+    """Two streams, both taken. Launch 5 follows 3 only; the stream of 3 is busy with 4, a sibling of 5, while the
+    other stream ends in 1, which 5 follows anyway: 5 goes there, adding no ordering. Launch 7 follows 0 only and
+    goes behind the shallower of the two stream tails (4, four launches deep, not 6, five deep)."""
+    deps = [set(), {0}, {0}, {1, 2}, {3}, {3}, {5}, {0}]
+    schedule = schedule_streams(deps, max_streams=2)
+    assert schedule.stream[3] == schedule.stream[4] == 1
+    assert schedule.stream[5] == schedule.stream[6] == 0 and schedule.stream[7] == 1
+    assert all(d <= before for d, before in zip(deps, schedule.happens_before(), strict=True))
+
+
+@pytest.mark.parametrize("max_streams", [1, 2, 3, 8, 16])
 def test_random_dependencies_are_all_kept(max_streams):
     rng = random.Random(max_streams)
     for _ in range(50):

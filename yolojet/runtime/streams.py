@@ -24,7 +24,7 @@ import torch
 
 from yolojet.runtime.plan import MemoryPlan
 
-MAX_STREAMS = 8
+MAX_STREAMS = 16  # capture streams come from PyTorch's pool of 32 per priority
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,18 @@ def schedule_streams(deps: Sequence[set[int]], max_streams: int = MAX_STREAMS) -
             elif len(tails) < max_streams:
                 chosen = len(tails)
             else:
-                chosen = stream[max(mine)] if mine else 0
+                # Every stream is taken: reuse one whose last launch this launch follows anyway (no new ordering),
+                # else the one whose last launch is shallowest (likely done), not the latest predecessor's stream,
+                # which is busy with a sibling branch (pose cv4.2 behind cv2.2; seg proto behind the P4/P5 neck).
+                ancestors: set[int] = set()
+                todo = list(mine)
+                while todo:
+                    i = todo.pop()
+                    if i not in ancestors:
+                        ancestors.add(i)
+                        todo.extend(deps[i])
+                free = [s for s, t in enumerate(tails) if t in ancestors]
+                chosen = min(free or range(len(tails)), key=lambda s: (depth[tails[s]], s))
             if chosen == len(tails):
                 tails.append(-1)
                 for row in known:
