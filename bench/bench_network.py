@@ -162,13 +162,17 @@ def bench_model(
                 )
             fused.to(memory_format=torch.contiguous_format)
         row["batches"][batch] = times
-    row["profile_b1"] = [vars(p) for p in engine.profile(min(batches))]
+    # Where the time goes at every batch size: launches timed one by one, by kernel family and slowest first.
+    row["profiles"] = {b: [vars(p) for p in engine.profile(b)] for b in batches}
     picks = TuningCache()
-    row["launches_b1"] = [
-        {"nodes": launch.nodes, "family": launch.family, "ms": ms, "shape": launch.tune_key,
-         "config": str(picks.get(launch.tune_key)) if launch.tune_key else None}
-        for launch, ms in engine.launch_times(min(batches))
-    ]  # fmt: skip
+    row["launch_times"] = {
+        b: [
+            {"nodes": launch.nodes, "family": launch.family, "ms": ms, "shape": launch.tune_key,
+             "config": str(picks.get(launch.tune_key)) if launch.tune_key else None}
+            for launch, ms in engine.launch_times(b)
+        ]
+        for b in batches
+    }  # fmt: skip
     return row
 
 
@@ -234,22 +238,24 @@ def main() -> None:
                     f"| {row['model']} | {batch} | {runtime} | {ms:.3f} | {batch * 1000 / ms:,.0f} | {ratio:.2f}x |"
                 )
     for row in report["models"]:
-        lines += [
-            "",
-            f"profile {row['model']} batch {min(args.batches)} (ms):",
-            "| family | count | total | % | mean | min | max |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        total = sum(p["total_ms"] for p in row["profile_b1"])
-        for p in row["profile_b1"]:
-            lines.append(
-                f"| {p['family']} | {p['count']} | {p['total_ms']:.4f} | {100 * p['total_ms'] / total:.1f} "
-                f"| {p['mean_ms']:.4f} | {p['min_ms']:.4f} | {p['max_ms']:.4f} |"
-            )
+        for batch, profile in row["profiles"].items():
+            lines += [
+                "",
+                f"profile {row['model']} batch {batch} (ms):",
+                "| family | count | total | % | mean | min | max |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            total = sum(p["total_ms"] for p in profile)
+            for p in profile:
+                lines.append(
+                    f"| {p['family']} | {p['count']} | {p['total_ms']:.4f} | {100 * p['total_ms'] / total:.1f} "
+                    f"| {p['mean_ms']:.4f} | {p['min_ms']:.4f} | {p['max_ms']:.4f} |"
+                )
     for row in report["models"]:
-        slowest = sorted(row["launches_b1"], key=lambda r: -r["ms"])[:25]
-        lines += ["", f"slowest launches {row['model']} batch {min(args.batches)} (us):"]
-        lines += [f"{1000 * r['ms']:7.2f} {r['family']:<8} {r['shape']} {r['config']}" for r in slowest]
+        for batch, launches in row["launch_times"].items():
+            slowest = sorted(launches, key=lambda r: -r["ms"])[:25 if batch == min(args.batches) else 12]
+            lines += ["", f"slowest launches {row['model']} batch {batch} (us):"]
+            lines += [f"{1000 * r['ms']:7.2f} {r['family']:<8} {r['shape']} {r['config']}" for r in slowest]
     table = "\n".join(lines)
     (args.out / "bench.md").write_text(table + "\n")
     print(table)

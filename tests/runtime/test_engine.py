@@ -21,6 +21,7 @@ MODELS = [
     ("yolov8n-seg.yaml", None, torch.float16),
     ("yolo26n-seg.yaml", True, torch.float32),
     ("yolo26n-pose.yaml", True, torch.float16),
+    ("yolo11n-pose.yaml", None, torch.float32),
     ("yolo11n-obb.yaml", None, torch.float32),
     ("yolov8n-cls.yaml", None, torch.float16),
 ]

@@ -24,7 +24,8 @@ from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nh
 from yolojet.kernels.pool import maxpool2d_nhwc, sppf_pools
 from yolojet.runtime.reference import OPS as REFERENCE_OPS
 
-ViewFn = Callable[[str], torch.Tensor]
+# view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
+ViewFn = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -66,20 +67,32 @@ class SplitKScratch:
 
 
 class PackedWeights:
-    """Weights in the layouts the kernels read: conv [C_out, kh, kw, C_in], depthwise [C, kh, kw], bias fp32."""
+    """Weights in the layouts the kernels read: conv [C_out, kh, kw, C_in], depthwise [C, kh, kw], bias fp32.
 
-    def __init__(self, graph: Graph, device: torch.device, dtype: torch.dtype) -> None:
+    `widened` (the plan's) maps values to the channel count their convs work on: a conv writing such a value
+    gets zero weight rows and zero bias for the extra output channels, a conv reading it zero weights for the
+    extra input channels.
+    """
+
+    def __init__(
+        self, graph: Graph, device: torch.device, dtype: torch.dtype, widened: dict[str, int] | None = None
+    ) -> None:
         self.tensors: dict[str, torch.Tensor] = {}
+        widened = widened or {}
         for node in graph.nodes:
             w = {role: torch.from_numpy(a) for role, a in graph.node_weights(node).items()}
             if node.op == "conv":
-                weight = w["weight"]
+                weight, bias = w["weight"], w["bias"]
                 if node.attrs["groups"] == 1:
                     packed = weight.permute(0, 2, 3, 1)
+                    extra_in = widened.get(node.inputs[0], packed.shape[3]) - packed.shape[3]
+                    extra_out = widened.get(node.outputs[0], packed.shape[0]) - packed.shape[0]
+                    packed = torch.nn.functional.pad(packed, (0, extra_in, 0, 0, 0, 0, 0, extra_out))
+                    bias = torch.nn.functional.pad(bias, (0, extra_out))
                 else:
                     packed = weight[:, 0]
                 self._put(node, "weight", packed, dtype, device)
-                self._put(node, "bias", w["bias"], torch.float32, device)
+                self._put(node, "bias", bias, torch.float32, device)
             elif node.op == "conv_transpose":
                 # One 1x1 conv per kernel tap (dy, dx): weight (C_in, C_out, 2, 2) -> 4 x (C_out, 1, 1, C_in).
                 weight = w["weight"]
@@ -115,7 +128,7 @@ def _conv_tune_key(x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, nod
 
 def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: SplitKScratch, pdl: bool) -> Launch:
     a = node.attrs
-    x, out = view(node.inputs[0]), view(node.outputs[0])
+    x, out = view(node.inputs[0], widened=True), view(node.outputs[0], widened=True)
     residual = view(node.inputs[1]) if len(node.inputs) > 1 else None
     weight, bias = weights.get(node, "weight"), weights.get(node, "bias")
     stride, padding, dilation = _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"])

@@ -82,7 +82,7 @@ class TritonNetwork:
         self.plan: MemoryPlan = plan_memory(graph)
         self.features = torch.empty(self.plan.arena_elements("feature", max_batch), dtype=self.dtype, device=device)
         self.heads = torch.empty(self.plan.arena_elements("head", max_batch), dtype=torch.float32, device=device)
-        self.weights = PackedWeights(graph, device, self.dtype)
+        self.weights = PackedWeights(graph, device, self.dtype, self.plan.widened)
         self.buckets = buckets
         # None: wherever the GPU and Triton support it (off under the interpreter and with YOLOJET_PDL=0).
         if pdl and not pdl_available(device):
@@ -114,20 +114,22 @@ class TritonNetwork:
     # -- construction -------------------------------------------------------------------------
 
     def _viewer(self, batch: int) -> ViewFn:
-        def view(name: str) -> torch.Tensor:
-            return self.value_view(name, batch)
+        def view(name: str, widened: bool = False) -> torch.Tensor:
+            return self.value_view(name, batch, widened)
 
         return view
 
-    def value_view(self, name: str, batch: int) -> torch.Tensor:
-        """The device view holding value `name` when running `batch` images: NHWC for feature maps."""
+    def value_view(self, name: str, batch: int, widened: bool = False) -> torch.Tensor:
+        """The device view holding value `name` when running `batch` images: NHWC for feature maps. `widened`:
+        with the extra channels the convs around it work on (plan.widened), where it has any."""
         place = self.plan.placements[name]
         buf = self.plan.buffers[place.buffer]
         start = buf.offset * self.max_batch
         if buf.kind == "feature":
             h, w, row = buf.shape
             region = self.features[start : start + batch * buf.per_image].view(batch, h, w, row)
-            return region[..., place.channel : place.channel + place.channels]
+            channels = self.plan.widened.get(name, place.channels) if widened else place.channels
+            return region[..., place.channel : place.channel + channels]
         return self.heads[start : start + batch * buf.per_image].view(batch, *buf.shape)
 
     def _tune(self, verbose: bool) -> None:

@@ -8,6 +8,11 @@ is copied, and the plan lists those copies. Buffers share memory only when every
 every write of the other in the graph itself (not just in launch order), so independent branches may run
 side by side.
 Head tensors (decode, top-k, classification outputs) are float32 and get their own arena.
+
+A value of an odd channel count passed only from conv to conv (pose's 51 keypoint channels) is widened
+to a multiple of 16 for the kernels: its producer writes the extra channels from zero weights and
+bias, its consumers give them zero weights, and Triton, seeing strides and channel counts divisible by
+16, loads whole 16-byte vectors instead of single elements.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from dataclasses import dataclass, field
 from yolojet.ir import Graph
 
 CHANNEL_ALIGN = 8  # 16-byte pixel rows in fp16: vector loads stay aligned in every slice that starts aligned
+# Triton specializes integer arguments divisible by 16; only then does it know a pixel row or a K block is
+# aligned, and vectorize the loads.
+KERNEL_CHANNELS = 16
 ARENA_ALIGN = 64  # elements; 128-byte aligned buffer starts in fp16
 FEATURE_OPS_WRITING_VIEWS = {"conv", "conv_transpose", "maxpool", "upsample", "add", "attention", "concat"}
 
@@ -55,6 +63,8 @@ class MemoryPlan:
     buffers: list[Buffer]
     placements: dict[str, Placement]
     copies: dict[str, list[str]]  # concat node name -> its inputs that must be copied into place
+    # value -> the channel count its producing and consuming convs work on (see _widened_for_kernels)
+    widened: dict[str, int] = field(default_factory=dict)
     feature_elements: int = 0  # arena sizes per image slot, in elements
     head_elements: int = 0
     stats: dict[str, int] = field(default_factory=dict)
@@ -68,17 +78,44 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _widened_for_kernels(graph: Graph) -> dict[str, int]:
+    """Values whose convs work on them `KERNEL_CHANNELS`-aligned: an odd channel count above 16, written by a
+    conv and read only as the input of other convs, so the extra channels never reach anything else (the zero
+    weights that read them make their values irrelevant; act(0 + 0) keeps them finite)."""
+    consumers: dict[str, list] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            consumers.setdefault(name, []).append(node)
+    widened = {}
+    for node in graph.nodes:
+        if node.op != "conv" or node.attrs["groups"] != 1:
+            continue
+        value = node.outputs[0]
+        channels = int(graph.values[value].shape[1])
+        readers = consumers.get(value, [])
+        if (
+            channels > KERNEL_CHANNELS
+            and channels % KERNEL_CHANNELS
+            and value not in graph.outputs
+            and readers
+            and all(r.op == "conv" and r.attrs["groups"] == 1 and r.inputs == [value] for r in readers)
+        ):
+            widened[value] = _round_up(channels, KERNEL_CHANNELS)
+    return widened
+
+
 def plan_memory(graph: Graph) -> MemoryPlan:
     producers = {out: (i, node) for i, node in enumerate(graph.nodes) for out in node.outputs}
     placements: dict[str, Placement] = {}
     buffers: list[Buffer] = []
     copies: dict[str, list[str]] = {}
+    widened = _widened_for_kernels(graph)
 
     def new_buffer(value: str, kind: str) -> int:
         shape = graph.values[value].shape[1:]
         if kind == "feature":
             c, h, w = shape
-            shape = (h, w, _round_up(c, CHANNEL_ALIGN))
+            shape = (h, w, widened.get(value, _round_up(c, CHANNEL_ALIGN)))
         buffers.append(Buffer(len(buffers), kind, tuple(int(d) for d in shape), first=0, last=0))
         return len(buffers) - 1
 
@@ -145,7 +182,7 @@ def plan_memory(graph: Graph) -> MemoryPlan:
 
     _set_lifetimes(graph, buffers, placements)
     ordered = _ordered_pairs(graph, buffers, placements)
-    plan = MemoryPlan(buffers, placements, copies)
+    plan = MemoryPlan(buffers, placements, copies, widened)
     plan.feature_elements = _allocate([b for b in buffers if b.kind == "feature"], ordered)
     plan.head_elements = _allocate([b for b in buffers if b.kind == "head"], ordered)
     plan.stats = {

@@ -52,7 +52,7 @@ SCRATCH = Region("split-k scratch", 0, 1, -1, (0, 1))
 def value_region(plan: MemoryPlan, name: str) -> Region:
     place = plan.placements[name]
     buf = plan.buffers[place.buffer]
-    channels = (place.channel, place.channel + place.channels)
+    channels = (place.channel, place.channel + plan.widened.get(name, place.channels))
     return Region(buf.kind, buf.offset, buf.offset + buf.per_image, buf.index, channels)
 
 
