@@ -7,9 +7,9 @@ warm-up excluded) beside PyTorch eager fp16 (cuDNN), eager channels_last + CUDA 
 with --compile, torch.compile(mode="max-autotune-no-cudagraphs") + CUDA graph. Start-up times
 (cold: empty kernel and tuning caches; cached: the same caches again) are measured in fresh
 processes. --pdl-off-row and --sequential-row add yolojet rows with the same tile picks: ordinary
-launches instead of programmatic dependent launch, and every launch in order on one stream instead of
-independent launches on parallel streams (checked bit-identical first). Prints a markdown table last; writes JSON and the
-table under --out.
+launches instead of programmatic dependent launch, and every launch in order on one stream instead
+of independent launches on parallel streams (checked bit-identical first). Prints a markdown table
+last; writes JSON and the table under --out.
 
     python bench/bench_network.py --models yolo11n yolov8n --batches 1 64 --out results/
 """
@@ -253,7 +253,7 @@ def main() -> None:
                 )
     for row in report["models"]:
         for batch, launches in row["launch_times"].items():
-            slowest = sorted(launches, key=lambda r: -r["ms"])[:25 if batch == min(args.batches) else 12]
+            slowest = sorted(launches, key=lambda r: -r["ms"])[: 25 if batch == min(args.batches) else 12]
             lines += ["", f"slowest launches {row['model']} batch {batch} (us):"]
             lines += [f"{1000 * r['ms']:7.2f} {r['family']:<8} {r['shape']} {r['config']}" for r in slowest]
     table = "\n".join(lines)

@@ -6,6 +6,7 @@ outputs as sequential graphs."""
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 
 import pytest
@@ -189,6 +190,29 @@ def test_most_reordered_run_matches_the_sequential_run(seg_graph, seg_network, p
     assert order != sorted(order), "the schedule allows no reordering at all"
     for a, b in zip(outputs(), sequential, strict=True):
         assert torch.equal(a, b)
+
+
+def test_split_k_launches_each_get_their_own_scratch(seg_graph):
+    """With every launch that can split K given a split tile, the scratch adds no ordering: each split-K launch
+    writes its own part, so the dependencies are those of the feature memory alone; once laid out, the parts
+    are disjoint and sized for each launch's tile."""
+    network = TritonNetwork(seg_graph, torch.device("cpu"), half=False, max_batch=1, tune_layers=False)
+    split = []
+    for launch in network.launch_list(1):
+        splits = [c for c in launch.candidates if c.split_k > 1]
+        if splits:
+            launch.configure(max(splits, key=lambda c: c.split_k))
+            split.append(launch)
+    assert len(split) >= 10
+    accesses = network.accesses(1)
+    without_scratch = [Access(a.reads, tuple(r for r in a.writes if r.arena != "split-k scratch")) for a in accesses]
+    assert dependencies(accesses) == dependencies(without_scratch)
+    network.split_scratch.lay_out({launch.split_slot: launch.split_need() for launch in split})
+    spans = sorted((part.start, part.stop) for part, _ in network.split_scratch.parts.values())
+    assert len(spans) == len(split) and all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+    for launch in split:
+        partials, arrivals = network.split_scratch.views(launch.split_slot)
+        assert (partials.numel(), arrivals.numel()) == launch.split_need()
 
 
 def test_branches_need_a_gpu(seg_graph):

@@ -42,28 +42,51 @@ class Launch:
     candidates: list[ConvConfig] = field(default_factory=list)
     reads: list[str] = field(default_factory=list)  # values read and written: what orders it against others
     writes: list[str] = field(default_factory=list)
-    uses_split_scratch: Callable[[], bool] = lambda: False  # with its current config
+    # Split-K scratch: the launch's slot in SplitKScratch, and the (partials, arrivals) its current tile needs
+    split_slot: int = -1
+    split_need: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
 
 class SplitKScratch:
-    """The partial tiles and arrival counts of split-K conv launches, shared by all of one network's launches.
+    """The partial tiles and arrival counts of split-K conv launches.
 
-    Sharing is safe because split-K launches never overlap: on one stream a dependent launch waits for its
-    predecessor before touching memory, parallel streams order them like launches that write the same memory
-    (runtime/streams.py), and each leaves its counts at zero. Lowering reserves the largest need
-    of every candidate config; launches read the tensors when they run, so growth during lowering is fine, and
-    nothing grows once lowering is done (captured graphs hold the addresses).
+    Each split-K launch has a slot. Until `lay_out` runs (while tiles are compiled and timed one launch at a
+    time) every slot uses the whole shared area, which lowering sizes for the largest candidate; launches read
+    the tensors when they run, so growth then is fine. `lay_out`, called with the tiles picked and before CUDA
+    graphs are captured (they hold the addresses), gives each slot that splits K its own part, so launches on
+    parallel streams never share one. Every launch leaves its arrival counts at zero.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.partials = torch.empty(0, dtype=torch.float32, device=device)
         self.arrivals = torch.zeros(0, dtype=torch.int32, device=device)
+        self.slots = 0
+        self.parts: dict[int, tuple[slice, slice]] = {}  # slot -> its (partials, arrivals) once laid out
+
+    def new_slot(self) -> int:
+        self.slots += 1
+        return self.slots - 1
 
     def reserve(self, partials: int, arrivals: int) -> None:
         if partials > self.partials.numel():
             self.partials = torch.empty(partials, dtype=torch.float32, device=self.partials.device)
         if arrivals > self.arrivals.numel():
             self.arrivals = torch.zeros(arrivals, dtype=torch.int32, device=self.arrivals.device)
+
+    def lay_out(self, needs: dict[int, tuple[int, int]]) -> None:
+        """Give each slot its own (partials, arrivals) part of the sizes given."""
+        self.reserve(sum(p for p, _ in needs.values()), sum(a for _, a in needs.values()))
+        self.parts = {}
+        partials = arrivals = 0
+        for slot, (p, a) in sorted(needs.items()):
+            self.parts[slot] = (slice(partials, partials + p), slice(arrivals, arrivals + a))
+            partials, arrivals = partials + p, arrivals + a
+
+    def views(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        part = self.parts.get(slot)
+        if part is None:
+            return self.partials, self.arrivals
+        return self.partials[part[0]], self.arrivals[part[1]]
 
 
 class PackedWeights:
@@ -151,11 +174,13 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
     candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=x.shape[3])
     for config in candidates:
         scratch.reserve(*config.split_scratch(m, c_out))
+    slot = scratch.new_slot()
 
     def run() -> None:
+        partials, arrivals = scratch.views(slot)
         conv2d_nhwc(
             out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
-            residual=residual, config=chosen[0], pdl=pdl, partials=scratch.partials, arrivals=scratch.arrivals,
+            residual=residual, config=chosen[0], pdl=pdl, partials=partials, arrivals=arrivals,
         )  # fmt: skip
 
     def configure(config: ConvConfig) -> None:
@@ -178,7 +203,8 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
         configure=configure,
         compile=compile_config,
         candidates=candidates,
-        uses_split_scratch=lambda: chosen[0].split_k > 1,
+        split_slot=slot,
+        split_need=lambda: chosen[0].split_scratch(m, c_out),
     )
 
 

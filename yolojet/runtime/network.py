@@ -27,12 +27,12 @@ from yolojet.runtime.autotune import TuningCache, compile_candidates, time_launc
 from yolojet.runtime.lowering import Launch, PackedWeights, SplitKScratch, ViewFn, lower
 from yolojet.runtime.plan import MemoryPlan, plan_memory
 from yolojet.runtime.streams import (
-    SCRATCH,
     Access,
     Schedule,
     StreamRunner,
     dependencies,
     schedule_streams,
+    scratch_region,
     value_region,
 )
 
@@ -164,8 +164,8 @@ class TritonNetwork:
         for launch in self.launches[bucket]:
             reads = tuple(value_region(self.plan, v) for v in launch.reads)
             writes = tuple(value_region(self.plan, v) for v in launch.writes)
-            if launch.uses_split_scratch():
-                writes += (SCRATCH,)
+            if launch.split_need()[1]:
+                writes += (scratch_region(launch.split_slot),)
             result.append(Access(reads, writes))
         return result
 
@@ -174,7 +174,10 @@ class TritonNetwork:
         return schedule_streams(dependencies(self.accesses(bucket)))
 
     def _capture(self) -> None:
-        if self.branches:  # after tuning: a launch's tile decides whether it uses the split-K scratch
+        # After tuning: a launch's tile decides whether it splits K, and the graphs hold the scratch addresses.
+        needs = {launch.split_slot: launch.split_need() for b in self.buckets for launch in self.launches[b]}
+        self.split_scratch.lay_out({slot: need for slot, need in needs.items() if need[1]})
+        if self.branches:
             for b in self.buckets:
                 runs = [launch.run for launch in self.launches[b]]
                 self.runners[b] = StreamRunner(runs, self.schedule(b), self.device)

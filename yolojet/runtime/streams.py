@@ -46,7 +46,9 @@ class Region:
         return self.channels[0] < other.channels[1] and other.channels[0] < self.channels[1]
 
 
-SCRATCH = Region("split-k scratch", 0, 1, -1, (0, 1))
+def scratch_region(slot: int) -> Region:
+    """A split-K launch's own part of the scratch (runtime/lowering.py's SplitKScratch)."""
+    return Region("split-k scratch", slot, slot + 1, -1, (0, 1))
 
 
 def value_region(plan: MemoryPlan, name: str) -> Region:
