@@ -13,6 +13,7 @@ import torch
 from kernel_checks import to_device_keeping_strides
 from ultralytics.utils.ops import scale_coords as ultralytics_scale_coords
 
+from yolojet.kernels.boxes import scale_boxes
 from yolojet.kernels.keypoints import scale_keypoints
 from yolojet.runtime.postprocess import pose
 from yolojet.runtime.torch_pipeline import Letterbox
@@ -81,6 +82,21 @@ def test_scale_keypoints_matches_pose_scale_keypoints(kpt_shape, trailing):
         clipped += int((got[..., 0] == 0).sum() + (got[..., 0] == w0).sum())
         clipped += int((got[..., 1] == 0).sum() + (got[..., 1] == h0).sum())
     assert clipped > 20, "the keypoints must reach past the image edges for the clip to be exercised"
+
+
+def test_scale_keypoints_with_boxes_equals_scale_boxes_then_scale_keypoints():
+    """The pose path's one launch gives bit for bit what scale_boxes followed by scale_keypoints gives."""
+    kpt_shape = (17, 3)
+    rows, boxes = pose_rows(kpt_shape, 2, seed=5)
+    rows[..., :4] = torch.rand(rows.shape[0], K, 4) * 800 - 80  # boxes reaching past the edges: the clip counts
+    params = torch.tensor([b.box_params() for b in boxes], dtype=torch.float32, device=DEVICE)
+    count = torch.tensor(COUNTS, dtype=torch.int32, device=DEVICE)
+    fused, separate = rows.to(DEVICE, copy=True), rows.to(DEVICE, copy=True)
+    scale_keypoints(fused, count, params, kpt_shape=kpt_shape, first_column=6, boxes=True)
+    scale_boxes(separate, count, params)
+    scale_keypoints(separate, count, params, kpt_shape=kpt_shape, first_column=6)
+    assert torch.equal(fused, separate)
+    assert not torch.equal(fused[..., :4], rows.to(DEVICE)[..., :4]), "no box was mapped"
 
 
 def test_scale_keypoints_other_first_column_and_padded_rows():

@@ -89,6 +89,18 @@ def select_rows(
 
 
 @triton.jit
+def map_box_columns(row, ok, pad_x, pad_y, gain_x, gain_y, w0, h0):
+    """Columns 0..3 (xyxy) of the rows at `row` (where `ok`) from model-input to original pixels, clipped."""
+    for axis in tl.static_range(4):
+        value = tl.load(row + axis, mask=ok, other=0.0)
+        if axis % 2 == 0:
+            value = tl.minimum(tl.maximum(tl.math.div_rn(value - pad_x, gain_x), 0.0), w0)
+        else:
+            value = tl.minimum(tl.maximum(tl.math.div_rn(value - pad_y, gain_y), 0.0), h0)
+        tl.store(row + axis, value, mask=ok)
+
+
+@triton.jit
 def _scale_boxes_kernel(rows_ptr, sr_n, sr_k, count_ptr, params_ptr, BLOCK_K: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
     count = tl.load(count_ptr + n)
@@ -98,15 +110,7 @@ def _scale_boxes_kernel(rows_ptr, sr_n, sr_k, count_ptr, params_ptr, BLOCK_K: tl
     w0, h0 = tl.load(p + 4), tl.load(p + 5)
     for k0 in range(0, count, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        ok = k < count
-        row = rows_ptr + n * sr_n + k * sr_k
-        for axis in tl.static_range(4):
-            value = tl.load(row + axis, mask=ok, other=0.0)
-            if axis % 2 == 0:
-                value = tl.minimum(tl.maximum(tl.math.div_rn(value - pad_x, gain_x), 0.0), w0)
-            else:
-                value = tl.minimum(tl.maximum(tl.math.div_rn(value - pad_y, gain_y), 0.0), h0)
-            tl.store(row + axis, value, mask=ok)
+        map_box_columns(rows_ptr + n * sr_n + k * sr_k, k < count, pad_x, pad_y, gain_x, gain_y, w0, h0)
 
 
 def scale_boxes(rows: torch.Tensor, count: torch.Tensor, params: torch.Tensor) -> None:

@@ -10,6 +10,9 @@ yolojet/runtime/postprocess/pose.py `scale_keypoints`, with per-image [pad_x, pa
 (Letterbox.box_params) read from a device tensor, so a captured graph serves any frame size. The division
 rounds to nearest, as torch's CPU division does (Triton's `/` is approximate on NVIDIA).
 
+With `boxes=True` the same launch also maps the rows' xyxy boxes (columns 0..3) as boxes.py's
+`scale_boxes` does: the pose path maps its boxes and keypoints in one launch.
+
 The OBB counterpart, `scale_rotated_boxes`, lives in kernels/rotated_nms.py with the row layout it rewrites.
 """
 
@@ -21,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from yolojet.kernels.boxes import map_box_columns
 from yolojet.kernels.elementwise import check_view
 
 _BLOCK_K = 32
@@ -37,6 +41,7 @@ def _scale_keypoints_kernel(
     FIRST,
     NK,
     DIM: tl.constexpr,
+    BOXES: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
@@ -49,6 +54,8 @@ def _scale_keypoints_kernel(
     kp = tl.arange(0, BLOCK_P)
     for k0 in range(0, count, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
+        if BOXES:
+            map_box_columns(rows_ptr + n * sr_n + k * sr_k, k < count, pad_x, pad_y, gain_x, gain_y, w0, h0)
         ok = (k < count)[:, None] & (kp < NK)[None, :]
         x_ptr = rows_ptr + n * sr_n + k[:, None] * sr_k + FIRST + kp[None, :] * DIM
         for axis in tl.static_range(2):
@@ -65,10 +72,17 @@ def _scale_keypoints_kernel(
 
 
 def scale_keypoints(
-    rows: torch.Tensor, count: torch.Tensor, params: torch.Tensor, *, kpt_shape: Sequence[int], first_column: int
+    rows: torch.Tensor,
+    count: torch.Tensor,
+    params: torch.Tensor,
+    *,
+    kpt_shape: Sequence[int],
+    first_column: int,
+    boxes: bool = False,
 ) -> None:
     """In place, the keypoints of rows[n, :count[n]] from model-input to original-image pixels, clipped to the
-    image (see the module docstring); visibility and the other columns are left as they are.
+    image (see the module docstring); visibility and the other columns are left as they are, except the xyxy
+    boxes in columns 0..3 with `boxes=True`, mapped as `scale_boxes` maps them.
 
     rows: (N, K, C) float32, any row strides, keypoints nk·d columns from `first_column` (6 after
     [x1, y1, x2, y2, conf, cls]); count: (N,) int32, clamped to K; params: (N, 6) float32 [pad_x, pad_y, gain_x,
@@ -79,7 +93,7 @@ def scale_keypoints(
     nk, dim = int(kpt_shape[0]), int(kpt_shape[1])
     check_view("scale_keypoints rows", rows, (None, None, None), torch.float32)
     n, k, c = rows.shape
-    if first_column < 0 or first_column + nk * dim > c:
+    if first_column < (4 if boxes else 0) or first_column + nk * dim > c:
         raise ValueError(
             f"scale_keypoints first_column {first_column}: {nk}×{dim} keypoint columns from it do not fit rows of {c}"
         )
@@ -89,5 +103,5 @@ def scale_keypoints(
         raise ValueError("scale_keypoints params: expected a contiguous (N, 6) tensor")
     _scale_keypoints_kernel[(n,)](
         rows, rows.stride(0), rows.stride(1), count, params, k, first_column, nk,
-        DIM=dim, BLOCK_K=_BLOCK_K, BLOCK_P=triton.next_power_of_2(nk),
+        DIM=dim, BOXES=boxes, BLOCK_K=_BLOCK_K, BLOCK_P=triton.next_power_of_2(nk),
     )  # fmt: skip

@@ -39,6 +39,16 @@ MAX_GRAPHS = 8  # captured (bucket, frame sizes) combinations kept; the oldest i
 _OPTIONS_BYTES = 20  # thresholds (2 float32) and limits (3 int32) ahead of the class mask
 
 
+def _count_elements(batch: int) -> int:
+    return -(-batch // 4) * 4  # the rows after the counts start 16-byte aligned
+
+
+def _result_views(results: torch.Tensor, batch: int, capacity: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(count (batch,) int32, rows (batch, capacity, width) float32) of one results buffer."""
+    counts = _count_elements(batch)
+    return results[:batch].view(torch.int32), results[counts:].view(batch, capacity, width)
+
+
 def _option_views(buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(thresholds float32 [2], limits int32 [3], class mask uint8 [nc]) viewing one uint8 options buffer."""
     return buffer[:8].view(torch.float32), buffer[8:20].view(torch.int32), buffer[20:]
@@ -171,10 +181,12 @@ class DetectionHead(CapturedPath):
         width = shape[2] if self.end2end else 6 + shape[1] - 4 - self.meta.nc  # OBB: 7, the angle is the extra
         self.capacity = capacity
         pin = self.cuda
-        self.rows = torch.zeros(batch, capacity, width, dtype=torch.float32, device=device)
-        self.count = torch.zeros(batch, dtype=torch.int32, device=device)
-        self.rows_host = torch.zeros(batch, capacity, width, dtype=torch.float32, pin_memory=pin)
-        self.count_host = torch.zeros(batch, dtype=torch.int32, pin_memory=pin)
+        # Counts, then rows, in one float32 buffer, so that a run's results reach pinned memory in one copy.
+        size = _count_elements(batch) + batch * capacity * width
+        self.results = torch.zeros(size, dtype=torch.float32, device=device)
+        self.results_host = torch.zeros(self.results.numel(), dtype=torch.float32, pin_memory=pin)
+        self.count, self.rows = _result_views(self.results, batch, capacity, width)
+        self.count_host, self.rows_host = _result_views(self.results_host, batch, capacity, width)
         # The options in one byte buffer, pinned and on the device, so that the graph copies them in one go:
         # float32 [conf, iou] at byte 0, int32 [max_det, max_nms, agnostic] at byte 8, the uint8 class mask at 20.
         self.options = torch.zeros(_OPTIONS_BYTES + self.meta.nc, dtype=torch.uint8, device=device)
@@ -240,6 +252,7 @@ class DetectionHead(CapturedPath):
         images = network.input_view(bucket)
         preds = network.value_view(self.output, bucket)[:batch]
         rows, count = self.rows[:batch], self.count[:batch]
+        used = _count_elements(network.max_batch) + rows.numel()  # every count, and the rows of `batch` images
         frames, copy_in = self._frame_copies(slots)
         scratch = self.scratch.first(batch) if self.scratch is not None else None
         if self.segment:
@@ -266,12 +279,11 @@ class DetectionHead(CapturedPath):
                 masks_to_original(masks_out, masks_input, count, box_params, rows=rows)
             if self.task == "obb":
                 scale_rotated_boxes(rows, count, box_params)
+            elif self.task == "pose":  # boxes and keypoints in one launch
+                scale_keypoints(rows, count, box_params, kpt_shape=self.meta.kpt_shape, first_column=6, boxes=True)
             else:
                 scale_boxes(rows, count, box_params)
-            if self.task == "pose":
-                scale_keypoints(rows, count, box_params, kpt_shape=self.meta.kpt_shape, first_column=6)
-            self.rows_host[:batch].copy_(rows, non_blocking=True)
-            self.count_host[:batch].copy_(count, non_blocking=True)
+            self.results_host[:used].copy_(self.results[:used], non_blocking=True)
 
         return run
 
