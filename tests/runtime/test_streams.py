@@ -213,6 +213,8 @@ def test_split_k_launches_each_get_their_own_scratch(seg_graph):
     for launch in split:
         partials, arrivals = network.split_scratch.views(launch.split_slot)
         assert (partials.numel(), arrivals.numel()) == launch.split_need()
+        # 16-byte aligned, as the tiles were compiled and timed (Triton specializes on pointer alignment)
+        assert partials.data_ptr() % 16 == 0 and arrivals.data_ptr() % 16 == 0
 
 
 def test_branches_need_a_gpu(seg_graph):
@@ -284,3 +286,20 @@ def test_predict_path_with_parallel_branches_gives_the_same_results(tmp_path, cf
     ]
     for parallel, sequential in zip(*results, strict=True):
         assert parallel.to_json() == sequential.to_json()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="captured graphs need a GPU")
+def test_predict_graphs_follow_a_new_network_capture(tmp_path):
+    """A new capture of the network may move the split-K scratch (its parts are laid out again): the predict path
+    drops the graphs it captured around the old one and captures new ones, with the same results."""
+    from support import real_photos
+
+    model_dir = yolojet.export(random_model("yolo11n.yaml"), out=tmp_path / "m", imgsz=320)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=1, tune=False)
+    photo = real_photos()["bus.jpg"]
+    before = engine(photo, conf=0.01)[0].to_json()
+    old_graphs = [graph for graph, _ in engine._head.graphs.values()]
+    engine.network._capture()
+    assert engine(photo, conf=0.01)[0].to_json() == before
+    assert engine._head.captured_with == engine.network.captures
+    assert all(graph not in old_graphs for graph, _ in engine._head.graphs.values())

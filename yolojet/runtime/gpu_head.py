@@ -78,6 +78,7 @@ class CapturedPath(ABC):
         self.slots: list[_Slot | None] = [None] * network.max_batch
         self.staging: dict[tuple, Any] = {}
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, Callable[[], None]]] = OrderedDict()
+        self.captured_with = network.captures  # a new network capture may move the scratch these graphs hold
         self.done = torch.cuda.Event() if self.cuda else None
 
     @abstractmethod
@@ -121,6 +122,9 @@ class CapturedPath(ABC):
         if not self.cuda:
             self._steps(batch, slots)()
             return
+        if self.captured_with != self.network.captures:
+            self.graphs.clear()
+            self.captured_with = self.network.captures
         key = (self.network.bucket_for(batch), batch, tuple((s.shape, s.on_device, s.bgr) for s in slots),
                self._variant())  # fmt: skip
         if key not in self.graphs:
@@ -149,14 +153,14 @@ class CapturedPath(ABC):
     def _capture(self, batch: int, slots: list[_Slot]) -> tuple[torch.cuda.CUDAGraph, Callable[[], None]]:
         """The path captured; the closure is kept with the graph, which holds the addresses of what it owns."""
         run = self._steps(batch, slots)
-        side = torch.cuda.Stream(self.network.device)
+        side = self.network.capture_stream  # the warm-up too: none of the branch streams
         side.wait_stream(torch.cuda.current_stream(self.network.device))
         with torch.cuda.stream(side):
             run()  # compiles any kernel not yet compiled, outside the capture
         torch.cuda.current_stream(self.network.device).wait_stream(side)
         torch.cuda.synchronize(self.network.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=self.network.capture_stream):
             run()
         return graph, run
 

@@ -47,6 +47,10 @@ class Launch:
     split_need: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
 
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
 class SplitKScratch:
     """The partial tiles and arrival counts of split-K conv launches.
 
@@ -75,12 +79,14 @@ class SplitKScratch:
 
     def lay_out(self, needs: dict[int, tuple[int, int]]) -> None:
         """Give each slot its own (partials, arrivals) part of the sizes given."""
-        self.reserve(sum(p for p, _ in needs.values()), sum(a for _, a in needs.values()))
+        self.reserve(sum(_round_up(p, 4) for p, _ in needs.values()), sum(_round_up(a, 4) for _, a in needs.values()))
         self.parts = {}
         partials = arrivals = 0
         for slot, (p, a) in sorted(needs.items()):
             self.parts[slot] = (slice(partials, partials + p), slice(arrivals, arrivals + a))
-            partials, arrivals = partials + p, arrivals + a
+            # Parts start 16-byte aligned, as the whole area does: Triton specializes kernels on pointer
+            # alignment, and the tiles were timed with aligned pointers.
+            partials, arrivals = partials + _round_up(p, 4), arrivals + _round_up(a, 4)
 
     def views(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         part = self.parts.get(slot)

@@ -30,6 +30,7 @@ from yolojet.runtime.streams import (
     Access,
     Schedule,
     StreamRunner,
+    capture_streams,
     dependencies,
     schedule_streams,
     scratch_region,
@@ -99,6 +100,9 @@ class TritonNetwork:
         if self.branches and device.type != "cuda":
             raise EngineConfigError(f"branches=True: parallel streams need a CUDA device, not {device}")
         self.runners: dict[int, StreamRunner] = {}
+        # Graphs are captured on streams[0] (the network's and the predict paths'), branches run on the others.
+        self.streams = capture_streams(device) if device.type == "cuda" else []
+        self.captures = 0  # how many times the graphs were captured: graphs around the network follow it
         self.split_scratch = SplitKScratch(device)
         self.launches = {
             b: lower(graph, self._viewer(b), self.weights, self.plan.copies, fuse, self.split_scratch, self.pdl)
@@ -180,9 +184,9 @@ class TritonNetwork:
         if self.branches:
             for b in self.buckets:
                 runs = [launch.run for launch in self.launches[b]]
-                self.runners[b] = StreamRunner(runs, self.schedule(b), self.device)
+                self.runners[b] = StreamRunner(runs, self.schedule(b), self.streams[1:])
         pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(self.device)
+        side = self.capture_stream  # the warm-up too: no new stream from the pool, none of the branch streams
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for b in self.buckets:  # compile every kernel before any capture
@@ -191,10 +195,16 @@ class TritonNetwork:
         torch.cuda.synchronize(self.device)
         for b in self.buckets:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=self.capture_stream):
                 self.run_launches(b)
             self.graphs[b] = graph
         torch.cuda.synchronize(self.device)
+        self.captures += 1
+
+    @property
+    def capture_stream(self) -> torch.cuda.Stream:
+        """The stream every graph holding the network's launches is captured on (none of the branch streams)."""
+        return self.streams[0]
 
     # -- running ------------------------------------------------------------------------------
 

@@ -79,16 +79,17 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _widened_for_kernels(graph: Graph) -> dict[str, int]:
-    """Values whose convs work on them `KERNEL_CHANNELS`-aligned: an odd channel count above 16, written by a
-    conv and read only as the input of other convs, so the extra channels never reach anything else (the zero
-    weights that read them make their values irrelevant; act(0 + 0) keeps them finite)."""
+    """Values whose convs work on them `KERNEL_CHANNELS`-aligned: a channel count above 16 and not a multiple of
+    it, written by a conv without a residual and read only as the input of other convs, so the extra channels
+    never reach anything else (the zero weights that read them make their values irrelevant; act(0 + 0) keeps
+    them finite)."""
     consumers: dict[str, list] = {}
     for node in graph.nodes:
         for name in node.inputs:
             consumers.setdefault(name, []).append(node)
     widened = {}
     for node in graph.nodes:
-        if node.op != "conv" or node.attrs["groups"] != 1:
+        if node.op != "conv" or node.attrs["groups"] != 1 or len(node.inputs) != 1:  # a fused residual stays narrow
             continue
         value = node.outputs[0]
         channels = int(graph.values[value].shape[1])

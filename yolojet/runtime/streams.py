@@ -8,8 +8,8 @@ graph they overlap.
 What must stay ordered is worked out from memory, not from the graph's edges alone: launch j follows launch i
 (i before j in network order) when j reads what i writes (a true dependency), writes what i reads (the memory
 plan lets values whose lifetimes do not overlap share memory, so a later writer may reuse a buffer an earlier
-launch still reads) or writes what i writes; and split-K launches share one scratch area, so they follow each
-other too. `schedule_streams` puts each launch behind the deepest of its predecessors that is the last launch
+launch still reads) or writes what i writes; each split-K launch's part of the scratch counts as memory too.
+`schedule_streams` puts each launch behind the deepest of its predecessors that is the last launch
 of its stream so far (a chain stays on one stream; at a join, the longest branch goes on), otherwise on a new
 stream, and records which launches' completion it must wait for on other streams, skipping waits already
 implied by earlier ones.
@@ -171,20 +171,31 @@ def schedule_streams(deps: Sequence[set[int]], max_streams: int = MAX_STREAMS) -
     return Schedule(stream, waits)
 
 
-class StreamRunner:
-    """Runs launches on the schedule's streams, forked from and joined back into the caller's stream; inside a
-    CUDA graph capture this records the branches as parallel graph nodes."""
+def capture_streams(device: torch.device) -> list[torch.cuda.Stream]:
+    """A capture stream and MAX_STREAMS − 1 side streams, drawn together from PyTorch's pool (32 streams per
+    priority, handed out in turn), so no side stream is the stream the graph is captured on: a branch put on
+    that stream would silently run in order with the main one."""
+    return [torch.cuda.Stream(device) for _ in range(MAX_STREAMS)]
 
-    def __init__(self, runs: Sequence[Callable[[], None]], schedule: Schedule, device: torch.device) -> None:
+
+class StreamRunner:
+    """Runs launches on the schedule's streams, forked from and joined back into the caller's stream (stream 0);
+    inside a CUDA graph capture this records the branches as parallel graph nodes. `side` are the other
+    streams, at least `schedule.streams − 1` of them, none of them the caller's."""
+
+    def __init__(
+        self, runs: Sequence[Callable[[], None]], schedule: Schedule, side: Sequence[torch.cuda.Stream]
+    ) -> None:
+        if len(side) < schedule.streams - 1:
+            raise ValueError(f"the schedule uses {schedule.streams} streams; {len(side)} side streams given")
         self.runs = list(runs)
         self.schedule = schedule
-        self.side = [torch.cuda.Stream(device) for _ in range(schedule.streams - 1)]
+        self.side = list(side[: schedule.streams - 1])
         self.done = [torch.cuda.Event() for _ in runs]
-        self.device = device
         self.waited_for = sorted({i for waits in schedule.waits for i in waits})
 
     def __call__(self) -> None:
-        main = torch.cuda.current_stream(self.device)
+        main = torch.cuda.current_stream(self.side[0].device if self.side else None)
         streams = [main, *self.side]
         for side in self.side:
             side.wait_stream(main)
