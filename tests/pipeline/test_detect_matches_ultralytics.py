@@ -66,7 +66,7 @@ def test_rectangular_engine_matches_default_predict(tmp_path):
     assert len(expected) >= 3
 
 
-@pytest.mark.parametrize(("cfg", "end2end"), [("yolo11n.yaml", None), ("yolo26n.yaml", True)])
+@pytest.mark.parametrize(("cfg", "end2end"), [("yolov8n.yaml", None), ("yolo11n.yaml", None), ("yolo26n.yaml", True)])
 def test_triton_pipeline_matches_ultralytics_predict(cfg, end2end, tmp_path):
     """The whole path on our kernels (preprocess, network, decode, NMS or top-k selection, box mapping):
     on the GPU at 640, or under Triton's interpreter at 160 to keep the CPU run short. fp32, so that boxes
