@@ -5,14 +5,42 @@ from __future__ import annotations
 import pytest
 import torch
 from support import random_model
+from triton.runtime.errors import OutOfResources
 
 import yolojet
-from yolojet.runtime.autotune import TuningCache, compile_candidates, untuned
+from yolojet.errors import EngineConfigError
+from yolojet.kernels.conv import ConvConfig
+from yolojet.runtime.autotune import TuningCache, compile_candidates, tune, untuned
 from yolojet.runtime.engine import Engine
+from yolojet.runtime.lowering import Launch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="tuning times kernels on a CUDA GPU")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="tuning times kernels on a CUDA GPU")
 
 
+def test_candidates_that_cannot_run_are_left_out_with_a_warning(tmp_path):
+    # The timings stand in for the GPU's: what is checked is the choice around a candidate that cannot launch.
+    fits, faster, too_big = ConvConfig(64, 64, 64, 4, 3), ConvConfig(128, 128, 64, 4, 3), ConvConfig(128, 256, 64, 8, 4)
+    picked: list[ConvConfig] = []
+
+    def timer(launch: Launch) -> float:
+        if picked[-1] == too_big:
+            raise OutOfResources(196608, 101376, "shared memory")
+        return {fits: 2.0, faster: 1.0}[picked[-1]]
+
+    def conv(name: str, candidates: list[ConvConfig]) -> Launch:
+        return Launch("conv", [name], [], lambda: None, tune_key=name, configure=picked.append, candidates=candidates)
+
+    cache = TuningCache(tmp_path / "autotune.json", device_name="a smaller GPU")
+    with pytest.warns(RuntimeWarning, match="left out of tuning: out of resource: shared memory"):
+        counts = tune([conv("model.0/conv", [fits, too_big, faster])], cache, timer=timer)
+    assert counts == {"cached": 0, "timed": 1, "unusable": 1}
+    assert picked[-1] == faster and cache.get("model.0/conv") == faster
+
+    with pytest.raises(EngineConfigError, match=r"model.1/conv: none of its 1 tile candidates runs .* a smaller GPU"):
+        tune([conv("model.1/conv", [too_big])], cache, timer=timer)
+
+
+@needs_cuda
 def test_tuned_engine_matches_reference_and_second_load_uses_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path / "cache"))
     model_dir = yolojet.export(random_model("yolo11n.yaml"), out=tmp_path / "m", imgsz=96)
@@ -31,10 +59,11 @@ def test_tuned_engine_matches_reference_and_second_load_uses_the_cache(tmp_path,
     assert float((ours - expected).norm() / expected.norm()) <= 1e-2
 
     second = Engine.load(model_dir, device="cuda", half=True, max_batch=2, tune=True)
-    assert second.network.tuning == {"cached": convs, "timed": 0}
+    assert second.network.tuning == {"cached": convs, "timed": 0, "unusable": 0}
     assert torch.equal(second.raw(x), first.raw(x))  # the same picks, so the same arithmetic
 
 
+@needs_cuda
 def test_candidates_compile_in_the_background_without_launching(tmp_path):
     pytest.importorskip("triton.runtime._async_compile")
     model_dir = yolojet.export(random_model("yolov8n.yaml"), out=tmp_path / "m", imgsz=64)

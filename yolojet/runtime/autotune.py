@@ -15,13 +15,17 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import triton
+from triton.errors import TritonError
 
+from yolojet.errors import EngineConfigError
 from yolojet.kernels.conv import ConvConfig, candidate_set_id
 from yolojet.runtime.lowering import Launch
 
@@ -33,9 +37,10 @@ def cache_dir() -> Path:
 class TuningCache:
     """A JSON file of {device|triton|launch key: config}; writes replace the file atomically."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, device_name: str | None = None) -> None:
         self.path = path or cache_dir() / "autotune.json"
-        self.prefix = f"{torch.cuda.get_device_name()}|triton-{triton.__version__}|tiles-{candidate_set_id()}|"
+        device_name = device_name or torch.cuda.get_device_name()
+        self.prefix = f"{device_name}|triton-{triton.__version__}|tiles-{candidate_set_id()}|"
         try:
             self.entries: dict[str, dict] = json.loads(self.path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
@@ -94,8 +99,11 @@ def compile_candidates(launches: list[Launch], workers: int | None = None) -> bo
         return False
     workers = workers or min(32, os.cpu_count() or 1)
     # Leaving AsyncCompileMode waits for every compile (identical specializations are compiled once); only then
-    # is the pool shut down.
-    with ThreadPoolExecutor(workers, thread_name_prefix="yolojet-compile") as pool, AsyncCompileMode(pool):
+    # is the pool shut down. A candidate that fails to compile fails again when timed, where `tune` leaves it out.
+    with (
+        ThreadPoolExecutor(workers, thread_name_prefix="yolojet-compile") as pool,
+        AsyncCompileMode(pool, ignore_errors=True),
+    ):
         for launch in launches:
             if launch.compile is not None:
                 for config in launch.candidates:
@@ -103,9 +111,21 @@ def compile_candidates(launches: list[Launch], workers: int | None = None) -> bo
     return True
 
 
-def tune(launches: list[Launch], cache: TuningCache, progress=None) -> dict[str, int]:
-    """Give every tunable launch its fastest config; returns counts of cached and newly timed launches."""
-    counts = {"cached": 0, "timed": 0}
+def tune(
+    launches: list[Launch],
+    cache: TuningCache,
+    progress: Callable[[], None] | None = None,
+    timer: Callable[[Launch], float] = time_launch,
+) -> dict[str, int]:
+    """Give every tunable launch its fastest config; returns counts of cached and newly timed launches, and of
+    candidate timings left out as unusable.
+
+    A candidate that this Triton cannot compile, or this GPU cannot launch (a pipeline needing more shared
+    memory than a smaller GPU has, say), is left out with one warning per config; a launch none of whose
+    candidates runs is an EngineConfigError.
+    """
+    counts = {"cached": 0, "timed": 0, "unusable": 0}
+    unusable: dict[ConvConfig, str] = {}
     for launch in launches:
         if launch.tune_key is None or launch.configure is None:
             continue
@@ -117,13 +137,25 @@ def tune(launches: list[Launch], cache: TuningCache, progress=None) -> dict[str,
             best = None
             for config in launch.candidates:
                 launch.configure(config)
-                elapsed = time_launch(launch)
+                try:
+                    elapsed = timer(launch)
+                except TritonError as error:
+                    unusable.setdefault(config, (str(error).strip().splitlines() or [type(error).__name__])[0])
+                    counts["unusable"] += 1
+                    continue
                 if best is None or elapsed < best[0]:
                     best = (elapsed, config)
-            if best is not None:
-                launch.configure(best[1])
-                cache.put(launch.tune_key, best[1])
+            if best is None:
+                reasons = "; ".join(f"{c}: {unusable[c]}" for c in launch.candidates if c in unusable)
+                raise EngineConfigError(
+                    f"layer {', '.join(launch.nodes)}: none of its {len(launch.candidates)} tile candidates runs "
+                    f"with Triton {triton.__version__} on {cache.prefix.split('|')[0]} ({reasons or 'none offered'})"
+                )
+            launch.configure(best[1])
+            cache.put(launch.tune_key, best[1])
             counts["timed"] += 1
         if progress is not None:
             progress()
+    for config, reason in unusable.items():
+        warnings.warn(f"conv tile {config} left out of tuning: {reason}", RuntimeWarning, stacklevel=2)
     return counts
