@@ -96,6 +96,28 @@ CASES = {
     "direct_1x3_stride_pairs": Case(
         3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, direct=True)
     ),
+    # Taps packed into K on tensor cores, for few input channels feeding many outputs; 16- and 64-deep K tiles
+    # walk several K steps, a 32-deep one takes the stem's 27 at once.
+    "packed_stem_c3_s2": Case(1, 9, 7, 3, 33, 3, stride=2, padding=1, config=ConvConfig(64, 64, 32, 4, 2, packed=True)),
+    "packed_c8_upsample_residual_sliced": Case(
+        3,
+        5,
+        6,
+        8,
+        33,
+        3,
+        padding=1,
+        upsample=2,
+        residual=True,
+        sliced=True,
+        config=ConvConfig(32, 32, 64, 2, 2, packed=True),
+    ),
+    "packed_c5_dilation_fp32": Case(
+        1, 9, 7, 5, 16, 3, padding=2, dilation=2, dtype=F32, config=ConvConfig(16, 16, 16, 1, 1, packed=True)
+    ),
+    "packed_1x3_stride_pairs": Case(
+        3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, packed=True)
+    ),
     "3x3_deep_k_tile": Case(1, 5, 6, 80, 33, 3, padding=1, config=ConvConfig(32, 64, 128, 4, 3)),
     "3x3_16_row_tile_fp32": Case(
         1, 5, 6, 80, 33, 3, stride=2, padding=1, dtype=F32, config=ConvConfig(16, 64, 128, 2, 3)
@@ -248,6 +270,21 @@ def test_direct_kernel_offered_only_for_few_input_channels() -> None:
     assert not any(c.direct for c in conv_candidate_configs(400, 32, 80, kernel_is_1x1=False, c_in=20))
     with pytest.raises(ValueError, match="does not split"):
         ConvConfig(64, 16, 16, 2, 1, split_k=2, direct=True)
+
+
+def test_packed_taps_offered_only_for_few_input_channels_and_many_outputs() -> None:
+    wide_stem = conv_candidate_configs(64 * 320 * 320, 64, 27, kernel_is_1x1=False)
+    packed = [c for c in wide_stem if c.packed]
+    assert packed and all(c.block_k == 32 and c.block_n == 64 for c in packed)
+    assert not default_config(64 * 320 * 320, 64, 27, False).packed
+    assert any(c.packed and c.block_k == 128 for c in conv_candidate_configs(6400, 32, 72, kernel_is_1x1=False))
+    assert not any(c.packed for c in conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False))
+    assert not any(c.packed for c in conv_candidate_configs(160 * 160, 64, 9 * 16, kernel_is_1x1=False))
+    assert not any(c.packed for c in conv_candidate_configs(160 * 160, 64, 4, kernel_is_1x1=True))
+    with pytest.raises(ValueError, match="packed"):
+        ConvConfig(64, 64, 32, 4, 2, split_k=2, packed=True)
+    with pytest.raises(ValueError, match="packed"):
+        ConvConfig(64, 64, 32, 4, 1, direct=True, packed=True)
 
 
 def test_split_k_offered_only_to_sparse_layers_with_long_k() -> None:
