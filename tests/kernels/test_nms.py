@@ -113,6 +113,9 @@ def assert_matches(out: torch.Tensor, count: torch.Tensor, expected: list[torch.
         (80, 1200, 0, 0.25, 0.45, True, [0, 5, 17, 79], 300),
         (80, 900, 5, 0.25, 0.7, False, [1, 2, 3], 7),
         (3, 1000, 0, 0.001, 0.45, False, [2], 300),
+        # A single class (pose's 51 keypoint values as extras): its scores are read straight from preds.
+        (1, 900, 51, 0.25, 0.7, False, None, 300),
+        (1, LARGE_A, 0, 0.001, 0.45, True, [0], 7),
     ],
 )
 def test_nms_matches_ultralytics(nc, anchors, extra, conf, iou, agnostic, classes, max_det):
@@ -179,6 +182,15 @@ def test_nms_zero_candidates():
     out, count = run(preds, 3, 0.25, 0.45)
     assert count.tolist() == [0, 0]
     assert out.isnan().all()
+
+
+def test_nms_single_class_filtered_out_or_at_the_threshold():
+    preds = clustered(2, 1, 700, 3, seed=8)
+    out, count = run(preds, 1, 0.25, 0.45, classes=[])
+    assert count.tolist() == [0, 0] and out.isnan().all()
+    preds[:, 4] = preds[:, 4].clamp(max=0.25)  # a score equal to conf is not above it
+    out, count = run(preds, 1, 0.25, 0.45)
+    assert count.tolist() == [0, 0] and out.isnan().all()
 
 
 def test_nms_max_nms_truncation():

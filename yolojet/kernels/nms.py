@@ -13,8 +13,10 @@ extras...] in that order. Follows ultralytics/utils/nms.py and torchvision/csrc/
 
 Launches: (1) best class per anchor → best_score (−inf: not a candidate) and best_class; (2) a rank sort, each
 candidate's rank = #{candidates before it} counted over all anchors, scattered to order[rank]; (3) one program
-per image runs the greedy pass over `order` in chunks (see _greedy_nms_kernel). Thresholds and limits are read
-from device tensors, so a captured graph follows changes to them without re-capture.
+per image runs the greedy pass over `order` in chunks (see _greedy_nms_kernel). With a single class (pose, and
+many custom detectors) there is no best class to find: launch (1) is skipped and the other two read the class's
+scores straight from preds, applying the confidence threshold and class filter as they load them. Thresholds
+and limits are read from device tensors, so a captured graph follows changes to them without re-capture.
 """
 
 from __future__ import annotations
@@ -78,19 +80,53 @@ def _best_class_kernel(
 
 
 @triton.jit
-def _rank_kernel(order_ptr, score_ptr, A, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+def _score_floor(thresholds_ptr, class_mask_ptr, RAW_SCORES: tl.constexpr, HAS_CLASS_MASK: tl.constexpr):
+    """Scores at or below this are not candidates: −inf for best_class's scores, which already hold −inf there;
+    for a single class's raw scores the confidence threshold, or +inf when the class filter leaves that class out."""
+    if RAW_SCORES:
+        floor = tl.load(thresholds_ptr)
+        if HAS_CLASS_MASK:
+            floor = tl.where(tl.load(class_mask_ptr) != 0, floor, float("inf"))
+    else:
+        floor = float("-inf")
+    return floor
+
+
+@triton.jit
+def _candidate_scores(score_row, a, A, floor):
+    """The scores of anchors `a` as candidates, −inf where not one (as best_class's test, strictly above the
+    floor; a NaN score is no candidate)."""
+    s = tl.load(score_row + a, mask=a < A, other=float("-inf"))
+    return tl.where(s > floor, s, float("-inf"))
+
+
+@triton.jit
+def _rank_kernel(
+    order_ptr,
+    score_ptr,
+    ss_n,
+    thresholds_ptr,
+    class_mask_ptr,
+    A,
+    RAW_SCORES: tl.constexpr,
+    HAS_CLASS_MASK: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+):
     """order[rank_i] = i, rank_i = #{j : s_j > s_i or (s_j = s_i and j < i)}: a total order, so the ranks of
     the candidates are exactly 0 … count − 1. Non-candidates hold −inf and never count before a candidate."""
     n = tl.program_id(1).to(tl.int64)
     i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
-    s_i = tl.load(score_ptr + n * A + i, mask=i < A, other=float("-inf"))
+    score_row = score_ptr + n * ss_n
+    floor = _score_floor(thresholds_ptr, class_mask_ptr, RAW_SCORES, HAS_CLASS_MASK)
+    s_i = _candidate_scores(score_row, i, A, floor)
     is_cand = s_i > float("-inf")
     # Skipping blocks and tiles without candidates makes the usual sparse case (conf 0.25) nearly free.
     if tl.max(is_cand.to(tl.int32), 0) > 0:
         rank = tl.zeros([BLOCK_I], tl.int32)
         for j0 in range(0, A, BLOCK_J):
             j = j0 + tl.arange(0, BLOCK_J)
-            s_j = tl.load(score_ptr + n * A + j, mask=j < A, other=float("-inf"))
+            s_j = _candidate_scores(score_row, j, A, floor)
             if tl.max(s_j, 0) > float("-inf"):
                 before = (s_j[None, :] > s_i[:, None]) | ((s_j[None, :] == s_i[:, None]) & (j[None, :] < i[:, None]))
                 rank += tl.sum(before.to(tl.int32), 1)
@@ -128,14 +164,18 @@ def _greedy_nms_kernel(
     sp_n,
     sp_c,
     score_ptr,
+    ss_n,
     class_ptr,
     order_ptr,
     thresholds_ptr,
+    class_mask_ptr,
     limits_ptr,
     A,
     NC,
     EXTRA,
     CAPACITY,
+    RAW_SCORES: tl.constexpr,
+    HAS_CLASS_MASK: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_A: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -156,10 +196,11 @@ def _greedy_nms_kernel(
     max_nms = tl.load(limits_ptr + 1)
     class_offset = tl.where(tl.load(limits_ptr + 2) != 0, 0.0, _MAX_WH)
 
+    score_row = score_ptr + n * ss_n
+    floor = _score_floor(thresholds_ptr, class_mask_ptr, RAW_SCORES, HAS_CLASS_MASK)
     seen = tl.zeros([BLOCK_A], tl.int32)
     for a0 in range(0, A, BLOCK_A):
-        a = a0 + tl.arange(0, BLOCK_A)
-        seen += (tl.load(score_ptr + row + a, mask=a < A, other=float("-inf")) > float("-inf")).to(tl.int32)
+        seen += (_candidate_scores(score_row, a0 + tl.arange(0, BLOCK_A), A, floor) > float("-inf")).to(tl.int32)
     todo = tl.minimum(tl.sum(seen, 0), max_nms)
 
     lane = tl.arange(0, CHUNK)
@@ -180,8 +221,11 @@ def _greedy_nms_kernel(
         y1 = cy - half_h
         x2 = cx + half_w
         y2 = cy + half_h
-        conf = tl.load(score_ptr + row + idx, mask=base, other=0.0)
-        cls = tl.load(class_ptr + row + idx, mask=base, other=0).to(tl.float32)
+        conf = tl.load(score_row + idx, mask=base, other=0.0)
+        if RAW_SCORES:
+            cls = tl.zeros([CHUNK], tl.float32)
+        else:
+            cls = tl.load(class_ptr + row + idx, mask=base, other=0).to(tl.float32)
         bx1, by1, bx2, by2, b_area = _shifted(x1, y1, x2, y2, cls, class_offset)
 
         for k0 in range(0, kept, CHUNK):
@@ -300,26 +344,35 @@ def non_max_suppression(
             raise ValueError(f"nms class_mask: dtype {class_mask.dtype}, expected torch.uint8 or torch.bool")
         check_view("nms class_mask", class_mask, (nc,), None, device)
 
-    grid = (triton.cdiv(anchors, _BLOCK_A), batch)
     mask = thresholds if class_mask is None else class_mask.view(torch.uint8)  # unused when HAS_CLASS_MASK is false
-    _best_class_kernel[grid](
-        scratch.best_score, scratch.best_class,
-        preds, preds.stride(0), preds.stride(1),
-        thresholds, mask,
-        anchors, nc,
-        HAS_CLASS_MASK=class_mask is not None,
-        BLOCK_A=_BLOCK_A,
-        BLOCK_C=_BLOCK_C,
+    raw_scores = nc == 1
+    if raw_scores:
+        scores = preds[:, 4]  # the class's scores, thresholded where they are read
+    else:
+        scores = scratch.best_score
+        _best_class_kernel[(triton.cdiv(anchors, _BLOCK_A), batch)](
+            scratch.best_score, scratch.best_class,
+            preds, preds.stride(0), preds.stride(1),
+            thresholds, mask,
+            anchors, nc,
+            HAS_CLASS_MASK=class_mask is not None,
+            BLOCK_A=_BLOCK_A,
+            BLOCK_C=_BLOCK_C,
+        )  # fmt: skip
+    _rank_kernel[(triton.cdiv(anchors, _BLOCK_I), batch)](
+        scratch.order, scores, scores.stride(0), thresholds, mask, anchors,
+        RAW_SCORES=raw_scores, HAS_CLASS_MASK=class_mask is not None, BLOCK_I=_BLOCK_I, BLOCK_J=_BLOCK_J,
+        num_warps=8,
     )  # fmt: skip
-    grid = (triton.cdiv(anchors, _BLOCK_I), batch)
-    _rank_kernel[grid](scratch.order, scratch.best_score, anchors, BLOCK_I=_BLOCK_I, BLOCK_J=_BLOCK_J, num_warps=8)
     _greedy_nms_kernel[(batch,)](
         out, out.stride(0), out.stride(1),
         count,
         preds, preds.stride(0), preds.stride(1),
-        scratch.best_score, scratch.best_class, scratch.order,
-        thresholds, limits,
+        scores, scores.stride(0), scratch.best_class, scratch.order,
+        thresholds, mask, limits,
         anchors, nc, extra, out.shape[1],
+        RAW_SCORES=raw_scores,
+        HAS_CLASS_MASK=class_mask is not None,
         CHUNK=_CHUNK,
         BLOCK_A=_BLOCK_COUNT,
         BLOCK_E=_BLOCK_E,

@@ -352,8 +352,9 @@ def rotated_non_max_suppression(
         BLOCK_C=_BLOCK_C,
     )  # fmt: skip
     _rank_kernel[(triton.cdiv(anchors, _BLOCK_I), batch)](
-        scratch.order, scratch.best_score, anchors, BLOCK_I=_BLOCK_I, BLOCK_J=_BLOCK_J, num_warps=8
-    )
+        scratch.order, scratch.best_score, anchors, thresholds, mask, anchors,
+        RAW_SCORES=False, HAS_CLASS_MASK=False, BLOCK_I=_BLOCK_I, BLOCK_J=_BLOCK_J, num_warps=8,
+    )  # fmt: skip
     block_i, block_j = _FAST_TILES if preds.is_cuda else _INTERPRETER_FAST_TILES
     _fast_nms_kernel[(triton.cdiv(anchors, block_i), batch)](
         scratch.suppressed,
