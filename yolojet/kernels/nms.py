@@ -22,6 +22,7 @@ and limits are read from device tensors, so a captured graph follows changes to 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import triton
@@ -288,6 +289,11 @@ class NmsScratch:
     best_score: torch.Tensor
     best_class: torch.Tensor
     order: torch.Tensor
+    dtypes: ClassVar[dict[str, torch.dtype]] = {
+        "best_score": torch.float32,
+        "best_class": torch.int32,
+        "order": torch.int32,
+    }
 
     @classmethod
     def allocate(cls, batch: int, anchors: int, device: torch.device | str) -> NmsScratch:
@@ -301,6 +307,62 @@ class NmsScratch:
     def first(self, batch: int) -> NmsScratch:
         """The scratch of the first `batch` images (contiguous views), for a run on fewer than allocated."""
         return NmsScratch(self.best_score[:batch], self.best_class[:batch], self.order[:batch])
+
+
+def check_scratch_and_class_mask(
+    label: str,
+    scratch: NmsScratch,
+    class_mask: torch.Tensor | None,
+    nc: int,
+    shape: tuple[int, int],
+    device: torch.device,
+) -> None:
+    """Every (N, A) tensor of `scratch` (this module's or rotated NMS's, which adds fields) contiguous with its
+    dtype on `device`; class_mask None or (nc,) uint8/bool there."""
+    for name, dtype in scratch.dtypes.items():
+        t = getattr(scratch, name)
+        check_view(f"{label} scratch.{name}", t, shape, dtype, device)
+        if not t.is_contiguous():
+            raise ValueError(f"{label} scratch.{name}: strides {t.stride()}, expected contiguous")
+    if class_mask is not None:
+        if class_mask.dtype not in (torch.uint8, torch.bool):
+            raise ValueError(f"{label} class_mask: dtype {class_mask.dtype}, expected torch.uint8 or torch.bool")
+        check_view(f"{label} class_mask", class_mask, (nc,), None, device)
+
+
+def rank_candidates(
+    scratch: NmsScratch,
+    preds: torch.Tensor,
+    nc: int,
+    thresholds: torch.Tensor,
+    class_mask: torch.Tensor | None,
+    *,
+    raw_scores: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launches (1) and (2): candidates in scratch.order by descending score. Returns the (N, A) scores the later
+    passes read (best_score, or with `raw_scores` the single class's row of preds) and the class-mask tensor
+    to pass them (any valid pointer when there is no class filter)."""
+    batch, _, anchors = preds.shape
+    mask = thresholds if class_mask is None else class_mask.view(torch.uint8)  # unused when HAS_CLASS_MASK is false
+    if raw_scores:
+        scores = preds[:, 4]  # the class's scores, thresholded where they are read
+    else:
+        scores = scratch.best_score
+        _best_class_kernel[(triton.cdiv(anchors, _BLOCK_A), batch)](
+            scratch.best_score, scratch.best_class,
+            preds, preds.stride(0), preds.stride(1),
+            thresholds, mask,
+            anchors, nc,
+            HAS_CLASS_MASK=class_mask is not None,
+            BLOCK_A=_BLOCK_A,
+            BLOCK_C=_BLOCK_C,
+        )  # fmt: skip
+    _rank_kernel[(triton.cdiv(anchors, _BLOCK_I), batch)](
+        scratch.order, scores, scores.stride(0), thresholds, mask, anchors,
+        RAW_SCORES=raw_scores, HAS_CLASS_MASK=raw_scores and class_mask is not None, BLOCK_I=_BLOCK_I,
+        BLOCK_J=_BLOCK_J, num_warps=8,
+    )  # fmt: skip
+    return scores, mask
 
 
 def non_max_suppression(
@@ -334,36 +396,10 @@ def non_max_suppression(
     check_view("nms count", count, (batch,), torch.int32, device)
     check_view("nms thresholds", thresholds, (2,), torch.float32, device)
     check_view("nms limits", limits, (3,), torch.int32, device)
-    for name, dtype in (("best_score", torch.float32), ("best_class", torch.int32), ("order", torch.int32)):
-        t = getattr(scratch, name)
-        check_view(f"nms scratch.{name}", t, (batch, anchors), dtype, device)
-        if not t.is_contiguous():
-            raise ValueError(f"nms scratch.{name}: strides {t.stride()}, expected contiguous")
-    if class_mask is not None:
-        if class_mask.dtype not in (torch.uint8, torch.bool):
-            raise ValueError(f"nms class_mask: dtype {class_mask.dtype}, expected torch.uint8 or torch.bool")
-        check_view("nms class_mask", class_mask, (nc,), None, device)
+    check_scratch_and_class_mask("nms", scratch, class_mask, nc, (batch, anchors), device)
 
-    mask = thresholds if class_mask is None else class_mask.view(torch.uint8)  # unused when HAS_CLASS_MASK is false
     raw_scores = nc == 1
-    if raw_scores:
-        scores = preds[:, 4]  # the class's scores, thresholded where they are read
-    else:
-        scores = scratch.best_score
-        _best_class_kernel[(triton.cdiv(anchors, _BLOCK_A), batch)](
-            scratch.best_score, scratch.best_class,
-            preds, preds.stride(0), preds.stride(1),
-            thresholds, mask,
-            anchors, nc,
-            HAS_CLASS_MASK=class_mask is not None,
-            BLOCK_A=_BLOCK_A,
-            BLOCK_C=_BLOCK_C,
-        )  # fmt: skip
-    _rank_kernel[(triton.cdiv(anchors, _BLOCK_I), batch)](
-        scratch.order, scores, scores.stride(0), thresholds, mask, anchors,
-        RAW_SCORES=raw_scores, HAS_CLASS_MASK=class_mask is not None, BLOCK_I=_BLOCK_I, BLOCK_J=_BLOCK_J,
-        num_warps=8,
-    )  # fmt: skip
+    scores, mask = rank_candidates(scratch, preds, nc, thresholds, class_mask, raw_scores=raw_scores)
     _greedy_nms_kernel[(batch,)](
         out, out.stride(0), out.stride(1),
         count,
@@ -372,7 +408,7 @@ def non_max_suppression(
         thresholds, mask, limits,
         anchors, nc, extra, out.shape[1],
         RAW_SCORES=raw_scores,
-        HAS_CLASS_MASK=class_mask is not None,
+        HAS_CLASS_MASK=raw_scores and class_mask is not None,  # best_class applied it otherwise
         CHUNK=_CHUNK,
         BLOCK_A=_BLOCK_COUNT,
         BLOCK_E=_BLOCK_E,

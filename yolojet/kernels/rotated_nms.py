@@ -39,6 +39,7 @@ reference); `scale_rotated_boxes` then reorders them to obb.py's `scale_rboxes` 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import triton
@@ -47,15 +48,11 @@ from triton.language.extra import libdevice
 
 from yolojet.kernels.elementwise import check_view
 from yolojet.kernels.nms import (
-    _BLOCK_A,
-    _BLOCK_C,
     _BLOCK_COUNT,
-    _BLOCK_I,
-    _BLOCK_J,
     _MAX_WH,
     NmsScratch,
-    _best_class_kernel,
-    _rank_kernel,
+    check_scratch_and_class_mask,
+    rank_candidates,
 )
 
 _EPS = tl.constexpr(1e-7)  # batch_probiou's eps
@@ -75,6 +72,7 @@ class RotatedNmsScratch(NmsScratch):
     candidate at that position of `order` is dropped. All (N, A) and contiguous; prior content is overwritten."""
 
     suppressed: torch.Tensor
+    dtypes: ClassVar[dict[str, torch.dtype]] = {**NmsScratch.dtypes, "suppressed": torch.uint8}
 
     @classmethod
     def allocate(cls, batch: int, anchors: int, device: torch.device | str) -> RotatedNmsScratch:
@@ -326,35 +324,10 @@ def rotated_non_max_suppression(
     check_view("rotated nms count", count, (batch,), torch.int32, device)
     check_view("rotated nms thresholds", thresholds, (2,), torch.float32, device)
     check_view("rotated nms limits", limits, (3,), torch.int32, device)
-    for name, dtype in (
-        ("best_score", torch.float32),
-        ("best_class", torch.int32),
-        ("order", torch.int32),
-        ("suppressed", torch.uint8),
-    ):
-        t = getattr(scratch, name)
-        check_view(f"rotated nms scratch.{name}", t, (batch, anchors), dtype, device)
-        if not t.is_contiguous():
-            raise ValueError(f"rotated nms scratch.{name}: strides {t.stride()}, expected contiguous")
-    if class_mask is not None:
-        if class_mask.dtype not in (torch.uint8, torch.bool):
-            raise ValueError(f"rotated nms class_mask: dtype {class_mask.dtype}, expected torch.uint8 or torch.bool")
-        check_view("rotated nms class_mask", class_mask, (nc,), None, device)
+    check_scratch_and_class_mask("rotated nms", scratch, class_mask, nc, (batch, anchors), device)
 
-    mask = thresholds if class_mask is None else class_mask.view(torch.uint8)  # unused when HAS_CLASS_MASK is false
-    _best_class_kernel[(triton.cdiv(anchors, _BLOCK_A), batch)](
-        scratch.best_score, scratch.best_class,
-        preds, preds.stride(0), preds.stride(1),
-        thresholds, mask,
-        anchors, nc,
-        HAS_CLASS_MASK=class_mask is not None,
-        BLOCK_A=_BLOCK_A,
-        BLOCK_C=_BLOCK_C,
-    )  # fmt: skip
-    _rank_kernel[(triton.cdiv(anchors, _BLOCK_I), batch)](
-        scratch.order, scratch.best_score, anchors, thresholds, mask, anchors,
-        RAW_SCORES=False, HAS_CLASS_MASK=False, BLOCK_I=_BLOCK_I, BLOCK_J=_BLOCK_J, num_warps=8,
-    )  # fmt: skip
+    # The fast-NMS pass reads best_class, so a single class still takes the best-class pass.
+    rank_candidates(scratch, preds, nc, thresholds, class_mask, raw_scores=False)
     block_i, block_j = _FAST_TILES if preds.is_cuda else _INTERPRETER_FAST_TILES
     _fast_nms_kernel[(triton.cdiv(anchors, block_i), batch)](
         scratch.suppressed,
