@@ -24,12 +24,15 @@ HEADS = {
 }
 
 
-def nhwc_slice(t: torch.Tensor, pad: int) -> torch.Tensor:
-    """The NCHW tensor as an NHWC channel slice of a wider buffer (what the engine hands the kernel)."""
+def nhwc_slice(t: torch.Tensor, pad: int, widen_to: int = 0) -> torch.Tensor:
+    """The NCHW tensor as an NHWC channel slice of a wider buffer (what the engine hands the kernel); with
+    `widen_to`, the slice goes on to that many channels, the ones past the tensor's NaN (a widened map's padding)."""
     n, c, h, w = t.shape
-    wide = torch.randn(n, h, w, c + 2 * pad, device=DEVICE)
+    width = max(c, widen_to)
+    wide = torch.randn(n, h, w, width + 2 * pad, device=DEVICE)
     wide[..., pad : pad + c] = t.permute(0, 2, 3, 1)
-    return wide[..., pad : pad + c]
+    wide[..., pad + c : pad + width] = float("nan")
+    return wide[..., pad : pad + width]
 
 
 # Odd, non-square levels; P2/P6-style four levels (one launch); five levels (two launches); a level wider than one
@@ -53,7 +56,12 @@ def test_decode_many_levels_matches_reference(head, levels):
     check_decode(head, 2, LEVEL_SIZES[levels])
 
 
-def check_decode(head: str, batch: int, sizes: list[tuple[int, int]]) -> None:
+@pytest.mark.parametrize("head", ["detect-dfl", "segment", "pose-v8"])
+def test_decode_reads_widened_maps_but_never_their_padding(head):
+    check_decode(head, 2, LEVEL_SIZES["three"], widen_to=64)
+
+
+def check_decode(head: str, batch: int, sizes: list[tuple[int, int]], widen_to: int = 0) -> None:
     strides = [8 * 2**i for i in range(len(sizes))]
     attrs = dict(HEADS[head], levels=len(sizes), nc=7, strides=strides)
     g = torch.Generator().manual_seed(hash(head) % 1000 + batch + len(sizes))
@@ -68,8 +76,8 @@ def check_decode(head: str, batch: int, sizes: list[tuple[int, int]]) -> None:
     decode_heads(
         out,
         [nhwc_slice(b.to(DEVICE), 3) for b in boxes],
-        [nhwc_slice(s.to(DEVICE), 1) for s in scores],
-        [nhwc_slice(e.to(DEVICE), 2) for e in extras] or None,
+        [nhwc_slice(s.to(DEVICE), 1, widen_to) for s in scores],
+        [nhwc_slice(e.to(DEVICE), 2, widen_to) for e in extras] or None,
         DecodeSpec.from_attrs(attrs),
     )
     out = out.cpu()

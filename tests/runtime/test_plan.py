@@ -41,14 +41,17 @@ def test_plan_places_concat_inputs_and_separates_live_buffers(cfg):
 @pytest.mark.parametrize("cfg", ["yolo11n-pose.yaml", "yolo26n-pose.yaml"])
 def test_odd_channel_counts_between_convs_are_widened_for_the_kernels(cfg):
     """The keypoint branch's odd channel counts (51 in YOLO11, 85 in YOLO26), passed from conv to conv at each
-    level, get rows of the next multiple of 16 (two values a level); the branch's last conv writes the head's
-    channels as they are."""
+    level, get rows of the next multiple of 16, and so do the 51 keypoint values each level's last conv hands
+    the decode (three values a level)."""
     graph = export_graph(random_model(cfg), 64)
     plan = plan_memory(graph)
-    assert len(plan.widened) == 6
+    assert len(plan.widened) == 9
+    readers = {}
     for value, width in plan.widened.items():
         place = plan.placements[value]
         assert width == -(-place.channels // 16) * 16 > place.channels
         assert place.channel == 0 and plan.buffers[place.buffer].shape[2] == width
-        assert all(node.op == "conv" for node in graph.nodes if value in node.inputs)
+        readers[value] = {node.op for node in graph.nodes if value in node.inputs}
+    assert sorted(map(sorted, readers.values())).count(["decode"]) == 3
+    assert all(ops in ({"conv"}, {"decode"}) for ops in readers.values())
     assert not plan_memory(export_graph(random_model("yolo11n.yaml"), 64)).widened

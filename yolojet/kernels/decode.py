@@ -78,6 +78,8 @@ def _decode_level(
     stride,
     NC,
     EXTRA,
+    NC_MAP,
+    EXTRA_MAP,
     REG_MAX: tl.constexpr,
     R_PAD: tl.constexpr,
     TASK: tl.constexpr,
@@ -89,7 +91,11 @@ def _decode_level(
     BLOCK_C: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """BLOCK_A anchors of one level, starting at the level's anchor `block`·BLOCK_A."""
+    """BLOCK_A anchors of one level, starting at the level's anchor `block`·BLOCK_A.
+
+    NC_MAP and EXTRA_MAP are the channels the score and extra maps hold, NC and EXTRA the ones decoded: maps
+    widened to a multiple of 16 (plan.widened) are loaded whole, so that Triton sees aligned rows and a mask
+    constant over 16 channels and loads 16-byte vectors, and the padding is never stored."""
     idx = block * BLOCK_A + tl.arange(0, BLOCK_A)
     a_ok = idx < H * W
     gy = idx // W
@@ -133,14 +139,14 @@ def _decode_level(
     cls_pix = n * sc_n + gy * sc_h + gx * sc_w
     for c0 in range(0, NC, BLOCK_C):
         ch = c0 + tl.arange(0, BLOCK_C)
-        ok = a_ok[:, None] & (ch < NC)[None, :]
-        logits = tl.load(cls_ptr + cls_pix[:, None] + ch[None, :], mask=ok, other=0.0).to(tl.float32)
-        tl.store(out_col[:, None] + (4 + ch)[None, :] * so_c, tl.sigmoid(logits), mask=ok)
+        loaded = a_ok[:, None] & (ch < NC_MAP)[None, :]
+        logits = tl.load(cls_ptr + cls_pix[:, None] + ch[None, :], mask=loaded, other=0.0).to(tl.float32)
+        tl.store(out_col[:, None] + (4 + ch)[None, :] * so_c, tl.sigmoid(logits), mask=loaded & (ch < NC)[None, :])
 
     for c0 in range(0, EXTRA, BLOCK_C):
         ch = c0 + tl.arange(0, BLOCK_C)
-        ok = a_ok[:, None] & (ch < EXTRA)[None, :]
-        value = tl.load(ext_ptr + ext_pix[:, None] + ch[None, :], mask=ok, other=0.0).to(tl.float32)
+        loaded = a_ok[:, None] & (ch < EXTRA_MAP)[None, :]
+        value = tl.load(ext_ptr + ext_pix[:, None] + ch[None, :], mask=loaded, other=0.0).to(tl.float32)
         if TASK == _OBB:
             value = _angle(value, ANGLE_SIGMOID)
         elif TASK == _POSE:
@@ -150,7 +156,7 @@ def _decode_level(
             kx = (value * scale + ax[:, None] - shift) * stride
             ky = (value * scale + ay[:, None] - shift) * stride
             value = tl.where(part == 0, kx, tl.where(part == 1, ky, tl.sigmoid(value)))
-        tl.store(out_col[:, None] + (4 + NC + ch)[None, :] * so_c, value, mask=ok)
+        tl.store(out_col[:, None] + (4 + NC + ch)[None, :] * so_c, value, mask=loaded & (ch < EXTRA)[None, :])
 
 
 @triton.jit
@@ -166,6 +172,8 @@ def _decode_kernel(
     box3, sb3_n, sb3_h, sb3_w, cls3, sc3_n, sc3_h, sc3_w, ext3, se3_n, se3_h, se3_w, H3, W3, off3, stride3,
     NC,
     EXTRA,
+    NC_MAP,
+    EXTRA_MAP,
     LEVELS: tl.constexpr,
     REG_MAX: tl.constexpr,
     R_PAD: tl.constexpr,
@@ -186,29 +194,31 @@ def _decode_kernel(
         _decode_level(
             out_ptr, so_n, so_c, n, pid,
             box0, sb0_n, sb0_h, sb0_w, cls0, sc0_n, sc0_h, sc0_w, ext0, se0_n, se0_h, se0_w, H0, W0, off0, stride0,
-            NC, EXTRA, REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
+            NC, EXTRA, NC_MAP, EXTRA_MAP,
+            REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
         )  # fmt: skip
     elif LEVELS > 1:
         if pid < end1:
             _decode_level(
                 out_ptr, so_n, so_c, n, pid - end0,
                 box1, sb1_n, sb1_h, sb1_w, cls1, sc1_n, sc1_h, sc1_w, ext1, se1_n, se1_h, se1_w, H1, W1, off1, stride1,
-                NC, EXTRA, REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
+                NC, EXTRA, NC_MAP, EXTRA_MAP,
+                REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
             )  # fmt: skip
         elif LEVELS > 2:
             if pid < end2:
                 _decode_level(
                     out_ptr, so_n, so_c, n, pid - end1,
                     box2, sb2_n, sb2_h, sb2_w, cls2, sc2_n, sc2_h, sc2_w, ext2, se2_n, se2_h, se2_w, H2, W2, off2,
-                    stride2, NC, EXTRA, REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C,
-                    PDL,
+                    stride2, NC, EXTRA, NC_MAP, EXTRA_MAP,
+                    REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
                 )  # fmt: skip
             elif LEVELS > 3:
                 _decode_level(
                     out_ptr, so_n, so_c, n, pid - end2,
                     box3, sb3_n, sb3_h, sb3_w, cls3, sc3_n, sc3_h, sc3_w, ext3, se3_n, se3_h, se3_w, H3, W3, off3,
-                    stride3, NC, EXTRA, REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C,
-                    PDL,
+                    stride3, NC, EXTRA, NC_MAP, EXTRA_MAP,
+                    REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
                 )  # fmt: skip
 
 
@@ -249,39 +259,59 @@ def decode_heads(
     *,
     pdl: bool = False,
 ) -> None:
-    """Decode every level into `out` (N, 4 + nc + extra, A), float32, anchors contiguous.
+    """Decode every level into `out` (N, 4 + nc + extra, A), float32, anchors contiguous; `extra` (mask
+    coefficients, angle or keypoint values per anchor) is what `out` has room for past the classes.
 
-    boxes[i]: (N, H_i, W_i, 4·reg_max), scores[i]: (N, H_i, W_i, nc), extras[i]: (N, H_i, W_i, E) NHWC views
-    with unit channel stride, levels in ultralytics' order (P3 first).
+    boxes[i]: (N, H_i, W_i, 4·reg_max), scores[i]: (N, H_i, W_i, ≥ nc), extras[i]: (N, H_i, W_i, ≥ extra) NHWC
+    views with unit channel stride, levels in ultralytics' order (P3 first). Score and extra maps may hold
+    padding channels past nc and extra (the same count on every level): they are read, never stored.
     """
     if spec.task not in TASK_CODES:
         raise ValueError(f"decode: unknown task {spec.task!r}")
     levels = len(boxes)
     if len(scores) != levels or len(spec.strides) != levels or (extras is not None and len(extras) != levels):
         raise ValueError(f"decode: {levels} box maps, {len(scores)} score maps, {len(spec.strides)} strides")
-    extra = 0 if not extras else extras[0].shape[3]
     batch = boxes[0].shape[0]
     anchors = sum(b.shape[1] * b.shape[2] for b in boxes)
-    expected = (batch, 4 + spec.nc + extra, anchors)
-    if tuple(out.shape) != expected or out.dtype != torch.float32 or out.stride(2) != 1:
-        raise ValueError(f"decode: out must be float32 {expected} with contiguous anchors, got {tuple(out.shape)}")
+    extra = out.shape[1] - 4 - spec.nc if out.dim() == 3 else -1
+    if extra < 0 or (extra > 0) != bool(extras) or out.dtype != torch.float32 or out.stride(2) != 1:
+        raise ValueError(
+            f"decode: out must be float32 (N, 4 + {spec.nc} + extra, A) with contiguous anchors, and extra maps given "
+            f"exactly when extra > 0; got {tuple(out.shape)} {out.dtype} with {len(extras or [])} extra maps"
+        )
+    if tuple(out.shape) != (batch, 4 + spec.nc + extra, anchors):
+        raise ValueError(f"decode: out must be float32 {(batch, 4 + spec.nc + extra, anchors)}, got {tuple(out.shape)}")
+    # (maps, channels decoded, whether padding channels may follow)
+    kinds = {
+        "box": (boxes, 4 * spec.reg_max, False),
+        "score": (scores, spec.nc, True),
+        "extra": (extras or [], extra, True),
+    }
     level_args = []
     offset = 0
     for i in range(levels):
+        for name, (maps, channels, padded) in kinds.items():
+            if not maps:
+                continue
+            t = maps[i]
+            width_ok = t.shape[3] == maps[0].shape[3] and (t.shape[3] >= channels if padded else t.shape[3] == channels)
+            if t.shape[:3] != boxes[i].shape[:3] or t.stride(3) != 1 or not width_ok:
+                raise ValueError(f"decode: level {i} {name} map has shape {tuple(t.shape)} / strides {t.stride()}")
         box, cls = boxes[i], scores[i]
         ext = extras[i] if extras else box
         _, h, w, _ = box.shape
-        for name, t, channels in (("box", box, 4 * spec.reg_max), ("score", cls, spec.nc), ("extra", ext, None)):
-            if t.shape[:3] != box.shape[:3] or t.stride(3) != 1 or (channels and t.shape[3] != channels):
-                raise ValueError(f"decode: level {i} {name} map has shape {tuple(t.shape)} / strides {t.stride()}")
         maps = (box, *box.stride()[:3], cls, *cls.stride()[:3], ext, *ext.stride()[:3])
         level_args.append((*maps, h, w, offset, float(spec.strides[i])))
         offset += h * w
+    widths = (extra, scores[0].shape[3], extras[0].shape[3] if extras else 0)
     for first in range(0, levels, MAX_LEVELS_PER_LAUNCH):
-        _launch(out, level_args[first : first + MAX_LEVELS_PER_LAUNCH], batch, spec, extra, pdl)
+        _launch(out, level_args[first : first + MAX_LEVELS_PER_LAUNCH], batch, spec, widths, pdl)
 
 
-def _launch(out: torch.Tensor, level_args: list[tuple], batch: int, spec: DecodeSpec, extra: int, pdl: bool) -> None:
+def _launch(
+    out: torch.Tensor, level_args: list[tuple], batch: int, spec: DecodeSpec, widths: tuple[int, int, int], pdl: bool
+) -> None:
+    extra, nc_map, extra_map = widths
     args = []
     end = 0
     for slot in range(MAX_LEVELS_PER_LAUNCH):
@@ -292,7 +322,7 @@ def _launch(out: torch.Tensor, level_args: list[tuple], batch: int, spec: Decode
     _decode_kernel[(end, batch)](
         out, out.stride(0), out.stride(1),
         *args,
-        spec.nc, extra,
+        spec.nc, extra, nc_map, extra_map,
         LEVELS=len(level_args),
         REG_MAX=spec.reg_max,
         R_PAD=max(2, triton.next_power_of_2(spec.reg_max)),

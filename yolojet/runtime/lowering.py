@@ -302,7 +302,8 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
     elif node.op == "decode":
         levels = a["levels"]
         spec = DecodeSpec.from_attrs(a)
-        boxes, scores, extras = ins[:levels], ins[levels : 2 * levels], ins[2 * levels :] or None
+        maps = [view(i, widened=True) for i in node.inputs]  # widened maps are read whole: aligned vector loads
+        boxes, scores, extras = maps[:levels], maps[levels : 2 * levels], maps[2 * levels :] or None
 
         def run() -> None:
             decode_heads(outs[0], boxes, scores, extras, spec, pdl=pdl)

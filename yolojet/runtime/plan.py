@@ -9,10 +9,10 @@ every write of the other in the graph itself (not just in launch order), so inde
 side by side.
 Head tensors (decode, top-k, classification outputs) are float32 and get their own arena.
 
-A value of an odd channel count passed only from conv to conv (pose's 51 keypoint channels) is widened
-to a multiple of 16 for the kernels: its producer writes the extra channels from zero weights and
-bias, its consumers give them zero weights, and Triton, seeing strides and channel counts divisible by
-16, loads whole 16-byte vectors instead of single elements.
+A value of an odd channel count passed only from a conv to convs or the head decode (pose's 51 keypoint
+channels) is widened to a multiple of 16 for the kernels: its producer writes the extra channels from zero
+weights and bias, consuming convs give them zero weights, the decode reads and drops them, and Triton,
+seeing strides and channel counts divisible by 16, loads whole 16-byte vectors instead of single elements.
 """
 
 from __future__ import annotations
@@ -79,10 +79,10 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _widened_for_kernels(graph: Graph) -> dict[str, int]:
-    """Values whose convs work on them `KERNEL_CHANNELS`-aligned: a channel count above 16 and not a multiple of
-    it, written by a conv without a residual and read only as the input of other convs, so the extra channels
-    never reach anything else (the zero weights that read them make their values irrelevant; act(0 + 0) keeps
-    them finite)."""
+    """Values whose kernels work on them `KERNEL_CHANNELS`-aligned: a channel count above 16 and not a multiple
+    of it, written by a conv without a residual and read only as the input of other convs or by the head decode,
+    so the extra channels never reach anything else (the zero weights that read them make their values
+    irrelevant, act(0 + 0) keeps them finite, and the decode never stores them)."""
     consumers: dict[str, list] = {}
     for node in graph.nodes:
         for name in node.inputs:
@@ -99,7 +99,9 @@ def _widened_for_kernels(graph: Graph) -> dict[str, int]:
             and channels % KERNEL_CHANNELS
             and value not in graph.outputs
             and readers
-            and all(r.op == "conv" and r.attrs["groups"] == 1 and r.inputs == [value] for r in readers)
+            and all(
+                r.op == "decode" or (r.op == "conv" and r.attrs["groups"] == 1 and r.inputs == [value]) for r in readers
+            )
         ):
             widened[value] = _round_up(channels, KERNEL_CHANNELS)
     return widened
