@@ -24,14 +24,15 @@ HEADS = {
 }
 
 
-def nhwc_slice(t: torch.Tensor, pad: int, widen_to: int = 0) -> torch.Tensor:
+def nhwc_slice(t: torch.Tensor, pad: int, widen: bool = False) -> torch.Tensor:
     """The NCHW tensor as an NHWC channel slice of a wider buffer (what the engine hands the kernel); with
-    `widen_to`, the slice goes on to that many channels, the ones past the tensor's NaN (a widened map's padding)."""
+    `widen`, the slice goes on to the next multiple of 16 channels, past the tensor's holding 1000 (a widened map's
+    padding; finite, so that a stored padding value shows in the guard elements around the output)."""
     n, c, h, w = t.shape
-    width = max(c, widen_to)
+    width = -(-c // 16) * 16 if widen else c
     wide = torch.randn(n, h, w, width + 2 * pad, device=DEVICE)
     wide[..., pad : pad + c] = t.permute(0, 2, 3, 1)
-    wide[..., pad + c : pad + width] = float("nan")
+    wide[..., pad + c : pad + width] = 1000.0
     return wide[..., pad : pad + width]
 
 
@@ -58,10 +59,10 @@ def test_decode_many_levels_matches_reference(head, levels):
 
 @pytest.mark.parametrize("head", ["detect-dfl", "segment", "pose-v8"])
 def test_decode_reads_widened_maps_but_never_their_padding(head):
-    check_decode(head, 2, LEVEL_SIZES["three"], widen_to=64)
+    check_decode(head, 2, LEVEL_SIZES["three"], widen=True)
 
 
-def check_decode(head: str, batch: int, sizes: list[tuple[int, int]], widen_to: int = 0) -> None:
+def check_decode(head: str, batch: int, sizes: list[tuple[int, int]], widen: bool = False) -> None:
     strides = [8 * 2**i for i in range(len(sizes))]
     attrs = dict(HEADS[head], levels=len(sizes), nc=7, strides=strides)
     g = torch.Generator().manual_seed(hash(head) % 1000 + batch + len(sizes))
@@ -72,15 +73,21 @@ def check_decode(head: str, batch: int, sizes: list[tuple[int, int]], widen_to: 
     node = Node("decode", "decode", [], ["out"], attrs)
     (expected,) = OPS["decode"](node, boxes + scores + extras, {})
 
-    out = torch.full(expected.shape, float("nan"), device=DEVICE)
+    # `out` inside a NaN buffer with a spare image and channel rows and anchors around it: a store outside
+    # `out` (padding channels stored, say) shows as a guard element that is no longer NaN.
+    n, c, a = expected.shape
+    guarded = torch.full((n + 1, c + 2, a + 5), float("nan"), device=DEVICE)
+    out = guarded[:n, 1 : c + 1, :a]
     decode_heads(
         out,
         [nhwc_slice(b.to(DEVICE), 3) for b in boxes],
-        [nhwc_slice(s.to(DEVICE), 1, widen_to) for s in scores],
-        [nhwc_slice(e.to(DEVICE), 2, widen_to) for e in extras] or None,
+        [nhwc_slice(s.to(DEVICE), 1, widen) for s in scores],
+        [nhwc_slice(e.to(DEVICE), 2, widen) for e in extras] or None,
         DecodeSpec.from_attrs(attrs),
     )
-    out = out.cpu()
+    out = out.cpu().clone()
+    guarded[:n, 1 : c + 1, :a] = 0.0
+    assert int(guarded.isnan().sum()) == guarded.numel() - out.numel(), "decode wrote outside out"
     assert not out.isnan().any(), f"{int(out.isnan().sum())} elements never written"
     error = (out - expected).abs().max() / expected.abs().max()
     worst = tuple(int(i) for i in torch.unravel_index((out - expected).abs().argmax(), out.shape))
@@ -94,3 +101,27 @@ def test_decode_rejects_mismatched_levels():
         decode_heads(torch.zeros(1, 6, 5, device=DEVICE), [box], [torch.zeros(1, 2, 2, 2, device=DEVICE)], None, spec)
     with pytest.raises(ValueError, match="score map"):
         decode_heads(torch.zeros(1, 6, 4, device=DEVICE), [box], [torch.zeros(1, 2, 3, 2, device=DEVICE)], None, spec)
+
+
+def test_decode_rejects_maps_and_outputs_that_do_not_fit_the_head():
+    pose = DecodeSpec("pose", nc=1, reg_max=1, strides=(8,), extra=51)
+    box, score = torch.zeros(1, 2, 2, 4, device=DEVICE), torch.zeros(1, 2, 2, 1, device=DEVICE)
+
+    def decode(out_channels: int, scores: torch.Tensor, extras: list[torch.Tensor] | None, spec=pose) -> None:
+        decode_heads(torch.zeros(1, out_channels, 4, device=DEVICE), [box], [scores], extras, spec)
+
+    keypoints = torch.zeros(1, 2, 2, 64, device=DEVICE)  # 51 widened to 64: accepted
+    decode(56, score, [keypoints[..., :51]])
+    decode(56, score, [keypoints])
+    with pytest.raises(ValueError, match="out must be float32"):
+        decode(4 + 1 + 17, score, [keypoints])  # out sized for fewer keypoint values than the head has
+    with pytest.raises(ValueError, match=r"extra map .* expected 51 or 64 channels"):
+        decode(56, score, [keypoints[..., :60]])  # neither the head's width nor its widened one
+    with pytest.raises(ValueError, match=r"score map .* expected 1 or 16 channels"):
+        decode(56, torch.zeros(1, 2, 2, 8, device=DEVICE), [keypoints])
+    with pytest.raises(ValueError, match="0 extra maps"):
+        decode(56, score, [])
+    with pytest.raises(ValueError, match="1 extra maps"):
+        decode(5, score, [keypoints], DecodeSpec("detect", nc=1, reg_max=1, strides=(8,)))
+    with pytest.raises(ValueError, match="not whole keypoints"):
+        decode(54, score, [keypoints[..., :50]], DecodeSpec("pose", nc=1, reg_max=1, strides=(8,), extra=50))

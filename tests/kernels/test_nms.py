@@ -193,6 +193,28 @@ def test_nms_single_class_filtered_out_or_at_the_threshold():
     assert count.tolist() == [0, 0] and out.isnan().all()
 
 
+def test_nms_single_class_from_a_strided_view_with_tied_scores():
+    """The single class's scores read from a view whose images are further apart than its rows (as a batch slice
+    of a wider tensor), scores tied in steps of 1/20: equal scores keep anchor order, as torchvision's stable sort."""
+    wide = clustered(2, 1, 900, 7, seed=9)
+    wide[:, 4] = (wide[:, 4] * 20).round() / 20
+    preds = wide[:, :8]  # 4 box values, the class, 3 extras; images 12·900 apart
+    out, count = run(preds, 1, 0.25, 0.45)
+    assert_matches(out, count, reference(preds, 1, 0.25, 0.45), ordered=False)
+
+
+def test_nms_single_class_max_nms_truncation():
+    preds = clustered(2, 1, 600, 2, seed=10)
+    g = torch.Generator().manual_seed(10)
+    preds[:, 4] = (
+        torch.stack([torch.randperm(600, generator=g) for _ in range(2)]) + 1
+    ) / 601  # distinct: no tie at the cut
+    out, count = run(preds, 1, 0.001, 0.45, max_nms=50)
+    expected = reference(preds, 1, 0.001, 0.45, max_nms=50)
+    assert expected[0].shape[0] != reference(preds, 1, 0.001, 0.45)[0].shape[0]
+    assert_matches(out, count, expected)
+
+
 def test_nms_max_nms_truncation():
     """More candidates than max_nms: only the max_nms best enter suppression (distinct scores: no tie at the cut)."""
     preds = clustered(2, 3, 600, 0, seed=4)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 import torch
 from support import random_model
+from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 import yolojet
@@ -38,6 +41,32 @@ def test_candidates_that_cannot_run_are_left_out_with_a_warning(tmp_path):
 
     with pytest.raises(EngineConfigError, match=r"model.1/conv: none of its 1 tile candidates runs .* a smaller GPU"):
         tune([conv("model.1/conv", [too_big])], cache, timer=timer)
+
+
+def test_compile_failures_are_named_by_their_message_and_other_errors_stop_tuning(tmp_path):
+    bad_source, bad_pass, broken, fits = (ConvConfig(16 * 2**i, 64, 64, 4, 3) for i in range(4))
+    picked: list[ConvConfig] = []
+
+    def timer(launch: Launch) -> float:
+        config = picked[-1]
+        if config == bad_source:
+            raise CompilationError("acc = tl.dot(a, b)", ast.parse("acc").body[0], "dot needs K >= 16")
+        if config == bad_pass:
+            raise RuntimeError("PassManager::run failed")
+        if config == broken:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return 1.0
+
+    def conv(candidates: list[ConvConfig]) -> Launch:
+        return Launch("conv", ["c"], [], lambda: None, tune_key="c", configure=picked.append, candidates=candidates)
+
+    cache = TuningCache(tmp_path / "autotune.json", device_name="GPU")
+    with pytest.warns(RuntimeWarning) as caught:
+        assert tune([conv([bad_source, bad_pass, fits])], cache, timer=timer)["unusable"] == 2
+    reasons = sorted(str(w.message).split(": ", 1)[1] for w in caught)
+    assert reasons == ["PassManager::run failed", "dot needs K >= 16"]
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        tune([conv([broken, fits])], TuningCache(tmp_path / "other.json", device_name="GPU"), timer=timer)
 
 
 @needs_cuda

@@ -6,7 +6,8 @@ import pytest
 from support import random_model
 
 from yolojet.export.walker import export_graph
-from yolojet.runtime.plan import ARENA_ALIGN, plan_memory
+from yolojet.ir import Node
+from yolojet.runtime.plan import ARENA_ALIGN, _reads_widened, plan_memory
 
 
 @pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolov8n-seg.yaml", "yolo26n-pose.yaml", "yolov8n-cls.yaml"])
@@ -55,3 +56,12 @@ def test_odd_channel_counts_between_convs_are_widened_for_the_kernels(cfg):
     assert sorted(map(sorted, readers.values())).count(["decode"]) == 3
     assert all(ops in ({"conv"}, {"decode"}) for ops in readers.values())
     assert not plan_memory(export_graph(random_model("yolo11n.yaml"), 64)).widened
+
+
+def test_decode_takes_widened_score_and_extra_maps_but_not_box_maps():
+    decode = Node("head/decode", "decode", ["box0", "box1", "cls0", "cls1", "kpt0", "kpt1"], ["preds"], {"levels": 2})
+    assert not _reads_widened(decode, "box1")  # a box map's channels are 4·reg_max exactly
+    assert _reads_widened(decode, "cls0") and _reads_widened(decode, "kpt1")
+    conv = Node("c", "conv", ["kpt0"], ["y"], {"groups": 1})
+    residual = Node("r", "conv", ["kpt0", "skip"], ["z"], {"groups": 1})
+    assert _reads_widened(conv, "kpt0") and not _reads_widened(residual, "kpt0")

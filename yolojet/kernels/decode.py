@@ -222,6 +222,10 @@ def _decode_kernel(
                 )  # fmt: skip
 
 
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
 @dataclass(frozen=True)
 class DecodeSpec:
     """The head's static description, from the IR decode node's attributes."""
@@ -234,6 +238,7 @@ class DecodeSpec:
     angle_sigmoid: bool = True
     kpt_dim: int = 3
     kpt_v26: bool = False
+    extra: int = 0  # channels after the classes: mask coefficients, the angle, or keypoints × kpt_dim
 
     @classmethod
     def from_attrs(cls, attrs: dict) -> DecodeSpec:
@@ -247,6 +252,7 @@ class DecodeSpec:
             angle_sigmoid=attrs.get("angle", "sigmoid") == "sigmoid",
             kpt_dim=int(kpt_shape[1]),
             kpt_v26=attrs.get("kpt_offset") == "v26",
+            extra=int(attrs.get("extra_channels", 0)),
         )
 
 
@@ -259,51 +265,55 @@ def decode_heads(
     *,
     pdl: bool = False,
 ) -> None:
-    """Decode every level into `out` (N, 4 + nc + extra, A), float32, anchors contiguous; `extra` (mask
-    coefficients, angle or keypoint values per anchor) is what `out` has room for past the classes.
+    """Decode every level into `out` (N, 4 + nc + spec.extra, A), float32, anchors contiguous.
 
-    boxes[i]: (N, H_i, W_i, 4·reg_max), scores[i]: (N, H_i, W_i, ≥ nc), extras[i]: (N, H_i, W_i, ≥ extra) NHWC
-    views with unit channel stride, levels in ultralytics' order (P3 first). Score and extra maps may hold
-    padding channels past nc and extra (the same count on every level): they are read, never stored.
+    boxes[i]: (N, H_i, W_i, 4·reg_max), scores[i]: (N, H_i, W_i, nc), extras[i]: (N, H_i, W_i, spec.extra) NHWC
+    views with unit channel stride, levels in ultralytics' order (P3 first); extras None when spec.extra is 0.
+    A score or extra map may instead be widened to the next multiple of 16 channels (the plan's widened
+    rows), the same on every level: the padding is read with the real channels and never stored.
     """
     if spec.task not in TASK_CODES:
         raise ValueError(f"decode: unknown task {spec.task!r}")
+    if spec.task == "pose" and spec.extra % spec.kpt_dim:
+        raise ValueError(f"decode: {spec.extra} keypoint channels are not whole keypoints of {spec.kpt_dim} values")
+    extras = extras or None
     levels = len(boxes)
     if len(scores) != levels or len(spec.strides) != levels or (extras is not None and len(extras) != levels):
         raise ValueError(f"decode: {levels} box maps, {len(scores)} score maps, {len(spec.strides)} strides")
+    if (extras is not None) != (spec.extra > 0):
+        raise ValueError(
+            f"decode: {spec.task} head with {spec.extra} extra channels, given {len(extras or [])} extra maps"
+        )
     batch = boxes[0].shape[0]
     anchors = sum(b.shape[1] * b.shape[2] for b in boxes)
-    extra = out.shape[1] - 4 - spec.nc if out.dim() == 3 else -1
-    if extra < 0 or (extra > 0) != bool(extras) or out.dtype != torch.float32 or out.stride(2) != 1:
-        raise ValueError(
-            f"decode: out must be float32 (N, 4 + {spec.nc} + extra, A) with contiguous anchors, and extra maps given "
-            f"exactly when extra > 0; got {tuple(out.shape)} {out.dtype} with {len(extras or [])} extra maps"
-        )
-    if tuple(out.shape) != (batch, 4 + spec.nc + extra, anchors):
-        raise ValueError(f"decode: out must be float32 {(batch, 4 + spec.nc + extra, anchors)}, got {tuple(out.shape)}")
-    # (maps, channels decoded, whether padding channels may follow)
+    expected = (batch, 4 + spec.nc + spec.extra, anchors)
+    if tuple(out.shape) != expected or out.dtype != torch.float32 or out.stride(2) != 1:
+        raise ValueError(f"decode: out must be float32 {expected} with contiguous anchors, got {tuple(out.shape)}")
+    # (maps, channels decoded, whether the maps may be widened)
     kinds = {
         "box": (boxes, 4 * spec.reg_max, False),
         "score": (scores, spec.nc, True),
-        "extra": (extras or [], extra, True),
+        "extra": (extras or [], spec.extra, True),
     }
     level_args = []
     offset = 0
     for i in range(levels):
-        for name, (maps, channels, padded) in kinds.items():
+        for name, (maps, channels, widens) in kinds.items():
             if not maps:
                 continue
             t = maps[i]
-            width_ok = t.shape[3] == maps[0].shape[3] and (t.shape[3] >= channels if padded else t.shape[3] == channels)
-            if t.shape[:3] != boxes[i].shape[:3] or t.stride(3) != 1 or not width_ok:
-                raise ValueError(f"decode: level {i} {name} map has shape {tuple(t.shape)} / strides {t.stride()}")
+            widths = {channels, _round_up(channels, 16)} if widens else {channels}
+            same = t.shape[3] == maps[0].shape[3]
+            if t.shape[:3] != boxes[i].shape[:3] or t.stride(3) != 1 or t.shape[3] not in widths or not same:
+                raise ValueError(f"decode: level {i} {name} map has shape {tuple(t.shape)} / strides {t.stride()}, "
+                                 f"expected {' or '.join(map(str, sorted(widths)))} channels like level 0")  # fmt: skip
         box, cls = boxes[i], scores[i]
         ext = extras[i] if extras else box
         _, h, w, _ = box.shape
         maps = (box, *box.stride()[:3], cls, *cls.stride()[:3], ext, *ext.stride()[:3])
         level_args.append((*maps, h, w, offset, float(spec.strides[i])))
         offset += h * w
-    widths = (extra, scores[0].shape[3], extras[0].shape[3] if extras else 0)
+    widths = (spec.extra, scores[0].shape[3], extras[0].shape[3] if extras else 0)
     for first in range(0, levels, MAX_LEVELS_PER_LAUNCH):
         _launch(out, level_args[first : first + MAX_LEVELS_PER_LAUNCH], batch, spec, widths, pdl)
 

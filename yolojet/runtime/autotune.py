@@ -23,7 +23,11 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.errors import TritonError
+
+try:
+    from triton.errors import TritonError  # compile, ptxas and shared-memory errors alike
+except ImportError:  # Triton before the common base class
+    from triton.compiler.errors import CompilationError as TritonError
 
 from yolojet.errors import EngineConfigError
 from yolojet.kernels.conv import ConvConfig, candidate_set_id
@@ -111,6 +115,18 @@ def compile_candidates(launches: list[Launch], workers: int | None = None) -> bo
     return True
 
 
+def _cannot_build(error: Exception) -> bool:
+    """A candidate's own failure to compile or launch, not a broken device: Triton's errors, and the MLIR pass
+    failures its compiler raises as plain RuntimeErrors."""
+    return isinstance(error, TritonError) or "PassManager" in str(error)
+
+
+def _failure_reason(error: Exception) -> str:
+    """One line of the error that says what failed: a compile error's message ends with it, after the source."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    return lines[-1] if lines[0].startswith("at ") else lines[0]
+
+
 def tune(
     launches: list[Launch],
     cache: TuningCache,
@@ -139,8 +155,10 @@ def tune(
                 launch.configure(config)
                 try:
                     elapsed = timer(launch)
-                except TritonError as error:
-                    unusable.setdefault(config, (str(error).strip().splitlines() or [type(error).__name__])[0])
+                except (TritonError, RuntimeError) as error:
+                    if not _cannot_build(error):
+                        raise
+                    unusable.setdefault(config, _failure_reason(error))
                     counts["unusable"] += 1
                     continue
                 if best is None or elapsed < best[0]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from yolojet.ir import Graph
+from yolojet.ir import Graph, Node
 
 CHANNEL_ALIGN = 8  # 16-byte pixel rows in fp16: vector loads stay aligned in every slice that starts aligned
 # Triton specializes integer arguments divisible by 16; only then does it know a pixel row or a K block is
@@ -78,6 +78,15 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _reads_widened(reader: Node, value: str) -> bool:
+    """Whether `reader` can take `value` with extra channels: a plain conv reading nothing else (its zero weights
+    for them are packed in), or the head decode reading it as a score or extra map (box maps it reads exactly)."""
+    if reader.op == "conv":
+        return reader.attrs["groups"] == 1 and reader.inputs == [value]
+    levels = reader.attrs.get("levels", 0)
+    return reader.op == "decode" and all(i >= levels for i, name in enumerate(reader.inputs) if name == value)
+
+
 def _widened_for_kernels(graph: Graph) -> dict[str, int]:
     """Values whose kernels work on them `KERNEL_CHANNELS`-aligned: a channel count above 16 and not a multiple
     of it, written by a conv without a residual and read only as the input of other convs or by the head decode,
@@ -99,9 +108,7 @@ def _widened_for_kernels(graph: Graph) -> dict[str, int]:
             and channels % KERNEL_CHANNELS
             and value not in graph.outputs
             and readers
-            and all(
-                r.op == "decode" or (r.op == "conv" and r.attrs["groups"] == 1 and r.inputs == [value]) for r in readers
-            )
+            and all(_reads_widened(r, value) for r in readers)
         ):
             widened[value] = _round_up(channels, KERNEL_CHANNELS)
     return widened
