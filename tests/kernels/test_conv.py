@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 import torch.nn.functional as F
 from kernel_checks import assert_close
 
-from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config
+from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config, pixels_are_words
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SPATIAL = 4 if DEVICE == "cuda" else 1
@@ -285,6 +285,63 @@ def test_packed_taps_offered_only_for_few_input_channels_and_many_outputs() -> N
         ConvConfig(64, 64, 32, 4, 2, split_k=2, packed=True)
     with pytest.raises(ValueError, match="packed"):
         ConvConfig(64, 64, 32, 4, 1, direct=True, packed=True)
+
+
+WHOLE_PIXEL_CASES = {
+    # (case, row width of the input buffer, config): rows of 8 as the engine's graph input, 4 (a full word)
+    "stem_c3_s2": (Case(1, 9, 7, 3, 16, 3, stride=2, padding=1), 8, ConvConfig(64, 16, 16, 2, 1, direct=True)),
+    "c4_b3_residual_upsample": (
+        Case(3, 5, 6, 4, 33, 3, padding=1, upsample=2, residual=True),
+        4,
+        ConvConfig(32, 32, 16, 2, 1, direct=True),
+    ),
+    "c1_dilation_stride_pairs": (
+        Case(2, 9, 7, 1, 7, 3, stride=(2, 1), padding=2, dilation=2),
+        8,
+        ConvConfig(16, 16, 16, 1, 1, direct=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(WHOLE_PIXEL_CASES))
+def test_direct_kernel_loads_whole_pixels(name: str) -> None:
+    """Each tap loads a pixel as one 8-byte word; the row padding past the channels holds NaN, which must never
+    reach the output."""
+    case, row, config = WHOLE_PIXEL_CASES[name]
+    _, x_dense, weight, bias = _make_case(case, seed=200 + list(WHOLE_PIXEL_CASES).index(name))
+    buf = torch.full((*x_dense.shape[:3], row), float("nan"), dtype=F16, device=DEVICE)
+    x = buf[..., : case.c_in]
+    x.copy_(x_dense)
+    assert pixels_are_words(x)
+    shape = _reference(case, x, weight, bias, None).shape
+    residual = _nhwc(shape, F16, False)[1] if case.residual else None
+    ref = _reference(case, x, weight, bias, residual)
+    out = torch.full(shape, float("nan"), dtype=F16, device=DEVICE)
+    conv2d_nhwc(
+        out, x, weight, bias, stride=case.stride, padding=case.padding, dilation=case.dilation, residual=residual,
+        upsample=case.upsample, config=ConvConfig(**{**vars(config), "whole_pixels": True}),
+    )  # fmt: skip
+    assert_close(out, ref, TOLERANCE[F16])
+
+
+def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_4_channels() -> None:
+    rows_of_8 = torch.zeros(1, 5, 6, 8, dtype=F16, device=DEVICE)
+    assert pixels_are_words(rows_of_8[..., :3]) and pixels_are_words(rows_of_8[..., :4])
+    assert not pixels_are_words(rows_of_8[..., :5])  # more than a word
+    assert not pixels_are_words(rows_of_8[..., 1:4])  # starts off a word boundary
+    assert not pixels_are_words(torch.zeros(1, 5, 6, 3, dtype=F16, device=DEVICE))  # rows of 3
+    assert not pixels_are_words(torch.zeros(1, 5, 6, 4, dtype=F32, device=DEVICE))
+    with pytest.raises(ValueError, match="loads whole pixels"):
+        conv2d_nhwc(
+            torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE), torch.zeros(1, 5, 6, 3, dtype=F16, device=DEVICE),
+            torch.zeros(16, 3, 3, 3, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE), padding=1,
+            config=ConvConfig(64, 16, 16, 2, 1, direct=True, whole_pixels=True),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="mode of the direct kernel"):
+        ConvConfig(64, 16, 16, 2, 1, whole_pixels=True)
+    stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False, whole_pixels=True)
+    assert {c.whole_pixels for c in stem if c.direct} == {False, True}
+    assert not any(c.whole_pixels for c in conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False))
 
 
 def test_split_k_offered_only_to_sparse_layers_with_long_k() -> None:

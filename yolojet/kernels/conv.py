@@ -9,7 +9,7 @@ split cost nothing in the engine.
 import functools
 import hashlib
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import triton
@@ -256,13 +256,18 @@ def _conv2d_direct_kernel(
     UPSAMPLE: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    WHOLE_PIXELS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """The same convolution as _conv2d_nhwc_kernel for a handful of input channels (the stem's 3, C3k2's 8), as
     KH·KW·C_IN outer products on the FMA units: a tensor-core tile would spend most of its K on padding and its
-    loads on gathers."""
+    loads on gathers.
+
+    WHOLE_PIXELS (fp16 input of at most 4 channels, every pixel starting on an 8-byte boundary): each tap loads a
+    pixel's channels as one 8-byte word and takes the halves apart in registers, one load where there would be
+    C_IN 2-byte gathers. The word's spare channels (row padding, never written) are never used."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(C_out, BLOCK_N)
     pid_m = pid // num_pid_n
@@ -280,6 +285,8 @@ def _conv2d_direct_kernel(
     x_img = x_ptr + img * stride_xn
     w_cols = w_ptr + offs_n * (KH * KW * C_IN)
 
+    words = x_ptr.to(tl.pointer_type(tl.int64))
+
     wait_for_previous_kernel(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ky in tl.static_range(KH):
@@ -287,9 +294,15 @@ def _conv2d_direct_kernel(
             iy = iy0 + ky * dil_y
             ix = ix0 + kx * dil_x
             ok = m_mask & (iy >= 0) & (iy < H * UPSAMPLE) & (ix >= 0) & (ix < W * UPSAMPLE)
-            pixel = x_img + (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+            in_image = (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+            if WHOLE_PIXELS:
+                word = tl.load(words + (img * stride_xn + in_image) // 4, mask=ok, other=0)
             for ci in tl.static_range(C_IN):
-                xv = tl.load(pixel + ci, mask=ok, other=0.0).to(tl.float32)
+                if WHOLE_PIXELS:
+                    half = ((word >> (16 * ci)) & 0xFFFF).to(tl.int16)
+                    xv = half.to(tl.float16, bitcast=True).to(tl.float32)
+                else:
+                    xv = tl.load(x_img + in_image + ci, mask=ok, other=0.0).to(tl.float32)
                 wv = tl.load(w_cols + ((ky * KW + kx) * C_IN + ci), mask=n_mask, other=0.0).to(tl.float32)
                 acc += xv[:, None] * wv[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
@@ -308,6 +321,7 @@ class ConvConfig:
     num_stages: int
     split_k: int = 1  # programs sharing each output tile's K steps (see the kernel)
     direct: bool = False  # the FMA kernel for a few input channels; block_k, num_stages and split_k unused
+    whole_pixels: bool = False  # direct only: each tap loads a pixel's channels as one word (WHOLE_PIXELS)
     packed: bool = False  # K tiles run over all taps at once (PACK_TAPS in the kernel), for a few input channels
 
     def __post_init__(self) -> None:
@@ -322,6 +336,8 @@ class ConvConfig:
             raise ValueError("ConvConfig: the direct kernel does not split K")
         if self.packed and (self.direct or self.split_k != 1):
             raise ValueError("ConvConfig: packed taps are a tensor-core tile that does not split K")
+        if self.whole_pixels and not self.direct:
+            raise ValueError("ConvConfig: whole-pixel loads are a mode of the direct kernel")
 
     def split_scratch(self, m: int, n: int) -> tuple[int, int]:
         """(fp32 partial elements, arrival counters) a launch of this config needs for GEMM sizes M=m, N=n."""
@@ -367,7 +383,7 @@ def candidate_set_id() -> str:
     new candidate gets timed."""
     offer = (
         _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
-        _SMEM_BUDGET,
+        _SMEM_BUDGET, [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
     )  # fmt: skip
     return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
 
@@ -378,14 +394,21 @@ def _fit(block: int, size: int) -> int:
 
 
 def conv_candidate_configs(
-    m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dtype = torch.float16, c_in: int | None = None
+    m: int,
+    n: int,
+    k: int,
+    kernel_is_1x1: bool,
+    dtype: torch.dtype = torch.float16,
+    c_in: int | None = None,
+    whole_pixels: bool = False,
 ) -> list[ConvConfig]:
     """Tile configs worth timing for a conv with GEMM sizes M=m, N=C_out=n, K=kh·kw·C_in=k.
 
     Tiles are shrunk to the problem (down to the 16-wide minimum) so small layers are not offered tiles that
     would be mostly masked. BLOCK_K tiles one tap's channels, C_in = k for 1x1 kernels; without `c_in` other
     kernels are taken to be 3x3 (all of YOLO's), which for other sizes only mis-sizes the offer, never breaks a
-    launch. Configs whose pipeline would not fit in shared memory at ``dtype`` are left out.
+    launch. Configs whose pipeline would not fit in shared memory at ``dtype`` are left out. `whole_pixels`: the
+    input's pixels are 8-byte words (see `pixels_are_words`), so the direct tiles also come in that mode.
     """
     if c_in is None:
         c_in = k if kernel_is_1x1 else max(1, k // 9)
@@ -399,8 +422,9 @@ def conv_candidate_configs(
     if not kernel_is_1x1 and c_in <= _DIRECT_MAX_C_IN:
         for block_m, block_n, warps in _DIRECT_TILES:
             config = ConvConfig(_fit(block_m, m), _fit(block_n, n), 16, warps, 1, direct=True)
-            if config not in few_channels:
-                few_channels.append(config)
+            for variant in (config, replace(config, whole_pixels=True)) if whole_pixels else (config,):
+                if variant not in few_channels:
+                    few_channels.append(variant)
         if n >= _PACKED_MIN_C_OUT:
             for block_m, block_n, warps, stages in _PACKED_TILES:
                 # One K tile holds every tap (k <= 72 here), so there is no K loop to pipeline.
@@ -408,6 +432,19 @@ def conv_candidate_configs(
                 if config not in few_channels:
                     few_channels.append(config)
     return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels
+
+
+def pixels_are_words(x: torch.Tensor) -> bool:
+    """Whether an NHWC view's pixels can be loaded as single 8-byte words: fp16, at most 4 channels, and every
+    pixel starting on an 8-byte boundary (the stem's 3 channels in rows of 8)."""
+    return (
+        x.dtype == torch.float16
+        and x.dim() == 4
+        and x.shape[3] <= 4
+        and x.stride(3) == 1
+        and all(stride % 4 == 0 for stride in x.stride()[:3])
+        and x.data_ptr() % 8 == 0
+    )
 
 
 def _split_k_variants(configs: list[ConvConfig], m: int, n: int, taps: int, c_in: int) -> list[ConvConfig]:
@@ -566,6 +603,11 @@ def conv2d_nhwc(
     cfg = config or default_config(m, c_out, kh * kw * c_in, kh == kw == 1, x.dtype)
     res = out if residual is None else residual  # never read without HAS_RESIDUAL; any valid pointer will do
     if cfg.direct:
+        if cfg.whole_pixels and not pixels_are_words(x):
+            raise ValueError(
+                f"config {cfg} loads whole pixels, but x ({x.dtype}, {c_in} channels, strides {x.stride()}) does not "
+                "hold 8-byte-aligned pixels of at most 4 fp16 channels"
+            )
         grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
         kernel = (
             functools.partial(_conv2d_direct_kernel.warmup, grid=grid) if compile_only else _conv2d_direct_kernel[grid]
@@ -574,7 +616,8 @@ def conv2d_nhwc(
             out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3],
             height, width, oh, ow, c_out, m, sy, sx, py, px, dy, dx,
             C_IN=c_in, KH=kh, KW=kw, UPSAMPLE=upsample, ACTIVATION=ACTIVATIONS[activation],
-            HAS_RESIDUAL=residual is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PDL=pdl,
+            HAS_RESIDUAL=residual is not None, WHOLE_PIXELS=cfg.whole_pixels, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, PDL=pdl,
             num_warps=cfg.num_warps, **launch_options(pdl),
         )  # fmt: skip
         return

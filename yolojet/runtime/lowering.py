@@ -17,7 +17,7 @@ from yolojet.errors import GraphError
 from yolojet.ir import Graph, Node
 from yolojet.kernels.attention import psa_attention
 from yolojet.kernels.classify import global_avg_pool_nhwc, linear_softmax
-from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config
+from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config, pixels_are_words
 from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import dwconv2d_nhwc
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
@@ -177,7 +177,7 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
     m, k = batch * oh * ow, weight.shape[1] * weight.shape[2] * weight.shape[3]
     is_1x1 = weight.shape[1] == weight.shape[2] == 1
     chosen = [default_config(m, c_out, k, is_1x1, x.dtype)]
-    candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=x.shape[3])
+    candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=x.shape[3], whole_pixels=pixels_are_words(x))
     for config in candidates:
         scratch.reserve(*config.split_scratch(m, c_out))
     slot = scratch.new_slot()
