@@ -288,12 +288,23 @@ def test_packed_taps_offered_only_for_few_input_channels_and_many_outputs() -> N
 
 
 WHOLE_PIXEL_CASES = {
-    # (case, row width of the input buffer, config): rows of 8 as the engine's graph input, 4 (a full word)
+    # (case, row width of the input buffer, config): rows of 8 as the engine's graph input, 4 (a full word), 16
+    # (a channel slice, as C3k2's bottleneck inputs)
     "stem_c3_s2": (Case(1, 9, 7, 3, 16, 3, stride=2, padding=1), 8, ConvConfig(64, 16, 16, 2, 1, direct=True)),
     "c4_b3_residual_upsample": (
         Case(3, 5, 6, 4, 33, 3, padding=1, upsample=2, residual=True),
         4,
         ConvConfig(32, 32, 16, 2, 1, direct=True),
+    ),
+    "c8_two_words_residual": (
+        Case(3, 9, 7, 8, 16, 3, padding=1, residual=True),
+        16,
+        ConvConfig(64, 16, 16, 2, 1, direct=True),
+    ),
+    "c5_two_words_stride2": (
+        Case(1, 9, 7, 5, 33, 3, stride=2, padding=1),
+        8,
+        ConvConfig(32, 64, 16, 4, 1, direct=True),
     ),
     "c1_dilation_stride_pairs": (
         Case(2, 9, 7, 1, 7, 3, stride=(2, 1), padding=2, dilation=2),
@@ -305,12 +316,13 @@ WHOLE_PIXEL_CASES = {
 
 @pytest.mark.parametrize("name", list(WHOLE_PIXEL_CASES))
 def test_direct_kernel_loads_whole_pixels(name: str) -> None:
-    """Each tap loads a pixel as one 8-byte word; the row padding past the channels holds NaN, which must never
-    reach the output."""
+    """Each tap loads a pixel as one or two 8-byte words; the rest of each row (padding past the channels, and
+    for rows of 16 the channels before the slice too) holds NaN, which must never reach the output."""
     case, row, config = WHOLE_PIXEL_CASES[name]
     _, x_dense, weight, bias = _make_case(case, seed=200 + list(WHOLE_PIXEL_CASES).index(name))
     buf = torch.full((*x_dense.shape[:3], row), float("nan"), dtype=F16, device=DEVICE)
-    x = buf[..., : case.c_in]
+    first = 8 if row >= 16 else 0
+    x = buf[..., first : first + case.c_in]
     x.copy_(x_dense)
     assert pixels_are_words(x)
     shape = _reference(case, x, weight, bias, None).shape
@@ -324,10 +336,10 @@ def test_direct_kernel_loads_whole_pixels(name: str) -> None:
     assert_close(out, ref, TOLERANCE[F16])
 
 
-def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_4_channels() -> None:
+def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_8_channels() -> None:
     rows_of_8 = torch.zeros(1, 5, 6, 8, dtype=F16, device=DEVICE)
-    assert pixels_are_words(rows_of_8[..., :3]) and pixels_are_words(rows_of_8[..., :4])
-    assert not pixels_are_words(rows_of_8[..., :5])  # more than a word
+    assert pixels_are_words(rows_of_8[..., :3]) and pixels_are_words(rows_of_8) and pixels_are_words(rows_of_8[..., 4:])
+    assert not pixels_are_words(torch.zeros(1, 5, 6, 12, dtype=F16, device=DEVICE)[..., :9])  # more than two words
     assert not pixels_are_words(rows_of_8[..., 1:4])  # starts off a word boundary
     assert not pixels_are_words(torch.zeros(1, 5, 6, 3, dtype=F16, device=DEVICE))  # rows of 3
     assert not pixels_are_words(torch.zeros(1, 5, 6, 4, dtype=F32, device=DEVICE))

@@ -265,9 +265,9 @@ def _conv2d_direct_kernel(
     KH·KW·C_IN outer products on the FMA units: a tensor-core tile would spend most of its K on padding and its
     loads on gathers.
 
-    WHOLE_PIXELS (fp16 input of at most 4 channels, every pixel starting on an 8-byte boundary): each tap loads a
-    pixel's channels as one 8-byte word and takes the halves apart in registers, one load where there would be
-    C_IN 2-byte gathers. The word's spare channels (row padding, never written) are never used."""
+    WHOLE_PIXELS (fp16 input of at most 8 channels, every pixel starting on an 8-byte boundary): each tap loads a
+    pixel's channels as one or two 8-byte words and takes the halves apart in registers, where there would be
+    C_IN 2-byte gathers. The words' spare channels (row padding, never written) are never used."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(C_out, BLOCK_N)
     pid_m = pid // num_pid_n
@@ -296,10 +296,17 @@ def _conv2d_direct_kernel(
             ok = m_mask & (iy >= 0) & (iy < H * UPSAMPLE) & (ix >= 0) & (ix < W * UPSAMPLE)
             in_image = (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
             if WHOLE_PIXELS:
-                word = tl.load(words + (img * stride_xn + in_image) // 4, mask=ok, other=0)
+                first_word = words + (img * stride_xn + in_image) // 4
+                low = tl.load(first_word, mask=ok, other=0)  # channels 0-3
+                if C_IN > 4:
+                    high = tl.load(first_word + 1, mask=ok, other=0)  # channels 4-7
             for ci in tl.static_range(C_IN):
                 if WHOLE_PIXELS:
-                    half = ((word >> (16 * ci)) & 0xFFFF).to(tl.int16)
+                    if ci < 4:
+                        word = low
+                    else:
+                        word = high
+                    half = ((word >> (16 * (ci % 4))) & 0xFFFF).to(tl.int16)
                     xv = half.to(tl.float16, bitcast=True).to(tl.float32)
                 else:
                     xv = tl.load(x_img + in_image + ci, mask=ok, other=0.0).to(tl.float32)
@@ -321,7 +328,7 @@ class ConvConfig:
     num_stages: int
     split_k: int = 1  # programs sharing each output tile's K steps (see the kernel)
     direct: bool = False  # the FMA kernel for a few input channels; block_k, num_stages and split_k unused
-    whole_pixels: bool = False  # direct only: each tap loads a pixel's channels as one word (WHOLE_PIXELS)
+    whole_pixels: bool = False  # direct only: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
     packed: bool = False  # K tiles run over all taps at once (PACK_TAPS in the kernel), for a few input channels
 
     def __post_init__(self) -> None:
@@ -369,6 +376,7 @@ _SPLITS = (2, 4, 8)
 # Direct-kernel tiles (BLOCK_M, BLOCK_N cap, warps) for k×k convs of at most _DIRECT_MAX_C_IN input channels.
 _DIRECT_TILES = ((128, 32, 4), (64, 32, 2), (256, 16, 4), (128, 64, 4))
 _DIRECT_MAX_C_IN = 8
+_HALVES_PER_WORD = 4  # fp16 channels in the 8-byte words of whole-pixel loads
 # Packed-tap tensor-core tiles (BLOCK_M, BLOCK_N cap, warps, stages), offered to the same few-channel convs once
 # they have this many output channels (the stem of s, m, l and x models): below that the FMA kernel does less
 # work than a tile's gathers (measured on an H200 for yolo11n's 3->16 stem and 8->8 convs at batch 1 and 64).
@@ -435,14 +443,14 @@ def conv_candidate_configs(
 
 
 def pixels_are_words(x: torch.Tensor) -> bool:
-    """Whether an NHWC view's pixels can be loaded as single 8-byte words: fp16, at most 4 channels, and every
-    pixel starting on an 8-byte boundary (the stem's 3 channels in rows of 8)."""
+    """Whether an NHWC view's pixels can be loaded as 8-byte words: fp16, at most 8 channels (two words), and every
+    pixel starting on an 8-byte boundary (the stem's 3 channels in rows of 8, C3k2's 8-channel slices)."""
     return (
         x.dtype == torch.float16
         and x.dim() == 4
-        and x.shape[3] <= 4
+        and x.shape[3] <= 2 * _HALVES_PER_WORD
         and x.stride(3) == 1
-        and all(stride % 4 == 0 for stride in x.stride()[:3])
+        and all(stride % _HALVES_PER_WORD == 0 for stride in x.stride()[:3])
         and x.data_ptr() % 8 == 0
     )
 
@@ -606,7 +614,7 @@ def conv2d_nhwc(
         if cfg.whole_pixels and not pixels_are_words(x):
             raise ValueError(
                 f"config {cfg} loads whole pixels, but x ({x.dtype}, {c_in} channels, strides {x.stride()}) does not "
-                "hold 8-byte-aligned pixels of at most 4 fp16 channels"
+                "hold 8-byte-aligned pixels of at most 8 fp16 channels"
             )
         grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
         kernel = (
