@@ -118,6 +118,16 @@ CASES = {
     "packed_1x3_stride_pairs": Case(
         3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, packed=True)
     ),
+    # The persistent 1x1 kernel: programs walking 36-64 tiles three apart under the interpreter.
+    "persistent_1x1_residual_sliced": Case(
+        3, 9, 7, 40, 33, 1, residual=True, sliced=True, config=ConvConfig(16, 16, 16, 1, 1, persistent=True)
+    ),
+    "persistent_1x1_upsample_fp32": Case(
+        3, 5, 6, 20, 16, 1, upsample=2, dtype=F32, config=ConvConfig(16, 16, 16, 1, 1, persistent=True)
+    ),
+    "persistent_1x1_stride2_pad1_relu": Case(
+        3, 9, 7, 16, 33, 1, stride=2, padding=1, activation="relu", config=ConvConfig(16, 32, 16, 2, 2, persistent=True)
+    ),
     "3x3_deep_k_tile": Case(1, 5, 6, 80, 33, 3, padding=1, config=ConvConfig(32, 64, 128, 4, 3)),
     "3x3_16_row_tile_fp32": Case(
         1, 5, 6, 80, 33, 3, stride=2, padding=1, dtype=F32, config=ConvConfig(16, 64, 128, 2, 3)
@@ -354,6 +364,22 @@ def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_8_channels() -> None:
     stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False, whole_pixels=True)
     assert {c.whole_pixels for c in stem if c.direct} == {False, True}
     assert not any(c.whole_pixels for c in conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False))
+
+
+def test_persistent_tiles_offered_only_to_large_1x1_layers() -> None:
+    large = conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True)
+    assert [c.block_m for c in large if c.persistent] == [128, 64]
+    assert not default_config(64 * 160 * 160, 256, 192, True).persistent
+    assert not any(c.persistent for c in conv_candidate_configs(160 * 160, 256, 192, kernel_is_1x1=True))
+    assert not any(c.persistent for c in conv_candidate_configs(64 * 160 * 160, 256, 9 * 64, kernel_is_1x1=False))
+    with pytest.raises(ValueError, match="persistent"):
+        ConvConfig(64, 64, 64, 4, 3, split_k=2, persistent=True)
+    with pytest.raises(ValueError, match="is a 1x1 kernel"):
+        conv2d_nhwc(
+            torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE), torch.zeros(1, 5, 6, 16, dtype=F16, device=DEVICE),
+            torch.zeros(16, 3, 3, 16, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE), padding=1,
+            config=ConvConfig(16, 16, 16, 1, 1, persistent=True),
+        )  # fmt: skip
 
 
 def test_split_k_offered_only_to_sparse_layers_with_long_k() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from support import assert_identical_replays, random_model, relative_l2
 
 import yolojet
 from yolojet.errors import EngineConfigError
+from yolojet.kernels.conv import ConvConfig
 from yolojet.kernels.pdl import pdl_available
 from yolojet.runtime.engine import Engine
 from yolojet.runtime.network import batch_buckets
@@ -114,6 +117,25 @@ def test_split_k_and_direct_tiles_across_the_network(model_dirs):
     engine.network.poison()
     assert relative_l2(engine.raw(x), yolojet.load_reference(model_dir, device=DEVICE)(x)) <= 1e-2
     assert int(engine.network.split_scratch.arrivals.abs().sum()) == 0
+
+
+def test_persistent_tiles_on_every_1x1_conv_of_a_network(model_dirs):
+    """The persistent 1x1 kernel (offered by the tuner from large batches on) given to every 1x1 conv, the
+    residual, concat-slice and upsample-fed ones included: outputs still match the reference."""
+    model_dir = model_dirs("yolo11n.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
+    persistent = 0
+    for bucket in engine.network.buckets:
+        for launch in engine.network.launch_list(bucket):
+            if launch.tune_key and re.search(r"\|w\(\d+, 1, 1, \d+\)", launch.tune_key):
+                launch.configure(ConvConfig(32, 32, 32, 2, 2, persistent=True))
+                persistent += 1
+    assert persistent >= 40
+    if DEVICE == "cuda":
+        engine.network._capture()
+    x = torch.rand(2, 3, 64, 64, device=DEVICE)
+    engine.network.poison()
+    assert relative_l2(engine.raw(x), yolojet.load_reference(model_dir, device=DEVICE)(x)) <= 1e-2
 
 
 def test_batch_larger_than_max_batch_is_split(model_dirs):

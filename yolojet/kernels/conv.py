@@ -95,11 +95,7 @@ def _conv2d_nhwc_kernel(
     split = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(C_out, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -223,6 +219,90 @@ def _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_
 
 
 @triton.jit
+def _conv1x1_persistent_kernel(
+    out_ptr,
+    stride_on,
+    stride_oh,
+    stride_ow,
+    x_ptr,
+    stride_xn,
+    stride_xh,
+    stride_xw,
+    w_ptr,
+    bias_ptr,
+    res_ptr,
+    stride_rn,
+    stride_rh,
+    stride_rw,
+    H,
+    W,
+    C_in,
+    OH,
+    OW,
+    C_out,
+    M,
+    conv_stride_y,
+    conv_stride_x,
+    pad_y,
+    pad_x,
+    UPSAMPLE: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The 1x1 case of _conv2d_nhwc_kernel with PROGRAMS programs that each walk output tiles PROGRAMS apart.
+
+    A 1x1 conv at large batch has a short K walk (C_in / BLOCK_K steps) and a large output to store, so a
+    program per tile spends much of its life waiting on its loads or its stores. Flattening the tile and K
+    loops lets the compiler's pipeline load the next tile's operands while this tile's epilogue runs.
+    """
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(C_out, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_steps = tl.cdiv(C_in, BLOCK_K)
+    H_up = H * UPSAMPLE
+    W_up = W * UPSAMPLE
+    wait_for_previous_kernel(PDL)
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, PROGRAMS, flatten=True):
+        pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        img = (offs_m // (OH * OW)).to(tl.int64)
+        pix = offs_m % (OH * OW)
+        iy = pix // OW * conv_stride_y - pad_y
+        ix = pix % OW * conv_stride_x - pad_x
+        row_ok = (offs_m < M) & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
+        # Offsets, not pointer tensors, are carried into the K loop and the pointers formed there: only then does
+        # Triton 3.6 software-pipeline the flattened loop (issue the next loads asynchronously).
+        x_rows = img * stride_xn + (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+        n_ok = offs_n < C_out
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(k_steps):
+            k = kb * BLOCK_K + offs_k
+            k_mask = k < C_in
+            a = tl.load(x_ptr + x_rows[:, None] + k[None, :], mask=row_ok[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(w_ptr + offs_n[None, :] * C_in + k[:, None], mask=k_mask[:, None] & n_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        _epilogue(acc, (offs_m < M)[:, None] & n_ok[None, :], offs_n, n_ok, img,
+                  pix // OW, pix % OW, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr, stride_on,
+                  stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of a tile id in launches grouped GROUP_M M-tiles at a time (see _GROUP_M)."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (tile // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    return first_pid_m + (tile % num_pid_in_group) % group_size_m, (tile % num_pid_in_group) // group_size_m
+
+
+@triton.jit
 def _conv2d_direct_kernel(
     out_ptr,
     stride_on,
@@ -330,6 +410,7 @@ class ConvConfig:
     direct: bool = False  # the FMA kernel for a few input channels; block_k, num_stages and split_k unused
     whole_pixels: bool = False  # direct only: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
     packed: bool = False  # K tiles run over all taps at once (PACK_TAPS in the kernel), for a few input channels
+    persistent: bool = False  # 1x1 only: a fixed grid of programs walking the tiles (_conv1x1_persistent_kernel)
 
     def __post_init__(self) -> None:
         # tl.arange needs powers of two, and 16 is the smallest fp16 tensor-core K.
@@ -345,6 +426,8 @@ class ConvConfig:
             raise ValueError("ConvConfig: packed taps are a tensor-core tile that does not split K")
         if self.whole_pixels and not self.direct:
             raise ValueError("ConvConfig: whole-pixel loads are a mode of the direct kernel")
+        if self.persistent and (self.direct or self.packed or self.split_k != 1):
+            raise ValueError("ConvConfig: the persistent kernel is a 1x1 tensor-core tile that does not split K")
 
     def split_scratch(self, m: int, n: int) -> tuple[int, int]:
         """(fp32 partial elements, arrival counters) a launch of this config needs for GEMM sizes M=m, N=n."""
@@ -382,6 +465,12 @@ _HALVES_PER_WORD = 4  # fp16 channels in the 8-byte words of whole-pixel loads
 # work than a tile's gathers (measured on an H200 for yolo11n's 3->16 stem and 8->8 convs at batch 1 and 64).
 _PACKED_TILES = ((128, 64, 4, 2), (64, 64, 4, 2))
 _PACKED_MIN_C_OUT = 32
+# Persistent 1x1 tiles (the 1x1 layers' usual winners), offered from this many output pixels (large batches: never
+# at batch 1 for 640 inputs, whose largest 1x1 map is 160x160), and the programs launched per SM.
+_PERSISTENT_TILES = (ConvConfig(128, 128, 64, 4, 3, persistent=True), ConvConfig(64, 128, 64, 4, 3, persistent=True))
+_PERSISTENT_MIN_M = 1 << 17
+_PERSISTENT_PROGRAMS_PER_SM = 2
+_INTERPRETER_PROGRAMS = 3  # under the interpreter: enough to walk tiles several apart
 # Pipeline buffers must fit an SM's shared memory (227 KiB on Hopper) with room left for the epilogue.
 _SMEM_BUDGET = 200 * 1024
 
@@ -391,7 +480,8 @@ def candidate_set_id() -> str:
     new candidate gets timed."""
     offer = (
         _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
-        _SMEM_BUDGET, [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
+        _SMEM_BUDGET, _PERSISTENT_TILES, _PERSISTENT_MIN_M, _PERSISTENT_PROGRAMS_PER_SM,
+        [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
     )  # fmt: skip
     return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
 
@@ -439,7 +529,13 @@ def conv_candidate_configs(
                 config = ConvConfig(_fit(block_m, m), _fit(block_n, n), _fit(128, k), warps, stages, packed=True)
                 if config not in few_channels:
                     few_channels.append(config)
-    return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels
+    persistent = []
+    if kernel_is_1x1 and m >= _PERSISTENT_MIN_M:
+        for c in _PERSISTENT_TILES:
+            fitted = replace(c, block_n=_fit(c.block_n, n), block_k=_fit(c.block_k, c_in))
+            if fitted not in persistent:
+                persistent.append(fitted)
+    return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels + persistent
 
 
 def pixels_are_words(x: torch.Tensor) -> bool:
@@ -453,6 +549,14 @@ def pixels_are_words(x: torch.Tensor) -> bool:
         and all(stride % _HALVES_PER_WORD == 0 for stride in x.stride()[:3])
         and x.data_ptr() % 8 == 0
     )
+
+
+@functools.cache
+def _persistent_programs(device: torch.device) -> int:
+    """How many programs the persistent kernel launches (a compile-time constant of it, so fixed per device)."""
+    if device.type != "cuda":
+        return _INTERPRETER_PROGRAMS
+    return torch.cuda.get_device_properties(device).multi_processor_count * _PERSISTENT_PROGRAMS_PER_SM
 
 
 def _split_k_variants(configs: list[ConvConfig], m: int, n: int, taps: int, c_in: int) -> list[ConvConfig]:
@@ -477,8 +581,10 @@ def default_config(m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dty
     configs = conv_candidate_configs(m, n, k, kernel_is_1x1, dtype)
     if os.environ.get("TRITON_INTERPRET") == "1":
         # The interpreter runs programs one after another, so the fewest, largest tiles are fastest.
-        return max((c for c in configs if c.split_k == 1 and not (c.direct or c.packed)), key=_tile_area)
-    untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1 and not (c.direct or c.packed)]
+        return max(
+            (c for c in configs if c.split_k == 1 and not (c.direct or c.packed or c.persistent)), key=_tile_area
+        )
+    untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1 and not (c.direct or c.packed or c.persistent)]
     filling = [c for c in untimed if _programs(c, m, n) >= _TARGET_PROGRAMS]
     if filling:
         return max(filling, key=_tile_area)
@@ -627,6 +733,21 @@ def conv2d_nhwc(
             HAS_RESIDUAL=residual is not None, WHOLE_PIXELS=cfg.whole_pixels, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, PDL=pdl,
             num_warps=cfg.num_warps, **launch_options(pdl),
+        )  # fmt: skip
+        return
+    if cfg.persistent:
+        if kh * kw != 1 or (dy, dx) != (1, 1):
+            raise ValueError(f"config {cfg} is a 1x1 kernel, the weight is {kh}x{kw} (dilation {dy}x{dx})")
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n)
+        programs = _persistent_programs(x.device)
+        kernel = _conv1x1_persistent_kernel
+        launch = functools.partial(kernel.warmup, grid=(programs,)) if compile_only else kernel[(min(programs, tiles),)]
+        launch(
+            out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3],
+            height, width, c_in, oh, ow, c_out, m, sy, sx, py, px,
+            UPSAMPLE=upsample, ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=residual is not None,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, PROGRAMS=programs,
+            PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )  # fmt: skip
         return
     partials, arrivals = _split_scratch(cfg, m, c_out, partials, arrivals, bias)
