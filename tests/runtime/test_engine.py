@@ -119,6 +119,22 @@ def test_split_k_and_direct_tiles_across_the_network(model_dirs):
     assert int(engine.network.split_scratch.arrivals.abs().sum()) == 0
 
 
+def test_a_remembered_whole_pixel_tile_falls_back_to_gathers_where_pixels_are_not_words(model_dirs, monkeypatch):
+    """Tuning results are keyed by shapes and strides, not addresses: a whole-pixel pick applied to a view whose
+    pixels are not 8-byte words (here: every view, as far as either module can tell) runs with gathers."""
+    for module in ("yolojet.runtime.lowering", "yolojet.kernels.conv"):
+        monkeypatch.setattr(f"{module}.pixels_are_words", lambda x: False)
+    model_dir = model_dirs("yolo11n.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=1, tune=False)
+    stem = engine.network.launch_list(1)[0]
+    assert stem.nodes == ["model.0/conv"] and not any(c.whole_pixels for c in stem.candidates)
+    stem.configure(ConvConfig(64, 16, 16, 2, 1, direct=True, whole_pixels=True))
+    if DEVICE == "cuda":
+        engine.network._capture()
+    x = torch.rand(1, 3, 64, 64, device=DEVICE)
+    assert relative_l2(engine.raw(x), yolojet.load_reference(model_dir, device=DEVICE)(x)) <= 1e-2
+
+
 def test_persistent_tiles_on_every_1x1_conv_of_a_network(model_dirs):
     """The persistent 1x1 kernel (offered by the tuner from large batches on) given to every 1x1 conv, the
     residual, concat-slice and upsample-fed ones included: outputs still match the reference."""

@@ -8,7 +8,7 @@ per engine (`PackedWeights`) and shared by every batch size.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -177,7 +177,8 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
     m, k = batch * oh * ow, weight.shape[1] * weight.shape[2] * weight.shape[3]
     is_1x1 = weight.shape[1] == weight.shape[2] == 1
     chosen = [default_config(m, c_out, k, is_1x1, x.dtype)]
-    candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=x.shape[3], whole_pixels=pixels_are_words(x))
+    whole_pixels = pixels_are_words(x)
+    candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=x.shape[3], whole_pixels=whole_pixels)
     for config in candidates:
         scratch.reserve(*config.split_scratch(m, c_out))
     slot = scratch.new_slot()
@@ -191,6 +192,8 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
 
     def configure(config: ConvConfig) -> None:
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
+        if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
+            config = replace(config, whole_pixels=False)
         chosen[0] = config
 
     def compile_config(config: ConvConfig) -> None:
