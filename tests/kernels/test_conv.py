@@ -366,6 +366,18 @@ def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_8_channels() -> None:
     assert not any(c.whole_pixels for c in conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False))
 
 
+def test_wide_tiles_offered_only_to_large_layers() -> None:
+    wide = {(256, 128, 64, 8, 3), (128, 256, 64, 8, 4)}
+
+    def tiles(m: int, dtype: torch.dtype = F16) -> set[tuple[int, ...]]:
+        configs = conv_candidate_configs(m, 256, 9 * 256, kernel_is_1x1=False, dtype=dtype)
+        return {(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages) for c in configs}
+
+    assert wide <= tiles(64 * 80 * 80)
+    assert not wide & tiles(80 * 80)  # batch 1
+    assert not wide & tiles(64 * 80 * 80, F32)  # their pipelines overflow shared memory in fp32
+
+
 def test_persistent_tiles_offered_only_to_large_1x1_layers() -> None:
     large = conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True)
     assert [c.block_m for c in large if c.persistent] == [128, 64]

@@ -465,10 +465,14 @@ _HALVES_PER_WORD = 4  # fp16 channels in the 8-byte words of whole-pixel loads
 # work than a tile's gathers (measured on an H200 for yolo11n's 3->16 stem and 8->8 convs at batch 1 and 64).
 _PACKED_TILES = ((128, 64, 4, 2), (64, 64, 4, 2))
 _PACKED_MIN_C_OUT = 32
-# Persistent 1x1 tiles (the 1x1 layers' usual winners), offered from this many output pixels (large batches: never
-# at batch 1 for 640 inputs, whose largest 1x1 map is 160x160), and the programs launched per SM.
+# Layers of at least this many output pixels (large batches: never at batch 1 for 640 inputs, whose largest maps
+# after the stem are 160x160) are also offered the tiles below.
+_LARGE_M = 1 << 17
+# Wider tiles and a deeper pipeline for the big GEMMs (the 3x3 stride-2 convs of m models run at ~400 TFLOP/s on
+# 128x256x64 with 3 stages).
+_LARGE_M_TILES = (ConvConfig(256, 128, 64, 8, 3), ConvConfig(128, 256, 64, 8, 4))
+# Persistent 1x1 tiles (the 1x1 layers' usual winners), and the programs launched per SM.
 _PERSISTENT_TILES = (ConvConfig(128, 128, 64, 4, 3, persistent=True), ConvConfig(64, 128, 64, 4, 3, persistent=True))
-_PERSISTENT_MIN_M = 1 << 17
 _PERSISTENT_PROGRAMS_PER_SM = 2
 _INTERPRETER_PROGRAMS = 3  # under the interpreter: enough to walk tiles several apart
 # Pipeline buffers must fit an SM's shared memory (227 KiB on Hopper) with room left for the epilogue.
@@ -480,7 +484,7 @@ def candidate_set_id() -> str:
     new candidate gets timed."""
     offer = (
         _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
-        _SMEM_BUDGET, _PERSISTENT_TILES, _PERSISTENT_MIN_M, _PERSISTENT_PROGRAMS_PER_SM,
+        _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _PERSISTENT_TILES, _PERSISTENT_PROGRAMS_PER_SM,
         [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
     )  # fmt: skip
     return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
@@ -511,7 +515,7 @@ def conv_candidate_configs(
     if c_in is None:
         c_in = k if kernel_is_1x1 else max(1, k // 9)
     configs = []
-    for c in _CANDIDATES:
+    for c in _CANDIDATES + (_LARGE_M_TILES if m >= _LARGE_M else ()):
         fitted = ConvConfig(_fit(c.block_m, m), _fit(c.block_n, n), _fit(c.block_k, c_in), c.num_warps, c.num_stages)
         smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
         if smem <= _SMEM_BUDGET and fitted not in configs:
@@ -530,7 +534,7 @@ def conv_candidate_configs(
                 if config not in few_channels:
                     few_channels.append(config)
     persistent = []
-    if kernel_is_1x1 and m >= _PERSISTENT_MIN_M:
+    if kernel_is_1x1 and m >= _LARGE_M:
         for c in _PERSISTENT_TILES:
             fitted = replace(c, block_n=_fit(c.block_n, n), block_k=_fit(c.block_k, c_in))
             if fitted not in persistent:
