@@ -10,7 +10,7 @@ if not torch.cuda.is_available():
 
 from kernel_checks import assert_close
 
-from yolojet.kernels.attention import psa_attention
+from yolojet.kernels.attention import AttentionTile, attention_candidate_tiles, default_attention_tile, psa_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
@@ -63,6 +63,32 @@ def test_attention_matches_ultralytics(batch, h, w, heads, kd, hd, dtype, sliced
     assert_close(out, _reference(q, k, v, heads, scale), TOLERANCE[dtype])
     out.fill_(SENTINEL)
     assert bool((out_buf == SENTINEL).all()), "psa_attention wrote outside its output slice"
+
+
+@pytest.mark.parametrize(("h", "w"), [(20, 20), (9, 9), (3, 5)])
+def test_every_candidate_tile_matches_ultralytics(h, w):
+    """The tiles tuning may pick, cut to the token count: 400 tokens (a 640-pixel PSA map) in 2 to 7 key steps,
+    81 with partial blocks, 15 below tl.dot's minimum block."""
+    torch.manual_seed(h * w)
+    heads, kd, hd = 2, 32, 64
+    qkv = torch.randn(2, h, w, heads * (2 * kd + hd), device=DEVICE).to(F16)
+    q, k, v = qkv[..., : heads * kd], qkv[..., heads * kd : 2 * heads * kd], qkv[..., 2 * heads * kd :]
+    expected = _reference(q, k, v, heads, kd**-0.5)
+    tiles = attention_candidate_tiles(h * w)
+    assert tiles[0] == default_attention_tile(h * w) and len(tiles) > 1
+    for tile in tiles:
+        out = torch.full((2, h, w, heads * hd), float("nan"), dtype=F16, device=DEVICE)
+        psa_attention(out, q, k, v, num_heads=heads, scale=kd**-0.5, tile=tile)
+        assert_close(out, expected, TOLERANCE[F16])
+
+
+def test_attention_tiles_are_checked():
+    assert attention_candidate_tiles(400, F32) == [default_attention_tile(400, F32)]
+    assert all(t.block_n <= 16 for t in attention_candidate_tiles(15))
+    with pytest.raises(ValueError, match="block_n must be a power of two"):
+        AttentionTile(16, 48, 4)
+    with pytest.raises(ValueError, match="num_warps"):
+        AttentionTile(16, 64, 3)
 
 
 def _t(c, dtype=F16):

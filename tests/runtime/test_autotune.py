@@ -12,6 +12,7 @@ from triton.runtime.errors import OutOfResources
 
 import yolojet
 from yolojet.errors import EngineConfigError
+from yolojet.kernels.attention import AttentionTile
 from yolojet.kernels.conv import ConvConfig
 from yolojet.runtime.autotune import TuningCache, compile_candidates, tune, untuned
 from yolojet.runtime.engine import Engine
@@ -41,6 +42,21 @@ def test_candidates_that_cannot_run_are_left_out_with_a_warning(tmp_path):
 
     with pytest.raises(EngineConfigError, match=r"model.1/conv: none of its 1 tile candidates runs .* a smaller GPU"):
         tune([conv("model.1/conv", [too_big])], cache, timer=timer)
+
+
+def test_the_cache_keeps_conv_and_attention_tiles_and_skips_entries_it_cannot_read(tmp_path):
+    cache = TuningCache(tmp_path / "autotune.json", device_name="GPU")
+    conv, attention = ConvConfig(64, 32, 16, 2, 1, direct=True, whole_pixels=True), AttentionTile(32, 256, 8)
+    cache.put("conv|a", conv)
+    cache.put("attention|b", attention)
+    cache.save()
+    again = TuningCache(tmp_path / "autotune.json", device_name="GPU")
+    assert again.get("conv|a") == conv and again.get("attention|b") == attention
+    assert TuningCache(tmp_path / "autotune.json", device_name="another GPU").get("conv|a") is None
+    again.entries[again.prefix + "conv|old"] = {"block_m": 64, "tile_shape": "from another version"}
+    again.entries[again.prefix + "conv|bad"] = {"type": "ConvConfig", "block_m": 48, "block_n": 16, "block_k": 16,
+                                               "num_warps": 4, "num_stages": 3}  # fmt: skip
+    assert again.get("conv|old") is None and again.get("conv|bad") is None
 
 
 def test_compile_failures_are_named_by_their_message_and_other_errors_stop_tuning(tmp_path):

@@ -101,8 +101,10 @@ def test_split_k_and_direct_tiles_across_the_network(model_dirs):
     split = direct = whole_pixels = 0
     for bucket in engine.network.buckets:
         for launch in engine.network.launch_list(bucket):
-            directs = sorted((c for c in launch.candidates if c.direct), key=lambda c: not c.whole_pixels)
-            splits = [c for c in launch.candidates if c.split_k > 1]
+            directs = sorted(
+                (c for c in launch.candidates if launch.family == "conv" and c.direct), key=lambda c: not c.whole_pixels
+            )
+            splits = [c for c in launch.candidates if launch.family == "conv" and c.split_k > 1]
             if directs:
                 launch.configure(directs[0])
                 direct += 1
@@ -133,6 +135,23 @@ def test_a_remembered_whole_pixel_tile_falls_back_to_gathers_where_pixels_are_no
         engine.network._capture()
     x = torch.rand(1, 3, 64, 64, device=DEVICE)
     assert relative_l2(engine.raw(x), yolojet.load_reference(model_dir, device=DEVICE)(x)) <= 1e-2
+
+
+def test_every_attention_tile_in_a_network(tmp_path):
+    """yolo11n at 160 pixels: the PSA block attends over 25 tokens, where the candidate tiles differ in query rows
+    and warps; each, given to the attention launch, still matches the reference."""
+    model_dir = yolojet.export(random_model("yolo11n.yaml"), out=tmp_path / "m", imgsz=160)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=1, tune=False)
+    (attention,) = [launch for launch in engine.network.launch_list(1) if launch.family == "attention"]
+    assert attention.tune_key.startswith("attention|") and len(set(attention.candidates)) >= 3
+    x = torch.rand(1, 3, 160, 160, device=DEVICE)
+    expected = yolojet.load_reference(model_dir, device=DEVICE)(x)
+    for tile in attention.candidates:
+        attention.configure(tile)
+        if DEVICE == "cuda":
+            engine.network._capture()
+        engine.network.poison()
+        assert relative_l2(engine.raw(x), expected) <= 1e-2, tile
 
 
 def test_persistent_tiles_on_every_1x1_conv_of_a_network(model_dirs):

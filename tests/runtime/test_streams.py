@@ -199,7 +199,7 @@ def test_split_k_launches_each_get_their_own_scratch(seg_graph):
     network = TritonNetwork(seg_graph, torch.device("cpu"), half=False, max_batch=1, tune_layers=False)
     split = []
     for launch in network.launch_list(1):
-        splits = [c for c in launch.candidates if c.split_k > 1]
+        splits = [c for c in launch.candidates if launch.family == "conv" and c.split_k > 1]
         if splits:
             launch.configure(max(splits, key=lambda c: c.split_k))
             split.append(launch)
@@ -262,7 +262,7 @@ def test_parallel_branches_with_split_k_tiles_change_no_value(tmp_path):
         split = 0
         for bucket in engine.network.buckets:
             for launch in engine.network.launch_list(bucket):
-                splits = [c for c in launch.candidates if c.split_k > 1]
+                splits = [c for c in launch.candidates if launch.family == "conv" and c.split_k > 1]
                 if splits:
                     launch.configure(max(splits, key=lambda c: c.split_k))
                     split += 1

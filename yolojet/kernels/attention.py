@@ -8,7 +8,10 @@ conv's output buffer and out a channel slice of the next layer's input.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -16,6 +19,59 @@ import triton.language as tl
 
 from yolojet.kernels.elementwise import check_view, nhwc_offsets
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+
+
+@dataclass(frozen=True)
+class AttentionTile:
+    """Query tokens a program owns (block_m), key/value tokens it takes a step (block_n), and its warps."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):  # tl.dot's smallest side, and tl.arange's powers of two
+                raise ValueError(f"AttentionTile.{name} must be a power of two >= 16, got {value}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"AttentionTile.num_warps must be a power of two up to 16, got {self.num_warps}")
+
+
+# Tiles worth timing at YOLO's PSA sizes (a 20x20 map: 400 tokens, 1-8 heads): the default walks the keys 64 at a
+# time over 7 dependent steps with few programs; the others take the keys in 2 or 4 wider steps, or give more
+# programs fewer query rows.
+_TILES = (AttentionTile(64, 64, 4), AttentionTile(32, 128, 4), AttentionTile(32, 256, 8), AttentionTile(16, 128, 4))
+
+
+def attention_tile_set_id() -> str:
+    """A short digest of the candidate tiles, for tuning results to be timed again when the offer changes."""
+    return hashlib.sha1(repr(_TILES).encode()).hexdigest()[:8]
+
+
+def _fitted(tile: AttentionTile, tokens: int) -> AttentionTile:
+    """The tile with its blocks cut to the token count (down to 16)."""
+    whole = max(16, triton.next_power_of_2(tokens))
+    return AttentionTile(min(tile.block_m, whole), min(tile.block_n, whole), tile.num_warps)
+
+
+def attention_candidate_tiles(tokens: int, dtype: torch.dtype = torch.float16) -> list[AttentionTile]:
+    """Tiles worth timing for attention over `tokens` tokens; fp32 operands take the default only."""
+    if dtype == torch.float32:
+        return [default_attention_tile(tokens, dtype)]
+    tiles = []
+    for tile in _TILES:
+        fitted = _fitted(tile, tokens)
+        if fitted not in tiles:
+            tiles.append(fitted)
+    return tiles
+
+
+@functools.cache
+def default_attention_tile(tokens: int, dtype: torch.dtype = torch.float16) -> AttentionTile:
+    """The untimed choice. fp32 ("ieee", no tensor cores) runs 1.5x faster with half the query rows."""
+    block_n = min(64, max(16, triton.next_power_of_2(tokens)))
+    return AttentionTile(min(32 if dtype == torch.float32 else 64, block_n), block_n, 4)
 
 
 @triton.jit
@@ -101,7 +157,9 @@ def psa_attention(
     *,
     num_heads: int,
     scale: float,
+    tile: AttentionTile | None = None,
     pdl: bool = False,
+    compile_only: bool = False,
 ) -> None:
     """Multi-head softmax attention over the H·W pixels of each image, written in place.
 
@@ -111,6 +169,7 @@ def psa_attention(
     q, k viewed (B, nh, kd, T) and v (B, nh, hd, T); each head's channels are contiguous (head h of q holds
     channels h·kd ... h·kd + kd − 1). q, k: (N, H, W, nh·kd) views; v, out: (N, H, W, nh·hd) views; one dtype,
     any N/H/W strides, unit channel stride. fp32 accumulation; fp32 operands multiply exactly (no TF32).
+    `tile` picks the blocking (`default_attention_tile` when None); `compile_only` compiles without launching.
     ultralytics' qkv conv interleaves channels per head ([q_h | k_h | v_h] for each h); reorder its output
     channels to [q | k | v] when packing weights, and q, k, v become three consecutive slices of its output.
     """
@@ -124,11 +183,10 @@ def psa_attention(
         raise ValueError(f"v: {v.shape[3]} channels do not split into num_heads={num_heads} heads")
     check_view("out", out, v.shape, q.dtype, q.device)
     kd, hd, t = qc // num_heads, v.shape[3] // num_heads, h * w
-    # tl.dot needs dimensions >= 16. fp32 ("ieee", no tensor cores) runs 1.5x faster with half the query rows.
-    block_n = min(64, max(16, triton.next_power_of_2(t)))
-    block_m = min(32 if q.dtype == torch.float32 else 64, block_n)
-    grid = (triton.cdiv(t, block_m), n * num_heads)
-    _psa_attention_kernel[grid](
+    tile = tile or default_attention_tile(t, q.dtype)
+    grid = (triton.cdiv(t, tile.block_m), n * num_heads)
+    kernel = functools.partial(_psa_attention_kernel.warmup, grid=grid) if compile_only else _psa_attention_kernel[grid]
+    kernel(
         out,
         *out.stride()[:3],
         q,
@@ -145,8 +203,9 @@ def psa_attention(
         HD=hd,
         BLOCK_KD=max(16, triton.next_power_of_2(kd)),
         BLOCK_HD=max(16, triton.next_power_of_2(hd)),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_M=tile.block_m,
+        BLOCK_N=tile.block_n,
         PDL=pdl,
+        num_warps=tile.num_warps,
         **launch_options(pdl),
     )

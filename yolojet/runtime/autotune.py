@@ -30,8 +30,11 @@ except ImportError:  # Triton before the common base class
     from triton.compiler.errors import CompilationError as TritonError
 
 from yolojet.errors import EngineConfigError
+from yolojet.kernels.attention import AttentionTile, attention_tile_set_id
 from yolojet.kernels.conv import ConvConfig, candidate_set_id
-from yolojet.runtime.lowering import Launch
+from yolojet.runtime.lowering import Launch, TileConfig
+
+_CONFIG_TYPES = {cls.__name__: cls for cls in (ConvConfig, AttentionTile)}
 
 
 def cache_dir() -> Path:
@@ -39,23 +42,30 @@ def cache_dir() -> Path:
 
 
 class TuningCache:
-    """A JSON file of {device|triton|launch key: config}; writes replace the file atomically."""
+    """A JSON file of {device|triton|candidate sets|launch key: config}; writes replace the file atomically. An
+    entry this version cannot read (another format, a field since removed) counts as not tuned."""
 
     def __init__(self, path: Path | None = None, device_name: str | None = None) -> None:
         self.path = path or cache_dir() / "autotune.json"
         device_name = device_name or torch.cuda.get_device_name()
-        self.prefix = f"{device_name}|triton-{triton.__version__}|tiles-{candidate_set_id()}|"
+        self.prefix = f"{device_name}|triton-{triton.__version__}|tiles-{candidate_set_id()}-{attention_tile_set_id()}|"
         try:
             self.entries: dict[str, dict] = json.loads(self.path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             self.entries = {}
 
-    def get(self, key: str) -> ConvConfig | None:
+    def get(self, key: str) -> TileConfig | None:
         entry = self.entries.get(self.prefix + key)
-        return ConvConfig(**entry) if entry else None
+        if not isinstance(entry, dict):
+            return None
+        fields = dict(entry)
+        try:
+            return _CONFIG_TYPES[fields.pop("type", "ConvConfig")](**fields)
+        except (KeyError, TypeError, ValueError):
+            return None
 
-    def put(self, key: str, config: ConvConfig) -> None:
-        self.entries[self.prefix + key] = asdict(config)
+    def put(self, key: str, config: TileConfig) -> None:
+        self.entries[self.prefix + key] = {"type": type(config).__name__, **asdict(config)}
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,7 +151,7 @@ def tune(
     candidates runs is an EngineConfigError.
     """
     counts = {"cached": 0, "timed": 0, "unusable": 0}
-    unusable: dict[ConvConfig, str] = {}
+    unusable: dict[TileConfig, str] = {}
     for launch in launches:
         if launch.tune_key is None or launch.configure is None:
             continue
@@ -175,5 +185,5 @@ def tune(
         if progress is not None:
             progress()
     for config, reason in unusable.items():
-        warnings.warn(f"conv tile {config} left out of tuning: {reason}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"tile {config} left out of tuning: {reason}", RuntimeWarning, stacklevel=2)
     return counts

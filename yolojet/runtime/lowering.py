@@ -15,7 +15,7 @@ import torch
 
 from yolojet.errors import GraphError
 from yolojet.ir import Graph, Node
-from yolojet.kernels.attention import psa_attention
+from yolojet.kernels.attention import AttentionTile, attention_candidate_tiles, default_attention_tile, psa_attention
 from yolojet.kernels.classify import global_avg_pool_nhwc, linear_softmax
 from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config, pixels_are_words
 from yolojet.kernels.decode import DecodeSpec, decode_heads
@@ -26,6 +26,8 @@ from yolojet.runtime.reference import OPS as REFERENCE_OPS
 
 # view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
 ViewFn = Callable[..., torch.Tensor]
+# What tuning picks for a launch: a conv's tile, or the attention's blocking
+TileConfig = ConvConfig | AttentionTile
 
 
 @dataclass
@@ -37,9 +39,9 @@ class Launch:
     outputs: list[str]
     run: Callable[[], None]
     tune_key: str | None = None
-    configure: Callable[[ConvConfig], None] | None = None
-    compile: Callable[[ConvConfig], None] | None = None  # compiles a candidate without launching it
-    candidates: list[ConvConfig] = field(default_factory=list)
+    configure: Callable[[TileConfig], None] | None = None
+    compile: Callable[[TileConfig], None] | None = None  # compiles a candidate without launching it
+    candidates: list[TileConfig] = field(default_factory=list)
     reads: list[str] = field(default_factory=list)  # values read and written: what orders it against others
     writes: list[str] = field(default_factory=list)
     # Split-K scratch: the launch's slot in SplitKScratch, and the (partials, arrivals) its current tile needs
@@ -274,6 +276,37 @@ def _lower_maxpool(node: Node, view: ViewFn, pdl: bool) -> Launch:
     return Launch("pool", [node.name], list(node.outputs), run)
 
 
+def _lower_attention(node: Node, out: torch.Tensor, ins: list[torch.Tensor], pdl: bool) -> Launch:
+    """PSA attention, its blocking tuned like a conv's tile."""
+    q, k, v = ins
+    heads, scale = node.attrs["num_heads"], node.attrs["scale"]
+    tokens = q.shape[1] * q.shape[2]
+    chosen = [default_attention_tile(tokens, q.dtype)]
+
+    def run() -> None:
+        psa_attention(out, q, k, v, num_heads=heads, scale=scale, tile=chosen[0], pdl=pdl)
+
+    def configure(tile: AttentionTile) -> None:
+        chosen[0] = tile
+
+    def compile_tile(tile: AttentionTile) -> None:
+        psa_attention(out, q, k, v, num_heads=heads, scale=scale, tile=tile, pdl=pdl, compile_only=True)
+
+    views = "".join(
+        f"|{name}{tuple(t.shape)}s{tuple(t.stride())}" for name, t in zip("qkvo", (q, k, v, out), strict=True)
+    )
+    return Launch(
+        "attention",
+        [node.name],
+        list(node.outputs),
+        run,
+        tune_key=f"attention|{q.dtype}{views}|h{heads}",
+        configure=configure,
+        compile=compile_tile,
+        candidates=attention_candidate_tiles(tokens, q.dtype),
+    )
+
+
 def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
     ins = [view(i) for i in node.inputs]
     outs = [view(o) for o in node.outputs]
@@ -291,11 +324,7 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
 
         family = "elementwise"
     elif node.op == "attention":
-
-        def run() -> None:
-            psa_attention(outs[0], ins[0], ins[1], ins[2], num_heads=a["num_heads"], scale=a["scale"], pdl=pdl)
-
-        family = "attention"
+        return _lower_attention(node, outs[0], ins, pdl)
     elif node.op == "global_avg_pool":
 
         def run() -> None:

@@ -144,13 +144,13 @@ class TritonNetwork:
         def progress() -> None:
             done[0] += 1
             if verbose:
-                print(f"\rtuning conv tiles {done[0]}/{tunable}", end="", file=sys.stderr, flush=True)
+                print(f"\rtuning tiles {done[0]}/{tunable}", end="", file=sys.stderr, flush=True)
 
         pending = [launch for b in self.buckets for launch in untuned(self.launches[b], cache)]
         if pending:
             if verbose:
                 candidates = sum(len(launch.candidates) for launch in pending)
-                print(f"compiling {candidates} tile candidates of {len(pending)} convs", file=sys.stderr, flush=True)
+                print(f"compiling {candidates} tile candidates of {len(pending)} launches", file=sys.stderr, flush=True)
             compile_candidates(pending)
         totals: dict[str, int] = defaultdict(int)
         for b in self.buckets:
