@@ -27,6 +27,17 @@ _TARGET_PROGRAMS = 100
 
 
 @triton.jit
+def _output_pixels(offs_m, OH, OW, conv_stride_y, conv_stride_x, pad_y, pad_x):
+    """(image, output row, output column, first input row, first input column) of GEMM rows `offs_m`. The image
+    index is int64: batch offsets overflow int32 at large batch."""
+    img = (offs_m // (OH * OW)).to(tl.int64)
+    pix = offs_m % (OH * OW)
+    oy = pix // OW
+    ox = pix % OW
+    return img, oy, ox, oy * conv_stride_y - pad_y, ox * conv_stride_x - pad_x
+
+
+@triton.jit
 def _split_range(steps, split, SPLIT_K: tl.constexpr):
     """The K steps [first, end) that split `split` of SPLIT_K walks."""
     if SPLIT_K == 1:
@@ -105,12 +116,7 @@ def _conv2d_nhwc_kernel(
 
     # Spatial decomposition happens once per tile, outside the K loop; batch offsets go through int64 because
     # N·H·W·C overflows int32 at large batch.
-    img = (offs_m // (OH * OW)).to(tl.int64)
-    pix = offs_m % (OH * OW)
-    oy = pix // OW
-    ox = pix % OW
-    iy0 = oy * conv_stride_y - pad_y
-    ix0 = ox * conv_stride_x - pad_x
+    img, oy, ox, iy0, ix0 = _output_pixels(offs_m, OH, OW, conv_stride_y, conv_stride_x, pad_y, pad_x)
     x_img = x_ptr + img * stride_xn
     H_up = H * UPSAMPLE
     W_up = W * UPSAMPLE
@@ -272,10 +278,7 @@ def _conv1x1_persistent_kernel(
         pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        img = (offs_m // (OH * OW)).to(tl.int64)
-        pix = offs_m % (OH * OW)
-        iy = pix // OW * conv_stride_y - pad_y
-        ix = pix % OW * conv_stride_x - pad_x
+        img, oy, ox, iy, ix = _output_pixels(offs_m, OH, OW, conv_stride_y, conv_stride_x, pad_y, pad_x)
         row_ok = (offs_m < M) & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
         # Offsets, not pointer tensors, are carried into the K loop and the pointers formed there: only then does
         # Triton 3.6 software-pipeline the flattened loop (issue the next loads asynchronously).
@@ -289,7 +292,7 @@ def _conv1x1_persistent_kernel(
             b = tl.load(w_ptr + offs_n[None, :] * C_in + k[:, None], mask=k_mask[:, None] & n_ok[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision="ieee")
         _epilogue(acc, (offs_m < M)[:, None] & n_ok[None, :], offs_n, n_ok, img,
-                  pix // OW, pix % OW, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr, stride_on,
+                  oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr, stride_on,
                   stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
 
 
@@ -356,12 +359,7 @@ def _conv2d_direct_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < C_out
-    img = (offs_m // (OH * OW)).to(tl.int64)
-    pix = offs_m % (OH * OW)
-    oy = pix // OW
-    ox = pix % OW
-    iy0 = oy * conv_stride_y - pad_y
-    ix0 = ox * conv_stride_x - pad_x
+    img, oy, ox, iy0, ix0 = _output_pixels(offs_m, OH, OW, conv_stride_y, conv_stride_x, pad_y, pad_x)
     x_img = x_ptr + img * stride_xn
     w_cols = w_ptr + offs_n * (KH * KW * C_IN)
 
