@@ -5,7 +5,7 @@ maps SPATIAL times larger.
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -346,6 +346,58 @@ def test_direct_kernel_loads_whole_pixels(name: str) -> None:
     assert_close(out, ref, TOLERANCE[F16])
 
 
+PACKED_WHOLE_PIXEL_CASES = {
+    # (case, row width of the input buffer, config): the stem's 3 channels in rows of 8, 4 channels in a slice of
+    # rows of 16 with a residual and an upsample, one channel with dilation and a 1x3 kernel (taps padded to 4)
+    "stem_c3_s2_b2": (Case(2, 9, 7, 3, 33, 3, stride=2, padding=1), 8, ConvConfig(64, 64, 64, 4, 2)),
+    "c4_slice_residual_upsample": (
+        Case(3, 5, 6, 4, 16, 3, padding=1, upsample=2, residual=True),
+        16,
+        ConvConfig(32, 16, 64, 2, 2),
+    ),
+    "c1_1x3_dilation_stride_pairs": (
+        Case(2, 9, 7, 1, 7, (1, 3), stride=(2, 1), padding=(0, 2), dilation=2),
+        8,
+        ConvConfig(16, 16, 16, 1, 1),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PACKED_WHOLE_PIXEL_CASES))
+def test_packed_taps_load_whole_pixels(name: str) -> None:
+    """Packed taps with one 8-byte word a tap: the word's halves past the channels (NaN here) must be zeroed."""
+    case, row, config = PACKED_WHOLE_PIXEL_CASES[name]
+    _, x_dense, weight, bias = _make_case(case, seed=300 + list(PACKED_WHOLE_PIXEL_CASES).index(name))
+    buf = torch.full((*x_dense.shape[:3], row), float("nan"), dtype=F16, device=DEVICE)
+    first = 8 if row >= 16 else 0
+    x = buf[..., first : first + case.c_in]
+    x.copy_(x_dense)
+    shape = _reference(case, x, weight, bias, None).shape
+    residual = _nhwc(shape, F16, False)[1] if case.residual else None
+    ref = _reference(case, x, weight, bias, residual)
+    out = torch.full(shape, float("nan"), dtype=F16, device=DEVICE)
+    conv2d_nhwc(
+        out, x, weight, bias, stride=case.stride, padding=case.padding, dilation=case.dilation, residual=residual,
+        upsample=case.upsample, config=replace(config, packed=True, whole_pixels=True),
+    )  # fmt: skip
+    assert_close(out, ref, TOLERANCE[F16])
+
+
+def test_packed_whole_pixels_need_words_of_at_most_4_channels_and_a_k_tile_of_every_tap() -> None:
+    x = torch.randn(1, 5, 6, 8, device=DEVICE).to(F16)
+    args = (torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE), x[..., :3], torch.zeros(16, 3, 3, 3, dtype=F16,
+            device=DEVICE), torch.zeros(16, device=DEVICE))  # fmt: skip
+    with pytest.raises(ValueError, match="block_k = 64 for a 3x3 kernel"):
+        conv2d_nhwc(*args, padding=1, config=ConvConfig(64, 16, 32, 4, 2, packed=True, whole_pixels=True))
+    five = (args[0], x[..., :5], torch.zeros(16, 3, 3, 5, dtype=F16, device=DEVICE), args[3])
+    with pytest.raises(ValueError, match="at most 4 fp16 channels"):
+        conv2d_nhwc(*five, padding=1, config=ConvConfig(64, 16, 64, 4, 2, packed=True, whole_pixels=True))
+    stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False, whole_pixels=True)
+    assert {(c.block_k, c.block_n) for c in stem if c.packed and c.whole_pixels} == {(64, 16)}
+    eight = conv_candidate_configs(160 * 160, 16, 72, kernel_is_1x1=False, c_in=8, whole_pixels=True)
+    assert not any(c.packed and c.whole_pixels for c in eight)
+
+
 def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_8_channels() -> None:
     rows_of_8 = torch.zeros(1, 5, 6, 8, dtype=F16, device=DEVICE)
     assert pixels_are_words(rows_of_8[..., :3]) and pixels_are_words(rows_of_8) and pixels_are_words(rows_of_8[..., 4:])
@@ -359,7 +411,7 @@ def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_8_channels() -> None:
             torch.zeros(16, 3, 3, 3, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE), padding=1,
             config=ConvConfig(64, 16, 16, 2, 1, direct=True, whole_pixels=True),
         )  # fmt: skip
-    with pytest.raises(ValueError, match="mode of the direct kernel"):
+    with pytest.raises(ValueError, match="mode of the direct kernel and of packed taps"):
         ConvConfig(64, 16, 16, 2, 1, whole_pixels=True)
     stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False, whole_pixels=True)
     assert {c.whole_pixels for c in stem if c.direct} == {False, True}

@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 import torch.nn.functional as F
 from kernel_checks import assert_close
 
-from yolojet.kernels.dwconv import dwconv2d_nhwc
+from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
@@ -61,10 +61,7 @@ def _nhwc(shape, dtype, sliced, fill=None):
     return buf, view
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_dwconv_matches_reference(name):
-    case = CASES[name]
-    torch.manual_seed(list(CASES).index(name))
+def _reference_and_inputs(case: Case):
     kh, kw = case.kernel
     x = _nhwc((case.batch, case.h, case.w, case.c), case.dtype, case.sliced)[1]
     weight = (torch.randn(case.c, kh, kw, dtype=torch.float64) / (kh * kw) ** 0.5).to(DEVICE, case.dtype)
@@ -81,6 +78,14 @@ def test_dwconv_matches_reference(name):
     residual = _nhwc(ref.shape, case.dtype, case.sliced)[1] if case.residual else None
     if residual is not None:
         ref = ref + residual.double()
+    return ref, x, weight, bias, residual
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_dwconv_matches_reference(name):
+    case = CASES[name]
+    torch.manual_seed(list(CASES).index(name))
+    ref, x, weight, bias, residual = _reference_and_inputs(case)
     out_buf, out = _nhwc(ref.shape, case.dtype, case.sliced, fill=SENTINEL)
     out.fill_(float("nan"))
 
@@ -91,6 +96,42 @@ def test_dwconv_matches_reference(name):
     assert_close(out, ref, TOLERANCE[case.dtype])
     out.fill_(SENTINEL)
     assert bool((out_buf == SENTINEL).all()), "dwconv wrote outside its output slice"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(Case(2, 9, 7, 80, sliced=True), id="c80_in_blocks_of_16_64_128_sliced"),
+        pytest.param(Case(1, 11, 9, 13, stride=2, activation="identity", residual=True), id="c13_stride2_residual"),
+    ],
+)
+def test_every_candidate_tile_matches_reference(case):
+    """The tiles tuning may pick: channel blocks that divide the channels, overhang them, or hold them all."""
+    torch.manual_seed(case.c)
+    ref, x, weight, bias, residual = _reference_and_inputs(case)
+    tiles = dwconv_candidate_tiles(case.c)
+    assert tiles and default_dwconv_tile(case.c) in tiles
+    for tile in tiles:
+        out_buf, out = _nhwc(ref.shape, case.dtype, case.sliced, fill=SENTINEL)
+        out.fill_(float("nan"))
+        dwconv2d_nhwc(
+            out, x, weight, bias, stride=case.stride, padding=case.padding, activation=case.activation,
+            residual=residual, tile=tile,
+        )  # fmt: skip
+        assert_close(out, ref, TOLERANCE[case.dtype])
+        out.fill_(SENTINEL)
+        assert bool((out_buf == SENTINEL).all()), f"dwconv with {tile} wrote outside its output slice"
+
+
+def test_candidate_tiles_fit_the_channels():
+    assert {t.block_c for t in dwconv_candidate_tiles(80)} == {16, 64, 128}  # 16 divides 80 exactly
+    assert {t.block_c for t in dwconv_candidate_tiles(256)} == {64, 128}
+    assert {t.block_c for t in dwconv_candidate_tiles(5)} == {8}
+    assert dwconv_candidate_tiles(80, F32) == [default_dwconv_tile(80)]
+    with pytest.raises(ValueError, match="block_c must be a power of two"):
+        DwConvTile(16, 48, 4)
+    with pytest.raises(ValueError, match="num_warps"):
+        DwConvTile(16, 64, 3)
 
 
 def _t(*shape, dtype=F16):

@@ -14,6 +14,7 @@ import yolojet
 from yolojet.errors import EngineConfigError
 from yolojet.kernels.attention import AttentionTile
 from yolojet.kernels.conv import ConvConfig
+from yolojet.kernels.dwconv import DwConvTile
 from yolojet.runtime.autotune import TuningCache, compile_candidates, tune, untuned
 from yolojet.runtime.engine import Engine
 from yolojet.runtime.lowering import Launch
@@ -44,14 +45,17 @@ def test_candidates_that_cannot_run_are_left_out_with_a_warning(tmp_path):
         tune([conv("model.1/conv", [too_big])], cache, timer=timer)
 
 
-def test_the_cache_keeps_conv_and_attention_tiles_and_skips_entries_it_cannot_read(tmp_path):
+def test_the_cache_keeps_every_kind_of_tile_and_skips_entries_it_cannot_read(tmp_path):
     cache = TuningCache(tmp_path / "autotune.json", device_name="GPU")
     conv, attention = ConvConfig(64, 32, 16, 2, 1, direct=True, whole_pixels=True), AttentionTile(32, 256, 8)
+    depthwise = DwConvTile(64, 16, 4)
     cache.put("conv|a", conv)
     cache.put("attention|b", attention)
+    cache.put("dwconv|c", depthwise)
     cache.save()
     again = TuningCache(tmp_path / "autotune.json", device_name="GPU")
     assert again.get("conv|a") == conv and again.get("attention|b") == attention
+    assert again.get("dwconv|c") == depthwise
     assert TuningCache(tmp_path / "autotune.json", device_name="another GPU").get("conv|a") is None
     again.entries[again.prefix + "conv|old"] = {"block_m": 64, "tile_shape": "from another version"}
     again.entries[again.prefix + "conv|bad"] = {"type": "ConvConfig", "block_m": 48, "block_n": 16, "block_k": 16,

@@ -38,6 +38,14 @@ def _output_pixels(offs_m, OH, OW, conv_stride_y, conv_stride_x, pad_y, pad_x):
 
 
 @triton.jit
+def _word_half(words, half: tl.constexpr, C_in):
+    """fp16 channel `half` of 8-byte pixel words, zero past C_in: the word's spare halves are row padding that is
+    never written, and garbage times a zero weight can still be NaN."""
+    value = ((words >> (16 * half)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    return tl.where(half < C_in, value, 0.0).to(tl.float16)
+
+
+@triton.jit
 def _split_range(steps, split, SPLIT_K: tl.constexpr):
     """The K steps [first, end) that split `split` of SPLIT_K walks."""
     if SPLIT_K == 1:
@@ -84,6 +92,7 @@ def _conv2d_nhwc_kernel(
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     PACK_TAPS: tl.constexpr,
+    WHOLE_PIXELS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -101,6 +110,10 @@ def _conv2d_nhwc_kernel(
     its fp32 partial tile in partial_ptr and counts itself in arrivals_ptr[tile], and the last to arrive sums
     the partials in split order (so results do not depend on arrival order), applies the epilogue, and resets
     the count to 0 for the next launch.
+
+    PACK_TAPS runs K over (ky, kx, ci) flattened, every tap in one K tile. With WHOLE_PIXELS too (fp16 input of
+    at most 4 channels whose pixels are 8-byte words), K runs over (tap, the word's 4 halves): each tap's
+    channels arrive as one 8-byte load and BLOCK_K = 4 · (taps rounded up to a power of two).
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -140,6 +153,31 @@ def _conv2d_nhwc_kernel(
             acc = tl.dot(a, b, acc, input_precision="ieee")
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
+    elif PACK_TAPS and WHOLE_PIXELS:
+        # The stem: 9 taps of 3 channels. One 8-byte word per (pixel, tap) replaces the 27 two-byte gathers of
+        # the branch below; the word's halves are taken apart in registers and interleaved into K = (tap, half).
+        TAPS: tl.constexpr = BLOCK_K // 4
+        taps = tl.arange(0, TAPS)
+        ky = taps // KW
+        kx = taps - ky * KW
+        iy = iy0[:, None] + (ky * dil_y)[None, :]
+        ix = ix0[:, None] + (kx * dil_x)[None, :]
+        ok = m_mask[:, None] & (taps < KH * KW)[None, :] & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
+        pixel = (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+        words = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + (img * stride_xn)[:, None] // 4 + pixel // 4, mask=ok,
+                        other=0)  # fmt: skip
+        h0 = _word_half(words, 0, C_in)
+        h1 = _word_half(words, 1, C_in)
+        h2 = _word_half(words, 2, C_in)
+        h3 = _word_half(words, 3, C_in)
+        # join(join(h0, h2), join(h1, h3))[m, t, i, j] is half 2i + j of tap t: K index t·4 + half after the reshape.
+        a = tl.reshape(tl.join(tl.join(h0, h2), tl.join(h1, h3)), (BLOCK_M, BLOCK_K))
+        k = tl.arange(0, BLOCK_K)
+        tap = k // 4
+        ci = k % 4
+        k_ok = (tap < KH * KW) & (ci < C_in)
+        b = tl.load(w_rows[None, :] + (tap * C_in + ci)[:, None], mask=k_ok[:, None] & n_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
     elif PACK_TAPS:
         # A handful of input channels feeding many outputs (the stem of the wider models): one tap's channels
         # would fill a sliver of a K tile, so K runs over (ky, kx, ci) flattened, as the weight is packed, and
@@ -406,7 +444,7 @@ class ConvConfig:
     num_stages: int
     split_k: int = 1  # programs sharing each output tile's K steps (see the kernel)
     direct: bool = False  # the FMA kernel for a few input channels; block_k, num_stages and split_k unused
-    whole_pixels: bool = False  # direct only: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
+    whole_pixels: bool = False  # direct or packed: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
     packed: bool = False  # K tiles run over all taps at once (PACK_TAPS in the kernel), for a few input channels
     persistent: bool = False  # 1x1 only: a fixed grid of programs walking the tiles (_conv1x1_persistent_kernel)
 
@@ -422,8 +460,8 @@ class ConvConfig:
             raise ValueError("ConvConfig: the direct kernel does not split K")
         if self.packed and (self.direct or self.split_k != 1):
             raise ValueError("ConvConfig: packed taps are a tensor-core tile that does not split K")
-        if self.whole_pixels and not self.direct:
-            raise ValueError("ConvConfig: whole-pixel loads are a mode of the direct kernel")
+        if self.whole_pixels and not (self.direct or self.packed):
+            raise ValueError("ConvConfig: whole-pixel loads are a mode of the direct kernel and of packed taps")
         if self.persistent and (self.direct or self.packed or self.split_k != 1):
             raise ValueError("ConvConfig: the persistent kernel is a 1x1 tensor-core tile that does not split K")
 
@@ -529,6 +567,14 @@ def conv_candidate_configs(
             for block_m, block_n, warps, stages in _PACKED_TILES:
                 # One K tile holds every tap (k <= 72 here), so there is no K loop to pipeline.
                 config = ConvConfig(_fit(block_m, m), _fit(block_n, n), _fit(128, k), warps, stages, packed=True)
+                if config not in few_channels:
+                    few_channels.append(config)
+        if whole_pixels and c_in <= _HALVES_PER_WORD:
+            # A tap's channels in one word: K = 4 halves per tap, so the stem's tile reads 9 words a pixel.
+            block_k = _HALVES_PER_WORD * max(4, 1 << (k // c_in - 1).bit_length())
+            for block_m, block_n, warps, stages in _PACKED_TILES:
+                config = ConvConfig(_fit(block_m, m), _fit(block_n, n), block_k, warps, stages, whole_pixels=True,
+                                    packed=True)  # fmt: skip
                 if config not in few_channels:
                     few_channels.append(config)
     persistent = []
@@ -752,6 +798,14 @@ def conv2d_nhwc(
             PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )  # fmt: skip
         return
+    if cfg.whole_pixels:
+        taps_block = _HALVES_PER_WORD * max(4, triton.next_power_of_2(kh * kw))
+        if not pixels_are_words(x) or c_in > _HALVES_PER_WORD or cfg.block_k != taps_block:
+            raise ValueError(
+                f"config {cfg} loads whole pixels with packed taps: it needs 8-byte-aligned pixels of at most "
+                f"{_HALVES_PER_WORD} fp16 channels (x: {x.dtype}, {c_in} channels, strides {x.stride()}) and "
+                f"block_k = {taps_block} for a {kh}x{kw} kernel"
+            )
     partials, arrivals = _split_scratch(cfg, m, c_out, partials, arrivals, bias)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)
     kernel = functools.partial(_conv2d_nhwc_kernel.warmup, grid=grid) if compile_only else _conv2d_nhwc_kernel[grid]
@@ -785,6 +839,7 @@ def conv2d_nhwc(
         ACTIVATION=ACTIVATIONS[activation],
         HAS_RESIDUAL=residual is not None,
         PACK_TAPS=cfg.packed,
+        WHOLE_PIXELS=cfg.whole_pixels,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,

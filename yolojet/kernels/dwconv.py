@@ -7,6 +7,10 @@ run per tap and pixel, and keeps the fp32 accumulator in registers. Bias, activa
 
 from __future__ import annotations
 
+import functools
+import hashlib
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -14,6 +18,62 @@ import triton.language as tl
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
 from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets, pixel_coords
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+
+
+@dataclass(frozen=True)
+class DwConvTile:
+    """Output pixels (block_p) and channels (block_c) a program owns, and its warps."""
+
+    block_p: int
+    block_c: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_p", "block_c"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):  # tl.arange's powers of two
+                raise ValueError(f"DwConvTile.{name} must be a power of two, got {value}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"DwConvTile.num_warps must be a power of two up to 16, got {self.num_warps}")
+
+
+# Elements (pixels x channels) a program owns, with the warps that suit them. Small tiles give a batch-1 map of a few
+# hundred pixels enough programs; large ones halve the halo rows each program reads again at large batches.
+_TILE_ELEMENTS = ((1024, 4), (2048, 4), (4096, 8))
+_WIDEST_CHANNEL_BLOCK = 128
+
+
+def dwconv_tile_set_id() -> str:
+    """A short digest of how candidate tiles are made, for tuning results to be timed again when it changes."""
+    return hashlib.sha1(repr((_TILE_ELEMENTS, _WIDEST_CHANNEL_BLOCK)).encode()).hexdigest()[:8]
+
+
+def _channel_blocks(channels: int) -> list[int]:
+    """Channel runs worth a tile: the default's, the widest, and the widest power of two that divides the channels
+    exactly (80 channels: five blocks of 16 instead of two of 64, one of them a quarter used)."""
+    widest = min(_WIDEST_CHANNEL_BLOCK, triton.next_power_of_2(channels))
+    exact = channels & -channels  # the largest power of two dividing it
+    blocks = {default_dwconv_tile(channels).block_c, widest}
+    if 16 <= exact < widest:
+        blocks.add(exact)
+    return sorted(blocks)
+
+
+def dwconv_candidate_tiles(channels: int, dtype: torch.dtype = torch.float16) -> list[DwConvTile]:
+    """Tiles worth timing for a depthwise conv over `channels` channels; fp32 takes the default only."""
+    if dtype == torch.float32:
+        return [default_dwconv_tile(channels)]
+    return [
+        DwConvTile(max(1, elements // block_c), block_c, warps)
+        for block_c in _channel_blocks(channels)
+        for elements, warps in _TILE_ELEMENTS
+    ]
+
+
+@functools.cache
+def default_dwconv_tile(channels: int) -> DwConvTile:
+    """The untimed choice: 2048-element tiles with up to 64 contiguous channels, 4 warps."""
+    return DwConvTile(*nhwc_blocks(channels), 4)
 
 
 @triton.jit
@@ -86,14 +146,17 @@ def dwconv2d_nhwc(
     padding: int = 0,
     activation: str = "identity",
     residual: torch.Tensor | None = None,
+    tile: DwConvTile | None = None,
     pdl: bool = False,
+    compile_only: bool = False,
 ) -> None:
     """out = act(depthwise_conv2d(x, weight) + bias) (+ residual), written in place.
 
     out[n, oh, ow, c] = act(bias[c] + sum_{i, j} weight[c, i, j] · x[n, oh·stride − padding + i, ow·stride −
     padding + j, c]) + residual[n, oh, ow, c], with x zero outside the image and the residual added after the
     activation. x: (N, H, W, C) view; out, residual: (N, OH, OW, C) views of x's dtype (any N/H/W strides, unit
-    channel stride); weight: contiguous (C, kh, kw) of x's dtype; bias: fp32 (C,).
+    channel stride); weight: contiguous (C, kh, kw) of x's dtype; bias: fp32 (C,). `tile` picks the blocking
+    (`default_dwconv_tile` when None); `compile_only` compiles without launching.
     """
     check_view("x", x, (None,) * 4)
     n, h, w, c = x.shape
@@ -114,9 +177,10 @@ def dwconv2d_nhwc(
     if residual is not None:
         check_view("residual", residual, (n, oh, ow, c), x.dtype, x.device)
     res = out if residual is None else residual  # never read without HAS_RES; any valid pointer will do
-    block_p, block_c = nhwc_blocks(c)
-    grid = (triton.cdiv(n * oh * ow, block_p), triton.cdiv(c, block_c))
-    _dwconv2d_kernel[grid](
+    tile = tile or default_dwconv_tile(c)
+    grid = (triton.cdiv(n * oh * ow, tile.block_p), triton.cdiv(c, tile.block_c))
+    kernel = functools.partial(_dwconv2d_kernel.warmup, grid=grid) if compile_only else _dwconv2d_kernel[grid]
+    kernel(
         out,
         *out.stride()[:3],
         x,
@@ -137,8 +201,9 @@ def dwconv2d_nhwc(
         PAD=padding,
         ACT=ACTIVATIONS[activation],
         HAS_RES=residual is not None,
-        BLOCK_P=block_p,
-        BLOCK_C=block_c,
+        BLOCK_P=tile.block_p,
+        BLOCK_C=tile.block_c,
         PDL=pdl,
+        num_warps=tile.num_warps,
         **launch_options(pdl),
     )

@@ -32,9 +32,10 @@ except ImportError:  # Triton before the common base class
 from yolojet.errors import EngineConfigError
 from yolojet.kernels.attention import AttentionTile, attention_tile_set_id
 from yolojet.kernels.conv import ConvConfig, candidate_set_id
+from yolojet.kernels.dwconv import DwConvTile, dwconv_tile_set_id
 from yolojet.runtime.lowering import Launch, TileConfig
 
-_CONFIG_TYPES = {cls.__name__: cls for cls in (ConvConfig, AttentionTile)}
+_CONFIG_TYPES = {cls.__name__: cls for cls in (ConvConfig, DwConvTile, AttentionTile)}
 
 
 def cache_dir() -> Path:
@@ -48,7 +49,8 @@ class TuningCache:
     def __init__(self, path: Path | None = None, device_name: str | None = None) -> None:
         self.path = path or cache_dir() / "autotune.json"
         device_name = device_name or torch.cuda.get_device_name()
-        self.prefix = f"{device_name}|triton-{triton.__version__}|tiles-{candidate_set_id()}-{attention_tile_set_id()}|"
+        tile_sets = f"{candidate_set_id()}-{dwconv_tile_set_id()}-{attention_tile_set_id()}"
+        self.prefix = f"{device_name}|triton-{triton.__version__}|tiles-{tile_sets}|"
         try:
             self.entries: dict[str, dict] = json.loads(self.path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):

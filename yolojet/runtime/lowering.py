@@ -19,15 +19,15 @@ from yolojet.kernels.attention import AttentionTile, attention_candidate_tiles, 
 from yolojet.kernels.classify import global_avg_pool_nhwc, linear_softmax
 from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config, pixels_are_words
 from yolojet.kernels.decode import DecodeSpec, decode_heads
-from yolojet.kernels.dwconv import dwconv2d_nhwc
+from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
 from yolojet.kernels.pool import maxpool2d_nhwc, sppf_pools
 from yolojet.runtime.reference import OPS as REFERENCE_OPS
 
 # view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
 ViewFn = Callable[..., torch.Tensor]
-# What tuning picks for a launch: a conv's tile, or the attention's blocking
-TileConfig = ConvConfig | AttentionTile
+# What tuning picks for a launch: a conv's tile, a depthwise conv's or the attention's blocking
+TileConfig = ConvConfig | DwConvTile | AttentionTile
 
 
 @dataclass
@@ -149,10 +149,12 @@ def _pair(v: Any) -> tuple[int, int]:
     return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
-def _conv_tune_key(x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, node: Node, residual: bool) -> str:
+def _conv_tune_key(
+    family: str, x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, node: Node, residual: bool
+) -> str:
     a = node.attrs
     return (
-        f"conv|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}|o{tuple(out.shape)}s{tuple(out.stride())}"
+        f"{family}|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}|o{tuple(out.shape)}s{tuple(out.stride())}"
         f"|w{tuple(weight.shape)}|st{a['stride']}|p{a['padding']}|d{a['dilation']}|{a['activation']}|r{int(residual)}"
     )
 
@@ -166,14 +168,7 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
     if a["groups"] != 1:
         if a["groups"] != x.shape[3] or weight.shape[0] != x.shape[3] or dilation != (1, 1) or stride[0] != stride[1]:
             raise GraphError(f"node {node.name}: grouped conv with groups={a['groups']} has no kernel")
-
-        def run_depthwise() -> None:
-            dwconv2d_nhwc(
-                out, x, weight, bias, stride=stride[0], padding=padding[0], activation=a["activation"],
-                residual=residual, pdl=pdl,
-            )  # fmt: skip
-
-        return Launch("dwconv", [node.name], list(node.outputs), run_depthwise)
+        return _lower_depthwise(node, x, out, weight, bias, residual, stride[0], padding[0], pdl)
 
     batch, oh, ow, c_out = out.shape
     m, k = batch * oh * ow, weight.shape[1] * weight.shape[2] * weight.shape[3]
@@ -210,12 +205,48 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
         [node.name],
         list(node.outputs),
         run,
-        tune_key=_conv_tune_key(x, out, weight, node, residual is not None),
+        tune_key=_conv_tune_key("conv", x, out, weight, node, residual is not None),
         configure=configure,
         compile=compile_config,
         candidates=candidates,
         split_slot=slot,
         split_need=lambda: chosen[0].split_scratch(m, c_out),
+    )
+
+
+def _lower_depthwise(
+    node: Node,
+    x: torch.Tensor,
+    out: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor | None,
+    stride: int,
+    padding: int,
+    pdl: bool,
+) -> Launch:
+    """A depthwise conv, its blocking tuned like a conv's tile."""
+    activation = node.attrs["activation"]
+    chosen = [default_dwconv_tile(x.shape[3])]
+
+    def launch(tile: DwConvTile, compile_only: bool = False) -> None:
+        dwconv2d_nhwc(
+            out, x, weight, bias, stride=stride, padding=padding, activation=activation, residual=residual,
+            tile=tile, pdl=pdl, compile_only=compile_only,
+        )  # fmt: skip
+
+    def configure(tile: DwConvTile) -> None:
+        chosen[0] = tile
+
+    return Launch(
+        "dwconv",
+        [node.name],
+        list(node.outputs),
+        lambda: launch(chosen[0]),
+        tune_key=_conv_tune_key("dwconv", x, out, weight, node, residual is not None),
+        configure=configure,
+        compile=lambda tile: launch(tile, compile_only=True),
+        candidates=dwconv_candidate_tiles(x.shape[3], x.dtype),
     )
 
 
