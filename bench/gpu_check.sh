@@ -4,6 +4,7 @@
 # paths against ultralytics), the cold and cached start-up, then the network benchmark. Results land in $OUT. Each stage has its own
 # time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
 #   bash bench/gpu_check.sh   # needs .whl/ beside the code: ../shared/device/wheels.sh, then wheels.sh pycocotools==2.0.11
+#                             # (and, for parallel test workers, wheels.sh pytest-xdist==3.8.0 execnet==2.1.2)
 #   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
@@ -22,9 +23,13 @@ for stage in $STAGES; do
   tests)
     # SIGINT at the limit: pytest still prints its summary of what failed so far. A test whose code turns
     # SIGINT into an exit status (the CLI's) swallows it, so a KILL follows 30 s later; failures are printed
-    # as they happen, so the log keeps them either way.
+    # as they happen, so the log keeps them either way. Compiling kernels on a bare machine is most of a test
+    # run, one process at a time: with pytest-xdist in .whl, TEST_WORKERS processes (8 by default) share the
+    # files, each keeping a file's tests together so its fixtures are built once.
+    workers=()
+    if python3 -c "import xdist" 2>/dev/null; then workers=(-n "${TEST_WORKERS:-8}" --dist loadfile); fi
     YOLOJET_NOTUNE=1 YOLOJET_LIVE_FAILURES=1 timeout -s INT -k 30 "${TEST_SECONDS:-220}" python3 -m pytest ${TESTS:-tests/pipeline tests/eval tests/runtime tests/kernels} \
-      -q -p no:cacheprovider --tb=short -rfE ${TEST_FLAGS:-} > "$OUT/tests.log" 2>&1
+      "${workers[@]}" -q -p no:cacheprovider --tb=short -rfE ${TEST_FLAGS:-} > "$OUT/tests.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -25 ;;
   startup)
     timeout "${STARTUP_SECONDS:-200}" python3 bench/bench_network.py --models yolo11n --startup-only --out "$OUT" \
