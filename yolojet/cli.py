@@ -285,7 +285,11 @@ def _unique_target(folder: Path, stem: str, taken: set[str]) -> Path:
 def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine switches, for debugging and experiments")
     group.add_argument("--no-tune", action="store_true", help="untimed default conv tiles (as YOLOJET_NOTUNE=1)")
-    group.add_argument("--no-fuse", action="store_true", help="one launch per node where nodes share one (SPPF)")
+    group.add_argument(
+        "--no-fuse",
+        action="store_true",
+        help="one launch per node where nodes share one (SPPF's pools; a neck upsample and the 1x1 conv after it)",
+    )
     group.add_argument(
         "--no-pdl", action="store_true", help="ordinary launches, no programmatic dependent launch (as YOLOJET_PDL=0)"
     )

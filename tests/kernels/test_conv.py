@@ -398,6 +398,63 @@ def test_packed_whole_pixels_need_words_of_at_most_4_channels_and_a_k_tile_of_ev
     assert not any(c.packed and c.whole_pixels for c in eight)
 
 
+TWO_INPUT_CASES = {
+    # (batch, h, w of the upsampled map, C1 upsampled, C2, C_out, upsample, dtype, config, residual, sliced)
+    "neck_default_tile": (2, 6, 8, 20, 13, 16, 2, F16, None, False, True),
+    "split_k_across_both_inputs": (2, 6, 8, 20, 13, 33, 2, F16, ConvConfig(16, 32, 16, 2, 2, split_k=3), False, False),
+    "fp32_residual_no_upsample": (3, 5, 6, 8, 24, 16, 1, F32, ConvConfig(32, 16, 16, 1, 1), True, True),
+}
+
+
+@pytest.mark.parametrize("name", list(TWO_INPUT_CASES))
+def test_two_inputs_read_as_one_upsampled_concat(name: str) -> None:
+    """A 1x1 conv over cat(upsample(x), second), the concat and the upsample never built."""
+    batch, h, w, c1, c2, c_out, up, dtype, config, with_residual, sliced = TWO_INPUT_CASES[name]
+    torch.manual_seed(400 + list(TWO_INPUT_CASES).index(name))
+    x = _nhwc((batch, h // up, w // up, c1), dtype, sliced)[1]
+    second = _nhwc((batch, h, w, c2), dtype, sliced)[1]
+    weight = (torch.randn(c_out, 1, 1, c1 + c2, dtype=torch.float64) / (c1 + c2) ** 0.5).to(DEVICE, dtype)
+    bias = torch.randn(c_out, device=DEVICE)
+    joined = torch.cat(
+        [F.interpolate(x.double().permute(0, 3, 1, 2), scale_factor=up), second.double().permute(0, 3, 1, 2)], 1
+    )
+    ref = F.silu(F.conv2d(joined, weight.double().permute(0, 3, 1, 2), bias.double())).permute(0, 2, 3, 1)
+    residual = _nhwc(ref.shape, dtype, sliced)[1] if with_residual else None
+    if residual is not None:
+        ref = ref + residual.double()
+    out_buf, out = _nhwc(ref.shape, dtype, sliced, fill=SENTINEL)
+    out.fill_(float("nan"))
+    scratch = {}
+    if config is not None and config.split_k > 1:
+        elements, tiles = config.split_scratch(batch * h * w, c_out)
+        scratch = {"partials": torch.empty(elements, device=DEVICE), "arrivals": torch.zeros(tiles, dtype=torch.int32,
+                   device=DEVICE)}  # fmt: skip
+    conv2d_nhwc(out, x, weight, bias, upsample=up, second=second, residual=residual, config=config, **scratch)
+    assert_close(out, ref, TOLERANCE[dtype])
+    out.fill_(SENTINEL)
+    assert bool((out_buf == SENTINEL).all()), "the conv wrote outside its output slice"
+    if scratch:
+        assert int(scratch["arrivals"].abs().sum()) == 0
+
+
+def test_a_second_input_needs_a_plain_1x1_conv_on_gemm_tiles() -> None:
+    x, second = torch.randn(1, 3, 4, 8, device=DEVICE).to(F16), torch.randn(1, 6, 8, 8, device=DEVICE).to(F16)
+    out, bias = torch.empty(1, 6, 8, 16, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE)
+    one_by_one = torch.zeros(16, 1, 1, 16, dtype=F16, device=DEVICE)
+    with pytest.raises(ValueError, match="weight expects C_in=8 but x has 8 channels and second 8"):
+        conv2d_nhwc(out, x, one_by_one[..., :8].contiguous(), bias, upsample=2, second=second)
+    with pytest.raises(ValueError, match="needs a 1x1 conv with stride 1 and no padding"):
+        conv2d_nhwc(out, x, torch.zeros(16, 3, 3, 16, dtype=F16, device=DEVICE), bias, upsample=2, padding=1,
+                    second=second)  # fmt: skip
+    with pytest.raises(ValueError, match=r"second must have shape \(1, 6, 8, 8\)"):
+        conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second[:, :5])
+    with pytest.raises(ValueError, match="GEMM tiles only"):
+        conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second, config=ConvConfig(16, 16, 16, 1, 1,
+                    persistent=True))  # fmt: skip
+    with pytest.raises(ValueError, match="second must be a 4-D"):
+        conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second[0])
+
+
 def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_8_channels() -> None:
     rows_of_8 = torch.zeros(1, 5, 6, 8, dtype=F16, device=DEVICE)
     assert pixels_are_words(rows_of_8[..., :3]) and pixels_are_words(rows_of_8) and pixels_are_words(rows_of_8[..., 4:])

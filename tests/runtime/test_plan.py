@@ -6,8 +6,8 @@ import pytest
 from support import random_model
 
 from yolojet.export.walker import export_graph
-from yolojet.ir import Node
-from yolojet.runtime.plan import ARENA_ALIGN, _reads_widened, plan_memory
+from yolojet.ir import Graph, ModelMeta, Node, Value
+from yolojet.runtime.plan import ARENA_ALIGN, _reads_widened, plan_memory, upsample_folds
 
 
 @pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolov8n-seg.yaml", "yolo26n-pose.yaml", "yolov8n-cls.yaml"])
@@ -65,3 +65,48 @@ def test_decode_takes_widened_score_and_extra_maps_but_not_box_maps():
     conv = Node("c", "conv", ["kpt0"], ["y"], {"groups": 1})
     residual = Node("r", "conv", ["kpt0", "skip"], ["z"], {"groups": 1})
     assert _reads_widened(conv, "kpt0") and not _reads_widened(residual, "kpt0")
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolov8n-seg.yaml", "yolo26n-pose.yaml"])
+def test_necks_1x1_convs_fold_their_upsample_and_keep_its_input_alive(cfg):
+    """Each neck's Upsample → Concat → 1x1 conv (two of them in every P3-P5 model) folds: the conv reads the
+    upsample's input itself, so that input's buffer lives until the conv and no buffer written before then may
+    take its memory."""
+    graph = export_graph(random_model(cfg), 64)
+    plan = plan_memory(graph)
+    position = {node.name: i for i, node in enumerate(graph.nodes)}
+    by_name = {node.name: node for node in graph.nodes}
+    assert len(plan.upsample_folds) == 2
+    for conv, up in plan.upsample_folds.items():
+        assert by_name[up].op == "upsample" and position[conv] == position[up] + 2
+        source = plan.buffers[plan.placements[by_name[up].inputs[0]].buffer]
+        assert source.last >= position[conv]
+        for other in plan.buffers:
+            alive_together = other.first <= position[conv] <= other.last
+            if other.kind == "feature" and other.index != source.index and alive_together:
+                ends = sorted([(source.offset, source.per_image), (other.offset, other.per_image)])
+                assert ends[0][0] + ends[0][1] <= ends[1][0], f"buffer {other.index} overlaps the folded input"
+
+
+def test_only_an_upsample_read_by_its_concat_alone_feeding_a_1x1_conv_folds():
+    def neck(*, first="up", kernel_out=8, reader=None, stride=(1, 1)):
+        conv_attrs = {"stride": list(stride), "padding": [0, 0], "dilation": [1, 1], "groups": 1}
+        nodes = [
+            Node("u", "upsample", ["p5"], ["up"], {"scale": 2}),
+            Node("c", "concat", ["up", "p4"] if first == "up" else ["p4", "up"], ["cat"]),
+            Node("k", "conv", ["cat"], ["y"], conv_attrs),
+        ]
+        if reader:
+            nodes.append(Node("r", "conv", [reader], ["z"], conv_attrs))
+        shapes = {"p5": (1, 8, 4, 4), "up": (1, 8, 8, 8), "p4": (1, 4, 8, 8), "cat": (1, 12, 8, 8),
+                  "y": (1, 6, kernel_out, kernel_out), "z": (1, 6, 8, 8)}  # fmt: skip
+        values = {name: Value(name, shape) for name, shape in shapes.items()}
+        return Graph(ModelMeta("detect", {0: "a"}, (8, 8)), ["p5", "p4"], ["y"], values, nodes, {})
+
+    assert upsample_folds(neck(), {}) == {"k": "u"}
+    assert upsample_folds(neck(first="p4"), {}) == {}  # the upsampled part must be the concat's first
+    assert upsample_folds(neck(kernel_out=6), {}) == {}  # a 3x3 conv without padding
+    assert upsample_folds(neck(stride=(2, 2)), {}) == {}
+    assert upsample_folds(neck(reader="up"), {}) == {}  # the upsampled map is read elsewhere too
+    assert upsample_folds(neck(reader="cat"), {}) == {}  # and so is the concat
+    assert upsample_folds(neck(), {"c": ["up"]}) == {}  # the upsampled map is not in the concat's buffer

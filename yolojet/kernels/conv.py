@@ -65,6 +65,10 @@ def _conv2d_nhwc_kernel(
     stride_xn,
     stride_xh,
     stride_xw,
+    second_ptr,
+    stride_sn,
+    stride_sh,
+    stride_sw,
     w_ptr,
     bias_ptr,
     res_ptr,
@@ -76,6 +80,7 @@ def _conv2d_nhwc_kernel(
     H,
     W,
     C_in,
+    C_second,
     OH,
     OW,
     C_out,
@@ -93,6 +98,7 @@ def _conv2d_nhwc_kernel(
     HAS_RESIDUAL: tl.constexpr,
     PACK_TAPS: tl.constexpr,
     WHOLE_PIXELS: tl.constexpr,
+    TWO_INPUTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -110,6 +116,10 @@ def _conv2d_nhwc_kernel(
     its fp32 partial tile in partial_ptr and counts itself in arrivals_ptr[tile], and the last to arrive sums
     the partials in split order (so results do not depend on arrival order), applies the epilogue, and resets
     the count to 0 for the next launch.
+
+    TWO_INPUTS (1x1, stride 1, no padding): the input is the channel concat of xu (C_in channels) and `second`
+    (C_second channels, never upsampled), as in a neck's Concat([Upsample(x), skip]) feeding a 1x1 conv; the
+    weight rows hold C_in + C_second columns, and K walks x's blocks, then second's.
 
     PACK_TAPS runs K over (ky, kx, ci) flattened, every tap in one K tile. With WHOLE_PIXELS too (fp16 input of
     at most 4 channels whose pixels are 8-byte words), K runs over (tap, the word's 4 halves): each tap's
@@ -133,7 +143,10 @@ def _conv2d_nhwc_kernel(
     x_img = x_ptr + img * stride_xn
     H_up = H * UPSAMPLE
     W_up = W * UPSAMPLE
-    w_rows = w_ptr + offs_n * (KH * KW * C_in)
+    if TWO_INPUTS:
+        w_rows = w_ptr + offs_n * (C_in + C_second)
+    else:
+        w_rows = w_ptr + offs_n * (KH * KW * C_in)
 
     wait_for_previous_kernel(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -143,16 +156,33 @@ def _conv2d_nhwc_kernel(
         # bounds mask are loop invariants and the loop only walks channels.
         row_ok = m_mask & (iy0 >= 0) & (iy0 < H_up) & (ix0 >= 0) & (ix0 < W_up)
         x_rows = x_img + (iy0 // UPSAMPLE).to(tl.int64) * stride_xh + (ix0 // UPSAMPLE).to(tl.int64) * stride_xw
-        first, end = _split_range(tl.cdiv(C_in, BLOCK_K), split, SPLIT_K)
+        x_blocks = tl.cdiv(C_in, BLOCK_K)
+        if TWO_INPUTS:
+            first, end = _split_range(x_blocks + tl.cdiv(C_second, BLOCK_K), split, SPLIT_K)
+        else:
+            first, end = _split_range(x_blocks, split, SPLIT_K)
         a_ptrs = x_rows[:, None] + (first * BLOCK_K + offs_k)[None, :]
         b_ptrs = w_rows[None, :] + (first * BLOCK_K + offs_k)[:, None]
-        for kb in range(first, end):
+        for kb in range(first, tl.minimum(end, x_blocks)):
             k_mask = offs_k < C_in - kb * BLOCK_K
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_mask[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision="ieee")
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
+        if TWO_INPUTS:
+            # Blocks x_blocks... of this split's range are second's channels 0...; its weight columns follow x's.
+            first_second = tl.maximum(first, x_blocks) - x_blocks
+            second_rows = second_ptr + img * stride_sn + oy.to(tl.int64) * stride_sh + ox.to(tl.int64) * stride_sw
+            a_ptrs = second_rows[:, None] + (first_second * BLOCK_K + offs_k)[None, :]
+            b_ptrs = w_rows[None, :] + C_in + (first_second * BLOCK_K + offs_k)[:, None]
+            for kb in range(first_second, end - x_blocks):
+                k_mask = offs_k < C_second - kb * BLOCK_K
+                a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+                a_ptrs += BLOCK_K
+                b_ptrs += BLOCK_K
     elif PACK_TAPS and WHOLE_PIXELS:
         # The stem: 9 taps of 3 channels. One 8-byte word per (pixel, tap) replaces the 27 two-byte gathers of
         # the branch below; the word's halves are taken apart in registers and interleaved into K = (tap, half).
@@ -710,6 +740,7 @@ def conv2d_nhwc(
     activation: str = "silu",
     residual: torch.Tensor | None = None,
     upsample: int = 1,
+    second: torch.Tensor | None = None,
     config: ConvConfig | None = None,
     pdl: bool = False,
     compile_only: bool = False,
@@ -717,6 +748,10 @@ def conv2d_nhwc(
     arrivals: torch.Tensor | None = None,
 ) -> None:
     """out = act(conv2d(upsample_nearest(x, upsample), weight) + bias) (+ residual), written in place.
+
+    With `second`, a 1x1 conv (stride 1, no padding) over the channel concat of upsample_nearest(x, upsample)
+    and second: (N, OH, OW, C2) of x's dtype with unit channel stride, never upsampled; the weight then holds
+    C_in + C2 input channels, x's first. A neck's Upsample and Concat then cost no launch and no memory traffic.
 
     x: (N, H, W, C_in) fp16/fp32 view with unit channel stride; out and residual: (N, OH, OW, C_out) views of
     the same dtype; weight: contiguous (C_out, kh, kw, C_in) of that dtype; bias: fp32 (C_out,). `pdl` launches
@@ -733,8 +768,12 @@ def conv2d_nhwc(
         raise ValueError(f"weight must be a contiguous (C_out, kh, kw, C_in) tensor, got shape {tuple(weight.shape)}")
     batch, height, width, c_in = x.shape
     c_out, kh, kw, w_c_in = weight.shape
-    if w_c_in != c_in:
-        raise ValueError(f"weight expects C_in={w_c_in} but x has {c_in} channels")
+    if second is not None and second.dim() != 4:
+        raise ValueError(f"second must be a 4-D NHWC tensor, got shape {tuple(second.shape)}")
+    c_second = 0 if second is None else second.shape[3]
+    if w_c_in != c_in + c_second:
+        inputs = f"x has {c_in} channels" + ("" if second is None else f" and second {c_second}")
+        raise ValueError(f"weight expects C_in={w_c_in} but {inputs}")
     if weight.dtype != x.dtype:
         raise ValueError(f"weight dtype {weight.dtype} does not match x dtype {x.dtype}")
     if weight.device != x.device or bias.device != x.device:
@@ -756,14 +795,23 @@ def conv2d_nhwc(
         raise ValueError(f"kernel {kh}x{kw} does not fit the padded {height * upsample}x{width * upsample} input")
     out_shape = (batch, oh, ow, c_out)
     _check_nhwc(out, "out", out_shape, x.dtype, x.device)
+    if second is not None:
+        if (kh, kw, sy, sx, py, px, dy, dx) != (1, 1, 1, 1, 0, 0, 1, 1):
+            raise ValueError(
+                f"second: a second input needs a 1x1 conv with stride 1 and no padding, got a {kh}x{kw} kernel, "
+                f"stride {(sy, sx)}, padding {(py, px)}, dilation {(dy, dx)}"
+            )
+        _check_nhwc(second, "second", (batch, oh, ow, c_second), x.dtype, x.device)
     if residual is not None:
         _check_nhwc(residual, "residual", out_shape, x.dtype, x.device)
 
     m = batch * oh * ow
     if m == 0 or c_out == 0:
         return
-    cfg = config or default_config(m, c_out, kh * kw * c_in, kh == kw == 1, x.dtype)
+    cfg = config or default_config(m, c_out, kh * kw * w_c_in, kh == kw == 1, x.dtype)
     res = out if residual is None else residual  # never read without HAS_RESIDUAL; any valid pointer will do
+    if second is not None and (cfg.direct or cfg.packed or cfg.persistent):
+        raise ValueError(f"config {cfg}: a second input is read by the GEMM tiles only")
     if cfg.direct:
         if cfg.whole_pixels and not pixels_are_words(x):
             raise ValueError(
@@ -809,11 +857,14 @@ def conv2d_nhwc(
     partials, arrivals = _split_scratch(cfg, m, c_out, partials, arrivals, bias)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)
     kernel = functools.partial(_conv2d_nhwc_kernel.warmup, grid=grid) if compile_only else _conv2d_nhwc_kernel[grid]
+    two = x if second is None else second  # never read without TWO_INPUTS; any valid pointer will do
     kernel(
         out,
         *out.stride()[:3],
         x,
         *x.stride()[:3],
+        two,
+        *two.stride()[:3],
         weight,
         bias,
         res,
@@ -823,6 +874,7 @@ def conv2d_nhwc(
         height,
         width,
         c_in,
+        c_second,
         oh,
         ow,
         c_out,
@@ -840,6 +892,7 @@ def conv2d_nhwc(
         HAS_RESIDUAL=residual is not None,
         PACK_TAPS=cfg.packed,
         WHOLE_PIXELS=cfg.whole_pixels,
+        TWO_INPUTS=second is not None,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,

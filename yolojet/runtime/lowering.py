@@ -22,6 +22,7 @@ from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
 from yolojet.kernels.pool import maxpool2d_nhwc, sppf_pools
+from yolojet.runtime.plan import MemoryPlan
 from yolojet.runtime.reference import OPS as REFERENCE_OPS
 
 # view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
@@ -159,10 +160,27 @@ def _conv_tune_key(
     )
 
 
-def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: SplitKScratch, pdl: bool) -> Launch:
+def _lower_conv(
+    node: Node,
+    view: ViewFn,
+    weights: PackedWeights,
+    scratch: SplitKScratch,
+    pdl: bool,
+    fold: tuple[Node, Node] | None = None,
+) -> Launch:
+    """A conv; with `fold` = (upsample, concat) nodes feeding it (plan.upsample_folds), it reads the upsample's
+    input through a nearest upsample and the concat's other part as a second input, and the launch covers the
+    upsample node too."""
     a = node.attrs
     x, out = view(node.inputs[0], widened=True), view(node.outputs[0], widened=True)
     residual = view(node.inputs[1]) if len(node.inputs) > 1 else None
+    second, scale, nodes, key_suffix = None, 1, [node.name], ""
+    if fold is not None:
+        up, cat = fold
+        upsampled_channels = x.shape[3] - view(cat.inputs[1]).shape[3]
+        second = x[..., upsampled_channels:]  # the concat's slice: placed there by its producer or by a copy
+        x, scale, nodes = view(up.inputs[0], widened=True), int(up.attrs["scale"]), [up.name, node.name]
+        key_suffix = f"|up{scale}|second{tuple(second.shape)}s{tuple(second.stride())}"
     weight, bias = weights.get(node, "weight"), weights.get(node, "bias")
     stride, padding, dilation = _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"])
     if a["groups"] != 1:
@@ -175,7 +193,12 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
     is_1x1 = weight.shape[1] == weight.shape[2] == 1
     chosen = [default_config(m, c_out, k, is_1x1, x.dtype)]
     whole_pixels = pixels_are_words(x)
-    candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=x.shape[3], whole_pixels=whole_pixels)
+    c_in = x.shape[3] + (0 if second is None else second.shape[3])
+    candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=c_in, whole_pixels=whole_pixels)
+    if second is not None:
+        # The GEMM tiles only, and unsplit: no 1x1 layer picked split-K on an H200 (2026-11-30), and each candidate
+        # of a two-input conv is a specialization of its own to compile at start-up.
+        candidates = [c for c in candidates if not c.persistent and c.split_k == 1]
     for config in candidates:
         scratch.reserve(*config.split_scratch(m, c_out))
     slot = scratch.new_slot()
@@ -184,28 +207,31 @@ def _lower_conv(node: Node, view: ViewFn, weights: PackedWeights, scratch: Split
         partials, arrivals = scratch.views(slot)
         conv2d_nhwc(
             out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
-            residual=residual, config=chosen[0], pdl=pdl, partials=partials, arrivals=arrivals,
+            residual=residual, upsample=scale, second=second, config=chosen[0], pdl=pdl, partials=partials,
+            arrivals=arrivals,
         )  # fmt: skip
 
     def configure(config: ConvConfig) -> None:
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
             config = replace(config, whole_pixels=False)
+        if config.persistent and second is not None:  # two inputs: the same tile as a plain GEMM
+            config = replace(config, persistent=False)
         chosen[0] = config
 
     def compile_config(config: ConvConfig) -> None:
         conv2d_nhwc(
             out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
-            residual=residual, config=config, pdl=pdl, compile_only=True, partials=scratch.partials,
-            arrivals=scratch.arrivals,
+            residual=residual, upsample=scale, second=second, config=config, pdl=pdl, compile_only=True,
+            partials=scratch.partials, arrivals=scratch.arrivals,
         )  # fmt: skip
 
     return Launch(
         "conv",
-        [node.name],
+        nodes,
         list(node.outputs),
         run,
-        tune_key=_conv_tune_key("conv", x, out, weight, node, residual is not None),
+        tune_key=_conv_tune_key("conv", x, out, weight, node, residual is not None) + key_suffix,
         configure=configure,
         compile=compile_config,
         candidates=candidates,
@@ -388,30 +414,35 @@ def lower(
     graph: Graph,
     view: ViewFn,
     weights: PackedWeights,
-    copies: dict[str, list[str]],
+    plan: MemoryPlan,
     fuse: bool,
     scratch: SplitKScratch,
     pdl: bool = False,
 ) -> list[Launch]:
     """The launch list for one batch size; `view(name)` gives each value's device view at that size.
 
-    `scratch` serves the convs whose tuned tile splits K; `pdl` launches every kernel with programmatic
-    dependent launch (yolojet.kernels.pdl).
+    `plan` names the concat inputs to copy and the upsamples that convs fold (the latter, like SPPF's single
+    pool launch, only with `fuse`); `scratch` serves the convs whose tuned tile splits K; `pdl` launches every
+    kernel with programmatic dependent launch (yolojet.kernels.pdl).
     """
     launches: list[Launch] = []
     done: set[str] = set()
     by_name = {node.name: node for node in graph.nodes}
+    producer = {out: node for node in graph.nodes for out in node.outputs}
+    folds = plan.upsample_folds if fuse else {}
+    folded = set(folds.values())
     for i, node in enumerate(graph.nodes):
-        if node.name in done:
+        if node.name in done or node.name in folded:  # a folded upsample is part of its conv's launch
             continue
         if node.op == "split":
             continue  # outputs are views of the input
         if node.op == "concat":
-            for value in copies.get(node.name, []):
+            for value in plan.copies.get(node.name, []):
                 launches.append(_copy_into_concat(node, value, view, pdl))
             continue
         if node.op == "conv":
-            launches.append(_lower_conv(node, view, weights, scratch, pdl))
+            fold = (by_name[folds[node.name]], producer[node.inputs[0]]) if node.name in folds else None
+            launches.append(_lower_conv(node, view, weights, scratch, pdl, fold))
         elif node.op == "conv_transpose":
             launches.append(_lower_conv_transpose(node, view, weights, pdl))
         elif node.op == "maxpool":

@@ -105,7 +105,7 @@ class TritonNetwork:
         self.captures = 0  # how many times the graphs were captured: graphs around the network follow it
         self.split_scratch = SplitKScratch(device)
         self.launches = {
-            b: lower(graph, self._viewer(b), self.weights, self.plan.copies, fuse, self.split_scratch, self.pdl)
+            b: lower(graph, self._viewer(b), self.weights, self.plan, fuse, self.split_scratch, self.pdl)
             for b in self.buckets
         }
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}

@@ -65,6 +65,8 @@ class MemoryPlan:
     copies: dict[str, list[str]]  # concat node name -> its inputs that must be copied into place
     # value -> the channel count its producing and consuming convs work on (see _widened_for_kernels)
     widened: dict[str, int] = field(default_factory=dict)
+    # 1x1 conv node -> the upsample node it may read through (see upsample_folds)
+    upsample_folds: dict[str, str] = field(default_factory=dict)
     feature_elements: int = 0  # arena sizes per image slot, in elements
     head_elements: int = 0
     stats: dict[str, int] = field(default_factory=dict)
@@ -190,9 +192,14 @@ def plan_memory(graph: Graph) -> MemoryPlan:
                 channels = int(graph.values[out].shape[1])
                 placements[out] = Placement(new_buffer(out, kind), 0, channels)
 
-    _set_lifetimes(graph, buffers, placements)
-    ordered = _ordered_pairs(graph, buffers, placements)
-    plan = MemoryPlan(buffers, placements, copies, widened)
+    folds = upsample_folds(graph, copies)
+    # A conv folding an upsample reads the upsample's input itself: that buffer must outlive the conv.
+    position = {node.name: i for i, node in enumerate(graph.nodes)}
+    by_name = {node.name: node for node in graph.nodes}
+    extra_reads = {position[conv]: by_name[up].inputs[0] for conv, up in folds.items()}
+    _set_lifetimes(graph, buffers, placements, extra_reads)
+    ordered = _ordered_pairs(graph, buffers, placements, extra_reads)
+    plan = MemoryPlan(buffers, placements, copies, widened, folds)
     plan.feature_elements = _allocate([b for b in buffers if b.kind == "feature"], ordered)
     plan.head_elements = _allocate([b for b in buffers if b.kind == "head"], ordered)
     plan.stats = {
@@ -203,7 +210,43 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     return plan
 
 
-def _set_lifetimes(graph: Graph, buffers: list[Buffer], placements: dict[str, Placement]) -> None:
+def upsample_folds(graph: Graph, copies: dict[str, list[str]]) -> dict[str, str]:
+    """1x1 convs (stride 1, no padding) whose whole input is Concat([Upsample(x), y]) in consecutive nodes, with
+    the upsample's output and the concat's read by nothing else and the upsample's output placed in the concat:
+    conv name -> upsample name. The conv can read x through the upsample and y as a second input (a neck's
+    Upsample → Concat → C2f/C3k2), so the upsample needs no launch."""
+    readers: dict[str, int] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            readers[name] = readers.get(name, 0) + 1
+    for name in graph.outputs:
+        readers[name] = readers.get(name, 0) + 1
+    folds = {}
+    for up, cat, conv in zip(graph.nodes, graph.nodes[1:], graph.nodes[2:], strict=False):
+        if up.op != "upsample" or cat.op != "concat" or conv.op != "conv":
+            continue
+        upsampled, joined = up.outputs[0], cat.outputs[0]
+        a = conv.attrs
+        one_by_one = (
+            list(a["stride"]) == [1, 1] and list(a["padding"]) == [0, 0] and list(a["dilation"]) == [1, 1]
+            and a["groups"] == 1 and graph.values[conv.outputs[0]].shape[2:] == graph.values[joined].shape[2:]
+        )  # fmt: skip
+        if (
+            one_by_one
+            and len(cat.inputs) == 2
+            and cat.inputs[0] == upsampled
+            and conv.inputs == [joined]
+            and readers.get(upsampled) == 1
+            and readers.get(joined) == 1
+            and upsampled not in copies.get(cat.name, [])
+        ):
+            folds[conv.name] = up.name
+    return folds
+
+
+def _set_lifetimes(
+    graph: Graph, buffers: list[Buffer], placements: dict[str, Placement], extra_reads: dict[int, str]
+) -> None:
     end = len(graph.nodes)
     first = {b.index: end for b in buffers}
     last = {b.index: -1 for b in buffers}
@@ -214,7 +257,7 @@ def _set_lifetimes(graph: Graph, buffers: list[Buffer], placements: dict[str, Pl
             b = placements[name].buffer
             first[b] = min(first[b], i)
             last[b] = max(last[b], i)
-        for name in node.inputs:
+        for name in [*node.inputs, *([extra_reads[i]] if i in extra_reads else [])]:
             last[placements[name].buffer] = max(last[placements[name].buffer], i)
     for name in graph.outputs:
         last[placements[name].buffer] = end
@@ -224,7 +267,9 @@ def _set_lifetimes(graph: Graph, buffers: list[Buffer], placements: dict[str, Pl
         b.first, b.last = max(first[b.index] - 1, -1), last[b.index]
 
 
-def _ordered_pairs(graph: Graph, buffers: list[Buffer], placements: dict[str, Placement]) -> Callable[[int, int], bool]:
+def _ordered_pairs(
+    graph: Graph, buffers: list[Buffer], placements: dict[str, Placement], extra_reads: dict[int, str]
+) -> Callable[[int, int], bool]:
     """Whether every node touching one buffer is an ancestor, in the graph, of every node writing the other.
 
     Only such buffers may share memory. Sharing by network order alone would be enough for launches that run one
@@ -242,7 +287,7 @@ def _ordered_pairs(graph: Graph, buffers: list[Buffer], placements: dict[str, Pl
     touching = [0] * len(buffers)
     writers: list[list[int]] = [[] for _ in buffers]
     for i, node in enumerate(graph.nodes):
-        for name in node.inputs:
+        for name in [*node.inputs, *([extra_reads[i]] if i in extra_reads else [])]:
             touching[placements[name].buffer] |= 1 << i
         for name in node.outputs:
             touching[placements[name].buffer] |= 1 << i
