@@ -401,7 +401,22 @@ def test_packed_whole_pixels_need_words_of_at_most_4_channels_and_a_k_tile_of_ev
 TWO_INPUT_CASES = {
     # (batch, h, w of the upsampled map, C1 upsampled, C2, C_out, upsample, dtype, config, residual, sliced)
     "neck_default_tile": (2, 6, 8, 20, 13, 16, 2, F16, None, False, True),
-    "split_k_across_both_inputs": (2, 6, 8, 20, 13, 33, 2, F16, ConvConfig(16, 32, 16, 2, 2, split_k=3), False, False),
+    # one K block a split: splits wholly in x and wholly in second
+    "split_k_a_block_each": (2, 6, 8, 20, 13, 33, 2, F16, ConvConfig(16, 32, 16, 2, 2, split_k=3), False, False),
+    # 2 + 3 K blocks in 2 splits of 3: the first split straddles x and second
+    "split_k_straddling_both_inputs": (
+        2,
+        6,
+        8,
+        20,
+        40,
+        16,
+        2,
+        F16,
+        ConvConfig(16, 16, 16, 1, 1, split_k=2),
+        False,
+        True,
+    ),
     "fp32_residual_no_upsample": (3, 5, 6, 8, 24, 16, 1, F32, ConvConfig(32, 16, 16, 1, 1), True, True),
 }
 

@@ -88,25 +88,38 @@ def test_necks_1x1_convs_fold_their_upsample_and_keep_its_input_alive(cfg):
                 assert ends[0][0] + ends[0][1] <= ends[1][0], f"buffer {other.index} overlaps the folded input"
 
 
-def test_only_an_upsample_read_by_its_concat_alone_feeding_a_1x1_conv_folds():
-    def neck(*, first="up", kernel_out=8, reader=None, stride=(1, 1)):
-        conv_attrs = {"stride": list(stride), "padding": [0, 0], "dilation": [1, 1], "groups": 1}
-        nodes = [
-            Node("u", "upsample", ["p5"], ["up"], {"scale": 2}),
-            Node("c", "concat", ["up", "p4"] if first == "up" else ["p4", "up"], ["cat"]),
-            Node("k", "conv", ["cat"], ["y"], conv_attrs),
-        ]
-        if reader:
-            nodes.append(Node("r", "conv", [reader], ["z"], conv_attrs))
-        shapes = {"p5": (1, 8, 4, 4), "up": (1, 8, 8, 8), "p4": (1, 4, 8, 8), "cat": (1, 12, 8, 8),
-                  "y": (1, 6, kernel_out, kernel_out), "z": (1, 6, 8, 8)}  # fmt: skip
-        values = {name: Value(name, shape) for name, shape in shapes.items()}
-        return Graph(ModelMeta("detect", {0: "a"}, (8, 8)), ["p5", "p4"], ["y"], values, nodes, {})
+def _neck(*, first="up", kernel_out=8, reader=None, stride=(1, 1)):
+    """Upsample(p5) → Concat(·, p4) → conv, with p5 read by nothing else."""
+    conv_attrs = {"stride": list(stride), "padding": [0, 0], "dilation": [1, 1], "groups": 1}
+    nodes = [
+        Node("u", "upsample", ["p5"], ["up"], {"scale": 2}),
+        Node("c", "concat", ["up", "p4"] if first == "up" else ["p4", "up"], ["cat"]),
+        Node("k", "conv", ["cat"], ["y"], conv_attrs),
+    ]
+    if reader:
+        nodes.append(Node("r", "conv", [reader], ["z"], conv_attrs))
+    shapes = {"p5": (1, 8, 4, 4), "up": (1, 8, 8, 8), "p4": (1, 4, 8, 8), "cat": (1, 12, 8, 8),
+              "y": (1, 6, kernel_out, kernel_out), "z": (1, 6, 8, 8)}  # fmt: skip
+    values = {name: Value(name, shape) for name, shape in shapes.items()}
+    return Graph(ModelMeta("detect", {0: "a"}, (8, 8)), ["p5", "p4"], ["y"], values, nodes, {})
 
-    assert upsample_folds(neck(), {}) == {"k": "u"}
-    assert upsample_folds(neck(first="p4"), {}) == {}  # the upsampled part must be the concat's first
-    assert upsample_folds(neck(kernel_out=6), {}) == {}  # a 3x3 conv without padding
-    assert upsample_folds(neck(stride=(2, 2)), {}) == {}
-    assert upsample_folds(neck(reader="up"), {}) == {}  # the upsampled map is read elsewhere too
-    assert upsample_folds(neck(reader="cat"), {}) == {}  # and so is the concat
-    assert upsample_folds(neck(), {"c": ["up"]}) == {}  # the upsampled map is not in the concat's buffer
+
+def test_a_folded_upsample_input_read_by_nothing_else_outlives_the_conv():
+    """p5's only reader is the upsample, so without the fold's extra read its buffer would end at node 0 and the
+    conv's output (written at node 2) could take its memory while the conv still reads it."""
+    plan = plan_memory(_neck())
+    assert plan.upsample_folds == {"k": "u"}
+    source, output = (plan.buffers[plan.placements[name].buffer] for name in ("p5", "y"))
+    assert source.last == 2
+    spans = sorted([(source.offset, source.per_image), (output.offset, output.per_image)])
+    assert spans[0][0] + spans[0][1] <= spans[1][0], "the conv's output shares memory with the input it reads"
+
+
+def test_only_an_upsample_read_by_its_concat_alone_feeding_a_1x1_conv_folds():
+    assert upsample_folds(_neck(), {}) == {"k": "u"}
+    assert upsample_folds(_neck(first="p4"), {}) == {}  # the upsampled part must be the concat's first
+    assert upsample_folds(_neck(kernel_out=6), {}) == {}  # a 3x3 conv without padding
+    assert upsample_folds(_neck(stride=(2, 2)), {}) == {}
+    assert upsample_folds(_neck(reader="up"), {}) == {}  # the upsampled map is read elsewhere too
+    assert upsample_folds(_neck(reader="cat"), {}) == {}  # and so is the concat
+    assert upsample_folds(_neck(), {"c": ["up"]}) == {}  # the upsampled map is not in the concat's buffer

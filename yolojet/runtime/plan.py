@@ -76,6 +76,10 @@ class MemoryPlan:
         return per_image * max_batch
 
 
+def _pair(value: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
+    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -228,9 +232,10 @@ def upsample_folds(graph: Graph, copies: dict[str, list[str]]) -> dict[str, str]
         upsampled, joined = up.outputs[0], cat.outputs[0]
         a = conv.attrs
         one_by_one = (
-            list(a["stride"]) == [1, 1] and list(a["padding"]) == [0, 0] and list(a["dilation"]) == [1, 1]
-            and a["groups"] == 1 and graph.values[conv.outputs[0]].shape[2:] == graph.values[joined].shape[2:]
-        )  # fmt: skip
+            [_pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (0, 0), (1, 1)]
+            and a["groups"] == 1
+            and tuple(graph.values[conv.outputs[0]].shape[2:]) == tuple(graph.values[joined].shape[2:])
+        )
         if (
             one_by_one
             and len(cat.inputs) == 2
