@@ -324,28 +324,6 @@ WHOLE_PIXEL_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(WHOLE_PIXEL_CASES))
-def test_direct_kernel_loads_whole_pixels(name: str) -> None:
-    """Each tap loads a pixel as one or two 8-byte words; the rest of each row (padding past the channels, and
-    for rows of 16 the channels before the slice too) holds NaN, which must never reach the output."""
-    case, row, config = WHOLE_PIXEL_CASES[name]
-    _, x_dense, weight, bias = _make_case(case, seed=200 + list(WHOLE_PIXEL_CASES).index(name))
-    buf = torch.full((*x_dense.shape[:3], row), float("nan"), dtype=F16, device=DEVICE)
-    first = 8 if row >= 16 else 0
-    x = buf[..., first : first + case.c_in]
-    x.copy_(x_dense)
-    assert pixels_are_words(x)
-    shape = _reference(case, x, weight, bias, None).shape
-    residual = _nhwc(shape, F16, False)[1] if case.residual else None
-    ref = _reference(case, x, weight, bias, residual)
-    out = torch.full(shape, float("nan"), dtype=F16, device=DEVICE)
-    conv2d_nhwc(
-        out, x, weight, bias, stride=case.stride, padding=case.padding, dilation=case.dilation, residual=residual,
-        upsample=case.upsample, config=ConvConfig(**{**vars(config), "whole_pixels": True}),
-    )  # fmt: skip
-    assert_close(out, ref, TOLERANCE[F16])
-
-
 PACKED_WHOLE_PIXEL_CASES = {
     # (case, row width of the input buffer, config): the stem's 3 channels in rows of 8, 4 channels in a slice of
     # rows of 16 with a residual and an upsample, one channel with dilation and a 1x3 kernel (taps padded to 4)
@@ -363,22 +341,30 @@ PACKED_WHOLE_PIXEL_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(PACKED_WHOLE_PIXEL_CASES))
-def test_packed_taps_load_whole_pixels(name: str) -> None:
-    """Packed taps with one 8-byte word a tap: the word's halves past the channels (NaN here) must be zeroed."""
-    case, row, config = PACKED_WHOLE_PIXEL_CASES[name]
-    _, x_dense, weight, bias = _make_case(case, seed=300 + list(PACKED_WHOLE_PIXEL_CASES).index(name))
+@pytest.mark.parametrize(
+    ("table", "name"),
+    [("direct", name) for name in WHOLE_PIXEL_CASES] + [("packed", name) for name in PACKED_WHOLE_PIXEL_CASES],
+)
+def test_whole_pixel_loads(table: str, name: str) -> None:
+    """Each tap loads a pixel as one or two 8-byte words, in the direct kernel and in packed tensor-core taps; the
+    rest of each row (padding past the channels, and for rows of 16 the channels before the slice too) holds NaN,
+    which must never reach the output (packed taps zero the word's spare halves)."""
+    cases = WHOLE_PIXEL_CASES if table == "direct" else PACKED_WHOLE_PIXEL_CASES
+    case, row, config = cases[name]
+    _, x_dense, weight, bias = _make_case(case, seed=(200 if table == "direct" else 300) + list(cases).index(name))
     buf = torch.full((*x_dense.shape[:3], row), float("nan"), dtype=F16, device=DEVICE)
     first = 8 if row >= 16 else 0
     x = buf[..., first : first + case.c_in]
     x.copy_(x_dense)
+    assert pixels_are_words(x)
     shape = _reference(case, x, weight, bias, None).shape
     residual = _nhwc(shape, F16, False)[1] if case.residual else None
     ref = _reference(case, x, weight, bias, residual)
     out = torch.full(shape, float("nan"), dtype=F16, device=DEVICE)
+    config = replace(config, whole_pixels=True, packed=table == "packed")
     conv2d_nhwc(
         out, x, weight, bias, stride=case.stride, padding=case.padding, dilation=case.dilation, residual=residual,
-        upsample=case.upsample, config=replace(config, packed=True, whole_pixels=True),
+        upsample=case.upsample, config=config,
     )  # fmt: skip
     assert_close(out, ref, TOLERANCE[F16])
 

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.elementwise import check_view, nhwc_offsets
+from yolojet.kernels.elementwise import check_tile, check_view, nhwc_offsets
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
@@ -30,12 +30,7 @@ class AttentionTile:
     num_warps: int
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):  # tl.dot's smallest side, and tl.arange's powers of two
-                raise ValueError(f"AttentionTile.{name} must be a power of two >= 16, got {value}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"AttentionTile.num_warps must be a power of two up to 16, got {self.num_warps}")
+        check_tile(self, ("block_m", "block_n"), minimum=16)  # both are tl.dot sides
 
 
 # Tiles worth timing at YOLO's PSA sizes (a 20x20 map: 400 tokens, 1-8 heads): the default walks the keys 64 at a

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
-from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets, pixel_coords
+from yolojet.kernels.elementwise import check_tile, check_view, nhwc_blocks, nhwc_offsets, pixel_coords
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
@@ -29,12 +29,7 @@ class DwConvTile:
     num_warps: int
 
     def __post_init__(self) -> None:
-        for name in ("block_p", "block_c"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):  # tl.arange's powers of two
-                raise ValueError(f"DwConvTile.{name} must be a power of two, got {value}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"DwConvTile.num_warps must be a power of two up to 16, got {self.num_warps}")
+        check_tile(self, ("block_p", "block_c"))
 
 
 # Elements (pixels x channels) a program owns, with the warps that suit them: the default's, and twice that, which

@@ -15,6 +15,19 @@ import triton.language as tl
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
+def check_tile(tile: object, blocks: tuple[str, ...], minimum: int = 1) -> None:
+    """A tuning tile's block sizes are powers of two (tl.arange's) of at least `minimum` (16 where they are a
+    tl.dot side), and its warps a power of two up to 16."""
+    kind = type(tile).__name__
+    for name in blocks:
+        value = getattr(tile, name)
+        if value < minimum or value & (value - 1):
+            floor = f" >= {minimum}" if minimum > 1 else ""
+            raise ValueError(f"{kind}.{name} must be a power of two{floor}, got {value}")
+    if tile.num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"{kind}.num_warps must be a power of two up to 16, got {tile.num_warps}")
+
+
 def check_view(
     name: str,
     t: torch.Tensor,
