@@ -1,4 +1,4 @@
-"""global_avg_pool_nhwc and linear_softmax against float64 torch references."""
+"""global_avg_pool_nhwc and classify_head against float64 torch references."""
 
 import os
 
@@ -10,7 +10,7 @@ if not torch.cuda.is_available():
 
 from kernel_checks import assert_close
 
-from yolojet.kernels.classify import global_avg_pool_nhwc, linear_softmax
+from yolojet.kernels.classify import classify_head, classify_head_scratch, global_avg_pool_nhwc
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
@@ -48,28 +48,38 @@ def test_global_avg_pool(shape, dtype, sliced):
     assert bool((buf == SENTINEL).all()), "global_avg_pool_nhwc wrote outside its output slice"
 
 
-LINEAR_CASES = [  # (batch, channels, classes, x dtype, weight dtype)
-    (1, 1280, 1000, F16, F16),  # ImageNet head
-    (3, 1280, 1000, F32, F16),  # fp32 pooled features, fp16 weights
-    (2, 40, 13, F32, F32),
-    (3, 5, 5, F16, F32),
-    (1, 200, 130, F32, F32),  # several class blocks, last partial
+HEAD_CASES = [  # (features (N, H, W, C), classes, features dtype, weight dtype)
+    ((1, 7, 7, 1280), 1000, F16, F16),  # yolo11n-cls at 224: 20 channel blocks, 8 class blocks
+    ((3, 1, 1, 1280), 1000, F32, F16),  # already pooled fp32 features (the unfused path), fp16 weights
+    ((2, 3, 5, 40), 13, F32, F32),
+    ((3, 2, 2, 5), 5, F16, F32),
+    ((2, 9, 9, 200), 1100, F32, F32),  # several softmax blocks, partial channel and class blocks
 ]
 
 
-@pytest.mark.parametrize(("batch", "channels", "classes", "x_dtype", "w_dtype"), LINEAR_CASES)
-def test_linear_softmax(batch, channels, classes, x_dtype, w_dtype):
+@pytest.mark.parametrize(("shape", "classes", "x_dtype", "w_dtype"), HEAD_CASES)
+def test_classify_head(shape, classes, x_dtype, w_dtype):
     torch.manual_seed(classes)
-    x = torch.randn(batch, channels, device=DEVICE).to(x_dtype)
+    n, h, w, c = shape
+    x = torch.randn(n, h + 1, w + 2, c + 3, device=DEVICE).to(x_dtype)[:, 1:, 2:, 1 : c + 1]  # a sliced view
     # fan-in scaling keeps logits O(1), so the softmax is far from one-hot and every class is checked
-    weight = (torch.randn(classes, channels, device=DEVICE) / channels**0.5).to(w_dtype)
+    weight = (torch.randn(classes, c, device=DEVICE) / c**0.5).to(w_dtype)
     bias = torch.randn(classes, device=DEVICE)
-    buf, probs = _row_slice((batch, classes + 7), 3, classes, float("nan"))
-    linear_softmax(probs, x, weight, bias)
-    ref = (x.double() @ weight.double().T + bias.double()).softmax(-1)
-    assert_close(probs, ref, TOLERANCE[F32])
-    probs.fill_(SENTINEL)
-    assert bool((buf == SENTINEL).all()), "linear_softmax wrote outside its output slice"
+    partials, arrivals = classify_head_scratch(n, c, classes, x.device)
+    ref = (x.double().mean((1, 2)) @ weight.double().T + bias.double()).softmax(-1)
+    for run in range(2):  # the second run finds the arrival counts the first left behind
+        buf, probs = _row_slice((n, classes + 7), 3, classes, float("nan"))
+        partials.fill_(float("nan"))
+        classify_head(probs, x, weight, bias, partials, arrivals)
+        assert_close(probs, ref, TOLERANCE[F32])
+        assert bool((arrivals == 0).all()), f"run {run}: arrival counts not reset"
+        probs.fill_(SENTINEL)
+        assert bool((buf == SENTINEL).all()), "classify_head wrote outside its output slice"
+
+
+def _head(probs, x, weight, bias, scratch=None):
+    partials, arrivals = scratch or classify_head_scratch(x.shape[0], x.shape[3], weight.shape[0], x.device)
+    classify_head(probs, x, weight, bias, partials, arrivals)
 
 
 def _m(*shape, dtype=F32):
@@ -95,34 +105,49 @@ def _m(*shape, dtype=F32):
             id="gap_stride",
         ),
         pytest.param(
-            lambda: linear_softmax(_m(2, 10), _m(2, 16), _m(10, 15), _m(10)),
+            lambda: _head(_m(2, 10), _m(2, 3, 3, 16), _m(10, 15), _m(10)),
             r"weight: shape \(10, 15\), expected \(\?, 16\)",
             id="weight_shape",
         ),
         pytest.param(
-            lambda: linear_softmax(_m(2, 10), _m(2, 16), _m(10, 16, dtype=torch.float64), _m(10)),
+            lambda: _head(_m(2, 10), _m(2, 3, 3, 16), _m(10, 16, dtype=torch.float64), _m(10)),
             "weight: dtype torch.float64, expected float16 or float32",
             id="weight_dtype",
         ),
         pytest.param(
-            lambda: linear_softmax(_m(2, 10), _m(2, 16), _m(10, 16), _m(10, dtype=F16)),
+            lambda: _head(_m(2, 10), _m(2, 3, 3, 16), _m(10, 16), _m(10, dtype=F16)),
             "bias: dtype torch.float16",
             id="bias_dtype",
         ),
         pytest.param(
-            lambda: linear_softmax(_m(2, 10, dtype=F16), _m(2, 16), _m(10, 16), _m(10)),
+            lambda: _head(_m(2, 10, dtype=F16), _m(2, 3, 3, 16), _m(10, 16), _m(10)),
             "out_probs: dtype torch.float16",
             id="probs_dtype",
         ),
         pytest.param(
-            lambda: linear_softmax(_m(2, 10), _m(2, 16), _m(16, 10).T, _m(10)),
+            lambda: _head(_m(2, 10), _m(2, 3, 3, 16), _m(16, 10).T, _m(10)),
             "weight: last-dimension stride 10",
             id="weight_stride",
         ),
         pytest.param(
-            lambda: linear_softmax(_m(2, 11), _m(2, 16), _m(10, 16), _m(10)),
+            lambda: _head(_m(2, 11), _m(2, 3, 3, 16), _m(10, 16), _m(10)),
             r"out_probs: shape \(2, 11\), expected \(2, 10\)",
             id="probs_shape",
+        ),
+        pytest.param(
+            lambda: _head(_m(2, 10), _m(2, 3, 3, 16), _m(10, 16), _m(10), (_m(10), torch.zeros(2, dtype=torch.int32))),
+            r"partials: expected contiguous torch.float32 with >= 20 elements",
+            id="partials_size",
+        ),
+        pytest.param(
+            lambda: _head(_m(2, 10), _m(2, 3, 3, 16), _m(10, 16), _m(10), (_m(20), torch.zeros(2))),
+            r"arrivals: expected contiguous torch.int32",
+            id="arrivals_dtype",
+        ),
+        pytest.param(
+            lambda: _head(_m(2, 10), _m(2, 3, 3, 16, dtype=torch.float64), _m(10, 16), _m(10)),
+            "features: dtype torch.float64, expected float16 or float32",
+            id="features_dtype",
         ),
     ],
 )

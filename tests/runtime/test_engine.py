@@ -94,6 +94,21 @@ def test_neck_upsamples_fold_into_their_convs_unless_fusion_is_off(model_dirs):
         assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
 
 
+def test_classifier_pools_in_its_head_launch_unless_fusion_is_off(model_dirs):
+    """With fusion the classifier's pooling, linear layer and softmax are one launch; with fuse=False the pooling
+    is a launch of its own. Both match the reference, replay after replay (the head's arrival counts reset)."""
+    model_dir = model_dirs("yolov8n-cls.yaml", None)
+    reference = yolojet.load_reference(model_dir, device=DEVICE)
+    for fuse, head in ((True, 3), (False, 2)):
+        engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False, fuse=fuse)
+        launches = engine.network.launch_list(2)
+        assert [len(launch.nodes) for launch in launches if launch.family == "classify"][-1] == head
+        for _ in range(2):
+            x = torch.rand(2, 3, 64, 64, device=DEVICE)
+            engine.network.poison()
+            assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
+
+
 @pytest.mark.skipif(DEVICE != "cuda" or not pdl_available(torch.device("cuda")), reason="needs PDL (Hopper GPU)")
 def test_dependent_launch_changes_no_value(tmp_path):
     """Kernels that start while their predecessor drains must still read only finished data: graph replays with

@@ -25,7 +25,9 @@ import triton.language as tl
 
 from yolojet.kernels.elementwise import check_view
 
-_BLOCK_P = 512  # pixels a resample program: 2048 (pixel, channel) elements, the tile size of the NHWC kernels
+# A resample program gathers (pixel, tap, channel) tiles of at most this many elements, all taps at once.
+_RESAMPLE_ELEMENTS = 8192
+_RESAMPLE_MAX_PIXELS = 512
 # A letterbox program: 4 rows of 256 output elements (85 pixels), 1,280 programs for a 640x640 input.
 _LETTERBOX_ROWS = 4
 _LETTERBOX_ELEMENTS = 256
@@ -205,10 +207,14 @@ def _resample_pass_kernel(
     FINAL: tl.constexpr,
     BGR: tl.constexpr,
     BLOCK: tl.constexpr,
+    TAPS: tl.constexpr,
 ):
-    # Element e is output o (along the resampled axis) of line j (along the other axis).
+    # Element e is output o (along the resampled axis) of line j (along the other axis). Every tap's index,
+    # weight and pixel is loaded in one go, a (pixel, tap, channel) tile: two rounds of memory latency a
+    # program rather than two for each tap.
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ch = tl.arange(0, 4)  # up to three channels and a masked lane: tensor dimensions must be powers of two
+    t = tl.arange(0, TAPS)
     ok = e < count * length
     o = e // length
     j = e % length
@@ -224,13 +230,15 @@ def _resample_pass_kernel(
         c_ok = ch < C_SRC  # an intermediate keeps the source's channel order
         src_ch = ch
     m = ok[:, None] & c_ok[None, :]
+    tap_ok = ok[:, None] & (t < taps)[None, :]
+    tap_at = o[:, None] * taps + t[None, :]
+    index = tl.load(index_ptr + tap_at, mask=tap_ok, other=0)
+    weight = tl.load(weight_ptr + tap_at, mask=tap_ok, other=0)
     line = src_ptr + j.to(tl.int64) * ss_j
-    acc = tl.full((BLOCK, 4), 1 << 21, tl.int32)  # Pillow's 22-bit fixed point: half a step, added before the shift
-    for t in range(taps):
-        index = tl.load(index_ptr + o * taps + t, mask=ok, other=0)
-        weight = tl.load(weight_ptr + o * taps + t, mask=ok, other=0)
-        pixel = tl.load((line + index.to(tl.int64) * ss_o)[:, None] + src_ch[None, :], mask=m, other=0)
-        acc += pixel.to(tl.int32) * weight[:, None]
+    pixel_ptrs = (line[:, None] + index.to(tl.int64) * ss_o)[:, :, None] + src_ch[None, None, :]
+    pixel = tl.load(pixel_ptrs, mask=tap_ok[:, :, None] & c_ok[None, None, :], other=0)
+    # Pillow's 22-bit fixed point: half a step added before the shift. Integer sums: any order is exact.
+    acc = tl.sum(pixel.to(tl.int32) * weight[:, :, None], axis=1) + (1 << 21)
     value = tl.minimum(tl.maximum(acc >> 22, 0), 255)
     target = out_ptr + (o.to(tl.int64) * so_o + j.to(tl.int64) * so_j)[:, None] + ch[None, :]
     if FINAL:
@@ -281,7 +289,9 @@ def resample_pass(
     count, length = out.shape[axis], out.shape[other]
     if count * length == 0:
         return
-    _resample_pass_kernel[(triton.cdiv(count * length, _BLOCK_P),)](
+    taps = triton.next_power_of_2(index.shape[1])
+    block = max(1, min(_RESAMPLE_MAX_PIXELS, _RESAMPLE_ELEMENTS // (4 * taps)))
+    _resample_pass_kernel[(triton.cdiv(count * length, block),)](
         out,
         out.stride(axis),
         out.stride(other),
@@ -296,5 +306,6 @@ def resample_pass(
         C_SRC=c_src,
         FINAL=final,
         BGR=bool(bgr),
-        BLOCK=_BLOCK_P,
+        BLOCK=block,
+        TAPS=taps,
     )

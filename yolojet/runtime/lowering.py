@@ -16,7 +16,7 @@ import torch
 from yolojet.errors import GraphError
 from yolojet.ir import Graph, Node
 from yolojet.kernels.attention import AttentionTile, attention_candidate_tiles, default_attention_tile, psa_attention
-from yolojet.kernels.classify import global_avg_pool_nhwc, linear_softmax
+from yolojet.kernels.classify import classify_head, classify_head_scratch, global_avg_pool_nhwc
 from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config, pixels_are_words
 from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
@@ -448,8 +448,8 @@ def lower(
         elif node.op == "maxpool":
             fused = _lower_pools(_sppf_chain(graph, i), view, pdl) if fuse else None
             launches.append(fused or _lower_maxpool(node, view, pdl))
-        elif node.op == "linear":
-            launches.append(_lower_linear(graph, i, view, weights, pdl))
+        elif node.op == "linear" or (node.op == "global_avg_pool" and fuse and _pooled_head(graph, i)):
+            launches.append(_lower_classify_head(graph, i, view, weights, pdl))
         else:
             launches.append(_lower_simple(node, view, pdl))
         _set_access(launches[-1], by_name)
@@ -477,16 +477,36 @@ def _copy_into_concat(node: Node, value: str, view: ViewFn, pdl: bool) -> Launch
     return Launch("elementwise", [f"{node.name}<-{value}"], [], run, reads=[value], writes=[node.outputs[0]])
 
 
-def _lower_linear(graph: Graph, i: int, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
-    """The classifier's linear layer and the softmax after it are one kernel."""
+def _pooled_head(graph: Graph, i: int) -> bool:
+    """Whether node i, a global average pool, feeds only the linear layer right after it (so one classify-head
+    launch can pool too)."""
     node = graph.nodes[i]
     following = graph.nodes[i + 1] if i + 1 < len(graph.nodes) else None
-    if following is None or following.op != "softmax" or following.inputs != node.outputs:
-        raise GraphError(f"node {node.name}: a linear layer runs on the GPU only fused with the softmax after it")
-    x, probs = view(node.inputs[0]), view(following.outputs[0])
-    weight, bias = weights.get(node, "weight"), weights.get(node, "bias")
+    return (
+        following is not None
+        and following.op == "linear"
+        and following.inputs == node.outputs
+        and node.outputs[0] not in graph.outputs
+        and sum(node.outputs[0] in other.inputs for other in graph.nodes) == 1
+    )
+
+
+def _lower_classify_head(graph: Graph, i: int, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
+    """The classifier's linear layer and the softmax after it are one kernel, which also pools when node i is the
+    global average pool before them (else node i is the linear layer, reading pooled features)."""
+    pooling = graph.nodes[i].op == "global_avg_pool"
+    head = graph.nodes[i : i + 3] if pooling else graph.nodes[i : i + 2]
+    linear, following = head[-2], head[-1]
+    if following.op != "softmax" or following.inputs != linear.outputs:
+        raise GraphError(f"node {linear.name}: a linear layer runs on the GPU only fused with the softmax after it")
+    features = view(head[0].inputs[0])
+    if not pooling:
+        features = features[:, None, None, :]  # pooled (N, C): a 1 x 1 map
+    probs = view(following.outputs[0])
+    weight, bias = weights.get(linear, "weight"), weights.get(linear, "bias")
+    partials, arrivals = classify_head_scratch(features.shape[0], features.shape[3], weight.shape[0], features.device)
 
     def run() -> None:
-        linear_softmax(probs, x, weight, bias, pdl=pdl)
+        classify_head(probs, features, weight, bias, partials, arrivals, pdl=pdl)
 
-    return Launch("classify", [node.name, following.name], list(following.outputs), run)
+    return Launch("classify", [n.name for n in head], list(following.outputs), run)
