@@ -16,7 +16,14 @@ if not torch.cuda.is_available():
 import torch.nn.functional as F
 from kernel_checks import assert_close
 
-from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config, pixels_are_words
+from yolojet.kernels.conv import (
+    ConvConfig,
+    conv2d_nhwc,
+    conv_candidate_configs,
+    default_config,
+    pixels_are_words,
+    tma_loadable,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SPATIAL = 4 if DEVICE == "cuda" else 1
@@ -117,16 +124,6 @@ CASES = {
     ),
     "packed_1x3_stride_pairs": Case(
         3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, packed=True)
-    ),
-    # The persistent 1x1 kernel: programs walking 36-64 tiles three apart under the interpreter.
-    "persistent_1x1_residual_sliced": Case(
-        3, 9, 7, 40, 33, 1, residual=True, sliced=True, config=ConvConfig(16, 16, 16, 1, 1, persistent=True)
-    ),
-    "persistent_1x1_upsample_fp32": Case(
-        3, 5, 6, 20, 16, 1, upsample=2, dtype=F32, config=ConvConfig(16, 16, 16, 1, 1, persistent=True)
-    ),
-    "persistent_1x1_stride2_pad1_relu": Case(
-        3, 9, 7, 16, 33, 1, stride=2, padding=1, activation="relu", config=ConvConfig(16, 32, 16, 2, 2, persistent=True)
     ),
     "3x3_deep_k_tile": Case(1, 5, 6, 80, 33, 3, padding=1, config=ConvConfig(32, 64, 128, 4, 3)),
     "3x3_16_row_tile_fp32": Case(
@@ -451,7 +448,7 @@ def test_a_second_input_needs_a_plain_1x1_conv_on_gemm_tiles() -> None:
         conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second[:, :5])
     with pytest.raises(ValueError, match="GEMM tiles only"):
         conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second, config=ConvConfig(16, 16, 16, 1, 1,
-                    persistent=True))  # fmt: skip
+                    tma=True))  # fmt: skip
     with pytest.raises(ValueError, match="second must be a 4-D"):
         conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second[0])
 
@@ -488,20 +485,67 @@ def test_wide_tiles_offered_only_to_large_layers() -> None:
     assert not wide & tiles(64 * 80 * 80, F32)  # their pipelines overflow shared memory in fp32
 
 
-def test_persistent_tiles_offered_only_to_large_1x1_layers() -> None:
+def _channel_slice(n: int, h: int, w: int, c: int, dtype: torch.dtype, fill: float | None = None):
+    """Channels [8, 8 + c) of a random (or filled) (n, h, w, c + 16) buffer: nested strides, rows 16-byte aligned."""
+    buf = torch.randn(n, h, w, c + 16, dtype=torch.float64) if fill is None else torch.full((n, h, w, c + 16), fill)
+    buf = buf.to(device=DEVICE, dtype=dtype)
+    return buf, buf[..., 8 : 8 + c]
+
+
+# (batch, h, w, c_in, c_out, dtype, residual, config): K and N tails (TMA reads past C_in are zero), a spatially
+# sliced residual, programs one per tile or three walking 40-64 tiles.
+TMA_CASES = {
+    "fp16_residual_tails": (3, 9, 7, 40, 33, F16, True, ConvConfig(16, 16, 16, 1, 1, tma=True)),
+    "fp16_persistent": (3, 9, 7, 40, 33, F16, False, ConvConfig(16, 16, 16, 1, 2, tma=True, persistent=True)),
+    "fp32_persistent_residual": (2, 5, 6, 20, 16, F32, True, ConvConfig(16, 16, 16, 2, 2, tma=True, persistent=True)),
+    "fp16_wide_tile": (1, 9, 7, 64, 48, F16, False, ConvConfig(64, 32, 32, 2, 3, tma=True)),
+}
+
+
+@pytest.mark.parametrize("name", list(TMA_CASES))
+def test_tma_1x1_matches_reference(name: str) -> None:
+    batch, h, w, c_in, c_out, dtype, with_residual, config = TMA_CASES[name]
+    torch.manual_seed(list(TMA_CASES).index(name))
+    _, x = _channel_slice(batch, h * SPATIAL, w * SPATIAL, c_in, dtype)
+    weight = (torch.randn(c_out, 1, 1, c_in, dtype=torch.float64) / c_in**0.5).to(device=DEVICE, dtype=dtype)
+    bias = torch.randn(c_out, dtype=torch.float32, device=DEVICE)
+    assert tma_loadable(x, weight)
+    shape = (batch, h * SPATIAL, w * SPATIAL, c_out)
+    residual = _nhwc(shape, dtype, sliced=True)[1] if with_residual else None
+    case = Case(batch, h, w, c_in, c_out, 1, activation="silu")
+    ref = _reference(case, x, weight, bias, residual)
+    out_buf, out = _channel_slice(*shape, dtype, fill=SENTINEL)
+    out.fill_(float("nan"))
+    conv2d_nhwc(out, x, weight, bias, residual=residual, config=config)
+    assert_close(out, ref, TOLERANCE[dtype])
+    out.fill_(SENTINEL)
+    assert bool((out_buf == SENTINEL).all()), "the conv wrote outside its output slice"
+
+
+def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() -> None:
     large = conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True)
-    assert [c.block_m for c in large if c.persistent] == [128, 64]
-    assert not default_config(64 * 160 * 160, 256, 192, True).persistent
-    assert not any(c.persistent for c in conv_candidate_configs(160 * 160, 256, 192, kernel_is_1x1=True))
-    assert not any(c.persistent for c in conv_candidate_configs(64 * 160 * 160, 256, 9 * 64, kernel_is_1x1=False))
-    with pytest.raises(ValueError, match="persistent"):
-        ConvConfig(64, 64, 64, 4, 3, split_k=2, persistent=True)
-    with pytest.raises(ValueError, match="is a 1x1 kernel"):
-        conv2d_nhwc(
-            torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE), torch.zeros(1, 5, 6, 16, dtype=F16, device=DEVICE),
-            torch.zeros(16, 3, 3, 16, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE), padding=1,
-            config=ConvConfig(16, 16, 16, 1, 1, persistent=True),
-        )  # fmt: skip
+    assert [(c.block_n, c.persistent) for c in large if c.tma] == [(128, False), (256, False), (128, True)]
+    assert not default_config(64 * 160 * 160, 256, 192, True).tma
+    assert not any(c.tma for c in conv_candidate_configs(160 * 160, 256, 192, kernel_is_1x1=True))
+    assert not any(c.tma for c in conv_candidate_configs(64 * 160 * 160, 256, 9 * 64, kernel_is_1x1=False))
+    weight = torch.zeros(16, 1, 1, 40, dtype=F16, device=DEVICE)
+    buf, x = _channel_slice(2, 5, 6, 40, F16)
+    assert tma_loadable(x, weight) and tma_loadable(buf[..., :40], weight)
+    assert not tma_loadable(buf[..., 1:41], weight)  # starts 2 bytes off a 16-byte boundary
+    assert not tma_loadable(buf[:, :, 1:, :40], torch.zeros(16, 1, 1, 40, dtype=F16, device=DEVICE))  # rows gapped
+    rows_of_72_bytes = torch.zeros(2, 5, 6, 36, dtype=F16, device=DEVICE)
+    assert not tma_loadable(rows_of_72_bytes, torch.zeros(16, 1, 1, 36, dtype=F16, device=DEVICE))
+    with pytest.raises(ValueError, match="TMA kernel is a 1x1 tensor-core tile"):
+        ConvConfig(64, 64, 64, 4, 3, split_k=2, tma=True)
+    with pytest.raises(ValueError, match="only the TMA kernel has a persistent grid"):
+        ConvConfig(64, 64, 64, 4, 3, persistent=True)
+    for kernel, padding, view in ((3, 1, x), (1, 0, buf[..., 1:41])):
+        with pytest.raises(ValueError, match="TMA-loads a 1x1 conv's operands"):
+            conv2d_nhwc(
+                torch.empty(2, 5, 6, 16, dtype=F16, device=DEVICE), view,
+                torch.zeros(16, kernel, kernel, 40, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE),
+                padding=padding, config=ConvConfig(16, 16, 16, 1, 1, tma=True),
+            )  # fmt: skip
 
 
 def test_split_k_offered_only_to_sparse_layers_with_long_k() -> None:

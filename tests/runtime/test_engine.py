@@ -10,6 +10,7 @@ from support import assert_identical_replays, random_model, relative_l2
 
 import yolojet
 from yolojet.errors import EngineConfigError
+from yolojet.kernels import conv as conv_kernels
 from yolojet.kernels.conv import ConvConfig
 from yolojet.kernels.pdl import pdl_available
 from yolojet.runtime.engine import Engine
@@ -184,24 +185,38 @@ def test_every_attention_tile_in_a_network(tmp_path):
         assert relative_l2(engine.raw(x), expected) <= 1e-2, tile
 
 
-def test_persistent_tiles_on_every_1x1_conv_of_a_network(model_dirs):
-    """The persistent 1x1 kernel (offered by the tuner from large batches on) given to every 1x1 conv, the
-    residual, concat-slice and upsample-fed ones included (those reading a folded upsample and a second input
-    run the same tile as a plain GEMM): outputs still match the reference."""
+def test_tma_tiles_on_every_1x1_conv_of_a_network(model_dirs, monkeypatch):
+    """The TMA 1x1 kernel (offered by the tuner from large batches on) given to every 1x1 conv: those whose
+    operands it can load (most of them, concat slices and residual ones included) run it, the others (a folded
+    upsample's conv, unaligned slices) keep the same tile gathered. Outputs still match the reference."""
     model_dir = model_dirs("yolo11n.yaml", None)
     engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
-    persistent = 0
+    one_by_one = 0  # in the batch-2 bucket, the one raw() runs
     for bucket in engine.network.buckets:
         for launch in engine.network.launch_list(bucket):
             if launch.tune_key and re.search(r"\|w\(\d+, 1, 1, \d+\)", launch.tune_key):
-                launch.configure(ConvConfig(32, 32, 32, 2, 2, persistent=True))
-                persistent += 1
-    assert persistent >= 40
+                launch.configure(ConvConfig(32, 32, 32, 2, 2, tma=True, persistent=True))
+                one_by_one += bucket == 2
+    tma_launches = []
+    kernel = conv_kernels._conv1x1_tma_kernel
+    monkeypatch.setattr(conv_kernels, "_conv1x1_tma_kernel", _Counting(kernel, tma_launches))
     if DEVICE == "cuda":
         engine.network._capture()
     x = torch.rand(2, 3, 64, 64, device=DEVICE)
     engine.network.poison()
     assert relative_l2(engine.raw(x), yolojet.load_reference(model_dir, device=DEVICE)(x)) <= 1e-2
+    assert one_by_one >= 40 and len(tma_launches) >= one_by_one // 2
+
+
+class _Counting:
+    """A jitted kernel whose launches (kernel[grid](...)) are counted."""
+
+    def __init__(self, kernel, launches: list) -> None:
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        self.launches.append(grid)
+        return self.kernel[grid]
 
 
 def test_batch_larger_than_max_batch_is_split(model_dirs):

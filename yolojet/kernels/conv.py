@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
@@ -293,72 +294,53 @@ def _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_
 
 
 @triton.jit
-def _conv1x1_persistent_kernel(
+def _conv1x1_tma_kernel(
     out_ptr,
     stride_on,
     stride_oh,
     stride_ow,
-    x_ptr,
-    stride_xn,
-    stride_xh,
-    stride_xw,
-    w_ptr,
+    x_desc,
+    w_desc,
     bias_ptr,
     res_ptr,
     stride_rn,
     stride_rh,
     stride_rw,
-    H,
-    W,
-    C_in,
     OH,
     OW,
+    C_in,
     C_out,
     M,
-    conv_stride_y,
-    conv_stride_x,
-    pad_y,
-    pad_x,
-    UPSAMPLE: tl.constexpr,
+    programs,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    PROGRAMS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """The 1x1 case of _conv2d_nhwc_kernel with PROGRAMS programs that each walk output tiles PROGRAMS apart.
-
-    A 1x1 conv at large batch has a short K walk (C_in / BLOCK_K steps) and a large output to store, so a
-    program per tile spends much of its life waiting on its loads or its stores. Flattening the tile and K
-    loops lets the compiler's pipeline load the next tile's operands while this tile's epilogue runs.
+    """A 1x1 conv (stride 1, no padding) as a plain GEMM whose operands the tensor memory accelerator loads: the
+    input's pixels are the rows of an (M, C_in) matrix (x_desc), the weight an (C_out, C_in) one (w_desc), and
+    reads past either edge are zero. No thread computes a load address, which at large batch is what bounds the
+    gathering kernel's 1x1 layers. `programs` programs walk the output tiles that far apart: one tile each when
+    launched one per tile, or a fixed grid whose tile and K loops flatten into one pipelined loop.
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(C_out, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     k_steps = tl.cdiv(C_in, BLOCK_K)
-    H_up = H * UPSAMPLE
-    W_up = W * UPSAMPLE
     wait_for_previous_kernel(PDL)
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, PROGRAMS, flatten=True):
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, programs, flatten=True):
         pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        img, oy, ox, iy, ix = _output_pixels(offs_m, OH, OW, conv_stride_y, conv_stride_x, pad_y, pad_x)
-        row_ok = (offs_m < M) & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
-        # Offsets, not pointer tensors, are carried into the K loop and the pointers formed there: only then does
-        # Triton 3.6 software-pipeline the flattened loop (issue the next loads asynchronously).
-        x_rows = img * stride_xn + (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
-        n_ok = offs_n < C_out
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kb in range(k_steps):
-            k = kb * BLOCK_K + offs_k
-            k_mask = k < C_in
-            a = tl.load(x_ptr + x_rows[:, None] + k[None, :], mask=row_ok[:, None] & k_mask[None, :], other=0.0)
-            b = tl.load(w_ptr + offs_n[None, :] * C_in + k[:, None], mask=k_mask[:, None] & n_ok[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
+            a = x_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
+            acc = tl.dot(a, b.T, acc, input_precision="ieee")
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        img, oy, ox, _, _ = _output_pixels(offs_m, OH, OW, 1, 1, 0, 0)
+        n_ok = offs_n < C_out
         _epilogue(acc, (offs_m < M)[:, None] & n_ok[None, :], offs_n, n_ok, img,
                   oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr, stride_on,
                   stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
@@ -476,7 +458,8 @@ class ConvConfig:
     direct: bool = False  # the FMA kernel for a few input channels; block_k, num_stages and split_k unused
     whole_pixels: bool = False  # direct or packed: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
     packed: bool = False  # K tiles run over all taps at once (PACK_TAPS in the kernel), for a few input channels
-    persistent: bool = False  # 1x1 only: a fixed grid of programs walking the tiles (_conv1x1_persistent_kernel)
+    tma: bool = False  # 1x1 only: operands loaded by the tensor memory accelerator (_conv1x1_tma_kernel)
+    persistent: bool = False  # with tma: a fixed grid of programs walking the tiles, not a program per tile
 
     def __post_init__(self) -> None:
         # tl.arange needs powers of two, and 16 is the smallest fp16 tensor-core K.
@@ -492,8 +475,10 @@ class ConvConfig:
             raise ValueError("ConvConfig: packed taps are a tensor-core tile that does not split K")
         if self.whole_pixels and not (self.direct or self.packed):
             raise ValueError("ConvConfig: whole-pixel loads are a mode of the direct kernel and of packed taps")
-        if self.persistent and (self.direct or self.packed or self.split_k != 1):
-            raise ValueError("ConvConfig: the persistent kernel is a 1x1 tensor-core tile that does not split K")
+        if self.tma and (self.direct or self.packed or self.split_k != 1):
+            raise ValueError("ConvConfig: the TMA kernel is a 1x1 tensor-core tile that does not split K")
+        if self.persistent and not self.tma:
+            raise ValueError("ConvConfig: only the TMA kernel has a persistent grid")
 
     def split_scratch(self, m: int, n: int) -> tuple[int, int]:
         """(fp32 partial elements, arrival counters) a launch of this config needs for GEMM sizes M=m, N=n."""
@@ -537,10 +522,16 @@ _LARGE_M = 1 << 17
 # Wider tiles and a deeper pipeline for the big GEMMs (the 3x3 stride-2 convs of m models run at ~400 TFLOP/s on
 # 128x256x64 with 3 stages).
 _LARGE_M_TILES = (ConvConfig(256, 128, 64, 8, 3), ConvConfig(128, 256, 64, 8, 4))
-# Persistent 1x1 tiles (the 1x1 layers' usual winners), and the programs launched per SM.
-_PERSISTENT_TILES = (ConvConfig(128, 128, 64, 4, 3, persistent=True), ConvConfig(64, 128, 64, 4, 3, persistent=True))
+# TMA-loaded 1x1 tiles (where the layer's views allow, see tma_loadable): a program per tile, and the usual
+# winner's shape on a persistent grid of this many programs an SM.
+_TMA_TILES = (
+    ConvConfig(128, 128, 64, 4, 3, tma=True),
+    ConvConfig(128, 256, 64, 8, 3, tma=True),
+    ConvConfig(128, 128, 64, 4, 3, tma=True, persistent=True),
+)
 _PERSISTENT_PROGRAMS_PER_SM = 2
 _INTERPRETER_PROGRAMS = 3  # under the interpreter: enough to walk tiles several apart
+_TMA_ALIGN = 16  # bytes: TMA needs the base address and every stride but the last on this boundary
 # Pipeline buffers must fit an SM's shared memory (227 KiB on Hopper) with room left for the epilogue.
 _SMEM_BUDGET = 200 * 1024
 
@@ -550,7 +541,7 @@ def candidate_set_id() -> str:
     new candidate gets timed."""
     offer = (
         _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
-        _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _PERSISTENT_TILES, _PERSISTENT_PROGRAMS_PER_SM,
+        _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _TMA_TILES, _PERSISTENT_PROGRAMS_PER_SM,
         [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
     )  # fmt: skip
     return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
@@ -607,13 +598,32 @@ def conv_candidate_configs(
                                     packed=True)  # fmt: skip
                 if config not in few_channels:
                     few_channels.append(config)
-    persistent = []
+    tma = []
     if kernel_is_1x1 and m >= _LARGE_M:
-        for c in _PERSISTENT_TILES:
+        for c in _TMA_TILES:
             fitted = replace(c, block_n=_fit(c.block_n, n), block_k=_fit(c.block_k, c_in))
-            if fitted not in persistent:
-                persistent.append(fitted)
-    return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels + persistent
+            smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
+            if smem <= _SMEM_BUDGET and fitted not in tma:
+                tma.append(fitted)
+    return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels + tma
+
+
+def tma_loadable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a 1x1 conv's operands can be TMA-loaded as matrices: the input's pixels evenly spaced rows
+    (N, H and W strides nested, as in a whole buffer or a channel slice of one) and, like the weight's rows,
+    aligned to 16 bytes."""
+    if x.dim() != 4 or weight.dim() != 4 or x.stride(3) != 1 or not weight.is_contiguous():
+        return False
+    n, h, w, _ = x.shape
+    size = x.element_size()
+    nested = (h == 1 or x.stride(1) == w * x.stride(2)) and (n == 1 or x.stride(0) == h * w * x.stride(2))
+    return (
+        nested
+        and (x.stride(2) * size) % _TMA_ALIGN == 0
+        and (weight.shape[3] * size) % _TMA_ALIGN == 0
+        and x.data_ptr() % _TMA_ALIGN == 0
+        and weight.data_ptr() % _TMA_ALIGN == 0
+    )
 
 
 def pixels_are_words(x: torch.Tensor) -> bool:
@@ -631,7 +641,8 @@ def pixels_are_words(x: torch.Tensor) -> bool:
 
 @functools.cache
 def _persistent_programs(device: torch.device) -> int:
-    """How many programs the persistent kernel launches (a compile-time constant of it, so fixed per device)."""
+    """How many programs a persistent grid launches: a few per SM (under the interpreter, enough to walk tiles
+    several apart)."""
     if device.type != "cuda":
         return _INTERPRETER_PROGRAMS
     return torch.cuda.get_device_properties(device).multi_processor_count * _PERSISTENT_PROGRAMS_PER_SM
@@ -659,10 +670,8 @@ def default_config(m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dty
     configs = conv_candidate_configs(m, n, k, kernel_is_1x1, dtype)
     if os.environ.get("TRITON_INTERPRET") == "1":
         # The interpreter runs programs one after another, so the fewest, largest tiles are fastest.
-        return max(
-            (c for c in configs if c.split_k == 1 and not (c.direct or c.packed or c.persistent)), key=_tile_area
-        )
-    untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1 and not (c.direct or c.packed or c.persistent)]
+        return max((c for c in configs if c.split_k == 1 and not (c.direct or c.packed or c.tma)), key=_tile_area)
+    untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1 and not (c.direct or c.packed or c.tma)]
     filling = [c for c in untimed if _programs(c, m, n) >= _TARGET_PROGRAMS]
     if filling:
         return max(filling, key=_tile_area)
@@ -810,7 +819,7 @@ def conv2d_nhwc(
         return
     cfg = config or default_config(m, c_out, kh * kw * w_c_in, kh == kw == 1, x.dtype)
     res = out if residual is None else residual  # never read without HAS_RESIDUAL; any valid pointer will do
-    if second is not None and (cfg.direct or cfg.packed or cfg.persistent):
+    if second is not None and (cfg.direct or cfg.packed or cfg.tma):
         raise ValueError(f"config {cfg}: a second input is read by the GEMM tiles only")
     if cfg.direct:
         if cfg.whole_pixels and not pixels_are_words(x):
@@ -831,19 +840,24 @@ def conv2d_nhwc(
             num_warps=cfg.num_warps, **launch_options(pdl),
         )  # fmt: skip
         return
-    if cfg.persistent:
-        if kh * kw != 1 or (dy, dx) != (1, 1):
-            raise ValueError(f"config {cfg} is a 1x1 kernel, the weight is {kh}x{kw} (dilation {dy}x{dx})")
+    if cfg.tma:
+        if (kh, kw, sy, sx, py, px, upsample) != (1, 1, 1, 1, 0, 0, 1) or not tma_loadable(x, weight):
+            raise ValueError(
+                f"config {cfg} TMA-loads a 1x1 conv's operands: it needs stride 1, no padding, no upsample, "
+                f"x's pixels evenly spaced and x and weight rows 16-byte aligned (weight {kh}x{kw}, stride "
+                f"{(sy, sx)}, padding {(py, px)}, upsample {upsample}, x strides {x.stride()})"
+            )
+        x_desc = TensorDescriptor(x, [m, c_in], [x.stride(2), 1], [cfg.block_m, cfg.block_k])
+        w_desc = TensorDescriptor(weight, [c_out, c_in], [c_in, 1], [cfg.block_n, cfg.block_k])
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n)
-        programs = _persistent_programs(x.device)
-        kernel = _conv1x1_persistent_kernel
-        launch = functools.partial(kernel.warmup, grid=(programs,)) if compile_only else kernel[(min(programs, tiles),)]
+        programs = min(tiles, _persistent_programs(x.device)) if cfg.persistent else tiles
+        kernel = _conv1x1_tma_kernel
+        launch = functools.partial(kernel.warmup, grid=(programs,)) if compile_only else kernel[(programs,)]
         launch(
-            out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3],
-            height, width, c_in, oh, ow, c_out, m, sy, sx, py, px,
-            UPSAMPLE=upsample, ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=residual is not None,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, PROGRAMS=programs,
-            PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
+            out, *out.stride()[:3], x_desc, w_desc, bias, res, *res.stride()[:3], oh, ow, c_in, c_out, m, programs,
+            ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=residual is not None, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, PDL=pdl, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **launch_options(pdl),
         )  # fmt: skip
         return
     if cfg.whole_pixels:

@@ -17,7 +17,14 @@ from yolojet.errors import GraphError
 from yolojet.ir import Graph, Node
 from yolojet.kernels.attention import AttentionTile, attention_candidate_tiles, default_attention_tile, psa_attention
 from yolojet.kernels.classify import classify_head, classify_head_scratch, global_avg_pool_nhwc
-from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, default_config, pixels_are_words
+from yolojet.kernels.conv import (
+    ConvConfig,
+    conv2d_nhwc,
+    conv_candidate_configs,
+    default_config,
+    pixels_are_words,
+    tma_loadable,
+)
 from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
@@ -198,7 +205,10 @@ def _lower_conv(
     if second is not None:
         # The GEMM tiles only, and unsplit: no 1x1 layer picked split-K on an H200 (2026-11-30), and each candidate
         # of a two-input conv is a specialization of its own to compile at start-up.
-        candidates = [c for c in candidates if not c.persistent and c.split_k == 1]
+        candidates = [c for c in candidates if not c.tma and c.split_k == 1]
+    tma = second is None and scale == 1 and stride == (1, 1) and padding == (0, 0) and tma_loadable(x, weight)
+    if not tma:
+        candidates = [c for c in candidates if not c.tma]
     for config in candidates:
         scratch.reserve(*config.split_scratch(m, c_out))
     slot = scratch.new_slot()
@@ -215,8 +225,8 @@ def _lower_conv(
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
             config = replace(config, whole_pixels=False)
-        if config.persistent and second is not None:  # two inputs: the same tile as a plain GEMM
-            config = replace(config, persistent=False)
+        if config.tma and not tma:  # nor TMA-load today's operands (alignment): the same tile, gathered
+            config = replace(config, tma=False, persistent=False)
         chosen[0] = config
 
     def compile_config(config: ConvConfig) -> None:
