@@ -135,12 +135,12 @@ def _m(*shape, dtype=F32):
             id="probs_shape",
         ),
         pytest.param(
-            lambda: _head(_m(2, 10), _m(2, 3, 3, 16), _m(10, 16), _m(10), (_m(10), torch.zeros(2, dtype=torch.int32))),
-            r"partials: expected contiguous torch.float32 with >= 20 elements",
+            lambda: _head(_m(2, 10), _m(2, 3, 3, 16), _m(10, 16), _m(10), (_m(31), torch.zeros(4, dtype=torch.int32))),
+            r"partials: expected contiguous torch.float32 with >= 32 elements",
             id="partials_size",
         ),
         pytest.param(
-            lambda: _head(_m(2, 10), _m(2, 3, 3, 16), _m(10, 16), _m(10), (_m(20), torch.zeros(2))),
+            lambda: _head(_m(2, 10), _m(2, 3, 3, 16), _m(10, 16), _m(10), (_m(32), torch.zeros(4))),
             r"arrivals: expected contiguous torch.int32",
             id="arrivals_dtype",
         ),

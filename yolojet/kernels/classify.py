@@ -11,10 +11,11 @@ from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 _FLOATS = (torch.float16, torch.float32)
-# The head's programs: channel blocks of 64 (20 programs an image for 1,280 channels, each streaming a 1000 x 64
-# slice of the weight, 128 KB in fp16), classes 128 at a time.
+# The head's programs: 64 channels by 128 classes (160 programs an image for 1,280 channels and 1,000 classes, each
+# loading a 16 KB tile of the fp16 weight); the softmax holds up to 1,024 logits in registers.
 _HEAD_BLOCK_C = 64
 _HEAD_BLOCK_K = 128
+_SOFTMAX_BLOCK = 1024
 
 
 @triton.jit
@@ -64,18 +65,24 @@ def _classify_head_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    CHANNEL_BLOCKS: tl.constexpr,
+    CHANNEL_BLOCKS_P2: tl.constexpr,  # the next power of two, for the tile that sums them
     SOFTMAX_BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # Program (channel block, image): the mean of its channels over the map, then their share of every class's
-    # logit, written as one fp32 partial row. The weight streams through as many SMs as there are channel
-    # blocks. The last program of an image to arrive sums the partial rows in block order (so the result does
-    # not depend on arrival order), adds the bias and runs the softmax.
+    # Program (channel block, class block, image): the mean of its channels over the map, then their share of
+    # its classes' logits, one fp32 partial row. Every program does one load of each kind, so the launch waits
+    # on memory a few times, not once per block. The last program of a class block to arrive sums its partial
+    # rows in block order (results do not depend on arrival order) and adds the bias; the last class block of
+    # an image to finish runs the softmax. Arrival counts: one per (image, class block), then one per image.
     cb = tl.program_id(0)
-    n = tl.program_id(1).to(tl.int64)
-    blocks = tl.num_programs(0)
+    kb = tl.program_id(1)
+    n = tl.program_id(2).to(tl.int64)
+    class_blocks = tl.num_programs(1)
     ch = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = ch < C
+    ks = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = ks < K
     wait_for_previous_kernel(PDL)
     acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
     for p0 in range(0, HW, BLOCK_P):
@@ -83,41 +90,49 @@ def _classify_head_kernel(
         x_ptrs = x_ptr + nhwc_offsets(n, p // W, p % W, sx_n, sx_h, sx_w)[:, None] + ch[None, :]
         acc += tl.load(x_ptrs, mask=(p < HW)[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
     pooled = tl.sum(acc, axis=0) / HW
-    partials = partial_ptr + n * blocks * K
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        wv = tl.load(
-            w_ptr + ks[:, None].to(tl.int64) * sw_k + ch[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0
-        )
-        tl.store(partials + cb * K + ks, tl.sum(wv.to(tl.float32) * pooled[None, :], axis=1), mask=k_ok)
+    wv = tl.load(w_ptr + ks[:, None].to(tl.int64) * sw_k + ch[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+    block_rows = partial_ptr + (n * class_blocks + kb) * CHANNEL_BLOCKS * BLOCK_K  # this class block's partials
+    tl.store(block_rows + cb * BLOCK_K + tl.arange(0, BLOCK_K), tl.sum(wv.to(tl.float32) * pooled[None, :], axis=1))
     # Every thread's partials are written before one thread's release makes the arrival visible.
     tl.debug_barrier()
-    arrived = tl.atomic_add(arrivals_ptr + n, 1, sem="acq_rel")
-    if arrived == blocks - 1:
+    block_count = arrivals_ptr + n * class_blocks + kb
+    if tl.atomic_add(block_count, 1, sem="acq_rel") == CHANNEL_BLOCKS - 1:
+        rows = tl.arange(0, CHANNEL_BLOCKS_P2)
+        # .cg reads from L2: L1 is not coherent with the other SMs' writes.
+        tile = tl.load(block_rows + rows[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :],
+                       mask=(rows < CHANNEL_BLOCKS)[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
         row = probs_ptr + n * sp_n
-        run_max = tl.full((), float("-inf"), tl.float32)
-        run_sum = tl.zeros((), tl.float32)  # sum of exp(logit - run_max)
-        for k0 in range(0, K, SOFTMAX_BLOCK):
-            ks = k0 + tl.arange(0, SOFTMAX_BLOCK)
-            k_ok = ks < K
-            logits = tl.load(b_ptr + ks, mask=k_ok, other=0.0)
-            for b in range(blocks):
-                # .cg reads from L2: L1 is not coherent with the other SMs' writes.
-                logits += tl.load(partials + b * K + ks, mask=k_ok, other=0.0, cache_modifier=".cg")
-            logits = tl.where(k_ok, logits, float("-inf"))
-            tl.store(row + ks, logits, mask=k_ok)
-            # The first block always holds a real class, so new_max is finite and exp(-inf - new_max) = 0 is safe.
+        tl.store(row + ks, tl.sum(tile, axis=0) + tl.load(b_ptr + ks, mask=k_ok, other=0.0), mask=k_ok)
+        tl.atomic_xchg(block_count, 0)
+        tl.debug_barrier()
+        image_count = arrivals_ptr + tl.num_programs(2) * class_blocks + n
+        if tl.atomic_add(image_count, 1, sem="acq_rel") == class_blocks - 1:
+            _softmax_in_place(row, K, SOFTMAX_BLOCK)
+            tl.atomic_xchg(image_count, 0)
+
+
+@triton.jit
+def _softmax_in_place(row, K, BLOCK: tl.constexpr):
+    """Softmax over the K fp32 logits at `row`, which other programs wrote (so read from L2, .cg)."""
+    ks = tl.arange(0, BLOCK)
+    logits = tl.load(row + ks, mask=ks < K, other=float("-inf"), cache_modifier=".cg")
+    if K <= BLOCK:  # the usual case: every logit in registers, one load and one store
+        shifted = tl.exp(logits - tl.max(logits, axis=0))
+        tl.store(row + ks, shifted / tl.sum(shifted, axis=0), mask=ks < K)
+    else:
+        # An online max and denominator over blocks, then a normalising pass. The first block always holds a
+        # real class, so run_max is finite after it and exp(-inf - run_max) = 0 is safe.
+        run_max = tl.max(logits, axis=0)
+        run_sum = tl.sum(tl.exp(logits - run_max), axis=0)  # sum of exp(logit - run_max)
+        for k0 in range(BLOCK, K, BLOCK):
+            logits = tl.load(row + k0 + ks, mask=k0 + ks < K, other=float("-inf"), cache_modifier=".cg")
             new_max = tl.maximum(run_max, tl.max(logits, axis=0))
             run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(logits - new_max), axis=0)
             run_max = new_max
         inv_sum = 1.0 / run_sum
-        tl.debug_barrier()  # the logits above were stored by whichever threads held them
-        for k0 in range(0, K, SOFTMAX_BLOCK):
-            ks = k0 + tl.arange(0, SOFTMAX_BLOCK)
-            logits = tl.load(row + ks, mask=ks < K)
-            tl.store(row + ks, tl.exp(logits - run_max) * inv_sum, mask=ks < K)
-        tl.atomic_xchg(arrivals_ptr + n, 0)
+        for k0 in range(0, K, BLOCK):
+            logits = tl.load(row + k0 + ks, mask=k0 + ks < K, cache_modifier=".cg")
+            tl.store(row + k0 + ks, tl.exp(logits - run_max) * inv_sum, mask=k0 + ks < K)
 
 
 def global_avg_pool_nhwc(out: torch.Tensor, x: torch.Tensor, *, pdl: bool = False) -> None:
@@ -139,11 +154,18 @@ def global_avg_pool_nhwc(out: torch.Tensor, x: torch.Tensor, *, pdl: bool = Fals
 def classify_head_scratch(
     batch: int, channels: int, classes: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (partials, arrivals) `classify_head` needs: fp32 partial logits per (image, channel block), and one
-    int32 arrival count per image, zero (the kernel leaves them at zero)."""
-    blocks = triton.cdiv(channels, _head_block_c(channels))
-    partials = torch.empty(batch * blocks * classes, dtype=torch.float32, device=device)
-    return partials, torch.zeros(batch, dtype=torch.int32, device=device)
+    """The (partials, arrivals) `classify_head` needs: fp32 partial logits per (image, class block, channel
+    block), and int32 arrival counts per (image, class block) and per image, zero (the kernel leaves them at
+    zero)."""
+    class_blocks, channel_blocks, block_k = _head_grid(channels, classes)
+    partials = torch.empty(batch * class_blocks * channel_blocks * block_k, dtype=torch.float32, device=device)
+    return partials, torch.zeros(batch * (class_blocks + 1), dtype=torch.int32, device=device)
+
+
+def _head_grid(channels: int, classes: int) -> tuple[int, int, int]:
+    """(class blocks, channel blocks, BLOCK_K) of the head's launch."""
+    block_k = min(_HEAD_BLOCK_K, triton.next_power_of_2(classes))
+    return triton.cdiv(classes, block_k), triton.cdiv(channels, _head_block_c(channels)), block_k
 
 
 def _head_block_c(channels: int) -> int:
@@ -177,18 +199,19 @@ def classify_head(
     check_view("bias", bias, (k,), torch.float32, features.device)
     check_view("out_probs", out_probs, (n, k), torch.float32, features.device)
     block_c = _head_block_c(c)
-    blocks = triton.cdiv(c, block_c)
+    class_blocks, channel_blocks, block_k = _head_grid(c, k)
     for name, t, dtype, need in (
-        ("partials", partials, torch.float32, n * blocks * k),
-        ("arrivals", arrivals, torch.int32, n),
+        ("partials", partials, torch.float32, n * class_blocks * channel_blocks * block_k),
+        ("arrivals", arrivals, torch.int32, n * (class_blocks + 1)),
     ):
         if t.dtype != dtype or t.device != features.device or not t.is_contiguous() or t.numel() < need:
             raise ValueError(f"{name}: expected contiguous {dtype} with >= {need} elements on {features.device}, "
                              f"got {tuple(t.shape)} {t.dtype} on {t.device}")  # fmt: skip
-    _classify_head_kernel[(blocks, n)](
+    _classify_head_kernel[(channel_blocks, class_blocks, n)](
         out_probs, out_probs.stride(0), features, *features.stride()[:3], w, h * w, weight, weight.stride(0), bias,
         partials, arrivals, c, k,
-        BLOCK_P=min(triton.next_power_of_2(h * w), max(1, 4096 // block_c)), BLOCK_C=block_c,
-        BLOCK_K=min(_HEAD_BLOCK_K, triton.next_power_of_2(k)), SOFTMAX_BLOCK=min(1024, triton.next_power_of_2(k)),
+        BLOCK_P=min(triton.next_power_of_2(h * w), max(1, 4096 // block_c)), BLOCK_C=block_c, BLOCK_K=block_k,
+        CHANNEL_BLOCKS=channel_blocks, CHANNEL_BLOCKS_P2=triton.next_power_of_2(channel_blocks),
+        SOFTMAX_BLOCK=min(_SOFTMAX_BLOCK, triton.next_power_of_2(k)),
         PDL=pdl, **launch_options(pdl),
     )  # fmt: skip

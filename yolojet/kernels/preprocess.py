@@ -208,16 +208,22 @@ def _resample_pass_kernel(
     BGR: tl.constexpr,
     BLOCK: tl.constexpr,
     TAPS: tl.constexpr,
+    OUTPUTS_FAST: tl.constexpr,
 ):
-    # Element e is output o (along the resampled axis) of line j (along the other axis). Every tap's index,
-    # weight and pixel is loaded in one go, a (pixel, tap, channel) tile: two rounds of memory latency a
-    # program rather than two for each tap.
+    # Element e is output o (along the resampled axis) of line j (along the other axis), neighbouring elements
+    # neighbouring along whichever axis is contiguous in memory (OUTPUTS_FAST: the resampled one), so that a
+    # warp's gathers fall in a few cache lines. Every tap's index, weight and pixel is loaded in one go, a
+    # (pixel, tap, channel) tile: two rounds of memory latency a program rather than two for each tap.
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ch = tl.arange(0, 4)  # up to three channels and a masked lane: tensor dimensions must be powers of two
     t = tl.arange(0, TAPS)
     ok = e < count * length
-    o = e // length
-    j = e % length
+    if OUTPUTS_FAST:
+        o = e % count
+        j = e // count
+    else:
+        o = e // length
+        j = e % length
     if FINAL:
         c_ok = ch < 3
         if C_SRC == 1:
@@ -308,4 +314,5 @@ def resample_pass(
         BGR=bool(bgr),
         BLOCK=block,
         TAPS=taps,
+        OUTPUTS_FAST=src.stride(axis) < src.stride(other),
     )
