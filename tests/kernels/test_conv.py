@@ -522,12 +522,62 @@ def test_tma_1x1_matches_reference(name: str) -> None:
     assert bool((out_buf == SENTINEL).all()), "the conv wrote outside its output slice"
 
 
+# (case, patch tile): stride-1 k x k convs whose input patches TMA loads, zeros where a patch leaves the image;
+# inputs are spatial and channel slices of wider buffers (16-byte aligned), map sizes not multiples of the patch.
+TMA_PATCH_CASES = {
+    "3x3_pad1_residual": (
+        Case(3, 9, 7, 40, 33, 3, padding=1, residual=True),
+        ConvConfig(32, 16, 16, 1, 2, tma=True, tile_w=8),
+    ),
+    "3x3_dilation2_fp32": (
+        Case(1, 9, 7, 20, 16, 3, padding=2, dilation=2, activation="relu", dtype=F32),
+        ConvConfig(16, 16, 16, 2, 2, tma=True, tile_w=4),
+    ),
+    "1x3_pad_pairs": (
+        Case(2, 5, 6, 16, 7, (1, 3), padding=(0, 1), activation="identity"),
+        ConvConfig(32, 16, 16, 1, 3, tma=True, tile_w=16),
+    ),
+    "3x3_pad0": (Case(2, 9, 7, 24, 40, 3), ConvConfig(64, 32, 32, 2, 2, tma=True, tile_w=8)),
+}
+
+
+@pytest.mark.parametrize("name", list(TMA_PATCH_CASES))
+def test_tma_patch_conv_matches_reference(name: str) -> None:
+    case, config = TMA_PATCH_CASES[name]
+    torch.manual_seed(300 + list(TMA_PATCH_CASES).index(name))
+    kh, kw = (case.kernel, case.kernel) if isinstance(case.kernel, int) else case.kernel
+    n, h, w = case.batch, case.h * SPATIAL, case.w * SPATIAL
+    buf = torch.randn(n, h + 2, w + 3, case.c_in + 16, dtype=torch.float64).to(device=DEVICE, dtype=case.dtype)
+    x = buf[:, 1 : h + 1, 2 : w + 2, 8 : 8 + case.c_in]
+    weight = (torch.randn(case.c_out, kh, kw, case.c_in, dtype=torch.float64) / (kh * kw * case.c_in) ** 0.5).to(
+        device=DEVICE, dtype=case.dtype
+    )
+    bias = torch.randn(case.c_out, dtype=torch.float32, device=DEVICE)
+    assert tma_loadable(x, weight)
+    shape = _reference(case, x, weight, bias, None).shape
+    residual = _nhwc(shape, case.dtype, sliced=True)[1] if case.residual else None
+    ref = _reference(case, x, weight, bias, residual)
+    out_buf, out = _nhwc(shape, case.dtype, True, fill=SENTINEL)
+    out.fill_(float("nan"))
+    conv2d_nhwc(out, x, weight, bias, padding=case.padding, dilation=case.dilation, activation=case.activation,
+                residual=residual, config=config)  # fmt: skip
+    assert_close(out, ref, TOLERANCE[case.dtype])
+    out.fill_(SENTINEL)
+    assert bool((out_buf == SENTINEL).all()), "the conv wrote outside its output slice"
+
+
 def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() -> None:
     large = conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True)
     assert [(c.block_n, c.persistent) for c in large if c.tma] == [(128, False), (256, False), (128, True)]
     assert not default_config(64 * 160 * 160, 256, 192, True).tma
     assert not any(c.tma for c in conv_candidate_configs(160 * 160, 256, 192, kernel_is_1x1=True))
-    assert not any(c.tma for c in conv_candidate_configs(64 * 160 * 160, 256, 9 * 64, kernel_is_1x1=False))
+    patches = [c for c in conv_candidate_configs(64 * 40 * 40, 64, 9 * 64, kernel_is_1x1=False) if c.tma]
+    assert [(c.block_m, c.block_n, c.tile_w) for c in patches] == [(128, 64, 16), (128, 64, 8), (64, 64, 8)]
+    assert not any(c.tma for c in conv_candidate_configs(160 * 160, 32, 9 * 32, kernel_is_1x1=False))  # batch 1
+    assert not tma_loadable(torch.zeros(2, 5, 6, 36, dtype=F16, device=DEVICE)[..., :32],
+                            torch.zeros(16, 3, 3, 32, dtype=F16, device=DEVICE))  # fmt: skip  # 72-byte pixels
+    with pytest.raises(ValueError, match="patch width of the non-persistent k x k TMA kernel"):
+        ConvConfig(64, 64, 64, 4, 3, tma=True, tile_w=48)
     weight = torch.zeros(16, 1, 1, 40, dtype=F16, device=DEVICE)
     buf, x = _channel_slice(2, 5, 6, 40, F16)
     assert tma_loadable(x, weight) and tma_loadable(buf[..., :40], weight)
@@ -539,8 +589,12 @@ def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() 
         ConvConfig(64, 64, 64, 4, 3, split_k=2, tma=True)
     with pytest.raises(ValueError, match="only the TMA kernel has a persistent grid"):
         ConvConfig(64, 64, 64, 4, 3, persistent=True)
+    with pytest.raises(ValueError, match="TMA-loads a conv's input patches: it needs stride 1"):
+        conv2d_nhwc(torch.empty(2, 3, 3, 16, dtype=F16, device=DEVICE), x, torch.zeros(16, 3, 3, 40, dtype=F16,
+                    device=DEVICE), torch.zeros(16, device=DEVICE), stride=2, padding=1,
+                    config=ConvConfig(16, 16, 16, 1, 1, tma=True, tile_w=4))  # fmt: skip
     for kernel, padding, view in ((3, 1, x), (1, 0, buf[..., 1:41])):
-        with pytest.raises(ValueError, match="TMA-loads a 1x1 conv's operands"):
+        with pytest.raises(ValueError, match="TMA-loads a 1x1 conv's operands"):  # a 3x3 weight: no tile_w
             conv2d_nhwc(
                 torch.empty(2, 5, 6, 16, dtype=F16, device=DEVICE), view,
                 torch.zeros(16, kernel, kernel, 40, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE),

@@ -185,27 +185,34 @@ def test_every_attention_tile_in_a_network(tmp_path):
         assert relative_l2(engine.raw(x), expected) <= 1e-2, tile
 
 
-def test_tma_tiles_on_every_1x1_conv_of_a_network(model_dirs, monkeypatch):
-    """The TMA 1x1 kernel (offered by the tuner from large batches on) given to every 1x1 conv: those whose
-    operands it can load (most of them, concat slices and residual ones included) run it, the others (a folded
-    upsample's conv, unaligned slices) keep the same tile gathered. Outputs still match the reference."""
+def test_tma_tiles_on_every_conv_of_a_network(model_dirs, monkeypatch):
+    """The TMA kernels (offered by the tuner from large batches on) given to every conv: 1x1 convs whose operands
+    they can load (most, concat slices and residual ones included) run the GEMM one, stride-1 k x k convs the
+    patch one; the others (stride 2, a folded upsample's conv, unaligned slices) keep the same tile gathered.
+    Outputs still match the reference."""
     model_dir = model_dirs("yolo11n.yaml", None)
     engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
-    one_by_one = 0  # in the batch-2 bucket, the one raw() runs
+    one_by_one = k_by_k = 0  # in the batch-2 bucket, the one raw() runs
     for bucket in engine.network.buckets:
         for launch in engine.network.launch_list(bucket):
-            if launch.tune_key and re.search(r"\|w\(\d+, 1, 1, \d+\)", launch.tune_key):
+            if not (launch.tune_key and launch.family == "conv"):
+                continue
+            if re.search(r"\|w\(\d+, 1, 1, \d+\)", launch.tune_key):
                 launch.configure(ConvConfig(32, 32, 32, 2, 2, tma=True, persistent=True))
                 one_by_one += bucket == 2
-    tma_launches = []
-    kernel = conv_kernels._conv1x1_tma_kernel
-    monkeypatch.setattr(conv_kernels, "_conv1x1_tma_kernel", _Counting(kernel, tma_launches))
+            elif "|st[1, 1]|" in launch.tune_key:
+                launch.configure(ConvConfig(32, 32, 32, 2, 2, tma=True, tile_w=8))
+                k_by_k += bucket == 2
+    launches: dict[str, list] = {"_conv1x1_tma_kernel": [], "_conv_tma_kernel": []}
+    for name, counted in launches.items():
+        monkeypatch.setattr(conv_kernels, name, _Counting(getattr(conv_kernels, name), counted))
     if DEVICE == "cuda":
         engine.network._capture()
     x = torch.rand(2, 3, 64, 64, device=DEVICE)
     engine.network.poison()
     assert relative_l2(engine.raw(x), yolojet.load_reference(model_dir, device=DEVICE)(x)) <= 1e-2
-    assert one_by_one >= 40 and len(tma_launches) >= one_by_one // 2
+    assert one_by_one >= 40 and len(launches["_conv1x1_tma_kernel"]) >= one_by_one // 2
+    assert k_by_k >= 10 and len(launches["_conv_tma_kernel"]) >= k_by_k // 2
 
 
 class _Counting:

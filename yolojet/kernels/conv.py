@@ -347,6 +347,72 @@ def _conv1x1_tma_kernel(
 
 
 @triton.jit
+def _conv_tma_kernel(
+    out_ptr,
+    stride_on,
+    stride_oh,
+    stride_ow,
+    x_desc,
+    w_desc,
+    bias_ptr,
+    res_ptr,
+    stride_rn,
+    stride_rh,
+    stride_rw,
+    OH,
+    OW,
+    C_in,
+    C_out,
+    pad_y,
+    pad_x,
+    dil_y,
+    dil_x,
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    TILE_H: tl.constexpr,
+    TILE_W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """A stride-1 k x k conv whose operands the tensor memory accelerator loads: a program's output pixels are a
+    TILE_H x TILE_W patch of one image, so each tap's input is the same patch shifted by the tap, one box of the
+    (N, H, W, C_in) input (x_desc) that TMA fills with zeros where it leaves the image: the padding costs
+    nothing and no thread computes a gather address. The weight is an (C_out, KH, KW, C_in) box per tap
+    (w_desc). K walks (tap, channel block) in one loop, so the pipeline crosses taps."""
+    BLOCK_M: tl.constexpr = TILE_H * TILE_W
+    tiles_x = tl.cdiv(OW, TILE_W)
+    tiles_per_image = tl.cdiv(OH, TILE_H) * tiles_x
+    num_pid_m = tl.num_programs(0) // tl.cdiv(C_out, BLOCK_N)
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, tl.cdiv(C_out, BLOCK_N), GROUP_M)
+    img = pid_m // tiles_per_image
+    oy0 = (pid_m % tiles_per_image) // tiles_x * TILE_H
+    ox0 = (pid_m % tiles_per_image) % tiles_x * TILE_W
+    k_chunks = tl.cdiv(C_in, BLOCK_K)
+    wait_for_previous_kernel(PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(KH * KW * k_chunks):
+        tap = step // k_chunks
+        c0 = (step % k_chunks) * BLOCK_K
+        ky = tap // KW
+        kx = tap % KW
+        a = x_desc.load([img, oy0 + ky * dil_y - pad_y, ox0 + kx * dil_x - pad_x, c0]).reshape(BLOCK_M, BLOCK_K)
+        b = w_desc.load([pid_n * BLOCK_N, ky, kx, c0]).reshape(BLOCK_N, BLOCK_K)
+        acc = tl.dot(a, b.T, acc, input_precision="ieee")
+    r = tl.arange(0, BLOCK_M)
+    oy = oy0 + r // TILE_W
+    ox = ox0 + r % TILE_W
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < C_out
+    _epilogue(acc, ((oy < OH) & (ox < OW))[:, None] & n_ok[None, :], offs_n, n_ok, img.to(tl.int64), oy, ox,
+              bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow,
+              ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+
+
+@triton.jit
 def _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """(pid_m, pid_n) of a tile id in launches grouped GROUP_M M-tiles at a time (see _GROUP_M)."""
     num_pid_in_group = GROUP_M * num_pid_n
@@ -458,8 +524,9 @@ class ConvConfig:
     direct: bool = False  # the FMA kernel for a few input channels; block_k, num_stages and split_k unused
     whole_pixels: bool = False  # direct or packed: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
     packed: bool = False  # K tiles run over all taps at once (PACK_TAPS in the kernel), for a few input channels
-    tma: bool = False  # 1x1 only: operands loaded by the tensor memory accelerator (_conv1x1_tma_kernel)
+    tma: bool = False  # operands loaded by the tensor memory accelerator: _conv1x1_tma_kernel, or with tile_w
     persistent: bool = False  # with tma: a fixed grid of programs walking the tiles, not a program per tile
+    tile_w: int = 0  # with tma: k x k stride-1 convs on patches tile_w pixels wide (_conv_tma_kernel)
 
     def __post_init__(self) -> None:
         # tl.arange needs powers of two, and 16 is the smallest fp16 tensor-core K.
@@ -479,6 +546,12 @@ class ConvConfig:
             raise ValueError("ConvConfig: the TMA kernel is a 1x1 tensor-core tile that does not split K")
         if self.persistent and not self.tma:
             raise ValueError("ConvConfig: only the TMA kernel has a persistent grid")
+        if self.tile_w and (not self.tma or self.persistent or self.tile_w & (self.tile_w - 1)
+                            or self.block_m % self.tile_w):  # fmt: skip
+            raise ValueError(
+                f"ConvConfig: tile_w={self.tile_w} is the patch width of the non-persistent k x k TMA kernel, a "
+                f"power of two dividing block_m={self.block_m}"
+            )
 
     def split_scratch(self, m: int, n: int) -> tuple[int, int]:
         """(fp32 partial elements, arrival counters) a launch of this config needs for GEMM sizes M=m, N=n."""
@@ -529,6 +602,15 @@ _TMA_TILES = (
     ConvConfig(128, 256, 64, 8, 3, tma=True),
     ConvConfig(128, 128, 64, 4, 3, tma=True, persistent=True),
 )
+# Patch tiles of the k x k TMA kernel: 8x16 and 16x8 pixels (16 and 8 divide the 160-, 80- and 40-wide maps).
+_TMA_PATCH_TILES = (
+    ConvConfig(128, 64, 64, 4, 3, tma=True, tile_w=16),
+    ConvConfig(128, 128, 64, 4, 3, tma=True, tile_w=16),
+    ConvConfig(128, 64, 64, 4, 4, tma=True, tile_w=8),
+    ConvConfig(64, 64, 64, 4, 4, tma=True, tile_w=8),
+)
+# TMA tiles are offered from this many output pixels: batch 64 at 40x40 and up, never at batch 1 for 640 inputs.
+_TMA_MIN_M = 1 << 16
 _PERSISTENT_PROGRAMS_PER_SM = 2
 _INTERPRETER_PROGRAMS = 3  # under the interpreter: enough to walk tiles several apart
 _TMA_ALIGN = 16  # bytes: TMA needs the base address and every stride but the last on this boundary
@@ -541,7 +623,7 @@ def candidate_set_id() -> str:
     new candidate gets timed."""
     offer = (
         _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
-        _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _TMA_TILES, _PERSISTENT_PROGRAMS_PER_SM,
+        _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _TMA_TILES, _TMA_PATCH_TILES, _TMA_MIN_M, _PERSISTENT_PROGRAMS_PER_SM,
         [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
     )  # fmt: skip
     return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
@@ -599,8 +681,8 @@ def conv_candidate_configs(
                 if config not in few_channels:
                     few_channels.append(config)
     tma = []
-    if kernel_is_1x1 and m >= _LARGE_M:
-        for c in _TMA_TILES:
+    if m >= _TMA_MIN_M:
+        for c in _TMA_TILES if kernel_is_1x1 else _TMA_PATCH_TILES:
             fitted = replace(c, block_n=_fit(c.block_n, n), block_k=_fit(c.block_k, c_in))
             smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
             if smem <= _SMEM_BUDGET and fitted not in tma:
@@ -609,17 +691,21 @@ def conv_candidate_configs(
 
 
 def tma_loadable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a 1x1 conv's operands can be TMA-loaded as matrices: the input's pixels evenly spaced rows
-    (N, H and W strides nested, as in a whole buffer or a channel slice of one) and, like the weight's rows,
-    aligned to 16 bytes."""
+    """Whether a conv's operands can be TMA-loaded: the input's and the weight's base addresses and strides
+    aligned to 16 bytes, and for a 1x1 weight (loaded as matrices) the input's pixels evenly spaced rows (N, H
+    and W strides nested, as in a whole buffer or a channel slice of one)."""
     if x.dim() != 4 or weight.dim() != 4 or x.stride(3) != 1 or not weight.is_contiguous():
         return False
     n, h, w, _ = x.shape
     size = x.element_size()
-    nested = (h == 1 or x.stride(1) == w * x.stride(2)) and (n == 1 or x.stride(0) == h * w * x.stride(2))
+    if weight.shape[1] == weight.shape[2] == 1:
+        nested = (h == 1 or x.stride(1) == w * x.stride(2)) and (n == 1 or x.stride(0) == h * w * x.stride(2))
+        strides = (x.stride(2),)
+    else:
+        nested, strides = True, x.stride()[:3]
     return (
         nested
-        and (x.stride(2) * size) % _TMA_ALIGN == 0
+        and all((stride * size) % _TMA_ALIGN == 0 for stride in strides)
         and (weight.shape[3] * size) % _TMA_ALIGN == 0
         and x.data_ptr() % _TMA_ALIGN == 0
         and weight.data_ptr() % _TMA_ALIGN == 0
@@ -838,6 +924,26 @@ def conv2d_nhwc(
             HAS_RESIDUAL=residual is not None, WHOLE_PIXELS=cfg.whole_pixels, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, PDL=pdl,
             num_warps=cfg.num_warps, **launch_options(pdl),
+        )  # fmt: skip
+        return
+    if cfg.tma and cfg.tile_w:
+        if (sy, sx, upsample) != (1, 1, 1) or not tma_loadable(x, weight):
+            raise ValueError(
+                f"config {cfg} TMA-loads a conv's input patches: it needs stride 1, no upsample, and x's and the "
+                f"weight's strides 16-byte aligned (stride {(sy, sx)}, upsample {upsample}, x strides {x.stride()}, "
+                f"weight {tuple(weight.shape)})"
+            )
+        x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, cfg.block_m // cfg.tile_w, cfg.tile_w,
+                                  cfg.block_k])  # fmt: skip
+        w_desc = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [cfg.block_n, 1, 1, cfg.block_k])
+        tile_h = cfg.block_m // cfg.tile_w
+        grid = (batch * triton.cdiv(oh, tile_h) * triton.cdiv(ow, cfg.tile_w) * triton.cdiv(c_out, cfg.block_n),)
+        kernel = functools.partial(_conv_tma_kernel.warmup, grid=grid) if compile_only else _conv_tma_kernel[grid]
+        kernel(
+            out, *out.stride()[:3], x_desc, w_desc, bias, res, *res.stride()[:3], oh, ow, c_in, c_out, py, px, dy, dx,
+            KH=kh, KW=kw, ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=residual is not None, TILE_H=tile_h,
+            TILE_W=cfg.tile_w, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, PDL=pdl,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )  # fmt: skip
         return
     if cfg.tma:

@@ -206,7 +206,14 @@ def _lower_conv(
         # The GEMM tiles only, and unsplit: no 1x1 layer picked split-K on an H200 (2026-11-30), and each candidate
         # of a two-input conv is a specialization of its own to compile at start-up.
         candidates = [c for c in candidates if not c.tma and c.split_k == 1]
-    tma = second is None and scale == 1 and stride == (1, 1) and padding == (0, 0) and tma_loadable(x, weight)
+    # The TMA kernels: a 1x1 conv as a plain GEMM, or a stride-1 k x k conv on patches (see conv2d_nhwc).
+    tma = (
+        second is None
+        and scale == 1
+        and stride == (1, 1)
+        and (padding == (0, 0) or not is_1x1)
+        and tma_loadable(x, weight)
+    )
     if not tma:
         candidates = [c for c in candidates if not c.tma]
     for config in candidates:
@@ -226,7 +233,7 @@ def _lower_conv(
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
             config = replace(config, whole_pixels=False)
         if config.tma and not tma:  # nor TMA-load today's operands (alignment): the same tile, gathered
-            config = replace(config, tma=False, persistent=False)
+            config = replace(config, tma=False, persistent=False, tile_w=0)
         chosen[0] = config
 
     def compile_config(config: ConvConfig) -> None:
