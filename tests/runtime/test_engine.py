@@ -95,6 +95,22 @@ def test_neck_upsamples_fold_into_their_convs_unless_fusion_is_off(model_dirs):
         assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
 
 
+def test_c2psa_concat_copy_folds_into_its_conv_unless_fusion_is_off(model_dirs):
+    """With fusion the 1x1 conv after C2PSA's concat reads the split half the concat would copy where it lies,
+    so there is no copy launch; with fuse=False the copy runs. Both match the reference."""
+    model_dir = model_dirs("yolo11n.yaml", None)
+    reference = yolojet.load_reference(model_dir, device=DEVICE)
+    x = torch.rand(2, 3, 64, 64, device=DEVICE)
+    for fuse, copies in ((True, 0), (False, 1)):
+        engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False, fuse=fuse)
+        launches = engine.network.launch_list(2)
+        assert sum("<-" in launch.nodes[0] for launch in launches) == copies
+        folded = [launch for launch in launches if launch.family == "conv" and launch.nodes[0].endswith("/concat")]
+        assert len(folded) == 1 - copies
+        engine.network.poison()
+        assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
+
+
 def test_classifier_pools_in_its_head_launch_unless_fusion_is_off(model_dirs):
     """With fusion the classifier's pooling, linear layer and softmax are one launch; with fuse=False the pooling
     is a launch of its own. Both match the reference, replay after replay (the head's arrival counts reset)."""

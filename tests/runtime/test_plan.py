@@ -7,7 +7,7 @@ from support import random_model
 
 from yolojet.export.walker import export_graph
 from yolojet.ir import Graph, ModelMeta, Node, Value
-from yolojet.runtime.plan import ARENA_ALIGN, _reads_widened, plan_memory, upsample_folds
+from yolojet.runtime.plan import ARENA_ALIGN, _reads_widened, concat_folds, plan_memory, upsample_folds
 
 
 @pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolov8n-seg.yaml", "yolo26n-pose.yaml", "yolov8n-cls.yaml"])
@@ -123,3 +123,57 @@ def test_only_an_upsample_read_by_its_concat_alone_feeding_a_1x1_conv_folds():
     assert upsample_folds(_neck(reader="up"), {}) == {}  # the upsampled map is read elsewhere too
     assert upsample_folds(_neck(reader="cat"), {}) == {}  # and so is the concat
     assert upsample_folds(_neck(), {"c": ["up"]}) == {}  # the upsampled map is not in the concat's buffer
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo11n-cls.yaml", "yolo26n.yaml"])
+def test_c2psa_concat_folds_its_copy_into_the_1x1_conv_after_it(cfg):
+    """C2PSA's Concat([split:0, PSA(split:1)]) must copy split:0 (a view of cv1's output); its 1x1 conv reads it
+    in place instead, so the buffer it lies in lives until that conv."""
+    graph = export_graph(random_model(cfg), 64)
+    plan = plan_memory(graph)
+    position = {node.name: i for i, node in enumerate(graph.nodes)}
+    by_name = {node.name: node for node in graph.nodes}
+    assert len(plan.concat_folds) == 1
+    ((conv, cat),) = plan.concat_folds.items()
+    assert by_name[cat].op == "concat" and by_name[conv].inputs == by_name[cat].outputs
+    assert plan.copies[cat] == [by_name[cat].inputs[0]] and by_name[cat].inputs[0].endswith("split:0")
+    assert plan.buffers[plan.placements[by_name[cat].inputs[0]].buffer].last >= position[conv]
+
+
+def _psa(*, between: bool = True, reader: str | None = None, copied_second: bool = False):
+    """Split(x) → (a, b); b → conv → b2; Concat([a, b2]) → 1x1 conv, with (between) an unrelated conv after the
+    concat, so that without the fold's extra read a's buffer would end at the concat."""
+    conv_attrs = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1}
+    nodes = [
+        Node("s", "split", ["x"], ["a", "b"], {"sizes": [4, 4]}),
+        Node("p", "conv", ["b"], ["b2"], conv_attrs),
+        Node("c", "concat", ["a", "b2"] if not copied_second else ["b2", "a"], ["cat"]),
+    ]
+    if between:
+        nodes.append(Node("q", "conv", ["w"], ["z"], conv_attrs))
+    nodes.append(Node("k", "conv", ["cat"], ["y"], conv_attrs))
+    if reader:
+        nodes.append(Node("r", "conv", [reader], ["v"], conv_attrs))
+    shapes = {"x": (1, 8, 8, 8), "a": (1, 4, 8, 8), "b": (1, 4, 8, 8), "b2": (1, 4, 8, 8), "cat": (1, 8, 8, 8),
+              "w": (1, 8, 8, 8), "z": (1, 8, 8, 8), "y": (1, 8, 8, 8), "v": (1, 8, 8, 8)}  # fmt: skip
+    values = {name: Value(name, shape) for name, shape in shapes.items()}
+    outputs = ["y", "z"] + (["v"] if reader else []) if between else ["y"] + (["v"] if reader else [])
+    return Graph(ModelMeta("detect", {0: "a"}, (8, 8)), ["x", "w"], outputs, values, nodes, {})
+
+
+def test_a_folded_concat_part_outlives_the_conv_that_reads_it_in_place():
+    plan = plan_memory(_psa())
+    assert plan.concat_folds == {"k": "c"} and plan.copies == {"c": ["a"]}
+    source, output = (plan.buffers[plan.placements[name].buffer] for name in ("x", "y"))
+    assert source.last == 4  # the conv k, not the concat at 2
+    spans = sorted([(source.offset, source.per_image), (output.offset, output.per_image)])
+    assert spans[0][0] + spans[0][1] <= spans[1][0], "the conv's output shares memory with the part it reads"
+
+
+def test_only_a_concat_copying_its_first_part_alone_feeding_a_1x1_conv_folds():
+    graph = _psa()
+    assert concat_folds(graph, {"c": ["a"]}, {}) == {"k": "c"}
+    assert concat_folds(graph, {}, {}) == {}  # nothing to copy
+    assert concat_folds(graph, {"c": ["a"]}, {"k": "u"}) == {}  # the conv already folds an upsample
+    assert concat_folds(_psa(reader="cat"), {"c": ["a"]}, {}) == {}  # the concat is read elsewhere too
+    assert concat_folds(_psa(copied_second=True), {"c": ["a"]}, {}) == {}  # the copied part comes second

@@ -177,16 +177,22 @@ def _lower_conv(
 ) -> Launch:
     """A conv; with `fold` = (upsample, concat) nodes feeding it (plan.upsample_folds), it reads the upsample's
     input through a nearest upsample and the concat's other part as a second input, and the launch covers the
-    upsample node too."""
+    upsample node too. With `fold` = (None, concat) (plan.concat_folds) it reads the concat's first part where
+    it lies, the part the concat would copy, and the concat's slice of its second part as a second input."""
     a = node.attrs
     x, out = view(node.inputs[0], widened=True), view(node.outputs[0], widened=True)
     residual = view(node.inputs[1]) if len(node.inputs) > 1 else None
     second, scale, nodes, key_suffix = None, 1, [node.name], ""
     if fold is not None:
         up, cat = fold
-        upsampled_channels = x.shape[3] - view(cat.inputs[1]).shape[3]
-        second = x[..., upsampled_channels:]  # the concat's slice: placed there by its producer or by a copy
-        x, scale, nodes = view(up.inputs[0], widened=True), int(up.attrs["scale"]), [up.name, node.name]
+        # The concat's slice of its second part (placed there by its producer or by a copy), and after it any
+        # channels the plan widened the concat by (zero weights).
+        second = x[..., view(cat.inputs[0]).shape[3] :]
+        if up is not None:
+            x, scale, nodes = view(up.inputs[0], widened=True), int(up.attrs["scale"]), [up.name, node.name]
+        else:
+            # The concat node joins the launch, so the launch reads both of its parts (stream order).
+            x, nodes = view(cat.inputs[0]), [cat.name, node.name]
         key_suffix = f"|up{scale}|second{tuple(second.shape)}s{tuple(second.stride())}"
     weight, bias = weights.get(node, "weight"), weights.get(node, "bias")
     stride, padding, dilation = _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"])
@@ -448,17 +454,23 @@ def lower(
     producer = {out: node for node in graph.nodes for out in node.outputs}
     folds = plan.upsample_folds if fuse else {}
     folded = set(folds.values())
+    cat_folds = plan.concat_folds if fuse else {}
+    uncopied = set(cat_folds.values())  # concats whose conv reads the part they would copy in place
     for i, node in enumerate(graph.nodes):
         if node.name in done or node.name in folded:  # a folded upsample is part of its conv's launch
             continue
         if node.op == "split":
             continue  # outputs are views of the input
         if node.op == "concat":
-            for value in plan.copies.get(node.name, []):
+            for value in plan.copies.get(node.name, []) if node.name not in uncopied else []:
                 launches.append(_copy_into_concat(node, value, view, pdl))
             continue
         if node.op == "conv":
-            fold = (by_name[folds[node.name]], producer[node.inputs[0]]) if node.name in folds else None
+            fold = None
+            if node.name in folds:
+                fold = (by_name[folds[node.name]], producer[node.inputs[0]])
+            elif node.name in cat_folds:
+                fold = (None, by_name[cat_folds[node.name]])
             launches.append(_lower_conv(node, view, weights, scratch, pdl, fold))
         elif node.op == "conv_transpose":
             launches.append(_lower_conv_transpose(node, view, weights, pdl))

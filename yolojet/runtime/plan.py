@@ -67,6 +67,8 @@ class MemoryPlan:
     widened: dict[str, int] = field(default_factory=dict)
     # 1x1 conv node -> the upsample node it may read through (see upsample_folds)
     upsample_folds: dict[str, str] = field(default_factory=dict)
+    # 1x1 conv node -> the concat whose copied first input it may read in place (see concat_folds)
+    concat_folds: dict[str, str] = field(default_factory=dict)
     feature_elements: int = 0  # arena sizes per image slot, in elements
     head_elements: int = 0
     stats: dict[str, int] = field(default_factory=dict)
@@ -197,13 +199,16 @@ def plan_memory(graph: Graph) -> MemoryPlan:
                 placements[out] = Placement(new_buffer(out, kind), 0, channels)
 
     folds = upsample_folds(graph, copies)
-    # A conv folding an upsample reads the upsample's input itself: that buffer must outlive the conv.
+    cat_folds = concat_folds(graph, copies, folds)
+    # A conv folding an upsample reads the upsample's input itself, and one folding a concat the input that
+    # concat would copy: those buffers must outlive the conv.
     position = {node.name: i for i, node in enumerate(graph.nodes)}
     by_name = {node.name: node for node in graph.nodes}
     extra_reads = {position[conv]: by_name[up].inputs[0] for conv, up in folds.items()}
+    extra_reads |= {position[conv]: by_name[cat].inputs[0] for conv, cat in cat_folds.items()}
     _set_lifetimes(graph, buffers, placements, extra_reads)
     ordered = _ordered_pairs(graph, buffers, placements, extra_reads)
-    plan = MemoryPlan(buffers, placements, copies, widened, folds)
+    plan = MemoryPlan(buffers, placements, copies, widened, folds, cat_folds)
     plan.feature_elements = _allocate([b for b in buffers if b.kind == "feature"], ordered)
     plan.head_elements = _allocate([b for b in buffers if b.kind == "head"], ordered)
     plan.stats = {
@@ -246,6 +251,40 @@ def upsample_folds(graph: Graph, copies: dict[str, list[str]]) -> dict[str, str]
             and upsampled not in copies.get(cat.name, [])
         ):
             folds[conv.name] = up.name
+    return folds
+
+
+def concat_folds(graph: Graph, copies: dict[str, list[str]], upsample_folds: dict[str, str]) -> dict[str, str]:
+    """1x1 convs (stride 1, no padding) whose whole input is a two-part concat that must copy its first part
+    (a split's view of another buffer, as in C2PSA: Concat([split:0, PSA(split:1)])) and places its second,
+    read by nothing else: conv name -> concat name. The conv can read the first part where it is and the
+    concat's slice of the second as a second input, so the copy needs no launch."""
+    readers: dict[str, int] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            readers[name] = readers.get(name, 0) + 1
+    for name in graph.outputs:
+        readers[name] = readers.get(name, 0) + 1
+    producer = {out: node for node in graph.nodes for out in node.outputs}
+    folds = {}
+    for conv in graph.nodes:
+        cat = producer.get(conv.inputs[0]) if conv.op == "conv" and conv.inputs else None
+        if cat is None or cat.op != "concat" or conv.name in upsample_folds:
+            continue
+        a = conv.attrs
+        one_by_one = (
+            [_pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (0, 0), (1, 1)]
+            and a["groups"] == 1
+            and tuple(graph.values[conv.outputs[0]].shape[2:]) == tuple(graph.values[cat.outputs[0]].shape[2:])
+        )
+        if (
+            one_by_one
+            and len(cat.inputs) == 2
+            and conv.inputs == cat.outputs
+            and readers.get(cat.outputs[0]) == 1
+            and copies.get(cat.name) == [cat.inputs[0]]
+        ):
+            folds[conv.name] = cat.name
     return folds
 
 
