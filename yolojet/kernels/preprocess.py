@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.elementwise import check_view
-from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 # A resample program gathers (pixel, tap, channel) tiles of at most this many elements, all taps at once.
 _RESAMPLE_ELEMENTS = 8192
@@ -99,7 +98,6 @@ def _letterbox_kernel(
     BGR: tl.constexpr,
     BLOCK_Y: tl.constexpr,
     BLOCK_E: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # A program covers BLOCK_Y output rows and BLOCK_E consecutive elements of each, element e of a row being
     # channel e % 3 of pixel e // 3: the stores of a row run contiguously, and each axis's taps are computed once
@@ -128,7 +126,6 @@ def _letterbox_kernel(
     col0 = (x0.to(tl.int64) * sf_w + src_ch)[None, :]
     col1 = (x1.to(tl.int64) * sf_w + src_ch)[None, :]
     m = (y_ok & y_inside)[:, None] & (e_ok & x_inside)[None, :]
-    wait_for_previous_kernel(PDL)  # the address arithmetic above overlaps the previous kernel's tail
     p00 = tl.load(row0 + col0, mask=m, other=0).to(tl.int32)
     p01 = tl.load(row0 + col1, mask=m, other=0).to(tl.int32)
     p10 = tl.load(row1 + col0, mask=m, other=0).to(tl.int32)
@@ -148,7 +145,7 @@ def _letterbox_kernel(
 
 
 def preprocess_letterbox(
-    out: torch.Tensor, frame: torch.Tensor, *, bgr: bool, params: Letterbox | None = None, pdl: bool = False
+    out: torch.Tensor, frame: torch.Tensor, *, bgr: bool, params: Letterbox | None = None
 ) -> Letterbox:
     """Letterbox a uint8 (h0, w0, C) frame into `out`, an (H, W, 3) fp16/fp32 view (one NHWC batch slot, channel
     stride 1), as RGB/255; returns the placement (default letterbox_params((h0, w0), (H, W))).
@@ -188,9 +185,7 @@ def preprocess_letterbox(
         BGR=bgr,
         BLOCK_Y=_LETTERBOX_ROWS,
         BLOCK_E=_LETTERBOX_ELEMENTS,
-        PDL=pdl,
         enable_fp_fusion=False,
-        **launch_options(pdl),
     )
     return lb
 
@@ -214,7 +209,6 @@ def _resample_pass_kernel(
     BLOCK: tl.constexpr,
     TAPS: tl.constexpr,
     OUTPUTS_FAST: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # Element e is output o (along the resampled axis) of line j (along the other axis), neighbouring elements
     # neighbouring along whichever axis is contiguous in memory (OUTPUTS_FAST: the resampled one), so that a
@@ -244,7 +238,6 @@ def _resample_pass_kernel(
     m = ok[:, None] & c_ok[None, :]
     tap_ok = ok[:, None] & (t < taps)[None, :]
     tap_at = o[:, None] * taps + t[None, :]
-    wait_for_previous_kernel(PDL)
     index = tl.load(index_ptr + tap_at, mask=tap_ok, other=0)
     weight = tl.load(weight_ptr + tap_at, mask=tap_ok, other=0)
     line = src_ptr + j.to(tl.int64) * ss_j
@@ -263,14 +256,7 @@ def _resample_pass_kernel(
 
 
 def resample_pass(
-    out: torch.Tensor,
-    src: torch.Tensor,
-    axis: int,
-    index: torch.Tensor,
-    weights: torch.Tensor,
-    *,
-    bgr: bool | None,
-    pdl: bool = False,
+    out: torch.Tensor, src: torch.Tensor, axis: int, index: torch.Tensor, weights: torch.Tensor, *, bgr: bool | None
 ) -> None:
     """One Pillow resampling pass of a uint8 (rows, cols, C) view along `axis` (0 rows, 1 columns) into `out`.
 
@@ -329,6 +315,4 @@ def resample_pass(
         BLOCK=block,
         TAPS=taps,
         OUTPUTS_FAST=src.stride(axis) < src.stride(other),
-        PDL=pdl,
-        **launch_options(pdl),
     )

@@ -268,7 +268,7 @@ class DetectionHead(CapturedPath):
             self.options.copy_(self.options_host, non_blocking=True)
             copy_in()
             for i, (s, pixels) in enumerate(zip(slots, frames, strict=True)):
-                preprocess_letterbox(images[i], pixels, bgr=s.bgr, params=s.placement.kernel_params(), pdl=network.pdl)
+                preprocess_letterbox(images[i], pixels, bgr=s.bgr, params=s.placement.kernel_params())
             network.run_launches(bucket)
             mask = self.class_mask if self.filtered else None
             options = {"thresholds": self.thresholds, "limits": self.limits, "class_mask": mask}
@@ -320,7 +320,7 @@ class ClassifyHead(CapturedPath):
         def run() -> None:
             copy_in()
             for i, (s, pixels) in enumerate(zip(slots, frames, strict=True)):
-                s.placement(images[i], pixels, bgr=s.bgr, pdl=network.pdl)
+                s.placement(images[i], pixels, bgr=s.bgr)
             network.run_launches(bucket)
             self.probs_host[:batch].copy_(probs, non_blocking=True)
 

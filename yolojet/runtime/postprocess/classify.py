@@ -195,12 +195,12 @@ class DeviceResamplePlan:
             weights = torch.from_numpy(step.weights.astype(np.int32)).to(device)
             self.steps.append((step.axis, index, weights, scratch))
 
-    def __call__(self, out: torch.Tensor, frame: torch.Tensor, *, bgr: bool, pdl: bool = False) -> None:
+    def __call__(self, out: torch.Tensor, frame: torch.Tensor, *, bgr: bool) -> None:
         top, left, rows, cols = self.window
         source = frame[top : top + rows, left : left + cols]
         for axis, index, weights, scratch in self.steps:
             target = out if scratch is None else scratch
-            resample_pass(target, source, axis, index, weights, bgr=bgr if scratch is None else None, pdl=pdl)
+            resample_pass(target, source, axis, index, weights, bgr=bgr if scratch is None else None)
             source = target
 
 
