@@ -570,6 +570,7 @@ def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() 
     large = conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True)
     assert [(c.block_n, c.persistent) for c in large if c.tma] == [(128, False), (256, False), (128, True)]
     assert not default_config(64 * 160 * 160, 256, 192, True).tma
+    assert not any(c.tma for c in conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True, dtype=F32))
     assert not any(c.tma for c in conv_candidate_configs(160 * 160, 256, 192, kernel_is_1x1=True))
     patches = [c for c in conv_candidate_configs(64 * 40 * 40, 64, 9 * 64, kernel_is_1x1=False) if c.tma]
     assert [(c.block_m, c.block_n, c.tile_w) for c in patches] == [(128, 64, 16), (128, 64, 8), (64, 64, 8)]

@@ -602,14 +602,16 @@ _TMA_TILES = (
     ConvConfig(128, 256, 64, 8, 3, tma=True),
     ConvConfig(128, 128, 64, 4, 3, tma=True, persistent=True),
 )
-# Patch tiles of the k x k TMA kernel: 8x16 and 16x8 pixels (16 and 8 divide the 160-, 80- and 40-wide maps).
+# Patch tiles of the k x k TMA kernel: 8x16 and 16x8 pixels (8 divides the 160-, 80- and 40-wide maps, 16 the
+# first two).
 _TMA_PATCH_TILES = (
     ConvConfig(128, 64, 64, 4, 3, tma=True, tile_w=16),
     ConvConfig(128, 128, 64, 4, 3, tma=True, tile_w=16),
     ConvConfig(128, 64, 64, 4, 4, tma=True, tile_w=8),
     ConvConfig(64, 64, 64, 4, 4, tma=True, tile_w=8),
 )
-# TMA tiles are offered from this many output pixels: batch 64 at 40x40 and up, never at batch 1 for 640 inputs.
+# TMA tiles are offered to fp16 layers from this many output pixels: batch 64 at 40x40 and up, never at batch 1 for
+# 640 inputs.
 _TMA_MIN_M = 1 << 16
 _PERSISTENT_PROGRAMS_PER_SM = 2
 _INTERPRETER_PROGRAMS = 3  # under the interpreter: enough to walk tiles several apart
@@ -681,7 +683,7 @@ def conv_candidate_configs(
                 if config not in few_channels:
                     few_channels.append(config)
     tma = []
-    if m >= _TMA_MIN_M:
+    if m >= _TMA_MIN_M and dtype == torch.float16:  # fp32 engines are for accuracy comparisons, not speed
         for c in _TMA_TILES if kernel_is_1x1 else _TMA_PATCH_TILES:
             fitted = replace(c, block_n=_fit(c.block_n, n), block_k=_fit(c.block_k, c_in))
             smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize

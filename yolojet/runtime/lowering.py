@@ -185,8 +185,7 @@ def _lower_conv(
     second, scale, nodes, key_suffix = None, 1, [node.name], ""
     if fold is not None:
         up, cat = fold
-        # The concat's slice of its second part (placed there by its producer or by a copy), and after it any
-        # channels the plan widened the concat by (zero weights).
+        # The concat's slice of its second part: placed there by its producer or by a copy.
         second = x[..., view(cat.inputs[0]).shape[3] :]
         if up is not None:
             x, scale, nodes = view(up.inputs[0], widened=True), int(up.attrs["scale"]), [up.name, node.name]
