@@ -23,6 +23,7 @@ from yolojet.kernels.conv import (
     default_config,
     pixels_are_words,
     tma_loadable,
+    two_input_candidates,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -451,6 +452,16 @@ def test_a_second_input_needs_a_plain_1x1_conv_on_gemm_tiles() -> None:
                     tma=True))  # fmt: skip
     with pytest.raises(ValueError, match="second must be a 4-D"):
         conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second[0])
+
+
+def test_two_input_convs_are_offered_unsplit_gemm_tiles_wide_ones_only_when_large() -> None:
+    small = two_input_candidates(40 * 40, 128, 384)  # yolo11n's 20x20 -> 40x40 fold at batch 1
+    large = two_input_candidates(64 * 40 * 40, 512, 1024)  # yolo11m's at batch 64
+    for configs in (small, large):
+        assert configs and all(c.split_k == 1 and not (c.tma or c.direct or c.packed) for c in configs)
+    assert not any(c.num_warps == 8 for c in small)
+    assert (128, 256, 64, 8, 3) in {(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages) for c in large}
+    assert all(c.block_n <= 128 for c in two_input_candidates(64 * 40 * 40, 128, 384))  # shrunk to N
 
 
 def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_8_channels() -> None:

@@ -610,6 +610,20 @@ _TMA_PATCH_TILES = (
     ConvConfig(128, 64, 64, 4, 4, tma=True, tile_w=8),
     ConvConfig(64, 64, 64, 4, 4, tma=True, tile_w=8),
 )
+# The tiles offered to a 1x1 conv that reads a second input (a folded upsample or concat): each is a specialization
+# of its own to compile at start-up, so only the shapes that won such layers on an H200 (yolo11n, yolo26n and
+# yolo11m at batch 1 and 64, 2026-11-30), the 8-warp ones only from 2^16 output pixels (yolo11m's 40x40 fold at
+# batch 64 took 128x256; never offered at batch 1 for 640 inputs).
+_TWO_INPUT_TILES = (
+    ConvConfig(128, 64, 64, 4, 3),
+    ConvConfig(64, 128, 64, 4, 3),
+    ConvConfig(64, 64, 64, 4, 3),
+    ConvConfig(32, 64, 64, 4, 4),
+    ConvConfig(32, 32, 64, 2, 4),
+    ConvConfig(32, 32, 128, 4, 3),
+)
+_TWO_INPUT_WIDE_TILES = (ConvConfig(128, 256, 64, 8, 3), ConvConfig(128, 256, 64, 8, 4))
+_TWO_INPUT_WIDE_MIN_M = 1 << 16
 # TMA tiles are offered to fp16 layers from this many output pixels: batch 64 at 40x40 and up, never at batch 1 for
 # 640 inputs.
 _TMA_MIN_M = 1 << 16
@@ -626,6 +640,7 @@ def candidate_set_id() -> str:
     offer = (
         _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
         _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _TMA_TILES, _TMA_PATCH_TILES, _TMA_MIN_M, _PERSISTENT_PROGRAMS_PER_SM,
+        _TWO_INPUT_TILES, _TWO_INPUT_WIDE_TILES, _TWO_INPUT_WIDE_MIN_M,
         [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
     )  # fmt: skip
     return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
@@ -690,6 +705,18 @@ def conv_candidate_configs(
             if smem <= _SMEM_BUDGET and fitted not in tma:
                 tma.append(fitted)
     return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels + tma
+
+
+def two_input_candidates(m: int, n: int, c_in: int, dtype: torch.dtype = torch.float16) -> list[ConvConfig]:
+    """Tile configs worth timing for a 1x1 conv reading a second input (`second` of conv2d_nhwc), GEMM sizes M=m,
+    N=n, K=c_in over both inputs: unsplit GEMM tiles only, shrunk to the problem like every candidate."""
+    configs = []
+    for c in _TWO_INPUT_TILES + (_TWO_INPUT_WIDE_TILES if m >= _TWO_INPUT_WIDE_MIN_M else ()):
+        fitted = ConvConfig(_fit(c.block_m, m), _fit(c.block_n, n), _fit(c.block_k, c_in), c.num_warps, c.num_stages)
+        smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
+        if smem <= _SMEM_BUDGET and fitted not in configs:
+            configs.append(fitted)
+    return configs
 
 
 def tma_loadable(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -24,6 +24,7 @@ from yolojet.kernels.conv import (
     default_config,
     pixels_are_words,
     tma_loadable,
+    two_input_candidates,
 )
 from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
@@ -206,11 +207,10 @@ def _lower_conv(
     chosen = [default_config(m, c_out, k, is_1x1, x.dtype)]
     whole_pixels = pixels_are_words(x)
     c_in = x.shape[3] + (0 if second is None else second.shape[3])
-    candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=c_in, whole_pixels=whole_pixels)
-    if second is not None:
-        # The GEMM tiles only, and unsplit: no 1x1 layer picked split-K on an H200 (2026-11-30), and each candidate
-        # of a two-input conv is a specialization of its own to compile at start-up.
-        candidates = [c for c in candidates if not c.tma and c.split_k == 1]
+    if second is None:
+        candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=c_in, whole_pixels=whole_pixels)
+    else:
+        candidates = two_input_candidates(m, c_out, c_in, x.dtype)
     # The TMA kernels: a 1x1 conv as a plain GEMM, or a stride-1 k x k conv on patches (see conv2d_nhwc).
     tma = (
         second is None
