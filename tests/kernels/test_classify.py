@@ -154,3 +154,24 @@ def _m(*shape, dtype=F32):
 def test_launchers_reject_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="programs run one after another under the interpreter")
+def test_classify_head_gives_the_same_probabilities_launch_after_launch():
+    """The arrival counts order the programs' partial sums on the GPU: at batch 64, with 10,240 programs racing,
+    every launch gives bit-identical probabilities (the partials are summed in block order, whatever arrives
+    last) and the right ones."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 7, 7, 1280, device=DEVICE).to(F16)
+    weight = (torch.randn(1000, 1280, device=DEVICE) / 1280**0.5).to(F16)
+    bias = torch.randn(1000, device=DEVICE)
+    partials, arrivals = classify_head_scratch(64, 1280, 1000, x.device)
+    first = torch.empty(64, 1000, device=DEVICE)
+    classify_head(first, x, weight, bias, partials, arrivals)
+    assert_close(first, (x.double().mean((1, 2)) @ weight.double().T + bias.double()).softmax(-1), TOLERANCE[F32])
+    probs = torch.empty_like(first)
+    for _ in range(50):
+        probs.fill_(float("nan"))
+        classify_head(probs, x, weight, bias, partials, arrivals)
+        assert torch.equal(probs, first)
+    assert bool((arrivals == 0).all())
