@@ -4,7 +4,8 @@ For each model (built from its ultralytics YAML with random weights and BatchNor
 export, build the engine (fp16, CUDA graphs for batch 1 and the large batch), check its outputs
 against the float32 reference executor on the GPU, then time graph replays (CUDA events, median,
 warm-up excluded) beside PyTorch eager fp16 (cuDNN), eager channels_last + CUDA graph and,
-with --compile, torch.compile(mode="max-autotune-no-cudagraphs") + CUDA graph. Start-up times
+with --compile, torch.compile(mode="max-autotune-no-cudagraphs") + CUDA graph (--peers-only: the peers
+alone, for torch.compile's one-off measurement per model and batch size). Start-up times
 (cold: empty kernel and tuning caches; cached: the same caches again) are measured in fresh
 processes. --pdl-off-row and --sequential-row add yolojet rows with the same tile picks: ordinary
 launches instead of programmatic dependent launch, and every launch in order on one stream instead
@@ -116,13 +117,61 @@ def startup_seconds(model_dir: Path, env: dict[str, str]) -> dict[str, float]:
     return {"load_s": loaded, "first_result_s": first_result}
 
 
+def time_peers(
+    name: str,
+    fused: torch.nn.Module,
+    batch: int,
+    imgsz: int,
+    repeats: int,
+    use_compile: bool,
+    row: dict,
+    yolojet_ms: float | None,
+) -> dict[str, float]:
+    """Milliseconds per batch of the PyTorch peers: eager fp16, eager channels_last + CUDA graph and, with
+    `use_compile`, torch.compile max-autotune + CUDA graph (its build time goes into row["compile_s"])."""
+    x = torch.rand(batch, 3, imgsz, imgsz, device="cuda", dtype=torch.float16)
+    times = {}
+    with torch.inference_mode():
+        times["eager"] = median_ms(lambda: fused(x), repeats)
+        fused_cl = fused.to(memory_format=torch.channels_last)
+        x_cl = x.contiguous(memory_format=torch.channels_last)
+        times["eager_cl_graph"] = median_ms(graphed(fused_cl, x_cl), repeats)
+        if use_compile:
+            start = time.perf_counter()
+            compiled = torch.compile(fused_cl, mode="max-autotune-no-cudagraphs")
+            replay = graphed(compiled, x_cl)
+            row.setdefault("compile_s", {})[batch] = time.perf_counter() - start
+            times["compile_graph"] = median_ms(replay, repeats)
+            # Printed at once: the compile takes minutes, and a run cut short by its time limit still has it.
+            against = "" if yolojet_ms is None else f" (yolojet {yolojet_ms:.3f} ms)"
+            print(
+                f"{name} batch {batch}: torch.compile max-autotune built in {row['compile_s'][batch]:.0f} s, "
+                f"{times['compile_graph']:.3f} ms per batch{against}",
+                flush=True,
+            )
+        fused.to(memory_format=torch.contiguous_format)
+    return times
+
+
 def bench_model(
-    name: str, batches: list[int], imgsz: int, repeats: int, use_compile: bool, extra_rows: set[str], work: Path
+    name: str,
+    batches: list[int],
+    imgsz: int,
+    repeats: int,
+    use_compile: bool,
+    extra_rows: set[str],
+    work: Path,
+    peers_only: bool = False,
 ) -> dict:
     model = random_model(f"{name}.yaml")
     model_dir = yolojet.export(model, out=work / name, imgsz=imgsz)
     graph = Graph.load(model_dir)
     row: dict = {"model": name, "imgsz": imgsz, "gflops": graph.flops() / 1e9, "batches": {}}
+    if peers_only:
+        fused = model.fuse().half().cuda().eval() if hasattr(model, "fuse") else model.half().cuda().eval()
+        for batch in batches:
+            row["batches"][batch] = time_peers(name, fused, batch, imgsz, repeats, use_compile, row, None)
+        return row
 
     start = time.perf_counter()
     engine = TritonNetwork(graph, torch.device("cuda"), half=True, max_batch=max(batches), buckets=batches)
@@ -144,29 +193,12 @@ def bench_model(
 
     fused = model.fuse().half().cuda().eval() if hasattr(model, "fuse") else model.half().cuda().eval()
     for batch in batches:
-        x = torch.rand(batch, 3, imgsz, imgsz, device="cuda", dtype=torch.float16)
         times = {"yolojet": median_ms(lambda b=batch: engine.execute(b), repeats)}
         for label, variant in variants.items():
             times[label] = median_ms(lambda b=batch, v=variant: v.execute(b), repeats)
-        with torch.inference_mode():
-            times["eager"] = median_ms(lambda x=x: fused(x), repeats)
-            fused_cl = fused.to(memory_format=torch.channels_last)
-            x_cl = x.contiguous(memory_format=torch.channels_last)
-            times["eager_cl_graph"] = median_ms(graphed(fused_cl, x_cl), repeats)
-            if use_compile:
-                start = time.perf_counter()
-                compiled = torch.compile(fused_cl, mode="max-autotune-no-cudagraphs")
-                replay = graphed(compiled, x_cl)
-                row.setdefault("compile_s", {})[batch] = time.perf_counter() - start
-                times["compile_graph"] = median_ms(replay, repeats)
-                # Printed at once: the compile takes minutes, and a run cut short by its time limit still has it.
-                print(
-                    f"{name} batch {batch}: torch.compile max-autotune built in {row['compile_s'][batch]:.0f} s, "
-                    f"{times['compile_graph']:.3f} ms per batch (yolojet {times['yolojet']:.3f} ms)",
-                    flush=True,
-                )
-            fused.to(memory_format=torch.contiguous_format)
-        row["batches"][batch] = times
+        row["batches"][batch] = times | time_peers(
+            name, fused, batch, imgsz, repeats, use_compile, row, times["yolojet"]
+        )
     # Where the time goes at every batch size: launches timed one by one, by kernel family and slowest first.
     row["profiles"] = {b: [vars(p) for p in engine.profile(b)] for b in batches}
     picks = TuningCache()
@@ -188,6 +220,11 @@ def main() -> None:
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile max-autotune (minutes)")
+    parser.add_argument(
+        "--peers-only",
+        action="store_true",
+        help="time only the PyTorch peers (with --compile: torch.compile's one-off measurement, no yolojet build)",
+    )
     parser.add_argument("--pdl-off-row", action="store_true", help="also time yolojet with ordinary launches")
     parser.add_argument(
         "--sequential-row", action="store_true", help="also time yolojet with every launch in order on one stream"
@@ -221,11 +258,15 @@ def main() -> None:
         extra_rows = {
             label for label, wanted in (("no-pdl", args.pdl_off_row), ("sequential", args.sequential_row)) if wanted
         }
-        row = bench_model(name, args.batches, args.imgsz, args.repeats, args.compile, extra_rows, fresh)
+        row = bench_model(
+            name, args.batches, args.imgsz, args.repeats, args.compile, extra_rows, fresh, peers_only=args.peers_only
+        )
         torch.cuda.empty_cache()
         report["models"].append(row)
         (args.out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
-        print(f"{name}: built in {row['engine_build_s']:.1f}s, rel L2 {row['max_rel_l2_vs_reference']:.2e}", flush=True)
+        if not args.peers_only:
+            print(f"{name}: built in {row['engine_build_s']:.1f}s, rel L2 {row['max_rel_l2_vs_reference']:.2e}",
+                  flush=True)  # fmt: skip
         if "sequential_identical" in row:
             print(f"{name}: streams {row['streams']}, identical to sequential: {row['sequential_identical']}")
 
@@ -238,12 +279,12 @@ def main() -> None:
     for row in report["models"]:
         for batch, times in row["batches"].items():
             for runtime, ms in times.items():
-                ratio = ms / times["yolojet"]
+                ratio = f"{ms / times['yolojet']:.2f}x" if "yolojet" in times else "—"
                 lines.append(
-                    f"| {row['model']} | {batch} | {runtime} | {ms:.3f} | {batch * 1000 / ms:,.0f} | {ratio:.2f}x |"
+                    f"| {row['model']} | {batch} | {runtime} | {ms:.3f} | {batch * 1000 / ms:,.0f} | {ratio} |"
                 )
     for row in report["models"]:
-        for batch, profile in row["profiles"].items():
+        for batch, profile in row.get("profiles", {}).items():
             lines += [
                 "",
                 f"profile {row['model']} batch {batch} (ms):",
@@ -257,7 +298,7 @@ def main() -> None:
                     f"| {p['mean_ms']:.4f} | {p['min_ms']:.4f} | {p['max_ms']:.4f} |"
                 )
     for row in report["models"]:
-        for batch, launches in row["launch_times"].items():
+        for batch, launches in row.get("launch_times", {}).items():
             slowest = sorted(launches, key=lambda r: -r["ms"])[: 25 if batch == min(args.batches) else 12]
             lines += ["", f"slowest launches {row['model']} batch {batch} (us):"]
             lines += [f"{1000 * r['ms']:7.2f} {r['family']:<8} {r['shape']} {r['config']}" for r in slowest]

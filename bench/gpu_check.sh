@@ -5,7 +5,8 @@
 # time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
 #   bash bench/gpu_check.sh   # needs .whl/ beside the code: ../shared/device/wheels.sh, then wheels.sh pycocotools==2.0.11
 #                             # (and, for parallel test workers, wheels.sh pytest-xdist==3.8.0 execnet==2.1.2)
-#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network
+#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network compile
+#   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
 STAGES=${STAGES:-pipeline tests network}
@@ -35,6 +36,21 @@ for stage in $STAGES; do
     timeout "${STARTUP_SECONDS:-200}" python3 bench/bench_network.py --models yolo11n --startup-only --out "$OUT" \
       > "$OUT/startup.log" 2>&1
     tail -3 "$OUT/startup.log" ;;
+  compile)
+    # torch.compile max-autotune takes minutes a model and batch size: the peers alone (no yolojet build), one job
+    # a GPU at a time, each with its own time limit and output folder.
+    gpus=$(nvidia-smi -L | wc -l)
+    running=0
+    for job in ${COMPILE_JOBS:-yolo11n:64}; do
+      model=${job%%:*} batch=${job##*:}
+      CUDA_VISIBLE_DEVICES=$((running % gpus)) timeout "${COMPILE_SECONDS:-540}" python3 bench/bench_network.py \
+        --models "$model" --batches "$batch" --repeats 100 --compile --peers-only --out "$OUT/compile-$model-$batch" \
+        > "$OUT/compile-$model-$batch.log" 2>&1 &
+      running=$((running + 1))
+      if [ $((running % gpus)) -eq 0 ]; then wait; fi
+    done
+    wait
+    grep -h "torch.compile" "$OUT"/compile-*.log ;;
   network)
     timeout "${NETWORK_SECONDS:-300}" python3 bench/bench_network.py --models ${MODELS:-yolo11n yolov8n yolo26n} \
       --batches ${BATCHES:-1 64} --repeats 100 ${NETWORK_FLAGS:-} --out "$OUT" > "$OUT/network.log" 2>&1
