@@ -80,33 +80,21 @@ def test_every_kernel_output_matches_reference_op(model_dirs):
     assert checked >= 88  # every conv, pool, attention and decode launch of yolo11n
 
 
-def test_neck_upsamples_fold_into_their_convs_unless_fusion_is_off(model_dirs):
-    """With fusion (the default) each neck upsample is read by the 1x1 conv after its concat and has no launch
-    of its own; with fuse=False it has one. Both match the reference."""
+def test_folds_take_the_upsample_and_copy_launches_unless_fusion_is_off(model_dirs):
+    """With fusion (the default) each neck upsample is read by the 1x1 conv after its concat, and the 1x1 conv
+    after C2PSA's concat reads the split half the concat would copy where it lies: neither the upsamples nor the
+    copy has a launch of its own. With fuse=False they do. Both match the reference."""
     model_dir = model_dirs("yolo11n.yaml", None)
     reference = yolojet.load_reference(model_dir, device=DEVICE)
     x = torch.rand(2, 3, 64, 64, device=DEVICE)
-    for fuse, alone in ((True, 0), (False, 2)):
+    for fuse, alone in ((True, 0), (False, 1)):
         engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False, fuse=fuse)
         launches = engine.network.launch_list(2)
         upsamples = [launch.nodes for launch in launches if any(n.endswith("/upsample") for n in launch.nodes)]
-        assert len(upsamples) == 2 and sum(len(nodes) == 1 for nodes in upsamples) == alone
-        engine.network.poison()
-        assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
-
-
-def test_c2psa_concat_copy_folds_into_its_conv_unless_fusion_is_off(model_dirs):
-    """With fusion the 1x1 conv after C2PSA's concat reads the split half the concat would copy where it lies,
-    so there is no copy launch; with fuse=False the copy runs. Both match the reference."""
-    model_dir = model_dirs("yolo11n.yaml", None)
-    reference = yolojet.load_reference(model_dir, device=DEVICE)
-    x = torch.rand(2, 3, 64, 64, device=DEVICE)
-    for fuse, copies in ((True, 0), (False, 1)):
-        engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False, fuse=fuse)
-        launches = engine.network.launch_list(2)
-        assert sum("<-" in launch.nodes[0] for launch in launches) == copies
+        assert len(upsamples) == 2 and sum(len(nodes) == 1 for nodes in upsamples) == 2 * alone
+        assert sum("<-" in launch.nodes[0] for launch in launches) == alone  # the concat copy
         folded = [launch for launch in launches if launch.family == "conv" and launch.nodes[0].endswith("/concat")]
-        assert len(folded) == 1 - copies
+        assert len(folded) == 1 - alone
         engine.network.poison()
         assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
 

@@ -443,9 +443,9 @@ def lower(
 ) -> list[Launch]:
     """The launch list for one batch size; `view(name)` gives each value's device view at that size.
 
-    `plan` names the concat inputs to copy and the upsamples that convs fold (the latter, like SPPF's single
-    pool launch, only with `fuse`); `scratch` serves the convs whose tuned tile splits K; `pdl` launches every
-    kernel with programmatic dependent launch (yolojet.kernels.pdl).
+    `plan` names the concat inputs to copy, and the upsamples and concat copies that convs fold (the folds, like
+    SPPF's single pool launch and the pooling classifier head, only with `fuse`); `scratch` serves the convs whose
+    tuned tile splits K; `pdl` launches every kernel with programmatic dependent launch (yolojet.kernels.pdl).
     """
     launches: list[Launch] = []
     done: set[str] = set()
