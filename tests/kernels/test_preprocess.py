@@ -169,7 +169,7 @@ def run_classify(frame: torch.Tensor, imgsz, dtype: torch.dtype, bgr: bool) -> t
     buf = torch.full((*plan.crop, 8), SENTINEL, dtype=dtype, device=DEVICE)
     out = buf[..., OUT_CHANNELS]
     out.fill_(float("nan"))
-    DeviceResamplePlan(plan, int(frame.shape[2]), torch.device(DEVICE))(out, frame.to(DEVICE), bgr=bgr)
+    DeviceResamplePlan(plan, torch.device(DEVICE))(out, frame.to(DEVICE), bgr=bgr)
     rest = torch.cat([buf[..., : OUT_CHANNELS.start], buf[..., OUT_CHANNELS.stop :]], dim=-1)
     assert bool((rest == SENTINEL).all()), "kernel wrote outside its channel slice"
     return out.permute(2, 0, 1).cpu()
@@ -183,7 +183,11 @@ def torch_classify(frame: torch.Tensor, imgsz, bgr: bool) -> torch.Tensor:
     return classify_preprocess(Frame(frame, bgr=bgr), imgsz)
 
 
-@pytest.mark.parametrize(("imgsz", "dtype"), [(224, F32), (224, F16), (96, F32), (7, F16), ((96, 160), F32)])
+# The output dtype only changes the last store: 224 in fp32 too where the kernels run at full speed.
+CLASSIFY_SIZES = [(224, F16), (96, F32), (7, F16), ((96, 160), F32)] + ([(224, F32)] if DEVICE == "cuda" else [])
+
+
+@pytest.mark.parametrize(("imgsz", "dtype"), CLASSIFY_SIZES)
 @pytest.mark.parametrize("name", PHOTOS)
 def test_classify_resample_equals_torch_path(name, imgsz, dtype):
     frame = torch.from_numpy(photo_bgr(name))
@@ -206,20 +210,47 @@ def test_classify_resample_layouts():
     assert torch.equal(run_classify(exact, 64, F32, bgr=True), torch_classify(exact, 64, bgr=True))
 
 
-def test_resample_pass_rejects_bad_arguments():
-    from yolojet.kernels.preprocess import resample_pass
+@pytest.mark.parametrize(
+    ("imgsz", "passes"),
+    [((40, 160), (0, 1)), ((160, 40), (1, 0)), ((48, 200), (0,)), ((270, 40), (1,))],
+    ids=["vertical-first", "horizontal-first", "rows-only", "columns-only"],
+)
+def test_classify_resample_pass_orders(imgsz, passes):
+    """Pillow 13 runs the vertical pass first when the height shrinks by over twice the width's shrink; an axis
+    left at its size gets no pass. Each order, and each single pass, equals the torch path."""
+    from yolojet.runtime.postprocess.classify import classify_plan
+
+    frame = torch.from_numpy(photo_bgr("bus"))[500:770, 300:500]  # a 270 x 200 view of a wider frame
+    plan = classify_plan(*frame.shape[:2], imgsz)
+    if passes[0] == 0 and len(passes) == 2 and not _pillow_resizes_vertically_first():
+        pytest.skip("this Pillow always runs the horizontal pass first")
+    assert tuple(step.axis for step in plan.passes) == passes
+    assert torch.equal(run_classify(frame, imgsz, F32, bgr=True), torch_classify(frame, imgsz, bgr=True))
+
+
+def _pillow_resizes_vertically_first() -> bool:
+    from yolojet.runtime.postprocess.classify import _pillow_may_resize_vertically_first
+
+    return _pillow_may_resize_vertically_first()
+
+
+def test_resample_rejects_bad_arguments():
+    from yolojet.kernels.preprocess import resample
 
     src = _frame((10, 12, 3))
-    index = torch.zeros(5, 2, dtype=torch.int32, device=DEVICE)
-    weights = torch.zeros(5, 2, dtype=torch.int32, device=DEVICE)
-    out = torch.zeros(5, 12, 3, device=DEVICE)
-    with pytest.raises(ValueError, match="axis"):
-        resample_pass(out, src, 2, index, weights, bgr=True)
-    with pytest.raises(ValueError, match="int32"):
-        resample_pass(out, src, 0, index.long(), weights, bgr=True)
+
+    def taps(outputs: int, count: int = 2, dtype: torch.dtype = torch.int32) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.zeros(outputs, count, dtype=dtype, device=DEVICE),
+                torch.zeros(outputs, count, dtype=torch.int32, device=DEVICE))  # fmt: skip
+
+    out = torch.zeros(5, 6, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="first_axis"):
+        resample(out, src, 2, taps(6), taps(5), bgr=True)
+    with pytest.raises(ValueError, match=r"first index .* int32"):
+        resample(out, src, 1, taps(6, dtype=torch.int64), taps(5), bgr=True)
     with pytest.raises(ValueError, match="along axis"):
-        resample_pass(out, src, 1, index, weights, bgr=True)
+        resample(out, src, 0, taps(6), taps(5), bgr=True)
     with pytest.raises(ValueError, match="out: dtype"):
-        resample_pass(out, src, 0, index, weights, bgr=None)  # an intermediate pass writes uint8
+        resample(out.to(torch.uint8), src, 1, taps(6), taps(5), bgr=True)
     with pytest.raises(ValueError, match="src: 5 channels"):
-        resample_pass(out, _frame((10, 12, 5)), 0, index, weights, bgr=True)
+        resample(out, _frame((10, 12, 5)), 1, taps(6), taps(5), bgr=True)

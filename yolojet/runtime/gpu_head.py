@@ -307,7 +307,7 @@ class ClassifyHead(CapturedPath):
         key = (slot, shape, "resample")
         if key not in self.staging:  # kept: captured graphs hold the taps' and intermediates' addresses
             plan = classify_plan(shape[0], shape[1], self.imgsz)
-            self.staging[key] = DeviceResamplePlan(plan, shape[2], self.network.device)
+            self.staging[key] = DeviceResamplePlan(plan, self.network.device)
         return self.staging[key]
 
     def _steps(self, batch: int, slots: list[_Slot]) -> Callable[[], None]:
