@@ -5,7 +5,7 @@
 # time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
 #   bash bench/gpu_check.sh   # needs .whl/ beside the code: ../shared/device/wheels.sh, then wheels.sh pycocotools==2.0.11
 #                             # (and, for parallel test workers, wheels.sh pytest-xdist==3.8.0 execnet==2.1.2)
-#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network compile
+#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network compile resample
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
@@ -32,24 +32,37 @@ for stage in $STAGES; do
     YOLOJET_NOTUNE=1 YOLOJET_LIVE_FAILURES=1 timeout -s INT -k 30 "${TEST_SECONDS:-220}" python3 -m pytest ${TESTS:-tests/pipeline tests/eval tests/runtime tests/kernels} \
       "${workers[@]}" -q -p no:cacheprovider --tb=short -rfE ${TEST_FLAGS:-} > "$OUT/tests.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -25 ;;
+  resample)
+    timeout "${RESAMPLE_SECONDS:-120}" python3 bench/bench_resample.py --out "$OUT" > "$OUT/resample.log" 2>&1
+    tail -9 "$OUT/resample.log" ;;
   startup)
     timeout "${STARTUP_SECONDS:-200}" python3 bench/bench_network.py --models yolo11n --startup-only --out "$OUT" \
       > "$OUT/startup.log" 2>&1
     tail -3 "$OUT/startup.log" ;;
   compile)
     # torch.compile max-autotune takes minutes a model and batch size: the peers alone (no yolojet build), one job
-    # a GPU at a time, each with its own time limit and output folder.
+    # a GPU at a time, each with its own time limit and output folder. A compile can outlast one call: inductor
+    # records each autotuned kernel's timings as it goes (cache/ under its cache dir), kept per job under
+    # .inductor-autotune/ (carry it: `carry: [".whl", ".inductor-autotune"]`) and sent back under $OUT, so the next
+    # call's compile of the same job skips what was already timed.
     gpus=$(nvidia-smi -L | wc -l)
     running=0
     for job in ${COMPILE_JOBS:-yolo11n:64}; do
       model=${job%%:*} batch=${job##*:}
-      CUDA_VISIBLE_DEVICES=$((running % gpus)) timeout "${COMPILE_SECONDS:-540}" python3 bench/bench_network.py \
-        --models "$model" --batches "$batch" --repeats 100 --compile --peers-only --out "$OUT/compile-$model-$batch" \
-        > "$OUT/compile-$model-$batch.log" 2>&1 &
+      mkdir -p ".inductor-autotune/$model-$batch"
+      TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-autotune/$model-$batch" CUDA_VISIBLE_DEVICES=$((running % gpus)) \
+        timeout "${COMPILE_SECONDS:-540}" python3 bench/bench_network.py --models "$model" --batches "$batch" \
+        --repeats 100 --compile --peers-only --out "$OUT/compile-$model-$batch" > "$OUT/compile-$model-$batch.log" 2>&1 &
       running=$((running + 1))
       if [ $((running % gpus)) -eq 0 ]; then wait; fi
     done
     wait
+    for job in ${COMPILE_JOBS:-yolo11n:64}; do
+      model=${job%%:*} batch=${job##*:}
+      mkdir -p "$OUT/inductor-autotune/$model-$batch"
+      cp -r ".inductor-autotune/$model-$batch/cache" "$OUT/inductor-autotune/$model-$batch/" 2>/dev/null
+      echo "$job: $(grep -c '^AUTOTUNE' "$OUT/compile-$model-$batch.log") kernels autotuned in this call"
+    done
     grep -h "torch.compile" "$OUT"/compile-*.log ;;
   network)
     timeout "${NETWORK_SECONDS:-300}" python3 bench/bench_network.py --models ${MODELS:-yolo11n yolov8n yolo26n} \

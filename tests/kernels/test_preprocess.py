@@ -161,15 +161,27 @@ def test_rejects_params_outside_output():
 # -- classification: Pillow's resize and centre crop on the resample kernel -----------------------------------
 
 
-def run_classify(frame: torch.Tensor, imgsz, dtype: torch.dtype, bgr: bool) -> torch.Tensor:
-    """DeviceResamplePlan into a NaN-poisoned channel slice of a SENTINEL-filled buffer, as (3, h, w) on the CPU."""
+def with_slack(frame: torch.Tensor) -> torch.Tensor:
+    """The frame on DEVICE with 4 bytes of memory after it, as the engine stages frames: the resample kernel
+    may then load the pixels of a row's taps as whole words."""
+    flat = torch.empty(frame.numel() + 4, dtype=frame.dtype, device=DEVICE)
+    staged = flat[: frame.numel()].view(frame.shape)
+    staged.copy_(frame)
+    return staged
+
+
+def run_classify(frame: torch.Tensor, imgsz, dtype: torch.dtype, bgr: bool, slack: bool = True) -> torch.Tensor:
+    """DeviceResamplePlan into a NaN-poisoned channel slice of a SENTINEL-filled buffer, as (3, h, w) on the CPU.
+    `slack`: the frame is copied to DEVICE with memory after it (the word path); otherwise it is used as it is,
+    and where it ends with its last byte the kernel gathers single bytes."""
     from yolojet.runtime.postprocess.classify import DeviceResamplePlan, classify_plan
 
     plan = classify_plan(int(frame.shape[0]), int(frame.shape[1]), imgsz)
     buf = torch.full((*plan.crop, 8), SENTINEL, dtype=dtype, device=DEVICE)
     out = buf[..., OUT_CHANNELS]
     out.fill_(float("nan"))
-    DeviceResamplePlan(plan, torch.device(DEVICE))(out, frame.to(DEVICE), bgr=bgr)
+    source = with_slack(frame) if slack else frame.to(DEVICE)
+    DeviceResamplePlan(plan, torch.device(DEVICE))(out, source, bgr=bgr)
     rest = torch.cat([buf[..., : OUT_CHANNELS.start], buf[..., OUT_CHANNELS.stop :]], dim=-1)
     assert bool((rest == SENTINEL).all()), "kernel wrote outside its channel slice"
     return out.permute(2, 0, 1).cpu()
@@ -204,10 +216,26 @@ def test_classify_resample_layouts():
     assert torch.equal(run_classify(torch.cat([bgr, alpha], -1), 96, F32, bgr=True), expected)
     grey = torch.from_numpy(skdata.camera())[..., None]
     assert torch.equal(run_classify(grey, 96, F32, bgr=True), torch_classify(grey, 96, bgr=True))
-    crop = torch.from_numpy(photo_bgr("bus"))[300:341, 400:431]  # 41x31 view: an upscale from a strided frame
-    assert torch.equal(run_classify(crop, 64, F32, bgr=True), torch_classify(crop, 64, bgr=True))
+    bus = torch.from_numpy(photo_bgr("bus"))
+    crop = with_slack(bus)[300:341, 400:431]  # 41x31 view: an upscale from a strided frame, rows not word-aligned
+    assert torch.equal(run_classify(crop, 64, F32, bgr=True, slack=False), torch_classify(crop, 64, bgr=True))
     exact = torch.from_numpy(photo_bgr("chelsea"))[100:164, 200:264]  # already 64x64: no pass but the crop
     assert torch.equal(run_classify(exact, 64, F32, bgr=True), torch_classify(exact, 64, bgr=True))
+
+
+def test_classify_resample_word_and_byte_paths():
+    """Where a frame ends with its last byte, a word loaded past it could leave the frame's memory: the kernel
+    gathers single bytes there, and loads words where the frame has memory after it. Both give the same result."""
+    from yolojet.kernels.preprocess import _word_run_words
+
+    frame = torch.from_numpy(photo_bgr("zidane"))[:360, :480].contiguous()  # ends with its last byte
+    assert _word_run_words(frame, 1, 9, runs=True) == 0
+    assert _word_run_words(with_slack(frame), 1, 9, runs=True) == 8
+    assert _word_run_words(with_slack(frame), 0, 9, runs=True) == 0  # taps down a column are no run of bytes
+    assert _word_run_words(with_slack(frame), 1, 9, runs=False) == 0
+    expected = torch_classify(frame, 64, bgr=True)
+    assert torch.equal(run_classify(frame, 64, F16, bgr=True, slack=False), expected.half())
+    assert torch.equal(run_classify(frame, 64, F16, bgr=True), expected.half())
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,8 @@ from yolojet.kernels.elementwise import check_view
 # the second pass, all in flight together.
 _RESAMPLE_ELEMENTS = 2048
 _RESAMPLE_MAX_PIXELS = 128
+# The most 4-byte words a tap's run of pixels may take on the word path (a 64-byte run: 21 taps of 3 bytes).
+_RESAMPLE_MAX_WORDS = 16
 # A letterbox program: 4 rows of 256 output elements (85 pixels), 1,280 programs for a 640x640 input.
 _LETTERBOX_ROWS = 4
 _LETTERBOX_ELEMENTS = 256
@@ -192,11 +194,24 @@ def preprocess_letterbox(
 
 
 @triton.jit
+def _run_byte_weights(first_weight, b, lead: tl.constexpr, first_taps, PIXEL_BYTES: tl.constexpr,
+                      FIRST_TAPS: tl.constexpr):  # fmt: skip
+    """(BLOCK, bytes) weights of the bytes of a run loaded from `lead` bytes before its start: the weight of the
+    tap whose pixel the byte is in, 0 outside the run."""
+    rel = b - lead
+    pixel = tl.maximum(rel, 0) // PIXEL_BYTES
+    used = (rel >= 0) & (pixel < first_taps)
+    index = tl.broadcast_to(tl.minimum(pixel, FIRST_TAPS - 1)[None, :], (first_weight.shape[0], b.shape[0]))
+    return tl.where(used[None, :], tl.gather(first_weight, index, axis=1), 0)
+
+
+@triton.jit
 def _resample_kernel(
     out_ptr,
     so_y,
     so_x,
     src_ptr,
+    src_lead,
     ss_y,
     ss_x,
     first_index_ptr,
@@ -209,15 +224,21 @@ def _resample_kernel(
     C_SRC: tl.constexpr,
     BGR: tl.constexpr,
     FIRST_IS_X: tl.constexpr,
+    WORDS: tl.constexpr,
+    PIXEL_BYTES: tl.constexpr,
     BLOCK: tl.constexpr,
     FIRST_TAPS: tl.constexpr,
     SECOND_TAPS: tl.constexpr,
 ):
     # Element e is output pixel (y, x), x fast: neighbouring lanes read neighbouring source pixels whichever pass
     # comes first. For each of the second pass's taps, the first pass's value at that tap is recomputed from the
-    # source as a (pixel, tap, channel) tile and rounded to uint8 exactly as Pillow's intermediate image is; the
-    # taps' loop is unrolled so that all its gathers are in flight together. An intermediate value is computed
-    # about scale + 1 times instead of once, which costs less than a second launch and a round trip through memory.
+    # source and rounded to uint8 exactly as Pillow's intermediate image is; the taps' loop is unrolled so that all
+    # its loads are in flight together. An intermediate value is computed about scale + 1 times instead of once,
+    # which costs less than a second launch and a round trip through memory, as long as the loads are few:
+    # - WORDS > 0 (the first pass runs along rows, its taps consecutive pixels): a tap's source pixels are one run
+    #   of bytes, loaded as WORDS aligned 4-byte words (src_lead: how far src_ptr is past a 4-byte boundary) and
+    #   split into bytes in registers, each byte weighted by its pixel's tap;
+    # - otherwise a (pixel, tap, channel) gather of single bytes.
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = e < rows * cols
     y = e // cols
@@ -238,17 +259,54 @@ def _resample_kernel(
     tap_ok = ok[:, None] & (t < first_taps)[None, :]
     tap_at = o_first[:, None] * first_taps + t[None, :]
     first_weight = tl.load(first_weight_ptr + tap_at, mask=tap_ok, other=0)
-    first_at = tl.load(first_index_ptr + tap_at, mask=tap_ok, other=0).to(tl.int64) * ss_first
-    pixel_at = first_at[:, :, None] + src_ch[None, None, :]
-    pixel_ok = tap_ok[:, :, None] & c_ok[None, None, :]
+    if WORDS > 0:
+        word_ptr = (src_ptr - src_lead).to(tl.pointer_type(tl.int32))
+        run_at = tl.load(first_index_ptr + o_first * first_taps, mask=ok, other=0).to(tl.int64) * PIXEL_BYTES + src_lead
+        w = tl.arange(0, WORDS)
+        b = tl.arange(0, 4 * WORDS)
+        shift = tl.arange(0, 4) * 8
+        run_bytes = first_taps * PIXEL_BYTES
+        # Byte b of the loaded words is byte b - lead of the run, lead = how far the run starts past a word
+        # boundary, which changes from tap to tap with the row: each byte's weight for every lead, once.
+        weight_0 = _run_byte_weights(first_weight, b, 0, first_taps, PIXEL_BYTES, FIRST_TAPS)
+        weight_1 = _run_byte_weights(first_weight, b, 1, first_taps, PIXEL_BYTES, FIRST_TAPS)
+        weight_2 = _run_byte_weights(first_weight, b, 2, first_taps, PIXEL_BYTES, FIRST_TAPS)
+        weight_3 = _run_byte_weights(first_weight, b, 3, first_taps, PIXEL_BYTES, FIRST_TAPS)
+    else:
+        first_at = tl.load(first_index_ptr + tap_at, mask=tap_ok, other=0).to(tl.int64) * ss_first
+        pixel_at = first_at[:, :, None] + src_ch[None, None, :]
+        pixel_ok = tap_ok[:, :, None] & c_ok[None, None, :]
     acc = tl.zeros((BLOCK, 4), tl.int32) + (1 << 21)  # Pillow's 22-bit fixed point: half a step before the shift
     for k in tl.static_range(SECOND_TAPS):
         line = tl.load(second_index_ptr + o_second * SECOND_TAPS + k, mask=ok, other=0)
         weight = tl.load(second_weight_ptr + o_second * SECOND_TAPS + k, mask=ok, other=0)
-        line_ptr = src_ptr + line.to(tl.int64) * ss_second
-        pixel = tl.load(line_ptr[:, None, None] + pixel_at, mask=pixel_ok, other=0)
+        if WORDS > 0:
+            at = line.to(tl.int64) * ss_second + run_at  # bytes from the word-aligned base
+            lead = (at % 4).to(tl.int32)
+            word_ok = ok[:, None] & ((w * 4)[None, :] < (lead + run_bytes)[:, None])  # no word past the run
+            word = tl.load(word_ptr + (at // 4)[:, None] + w[None, :], mask=word_ok, other=0)
+            byte = tl.reshape((word[:, :, None] >> shift[None, None, :]) & 255, (BLOCK, 4 * WORDS))
+            lead_2d = lead[:, None]
+            byte_weight = tl.where(lead_2d < 2, tl.where(lead_2d == 0, weight_0, weight_1),
+                                   tl.where(lead_2d == 2, weight_2, weight_3))  # fmt: skip
+            weighted = byte * byte_weight
+            channel = (b[None, :] + 12 - lead_2d) % PIXEL_BYTES  # + 12, a multiple of every pixel size, keeps it >= 0
+            first = tl.zeros((BLOCK, 4), tl.int32)
+            for c in tl.static_range(3):
+                if C_SRC == 1:
+                    source = 0
+                elif BGR:
+                    source = 2 - c
+                else:
+                    source = c
+                total = tl.sum(tl.where(channel == source, weighted, 0), axis=1)
+                first = tl.where(ch[None, :] == c, total[:, None], first)
+        else:
+            line_ptr = src_ptr + line.to(tl.int64) * ss_second
+            pixel = tl.load(line_ptr[:, None, None] + pixel_at, mask=pixel_ok, other=0)
+            first = tl.sum(pixel.to(tl.int32) * first_weight[:, :, None], axis=1)
         # Integer sums: any order is exact, as in Pillow's own int accumulators.
-        first = (tl.sum(pixel.to(tl.int32) * first_weight[:, :, None], axis=1) + (1 << 21)) >> 22
+        first = (first + (1 << 21)) >> 22
         acc += tl.minimum(tl.maximum(first, 0), 255) * weight[:, None]
     value = tl.minimum(tl.maximum(acc >> 22, 0), 255)
     # ToTensor's /255, correctly rounded as torch's division is (Triton's `/` on a GPU is not).
@@ -267,6 +325,22 @@ def _check_taps(name: str, index: torch.Tensor, weights: torch.Tensor, device: t
         raise ValueError(f"{name} index and weights must be contiguous and on out's device")
 
 
+def _word_run_words(src: torch.Tensor, first_axis: int, first_taps: int, runs: bool) -> int:
+    """How many 4-byte words the word path loads a tap (a power of two), or 0 where it cannot be used: the first
+    pass must run along rows over consecutive pixels of at most 4 bytes, the run of a tap's bytes fit in 16 words,
+    and the frame's memory extend at least 3 bytes past the view's last byte (a run's last word may reach past its
+    last byte)."""
+    pixel_bytes = src.stride(1)
+    if not runs or first_axis != 1 or not 1 <= pixel_bytes <= 4:
+        return 0
+    words = triton.next_power_of_2(-(-(3 + first_taps * pixel_bytes) // 4))
+    storage = src.untyped_storage()
+    last = src.data_ptr() + sum((size - 1) * stride for size, stride in zip(src.shape, src.stride(), strict=True))
+    if words > _RESAMPLE_MAX_WORDS or storage.data_ptr() + storage.nbytes() - (last + 1) < 3:
+        return 0
+    return words
+
+
 def resample(
     out: torch.Tensor,
     src: torch.Tensor,
@@ -275,15 +349,18 @@ def resample(
     second: tuple[torch.Tensor, torch.Tensor],
     *,
     bgr: bool,
+    runs: bool = False,
 ) -> None:
     """Pillow's two resampling passes of a uint8 (rows, cols, C) view into `out`, in one launch.
 
     The first pass runs along `first_axis` (0 rows, 1 columns), the second along the other; each is an
     (index, weights) pair of (outputs, taps) int32 tables on the device: output i = sum_t in[index[i, t]] *
     weights[i, t] in 22-bit fixed point, rounded and clipped to uint8 as Pillow does, the first pass's result too.
-    An axis that is not resized takes the identity (one tap, weight 2^22). `out` is an (rows', cols', 3)
-    fp16/fp32 view (one NHWC batch slot) and receives RGB / 255: grey replicated, BGR flipped when `bgr`, a fourth
-    (alpha) channel never read. Both views need channel stride 1.
+    An axis that is not resized takes the identity (one tap, weight 2^22). `runs`: the first pass's taps are
+    consecutive pixels, index[i, t] = index[i, 0] + t wherever weights[i, t] != 0 (Pillow's are), which lets the
+    kernel load a tap's pixels as whole words when the view allows it. `out` is an (rows', cols', 3) fp16/fp32
+    view (one NHWC batch slot) and receives RGB / 255: grey replicated, BGR flipped when `bgr`, a fourth (alpha)
+    channel never read. Both views need channel stride 1.
     """
     if src.dim() == 3 and src.shape[2] == 1:
         src = src[..., 0, None]  # a lone channel's stride is meaningless (numpy's [..., None] makes it 0)
@@ -305,12 +382,14 @@ def resample(
     if rows * cols == 0:
         return
     first_taps = triton.next_power_of_2(first[0].shape[1])
-    block = max(1, min(_RESAMPLE_MAX_PIXELS, _RESAMPLE_ELEMENTS // (4 * first_taps)))
+    words = _word_run_words(src, first_axis, first[0].shape[1], runs)
+    block = max(1, min(_RESAMPLE_MAX_PIXELS, _RESAMPLE_ELEMENTS // (4 * (words or first_taps))))
     _resample_kernel[(triton.cdiv(rows * cols, block),)](
         out,
         out.stride(0),
         out.stride(1),
         src,
+        src.data_ptr() % 4,
         src.stride(0),
         src.stride(1),
         first[0],
@@ -323,6 +402,8 @@ def resample(
         C_SRC=1 if src.shape[2] == 1 else 3,
         BGR=bool(bgr),
         FIRST_IS_X=first_axis == 1,
+        WORDS=words,
+        PIXEL_BYTES=src.stride(1) if words else 1,
         BLOCK=block,
         FIRST_TAPS=first_taps,
         SECOND_TAPS=second[0].shape[1],

@@ -14,6 +14,7 @@ centre crop on our resample kernel, the network with its softmax, and the copy o
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -36,6 +37,7 @@ from yolojet.runtime.torch_pipeline import Letterbox
 
 MAX_NMS = 30000  # ultralytics' default cap on candidates entering NMS
 MAX_GRAPHS = 8  # captured (bucket, frame sizes) combinations kept; the oldest is dropped past this
+_FRAME_SLACK = 4  # bytes after each device frame: the resample kernel's last word of a row may reach 3 past it
 _OPTIONS_BYTES = 20  # thresholds (2 float32) and limits (3 int32) ahead of the class mask
 
 
@@ -100,7 +102,11 @@ class CapturedPath(ABC):
         if key not in self.staging:
             device = self.network.device if where in ("device", "masks") else torch.device("cpu")
             pinned = where == "host" and self.cuda
-            self.staging[key] = torch.empty(shape, dtype=torch.uint8, device=device, pin_memory=pinned)
+            # A few bytes past a device frame let the resample kernel load its last pixels as whole words.
+            size = math.prod(shape)
+            flat = torch.empty(size + _FRAME_SLACK * (where == "device"), dtype=torch.uint8, device=device,
+                               pin_memory=pinned)  # fmt: skip
+            self.staging[key] = flat[:size].view(shape)
         return self.staging[key]
 
     def stage(self, slot: int, frame: Frame) -> None:

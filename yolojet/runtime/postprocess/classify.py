@@ -198,7 +198,9 @@ class DeviceResamplePlan:
 
     def __call__(self, out: torch.Tensor, frame: torch.Tensor, *, bgr: bool) -> None:
         top, left, rows, cols = self.window
-        resample(out, frame[top : top + rows, left : left + cols], self.first_axis, self.first, self.second, bgr=bgr)
+        source = frame[top : top + rows, left : left + cols]
+        # Pillow's taps are consecutive pixels (the identity's single tap too).
+        resample(out, source, self.first_axis, self.first, self.second, bgr=bgr, runs=True)
 
 
 def _check_imgsz(imgsz: object) -> tuple[int, int]:
