@@ -5,7 +5,7 @@
 # time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
 #   bash bench/gpu_check.sh   # needs .whl/ beside the code: ../shared/device/wheels.sh, then wheels.sh pycocotools==2.0.11
 #                             # (and, for parallel test workers, wheels.sh pytest-xdist==3.8.0 execnet==2.1.2)
-#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network compile resample
+#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network compile
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
@@ -32,9 +32,6 @@ for stage in $STAGES; do
     YOLOJET_NOTUNE=1 YOLOJET_LIVE_FAILURES=1 timeout -s INT -k 30 "${TEST_SECONDS:-220}" python3 -m pytest ${TESTS:-tests/pipeline tests/eval tests/runtime tests/kernels} \
       "${workers[@]}" -q -p no:cacheprovider --tb=short -rfE ${TEST_FLAGS:-} > "$OUT/tests.log" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -25 ;;
-  resample)
-    timeout "${RESAMPLE_SECONDS:-120}" python3 bench/bench_resample.py --out "$OUT" > "$OUT/resample.log" 2>&1
-    tail -9 "$OUT/resample.log" ;;
   startup)
     timeout "${STARTUP_SECONDS:-200}" python3 bench/bench_network.py --models yolo11n --startup-only --out "$OUT" \
       > "$OUT/startup.log" 2>&1

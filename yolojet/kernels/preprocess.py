@@ -25,12 +25,9 @@ import triton.language as tl
 
 from yolojet.kernels.elementwise import check_view
 
-# A resample program gathers (pixel, first-pass tap, channel) tiles of at most this many elements, one a tap of
-# the second pass, all in flight together.
-_RESAMPLE_ELEMENTS = 2048
-_RESAMPLE_MAX_PIXELS = 128
-# The most 4-byte words a tap's run of pixels may take on the word path (a 64-byte run: 21 taps of 3 bytes).
-_RESAMPLE_MAX_WORDS = 16
+# A resample program gathers (pixel, tap, channel) tiles of at most this many elements, all taps at once.
+_RESAMPLE_ELEMENTS = 8192
+_RESAMPLE_MAX_PIXELS = 512
 # A letterbox program: 4 rows of 256 output elements (85 pixels), 1,280 programs for a 640x640 input.
 _LETTERBOX_ROWS = 4
 _LETTERBOX_ELEMENTS = 256
@@ -194,217 +191,128 @@ def preprocess_letterbox(
 
 
 @triton.jit
-def _run_byte_weights(first_weight, b, lead: tl.constexpr, first_taps, PIXEL_BYTES: tl.constexpr,
-                      FIRST_TAPS: tl.constexpr):  # fmt: skip
-    """(BLOCK, bytes) weights of the bytes of a run loaded from `lead` bytes before its start: the weight of the
-    tap whose pixel the byte is in, 0 outside the run."""
-    rel = b - lead
-    pixel = tl.maximum(rel, 0) // PIXEL_BYTES
-    used = (rel >= 0) & (pixel < first_taps)
-    index = tl.broadcast_to(tl.minimum(pixel, FIRST_TAPS - 1)[None, :], (first_weight.shape[0], b.shape[0]))
-    return tl.where(used[None, :], tl.gather(first_weight, index, axis=1), 0)
-
-
-@triton.jit
-def _resample_kernel(
+def _resample_pass_kernel(
     out_ptr,
-    so_y,
-    so_x,
+    so_o,
+    so_j,
     src_ptr,
-    src_lead,
-    ss_y,
-    ss_x,
-    first_index_ptr,
-    first_weight_ptr,
-    first_taps,
-    second_index_ptr,
-    second_weight_ptr,
-    rows,
-    cols,
+    ss_o,
+    ss_j,
+    index_ptr,
+    weight_ptr,
+    taps,
+    count,
+    length,
     C_SRC: tl.constexpr,
+    FINAL: tl.constexpr,
     BGR: tl.constexpr,
-    FIRST_IS_X: tl.constexpr,
-    WORDS: tl.constexpr,
-    PIXEL_BYTES: tl.constexpr,
     BLOCK: tl.constexpr,
-    FIRST_TAPS: tl.constexpr,
-    SECOND_TAPS: tl.constexpr,
+    TAPS: tl.constexpr,
+    OUTPUTS_FAST: tl.constexpr,
 ):
-    # Element e is output pixel (y, x), x fast: neighbouring lanes read neighbouring source pixels whichever pass
-    # comes first. For each of the second pass's taps, the first pass's value at that tap is recomputed from the
-    # source and rounded to uint8 exactly as Pillow's intermediate image is; the taps' loop is unrolled so that all
-    # its loads are in flight together. An intermediate value is computed about scale + 1 times instead of once,
-    # which costs less than a second launch and a round trip through memory, as long as the loads are few:
-    # - WORDS > 0 (the first pass runs along rows, its taps consecutive pixels): a tap's source pixels are one run
-    #   of bytes, loaded as WORDS aligned 4-byte words (src_lead: how far src_ptr is past a 4-byte boundary) and
-    #   split into bytes in registers, each byte weighted by its pixel's tap;
-    # - otherwise a (pixel, tap, channel) gather of single bytes.
+    # Element e is output o (along the resampled axis) of line j (along the other axis), neighbouring elements
+    # neighbouring along whichever axis is contiguous in memory (OUTPUTS_FAST: the resampled one), so that a
+    # warp's gathers fall in a few cache lines. Every tap's index, weight and pixel is loaded in one go, a
+    # (pixel, tap, channel) tile: two rounds of memory latency a program rather than two for each tap.
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = e < rows * cols
-    y = e // cols
-    x = e % cols
-    if FIRST_IS_X:
-        o_first, o_second, ss_first, ss_second = x, y, ss_x, ss_y
+    ch = tl.arange(0, 4)  # up to three channels and a masked lane: tensor dimensions must be powers of two
+    t = tl.arange(0, TAPS)
+    ok = e < count * length
+    if OUTPUTS_FAST:
+        o = e % count
+        j = e // count
     else:
-        o_first, o_second, ss_first, ss_second = y, x, ss_y, ss_x
-    ch = tl.arange(0, 4)  # three channels and a masked lane: tensor dimensions must be powers of two
-    c_ok = ch < 3
-    if C_SRC == 1:
-        src_ch = ch * 0  # grey replicated to RGB
-    elif BGR:
-        src_ch = 2 - ch
-    else:
-        src_ch = ch
-    t = tl.arange(0, FIRST_TAPS)
-    tap_ok = ok[:, None] & (t < first_taps)[None, :]
-    tap_at = o_first[:, None] * first_taps + t[None, :]
-    first_weight = tl.load(first_weight_ptr + tap_at, mask=tap_ok, other=0)
-    if WORDS > 0:
-        word_ptr = (src_ptr - src_lead).to(tl.pointer_type(tl.int32))
-        run_at = tl.load(first_index_ptr + o_first * first_taps, mask=ok, other=0).to(tl.int64) * PIXEL_BYTES + src_lead
-        w = tl.arange(0, WORDS)
-        b = tl.arange(0, 4 * WORDS)
-        shift = tl.arange(0, 4) * 8
-        run_bytes = first_taps * PIXEL_BYTES
-        # Byte b of the loaded words is byte b - lead of the run, lead = how far the run starts past a word
-        # boundary, which changes from tap to tap with the row: each byte's weight for every lead, once.
-        weight_0 = _run_byte_weights(first_weight, b, 0, first_taps, PIXEL_BYTES, FIRST_TAPS)
-        weight_1 = _run_byte_weights(first_weight, b, 1, first_taps, PIXEL_BYTES, FIRST_TAPS)
-        weight_2 = _run_byte_weights(first_weight, b, 2, first_taps, PIXEL_BYTES, FIRST_TAPS)
-        weight_3 = _run_byte_weights(first_weight, b, 3, first_taps, PIXEL_BYTES, FIRST_TAPS)
-    else:
-        first_at = tl.load(first_index_ptr + tap_at, mask=tap_ok, other=0).to(tl.int64) * ss_first
-        pixel_at = first_at[:, :, None] + src_ch[None, None, :]
-        pixel_ok = tap_ok[:, :, None] & c_ok[None, None, :]
-    acc = tl.zeros((BLOCK, 4), tl.int32) + (1 << 21)  # Pillow's 22-bit fixed point: half a step before the shift
-    for k in tl.static_range(SECOND_TAPS):
-        line = tl.load(second_index_ptr + o_second * SECOND_TAPS + k, mask=ok, other=0)
-        weight = tl.load(second_weight_ptr + o_second * SECOND_TAPS + k, mask=ok, other=0)
-        if WORDS > 0:
-            at = line.to(tl.int64) * ss_second + run_at  # bytes from the word-aligned base
-            lead = (at % 4).to(tl.int32)
-            word_ok = ok[:, None] & ((w * 4)[None, :] < (lead + run_bytes)[:, None])  # no word past the run
-            word = tl.load(word_ptr + (at // 4)[:, None] + w[None, :], mask=word_ok, other=0)
-            byte = tl.reshape((word[:, :, None] >> shift[None, None, :]) & 255, (BLOCK, 4 * WORDS))
-            lead_2d = lead[:, None]
-            byte_weight = tl.where(lead_2d < 2, tl.where(lead_2d == 0, weight_0, weight_1),
-                                   tl.where(lead_2d == 2, weight_2, weight_3))  # fmt: skip
-            weighted = byte * byte_weight
-            channel = (b[None, :] + 12 - lead_2d) % PIXEL_BYTES  # + 12, a multiple of every pixel size, keeps it >= 0
-            first = tl.zeros((BLOCK, 4), tl.int32)
-            for c in tl.static_range(3):
-                if C_SRC == 1:
-                    source = 0
-                elif BGR:
-                    source = 2 - c
-                else:
-                    source = c
-                total = tl.sum(tl.where(channel == source, weighted, 0), axis=1)
-                first = tl.where(ch[None, :] == c, total[:, None], first)
+        o = e // length
+        j = e % length
+    if FINAL:
+        c_ok = ch < 3
+        if C_SRC == 1:
+            src_ch = ch * 0  # grey replicated to RGB
+        elif BGR:
+            src_ch = 2 - ch
         else:
-            line_ptr = src_ptr + line.to(tl.int64) * ss_second
-            pixel = tl.load(line_ptr[:, None, None] + pixel_at, mask=pixel_ok, other=0)
-            first = tl.sum(pixel.to(tl.int32) * first_weight[:, :, None], axis=1)
-        # Integer sums: any order is exact, as in Pillow's own int accumulators.
-        first = (first + (1 << 21)) >> 22
-        acc += tl.minimum(tl.maximum(first, 0), 255) * weight[:, None]
+            src_ch = ch
+    else:
+        c_ok = ch < C_SRC  # an intermediate keeps the source's channel order
+        src_ch = ch
+    m = ok[:, None] & c_ok[None, :]
+    tap_ok = ok[:, None] & (t < taps)[None, :]
+    tap_at = o[:, None] * taps + t[None, :]
+    index = tl.load(index_ptr + tap_at, mask=tap_ok, other=0)
+    weight = tl.load(weight_ptr + tap_at, mask=tap_ok, other=0)
+    line = src_ptr + j.to(tl.int64) * ss_j
+    pixel_ptrs = (line[:, None] + index.to(tl.int64) * ss_o)[:, :, None] + src_ch[None, None, :]
+    pixel = tl.load(pixel_ptrs, mask=tap_ok[:, :, None] & c_ok[None, None, :], other=0)
+    # Pillow's 22-bit fixed point: half a step added before the shift. Integer sums: any order is exact.
+    acc = tl.sum(pixel.to(tl.int32) * weight[:, :, None], axis=1) + (1 << 21)
     value = tl.minimum(tl.maximum(acc >> 22, 0), 255)
-    # ToTensor's /255, correctly rounded as torch's division is (Triton's `/` on a GPU is not).
-    scaled = tl.math.div_rn(value.to(tl.float32), tl.full(value.shape, 255.0, tl.float32))
-    target = out_ptr + (y.to(tl.int64) * so_y + x.to(tl.int64) * so_x)[:, None] + ch[None, :]
-    tl.store(target, scaled.to(out_ptr.dtype.element_ty), mask=ok[:, None] & c_ok[None, :])
+    target = out_ptr + (o.to(tl.int64) * so_o + j.to(tl.int64) * so_j)[:, None] + ch[None, :]
+    if FINAL:
+        # ToTensor's /255, correctly rounded as torch's division is (Triton's `/` on a GPU is not).
+        scaled = tl.math.div_rn(value.to(tl.float32), tl.full(value.shape, 255.0, tl.float32))
+        tl.store(target, scaled.to(out_ptr.dtype.element_ty), mask=m)
+    else:
+        tl.store(target, value.to(tl.uint8), mask=m)
 
 
-def _check_taps(name: str, index: torch.Tensor, weights: torch.Tensor, device: torch.device) -> None:
-    if index.dtype != torch.int32 or weights.dtype != torch.int32 or index.shape != weights.shape or index.dim() != 2:
-        raise ValueError(
-            f"{name} index {tuple(index.shape)} {index.dtype}, weights {tuple(weights.shape)} {weights.dtype}: "
-            "expected the same (outputs, taps) shape, int32"
-        )
-    if not (index.is_contiguous() and weights.is_contiguous()) or {index.device, weights.device} != {device}:
-        raise ValueError(f"{name} index and weights must be contiguous and on out's device")
-
-
-def _word_run_words(src: torch.Tensor, first_axis: int, first_taps: int, runs: bool) -> int:
-    """How many 4-byte words the word path loads a tap (a power of two), or 0 where it cannot be used: the first
-    pass must run along rows over consecutive pixels of at most 4 bytes, the run of a tap's bytes fit in 16 words,
-    and the frame's memory extend at least 3 bytes past the view's last byte (a run's last word may reach past its
-    last byte)."""
-    pixel_bytes = src.stride(1)
-    if not runs or first_axis != 1 or not 1 <= pixel_bytes <= 4:
-        return 0
-    words = triton.next_power_of_2(-(-(3 + first_taps * pixel_bytes) // 4))
-    storage = src.untyped_storage()
-    last = src.data_ptr() + sum((size - 1) * stride for size, stride in zip(src.shape, src.stride(), strict=True))
-    if words > _RESAMPLE_MAX_WORDS or storage.data_ptr() + storage.nbytes() - (last + 1) < 3:
-        return 0
-    return words
-
-
-def resample(
-    out: torch.Tensor,
-    src: torch.Tensor,
-    first_axis: int,
-    first: tuple[torch.Tensor, torch.Tensor],
-    second: tuple[torch.Tensor, torch.Tensor],
-    *,
-    bgr: bool,
-    runs: bool = False,
+def resample_pass(
+    out: torch.Tensor, src: torch.Tensor, axis: int, index: torch.Tensor, weights: torch.Tensor, *, bgr: bool | None
 ) -> None:
-    """Pillow's two resampling passes of a uint8 (rows, cols, C) view into `out`, in one launch.
+    """One Pillow resampling pass of a uint8 (rows, cols, C) view along `axis` (0 rows, 1 columns) into `out`.
 
-    The first pass runs along `first_axis` (0 rows, 1 columns), the second along the other; each is an
-    (index, weights) pair of (outputs, taps) int32 tables on the device: output i = sum_t in[index[i, t]] *
-    weights[i, t] in 22-bit fixed point, rounded and clipped to uint8 as Pillow does, the first pass's result too.
-    An axis that is not resized takes the identity (one tap, weight 2^22). `runs`: the first pass's taps are
-    consecutive pixels, index[i, t] = index[i, 0] + t wherever weights[i, t] != 0 (Pillow's are), which lets the
-    kernel load a tap's pixels as whole words when the view allows it. `out` is an (rows', cols', 3) fp16/fp32
-    view (one NHWC batch slot) and receives RGB / 255: grey replicated, BGR flipped when `bgr`, a fourth (alpha)
-    channel never read. Both views need channel stride 1.
+    Output i along the axis is sum_t src[index[i, t]] * weights[i, t] in 22-bit fixed point, rounded and clipped
+    to uint8 as Pillow does; index and weights are (outputs, taps) int32 on the device. With `bgr=None` the pass
+    is an intermediate one: `out` is uint8 with src's channels (1, or the first 3 of 3 or 4). Otherwise it is the
+    last: `out` is an (rows', cols', 3) fp16/fp32 view (one NHWC batch slot) and receives RGB / 255 (grey
+    replicated, BGR flipped when `bgr`). Both views need channel stride 1.
     """
+    final = bgr is not None
     if src.dim() == 3 and src.shape[2] == 1:
         src = src[..., 0, None]  # a lone channel's stride is meaningless (numpy's [..., None] makes it 0)
     check_view("src", src, (None, None, None), torch.uint8, out.device)
     if src.shape[2] not in (1, 3, 4):
         raise ValueError(f"src: {src.shape[2]} channels, expected 1, 3 or 4")
-    check_view("out", out, (None, None, 3))
-    if out.dtype not in (torch.float16, torch.float32):
-        raise ValueError(f"out: dtype {out.dtype}, expected torch.float16 or torch.float32")
-    if first_axis not in (0, 1):
-        raise ValueError(f"first_axis {first_axis}: expected 0 (rows) or 1 (columns)")
-    _check_taps("first", *first, out.device)
-    _check_taps("second", *second, out.device)
-    second_axis = 1 - first_axis
-    if out.shape[first_axis] != first[0].shape[0] or out.shape[second_axis] != second[0].shape[0]:
-        raise ValueError(f"out {tuple(out.shape)}: expected {first[0].shape[0]} along axis {first_axis} and "
-                         f"{second[0].shape[0]} along axis {second_axis}")  # fmt: skip
-    rows, cols = out.shape[0], out.shape[1]
-    if rows * cols == 0:
+    c_src = 1 if src.shape[2] == 1 else 3  # a fourth channel (alpha) is never read
+    if final:
+        check_view("out", out, (None, None, 3))
+        if out.dtype not in (torch.float16, torch.float32):
+            raise ValueError(f"out: dtype {out.dtype}, expected torch.float16 or torch.float32")
+    else:
+        check_view("out", out, (None, None, c_src), torch.uint8)
+    if axis not in (0, 1):
+        raise ValueError(f"axis {axis}: expected 0 (rows) or 1 (columns)")
+    other = 1 - axis
+    if index.dtype != torch.int32 or weights.dtype != torch.int32 or index.shape != weights.shape or index.dim() != 2:
+        raise ValueError(
+            f"index {tuple(index.shape)} {index.dtype}, weights {tuple(weights.shape)} {weights.dtype}: "
+            "expected the same (outputs, taps) shape, int32"
+        )
+    if not (index.is_contiguous() and weights.is_contiguous()) or {index.device, weights.device} != {out.device}:
+        raise ValueError("index and weights must be contiguous and on out's device")
+    if out.shape[axis] != index.shape[0] or out.shape[other] != src.shape[other]:
+        raise ValueError(f"out {tuple(out.shape)}: expected {index.shape[0]} along axis {axis} and src's "
+                         f"{src.shape[other]} along the other")  # fmt: skip
+    count, length = out.shape[axis], out.shape[other]
+    if count * length == 0:
         return
-    first_taps = triton.next_power_of_2(first[0].shape[1])
-    words = _word_run_words(src, first_axis, first[0].shape[1], runs)
-    block = max(1, min(_RESAMPLE_MAX_PIXELS, _RESAMPLE_ELEMENTS // (4 * (words or first_taps))))
-    _resample_kernel[(triton.cdiv(rows * cols, block),)](
+    taps = triton.next_power_of_2(index.shape[1])
+    block = max(1, min(_RESAMPLE_MAX_PIXELS, _RESAMPLE_ELEMENTS // (4 * taps)))
+    _resample_pass_kernel[(triton.cdiv(count * length, block),)](
         out,
-        out.stride(0),
-        out.stride(1),
+        out.stride(axis),
+        out.stride(other),
         src,
-        src.data_ptr() % 4,
-        src.stride(0),
-        src.stride(1),
-        first[0],
-        first[1],
-        first[0].shape[1],
-        second[0],
-        second[1],
-        rows,
-        cols,
-        C_SRC=1 if src.shape[2] == 1 else 3,
+        src.stride(axis),
+        src.stride(other),
+        index,
+        weights,
+        index.shape[1],
+        count,
+        length,
+        C_SRC=c_src,
+        FINAL=final,
         BGR=bool(bgr),
-        FIRST_IS_X=first_axis == 1,
-        WORDS=words,
-        PIXEL_BYTES=src.stride(1) if words else 1,
         BLOCK=block,
-        FIRST_TAPS=first_taps,
-        SECOND_TAPS=second[0].shape[1],
+        TAPS=taps,
+        OUTPUTS_FAST=src.stride(axis) < src.stride(other),
     )

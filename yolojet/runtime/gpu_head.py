@@ -14,7 +14,6 @@ centre crop on our resample kernel, the network with its softmax, and the copy o
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -37,7 +36,6 @@ from yolojet.runtime.torch_pipeline import Letterbox
 
 MAX_NMS = 30000  # ultralytics' default cap on candidates entering NMS
 MAX_GRAPHS = 8  # captured (bucket, frame sizes) combinations kept; the oldest is dropped past this
-_FRAME_SLACK = 4  # bytes after each device frame: the resample kernel's last word of a row may reach 3 past it
 _OPTIONS_BYTES = 20  # thresholds (2 float32) and limits (3 int32) ahead of the class mask
 
 
@@ -102,11 +100,7 @@ class CapturedPath(ABC):
         if key not in self.staging:
             device = self.network.device if where in ("device", "masks") else torch.device("cpu")
             pinned = where == "host" and self.cuda
-            # A few bytes past a device frame let the resample kernel load its last pixels as whole words.
-            size = math.prod(shape)
-            flat = torch.empty(size + _FRAME_SLACK * (where == "device"), dtype=torch.uint8, device=device,
-                               pin_memory=pinned)  # fmt: skip
-            self.staging[key] = flat[:size].view(shape)
+            self.staging[key] = torch.empty(shape, dtype=torch.uint8, device=device, pin_memory=pinned)
         return self.staging[key]
 
     def stage(self, slot: int, frame: Frame) -> None:
@@ -313,7 +307,7 @@ class ClassifyHead(CapturedPath):
         key = (slot, shape, "resample")
         if key not in self.staging:  # kept: captured graphs hold the taps' and intermediates' addresses
             plan = classify_plan(shape[0], shape[1], self.imgsz)
-            self.staging[key] = DeviceResamplePlan(plan, self.network.device)
+            self.staging[key] = DeviceResamplePlan(plan, shape[2], self.network.device)
         return self.staging[key]
 
     def _steps(self, batch: int, slots: list[_Slot]) -> Callable[[], None]:

@@ -37,7 +37,7 @@ import torch
 
 from yolojet.errors import ImageReadError, ImageSizeError
 from yolojet.images import Frame
-from yolojet.kernels.preprocess import resample
+from yolojet.kernels.preprocess import resample_pass
 
 # Pillow's 8-bit resampling: 32 - 8 - 2 fraction bits (Resample.c, PRECISION_BITS).
 _PRECISION_BITS = 22
@@ -175,32 +175,33 @@ def classify_plan(height: int, width: int, imgsz: int | tuple[int, int]) -> Resa
 
 
 class DeviceResamplePlan:
-    """A `ResamplePlan` on the device, run by our resample kernel in one launch: both passes' taps uploaded once
-    (an axis the plan does not resize gets the identity pass). Calling it writes one frame's classification input
-    into an (h, w, 3) NHWC slot."""
+    """A `ResamplePlan` on the device, run by our resample kernel: taps uploaded once, an intermediate buffer for
+    each pass but the last. Calling it writes one frame's classification input into an (h, w, 3) NHWC slot."""
 
-    def __init__(self, plan: ResamplePlan, device: torch.device) -> None:
+    def __init__(self, plan: ResamplePlan, channels: int, device: torch.device) -> None:
+        rows, cols = plan.window[2:]
         self.window = plan.window
-        by_axis = {step.axis: step for step in plan.passes}
-        sizes = plan.window[2:]
-        for axis in (0, 1):  # an unresized axis is only cropped: one tap of weight 1.0 keeps each pixel as it is
-            if axis not in by_axis:
-                identity = np.full((sizes[axis], 1), 1 << _PRECISION_BITS, np.int32)
-                by_axis[axis] = ResamplePass(axis, np.arange(sizes[axis])[:, None], identity)
-        self.first_axis = plan.passes[0].axis if plan.passes else 1
-
-        def upload(step: ResamplePass) -> tuple[torch.Tensor, torch.Tensor]:
+        passes = plan.passes or (  # nothing to resize: one identity pass does the crop, RGB and /255
+            ResamplePass(0, np.arange(rows)[:, None], np.full((rows, 1), 1 << _PRECISION_BITS, np.int32)),
+        )
+        kept = 1 if channels == 1 else 3
+        shape = [rows, cols]
+        self.steps: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        for k, step in enumerate(passes):
+            shape[step.axis] = step.index.shape[0]
+            last = k == len(passes) - 1
+            scratch = None if last else torch.empty(*shape, kept, dtype=torch.uint8, device=device)
             index = torch.from_numpy(step.index.astype(np.int32)).to(device)
-            return index, torch.from_numpy(step.weights.astype(np.int32)).to(device)
-
-        self.first = upload(by_axis[self.first_axis])
-        self.second = upload(by_axis[1 - self.first_axis])
+            weights = torch.from_numpy(step.weights.astype(np.int32)).to(device)
+            self.steps.append((step.axis, index, weights, scratch))
 
     def __call__(self, out: torch.Tensor, frame: torch.Tensor, *, bgr: bool) -> None:
         top, left, rows, cols = self.window
         source = frame[top : top + rows, left : left + cols]
-        # Pillow's taps are consecutive pixels (the identity's single tap too).
-        resample(out, source, self.first_axis, self.first, self.second, bgr=bgr, runs=True)
+        for axis, index, weights, scratch in self.steps:
+            target = out if scratch is None else scratch
+            resample_pass(target, source, axis, index, weights, bgr=bgr if scratch is None else None)
+            source = target
 
 
 def _check_imgsz(imgsz: object) -> tuple[int, int]:
