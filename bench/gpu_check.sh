@@ -58,7 +58,8 @@ for stage in $STAGES; do
       model=${job%%:*} batch=${job##*:}
       mkdir -p "$OUT/inductor-autotune/$model-$batch"
       cp -r ".inductor-autotune/$model-$batch/cache" "$OUT/inductor-autotune/$model-$batch/" 2>/dev/null
-      echo "$job: $(grep -c '^AUTOTUNE' "$OUT/compile-$model-$batch.log") kernels autotuned in this call"
+      log="$OUT/compile-$model-$batch.log"
+      echo "$job: $(grep -c '^AUTOTUNE' "$log") kernels autotuned in this call, from $(grep -m1 '^AUTOTUNE' "$log")"
     done
     grep -h "torch.compile" "$OUT"/compile-*.log ;;
   network)
