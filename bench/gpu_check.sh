@@ -30,7 +30,11 @@ for stage in $STAGES; do
     workers=()
     if python3 -c "import xdist" 2>/dev/null; then workers=(-n "${TEST_WORKERS:-8}" --dist loadfile); fi
     YOLOJET_NOTUNE=1 YOLOJET_LIVE_FAILURES=1 timeout -s INT -k 30 "${TEST_SECONDS:-220}" python3 -m pytest ${TESTS:-tests/pipeline tests/eval tests/runtime tests/kernels} \
-      "${workers[@]}" -q -p no:cacheprovider --tb=short -rfE ${TEST_FLAGS:-} > "$OUT/tests.log" 2>&1
+      "${workers[@]}" -q -p no:cacheprovider --tb=short -rfE --junitxml "$OUT/tests.xml" ${TEST_FLAGS:-} > "$OUT/tests.log" 2>&1
+    # Which tests ran before the limit, a line a file: a stage cut short says where to pick up.
+    python3 -c "import collections, sys, xml.etree.ElementTree as et
+ran = collections.Counter(c.get('classname') or '(cut short)' for c in et.parse(sys.argv[1]).iter('testcase'))
+print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tests.xml" > "$OUT/tests-ran.txt" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -25 ;;
   startup)
     timeout "${STARTUP_SECONDS:-200}" python3 bench/bench_network.py --models yolo11n --startup-only --out "$OUT" \
@@ -40,8 +44,8 @@ for stage in $STAGES; do
     # torch.compile max-autotune takes minutes a model and batch size: the peers alone (no yolojet build), one job
     # a GPU at a time, each with its own time limit and output folder. A compile can outlast one call: inductor
     # records each autotuned kernel's timings as it goes (cache/ under its cache dir), kept per job under
-    # .inductor-autotune/ (carry it: `carry: [".whl", ".inductor-autotune"]`) and sent back under $OUT, so the next
-    # call's compile of the same job skips what was already timed.
+    # .inductor-autotune/ and sent back as $OUT/inductor-autotune.tgz (unpack it in the checkout's root and carry it:
+    # `carry: [".whl", ".inductor-autotune"]`), so the next call's compile of the same job skips what was timed.
     gpus=$(nvidia-smi -L | wc -l)
     running=0
     for job in ${COMPILE_JOBS:-yolo11n:64}; do
@@ -56,11 +60,11 @@ for stage in $STAGES; do
     wait
     for job in ${COMPILE_JOBS:-yolo11n:64}; do
       model=${job%%:*} batch=${job##*:}
-      mkdir -p "$OUT/inductor-autotune/$model-$batch"
-      cp -r ".inductor-autotune/$model-$batch/cache" "$OUT/inductor-autotune/$model-$batch/" 2>/dev/null
       log="$OUT/compile-$model-$batch.log"
       echo "$job: $(grep -c '^AUTOTUNE' "$log") kernels autotuned in this call, from $(grep -m1 '^AUTOTUNE' "$log")"
     done
+    # One archive: a lent machine sends back no folder nested this deep.
+    tar czf "$OUT/inductor-autotune.tgz" .inductor-autotune/*/cache 2>/dev/null
     grep -h "torch.compile" "$OUT"/compile-*.log ;;
   network)
     timeout "${NETWORK_SECONDS:-300}" python3 bench/bench_network.py --models ${MODELS:-yolo11n yolov8n yolo26n} \
