@@ -191,6 +191,18 @@ def preprocess_letterbox(
 
 
 @triton.jit
+def _tap_sum(index_ptr, weight_ptr, taps, o, ok, line, ss_o, src_ch, c_ok, t):
+    """(pixel, channel) sums of pixel · weight over taps `t` (those past `taps` masked) of outputs `o`, int32."""
+    tap_ok = ok[:, None] & (t < taps)[None, :]
+    tap_at = o[:, None] * taps + t[None, :]
+    index = tl.load(index_ptr + tap_at, mask=tap_ok, other=0)
+    weight = tl.load(weight_ptr + tap_at, mask=tap_ok, other=0)
+    pixel_ptrs = (line[:, None] + index.to(tl.int64) * ss_o)[:, :, None] + src_ch[None, None, :]
+    pixel = tl.load(pixel_ptrs, mask=tap_ok[:, :, None] & c_ok[None, None, :], other=0)
+    return tl.sum(pixel.to(tl.int32) * weight[:, :, None], axis=1)
+
+
+@triton.jit
 def _resample_pass_kernel(
     out_ptr,
     so_o,
@@ -207,16 +219,18 @@ def _resample_pass_kernel(
     FINAL: tl.constexpr,
     BGR: tl.constexpr,
     BLOCK: tl.constexpr,
-    TAPS: tl.constexpr,
+    TAPS_HEAD: tl.constexpr,
+    TAPS_TAIL: tl.constexpr,
     OUTPUTS_FAST: tl.constexpr,
 ):
     # Element e is output o (along the resampled axis) of line j (along the other axis), neighbouring elements
     # neighbouring along whichever axis is contiguous in memory (OUTPUTS_FAST: the resampled one), so that a
     # warp's gathers fall in a few cache lines. Every tap's index, weight and pixel is loaded in one go, a
-    # (pixel, tap, channel) tile: two rounds of memory latency a program rather than two for each tap.
+    # (pixel, tap, channel) tile: two rounds of memory latency a program rather than two for each tap. The taps
+    # are two tiles, TAPS_HEAD (a power of two) and the rest rounded up (TAPS_TAIL, 0 for none): tile sizes must
+    # be powers of two, and 9 taps as 8 + 1 gather 36 elements a pixel where one 16-tap tile gathers 64.
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ch = tl.arange(0, 4)  # up to three channels and a masked lane: tensor dimensions must be powers of two
-    t = tl.arange(0, TAPS)
     ok = e < count * length
     if OUTPUTS_FAST:
         o = e % count
@@ -236,15 +250,12 @@ def _resample_pass_kernel(
         c_ok = ch < C_SRC  # an intermediate keeps the source's channel order
         src_ch = ch
     m = ok[:, None] & c_ok[None, :]
-    tap_ok = ok[:, None] & (t < taps)[None, :]
-    tap_at = o[:, None] * taps + t[None, :]
-    index = tl.load(index_ptr + tap_at, mask=tap_ok, other=0)
-    weight = tl.load(weight_ptr + tap_at, mask=tap_ok, other=0)
     line = src_ptr + j.to(tl.int64) * ss_j
-    pixel_ptrs = (line[:, None] + index.to(tl.int64) * ss_o)[:, :, None] + src_ch[None, None, :]
-    pixel = tl.load(pixel_ptrs, mask=tap_ok[:, :, None] & c_ok[None, None, :], other=0)
     # Pillow's 22-bit fixed point: half a step added before the shift. Integer sums: any order is exact.
-    acc = tl.sum(pixel.to(tl.int32) * weight[:, :, None], axis=1) + (1 << 21)
+    acc = _tap_sum(index_ptr, weight_ptr, taps, o, ok, line, ss_o, src_ch, c_ok, tl.arange(0, TAPS_HEAD)) + (1 << 21)
+    if TAPS_TAIL > 0:
+        tail = TAPS_HEAD + tl.arange(0, TAPS_TAIL)
+        acc += _tap_sum(index_ptr, weight_ptr, taps, o, ok, line, ss_o, src_ch, c_ok, tail)
     value = tl.minimum(tl.maximum(acc >> 22, 0), 255)
     target = out_ptr + (o.to(tl.int64) * so_o + j.to(tl.int64) * so_j)[:, None] + ch[None, :]
     if FINAL:
@@ -295,8 +306,11 @@ def resample_pass(
     count, length = out.shape[axis], out.shape[other]
     if count * length == 0:
         return
-    taps = triton.next_power_of_2(index.shape[1])
-    block = max(1, min(_RESAMPLE_MAX_PIXELS, _RESAMPLE_ELEMENTS // (4 * taps)))
+    taps = index.shape[1]
+    head = 1 << (taps.bit_length() - 1)  # the largest power of two <= taps
+    tail = 0 if taps == head else triton.next_power_of_2(taps - head)
+    fit = max(1, _RESAMPLE_ELEMENTS // (4 * (head + tail)))
+    block = min(_RESAMPLE_MAX_PIXELS, 1 << (fit.bit_length() - 1))  # a power of two
     _resample_pass_kernel[(triton.cdiv(count * length, block),)](
         out,
         out.stride(axis),
@@ -313,6 +327,7 @@ def resample_pass(
         FINAL=final,
         BGR=bool(bgr),
         BLOCK=block,
-        TAPS=taps,
+        TAPS_HEAD=head,
+        TAPS_TAIL=tail,
         OUTPUTS_FAST=src.stride(axis) < src.stride(other),
     )
