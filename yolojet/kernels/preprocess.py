@@ -191,15 +191,25 @@ def preprocess_letterbox(
 
 
 @triton.jit
-def _tap_sum(index_ptr, weight_ptr, taps, o, ok, line, ss_o, src_ch, c_ok, t):
-    """(pixel, channel) sums of pixel · weight over taps `t` (those past `taps` masked) of outputs `o`, int32."""
+def _tap_sums(index_ptr, weight_ptr, taps, o, ok, line, ss_o, ch, t, C_SRC: tl.constexpr, FLIP: tl.constexpr):
+    """(pixel, channel) sums of pixel · weight over taps `t` (those past `taps` masked) of outputs `o`, int32.
+
+    Each source channel is a (pixel, tap) gather of its own, so no lane loads the fourth channel's place; output
+    channel c reads source channel 2 - c with FLIP (BGR to RGB), and a grey source fills every channel."""
     tap_ok = ok[:, None] & (t < taps)[None, :]
     tap_at = o[:, None] * taps + t[None, :]
     index = tl.load(index_ptr + tap_at, mask=tap_ok, other=0)
     weight = tl.load(weight_ptr + tap_at, mask=tap_ok, other=0)
-    pixel_ptrs = (line[:, None] + index.to(tl.int64) * ss_o)[:, :, None] + src_ch[None, None, :]
-    pixel = tl.load(pixel_ptrs, mask=tap_ok[:, :, None] & c_ok[None, None, :], other=0)
-    return tl.sum(pixel.to(tl.int32) * weight[:, :, None], axis=1)
+    pixel_ptrs = line[:, None] + index.to(tl.int64) * ss_o
+    sums = (o * 0)[:, None] + ch[None, :] * 0
+    if C_SRC == 1:
+        pixel = tl.load(pixel_ptrs, mask=tap_ok, other=0)
+        sums += tl.sum(pixel.to(tl.int32) * weight, axis=1)[:, None]
+    else:
+        for c in tl.static_range(3):
+            pixel = tl.load(pixel_ptrs + (2 - c if FLIP else c), mask=tap_ok, other=0)
+            sums = tl.where(ch[None, :] == c, tl.sum(pixel.to(tl.int32) * weight, axis=1)[:, None], sums)
+    return sums
 
 
 @triton.jit
@@ -238,24 +248,17 @@ def _resample_pass_kernel(
     else:
         o = e // length
         j = e % length
-    if FINAL:
-        c_ok = ch < 3
-        if C_SRC == 1:
-            src_ch = ch * 0  # grey replicated to RGB
-        elif BGR:
-            src_ch = 2 - ch
-        else:
-            src_ch = ch
-    else:
-        c_ok = ch < C_SRC  # an intermediate keeps the source's channel order
-        src_ch = ch
+    # The last pass writes RGB (a grey source replicated); an intermediate keeps the source's channels and order.
+    c_ok = ch < (3 if FINAL else C_SRC)
+    flip = FINAL and BGR and C_SRC == 3
     m = ok[:, None] & c_ok[None, :]
     line = src_ptr + j.to(tl.int64) * ss_j
     # Pillow's 22-bit fixed point: half a step added before the shift. Integer sums: any order is exact.
-    acc = _tap_sum(index_ptr, weight_ptr, taps, o, ok, line, ss_o, src_ch, c_ok, tl.arange(0, TAPS_HEAD)) + (1 << 21)
+    head = tl.arange(0, TAPS_HEAD)
+    acc = _tap_sums(index_ptr, weight_ptr, taps, o, ok, line, ss_o, ch, head, C_SRC, flip) + (1 << 21)
     if TAPS_TAIL > 0:
         tail = TAPS_HEAD + tl.arange(0, TAPS_TAIL)
-        acc += _tap_sum(index_ptr, weight_ptr, taps, o, ok, line, ss_o, src_ch, c_ok, tail)
+        acc += _tap_sums(index_ptr, weight_ptr, taps, o, ok, line, ss_o, ch, tail, C_SRC, flip)
     value = tl.minimum(tl.maximum(acc >> 22, 0), 255)
     target = out_ptr + (o.to(tl.int64) * so_o + j.to(tl.int64) * so_j)[:, None] + ch[None, :]
     if FINAL:
