@@ -267,3 +267,37 @@ def test_16_bit_png_loads_as_8_bit_pixels(tmp_path):
     frame = load_frame(path)
     assert frame.pixels.dtype == torch.uint8
     assert np.abs(frame.pixels.numpy().astype(int) - reference[..., ::-1]).max() <= 1
+
+
+def test_animated_gif_loads_its_first_frame(tmp_path):
+    """An animated GIF is one image: its first frame, as cv2.imread reads it."""
+    frames = [Image.fromarray(np.full((14, 20, 3), level, np.uint8)) for level in (40, 200)]
+    path = tmp_path / "moving.gif"
+    frames[0].save(path, save_all=True, append_images=frames[1:])
+    reference = cv2.imread(str(path))
+    frame = load_frame(path)
+    assert frame.shape == (14, 20)
+    assert np.array_equal(frame.pixels.numpy(), reference[..., ::-1])
+
+
+def test_pil_image_is_turned_upright_by_its_exif_orientation():
+    """A PIL image whose EXIF says "rotate 90°" (orientation 6) loads upright, as ultralytics' loader turns it."""
+    upright = Image.open(BUS).convert("RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: the stored pixels are turned 90° counterclockwise of upright
+    stored = upright.transpose(Image.Transpose.ROTATE_90)
+    stored.info["exif"] = exif.tobytes()
+    stored.getexif()[0x0112] = 6
+    frame = load_frame(stored)
+    assert frame.shape == (upright.height, upright.width)
+    assert np.array_equal(frame.pixels.numpy(), np.asarray(upright))
+
+
+def test_16_bit_arrays_and_pil_images_load_their_top_8_bits():
+    """uint16 numpy frames and PIL "I;16" images give their top 8 bits, as ultralytics scales them."""
+    deep = (random_image((9, 13, 1), seed=10).astype(np.uint16) << 8) | random_image((9, 13, 1), seed=11)
+    top = (deep >> 8).astype(np.uint8)
+    assert np.array_equal(load_frame(deep).pixels.numpy(), top)
+    pil = Image.fromarray(deep[..., 0])
+    assert pil.mode == "I;16"
+    assert np.array_equal(load_frame(pil).pixels.numpy(), np.repeat(top, 3, axis=2))

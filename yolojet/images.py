@@ -1,10 +1,11 @@
 """Turning what a user passes as an image into a uint8 HWC frame, and finding image files.
 
 Accepted: a path (str or Path), encoded bytes, a numpy array (HWC uint8, BGR like OpenCV, or
-HW grey), a PIL image (RGB), a torch tensor (uint8 HWC, RGB, CPU or CUDA; or float CHW in [0, 1],
-RGB, as ultralytics takes). Files and bytes are decoded by torchvision (JPEG, PNG, WebP, GIF), on
-the GPU's nvJPEG when the frame is wanted there, and BMP/TIFF by Pillow. Anything else is an `ImageReadError` that names
-the input.
+HW grey; uint16 gives its top 8 bits), a PIL image (turned upright by its EXIF orientation), a torch
+tensor (uint8 HWC, RGB, CPU or CUDA; or float CHW in [0, 1], RGB, as ultralytics takes). Files and
+bytes are decoded by torchvision (JPEG, PNG, WebP, GIF: an animated one's first frame), on the GPU's
+nvJPEG when the frame is wanted there, and BMP/TIFF by Pillow. Anything else is an `ImageReadError`
+that names the input.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def _decode(data: bytes, name: str, device: torch.device | None) -> torch.Tensor
         # torchvision prefixes its messages with the C++ function, file and line: keep only the reason.
         reason = re.sub(r"^\w+, \S+:\d+, ", "", str(e)).strip()
         raise ImageReadError(f"{name}: cannot decode as an image ({reason})") from e
+    if chw.dim() == 4:  # an animated GIF: its first frame, the one cv2.imread gives
+        chw = chw[0]
     if chw.dtype == torch.uint16:
         chw = (chw.to(torch.int32) // 256).to(torch.uint8)  # 16-bit PNGs: the top 8 bits, as cv2.imread gives
     return chw.permute(1, 2, 0)
@@ -107,6 +110,8 @@ def load_frame(source: Any, device: torch.device | None = None) -> Frame:
     if isinstance(source, (bytes, bytearray, memoryview)):
         return Frame(_check_pixels(_decode(bytes(source), name, device), name), bgr=False)
     if isinstance(source, np.ndarray):
+        if source.dtype == np.uint16:  # 16-bit frames (cv2.IMREAD_UNCHANGED): the top 8 bits, as ultralytics
+            source = (source >> 8).astype(np.uint8)
         if source.dtype != np.uint8:
             raise ImageReadError(f"{name}: dtype {source.dtype}, expected uint8 pixels (BGR, as OpenCV reads them)")
         return Frame(_check_pixels(torch.from_numpy(np.ascontiguousarray(source)), name), bgr=True)
@@ -123,6 +128,12 @@ def load_frame(source: Any, device: torch.device | None = None) -> Frame:
     except ImportError:  # pragma: no cover - Pillow comes with torchvision
         Image = None
     if Image is not None and isinstance(source, Image.Image):
+        from PIL import ImageOps
+
+        # Turned upright by its EXIF orientation, as ultralytics' loader does with PIL images.
+        source = ImageOps.exif_transpose(source)
+        if source.mode.startswith("I;16"):  # convert() would clip 16-bit values at 255: the top 8 bits instead
+            source = Image.fromarray((np.asarray(source) >> 8).astype(np.uint8))
         rgb = np.asarray(source.convert("RGBA" if "A" in source.getbands() else "RGB"))
         return Frame(_check_pixels(torch.from_numpy(rgb.copy()), name), bgr=False)
     raise ImageReadError(f"{name}: not an image (expected a path, bytes, numpy array, PIL image or torch tensor)")
