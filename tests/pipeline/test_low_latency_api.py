@@ -50,11 +50,44 @@ def test_trio_errors(engine):
         engine.configure(conf=1.5)
     with pytest.raises(EngineConfigError, match="max_det 301"):
         engine.configure(max_det=301)
-    with pytest.raises(EngineConfigError, match="class ids run from 0 to 79"):
+    with pytest.raises(EngineConfigError, match="class ids are ints from 0 to 79"):
         engine.configure(classes=[80])
+    with pytest.raises(EngineConfigError, match=r"class ids are ints"):
+        engine.configure(classes=[1.7])  # would match no class at all
+    with pytest.raises(EngineConfigError, match="conf None"):
+        engine.configure(conf=None)
+    with pytest.raises(EngineConfigError, match=r"max_det 5\.5"):
+        engine.configure(max_det=5.5)
+    engine.configure(classes=0)  # one class id, as ultralytics takes it
+    engine.configure()
     fresh = Engine(engine.network, engine.max_batch)
     with pytest.raises(EngineConfigError, match="stage a frame"):
         fresh.run(1)
+    with pytest.raises(EngineConfigError, match="no results for the frame staged there"):
+        fresh.get(0)
+    with pytest.raises(EngineConfigError, match="slot 5"):
+        fresh.get(5)
+    bus = real_photos()["bus.jpg"]
+    fresh.preprocess(bus, 0)
+    fresh.run(1)
+    assert fresh.get(0).orig_shape == bus.shape[:2]
+    fresh.preprocess(np.zeros((100, 100, 3), np.uint8), 0)  # staged after the run: its results are not the bus's
+    with pytest.raises(EngineConfigError, match="no results for the frame staged there"):
+        fresh.get(0)
+
+
+def test_call_keeps_configured_options_and_its_own_hold_for_the_call(engine):
+    photo = real_photos()["bus.jpg"]
+    loose = engine(photo, conf=0.0005)[0]
+    assert len(loose) > 1
+    strict = float(loose.boxes.conf.max()) - 1e-6
+    engine.configure(conf=strict)
+    try:
+        assert len(engine(photo)[0]) <= 1  # configure's conf holds for calls that set none
+        assert len(engine(photo, conf=0.0005)[0]) == len(loose)  # one that does, for that call
+        assert len(engine(photo)[0]) <= 1  # and only that call
+    finally:
+        engine.configure()
 
 
 def test_fewer_images_than_slots(engine):

@@ -250,9 +250,17 @@ def test_bad_inputs_and_options(model_dirs):
     if not pdl_available(torch.device(DEVICE)):
         with pytest.raises(EngineConfigError, match="pdl=True: programmatic dependent launch needs"):
             Engine.load(model_dir, device=DEVICE, tune=False, pdl=True)
-    if DEVICE == "cpu":
-        with pytest.raises(EngineConfigError, match="TRITON_INTERPRET"):
-            Engine.load(model_dir, device="meta", backend="triton")
+    with pytest.raises(EngineConfigError, match="runs on 'cuda' or 'cpu'"):
+        Engine.load(model_dir, device="meta", backend="triton")
+    with pytest.raises(EngineConfigError, match="device 'bogus'"):
+        Engine.load(model_dir, device="bogus")
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineConfigError, match="no CUDA GPU is visible here"):
+            Engine.load(model_dir, device="cuda", backend="reference")
+    with pytest.raises(EngineConfigError, match="imgsz '64'"):
+        Engine.load(model_dir, device=DEVICE, imgsz="64")
+    with pytest.raises(EngineConfigError, match=r"max_batch 2\.5"):
+        Engine.load(model_dir, device=DEVICE, max_batch=2.5)
     with pytest.raises(yolojet.YolojetError, match="exported for 64x64"):
         Engine.load(model_dir, device=DEVICE, imgsz=640)
 

@@ -35,6 +35,44 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _device(device: str | torch.device | None) -> torch.device:
+    """The device asked for (a CUDA GPU where there is one by default), checked to exist."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise EngineConfigError(f"device {device!r}: expected 'cuda', 'cuda:N' or 'cpu'") from e
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise EngineConfigError(f"device {device}: no CUDA GPU is visible here; use device='cpu'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise EngineConfigError(f"device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    elif device.type != "cpu":
+        raise EngineConfigError(f"device {device}: yolojet runs on 'cuda' or 'cpu'")
+    return device
+
+
+def _image_size(imgsz: object) -> int | tuple[int, int]:
+    """An int, or an (h, w) pair of ints, each at least 1."""
+    values = list(imgsz) if isinstance(imgsz, (tuple, list)) else [imgsz]
+    if len(values) not in (1, 2) or any(
+        isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in values
+    ):
+        raise EngineConfigError(f"imgsz {imgsz!r}: expected a positive int or an (h, w) pair of them")
+    if not isinstance(imgsz, (tuple, list)):
+        return int(values[0])
+    return int(values[0]), int(values[-1])  # a one-element list is a square
+
+
+def _integral(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
+def _real(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+
+
 class Engine:
     """A model ready to run. Build with `Engine.load`."""
 
@@ -49,6 +87,7 @@ class Engine:
             self._head = ClassifyHead(network) if self.meta.task == "classify" else DetectionHead(network)
         self._frames: list[Frame | None] = [None] * max_batch
         self._found: list[dict[str, Any] | None] = [None] * max_batch
+        self._ran = [False] * max_batch  # whether a run has found results for the frame now in each slot
         self._options: dict[str, Any] = {}
         self.configure()
 
@@ -78,9 +117,12 @@ class Engine:
         `branches=None` runs independent launches, such as the head's per-level chains, on parallel streams inside
         the captured graph on a CUDA device unless YOLOJET_BRANCHES=0; `branches=False` runs them in order.
         """
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if max_batch < 1:
-            raise EngineConfigError(f"max_batch {max_batch}: must be at least 1")
+        device = _device(device)
+        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
+            raise EngineConfigError(f"max_batch {max_batch!r}: expected an int of at least 1")
+        max_batch = int(max_batch)
+        if imgsz is not None:
+            imgsz = _image_size(imgsz)
         triton_possible = device.type == "cuda" or (device.type == "cpu" and _interpreting())
         if backend is None:
             backend = "triton" if triton_possible else "reference"
@@ -152,13 +194,19 @@ class Engine:
         conf, iou, max_det, classes and agnostic act as in ultralytics' predict; retina_masks builds segment
         masks at the original resolution. Classification ignores them all.
         """
-        if not 0 <= conf <= 1 or not 0 <= iou <= 1:
-            raise EngineConfigError(f"conf {conf} and iou {iou} must lie in [0, 1]")
+        if not (_real(conf) and _real(iou)) or not 0 <= conf <= 1 or not 0 <= iou <= 1:
+            raise EngineConfigError(f"conf {conf!r} and iou {iou!r} must be numbers in [0, 1]")
         capacity = self._head.capacity if self._head is not None else 300
-        if not 1 <= max_det <= capacity:
-            raise EngineConfigError(f"max_det {max_det}: must lie in 1..{capacity}")
-        if classes is not None and any(not 0 <= int(c) < self.meta.nc for c in classes):
-            raise EngineConfigError(f"classes {list(classes)}: class ids run from 0 to {self.meta.nc - 1}")
+        if not _integral(max_det) or not 1 <= max_det <= capacity:
+            raise EngineConfigError(f"max_det {max_det!r}: expected an int in 1..{capacity}")
+        if classes is not None:
+            classes = [classes] if _integral(classes) else classes  # one class id, as ultralytics takes it
+            if isinstance(classes, (str, bytes)) or not isinstance(classes, Sequence | np.ndarray):
+                raise EngineConfigError(f"classes {classes!r}: expected a class id or a list of them")
+            if any(not _integral(c) or not 0 <= c < self.meta.nc for c in classes):
+                raise EngineConfigError(f"classes {list(classes)}: class ids are ints from 0 to {self.meta.nc - 1}")
+            classes = [int(c) for c in classes]
+        max_det = int(max_det)
         self._options = {"conf": conf, "iou": iou, "max_det": max_det, "classes": classes, "agnostic": agnostic,
                          "retina_masks": retina_masks}  # fmt: skip
         if self._head is not None:
@@ -170,6 +218,7 @@ class Engine:
             raise EngineConfigError(f"slot {slot}: this engine has slots 0..{self.max_batch - 1}")
         decoded = load_frame(frame, self.device if self.device.type == "cuda" else None)
         self._frames[slot] = decoded
+        self._ran[slot] = False
         if self._head is not None:
             self._head.stage(slot, decoded)
 
@@ -181,6 +230,7 @@ class Engine:
             self._head.launch(batch)
         else:
             self._found[:batch] = self._run_torch_path(self._frames[:batch])
+        self._ran[:batch] = [True] * batch
 
     def sync(self) -> None:
         """Wait for the last `run_async`."""
@@ -197,6 +247,10 @@ class Engine:
 
     def get(self, slot: int = 0) -> Results:
         """What the last run found in slot `slot`, in its original image's pixels."""
+        if not _integral(slot) or not 0 <= slot < self.max_batch:
+            raise EngineConfigError(f"slot {slot!r}: this engine has slots 0..{self.max_batch - 1}")
+        if not self._ran[slot]:
+            raise EngineConfigError(f"slot {slot}: no results for the frame staged there; run() after preprocess()")
         frame = self._frames[slot]
         found = self._head.found(slot) if self._on_head() else self._found[slot]
         image = torch_pipeline.rgb_pixels(frame).cpu().numpy()
@@ -205,10 +259,19 @@ class Engine:
     def __call__(self, images: Any, **options: Any) -> list[Results]:
         """Detect objects in one image or a list (paths, bytes, numpy BGR, PIL, torch tensors).
 
-        Options as `configure` (conf=0.25, iou=0.7, max_det=300, classes=None, agnostic=False). An image that
+        Options as `configure` (conf, iou, max_det, classes, agnostic, retina_masks): those given here hold for
+        this call, the others are the last `configure`'s (ultralytics' defaults unless configured). An image that
         cannot be read gets a `Results` whose `error` says why; the others are still detected.
         """
-        self.configure(**options)
+        configured = dict(self._options)
+        self.configure(**{**configured, **options})
+        try:
+            return self._detect(images)
+        finally:
+            if options:
+                self.configure(**configured)
+
+    def _detect(self, images: Any) -> list[Results]:
         sources = list(images) if isinstance(images, (list, tuple)) else [images]
         results: list[Results] = []
         pending: list[int] = []
