@@ -80,6 +80,9 @@ def test_call_keeps_configured_options_and_its_own_hold_for_the_call(engine):
     photo = real_photos()["bus.jpg"]
     loose = engine(photo, conf=0.0005)[0]
     assert len(loose) > 1
+    assert np.array_equal(loose.orig_img, photo)  # BGR, as ultralytics' orig_img
+    h, w = photo.shape[:2]
+    np.testing.assert_allclose(loose.boxes.xywhn, loose.boxes.xywh / [w, h, w, h], rtol=1e-6)
     strict = float(loose.boxes.conf.max()) - 1e-6
     engine.configure(conf=strict)
     try:

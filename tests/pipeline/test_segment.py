@@ -234,9 +234,10 @@ def fill(polygons: list[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
     return canvas.astype(bool)
 
 
-def test_polygons_are_opencv_largest_contours(run):
-    """Masks.xy is ultralytics' masks2segments(strategy="largest") point for point (OpenCV's findContours,
-    RETR_EXTERNAL, CHAIN_APPROX_SIMPLE); filled, the polygons give back the masks.
+def test_polygons_are_ultralytics_merged_contours(run):
+    """Masks.xy is ultralytics' masks2segments (its default strategy "all": every outer contour of OpenCV's
+    findContours, RETR_EXTERNAL, CHAIN_APPROX_SIMPLE, joined into one polygon) point for point; filled, the
+    polygons give back the masks.
 
     Random-weight masks come in hundreds of fragments with holes, so "the largest contour, filled, is most of the mask"
     is checked on seeded instance-like shapes (unions of rotated ellipses); on the model's masks, every polygon point
@@ -250,7 +251,7 @@ def test_polygons_are_opencv_largest_contours(run):
     for _, masks in postprocess(preds, proto, boxes, "yolo11n-seg.yaml", None):
         result = Masks(masks.numpy())
         assert len(result) == len(masks) and len(result.xy) == len(masks)
-        expected = masks2segments(masks, strategy="largest") if len(masks) else []
+        expected = masks2segments(masks) if len(masks) else []
         for mask, ours, theirs in zip(result.data, result.xy, expected, strict=True):
             assert ours.dtype == np.float32 and np.array_equal(ours, theirs)
             x, y = ours.astype(np.int64).T
@@ -285,6 +286,7 @@ def test_polygons_are_opencv_largest_contours(run):
         assert len(ours) == len(expected) and all(
             np.array_equal(a, b.reshape(-1, 2)) for a, b in zip(ours, expected, strict=True)
         )
+        assert np.array_equal(Masks(mask).xy[0], masks2segments(mask[None])[0])
     assert Masks(np.zeros((2, 5, 6), bool)).xy[1].shape == (0, 2)
 
 

@@ -253,7 +253,7 @@ class Engine:
             raise EngineConfigError(f"slot {slot}: no results for the frame staged there; run() after preprocess()")
         frame = self._frames[slot]
         found = self._head.found(slot) if self._on_head() else self._found[slot]
-        image = torch_pipeline.rgb_pixels(frame).cpu().numpy()
+        image = torch_pipeline.rgb_pixels(frame).flip(-1).cpu().numpy()  # BGR, as ultralytics' orig_img
         return make_results(self.meta, found, frame, image)
 
     def __call__(self, images: Any, **options: Any) -> list[Results]:

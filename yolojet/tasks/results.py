@@ -46,6 +46,11 @@ class Boxes:
         h, w = self.orig_shape
         return self.xyxy / np.array([w, h, w, h], dtype=self.data.dtype)
 
+    @property
+    def xywhn(self) -> np.ndarray:
+        h, w = self.orig_shape
+        return self.xywh / np.array([w, h, w, h], dtype=self.data.dtype)
+
 
 def _corners(xyxy: np.ndarray) -> dict[str, float]:
     return dict(zip(("x1", "y1", "x2", "y2"), (round(float(v), 2) for v in xyxy), strict=True))
@@ -63,7 +68,7 @@ class Results:
     obb: Any = None  # yolojet.tasks.obb.OBB
     probs: Any = None  # yolojet.tasks.classify.Probs
     path: str = ""
-    orig_img: np.ndarray | None = field(default=None, repr=False)  # RGB uint8, kept for plot()
+    orig_img: np.ndarray | None = field(default=None, repr=False)  # BGR uint8 (OpenCV's order, as ultralytics)
     error: str | None = None
 
     def __len__(self) -> int:
@@ -121,7 +126,7 @@ class Results:
 
         if self.orig_img is None:
             raise ValueError("this result holds no image to draw on")
-        canvas = self.orig_img.astype(np.float32)
+        canvas = self.orig_img[..., ::-1].astype(np.float32)  # drawn in RGB (the palette's order and PIL's)
         if self.masks is not None:
             for i, mask in enumerate(self.masks.data):
                 color = np.array(_PALETTE[int(self.boxes.cls[i]) % len(_PALETTE)], dtype=np.float32)

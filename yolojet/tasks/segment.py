@@ -93,13 +93,43 @@ def external_contours(mask: np.ndarray) -> list[np.ndarray]:
     return [np.asarray(points, np.int32) + offset for points in reversed(found)]
 
 
-def largest_contour(mask: np.ndarray) -> np.ndarray:
-    """(n, 2) float32 (x, y) points of the outer contour with the most points, as ultralytics'
-    masks2segments(strategy="largest"); (0, 2) for an empty mask."""
+def _closest_points(a: np.ndarray, b: np.ndarray) -> tuple[int, int]:
+    """Indices of the closest pair of points between (n, 2) `a` and (m, 2) `b` (the first such pair, row-major)."""
+    distance = ((a[:, None, :].astype(np.int64) - b[None, :, :]) ** 2).sum(-1)
+    i, j = np.unravel_index(int(np.argmin(distance)), distance.shape)
+    return int(i), int(j)
+
+
+def merged_contour(mask: np.ndarray) -> np.ndarray:
+    """(n, 2) float32 (x, y) points of one polygon through every outer contour of the mask, as ultralytics'
+    masks2segments(strategy="all") builds it; (0, 2) for an empty mask.
+
+    Each contour is joined to the next at their closest pair of points. The polygon walks from the first contour
+    out through the joins to the last (each contour started at its join and closed), then back through the middle
+    contours' remaining points, so the joins are thin lines walked both ways.
+    """
     contours = external_contours(mask)
     if not contours:
         return np.zeros((0, 2), np.float32)
-    return contours[int(np.argmax([len(c) for c in contours]))].astype(np.float32)
+    if len(contours) == 1:
+        return contours[0].astype(np.float32)
+    joins: list[list[int]] = [[] for _ in contours]  # a contour's join points: to the one before, to the one after
+    for k in range(1, len(contours)):
+        i, j = _closest_points(contours[k - 1], contours[k])
+        joins[k - 1].append(i)
+        joins[k].append(j)
+    last = len(contours) - 1
+    walked, outward = [], []
+    for k, (contour, at) in enumerate(zip(contours, joins, strict=True)):
+        if len(at) == 2 and at[0] > at[1]:  # walk a middle contour the way that meets its second join first
+            at = [len(contour) - 1 - a for a in at]
+            contour = contour[::-1]
+        closed = np.roll(contour, -at[0], axis=0)
+        closed = np.concatenate([closed, closed[:1]])
+        walked.append(closed)
+        outward.append(closed if k in (0, last) else closed[: at[1] - at[0] + 1])
+    back = [walked[k][abs(joins[k][1] - joins[k][0]) :] for k in range(last - 1, 0, -1)]
+    return np.concatenate(outward + back).astype(np.float32)
 
 
 def _rle_string(counts: np.ndarray) -> str:
@@ -161,9 +191,9 @@ class Masks:
 
     @cached_property
     def xy(self) -> list[np.ndarray]:
-        """Per mask, the (n, 2) float32 (x, y) pixel points of its largest outer contour (the one with the most
-        points, as ultralytics' masks2segments(strategy="largest")); (0, 2) for an empty mask."""
-        return [largest_contour(m) for m in self.data]
+        """Per mask, the (n, 2) float32 (x, y) pixel points of one polygon through all its outer contours, as
+        ultralytics' masks2segments builds it by default (strategy "all"); (0, 2) for an empty mask."""
+        return [merged_contour(m) for m in self.data]
 
     @property
     def xyn(self) -> list[np.ndarray]:
