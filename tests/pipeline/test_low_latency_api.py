@@ -89,8 +89,12 @@ def test_call_keeps_configured_options_and_its_own_hold_for_the_call(engine):
         assert len(engine(photo)[0]) <= 1  # configure's conf holds for calls that set none
         assert len(engine(photo, conf=0.0005)[0]) == len(loose)  # one that does, for that call
         assert len(engine(photo)[0]) <= 1  # and only that call
+        ultralytics_name = engine(photo, agnostic_nms=True, conf=0.0005)[0].boxes.data
+        np.testing.assert_array_equal(ultralytics_name, engine(photo, agnostic=True, conf=0.0005)[0].boxes.data)
     finally:
         engine.configure()
+    with pytest.raises(EngineConfigError, match=r"unknown option\(s\) imgsz"):
+        engine(photo, imgsz=320)
 
 
 def test_fewer_images_than_slots(engine):

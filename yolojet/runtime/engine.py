@@ -263,6 +263,11 @@ class Engine:
         this call, the others are the last `configure`'s (ultralytics' defaults unless configured). An image that
         cannot be read gets a `Results` whose `error` says why; the others are still detected.
         """
+        if "agnostic_nms" in options:  # ultralytics' name for it
+            options["agnostic"] = options.pop("agnostic_nms")
+        unknown = sorted(set(options) - set(self._options))
+        if unknown:
+            raise EngineConfigError(f"unknown option(s) {', '.join(unknown)}: expected {', '.join(self._options)}")
         configured = dict(self._options)
         self.configure(**{**configured, **options})
         try:

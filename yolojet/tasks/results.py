@@ -75,7 +75,7 @@ class Results:
         for part in (self.boxes, self.obb):
             if part is not None:
                 return len(part)
-        return 0 if self.probs is None else 1
+        return 0 if self.probs is None else len(self.probs)  # a classifier's: its class count, as ultralytics
 
     def _name(self, cls: float) -> str:
         return self.names.get(int(cls), str(int(cls)))
