@@ -286,3 +286,30 @@ def test_no_images_found_is_an_error(model_dir, tmp_path, capsys):
     assert code == 2
     assert f"{empty}: no images found" in stderr
     assert not out_json.exists()
+
+
+def test_outputs_never_overwrite_inputs_and_go_where_asked(model_dir, photos, tmp_path, capsys):
+    """--save into the photos' own folder would write bus.jpg over bus.jpg: refused before any work, the photos
+    untouched. --json - writes to standard output; a directory given as --json is a clear error. Written files get
+    the permissions of an ordinary write."""
+    import os
+
+    before = {p.name: p.read_bytes() for p in photos.iterdir()}
+    code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--save", photos, "--quiet")
+    assert code == 2 and "would overwrite the input" in stderr, stderr
+    assert {p.name: p.read_bytes() for p in photos.iterdir()} == before
+
+    code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--json", photos, "--quiet")
+    assert code == 2 and "is a directory" in stderr, stderr
+
+    code, stdout, stderr = run_cli(capsys, "detect", model_dir, photos / "bus.jpg", "--json", "-", "--quiet")
+    assert code == 0, stderr
+    assert json.loads(stdout.splitlines()[0])["path"] == str(photos / "bus.jpg")
+    assert not Path("-").exists()
+
+    out_json = tmp_path / "out" / "found.jsonl"
+    code, _, stderr = run_cli(capsys, "detect", model_dir, photos / "bus.jpg", "--json", out_json, "--quiet")
+    assert code == 0, stderr
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out_json.stat().st_mode & 0o777 == 0o666 & ~umask

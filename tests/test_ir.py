@@ -31,6 +31,31 @@ def test_round_trip_is_lossless(seg_dir, tmp_path):
         np.testing.assert_array_equal(copy.weights[key], array)
 
 
+def test_save_replaces_only_model_directories_and_writes_shareable_files(seg_dir, tmp_path):
+    import os
+
+    graph = Graph.load(seg_dir)
+    user_files = tmp_path / "photos"
+    user_files.mkdir()
+    (user_files / "keep.jpg").write_bytes(b"not ours")
+    with pytest.raises(ModelDirError, match="not a yolojet model directory; not overwriting it"):
+        graph.save(user_files)
+    assert (user_files / "keep.jpg").read_bytes() == b"not ours"
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with pytest.raises(ModelDirError, match="not overwriting"):
+        graph.save(a_file)
+    assert a_file.read_text() == "mine"
+    (tmp_path / "empty").mkdir()
+    graph.save(tmp_path / "empty")
+    again = graph.save(tmp_path / "empty")  # an earlier export is replaced
+    assert {p.name for p in again.iterdir()} == {"graph.json", "weights.safetensors"}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert again.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (again / "weights.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_directory_is_json_and_safetensors(seg_dir):
     document = json.loads((seg_dir / "graph.json").read_text())
     assert document["meta"]["task"] == "segment" and document["meta"]["imgsz"] == [96, 64]

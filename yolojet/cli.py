@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from yolojet.errors import ImageReadError, ModelDirError, YolojetError
+from yolojet.errors import ImageReadError, ModelDirError, OutputPathError, YolojetError
 
 if TYPE_CHECKING:
     import torch
@@ -212,19 +212,53 @@ def _format_detections(result: Results) -> list[str]:
 
 
 def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """Write through a temporary file beside `path`, renamed into place only when complete."""
+    """Write through a temporary file beside `path`, renamed into place only when complete (a half-written file
+    never appears), with the permissions a plain write would give. Something that is not a regular file, such as
+    /dev/stdout, is written straight."""
     import os
     import tempfile
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        write(path)
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    except OSError as e:
+        raise OutputPathError(f"{path}: cannot write there ({e.strerror})") from e
     os.close(fd)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o666 & ~umask)  # mkstemp makes it private
         write(Path(staging))
         os.replace(staging, path)
     except BaseException:
         Path(staging).unlink(missing_ok=True)
         raise
+
+
+def _check_output_file(path: Path | None, flag: str) -> None:
+    """Fail before any work if `path` (a file to write, `-` for standard output) cannot be written."""
+    if path is None or str(path) == "-":
+        return
+    if path.is_dir():
+        raise OutputPathError(f"{flag} {path}: is a directory; give a file path")
+    _check_output_folder(path.parent, flag)
+
+
+def _check_output_folder(folder: Path, flag: str) -> None:
+    """Fail before any work if `folder` could not be created or written into (nothing is created yet: a run that
+    fails later leaves no empty folder behind)."""
+    import os
+
+    existing = folder.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputPathError(f"{flag} {folder}: {existing} exists and is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{flag} {folder}: {existing} is not writable")
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
@@ -238,15 +272,25 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     sources = expand_sources(args.source)
     if not sources:
         raise ImageReadError(f"{' '.join(args.source)}: no images found")
+    _check_output_file(args.json, "--json")
+    targets: list[Path | None] = [None] * len(sources)
+    if args.save is not None:
+        _check_output_folder(args.save, "--save")
+        taken: set[str] = set()
+        targets = [_unique_target(args.save, Path(source).stem, taken) for source in sources]
+        inputs = {Path(source).resolve() for source in sources}
+        clash = next((t for t in targets if t.resolve() in inputs), None)
+        if clash is not None:
+            raise OutputPathError(f"--save {args.save}: the annotated image would overwrite the input {clash}")
     engine = Engine.load(
         args.model, imgsz=args.imgsz, max_batch=args.batch, half=not args.fp32, **_engine_switches(args)
     )
     options = {"conf": args.conf, "iou": args.iou, "max_det": args.max_det, "classes": args.classes}
     progress = _progress(len(sources), enabled=len(sources) > 1 and not args.quiet)
-    failed, records, taken = 0, [], set()
+    failed, records = 0, []
     for start in range(0, len(sources), args.batch):
         chunk = sources[start : start + args.batch]
-        for source, result in zip(chunk, engine(chunk, **options), strict=True):
+        for source, target, result in zip(chunk, targets[start:], engine(chunk, **options), strict=False):
             progress.update(1)
             if result.error:
                 failed += 1
@@ -259,14 +303,16 @@ def _cmd_detect(args: argparse.Namespace) -> int:
                 progress.write(f"{source}: {len(result) if result.probs is None else len(result.probs.top5)} {noun}")
                 for line in _format_detections(result):
                     progress.write(line)
-            if args.save is not None:
-                target = _unique_target(args.save, Path(source).stem, taken)
+            if target is not None:
                 image = Image.fromarray(result.plot()[..., ::-1])
                 _write_atomically(target, lambda p, image=image: image.save(p, format="JPEG", quality=90))
     progress.close()
     if args.json is not None:
         text = "".join(json.dumps(r) + "\n" for r in records)
-        _write_atomically(args.json, lambda p: p.write_text(text))
+        if str(args.json) == "-":
+            sys.stdout.write(text)
+        else:
+            _write_atomically(args.json, lambda p: p.write_text(text))
     if failed:
         print(f"{failed} of {len(sources)} images could not be read", file=sys.stderr)
     return 1 if failed else 0
@@ -494,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1, help="images per batch (default 1)")
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
     p.add_argument("--save", type=Path, default=None, help="write annotated images into this directory")
-    p.add_argument("--json", type=Path, default=None, help="write detections as JSON lines to this file")
+    p.add_argument("--json", type=Path, default=None, help="write detections as JSON lines to this file (- for stdout)")
     p.add_argument("--quiet", action="store_true", help="print nothing per image")
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_detect)

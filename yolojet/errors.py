@@ -51,3 +51,7 @@ class EngineConfigError(YolojetError, ValueError):
 
 class DatasetError(YolojetError, ValueError):
     """An evaluation dataset that is missing, malformed or inconsistent with its images."""
+
+
+class OutputPathError(YolojetError, ValueError):
+    """An output path that cannot be written, or whose writing would destroy an input."""

@@ -235,6 +235,14 @@ OPS: dict[str, ShapeRule] = {
 # ---------------------------------------------------------------------------------------------
 
 
+def _replaceable(path: Path) -> bool:
+    """Whether saving a model directory may replace what is at `path`: an empty directory, or a yolojet model
+    directory (its two files and nothing else)."""
+    if not path.is_dir():
+        return False
+    return {p.name for p in path.iterdir()} <= {GRAPH_FILE, WEIGHTS_FILE}
+
+
 @dataclass
 class Graph:
     """A topologically ordered list of nodes over named values, plus weights and metadata."""
@@ -310,11 +318,22 @@ class Graph:
 
     def save(self, directory: str | Path) -> Path:
         """Write the model directory atomically: a half-written directory never appears under `directory`."""
-        directory = Path(directory)
+        directory = Path(directory).absolute()
         self.validate()
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        if directory.exists() and not _replaceable(directory):
+            raise ModelDirError(
+                f"{directory}: exists and is not a yolojet model directory; not overwriting it (choose another path, "
+                "or an empty or absent one)"
+            )
         try:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        except OSError as e:
+            raise ModelDirError(f"{directory}: cannot write a model directory there ({e.strerror})") from e
+        umask = os.umask(0)
+        os.umask(umask)
+        try:
+            staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; a model directory is as shareable as any
             document = {
                 "format_version": FORMAT_VERSION,
                 "meta": self.meta.to_json(),
@@ -325,6 +344,8 @@ class Graph:
             }
             (staging / GRAPH_FILE).write_text(json.dumps(document, indent=1))
             save_file({k: np.ascontiguousarray(v) for k, v in self.weights.items()}, str(staging / WEIGHTS_FILE))
+            for written in (GRAPH_FILE, WEIGHTS_FILE):
+                (staging / written).chmod(0o666 & ~umask)
             if directory.exists():
                 backup = directory.with_name(f".{directory.name}.old")
                 shutil.rmtree(backup, ignore_errors=True)
