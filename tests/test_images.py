@@ -301,3 +301,11 @@ def test_16_bit_arrays_and_pil_images_load_their_top_8_bits():
     pil = Image.fromarray(deep[..., 0])
     assert pil.mode == "I;16"
     assert np.array_equal(load_frame(pil).pixels.numpy(), np.repeat(top, 3, axis=2))
+
+
+def test_16_bit_grey_tiff_loads_as_8_bit_pixels(tmp_path):
+    """A 16-bit TIFF (decoded by Pillow) gives its top 8 bits, as cv2.imread does, not values clipped at 255."""
+    deep = (np.arange(48 * 64, dtype=np.uint32).reshape(48, 64) * 21).astype(np.uint16)
+    path = tmp_path / "deep.tif"
+    assert cv2.imwrite(str(path), deep)
+    np.testing.assert_array_equal(load_frame(path).pixels.numpy(), cv2.imread(str(path))[..., ::-1])

@@ -46,6 +46,16 @@ def _describe(source: Any) -> str:
     return f"<{type(source).__name__}{' ' + str(tuple(shape)) if shape is not None else ''}>"
 
 
+def _pil_pixels(image: Any) -> np.ndarray:
+    """A PIL image's pixels as uint8 RGB (RGBA where it has alpha); 16-bit images give their top 8 bits, as
+    cv2.imread and ultralytics read them (PIL's convert() would clip them at 255)."""
+    from PIL import Image
+
+    if image.mode.startswith("I;16"):
+        image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))
+    return np.asarray(image.convert("RGBA" if "A" in image.getbands() else "RGB"))
+
+
 def _decode_with_pillow(data: bytes, name: str) -> torch.Tensor:
     """BMP and TIFF, which torchvision does not decode (identified by their magic bytes first, so Pillow is never
     handed arbitrary bytes)."""
@@ -56,7 +66,7 @@ def _decode_with_pillow(data: bytes, name: str) -> torch.Tensor:
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
-            rgb = np.asarray(image.convert("RGBA" if "A" in image.getbands() else "RGB"))
+            rgb = _pil_pixels(image)
     except OSError as e:
         raise ImageReadError(f"{name}: cannot decode as an image ({e})") from e
     return torch.from_numpy(rgb.copy())
@@ -131,10 +141,7 @@ def load_frame(source: Any, device: torch.device | None = None) -> Frame:
         from PIL import ImageOps
 
         # Turned upright by its EXIF orientation, as ultralytics' loader does with PIL images.
-        source = ImageOps.exif_transpose(source)
-        if source.mode.startswith("I;16"):  # convert() would clip 16-bit values at 255: the top 8 bits instead
-            source = Image.fromarray((np.asarray(source) >> 8).astype(np.uint8))
-        rgb = np.asarray(source.convert("RGBA" if "A" in source.getbands() else "RGB"))
+        rgb = _pil_pixels(ImageOps.exif_transpose(source))
         return Frame(_check_pixels(torch.from_numpy(rgb.copy()), name), bgr=False)
     raise ImageReadError(f"{name}: not an image (expected a path, bytes, numpy array, PIL image or torch tensor)")
 
