@@ -134,9 +134,10 @@ class Results:
         image = Image.fromarray(canvas.astype(np.uint8))
         draw = ImageDraw.Draw(image)
         width = line_width or max(round(sum(image.size) / 2 * 0.003), 2)
+        font = _font(max(round(sum(image.size) / 2 * 0.02), 12))
         if self.probs is not None:
             text = "\n".join(f"{r['name']} {r['confidence']:.2f}" for r in self.summary())
-            draw.text((8, 8), text, fill=(255, 255, 255))
+            draw.text((8, 8), text, fill=(255, 255, 255), font=font)
         for i, row in enumerate(self.summary() if self.probs is None else []):
             color = _PALETTE[row["class"] % len(_PALETTE)]
             if "corners" in row:
@@ -147,15 +148,27 @@ class Results:
                 draw.rectangle((box["x1"], box["y1"], box["x2"], box["y2"]), outline=color, width=width)
                 anchor = (box["x1"], box["y1"])
             label = f"{row['name']} {row['confidence']:.2f}"
-            left, top, right, bottom = draw.textbbox(anchor, label)
-            lift = bottom - top + 2
+            left, top, right, bottom = draw.textbbox(anchor, label, font=font)
+            lift = bottom - anchor[1] + 2
+            if anchor[1] - lift < 0:  # no room above the box (it touches the image's top): inside it instead
+                lift = 0
             draw.rectangle((left, top - lift, right + 2, bottom - lift), fill=color)
-            draw.text((anchor[0] + 1, anchor[1] - lift), label, fill=(255, 255, 255))
+            draw.text((anchor[0] + 1, anchor[1] - lift), label, fill=(255, 255, 255), font=font)
             if self.keypoints is not None:
                 for x, y, *visible in self.keypoints.data[i]:
                     if not visible or visible[0] >= 0.5:
                         draw.ellipse((x - width, y - width, x + width, y + width), fill=color)
         return np.asarray(image)[..., ::-1].copy()
+
+
+def _font(size: int) -> Any:
+    """Pillow's built-in scalable font at `size` pixels (its small bitmap font where FreeType is missing)."""
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)
+    except (ImportError, OSError, TypeError):
+        return ImageFont.load_default()
 
 
 _PALETTE = [
