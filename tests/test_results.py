@@ -37,3 +37,16 @@ def test_classifier_length_is_its_class_count_and_boxes_normalise():
     assert len(probs) == 7  # as ultralytics' Results
     boxes = Boxes(np.array([[0, 0, 50, 20, 0.5, 0]], np.float32), (40, 100))
     np.testing.assert_allclose(boxes.xywhn, [[0.25, 0.25, 0.5, 0.5]])
+
+
+def test_json_numbers_are_rounded_as_printed():
+    """float32 coordinates rounded in float64: 45.63, not 45.630001068115234."""
+    import json
+
+    from yolojet.tasks.pose import Keypoints
+
+    boxes = Boxes(np.array([[1.234567, 2, 30, 40, 0.5, 0]], np.float32), (50, 60))
+    points = Keypoints(np.array([[[45.63, 12.3456, 0.98771]]], np.float32), (50, 60))
+    row = json.loads(Results(names={0: "a"}, orig_shape=(50, 60), boxes=boxes, keypoints=points).to_json())[0]
+    assert row["keypoints"] == {"x": [45.63], "y": [12.35], "visible": [0.9877]}
+    assert row["box"]["x1"] == 1.23

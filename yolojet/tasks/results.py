@@ -52,6 +52,12 @@ class Boxes:
         return self.xywh / np.array([w, h, w, h], dtype=self.data.dtype)
 
 
+def _rounded(values: np.ndarray, decimals: int) -> list:
+    """Nested lists of Python floats rounded to `decimals` (in float64: a float32 rounded to 45.63 prints as
+    45.630001068115234)."""
+    return np.round(np.asarray(values, np.float64), decimals).tolist()
+
+
 def _corners(xyxy: np.ndarray) -> dict[str, float]:
     return dict(zip(("x1", "y1", "x2", "y2"), (round(float(v), 2) for v in xyxy), strict=True))
 
@@ -95,7 +101,7 @@ class Results:
                 rows.append({"name": self._name(cls), "class": int(cls), "confidence": round(float(conf), 5),
                              "box": dict(zip(("x", "y", "w", "h", "r"), (round(float(v), 4) for v in xywhr),
                                              strict=True)),
-                             "corners": np.round(corners, 2).tolist()})  # fmt: skip
+                             "corners": _rounded(corners, 2)})  # fmt: skip
             return rows
         if self.boxes is None:
             return rows
@@ -108,12 +114,12 @@ class Results:
             }
             if self.masks is not None:
                 polygon = self.masks.xy[i]
-                row["segments"] = {"x": np.round(polygon[:, 0], 2).tolist(), "y": np.round(polygon[:, 1], 2).tolist()}
+                row["segments"] = {"x": _rounded(polygon[:, 0], 2), "y": _rounded(polygon[:, 1], 2)}
             if self.keypoints is not None:
                 points = self.keypoints.data[i]
-                row["keypoints"] = {"x": np.round(points[:, 0], 2).tolist(), "y": np.round(points[:, 1], 2).tolist()}
+                row["keypoints"] = {"x": _rounded(points[:, 0], 2), "y": _rounded(points[:, 1], 2)}
                 if points.shape[1] == 3:
-                    row["keypoints"]["visible"] = np.round(points[:, 2], 4).tolist()
+                    row["keypoints"]["visible"] = _rounded(points[:, 2], 4)
             rows.append(row)
         return rows
 
