@@ -179,6 +179,7 @@ def test_bad_images_are_reported_and_the_good_ones_still_detected(model_dir, pho
     assert len(errors) == 2, stderr
     assert errors[0].startswith(f"{missing}: error:") and "no such file" in errors[0]
     assert errors[1].startswith(f"{not_an_image}: error:") and "cannot decode" in errors[1]
+    assert all(line.count(str(path)) == 1 for line, path in zip(errors, (missing, not_an_image), strict=True))
     assert "2 of 3 images could not be read" in stderr
     assert str(missing) not in stdout and str(not_an_image) not in stdout
 

@@ -294,7 +294,8 @@ def _cmd_detect(args: argparse.Namespace) -> int:
             progress.update(1)
             if result.error:
                 failed += 1
-                progress.write(f"{source}: error: {result.error}", file=sys.stderr)
+                reason = result.error.removeprefix(f"{source}: ")  # the error names the file already
+                progress.write(f"{source}: error: {reason}", file=sys.stderr)
                 continue
             records.append({"path": source, "height": result.orig_shape[0], "width": result.orig_shape[1],
                             "detections": result.summary()})  # fmt: skip

@@ -89,6 +89,8 @@ def _decode(data: bytes, name: str, device: torch.device | None) -> torch.Tensor
     except RuntimeError as e:
         # torchvision prefixes its messages with the C++ function, file and line: keep only the reason.
         reason = re.sub(r"^\w+, \S+:\d+, ", "", str(e)).strip()
+        if reason.startswith("Unsupported image file"):  # torchvision then lists its own optional decoders
+            reason = "not a JPEG, PNG, WebP, GIF, BMP or TIFF image"
         raise ImageReadError(f"{name}: cannot decode as an image ({reason})") from e
     if chw.dim() == 4:  # an animated GIF: its first frame, the one cv2.imread gives
         chw = chw[0]
