@@ -32,6 +32,16 @@ def _imgsz(text: str) -> int | tuple[int, int]:
     return sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from yolojet import export
 
@@ -517,7 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="input size, 640 or HEIGHTxWIDTH (default: the size the checkpoint was trained at, else 640)",
     )
-    p.add_argument("--out", type=Path, default=None, help="output directory (default: <name>_yolojet)")
+    p.add_argument(
+        "--out", type=Path, default=None,
+        help="output directory (default: <name>_yolojet, or <name>_HxW_yolojet with --imgsz)",
+    )  # fmt: skip
     p.add_argument(
         "--head",
         choices=("auto", "one2one", "one2many"),
@@ -535,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", nargs="+", help="image files, globs or directories")
     p.add_argument("--conf", type=float, default=0.25, help="confidence threshold (default 0.25)")
     p.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold (default 0.7)")
-    p.add_argument("--max-det", type=int, default=300, help="most detections per image (default 300)")
+    p.add_argument("--max-det", type=int, default=300, help="most detections per image, at most 300 (default 300)")
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument("--batch", type=int, default=1, help="images per batch (default 1)")
@@ -550,11 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
     p.add_argument("--data", required=True, type=Path, help="a COCO instances .json or an ultralytics dataset .yaml")
     p.add_argument("--images", type=Path, default=None, help="folder the JSON's file_names are relative to")
-    p.add_argument("--imgsz", type=_imgsz, default=None)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--conf", type=float, default=0.001)
-    p.add_argument("--iou", type=float, default=0.7)
-    p.add_argument("--max-det", type=int, default=300)
+    p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
+    p.add_argument("--batch", type=int, default=8, help="images per batch (default 8)")
+    p.add_argument("--conf", type=float, default=0.001, help="confidence threshold (default 0.001, as ultralytics val)")
+    p.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold (default 0.7)")
+    p.add_argument("--max-det", type=int, default=300, help="most detections per image, at most 300 (default 300)")
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
     p.add_argument("--out", type=Path, default=None, help="write metrics.json and predictions.json here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -564,20 +577,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pipeline", help="time the end-to-end path: frame in memory to boxes in pinned memory (GPU)")
     p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
     p.add_argument("--image", type=Path, default=None, help="the frame to time (default: ultralytics' bus.jpg)")
-    p.add_argument("--imgsz", type=_imgsz, default=None)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--conf", type=float, default=0.25)
-    p.add_argument("--iters", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
+    p.add_argument("--batch", type=int, default=1, help="frames per run (default 1)")
+    p.add_argument("--conf", type=float, default=0.25, help="confidence threshold (default 0.25)")
+    p.add_argument("--iters", type=int, default=200, help="timed runs (default 200)")
+    p.add_argument("--warmup", type=int, default=20, help="untimed runs first (default 20)")
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_pipeline)
 
     p = sub.add_parser("bench", help="time the network alone: stream launches vs one CUDA graph (GPU)")
     p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
-    p.add_argument("--imgsz", type=_imgsz, default=None)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--iters", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
+    p.add_argument("--batch", type=int, default=1, help="images per run (default 1)")
+    p.add_argument("--iters", type=int, default=200, help="timed runs (default 200)")
+    p.add_argument("--warmup", type=int, default=20, help="untimed runs first (default 20)")
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_bench)
 
@@ -591,8 +604,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_dump)
 
     p = sub.add_parser("compare", help="per-op relative error of a dump, worst first; exit 1 over the gate")
-    p.add_argument("dump_dir", type=Path, nargs="?", default=Path("yolojet_dump"))
-    p.add_argument("--top", type=int, default=25, help="rows to print (default 25)")
+    p.add_argument(
+        "dump_dir", type=Path, nargs="?", default=Path("yolojet_dump"),
+        help="a folder written by `yolojet dump` (default yolojet_dump)",
+    )  # fmt: skip
+    p.add_argument("--top", type=_positive_int, default=25, help="rows to print (default 25)")
     p.set_defaults(run=_cmd_compare)
 
     p = sub.add_parser("profile", help="device time per kernel family (needs a GPU)")
