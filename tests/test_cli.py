@@ -209,7 +209,7 @@ def test_dump_and_compare_errors(tmp_path, capsys):
     not_an_image.write_text("not an image")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     code, _, stderr = run_cli(capsys, "dump", model_dir, "--image", not_an_image, "--device", device)
-    assert code == 2 and "notes.jpg: cannot read as an image" in stderr
+    assert code == 2 and "notes.jpg: cannot decode as an image" in stderr
     code, _, stderr = run_cli(capsys, "compare", tmp_path / "nothing")
     assert code == 2 and "run `yolojet dump` first" in stderr
 

@@ -99,24 +99,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _letterboxed(image: Path, height: int, width: int) -> torch.Tensor:
-    """The image scaled to fit (height, width), centred on grey 114, as a float (1, 3, H, W) batch in [0, 1]."""
-    import torch
-    import torch.nn.functional as F
-    from torchvision.io import ImageReadMode, decode_image
+    """The image as predict feeds it (read like every input, letterboxed as ultralytics does), a float
+    (1, 3, H, W) batch in [0, 1]."""
+    from yolojet.images import load_frame
+    from yolojet.runtime.torch_pipeline import letterbox
 
-    try:
-        data = torch.frombuffer(bytearray(image.read_bytes()), dtype=torch.uint8)
-        picture = decode_image(data, mode=ImageReadMode.RGB).float()
-    except (OSError, RuntimeError, ValueError) as e:
-        raise ImageReadError(f"{image}: cannot read as an image ({e})") from e
-    _, h0, w0 = picture.shape
-    scale = min(height / h0, width / w0)
-    h1, w1 = max(1, round(h0 * scale)), max(1, round(w0 * scale))
-    resized = F.interpolate(picture[None], size=(h1, w1), mode="bilinear", align_corners=False)
-    canvas = torch.full((1, 3, height, width), 114.0)
-    top, left = (height - h1) // 2, (width - w1) // 2
-    canvas[:, :, top : top + h1, left : left + w1] = resized
-    return canvas / 255
+    return letterbox(load_frame(image), (height, width))[0][None]
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
