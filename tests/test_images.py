@@ -309,3 +309,9 @@ def test_16_bit_grey_tiff_loads_as_8_bit_pixels(tmp_path):
     path = tmp_path / "deep.tif"
     assert cv2.imwrite(str(path), deep)
     np.testing.assert_array_equal(load_frame(path).pixels.numpy(), cv2.imread(str(path))[..., ::-1])
+
+
+def test_a_glob_matching_nothing_says_so(tmp_path):
+    (source,) = expand_sources([str(tmp_path / "nomatch*.jpg")])
+    with pytest.raises(ImageReadError, match=r"nomatch\*\.jpg: no image file matches it"):
+        load_frame(source)

@@ -117,7 +117,8 @@ def load_frame(source: Any, device: torch.device | None = None) -> Frame:
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
-            raise ImageReadError(f"{path}: no such file")
+            pattern = any(ch in str(source) for ch in "*?[")  # a glob expand_sources found nothing for
+            raise ImageReadError(f"{path}: {'no image file matches it' if pattern else 'no such file'}")
         return Frame(_check_pixels(_decode(path.read_bytes(), str(path), device), name), bgr=False, path=str(path))
     if isinstance(source, (bytes, bytearray, memoryview)):
         return Frame(_check_pixels(_decode(bytes(source), name, device), name), bgr=False)
