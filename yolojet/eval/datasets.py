@@ -46,6 +46,8 @@ class Dataset:
 def load_dataset(data: str | Path, images: str | Path | None = None) -> Dataset:
     """A COCO instances JSON (images resolved against `images`, default the JSON's folder) or a dataset YAML."""
     path = Path(data)
+    if path.is_dir():
+        raise DatasetError(f"{path}: a folder; --data takes a COCO instances .json or an ultralytics dataset .yaml")
     if not path.is_file():
         raise DatasetError(f"{path}: no such dataset file (expected a COCO instances .json or a dataset .yaml)")
     if path.suffix.lower() == ".json":

@@ -109,6 +109,11 @@ def load_model(source: str | Path | nn.Module) -> LoadedModel:
             loaded = _load_yaml(text)
         elif suffix == ".pt":
             loaded = _load_checkpoint(text)
+        elif Path(text).is_dir():
+            raise NotAYoloModelError(
+                f"{text}: a folder but not a yolojet model directory (expected graph.json and weights.safetensors), "
+                "nor a .pt checkpoint or .yaml architecture"
+            )
         elif Path(text).exists():
             raise NotAYoloModelError(f"{text}: expected a .pt checkpoint or a .yaml architecture file")
         else:
