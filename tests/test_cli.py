@@ -202,6 +202,12 @@ def test_compare_flags_values_over_the_gate(tmp_path, capsys):
     assert stdout.splitlines()[2].startswith("b ") and "FAIL" in stdout
     assert "1 over the fp32 gate" in stdout
 
+    tiny = torch.rand(2, 8) * 1e-6  # below fp16's normal range: an untrained model's activations
+    save_file({"t": tiny}, str(tmp_path / "engine.safetensors"), {"precision": "fp16"})
+    save_file({"t": tiny * 2}, str(tmp_path / "reference.safetensors"), {"precision": "fp16"})
+    code, stdout, _ = run_cli(capsys, "compare", tmp_path)
+    assert code == 1 and "1 of them never reach fp16's normal range" in stdout
+
 
 def test_dump_and_compare_errors(tmp_path, capsys):
     model_dir = yolojet.export(random_model("yolov8n-cls.yaml"), out=tmp_path / "cls", imgsz=64)

@@ -134,8 +134,9 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare_dumps(directory: Path) -> tuple[list[tuple[str, float]], str]:
-    """Per-value relative L2 error of the engine against the reference, worst first, and the precision."""
+def compare_dumps(directory: Path) -> tuple[list[tuple[str, float, float]], str]:
+    """Per value, the relative L2 error of the engine against the reference and the reference's largest magnitude,
+    worst first; and the precision."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -149,21 +150,33 @@ def compare_dumps(directory: Path) -> tuple[list[tuple[str, float]], str]:
     errors = []
     for name, value in ours.items():
         ref = expected[name].float()
-        errors.append((name, float((value.float() - ref).norm() / ref.norm().clamp_min(1e-12))))
+        error = float((value.float() - ref).norm() / ref.norm().clamp_min(1e-12))
+        errors.append((name, error, float(ref.abs().max()) if ref.numel() else 0.0))
     return sorted(errors, key=lambda e: -e[1]), precision
 
 
 GATES = {"fp16": 1e-2, "fp32": 1e-4}
+FP16_SMALLEST_NORMAL = 6.1e-5
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     errors, precision = compare_dumps(args.dump_dir)
     gate = GATES[precision]
-    rows = [(name, f"{err:.2e}", "FAIL" if err > gate or err != err else "ok") for name, err in errors[: args.top]]
-    print(_format_table(rows, ("value", "rel L2", f"gate {gate:g}")))
-    failed = sum(1 for _, err in errors if err > gate or err != err)
-    print(f"{len(errors)} values, {failed} over the {precision} gate of {gate:g}")
-    return 1 if failed else 0
+    rows = [
+        (name, f"{err:.2e}", f"{peak:.2e}", "FAIL" if err > gate or err != err else "ok")
+        for name, err, peak in errors[: args.top]
+    ]
+    print(_format_table(rows, ("value", "rel L2", "max |reference|", f"gate {gate:g}")))
+    failing = [peak for _, err, peak in errors if err > gate or err != err]
+    print(f"{len(errors)} values, {len(failing)} over the {precision} gate of {gate:g}")
+    tiny = sum(peak < FP16_SMALLEST_NORMAL for peak in failing)
+    if precision == "fp16" and tiny:
+        print(
+            f"{tiny} of them never reach fp16's normal range (|x| < {FP16_SMALLEST_NORMAL:.1e}), where fp16 keeps "
+            "few significant bits: activations that small usually mean untrained weights; real weights, or --fp32, "
+            "check the kernels"
+        )
+    return 1 if failing else 0
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
