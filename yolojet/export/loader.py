@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -49,8 +50,11 @@ def _load_yaml(source: str) -> LoadedModel:
 
 def _fetch_named_checkpoint(source: str) -> Path:
     """Let ultralytics download an official checkpoint by name; say plainly when it cannot."""
+    from ultralytics.utils import LOGGER
     from ultralytics.utils.downloads import attempt_download_asset
 
+    level = LOGGER.level
+    LOGGER.setLevel(logging.ERROR)  # its warnings about unreachable GitHub: the error below says it in one line
     try:
         fetched = Path(attempt_download_asset(source))
     except Exception as e:  # network failures surface as many different exception types
@@ -58,12 +62,21 @@ def _fetch_named_checkpoint(source: str) -> Path:
             f"{source}: not found locally, and ultralytics could not download it ({type(e).__name__}: {e}). "
             "Check the name and your network, or pass the path of a local .pt file."
         ) from e
+    finally:
+        LOGGER.setLevel(level)
     if not fetched.is_file():
         raise ModelNotFoundError(
             f"{source}: not found locally, and ultralytics could not download it (no network, or not an official "
             "model name). Pass the path of a local .pt file."
         )
     return fetched
+
+
+def _first_line(error: Exception) -> str:
+    """An exception's message without the advice ultralytics appends on further lines (its own CLI's)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    # ultralytics' log prefix ("ERROR ❌️ "): the message is already yolojet's error
+    return re.sub(r"^(ERROR|WARNING)\s*[^\w\s/.~]*\s*", "", lines[0]) if lines else type(error).__name__
 
 
 def _load_checkpoint(source: str) -> LoadedModel:
@@ -80,10 +93,14 @@ def _load_checkpoint(source: str) -> LoadedModel:
         model, _ = load_checkpoint(str(path), device="cpu")
     except (TypeError, KeyError, AttributeError) as e:
         if zipfile.is_zipfile(path) or "Ultralytics checkpoint format" in str(e):
-            raise NotAYoloModelError(f"{path}: a PyTorch file, but not an ultralytics YOLO checkpoint ({e})") from e
-        raise CheckpointError(f"{path}: cannot read as a PyTorch checkpoint ({e})") from e
+            raise NotAYoloModelError(
+                f"{path}: a PyTorch file, but not an ultralytics YOLO checkpoint ({_first_line(e)})"
+            ) from e
+        raise CheckpointError(f"{path}: cannot read as a PyTorch checkpoint ({_first_line(e)})") from e
     except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError) as e:
-        raise CheckpointError(f"{path}: cannot read as a PyTorch checkpoint, corrupt or truncated? ({e})") from e
+        raise CheckpointError(
+            f"{path}: cannot read as a PyTorch checkpoint, corrupt or truncated? ({_first_line(e)})"
+        ) from e
     return LoadedModel(model, str(path), random_weights=False)
 
 
