@@ -311,8 +311,8 @@ def _cmd_detect(args: argparse.Namespace) -> int:
             records.append({"path": source, "height": result.orig_shape[0], "width": result.orig_shape[1],
                             "detections": result.summary()})  # fmt: skip
             if not args.quiet:
-                noun = "top-5" if result.probs is not None else "detections"
-                progress.write(f"{source}: {len(result) if result.probs is None else len(result.probs.top5)} {noun}")
+                found = "top-5 classes" if result.probs is not None else f"{len(result)} detections"
+                progress.write(f"{source}: {found}")
                 for line in _format_detections(result):
                     progress.write(line)
             if target is not None:
