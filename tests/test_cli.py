@@ -274,3 +274,16 @@ def test_engine_switches(tmp_path, capsys):
         assert code == 0, stderr
         outputs.append(out.read_text())
     assert outputs[0] == outputs[1] and outputs[0].strip()
+
+
+def test_unwritable_output_folders_fail_before_any_work(tmp_path, capsys):
+    """An --out under a file cannot be created: one line, exit 2, before the model is even loaded."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("in the way")
+    for argv in (
+        ("val", tmp_path / "no_model", "--data", tmp_path / "none.json", "--out", blocker / "out"),
+        ("dump", tmp_path / "no_model", "--out", blocker / "out"),
+    ):
+        code, _, stderr = run_cli(capsys, *argv)
+        assert code == 2 and f"{blocker} exists and is not a directory" in stderr, stderr
+        assert "Traceback" not in stderr

@@ -114,6 +114,7 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     from yolojet.runtime.engine import Engine
     from yolojet.runtime.reference import load_reference
 
+    _check_output_folder(args.out, "--out")
     engine = Engine.load(
         args.model_dir, device=args.device, half=not args.fp32, max_batch=1, tune=False, backend="triton"
     )
@@ -125,7 +126,10 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     x = x.to(engine.device)
     ours = engine.dump(x)
     expected = load_reference(args.model_dir, device=engine.device).dump(x)
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputPathError(f"--out {args.out}: cannot create it ({e.strerror})") from e
     order = {name: str(i) for i, name in enumerate(ours)}
     metadata = {"precision": "fp32" if args.fp32 else "fp16", **{f"order:{k}": v for k, v in order.items()}}
     save_file({k: v.contiguous().cpu() for k, v in ours.items()}, str(args.out / "engine.safetensors"), metadata)
@@ -480,6 +484,8 @@ def _cmd_val(args: argparse.Namespace) -> int:
 
     from yolojet.eval.val import validate_model
 
+    if args.out is not None:
+        _check_output_folder(args.out, "--out")
     result = validate_model(
         args.model, args.data, args.images, imgsz=args.imgsz, half=not args.fp32, batch=args.batch,
         conf=args.conf, iou=args.iou, max_det=args.max_det, progress=not args.quiet, **_engine_switches(args),
@@ -501,6 +507,8 @@ def _cmd_val(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from yolojet.eval.report import report_files, run_report
 
+    if args.out is not None:
+        _check_output_folder(args.out, "--out")
     report = run_report(
         args.model, args.data, args.images, imgsz=args.imgsz, big_batch=args.big_batch, iters=args.iters,
         progress=sys.stderr.isatty(),
