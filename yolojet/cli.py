@@ -496,6 +496,8 @@ def _cmd_val(args: argparse.Namespace) -> int:
         if scores is not None:
             rows += [(f"{kind} {k}", f"{v:.4f}") for k, v in scores.to_json().items() if isinstance(v, float)]
     print(_format_table(rows, ("metric", "value")))
+    for note in result.unscored:
+        print(note)
     if args.out is not None:
         metrics = {"model": str(args.model), "data": str(args.data), "images": result.images, **result.to_json()}
         _write_atomically(args.out / "predictions.json", lambda p: p.write_text(json.dumps(result.predictions)))

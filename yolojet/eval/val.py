@@ -32,6 +32,7 @@ class ValResult:
     images: int = 0
     mask_scores: CocoScores | None = None
     keypoint_scores: CocoScores | None = None
+    unscored: list[str] = field(default_factory=list)  # what the model predicts that the dataset cannot score
 
     def to_json(self) -> dict[str, Any]:
         document = self.scores.to_json()
@@ -113,6 +114,11 @@ def validate(
             attach_keypoints(found, result.keypoints.data)
         predictions += found
     gt = dataset.ground_truth
+    unscored = []
+    if task == "segment" and not with_masks:
+        unscored.append("masks: not scored, the dataset has no mask annotations (boxes only)")
+    if task == "pose" and not with_keypoints:
+        unscored.append("keypoints: not scored, the dataset has no keypoint annotations (boxes only)")
     return ValResult(
         evaluate(gt, predictions),
         predictions,
@@ -121,6 +127,7 @@ def validate(
         keypoint_scores=evaluate(gt, predictions, "keypoints", keypoint_sigmas(dataset.keypoints))
         if with_keypoints
         else None,
+        unscored=unscored,
     )
 
 
