@@ -32,6 +32,16 @@ def test_perfect_detections_score_one():
     assert scores.per_class_ap == {1: pytest.approx(1.0)}
 
 
+def test_per_class_ap_covers_only_the_classes_the_ground_truth_has():
+    """A class with no annotation has nothing to score: it is left out, not reported as AP 0 (which would pull
+    down any mean taken over the per-class values)."""
+    gt = ground_truth({1: [(BOX_A, 0)]})
+    gt["categories"].append({"id": 2, "name": "never labelled"})
+    scores = evaluate(gt, [det(1, BOX_A, 0.9), {"image_id": 1, "category_id": 2, "bbox": BOX_B, "score": 0.5}])
+    assert scores.per_class_ap == {1: pytest.approx(1.0)}
+    assert evaluate(gt, []).per_class_ap == {1: 0.0}
+
+
 def test_duplicate_detection_is_a_false_positive():
     """Ranked: TP (0.9), duplicate of it (0.8, FP), TP (0.7). Precision is 1 up to recall 0.5 and 2/3 after:
     AP = (51·1 + 50·2/3) / 101 at every IoU threshold."""

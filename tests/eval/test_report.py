@@ -10,7 +10,7 @@ from copy import deepcopy
 
 import pytest
 import torch
-from support import calibrated_model
+from support import calibrated_model, random_model
 from test_val import cpu_fallback, write_coco_dataset
 
 import yolojet
@@ -94,6 +94,24 @@ def test_missing_dataset_writes_nothing(dataset, tmp_path, capsys, monkeypatch):
     out = tmp_path / "report"
     code = main(["report", str(model_dir), "--data", str(root / "missing.json"), "--out", str(out)])
     assert code == 2 and "no such dataset file" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_model_report_cannot_score_is_refused_before_any_is_measured(dataset, tmp_path, capsys, monkeypatch):
+    """A segment model after a detection model: refused up front, not after the first model's minutes of work."""
+    import yolojet.runtime.engine
+
+    cpu_fallback(monkeypatch)
+    root, _, model_dir = dataset
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("a model was measured before every model was checked")
+
+    monkeypatch.setattr(yolojet.runtime.engine.Engine, "load", no_measuring)
+    segment = yolojet.export(random_model("yolov8n-seg.yaml"), out=tmp_path / "seg", imgsz=640)
+    out = tmp_path / "report"
+    code = main(["report", str(model_dir), str(segment), "--data", str(root / "instances.json"), "--out", str(out)])
+    assert code == 2 and "a segment model; `report` compares detection models' boxes" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -159,3 +159,19 @@ def test_failed_val_writes_nothing(dataset, tmp_path, capsys, monkeypatch):
     code = main(["val", str(model_dir), "--data", str(root / "missing-file.json"), "--out", str(out), "--quiet"])
     assert code == 2 and "no such dataset file" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_datasets_with_nothing_to_score_are_errors_that_write_nothing(dataset, tmp_path, capsys, monkeypatch):
+    """No images, or images without a single annotation: an error, not a mAP of 0 or pycocotools' -1."""
+    cpu_fallback(monkeypatch)
+    root, _, model_dir = dataset
+    document = json.loads((root / "instances.json").read_text())
+    for name, change, message in (
+        ("empty.json", {"images": [], "annotations": []}, "no images to evaluate"),
+        ("unlabelled.json", {"annotations": []}, "no annotations, so nothing to score"),
+    ):
+        (root / name).write_text(json.dumps(document | change))
+        out = tmp_path / name
+        code = main(["val", str(model_dir), "--data", str(root / name), "--out", str(out), "--quiet"])
+        assert code == 2 and message in capsys.readouterr().err
+        assert not out.exists()

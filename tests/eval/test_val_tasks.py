@@ -101,7 +101,7 @@ def test_task_metrics_find_ultralytics_objects(task_dataset):
         boxes_only = validate(engine, load_dataset(root / "boxes.json"), progress=False)
         assert boxes_only.mask_scores is None and boxes_only.scores.map50_95 == result.scores.map50_95
         assert result.unscored == [] and boxes_only.unscored == [
-            "masks: not scored, the dataset has no mask annotations (boxes only)"
+            "masks: not scored, not every annotation in the dataset has a mask"
         ]
     else:
         assert dataset.keypoints == 17 and result.mask_scores is None

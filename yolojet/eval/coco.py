@@ -53,8 +53,10 @@ def evaluate(
         gt.dataset = copy.deepcopy(ground_truth)
         gt.createIndex()
         max_dets = 20 if iou_type == "keypoints" else 100
+        # Per-class AP only for classes the ground truth has: for the others there is nothing to score.
+        labelled = [int(c) for c in gt.getCatIds() if gt.getAnnIds(catIds=[c])]
         if not predictions:
-            return CocoScores(0.0, 0.0, 0.0, 0.0, {int(c): 0.0 for c in gt.getCatIds()}, max_dets)
+            return CocoScores(0.0, 0.0, 0.0, 0.0, dict.fromkeys(labelled, 0.0), max_dets)
         dt = gt.loadRes(copy.deepcopy(predictions))
         scorer = COCOeval(gt, dt, iou_type)
         if sigmas is not None:
@@ -66,6 +68,8 @@ def evaluate(
     precision = scorer.eval["precision"]  # [iou thresholds, recall points, categories, area ranges, max dets]
     per_class = {}
     for k, cat in enumerate(scorer.params.catIds):
+        if int(cat) not in labelled:
+            continue
         values = precision[:, :, k, 0, -1]
         values = values[values > -1]
         per_class[int(cat)] = float(values.mean()) if values.size else 0.0

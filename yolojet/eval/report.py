@@ -38,6 +38,7 @@ from yolojet.eval.val import validate
 from yolojet.images import Frame, load_frame
 from yolojet.ir import GRAPH_FILE, Graph, ModelMeta
 from yolojet.runtime import torch_pipeline
+from yolojet.runtime.models import resolve_graph
 
 VAL_OPTIONS = {"conf": 0.001, "iou": 0.7, "max_det": 300}  # as `yolojet val` and ultralytics' val
 VAL_BATCH = 8  # `yolojet val`'s default (at most the big batch)
@@ -646,6 +647,10 @@ def run_report(
     dataset = load_dataset(data, images)
     if not dataset.images:
         raise EngineConfigError(f"{data}: the dataset has no images")
+    for model in models:  # before any work: a late refusal would throw away the models already measured
+        task = resolve_graph(model, imgsz).meta.task
+        if task != "detect":
+            raise EngineConfigError(f"{model}: a {task} model; `report` compares detection models' boxes")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     big = big_batch if big_batch is not None else DEFAULT_BIG_BATCH[device.type]
     iters = iters if iters is not None else DEFAULT_ITERS[device.type]

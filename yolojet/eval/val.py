@@ -91,6 +91,10 @@ def validate(
     """Detections for every dataset image (original pixels) and their COCO scores: boxes, and the masks or
     keypoints of segment and pose models where the dataset has them (unless `boxes_only`, for callers that only
     have boxes, such as `yolojet report`); rotated boxes of OBB models with ultralytics' OBB metric."""
+    if not dataset.images:
+        raise DatasetError(f"{dataset.source}: no images to evaluate")
+    if not dataset.ground_truth.get("annotations"):
+        raise DatasetError(f"{dataset.source}: no annotations, so nothing to score detections against")
     categories = category_map(engine.names, dataset)
     task = "detect" if boxes_only else engine.meta.task
     if task not in ("detect", "segment", "pose", "obb"):
@@ -116,9 +120,9 @@ def validate(
     gt = dataset.ground_truth
     unscored = []
     if task == "segment" and not with_masks:
-        unscored.append("masks: not scored, the dataset has no mask annotations (boxes only)")
+        unscored.append("masks: not scored, not every annotation in the dataset has a mask")
     if task == "pose" and not with_keypoints:
-        unscored.append("keypoints: not scored, the dataset has no keypoint annotations (boxes only)")
+        unscored.append("keypoints: not scored, the dataset's annotations have no keypoints")
     return ValResult(
         evaluate(gt, predictions),
         predictions,
