@@ -112,6 +112,31 @@ def kernel_profile(run, iters: int = 20) -> list[dict]:
     return sorted(rows, key=lambda r: -r["per_run_us"])
 
 
+def timeline(run, replays: int = 5) -> dict:
+    """Where one run's device time goes: each kernel and copy of the last of `replays` profiled runs, with its
+    start (µs from the first), duration and the idle time before it (no other launch of the run busy), plus
+    the run's span, the time some launch was busy, and the idle gaps summed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            run()
+            torch.cuda.synchronize()
+    device = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in device)
+    per_run = len(spans) // replays
+    spans = spans[-per_run:]  # the last run's launches (every run has the same ones)
+    origin, busy_until, busy, rows = spans[0][0], spans[0][0], 0.0, []
+    for start, end, name in spans:
+        idle = max(0.0, start - busy_until)
+        busy += max(0.0, end - max(start, busy_until))
+        busy_until = max(busy_until, end)
+        rows.append({"name": name[:60], "start_us": start - origin, "us": end - start, "idle_before_us": idle})
+    span = busy_until - origin
+    return {"span_us": span, "busy_us": busy, "idle_us": span - busy, "launches": rows}
+
+
 def time_sequential(model_dir: Path, frame: np.ndarray, parallel_result, conf: float, iters: int) -> dict:
     """The same path with every launch in order on one stream (same tile picks, from the tuning cache): its
     results must equal those of the engine with parallel streams; then its timings."""
@@ -160,6 +185,18 @@ def bench(name: str, iters: int, conf: float, work: Path, profile: bool, sequent
         print(f"{name}: device time per run by kernel (us)", flush=True)
         for k in row["kernels"][:25]:
             print(f"  {k['per_run_us']:8.2f}  x{k['calls_per_run']:<5.1f} {k['name']}", flush=True)
+        try:
+            row["timeline"] = timeline(lambda: engine.run(1))
+            t = row["timeline"]
+            print(
+                f"{name}: one run under the profiler: span {t['span_us']:.1f} us, busy {t['busy_us']:.1f}, "
+                f"idle {t['idle_us']:.1f} over {len(t['launches'])} launches",
+                flush=True,
+            )
+            for r in sorted(t["launches"], key=lambda r: -r["idle_before_us"])[:8]:
+                print(f"  idle {r['idle_before_us']:6.2f} us before {r['name']} at {r['start_us']:.1f}", flush=True)
+        except Exception as e:
+            row["timeline"] = {"error": f"{type(e).__name__}: {e}"}
 
     row["streams"] = engine.network.schedule(1).streams
     if sequential_row:

@@ -7,11 +7,17 @@
 #                             # (and, for parallel test workers, wheels.sh pytest-xdist==3.8.0 execnet==2.1.2)
 #   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network compile
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
+#   Side by side on two GPUs, each on its own cores and output folder:
+#   STAGES=compile COMPILE_GPUS=1 OUT=$OUT/compile taskset -c 12-31 bash bench/gpu_check.sh &
+#   CUDA_VISIBLE_DEVICES=0 STAGES="pipeline tests" OUT=$OUT/gpu0 taskset -c 0-11 bash bench/gpu_check.sh; wait
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
 STAGES=${STAGES:-pipeline tests network}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+# Installed once a machine: two of these scripts side by side (compile on one GPU, the rest on another) share it.
+if [ ! -d /tmp/site/ultralytics ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 for stage in $STAGES; do
@@ -46,12 +52,14 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     # records each autotuned kernel's timings as it goes (cache/ under its cache dir), kept per job under
     # .inductor-autotune/ and sent back as $OUT/inductor-autotune.tgz (unpack it in the checkout's root and carry it:
     # `carry: [".whl", ".inductor-autotune"]`), so the next call's compile of the same job skips what was timed.
-    gpus=$(nvidia-smi -L | wc -l)
+    # COMPILE_GPUS: the GPU indices the jobs take turns on (all by default).
+    read -ra gpu_list <<< "${COMPILE_GPUS:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
+    gpus=${#gpu_list[@]}
     running=0
     for job in ${COMPILE_JOBS:-yolo11n:64}; do
       model=${job%%:*} batch=${job##*:}
       mkdir -p ".inductor-autotune/$model-$batch"
-      TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-autotune/$model-$batch" CUDA_VISIBLE_DEVICES=$((running % gpus)) \
+      TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-autotune/$model-$batch" CUDA_VISIBLE_DEVICES=${gpu_list[$((running % gpus))]} \
         timeout "${COMPILE_SECONDS:-540}" python3 bench/bench_network.py --models "$model" --batches "$batch" \
         --repeats 100 --compile --peers-only --out "$OUT/compile-$model-$batch" > "$OUT/compile-$model-$batch.log" 2>&1 &
       running=$((running + 1))

@@ -77,6 +77,27 @@ def test_classify_head(shape, classes, x_dtype, w_dtype):
         assert bool((buf == SENTINEL).all()), "classify_head wrote outside its output slice"
 
 
+@pytest.mark.parametrize("classes", [1000, 1100])  # one softmax block, and the blockwise softmax
+def test_classify_head_copies_probabilities_to_host_memory(classes):
+    """`copy_to` in host memory (pinned on a GPU, where the kernel writes it over the bus) gets exactly the
+    probabilities the device row gets, for a batch written at a row stride wider than the classes."""
+    torch.manual_seed(classes + 1)
+    n, c = 3, 96
+    x = torch.randn(n, 3, 3, c, device=DEVICE).to(F16)
+    weight = (torch.randn(classes, c, device=DEVICE) / c**0.5).to(F16)
+    bias = torch.randn(classes, device=DEVICE)
+    partials, arrivals = classify_head_scratch(n, c, classes, x.device)
+    probs = torch.full((n, classes), float("nan"), device=DEVICE)
+    host = torch.full((n, classes + 5), SENTINEL, pin_memory=DEVICE == "cuda")
+    host[:, :classes] = float("nan")
+    classify_head(probs, x, weight, bias, partials, arrivals, copy_to=host[:, :classes])
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    assert_close(probs, (x.double().mean((1, 2)) @ weight.double().T + bias.double()).softmax(-1), TOLERANCE[F32])
+    assert torch.equal(host[:, :classes], probs.cpu())
+    assert bool((host[:, classes:] == SENTINEL).all()), "the copy went outside its rows"
+
+
 def _head(probs, x, weight, bias, scratch=None):
     partials, arrivals = scratch or classify_head_scratch(x.shape[0], x.shape[3], weight.shape[0], x.device)
     classify_head(probs, x, weight, bias, partials, arrivals)
@@ -149,6 +170,13 @@ def _m(*shape, dtype=F32):
             "features: dtype torch.float64, expected float16 or float32",
             id="features_dtype",
         ),
+        pytest.param(
+            lambda: classify_head(
+                _m(2, 5), _m(2, 3, 3, 8), _m(5, 8), _m(5), *classify_head_scratch(2, 8, 5, DEVICE), copy_to=_m(2, 4)
+            ),
+            r"copy_to: shape \(2, 4\), expected \(2, 5\)",
+            id="copy_shape",
+        ),
     ],
 )
 def test_launchers_reject_bad_arguments(call, message):
@@ -175,3 +203,10 @@ def test_classify_head_gives_the_same_probabilities_launch_after_launch():
         classify_head(probs, x, weight, bias, partials, arrivals)
         assert torch.equal(probs, first)
     assert bool((arrivals == 0).all())
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the interpreter runs on the host: any host tensor is reachable")
+def test_classify_head_refuses_an_unpinned_host_copy():
+    x, weight, bias = _m(1, 3, 3, 8), _m(5, 8), _m(5)
+    with pytest.raises(ValueError, match=r"copy_to: on cpu \(not pinned\)"):
+        classify_head(_m(1, 5), x, weight, bias, *classify_head_scratch(1, 8, 5, DEVICE), copy_to=torch.empty(1, 5))

@@ -49,6 +49,8 @@ def _global_avg_pool_kernel(
 def _classify_head_kernel(
     probs_ptr,
     sp_n,
+    copy_ptr,
+    sc_n,
     x_ptr,
     sx_n,
     sx_h,
@@ -68,6 +70,7 @@ def _classify_head_kernel(
     CHANNEL_BLOCKS: tl.constexpr,
     CHANNEL_BLOCKS_P2: tl.constexpr,  # the next power of two, for the tile that sums them
     SOFTMAX_BLOCK: tl.constexpr,
+    COPY: tl.constexpr,  # also write the probabilities to copy_ptr (pinned host memory: no copy launch after)
     PDL: tl.constexpr,
 ):
     # Program (channel block, class block, image): the mean of its channels over the map, then their share of
@@ -107,18 +110,22 @@ def _classify_head_kernel(
         tl.debug_barrier()
         image_count = arrivals_ptr + tl.num_programs(2) * class_blocks + n
         if tl.atomic_add(image_count, 1, sem="acq_rel") == class_blocks - 1:
-            _softmax_in_place(row, K, SOFTMAX_BLOCK)
+            _softmax_in_place(row, copy_ptr + n * sc_n, K, SOFTMAX_BLOCK, COPY)
             tl.atomic_xchg(image_count, 0)
 
 
 @triton.jit
-def _softmax_in_place(row, K, BLOCK: tl.constexpr):
-    """Softmax over the K fp32 logits at `row`, which other programs wrote (so read from L2, .cg)."""
+def _softmax_in_place(row, copy_row, K, BLOCK: tl.constexpr, COPY: tl.constexpr):
+    """Softmax over the K fp32 logits at `row`, which other programs wrote (so read from L2, .cg); with COPY the
+    probabilities go to `copy_row` as well."""
     ks = tl.arange(0, BLOCK)
     logits = tl.load(row + ks, mask=ks < K, other=float("-inf"), cache_modifier=".cg")
     if K <= BLOCK:  # the usual case: every logit in registers, one load and one store
         shifted = tl.exp(logits - tl.max(logits, axis=0))
-        tl.store(row + ks, shifted / tl.sum(shifted, axis=0), mask=ks < K)
+        probs = shifted / tl.sum(shifted, axis=0)
+        tl.store(row + ks, probs, mask=ks < K)
+        if COPY:
+            tl.store(copy_row + ks, probs, mask=ks < K)
     else:
         # An online max and denominator over blocks, then a normalising pass. The first block always holds a
         # real class, so run_max is finite after it and exp(-inf - run_max) = 0 is safe.
@@ -132,7 +139,10 @@ def _softmax_in_place(row, K, BLOCK: tl.constexpr):
         inv_sum = 1.0 / run_sum
         for k0 in range(0, K, BLOCK):
             logits = tl.load(row + k0 + ks, mask=k0 + ks < K, cache_modifier=".cg")
-            tl.store(row + k0 + ks, tl.exp(logits - run_max) * inv_sum, mask=k0 + ks < K)
+            probs = tl.exp(logits - run_max) * inv_sum
+            tl.store(row + k0 + ks, probs, mask=k0 + ks < K)
+            if COPY:
+                tl.store(copy_row + k0 + ks, probs, mask=k0 + ks < K)
 
 
 def global_avg_pool_nhwc(out: torch.Tensor, x: torch.Tensor, *, pdl: bool = False) -> None:
@@ -180,10 +190,13 @@ def classify_head(
     partials: torch.Tensor,
     arrivals: torch.Tensor,
     *,
+    copy_to: torch.Tensor | None = None,
     pdl: bool = False,
 ) -> None:
     """out_probs[n, k] = softmax_k(sum_c mean_{y, x}(features[n, y, x, c]) · weight[k, c] + bias[k]), in fp32, in
     one launch: the classifier's pooling, linear layer and softmax. Already pooled features are a (N, 1, 1, C) view.
+    `copy_to`, (N, K) fp32 with unit last stride, gets the probabilities too: pinned host memory there saves the
+    copy after the launch (a CUDA kernel writes it directly).
 
     features: (N, H, W, C) fp16/fp32 view (any N/H/W strides, unit channel stride); weight: (K, C) fp16/fp32;
     bias: fp32 (K,); out_probs: (N, K) fp32; all with unit last stride. partials and arrivals as
@@ -198,6 +211,8 @@ def classify_head(
             raise ValueError(f"{name}: dtype {t.dtype}, expected float16 or float32")
     check_view("bias", bias, (k,), torch.float32, features.device)
     check_view("out_probs", out_probs, (n, k), torch.float32, features.device)
+    if copy_to is not None:
+        _check_copy_target(copy_to, n, k, features.device)
     block_c = _head_block_c(c)
     class_blocks, channel_blocks, block_k = _head_grid(c, k)
     for name, t, dtype, need in (
@@ -207,11 +222,23 @@ def classify_head(
         if t.dtype != dtype or t.device != features.device or not t.is_contiguous() or t.numel() < need:
             raise ValueError(f"{name}: expected contiguous {dtype} with >= {need} elements on {features.device}, "
                              f"got {tuple(t.shape)} {t.dtype} on {t.device}")  # fmt: skip
+    copy = out_probs if copy_to is None else copy_to  # unused unless COPY
     _classify_head_kernel[(channel_blocks, class_blocks, n)](
-        out_probs, out_probs.stride(0), features, *features.stride()[:3], w, h * w, weight, weight.stride(0), bias,
+        out_probs, out_probs.stride(0), copy, copy.stride(0), features, *features.stride()[:3], w, h * w, weight,
+        weight.stride(0), bias,
         partials, arrivals, c, k,
         BLOCK_P=min(triton.next_power_of_2(h * w), max(1, 4096 // block_c)), BLOCK_C=block_c, BLOCK_K=block_k,
         CHANNEL_BLOCKS=channel_blocks, CHANNEL_BLOCKS_P2=triton.next_power_of_2(channel_blocks),
-        SOFTMAX_BLOCK=min(_SOFTMAX_BLOCK, triton.next_power_of_2(k)),
+        SOFTMAX_BLOCK=min(_SOFTMAX_BLOCK, triton.next_power_of_2(k)), COPY=copy_to is not None,
         PDL=pdl, **launch_options(pdl),
     )  # fmt: skip
+
+
+def _check_copy_target(copy_to: torch.Tensor, n: int, k: int, device: torch.device) -> None:
+    """A second home for the probabilities: the kernel's device, or host memory the kernel can write (pinned for a
+    CUDA kernel; any, for the interpreter on the CPU)."""
+    on_host = copy_to.device.type == "cpu"
+    if copy_to.device != device and not (on_host and (device.type == "cpu" or copy_to.is_pinned())):
+        where = f"{copy_to.device}{' (not pinned)' if on_host else ''}"
+        raise ValueError(f"copy_to: on {where}, expected {device} or pinned host memory")
+    check_view("copy_to", copy_to, (n, k), torch.float32)

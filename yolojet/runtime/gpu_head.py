@@ -316,13 +316,16 @@ class ClassifyHead(CapturedPath):
         images = network.input_view(bucket)
         probs = network.value_view(self.output, bucket)[:batch]
         frames, copy_in = self._frame_copies(slots)
+        # The softmax writes the probabilities into pinned memory itself where it can (no copy after the network).
+        copied = self.cuda and network.copy_output_to(bucket, self.output, self.probs_host[:bucket])
 
         def run() -> None:
             copy_in()
             for i, (s, pixels) in enumerate(zip(slots, frames, strict=True)):
                 s.placement(images[i], pixels, bgr=s.bgr)
             network.run_launches(bucket)
-            self.probs_host[:batch].copy_(probs, non_blocking=True)
+            if not copied:
+                self.probs_host[:batch].copy_(probs, non_blocking=True)
 
         return run
 

@@ -56,6 +56,9 @@ class Launch:
     # Split-K scratch: the launch's slot in SplitKScratch, and the (partials, arrivals) its current tile needs
     split_slot: int = -1
     split_need: Callable[[], tuple[int, int]] = lambda: (0, 0)
+    # Launches that can also write their output to pinned host memory (the classifier's probabilities): sets or
+    # clears that copy for runs and captures from then on.
+    copy_output: Callable[[torch.Tensor | None], None] | None = None
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -533,8 +536,12 @@ def _lower_classify_head(graph: Graph, i: int, view: ViewFn, weights: PackedWeig
     probs = view(following.outputs[0])
     weight, bias = weights.get(linear, "weight"), weights.get(linear, "bias")
     partials, arrivals = classify_head_scratch(features.shape[0], features.shape[3], weight.shape[0], features.device)
+    copy_to: list[torch.Tensor | None] = [None]
 
     def run() -> None:
-        classify_head(probs, features, weight, bias, partials, arrivals, pdl=pdl)
+        classify_head(probs, features, weight, bias, partials, arrivals, copy_to=copy_to[0], pdl=pdl)
 
-    return Launch("classify", [n.name for n in head], list(following.outputs), run)
+    def copy_output(target: torch.Tensor | None) -> None:
+        copy_to[0] = target
+
+    return Launch("classify", [n.name for n in head], list(following.outputs), run, copy_output=copy_output)

@@ -236,6 +236,19 @@ class TritonNetwork:
         else:
             self._run_eager(bucket)
 
+    def copy_output_to(self, bucket: int, name: str, target: torch.Tensor | None) -> bool:
+        """Have the bucket's launch that writes output `name` also write it to `target` (pinned host memory, the
+        shape of `value_view(name, bucket)`) in every run and capture from now on; None stops it. False when that
+        launch cannot, and nothing changed: copy the output after the network instead."""
+        writer = next((launch for launch in self.launches[bucket] if name in launch.outputs), None)
+        if name not in self.graph.outputs or writer is None or writer.copy_output is None:
+            return False
+        if target is not None and target.shape != self.value_view(name, bucket).shape:
+            raise EngineConfigError(f"copy of output {name}: shape {tuple(target.shape)}, "
+                                    f"expected {tuple(self.value_view(name, bucket).shape)}")  # fmt: skip
+        writer.copy_output(target)
+        return True
+
     def input_view(self, batch: int) -> torch.Tensor:
         return self.value_view(self.graph.inputs[0], batch)
 
