@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session in one call: the end-to-end benchmark of every task (each checked against the fp32
+# A whole GPU check in one command: the end-to-end benchmark of every task (each checked against the fp32
 # reference backend), the test suite on the device (kernels at full shapes, whole models, the predict
 # paths against ultralytics), the cold and cached start-up, then the network benchmark. Results land in $OUT. Each stage has its own
 # time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
@@ -71,7 +71,7 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
       log="$OUT/compile-$model-$batch.log"
       echo "$job: $(grep -c '^AUTOTUNE' "$log") kernels autotuned in this call, from $(grep -m1 '^AUTOTUNE' "$log")"
     done
-    # One archive: a lent machine sends back no folder nested this deep.
+    # One archive: the remote GPU runner returns no folder nested this deep.
     tar czf "$OUT/inductor-autotune.tgz" .inductor-autotune/*/cache 2>/dev/null
     grep -h "torch.compile" "$OUT"/compile-*.log ;;
   network)
@@ -80,7 +80,7 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     tail -30 "$OUT/network.log" ;;
   esac
 done
-# At most eight files come back from a lent machine: with more, everything goes back as one archive.
+# At most eight files come back from the remote GPU runner: with more, everything goes back as one archive.
 if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
   tar czf /tmp/all.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/all.tgz "$OUT/all.tgz"
 fi
