@@ -3,8 +3,8 @@
 # reference backend), the test suite on the device (kernels at full shapes, whole models, the predict
 # paths against ultralytics), the cold and cached start-up, then the network benchmark. Results land in $OUT. Each stage has its own
 # time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
-#   bash bench/gpu_check.sh   # needs .whl/ beside the code: ../shared/device/wheels.sh, then wheels.sh pycocotools==2.0.11
-#                             # (and, for parallel test workers, wheels.sh pytest-xdist==3.8.0 execnet==2.1.2)
+#   bash bench/gpu_check.sh   # for a GPU machine without network access: the cp312 wheels of ultralytics, ultralytics-thop
+#                             # and pycocotools in .whl/ beside the code (and pytest-xdist + execnet for parallel test workers)
 #   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network compile
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
 #   Side by side on two GPUs, each on its own cores and output folder:
@@ -48,10 +48,10 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     tail -3 "$OUT/startup.log" ;;
   compile)
     # torch.compile max-autotune takes minutes a model and batch size: the peers alone (no yolojet build), one job
-    # a GPU at a time, each with its own time limit and output folder. A compile can outlast one call: inductor
+    # a GPU at a time, each with its own time limit and output folder. A compile can outlast one run: inductor
     # records each autotuned kernel's timings as it goes (cache/ under its cache dir), kept per job under
-    # .inductor-autotune/ and sent back as $OUT/inductor-autotune.tgz (unpack it in the checkout's root and carry it:
-    # `carry: [".whl", ".inductor-autotune"]`), so the next call's compile of the same job skips what was timed.
+    # .inductor-autotune/ and packed into $OUT/inductor-autotune.tgz (unpack it in the checkout's root before the next
+    # run), so the next run's compile of the same job skips what was timed.
     # COMPILE_GPUS: the GPU indices the jobs take turns on (all by default).
     read -ra gpu_list <<< "${COMPILE_GPUS:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
     gpus=${#gpu_list[@]}
@@ -69,9 +69,9 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     for job in ${COMPILE_JOBS:-yolo11n:64}; do
       model=${job%%:*} batch=${job##*:}
       log="$OUT/compile-$model-$batch.log"
-      echo "$job: $(grep -c '^AUTOTUNE' "$log") kernels autotuned in this call, from $(grep -m1 '^AUTOTUNE' "$log")"
+      echo "$job: $(grep -c '^AUTOTUNE' "$log") kernels autotuned in this run, from $(grep -m1 '^AUTOTUNE' "$log")"
     done
-    # One archive: the remote GPU runner returns no folder nested this deep.
+    # One archive: nested folders are awkward to copy back from a remote machine.
     tar czf "$OUT/inductor-autotune.tgz" .inductor-autotune/*/cache 2>/dev/null
     grep -h "torch.compile" "$OUT"/compile-*.log ;;
   network)
@@ -80,7 +80,7 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     tail -30 "$OUT/network.log" ;;
   esac
 done
-# At most eight files come back from the remote GPU runner: with more, everything goes back as one archive.
+# More than eight result files go into one archive, one file to copy back from a remote machine.
 if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
   tar czf /tmp/all.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/all.tgz "$OUT/all.tgz"
 fi

@@ -12,7 +12,7 @@ point, two passes each rounded to uint8: horizontal then vertical, or, from Pill
 first when the height shrinks by more than twice as many pixels as the width (Pillow#9549).
 
 Once the weights are known that arithmetic is integer, so it is reproduced here in torch, bit for bit
-(tests/pipeline/test_classify.py holds it to PIL and to ultralytics' predict with `torch.equal`):
+(tests/pipeline/test_classify_matches_ultralytics.py holds it to PIL and to ultralytics' predict with `torch.equal`):
 weights computed in float64 exactly as Pillow's C computes them (same operation order, a sequential
 sum for the normaliser), each pass a gather-multiply-accumulate over the taps in int32, which cannot
 overflow (at most 255 * 2^22 + 2^21 < 2^31, Pillow's own `int` accumulators). Torch rather than a call
