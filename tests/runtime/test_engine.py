@@ -230,6 +230,35 @@ class _Counting:
         return self.kernel[grid]
 
 
+def test_the_probability_copy_to_host_memory_holds_only_inside_its_block(model_dirs):
+    """`copying_output` has the classifier's launch also store the probabilities in host memory (pinned on a GPU)
+    while the block runs and never after: a dump, a timing or the network's own graph later must not overwrite
+    what a predict path's run left there."""
+    model_dir = model_dirs("yolov8n-cls.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
+    network = engine.network
+    output = network.graph.outputs[0]
+    host = torch.full(tuple(network.value_view(output, 2).shape), float("nan"), pin_memory=DEVICE == "cuda")
+    network.input_view(2).copy_(torch.rand(2, 64, 64, 3, device=DEVICE))
+    with network.copying_output(2, output, host) as copied:
+        assert copied
+        network.run_launches(2)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    assert torch.equal(host, network.value_view(output, 2).cpu())
+    host.fill_(float("nan"))
+    network.dump(torch.rand(2, 3, 64, 64, device=DEVICE))  # every launch again, eagerly: none may write `host`
+    engine.raw(torch.rand(2, 3, 64, 64, device=DEVICE))
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    assert bool(host.isnan().all())
+    with network.copying_output(2, output, None) as copied:  # no target: nothing set, copy after the network
+        assert not copied
+    with pytest.raises(EngineConfigError, match="copy of output"):
+        with network.copying_output(2, output, torch.empty(3, 5)):
+            pass
+
+
 def test_batch_larger_than_max_batch_is_split(model_dirs):
     model_dir = model_dirs("yolov8n-cls.yaml", None)
     engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=2, tune=False)

@@ -316,14 +316,16 @@ class ClassifyHead(CapturedPath):
         images = network.input_view(bucket)
         probs = network.value_view(self.output, bucket)[:batch]
         frames, copy_in = self._frame_copies(slots)
-        # The softmax writes the probabilities into pinned memory itself where it can (no copy after the network).
-        copied = self.cuda and network.copy_output_to(bucket, self.output, self.probs_host[:bucket])
+        # On a GPU the softmax stores the probabilities into pinned memory itself where it can: no copy after the
+        # network. Only this path's graphs hold that store.
+        host_rows = self.probs_host[:bucket] if self.cuda else None
 
         def run() -> None:
             copy_in()
             for i, (s, pixels) in enumerate(zip(slots, frames, strict=True)):
                 s.placement(images[i], pixels, bgr=s.bgr)
-            network.run_launches(bucket)
+            with network.copying_output(bucket, self.output, host_rows) as copied:
+                network.run_launches(bucket)
             if not copied:
                 self.probs_host[:batch].copy_(probs, non_blocking=True)
 

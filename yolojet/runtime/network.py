@@ -13,9 +13,11 @@ With `TRITON_INTERPRET=1` and a CPU device, the same kernels run through Triton'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -236,18 +238,24 @@ class TritonNetwork:
         else:
             self._run_eager(bucket)
 
-    def copy_output_to(self, bucket: int, name: str, target: torch.Tensor | None) -> bool:
-        """Have the bucket's launch that writes output `name` also write it to `target` (pinned host memory, the
-        shape of `value_view(name, bucket)`) in every run and capture from now on; None stops it. False when that
-        launch cannot, and nothing changed: copy the output after the network instead."""
+    @contextlib.contextmanager
+    def copying_output(self, bucket: int, name: str, target: torch.Tensor | None) -> Iterator[bool]:
+        """Within the block, the bucket's launch that writes output `name` also writes it to `target` (pinned host
+        memory shaped as `value_view(name, bucket)`): a graph captured inside records that store. Yields False,
+        changing nothing, when `target` is None or that launch cannot (copy the output after the network then).
+        Outside the block no launch writes `target`, so dumps, timings and the network's own graphs leave it be."""
         writer = next((launch for launch in self.launches[bucket] if name in launch.outputs), None)
-        if name not in self.graph.outputs or writer is None or writer.copy_output is None:
-            return False
-        if target is not None and target.shape != self.value_view(name, bucket).shape:
+        if target is None or name not in self.graph.outputs or writer is None or writer.copy_output is None:
+            yield False
+            return
+        if target.shape != self.value_view(name, bucket).shape:
             raise EngineConfigError(f"copy of output {name}: shape {tuple(target.shape)}, "
                                     f"expected {tuple(self.value_view(name, bucket).shape)}")  # fmt: skip
         writer.copy_output(target)
-        return True
+        try:
+            yield True
+        finally:
+            writer.copy_output(None)
 
     def input_view(self, batch: int) -> torch.Tensor:
         return self.value_view(self.graph.inputs[0], batch)
