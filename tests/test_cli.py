@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 from support import random_model, relative_max_error
 from torch import nn
@@ -76,6 +79,41 @@ def test_unknown_architecture_yaml(tmp_path, capsys, monkeypatch):
     code, _, stderr = run_cli(capsys, "export", "yolo99z.yaml")
     assert code == 2
     assert "yolo99z.yaml" in stderr and "architecture" in stderr
+
+
+def test_yaml_files_that_are_no_buildable_model(tmp_path, capsys):
+    """A dataset YAML passed as the model, broken YAML, and an architecture ultralytics' YOLO cannot build
+    (RT-DETR): each one line naming the file, exit status 2, nothing written."""
+    dataset = tmp_path / "data.yaml"
+    dataset.write_text("train: images/train\nval: images/val\nnames:\n  0: cat\n")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("backbone: [\n  - [a, b\n")
+    cases = [
+        (dataset, "not a model architecture file (no 'backbone' and 'head' sections): it looks like a dataset YAML"),
+        (broken, "not valid YAML"),
+        ("rtdetr-l.yaml", "ultralytics cannot build this architecture as a YOLO model"),
+    ]
+    for source, message in cases:
+        for command in (("export", source, "--out", tmp_path / "out"), ("detect", source, tmp_path / "x.jpg")):
+            code, _, stderr = run_cli(capsys, *command)
+            assert code == 2, stderr
+            assert f"{Path(source).name}: {message}" in stderr, stderr
+            assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_dump_without_a_gpu_or_the_interpreter_says_what_it_needs(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    code, _, stderr = run_cli(capsys, "dump", tmp_path, "--device", "cpu", "--out", tmp_path / "dump")
+    assert code == 2
+    assert "needs a CUDA GPU, or TRITON_INTERPRET=1" in stderr, stderr
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"yolojet {yolojet.__version__}"
 
 
 def test_corrupt_checkpoint(tmp_path, capsys):

@@ -303,9 +303,10 @@ def test_outputs_never_overwrite_inputs_and_go_where_asked(model_dir, photos, tm
     code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--json", photos, "--quiet")
     assert code == 2 and "is a directory" in stderr, stderr
 
-    code, stdout, stderr = run_cli(capsys, "detect", model_dir, photos / "bus.jpg", "--json", "-", "--quiet")
+    code, stdout, stderr = run_cli(capsys, "detect", model_dir, photos / "bus.jpg", "--json", "-")
     assert code == 0, stderr
-    assert json.loads(stdout.splitlines()[0])["path"] == str(photos / "bus.jpg")
+    assert [json.loads(line)["path"] for line in stdout.splitlines()] == [str(photos / "bus.jpg")]
+    assert f"{photos / 'bus.jpg'}: " in stderr  # the readable lines, kept off the JSON stream
     assert not Path("-").exists()
 
     out_json = tmp_path / "out" / "found.jsonl"

@@ -112,6 +112,24 @@ def test_float_tensor_is_clamped_and_rounded():
     assert np.array_equal(grey.pixels.numpy(), expected[..., :1])
 
 
+def test_uint8_tensor_in_torchvision_layout():
+    """torchvision.io.read_image gives uint8 (C, H, W) RGB: the same frame as the (H, W, C) tensor, with or
+    without a batch dimension of one; a shape that could be either stays (H, W, C)."""
+    from torchvision.io import read_image
+
+    chw = read_image(str(BUS))
+    hwc = chw.permute(1, 2, 0).contiguous()
+    for source in (chw, chw[None]):
+        frame = load_frame(source)
+        assert frame.bgr is False and tuple(frame.pixels.shape) == tuple(hwc.shape)
+        assert torch.equal(frame.pixels, hwc)
+    assert torch.equal(load_frame(chw[:1]).pixels, hwc[..., :1])  # grey
+    ambiguous = torch.randint(0, 256, (3, 8, 3), dtype=torch.uint8)
+    assert torch.equal(load_frame(ambiguous).pixels, ambiguous)
+    with pytest.raises(ImageReadError, match="expected an"):
+        load_frame(torch.zeros(2, 3, 8, 9, dtype=torch.uint8))  # a batch of two is not one image
+
+
 def test_png_file_is_exact(tmp_path):
     bgr = random_image((37, 53, 3), seed=1)
     path = tmp_path / "picture.png"

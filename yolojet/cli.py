@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from yolojet.errors import ImageReadError, ModelDirError, OutputPathError, YolojetError
+from yolojet import __version__
+from yolojet.errors import EngineConfigError, ImageReadError, ModelDirError, OutputPathError, YolojetError
 
 if TYPE_CHECKING:
     import torch
@@ -115,6 +117,13 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     from yolojet.runtime.reference import load_reference
 
     _check_output_folder(args.out, "--out")
+    device = torch.device(args.device) if args.device else None
+    on_cpu = (device is None and not torch.cuda.is_available()) or (device is not None and device.type == "cpu")
+    if on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
+        raise EngineConfigError(
+            "dump compares our kernels with the reference executor: it needs a CUDA GPU, or TRITON_INTERPRET=1 "
+            "to run the same kernels on the CPU (slow)"
+        )
     engine = Engine.load(
         args.model_dir, device=args.device, half=not args.fp32, max_batch=1, tune=False, backend="triton"
     )
@@ -186,7 +195,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
-    from yolojet.errors import EngineConfigError
     from yolojet.runtime.engine import Engine
 
     if not torch.cuda.is_available():
@@ -316,9 +324,11 @@ def _cmd_detect(args: argparse.Namespace) -> int:
                             "detections": result.summary()})  # fmt: skip
             if not args.quiet:
                 found = "top-5 classes" if result.probs is not None else f"{len(result)} detections"
-                progress.write(f"{source}: {found}")
+                # With --json - stdout carries nothing but the JSON lines: the readable ones go to stderr.
+                human = sys.stderr if str(args.json) == "-" else sys.stdout
+                progress.write(f"{source}: {found}", file=human)
                 for line in _format_detections(result):
-                    progress.write(line)
+                    progress.write(line, file=human)
             if target is not None:
                 image = Image.fromarray(result.plot()[..., ::-1])
                 _write_atomically(target, lambda p, image=image: image.save(p, format="JPEG", quality=90))
@@ -375,13 +385,13 @@ def _engine_switches(args: argparse.Namespace) -> dict[str, bool | None]:
 def _progress(total: int, enabled: bool) -> tqdm:
     from tqdm import tqdm
 
-    return tqdm(total=total, disable=not enabled, unit="img", file=sys.stderr, dynamic_ncols=True)
+    # Written to a log rather than a terminal, a bar that redraws ten times a second fills it: every 30 s there.
+    interval = 0.1 if sys.stderr.isatty() else 30.0
+    return tqdm(total=total, disable=not enabled, unit="img", file=sys.stderr, dynamic_ncols=True, mininterval=interval)
 
 
 def _require_cuda(command: str) -> None:
     import torch
-
-    from yolojet.errors import EngineConfigError
 
     if not torch.cuda.is_available():
         raise EngineConfigError(f"{command} times the GPU path, and this machine has no CUDA device")
@@ -528,6 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="yolojet", description="Run ultralytics YOLO models on NVIDIA GPUs through hand-written Triton kernels."
     )
+    parser.add_argument("--version", action="version", version=f"yolojet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("export", help="export a checkpoint to a yolojet model directory")
@@ -540,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--out", type=Path, default=None,
-        help="output directory (default: <name>_yolojet, or <name>_HxW_yolojet with --imgsz)",
+        help="output directory (default: <name>_yolojet at 640x640, else <name>_HxW_yolojet)",
     )  # fmt: skip
     p.add_argument(
         "--head",
@@ -562,10 +573,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-det", type=int, default=300, help="most detections per image, at most 300 (default 300)")
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
-    p.add_argument("--batch", type=int, default=1, help="images per batch (default 1)")
+    p.add_argument("--batch", type=_positive_int, default=1, help="images per batch (default 1)")
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
     p.add_argument("--save", type=Path, default=None, help="write annotated images into this directory")
-    p.add_argument("--json", type=Path, default=None, help="write detections as JSON lines to this file (- for stdout)")
+    p.add_argument(
+        "--json", type=Path, default=None,
+        help="write detections as JSON lines to this file (- for stdout, which then carries only them)",
+    )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="print nothing per image")
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_detect)
@@ -575,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, type=Path, help="a COCO instances .json or an ultralytics dataset .yaml")
     p.add_argument("--images", type=Path, default=None, help="folder the JSON's file_names are relative to")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
-    p.add_argument("--batch", type=int, default=8, help="images per batch (default 8)")
+    p.add_argument("--batch", type=_positive_int, default=8, help="images per batch (default 8)")
     p.add_argument("--conf", type=float, default=0.001, help="confidence threshold (default 0.001, as ultralytics val)")
     p.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold (default 0.7)")
     p.add_argument("--max-det", type=int, default=300, help="most detections per image, at most 300 (default 300)")
@@ -589,7 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
     p.add_argument("--image", type=Path, default=None, help="the frame to time (default: ultralytics' bus.jpg)")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
-    p.add_argument("--batch", type=int, default=1, help="frames per run (default 1)")
+    p.add_argument("--batch", type=_positive_int, default=1, help="frames per run (default 1)")
     p.add_argument("--conf", type=float, default=0.25, help="confidence threshold (default 0.25)")
     p.add_argument("--iters", type=int, default=200, help="timed runs (default 200)")
     p.add_argument("--warmup", type=int, default=20, help="untimed runs first (default 20)")
@@ -599,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time the network alone: stream launches vs one CUDA graph (GPU)")
     p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
-    p.add_argument("--batch", type=int, default=1, help="images per run (default 1)")
+    p.add_argument("--batch", type=_positive_int, default=1, help="images per run (default 1)")
     p.add_argument("--iters", type=int, default=200, help="timed runs (default 200)")
     p.add_argument("--warmup", type=int, default=20, help="untimed runs first (default 20)")
     _add_engine_switches(p)
@@ -624,7 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="device time per kernel family (needs a GPU)")
     p.add_argument("model_dir", type=Path, help="a directory written by `yolojet export`")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=_positive_int, default=1, help="images per run (default 1)")
     p.add_argument("--fp32", action="store_true", help="profile the fp32 engine")
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_profile)

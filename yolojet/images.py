@@ -2,7 +2,8 @@
 
 Accepted: a path (str or Path), encoded bytes, a numpy array (HWC uint8, BGR like OpenCV, or
 HW grey; uint16 gives its top 8 bits), a PIL image (turned upright by its EXIF orientation), a torch
-tensor (uint8 HWC, RGB, CPU or CUDA; or float CHW in [0, 1], RGB, as ultralytics takes). Files and
+tensor (uint8 HWC or, as torchvision's `read_image` gives it, CHW, RGB, CPU or CUDA; or float CHW in [0, 1],
+RGB, as ultralytics takes). Files and
 bytes are decoded by torchvision (JPEG, PNG, WebP, GIF: an animated one's first frame), on the GPU's
 nvJPEG when the frame is wanted there, and BMP/TIFF by Pillow. Anything else is an `ImageReadError`
 that names the input.
@@ -99,6 +100,15 @@ def _decode(data: bytes, name: str, device: torch.device | None) -> torch.Tensor
     return chw.permute(1, 2, 0)
 
 
+def _channels_first(pixels: torch.Tensor) -> bool:
+    """A uint8 (C, H, W) or (1, C, H, W) tensor, as torchvision decodes images: C of 1, 3 or 4 first and a last
+    dimension no channel count could be. (H, W, C) wins where both could be meant."""
+    if pixels.ndim == 4 and pixels.shape[0] != 1:
+        return False
+    c, last = pixels.shape[-3], pixels.shape[-1]
+    return c in (1, 3, 4) and last not in (1, 3, 4)
+
+
 def _check_pixels(pixels: torch.Tensor, name: str) -> torch.Tensor:
     if pixels.ndim == 2:
         pixels = pixels[..., None]
@@ -135,6 +145,8 @@ def load_frame(source: Any, device: torch.device | None = None) -> Frame:
             if source.ndim != 3 or source.shape[0] not in (1, 3):
                 raise ImageReadError(f"{name}: a float tensor must be (C, H, W) or (1, C, H, W) RGB in [0, 1]")
             source = (source.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0)
+        elif source.ndim in (3, 4) and _channels_first(source):  # torchvision's read_image / decode_jpeg layout
+            source = (source[0] if source.ndim == 4 else source).permute(1, 2, 0)
         return Frame(_check_pixels(source, name), bgr=False)
     try:
         from PIL import Image

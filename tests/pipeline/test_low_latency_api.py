@@ -63,6 +63,8 @@ def test_trio_errors(engine):
     fresh = Engine(engine.network, engine.max_batch)
     with pytest.raises(EngineConfigError, match="stage a frame"):
         fresh.run(1)
+    with pytest.raises(EngineConfigError, match=rf"run\({engine.max_batch + 1}\): this engine runs 1\.\."):
+        fresh.run(engine.max_batch + 1)
     with pytest.raises(EngineConfigError, match="no results for the frame staged there"):
         fresh.get(0)
     with pytest.raises(EngineConfigError, match="slot 5"):

@@ -60,7 +60,9 @@ def _results(engine: Any, dataset: Dataset, batch: int, options: dict[str, Any],
     from tqdm import tqdm
 
     failed = []
-    with tqdm(total=len(dataset.images), disable=not progress, unit="img", file=sys.stderr, desc="val") as bar:
+    interval = 0.1 if sys.stderr.isatty() else 30.0  # in a log, not a terminal: a line every 30 s, not ten a second
+    with tqdm(total=len(dataset.images), disable=not progress, unit="img", file=sys.stderr, desc="val",
+              mininterval=interval) as bar:  # fmt: skip
         for start in range(0, len(dataset.images), batch):
             chunk = dataset.images[start : start + batch]
             for image, result in zip(chunk, engine([str(i.path) for i in chunk], **options), strict=True):

@@ -28,18 +28,49 @@ def _is_bare_name(source: str) -> bool:
     return Path(source).name == source
 
 
+def _check_architecture_yaml(path: Path) -> None:
+    """A local YAML must parse and have ultralytics' model sections; a dataset YAML is the usual mix-up."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text(errors="replace"))
+    except yaml.YAMLError as e:
+        raise NotAYoloModelError(f"{path}: not valid YAML ({_first_line(e)})") from e
+    if not isinstance(config, dict) or not {"backbone", "head"} <= set(config):
+        hint = ""
+        if isinstance(config, dict) and ({"train", "val", "names"} & set(config)):
+            hint = ": it looks like a dataset YAML, which goes to --data (val, report)"
+        raise NotAYoloModelError(f"{path}: not a model architecture file (no 'backbone' and 'head' sections){hint}")
+
+
 def _load_yaml(source: str) -> LoadedModel:
     from ultralytics import YOLO
+    from ultralytics.utils import LOGGER
 
     path = Path(source)
-    if not path.is_file() and not _is_bare_name(source):
+    if path.is_file():
+        _check_architecture_yaml(path)
+    elif not _is_bare_name(source):
         raise ModelNotFoundError(f"{source}: no such architecture file")
+    level = LOGGER.level
+    LOGGER.setLevel(logging.ERROR)  # the model summary ultralytics logs while building: not our output
     try:
         model = YOLO(source, verbose=False).model
     except FileNotFoundError as e:
         raise ModelNotFoundError(
             f"{source}: not a file here and not an architecture name ultralytics knows (e.g. yolo11n.yaml)"
         ) from e
+    except (OSError, ConnectionError) as e:  # a backbone whose pretrained weights must be downloaded
+        raise ModelNotFoundError(
+            f"{source}: building it needs a download that failed ({type(e).__name__}: {_first_line(e)})"
+        ) from e
+    except Exception as e:  # whatever ultralytics raises for a file it cannot build: one line, not a traceback
+        raise NotAYoloModelError(
+            f"{source}: ultralytics cannot build this architecture as a YOLO model ({type(e).__name__}: "
+            f"{_first_line(e)})"
+        ) from e
+    finally:
+        LOGGER.setLevel(level)
     print(
         f"NOTICE: {source} is an architecture file: the model has RANDOM weights and its detections mean nothing. "
         "Pass a trained .pt checkpoint for real results.",

@@ -224,7 +224,9 @@ class Engine:
 
     def run_async(self, batch: int = 1) -> None:
         """Start the whole path on slots [0, batch); on a GPU this is one graph launch and returns at once."""
-        if not 1 <= batch <= self.max_batch or any(f is None for f in self._frames[:batch]):
+        if not _integral(batch) or not 1 <= batch <= self.max_batch:
+            raise EngineConfigError(f"run({batch!r}): this engine runs 1..{self.max_batch} frames (max_batch)")
+        if any(f is None for f in self._frames[:batch]):
             raise EngineConfigError(f"run({batch}): stage a frame into each of slots 0..{batch - 1} first")
         if self._on_head():
             self._head.launch(batch)
