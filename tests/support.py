@@ -219,3 +219,16 @@ def assert_identical_replays(first, second, batch: int, imgsz: int, replays: int
         theirs = theirs if isinstance(theirs, tuple) else (theirs,)
         for a, b in zip(ours, theirs, strict=True):
             assert torch.equal(a, b)
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """`yolojet ARGV...` in this process: (exit status, stdout, stderr). argparse's usage errors exit through
+    SystemExit, which a user sees as the status it carries."""
+    from yolojet.cli import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -6,18 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import random_model, relative_max_error
+from support import random_model, relative_max_error, run_cli
 from torch import nn
 
 import yolojet
 from yolojet.cli import main
 from yolojet.errors import UnsupportedModuleError
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_export_yaml_then_info(tmp_path, capsys):

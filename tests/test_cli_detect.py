@@ -21,22 +21,15 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from support import calibrated_model, match_detections
+from support import calibrated_model, match_detections, run_cli
 from ultralytics.utils import ASSETS
 
 import yolojet
-from yolojet.cli import main
 
 CFG = "yolov8n.yaml"
 CONF = "0.005"
 PHOTOS = {"bus.jpg": (1080, 810), "zidane.jpg": (720, 1280)}  # name: (height, width)
 DETECTION_LINE = r"^  (\S+)\s+(\d+\.\d{3})\s+(-?\d+\.\d)\s+(-?\d+\.\d)\s+(-?\d+\.\d)\s+(-?\d+\.\d)$"
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +238,8 @@ def test_save_keeps_one_annotated_image_per_input(model_dir, tmp_path, capsys):
         (["--iou", "1.2"], "iou 1.2"),
         (["--max-det", "0"], "max_det 0"),
         (["--classes", "3", "80"], "classes [3, 80]"),
+        (["--imgsz", "0"], "'0': expected an integer or HEIGHTxWIDTH"),
+        (["--batch", "0"], "'0': expected a positive integer"),
     ],
 )
 def test_invalid_options_are_clear_errors_that_write_nothing(model_dir, photos, tmp_path, capsys, option, fragment):

@@ -29,7 +29,7 @@ def _imgsz(text: str) -> int | tuple[int, int]:
         sizes = [int(p) for p in text.replace(",", "x").lower().split("x")]
     except ValueError:
         raise argparse.ArgumentTypeError(problem) from None
-    if len(sizes) not in (1, 2):
+    if len(sizes) not in (1, 2) or min(sizes) < 1:
         raise argparse.ArgumentTypeError(problem)
     return sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
 

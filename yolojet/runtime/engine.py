@@ -194,8 +194,9 @@ class Engine:
         conf, iou, max_det, classes and agnostic act as in ultralytics' predict; retina_masks builds segment
         masks at the original resolution. Classification ignores them all.
         """
-        if not (_real(conf) and _real(iou)) or not 0 <= conf <= 1 or not 0 <= iou <= 1:
-            raise EngineConfigError(f"conf {conf!r} and iou {iou!r} must be numbers in [0, 1]")
+        for name, value in (("conf", conf), ("iou", iou)):
+            if not _real(value) or not 0 <= value <= 1:
+                raise EngineConfigError(f"{name} {value!r}: expected a number in [0, 1]")
         capacity = self._head.capacity if self._head is not None else 300
         if not _integral(max_det) or not 1 <= max_det <= capacity:
             raise EngineConfigError(f"max_det {max_det!r}: expected an int in 1..{capacity}")
