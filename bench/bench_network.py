@@ -9,10 +9,8 @@ alone, for torch.compile's one-off measurement per model and batch size). Start-
 (cold: empty kernel and tuning caches; cached: the same caches again) are measured in fresh
 processes. --pdl-off-row and --sequential-row add yolojet rows with the same tile picks: ordinary
 launches instead of programmatic dependent launch, and every launch in order on one stream instead
-of independent launches on parallel streams (checked bit-identical first). --one-to-one exports YOLO26
-models with their one-to-one head (as trained checkpoints are) and also times the selection alone: our
-kernels against ultralytics' torch ops, each in a CUDA graph on the same decoded output. Prints a
-markdown table last; writes JSON and the table under --out.
+of independent launches on parallel streams (checked bit-identical first). Prints a markdown table
+last; writes JSON and the table under --out.
 
     python bench/bench_network.py --models yolo11n yolov8n --batches 1 64 --out results/
 """
@@ -41,7 +39,6 @@ import yolojet
 from yolojet.ir import Graph
 from yolojet.runtime.autotune import TuningCache
 from yolojet.runtime.network import TritonNetwork
-from yolojet.runtime.reference import OPS as REFERENCE_OPS
 
 STARTUP_SNIPPET = """
 import sys, time, numpy as np, torch
@@ -87,8 +84,7 @@ def graphed(fn, example: torch.Tensor):
 
 def check(engine: TritonNetwork, model_dir: Path, imgsz: int) -> float:
     """The largest relative L2 error against the fp32 reference over every batch bucket, each run full (each
-    bucket has its own tile picks: the large ones TMA tiles, for example). One-to-one rows are compared by
-    their sorted scores: fp16 can reorder near ties."""
+    bucket has its own tile picks: the large ones TMA tiles, for example)."""
     reference = yolojet.load_reference(model_dir, device="cuda")
     worst = 0.0
     for bucket in sorted(set(engine.buckets)):
@@ -97,23 +93,8 @@ def check(engine: TritonNetwork, model_dir: Path, imgsz: int) -> float:
         ours, expected = engine.raw(x), reference(x)
         ours = ours if isinstance(ours, tuple) else (ours,)
         expected = expected if isinstance(expected, tuple) else (expected,)
-        if engine.meta.end2end:
-            ours = (ours[0][..., 4].sort(-1).values, *ours[1:])
-            expected = (expected[0][..., 4].sort(-1).values, *expected[1:])
         worst = max(worst, *(relative_l2(o, e) for o, e in zip(ours, expected, strict=True)))
     return worst
-
-
-def time_selection(engine: TritonNetwork, batch: int, repeats: int) -> dict[str, float]:
-    """The one-to-one selection alone on the network's decoded output: our launch against the torch ops of
-    ultralytics' `get_topk_index` (the reference executor's), each captured in a CUDA graph."""
-    node = next(n for n in engine.graph.nodes if n.op == "topk")
-    launch = next(launch for launch in engine.launch_list(batch) if launch.nodes == [node.name])
-    preds = engine.value_view(node.inputs[0], engine.bucket_for(batch))
-    torch_select = REFERENCE_OPS["topk"]
-    ours = graphed(lambda _: launch.run(), preds)
-    theirs = graphed(lambda x: torch_select(node, [x], {}), preds)
-    return {"yolojet": median_ms(ours, repeats), "torch": median_ms(theirs, repeats)}
 
 
 def same_outputs(a: TritonNetwork, b: TritonNetwork, imgsz: int, batch: int) -> bool:
@@ -181,15 +162,11 @@ def bench_model(
     extra_rows: set[str],
     work: Path,
     peers_only: bool = False,
-    one_to_one: bool = False,
 ) -> dict:
     model = random_model(f"{name}.yaml")
-    end2end = True if one_to_one and hasattr(model.model[-1], "one2one_cv2") else None  # YOLO26's heads only
-    model_dir = yolojet.export(model, out=work / name, imgsz=imgsz, end2end=end2end)
+    model_dir = yolojet.export(model, out=work / name, imgsz=imgsz)
     graph = Graph.load(model_dir)
     row: dict = {"model": name, "imgsz": imgsz, "gflops": graph.flops() / 1e9, "batches": {}}
-    if end2end:
-        row["head"] = "one-to-one"
     if peers_only:
         fused = model.fuse().half().cuda().eval() if hasattr(model, "fuse") else model.half().cuda().eval()
         for batch in batches:
@@ -222,9 +199,6 @@ def bench_model(
         row["batches"][batch] = times | time_peers(
             name, fused, batch, imgsz, repeats, use_compile, row, times["yolojet"]
         )
-    if graph.meta.end2end:
-        row["selection_ms"] = {b: time_selection(engine, b, repeats) for b in batches}
-        print(f"{name}: one-to-one selection alone (ms) {row['selection_ms']}", flush=True)
     # Where the time goes at every batch size: launches timed one by one, by kernel family and slowest first.
     row["profiles"] = {b: [vars(p) for p in engine.profile(b)] for b in batches}
     picks = TuningCache()
@@ -252,9 +226,6 @@ def main() -> None:
         help="time only the PyTorch peers (with --compile: torch.compile's one-off measurement, no yolojet build)",
     )
     parser.add_argument("--pdl-off-row", action="store_true", help="also time yolojet with ordinary launches")
-    parser.add_argument(
-        "--one-to-one", action="store_true", help="YOLO26 with its one-to-one head; also time the selection alone"
-    )
     parser.add_argument(
         "--sequential-row", action="store_true", help="also time yolojet with every launch in order on one stream"
     )
@@ -288,15 +259,7 @@ def main() -> None:
             label for label, wanted in (("no-pdl", args.pdl_off_row), ("sequential", args.sequential_row)) if wanted
         }
         row = bench_model(
-            name,
-            args.batches,
-            args.imgsz,
-            args.repeats,
-            args.compile,
-            extra_rows,
-            fresh,
-            peers_only=args.peers_only,
-            one_to_one=args.one_to_one,
+            name, args.batches, args.imgsz, args.repeats, args.compile, extra_rows, fresh, peers_only=args.peers_only
         )
         torch.cuda.empty_cache()
         report["models"].append(row)

@@ -30,8 +30,8 @@ from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
 from yolojet.kernels.pool import maxpool2d_nhwc, sppf_pools
-from yolojet.kernels.topk import OneToOneScratch, one_to_one_select
 from yolojet.runtime.plan import MemoryPlan
+from yolojet.runtime.reference import OPS as REFERENCE_OPS
 
 # view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
 ViewFn = Callable[..., torch.Tensor]
@@ -424,11 +424,10 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
 
         family = "decode"
     elif node.op == "topk":
-        preds, nc = ins[0], a["nc"]
-        scratch = OneToOneScratch(preds.shape[0], preds.shape[2], nc, outs[0].shape[1], preds.device)
+        select = REFERENCE_OPS["topk"]
 
         def run() -> None:
-            one_to_one_select(outs[0], preds, nc=nc, scratch=scratch)
+            outs[0].copy_(select(node, ins, {})[0])
 
         family = "topk"
     else:
