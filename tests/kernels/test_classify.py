@@ -205,8 +205,13 @@ def test_classify_head_gives_the_same_probabilities_launch_after_launch():
     assert bool((arrivals == 0).all())
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="the interpreter runs on the host: any host tensor is reachable")
-def test_classify_head_refuses_an_unpinned_host_copy():
+def test_classify_head_refuses_a_copy_target_it_cannot_write():
+    """On a GPU the kernel writes host memory only when it is pinned; under the interpreter any host tensor will
+    do, but not one on another device. Either way the launch is refused before it runs."""
     x, weight, bias = _m(1, 3, 3, 8), _m(5, 8), _m(5)
-    with pytest.raises(ValueError, match=r"copy_to: on cpu \(not pinned\)"):
-        classify_head(_m(1, 5), x, weight, bias, *classify_head_scratch(1, 8, 5, DEVICE), copy_to=torch.empty(1, 5))
+    if DEVICE == "cuda":
+        target, message = torch.empty(1, 5), r"copy_to: on cpu \(not pinned\)"
+    else:
+        target, message = torch.empty(1, 5, device="meta"), "copy_to: on meta"
+    with pytest.raises(ValueError, match=message):
+        classify_head(_m(1, 5), x, weight, bias, *classify_head_scratch(1, 8, 5, DEVICE), copy_to=target)

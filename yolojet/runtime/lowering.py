@@ -57,7 +57,7 @@ class Launch:
     split_slot: int = -1
     split_need: Callable[[], tuple[int, int]] = lambda: (0, 0)
     # Launches that can also write their output to pinned host memory (the classifier's probabilities): sets or
-    # clears that copy for runs and captures from then on.
+    # clears that copy; TritonNetwork.copying_output scopes it to one block of runs or captures.
     copy_output: Callable[[torch.Tensor | None], None] | None = None
 
 
