@@ -7,6 +7,7 @@
 #                             # and pycocotools in .whl/ beside the code (and pytest-xdist + execnet for parallel test workers)
 #   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup network compile
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
+#   STAGES=compile COMPILE_JOBS="a:1 b:64 c:1" COMPILE_DEADLINE=530 bash bench/gpu_check.sh  # a then c on GPU 0, b on GPU 1
 #   Side by side on two GPUs, each on its own cores and output folder:
 #   STAGES=compile COMPILE_GPUS=1 OUT=$OUT/compile taskset -c 12-31 bash bench/gpu_check.sh &
 #   CUDA_VISIBLE_DEVICES=0 STAGES="pipeline tests" OUT=$OUT/gpu0 taskset -c 0-11 bash bench/gpu_check.sh; wait
@@ -52,18 +53,27 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     # records each autotuned kernel's timings as it goes (cache/ under its cache dir), kept per job under
     # .inductor-autotune/ and packed into $OUT/inductor-autotune.tgz (unpack it in the checkout's root before the next
     # run), so the next run's compile of the same job skips what was timed.
-    # COMPILE_GPUS: the GPU indices the jobs take turns on (all by default).
+    # COMPILE_GPUS: the GPU indices the jobs share (all by default). Job i goes to GPU i mod their count, and each GPU
+    # runs its jobs one after another, so a short job never holds a long one back. COMPILE_DEADLINE (seconds from
+    # the stage's start) ends every job by then, however many are queued, so the archive below is always written
+    # within a remote call's limit; a job left with under a minute does not start.
     read -ra gpu_list <<< "${COMPILE_GPUS:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
-    gpus=${#gpu_list[@]}
-    running=0
-    for job in ${COMPILE_JOBS:-yolo11n:64}; do
-      model=${job%%:*} batch=${job##*:}
-      mkdir -p ".inductor-autotune/$model-$batch"
-      TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-autotune/$model-$batch" CUDA_VISIBLE_DEVICES=${gpu_list[$((running % gpus))]} \
-        timeout "${COMPILE_SECONDS:-540}" python3 bench/bench_network.py --models "$model" --batches "$batch" \
-        --repeats 100 --compile --peers-only --out "$OUT/compile-$model-$batch" > "$OUT/compile-$model-$batch.log" 2>&1 &
-      running=$((running + 1))
-      if [ $((running % gpus)) -eq 0 ]; then wait; fi
+    read -ra jobs <<< "${COMPILE_JOBS:-yolo11n:64}"
+    stage_end=$((SECONDS + ${COMPILE_DEADLINE:-100000}))
+    for lane in "${!gpu_list[@]}"; do
+      (
+        for ((i = lane; i < ${#jobs[@]}; i += ${#gpu_list[@]})); do
+          job=${jobs[$i]} model=${jobs[$i]%%:*} batch=${jobs[$i]##*:}
+          limit=$((stage_end - SECONDS))
+          if [ "$limit" -gt "${COMPILE_SECONDS:-540}" ]; then limit=${COMPILE_SECONDS:-540}; fi
+          if [ "$limit" -lt 60 ]; then echo "$job: not started, $limit s were left" > "$OUT/compile-$model-$batch.log"; continue; fi
+          mkdir -p ".inductor-autotune/$model-$batch"
+          TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-autotune/$model-$batch" CUDA_VISIBLE_DEVICES=${gpu_list[$lane]} \
+            timeout "$limit" python3 bench/bench_network.py --models "$model" --batches "$batch" \
+            --repeats 100 --compile --peers-only --out "$OUT/compile-$model-$batch" > "$OUT/compile-$model-$batch.log" 2>&1
+          echo "$job: exit status $?, limit $limit s" >> "$OUT/compile-$model-$batch.log"
+        done
+      ) &
     done
     wait
     for job in ${COMPILE_JOBS:-yolo11n:64}; do
