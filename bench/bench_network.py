@@ -18,7 +18,6 @@ last; writes JSON and the table under --out.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
@@ -33,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from provenance import provenance
 from support import random_model, relative_l2
 
 import yolojet
@@ -80,6 +80,9 @@ def graphed(fn, example: torch.Tensor):
     with torch.cuda.graph(graph):
         fn(example)
     return graph.replay
+
+
+GATE = 1e-2  # fp16, the largest relative L2 error of the outputs against the fp32 reference (yolojet compare's)
 
 
 def check(engine: TritonNetwork, model_dir: Path, imgsz: int) -> float:
@@ -178,6 +181,11 @@ def bench_model(
     row["engine_build_s"] = time.perf_counter() - start
     row["tuning"] = engine.tuning
     row["max_rel_l2_vs_reference"] = check(engine, model_dir, imgsz)
+    if row["max_rel_l2_vs_reference"] > GATE:
+        # A wrong network's speed means nothing: recorded, not timed, and the run ends with a failure.
+        print(f"{name}: relative L2 error {row['max_rel_l2_vs_reference']:.2e} against the fp32 reference is over "
+              f"the gate {GATE:.0e}; not timed", flush=True)  # fmt: skip
+        return row
     row["launches"] = {b: len(engine.launch_list(b)) for b in batches}
     row["pdl"] = engine.pdl
     row["streams"] = {b: engine.schedule(b).streams for b in batches}
@@ -238,14 +246,7 @@ def main() -> None:
     fresh = Path(tempfile.mkdtemp(prefix="yolojet-bench-"))
     os.environ["YOLOJET_CACHE"] = str(fresh / "yolojet")
     os.environ["TRITON_CACHE_DIR"] = str(fresh / "triton")
-    report = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "commit": os.environ.get("YOLOJET_COMMIT", "?"),
-        "models": [],
-    }
+    report = provenance() | {"models": []}
     if args.startup or args.startup_only:
         model_dir = yolojet.export(random_model(f"{args.models[0]}.yaml"), out=fresh / "startup", imgsz=args.imgsz)
         env = dict(os.environ, YOLOJET_CACHE=str(fresh / "startup-cache"), TRITON_CACHE_DIR=str(fresh / "st"))
@@ -305,6 +306,9 @@ def main() -> None:
     table = "\n".join(lines)
     (args.out / "bench.md").write_text(table + "\n")
     print(table)
+    wrong = [row["model"] for row in report["models"] if row.get("max_rel_l2_vs_reference", 0.0) > GATE]
+    if wrong:
+        sys.exit(f"over the error gate, not timed: {', '.join(wrong)}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from provenance import provenance
 from support import calibrated_model, match_detections, real_photos
 
 import yolojet
@@ -239,7 +240,7 @@ def main() -> None:
         except Exception as e:  # one model failing must not cost the others' numbers
             traceback.print_exc()
             rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
-        (args.out / "pipeline.json").write_text(json.dumps(rows, indent=1))
+        (args.out / "pipeline.json").write_text(json.dumps(provenance() | {"models": rows}, indent=1))
     lines = [
         f"{torch.cuda.get_device_name()}, fp16, batch 1, 810x1080 frame, conf {args.conf}, median ms (wall clock)",
         "",

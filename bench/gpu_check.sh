@@ -11,6 +11,7 @@
 #   Side by side on two GPUs, each on its own cores and output folder:
 #   STAGES=compile COMPILE_GPUS=1 OUT=$OUT/compile taskset -c 12-31 bash bench/gpu_check.sh &
 #   CUDA_VISIBLE_DEVICES=0 STAGES="pipeline tests" OUT=$OUT/gpu0 taskset -c 0-11 bash bench/gpu_check.sh; wait
+# The result files name the commit measured: pass YOLOJET_COMMIT=<hash> where the checkout is a copy without .git.
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
 STAGES=${STAGES:-pipeline tests network}

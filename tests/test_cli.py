@@ -222,6 +222,14 @@ def test_dump_then_compare(tmp_path, capsys):
     assert "0 over the fp16 gate" in stdout
     assert "28 values" in stdout  # the input and the output of each of the 27 launches (the head pools too)
 
+    # The engine switches reach dump: unfused, the classifier's pool is a launch of its own, its output a value.
+    code, _, stderr = run_cli(
+        capsys, "dump", model_dir, "--out", tmp_path / "unfused", "--device", device, "--no-fuse", "--no-tune"
+    )
+    assert code == 0, stderr
+    code, stdout, _ = run_cli(capsys, "compare", tmp_path / "unfused")
+    assert code == 0 and "0 over the fp16 gate" in stdout and "29 values" in stdout, stdout
+
 
 def test_compare_flags_values_over_the_gate(tmp_path, capsys):
     from safetensors.torch import save_file

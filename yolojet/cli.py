@@ -124,8 +124,10 @@ def _cmd_dump(args: argparse.Namespace) -> int:
             "dump compares our kernels with the reference executor: it needs a CUDA GPU, or TRITON_INTERPRET=1 "
             "to run the same kernels on the CPU (slow)"
         )
+    # The tiles and launches a predict would run (tuned on a GPU, from the tuning cache once known), unless the
+    # engine switches say otherwise: the gate speaks for what users run.
     engine = Engine.load(
-        args.model_dir, device=args.device, half=not args.fp32, max_batch=1, tune=False, backend="triton"
+        args.model_dir, device=args.device, half=not args.fp32, max_batch=1, backend="triton", **_engine_switches(args)
     )
     h, w = engine.meta.imgsz
     if args.image is not None:
@@ -360,7 +362,8 @@ def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--no-fuse",
         action="store_true",
-        help="one launch per node where nodes share one (SPPF's pools; a neck upsample and the 1x1 conv after it)",
+        help="one launch per node where nodes share one (SPPF's pools; the classifier's pool, linear and softmax) "
+        "and no folds (a neck upsample read by the conv after it; a concat's copy read by its conv in place)",
     )
     group.add_argument(
         "--no-pdl", action="store_true", help="ordinary launches, no programmatic dependent launch (as YOLOJET_PDL=0)"
@@ -626,6 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp32", action="store_true", help="run the engine in fp32 instead of fp16")
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu with TRITON_INTERPRET=1")
     p.add_argument("--seed", type=int, default=0, help="seed of the random input")
+    _add_engine_switches(p)
     p.set_defaults(run=_cmd_dump)
 
     p = sub.add_parser("compare", help="per-op relative error of a dump, worst first; exit 1 over the gate")

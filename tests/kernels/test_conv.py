@@ -15,7 +15,9 @@ if not torch.cuda.is_available():
 
 import torch.nn.functional as F
 from kernel_checks import assert_close
+from support import random_model
 
+from yolojet.export.walker import export_graph
 from yolojet.kernels.conv import (
     ConvConfig,
     conv2d_nhwc,
@@ -25,6 +27,8 @@ from yolojet.kernels.conv import (
     tma_loadable,
     two_input_candidates,
 )
+from yolojet.runtime.lowering import PackedWeights, _lower_conv_transpose
+from yolojet.runtime.reference import OPS as REFERENCE_OPS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SPATIAL = 4 if DEVICE == "cuda" else 1
@@ -688,3 +692,21 @@ def test_offsets_beyond_int32() -> None:
     ref = _reference(case, x, weight, bias, residual)
     conv2d_nhwc(out, x, weight, bias, padding=1, residual=residual)
     assert_close(out, ref, TOLERANCE[F16])
+
+
+def test_transposed_conv_lowered_to_four_strided_1x1_convs() -> None:
+    """Proto's 2x2 stride-2 transposed conv, as the engine lowers it (one 1x1 conv per tap, each writing every
+    other row and column of the output), against torch's conv_transpose2d: input a channel slice of a wider
+    buffer, two images, and nothing written past the output's own channels."""
+    graph = export_graph(random_model("yolov8n-seg.yaml"), 64)
+    node = next(n for n in graph.nodes if n.op == "conv_transpose")
+    (_, c_in, h, w), c_out = graph.values[node.inputs[0]].shape, graph.values[node.outputs[0]].shape[1]
+    x = torch.randn(2, h, w, 8 + c_in, device=DEVICE, dtype=F16)[..., 8:]
+    out_buffer = torch.full((2, 2 * h, 2 * w, c_out + 16), float("nan"), device=DEVICE, dtype=F16)
+    out = out_buffer[..., :c_out]
+    views = {node.inputs[0]: x, node.outputs[0]: out}
+    _lower_conv_transpose(node, views.__getitem__, PackedWeights(graph, DEVICE, F16), pdl=False).run()
+    weights = {role: torch.from_numpy(a).to(DEVICE) for role, a in graph.node_weights(node).items()}
+    (expected,) = REFERENCE_OPS["conv_transpose"](node, [x.permute(0, 3, 1, 2).float()], weights)
+    assert_close(out, expected.permute(0, 2, 3, 1), TOLERANCE[F16])
+    assert out_buffer[..., c_out:].isnan().all()

@@ -80,6 +80,16 @@ def test_every_kernel_output_matches_reference_op(model_dirs):
     assert checked >= 88  # every conv, pool, attention and decode launch of yolo11n
 
 
+def test_dump_shows_a_value_its_launch_left_unwritten_as_nan(model_dirs, monkeypatch):
+    """dump poisons the buffers first: a launch that writes nothing shows as NaN, not as the last run's values."""
+    engine = Engine.load(model_dirs("yolo11n.yaml", None), device=DEVICE, half=True, max_batch=1, tune=False)
+    x = torch.rand(1, 3, 64, 64, device=DEVICE)
+    stem = engine.network.launches[1][0]
+    assert not engine.dump(x)[stem.outputs[0]].isnan().any()
+    monkeypatch.setattr(stem, "run", lambda: None)
+    assert engine.dump(x)[stem.outputs[0]].isnan().all()
+
+
 def test_folds_take_the_upsample_and_copy_launches_unless_fusion_is_off(model_dirs):
     """With fusion (the default) each neck upsample is read by the 1x1 conv after its concat, and the 1x1 conv
     after C2PSA's concat reads the split half the concat would copy where it lies: neither the upsamples nor the

@@ -294,12 +294,15 @@ class TritonNetwork:
         self.heads.fill_(float("nan"))
 
     def dump(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every value a launch writes, snapshotted right after that launch (NCHW float32 for feature maps)."""
+        """Every value a launch writes, snapshotted right after that launch (NCHW float32 for feature maps). The
+        buffers are NaN before the run (`poison`): a value its launch leaves unwritten, or a read of memory nothing
+        wrote, shows as NaN rather than as a plausible earlier result."""
         self._check_input(x)
         batch = x.shape[0]
         if batch > self.max_batch:
             raise EngineConfigError(f"dump takes at most max_batch={self.max_batch} images, got {batch}")
         bucket = self.bucket_for(batch)
+        self.poison()
         self.input_view(bucket)[:batch].copy_(x.permute(0, 2, 3, 1))
         values = {self.graph.inputs[0]: self._read(self.graph.inputs[0], bucket)[:batch]}
         for launch in self.launches[bucket]:
