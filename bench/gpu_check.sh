@@ -57,7 +57,7 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     # COMPILE_GPUS: the GPU indices the jobs share (all by default). Job i goes to GPU i mod their count, and each GPU
     # runs its jobs one after another, so a short job never holds a long one back. COMPILE_DEADLINE (seconds from
     # the stage's start) ends every job by then, however many are queued, so the archive below is always written
-    # within a remote call's limit; a job left with under a minute does not start.
+    # within the caller's time limit; a job left with under a minute does not start.
     read -ra gpu_list <<< "${COMPILE_GPUS:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
     read -ra jobs <<< "${COMPILE_JOBS:-yolo11n:64}"
     stage_end=$((SECONDS + ${COMPILE_DEADLINE:-100000}))

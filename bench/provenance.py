@@ -15,11 +15,12 @@ import triton
 
 
 def commit() -> str:
+    """The short hash, with "-dirty" when tracked files differ from it (then the hash alone does not name the code)."""
     if os.environ.get("YOLOJET_COMMIT"):
         return os.environ["YOLOJET_COMMIT"]
     try:
         found = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+            ["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
             cwd=Path(__file__).resolve().parent,
             capture_output=True,
             text=True,

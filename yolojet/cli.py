@@ -362,7 +362,8 @@ def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--no-fuse",
         action="store_true",
-        help="one launch per node where nodes share one (SPPF's pools; the classifier's pool, linear and softmax) "
+        help="one launch per node where nodes share one (SPPF's pools; the classifier's pool with its linear and "
+        "softmax) "
         "and no folds (a neck upsample read by the conv after it; a concat's copy read by its conv in place)",
     )
     group.add_argument(
