@@ -300,9 +300,9 @@ def test_packed_taps_offered_only_for_few_input_channels_and_many_outputs() -> N
 
 
 WHOLE_PIXEL_CASES = {
-    # (case, row width of the input buffer, config): rows of 8 as the engine's graph input, 4 (a full word), 16
-    # (a channel slice, as C3k2's bottleneck inputs)
-    "stem_c3_s2": (Case(1, 9, 7, 3, 16, 3, stride=2, padding=1), 8, ConvConfig(64, 16, 16, 2, 1, direct=True)),
+    # (case, row width of the input buffer, config): rows of 4 as the engine's graph input (one word), 8 (two
+    # words, or one word and padding), 16 (a channel slice, as C3k2's bottleneck inputs)
+    "stem_c3_s2": (Case(1, 9, 7, 3, 16, 3, stride=2, padding=1), 4, ConvConfig(64, 16, 16, 2, 1, direct=True)),
     "c4_b3_residual_upsample": (
         Case(3, 5, 6, 4, 33, 3, padding=1, upsample=2, residual=True),
         4,
@@ -327,9 +327,11 @@ WHOLE_PIXEL_CASES = {
 
 
 PACKED_WHOLE_PIXEL_CASES = {
-    # (case, row width of the input buffer, config): the stem's 3 channels in rows of 8, 4 channels in a slice of
-    # rows of 16 with a residual and an upsample, one channel with dilation and a 1x3 kernel (taps padded to 4)
-    "stem_c3_s2_b2": (Case(2, 9, 7, 3, 33, 3, stride=2, padding=1), 8, ConvConfig(64, 64, 64, 4, 2)),
+    # (case, row width of the input buffer, config): the stem's 3 channels in rows of 4 (the engine's graph input)
+    # and of 8, 4 channels in a slice of rows of 16 with a residual and an upsample, one channel with dilation and
+    # a 1x3 kernel (taps padded to 4)
+    "stem_c3_s2_b2": (Case(2, 9, 7, 3, 33, 3, stride=2, padding=1), 4, ConvConfig(64, 64, 64, 4, 2)),
+    "stem_c3_rows_of_8": (Case(1, 9, 7, 3, 16, 3, stride=2, padding=1), 8, ConvConfig(64, 16, 64, 2, 2)),
     "c4_slice_residual_upsample": (
         Case(3, 5, 6, 4, 16, 3, padding=1, upsample=2, residual=True),
         16,

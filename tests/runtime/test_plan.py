@@ -37,6 +37,8 @@ def test_plan_places_concat_inputs_and_separates_live_buffers(cfg):
                     (a0, a1), (b0, b1) = extent(a), extent(b)
                     assert a1 <= b0 or b1 <= a0, f"buffers {a.index} and {b.index} overlap while both alive"
     assert plan.feature_elements < plan.stats["feature_elements_unshared"]
+    image = plan.placements[graph.inputs[0]]
+    assert (image.channel, image.channels, plan.buffers[image.buffer].shape[2]) == (0, 3, 4)  # 8-byte fp16 pixels
 
 
 @pytest.mark.parametrize("cfg", ["yolo11n-pose.yaml", "yolo26n-pose.yaml"])

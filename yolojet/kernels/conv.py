@@ -743,7 +743,7 @@ def tma_loadable(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def pixels_are_words(x: torch.Tensor) -> bool:
     """Whether an NHWC view's pixels can be loaded as 8-byte words: fp16, at most 8 channels (two words), and every
-    pixel starting on an 8-byte boundary (the stem's 3 channels in rows of 8, C3k2's 8-channel slices)."""
+    pixel starting on an 8-byte boundary (the stem's 3 channels in rows of 4, C3k2's 8-channel slices)."""
     return (
         x.dtype == torch.float16
         and x.dim() == 4
