@@ -77,7 +77,7 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
       ) &
     done
     wait
-    for job in ${COMPILE_JOBS:-yolo11n:64}; do
+    for job in "${jobs[@]}"; do
       model=${job%%:*} batch=${job##*:}
       log="$OUT/compile-$model-$batch.log"
       echo "$job: $(grep -c '^AUTOTUNE' "$log") kernels autotuned in this run, from $(grep -m1 '^AUTOTUNE' "$log")"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -117,15 +116,9 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     from yolojet.runtime.reference import load_reference
 
     _check_output_folder(args.out, "--out")
-    device = torch.device(args.device) if args.device else None
-    on_cpu = (device is None and not torch.cuda.is_available()) or (device is not None and device.type == "cpu")
-    if on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
-        raise EngineConfigError(
-            "dump compares our kernels with the reference executor: it needs a CUDA GPU, or TRITON_INTERPRET=1 "
-            "to run the same kernels on the CPU (slow)"
-        )
-    # The tiles and launches a predict would run (tuned on a GPU, from the tuning cache once known), unless the
-    # engine switches say otherwise: the gate speaks for what users run.
+    # Engine.load refuses the triton backend where it cannot run (no GPU, no TRITON_INTERPRET=1). The tiles and
+    # launches are those a predict would run (tuned on a GPU, from the tuning cache once known), unless the engine
+    # switches say otherwise: the gate speaks for what users run.
     engine = Engine.load(
         args.model_dir, device=args.device, half=not args.fp32, max_batch=1, backend="triton", **_engine_switches(args)
     )
