@@ -1,0 +1,189 @@
+"""How close yolojet's widest convs come to the chip: each conv against a plain GEMM of the same sizes.
+
+For each conv shape (by default yolo11m's largest at batch 64), every tile candidate the engine would time is
+timed here too (median of CUDA-event-timed runs), the best kept and checked against cuDNN's fp32 result. Beside
+it, three ceilings for the same M = N·OH·OW, N = C_out, K = kh·kw·C_in: yolojet's own 1x1 conv of a (M, K)
+input (a plain GEMM whose operands the TMA loads, every candidate timed), torch.mm (cuBLAS) and
+F.conv2d channels_last (cuDNN). Where the conv trails its own plain GEMM, the gathers of the implicit GEMM
+cost; where both trail cuBLAS, the GEMM tiles do. The GPU's SM clock and power are sampled while each shape
+runs, since the same kernels time differently at different clocks.
+
+    python bench/bench_conv_ceiling.py --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from provenance import provenance
+
+from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs
+
+# (name, batch, H, W, C_in, pixel stride of the input, C_out, kernel, stride): yolo11m at 640, batch 64. A pixel
+# stride above C_in is a channel slice of a concat buffer, as the engine's plan gives model.5 its input.
+SHAPES = [
+    ("yolo11m model.5", 64, 80, 80, 512, 1024, 512, 3, 2),
+    ("yolo11m model.3", 64, 160, 160, 256, 256, 256, 3, 2),
+    ("yolo11m model.1", 64, 320, 320, 64, 64, 128, 3, 2),
+    ("yolo11m model.6.m.0.m.0.cv1", 64, 40, 40, 128, 128, 128, 3, 1),
+]
+DEVICE = "cuda"
+
+
+class ClockSampler:
+    """nvidia-smi's SM clock (MHz) and power draw (W) every 100 ms while a block runs."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        # nvidia-smi numbers every GPU of the machine; this process's device 0 is the first CUDA_VISIBLE_DEVICES names.
+        index = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        query = ["nvidia-smi", f"--id={index}", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"]
+        while not self._stop.wait(0.1):
+            try:
+                line = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout.strip()
+                clock, power = (float(v) for v in line.split(","))
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                continue
+            self.samples.append((clock, power))
+
+    def __enter__(self) -> ClockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, float]:
+        if not self.samples:
+            return {}
+        clocks, powers = zip(*self.samples, strict=True)
+        return {
+            "sm_mhz_median": statistics.median(clocks),
+            "sm_mhz_min": min(clocks),
+            "power_w_median": statistics.median(powers),
+        }
+
+
+def median_ms(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median"))
+
+
+def best_of(configs, launch) -> tuple[float, ConvConfig, dict[str, float]]:
+    """Times launch(config) for every config that builds; returns the best time, its config and all times."""
+    times, by_name = {}, {repr(c): c for c in configs}
+    for config in configs:
+        if config.split_k > 1:  # split K is for small M; these shapes have tens of thousands of rows
+            continue
+        try:
+            times[repr(config)] = median_ms(lambda c=config: launch(c))
+        except Exception as error:  # a tile that does not build on this GPU is skipped, as the tuner does
+            times[repr(config)] = float("nan")
+            print(f"  {config}: {type(error).__name__}: {str(error)[:120]}", flush=True)
+    usable = {k: v for k, v in times.items() if v == v}
+    best = min(usable, key=usable.get)
+    return usable[best], by_name[best], times
+
+
+def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride) -> dict:
+    pad = k // 2
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    m, gemm_k = batch * oh * ow, k * k * c_in
+    flops = 2 * m * c_out * gemm_k
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    buffer = torch.randn(batch, h, w, pixel_stride, device=DEVICE, dtype=torch.float16, generator=gen)
+    x = buffer[..., :c_in]
+    weight = (torch.randn(c_out, k, k, c_in, device=DEVICE, generator=gen) / gemm_k**0.5).half().contiguous()
+    bias = torch.randn(c_out, device=DEVICE, generator=gen)
+    out = torch.full((batch, oh, ow, c_out), float("nan"), device=DEVICE, dtype=torch.float16)
+
+    def conv(config):
+        conv2d_nhwc(out, x, weight, bias, stride=stride, padding=pad, activation="silu", config=config)
+
+    row = {"shape": name, "M": m, "N": c_out, "K": gemm_k, "gflop": flops / 1e9}
+    with ClockSampler() as clocks:
+        # As the engine offers them: the TMA patch tiles are for stride-1 convs.
+        offered = [c for c in conv_candidate_configs(m, c_out, gemm_k, k == 1, c_in=c_in) if stride == 1 or not c.tma]
+        conv_ms, conv_config, conv_times = best_of(offered, conv)
+        conv(conv_config)
+        # cuDNN in fp32 on the same fp16 values is the reference for the check.
+        x_nchw = x.permute(0, 3, 1, 2).float()
+        reference = F.silu(F.conv2d(x_nchw, weight.permute(0, 3, 1, 2).float(), bias, stride=stride, padding=pad))
+        got = out.permute(0, 3, 1, 2).float()
+        row["rel_l2_vs_cudnn_fp32"] = float((got - reference).norm() / reference.norm())
+
+        # The same GEMM through yolojet's 1x1 conv: a contiguous (M, K) input.
+        a = torch.randn(batch, oh, ow, gemm_k, device=DEVICE, dtype=torch.float16, generator=gen)
+        w1 = weight.reshape(c_out, 1, 1, gemm_k).contiguous()
+        out1 = torch.empty(batch, oh, ow, c_out, device=DEVICE, dtype=torch.float16)
+
+        def gemm(config):
+            conv2d_nhwc(out1, a, w1, bias, activation="silu", config=config)
+
+        gemm_ms, gemm_config, gemm_times = best_of(conv_candidate_configs(m, c_out, gemm_k, True), gemm)
+        a2 = a.reshape(m, gemm_k)
+        b2 = w1.reshape(c_out, gemm_k).t()
+        cublas_ms = median_ms(lambda: torch.mm(a2, b2))
+        x_cl = x.permute(0, 3, 1, 2)  # NHWC memory: channels_last already
+        w_cl = weight.permute(0, 3, 1, 2)
+        cudnn_ms = median_ms(lambda: F.conv2d(x_cl, w_cl, None, stride=stride, padding=pad))
+    row.update(
+        conv_ms=conv_ms, conv_config=repr(conv_config), conv_candidates=conv_times,
+        gemm_ms=gemm_ms, gemm_config=repr(gemm_config), gemm_candidates=gemm_times,
+        cublas_ms=cublas_ms, cudnn_ms=cudnn_ms, clocks=clocks.summary(),
+    )  # fmt: skip
+    for key in ("conv", "gemm", "cublas", "cudnn"):
+        row[f"{key}_tflops"] = flops / row[f"{key}_ms"] / 1e9
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_conv_ceiling needs a CUDA GPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for shape in SHAPES:
+        print(f"{shape[0]} ...", flush=True)
+        rows.append(bench_shape(*shape))
+    (args.out / "conv_ceiling.json").write_text(json.dumps({**provenance(), "shapes": rows}, indent=1))
+    lines = [
+        "| conv | M×N×K | yolojet conv | same GEMM, yolojet 1x1 | cuBLAS mm | cuDNN conv | rel L2 | SM MHz | W |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        c = r["clocks"]
+        lines.append(
+            f"| {r['shape']} | {r['M']}×{r['N']}×{r['K']} | {r['conv_ms']:.3f} ms, {r['conv_tflops']:.0f} TF "
+            f"| {r['gemm_ms']:.3f} ms, {r['gemm_tflops']:.0f} TF "
+            f"| {r['cublas_ms']:.3f} ms, {r['cublas_tflops']:.0f} TF "
+            f"| {r['cudnn_ms']:.3f} ms, {r['cudnn_tflops']:.0f} TF | {r['rel_l2_vs_cudnn_fp32']:.1e} "
+            f"| {c.get('sm_mhz_median', float('nan')):.0f} (min {c.get('sm_mhz_min', float('nan')):.0f}) "
+            f"| {c.get('power_w_median', float('nan')):.0f} |"
+        )
+    table = "\n".join(lines)
+    (args.out / "conv_ceiling.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
