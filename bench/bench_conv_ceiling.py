@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from provenance import provenance
 
-from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs
+from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, tma_patch_loadable
 
 # (name, batch, H, W, C_in, pixel stride of the input, C_out, kernel, stride): yolo11m at 640, batch 64. A pixel
 # stride above C_in is a channel slice of a concat buffer, as the engine's plan gives model.5 its input.
@@ -119,8 +119,12 @@ def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride) -> dict
 
     row = {"shape": name, "M": m, "N": c_out, "K": gemm_k, "gflop": flops / 1e9}
     with ClockSampler() as clocks:
-        # As the engine offers them: the TMA patch tiles are for stride-1 convs.
-        offered = [c for c in conv_candidate_configs(m, c_out, gemm_k, k == 1, c_in=c_in) if stride == 1 or not c.tma]
+        # As the engine offers them: TMA tiles only where they can load this conv's operands.
+        offered = [
+            c
+            for c in conv_candidate_configs(m, c_out, gemm_k, k == 1, c_in=c_in)
+            if not c.tma or (c.tile_w and tma_patch_loadable(x, weight, (stride, stride), c.block_k))
+        ]
         conv_ms, conv_config, conv_times = best_of(offered, conv)
         conv(conv_config)
         # cuDNN in fp32 on the same fp16 values is the reference for the check.

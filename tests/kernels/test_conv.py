@@ -25,6 +25,7 @@ from yolojet.kernels.conv import (
     default_config,
     pixels_are_words,
     tma_loadable,
+    tma_patch_loadable,
     two_input_candidates,
 )
 from yolojet.runtime.lowering import PackedWeights, _lower_conv_transpose
@@ -555,6 +556,20 @@ TMA_PATCH_CASES = {
         ConvConfig(32, 16, 16, 1, 3, tma=True, tile_w=16),
     ),
     "3x3_pad0": (Case(2, 9, 7, 24, 40, 3), ConvConfig(64, 32, 32, 2, 2, tma=True, tile_w=8)),
+    # Stride 2 reads the input as pixel pairs: even maps, channels in whole K blocks, the last block of a pixel
+    # followed by the next pixel's first channels (the input is a channel slice), so a block crossing over shows.
+    "3x3_s2_pad1_residual": (
+        Case(3, 10, 8, 32, 40, 3, stride=2, padding=1, residual=True),
+        ConvConfig(32, 16, 16, 1, 2, tma=True, tile_w=8),
+    ),
+    "3x3_s2_pad0_fp32": (
+        Case(1, 8, 12, 16, 24, 3, stride=2, activation="relu", dtype=F32),
+        ConvConfig(16, 16, 16, 2, 2, tma=True, tile_w=4),
+    ),
+    "1x3_s2_dilation2": (
+        Case(2, 6, 10, 48, 16, (1, 3), stride=2, padding=(0, 2), dilation=2, activation="identity"),
+        ConvConfig(32, 16, 16, 1, 3, tma=True, tile_w=16),
+    ),
 }
 
 
@@ -576,8 +591,8 @@ def test_tma_patch_conv_matches_reference(name: str) -> None:
     ref = _reference(case, x, weight, bias, residual)
     out_buf, out = _nhwc(shape, case.dtype, True, fill=SENTINEL)
     out.fill_(float("nan"))
-    conv2d_nhwc(out, x, weight, bias, padding=case.padding, dilation=case.dilation, activation=case.activation,
-                residual=residual, config=config)  # fmt: skip
+    conv2d_nhwc(out, x, weight, bias, stride=case.stride, padding=case.padding, dilation=case.dilation,
+                activation=case.activation, residual=residual, config=config)  # fmt: skip
     assert_close(out, ref, TOLERANCE[case.dtype])
     out.fill_(SENTINEL)
     assert bool((out_buf == SENTINEL).all()), "the conv wrote outside its output slice"
@@ -607,10 +622,19 @@ def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() 
         ConvConfig(64, 64, 64, 4, 3, split_k=2, tma=True)
     with pytest.raises(ValueError, match="only the TMA kernel has a persistent grid"):
         ConvConfig(64, 64, 64, 4, 3, persistent=True)
-    with pytest.raises(ValueError, match="TMA-loads a conv's input patches: it needs stride 1"):
+    with pytest.raises(ValueError, match="TMA-loads a conv's input patches: it needs stride 1"):  # 5 rows: odd
         conv2d_nhwc(torch.empty(2, 3, 3, 16, dtype=F16, device=DEVICE), x, torch.zeros(16, 3, 3, 40, dtype=F16,
                     device=DEVICE), torch.zeros(16, device=DEVICE), stride=2, padding=1,
                     config=ConvConfig(16, 16, 16, 1, 1, tma=True, tile_w=4))  # fmt: skip
+    even = _channel_slice(2, 6, 6, 40, F16)[1]
+    weight3 = torch.zeros(16, 3, 3, 40, dtype=F16, device=DEVICE)
+    assert tma_patch_loadable(even, weight3, (2, 2), 8) and tma_patch_loadable(x, weight3, (1, 1), 64)
+    assert not tma_patch_loadable(even, weight3, (2, 2), 16)  # 40 channels are not whole 16-wide blocks
+    assert not tma_patch_loadable(x, weight3, (2, 2), 8)  # 5 rows
+    assert not tma_patch_loadable(even, weight3, (2, 1), 8)
+    with pytest.raises(ValueError, match="stride 2 on an even-sized input whose channels are whole K blocks"):
+        conv2d_nhwc(torch.empty(2, 3, 3, 16, dtype=F16, device=DEVICE), even, weight3, torch.zeros(16, device=DEVICE),
+                    stride=2, padding=1, config=ConvConfig(16, 16, 16, 1, 1, tma=True, tile_w=4))  # fmt: skip
     for kernel, padding, view in ((3, 1, x), (1, 0, buf[..., 1:41])):
         with pytest.raises(ValueError, match="TMA-loads a 1x1 conv's operands"):  # a 3x3 weight: no tile_w
             conv2d_nhwc(

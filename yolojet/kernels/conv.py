@@ -353,6 +353,7 @@ def _conv_tma_kernel(
     stride_oh,
     stride_ow,
     x_desc,
+    stride_xw,
     w_desc,
     bias_ptr,
     res_ptr,
@@ -369,6 +370,7 @@ def _conv_tma_kernel(
     dil_x,
     KH: tl.constexpr,
     KW: tl.constexpr,
+    STRIDE: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     TILE_H: tl.constexpr,
@@ -378,11 +380,17 @@ def _conv_tma_kernel(
     GROUP_M: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """A stride-1 k x k conv whose operands the tensor memory accelerator loads: a program's output pixels are a
+    """A k x k conv whose operands the tensor memory accelerator loads: a program's output pixels are a
     TILE_H x TILE_W patch of one image, so each tap's input is the same patch shifted by the tap, one box of the
     (N, H, W, C_in) input (x_desc) that TMA fills with zeros where it leaves the image: the padding costs
     nothing and no thread computes a gather address. The weight is an (C_out, KH, KW, C_in) box per tap
-    (w_desc). K walks (tap, channel block) in one loop, so the pipeline crosses taps."""
+    (w_desc). K walks (tap, channel block) in one loop, so the pipeline crosses taps.
+
+    STRIDE 2 reads every other pixel, which a box cannot. The input (even H and W) is instead described as
+    (N, H/2, 2, W/2, pixel stride + C_in): input row 2a + p is (a, p), and pixel 2b + q's channel c is (b, q·pixel
+    stride + c), so a tap's pixels 2·(oy, ox) + r are the box at (oy + r // 2, r % 2) in each direction, one row
+    and pixel apart like a stride-1 patch. A channel block never crosses from pixel 2b into 2b + 1 because C_in is a
+    multiple of BLOCK_K, and a tap reaching above or left of the image lands at a = -1 or b = -1, zero-filled."""
     BLOCK_M: tl.constexpr = TILE_H * TILE_W
     tiles_x = tl.cdiv(OW, TILE_W)
     tiles_per_image = tl.cdiv(OH, TILE_H) * tiles_x
@@ -399,7 +407,14 @@ def _conv_tma_kernel(
         c0 = (step % k_chunks) * BLOCK_K
         ky = tap // KW
         kx = tap % KW
-        a = x_desc.load([img, oy0 + ky * dil_y - pad_y, ox0 + kx * dil_x - pad_x, c0]).reshape(BLOCK_M, BLOCK_K)
+        if STRIDE == 1:
+            a = x_desc.load([img, oy0 + ky * dil_y - pad_y, ox0 + kx * dil_x - pad_x, c0])
+        else:
+            # The tap's offsets r = k·d − pad shifted by an even 2·pad, so that // and % floor at negative r too.
+            ry = ky * dil_y + pad_y
+            rx = kx * dil_x + pad_x
+            a = x_desc.load([img, oy0 + ry // 2 - pad_y, ry % 2, ox0 + rx // 2 - pad_x, (rx % 2) * stride_xw + c0])
+        a = a.reshape(BLOCK_M, BLOCK_K)
         b = w_desc.load([pid_n * BLOCK_N, ky, kx, c0]).reshape(BLOCK_N, BLOCK_K)
         acc = tl.dot(a, b.T, acc, input_precision="ieee")
     r = tl.arange(0, BLOCK_M)
@@ -526,7 +541,7 @@ class ConvConfig:
     packed: bool = False  # K tiles run over all taps at once (PACK_TAPS in the kernel), for a few input channels
     tma: bool = False  # operands loaded by the tensor memory accelerator: _conv1x1_tma_kernel, or with tile_w
     persistent: bool = False  # with tma: a fixed grid of programs walking the tiles, not a program per tile
-    tile_w: int = 0  # with tma: k x k stride-1 convs on patches tile_w pixels wide (_conv_tma_kernel)
+    tile_w: int = 0  # with tma: k x k convs (stride 1 or 2) on patches tile_w pixels wide (_conv_tma_kernel)
 
     def __post_init__(self) -> None:
         # tl.arange needs powers of two, and 16 is the smallest fp16 tensor-core K.
@@ -602,6 +617,8 @@ _TMA_TILES = (
     ConvConfig(128, 256, 64, 8, 3, tma=True),
     ConvConfig(128, 128, 64, 4, 3, tma=True, persistent=True),
 )
+# The strides of the k x k convs the patch tiles are offered to (stride 2 through a view pairing rows and pixels).
+_TMA_PATCH_STRIDES = (1, 2)
 # Patch tiles of the k x k TMA kernel: 8x16 and 16x8 pixels (8 divides the 160-, 80- and 40-wide maps, 16 the
 # first two).
 _TMA_PATCH_TILES = (
@@ -639,8 +656,8 @@ def candidate_set_id() -> str:
     new candidate gets timed."""
     offer = (
         _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
-        _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _TMA_TILES, _TMA_PATCH_TILES, _TMA_MIN_M, _PERSISTENT_PROGRAMS_PER_SM,
-        _TWO_INPUT_TILES, _TWO_INPUT_WIDE_TILES, _TWO_INPUT_WIDE_MIN_M,
+        _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _TMA_TILES, _TMA_PATCH_TILES, _TMA_PATCH_STRIDES, _TMA_MIN_M,
+        _PERSISTENT_PROGRAMS_PER_SM, _TWO_INPUT_TILES, _TWO_INPUT_WIDE_TILES, _TWO_INPUT_WIDE_MIN_M,
         [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
     )  # fmt: skip
     return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
@@ -738,6 +755,23 @@ def tma_loadable(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and (weight.shape[3] * size) % _TMA_ALIGN == 0
         and x.data_ptr() % _TMA_ALIGN == 0
         and weight.data_ptr() % _TMA_ALIGN == 0
+    )
+
+
+def tma_patch_loadable(x: torch.Tensor, weight: torch.Tensor, stride: tuple[int, int], block_k: int) -> bool:
+    """Whether the k x k TMA kernel can load a conv's input patches: TMA-loadable operands (`tma_loadable`) and
+    stride 1, or stride 2 on an input of even height and width whose channels are whole BLOCK_K blocks (its view
+    pairs rows and pixels, see _conv_tma_kernel)."""
+    if stride[0] != stride[1] or stride[0] not in _TMA_PATCH_STRIDES:
+        return False
+    if stride == (1, 1):
+        return tma_loadable(x, weight)
+    return (
+        x.dim() == 4
+        and x.shape[1] % 2 == 0
+        and x.shape[2] % 2 == 0
+        and x.shape[3] % block_k == 0
+        and tma_loadable(x, weight)
     )
 
 
@@ -956,22 +990,28 @@ def conv2d_nhwc(
         )  # fmt: skip
         return
     if cfg.tma and cfg.tile_w:
-        if (sy, sx, upsample) != (1, 1, 1) or not tma_loadable(x, weight):
+        if upsample != 1 or not tma_patch_loadable(x, weight, (sy, sx), cfg.block_k):
             raise ValueError(
-                f"config {cfg} TMA-loads a conv's input patches: it needs stride 1, no upsample, and x's and the "
-                f"weight's strides 16-byte aligned (stride {(sy, sx)}, upsample {upsample}, x strides {x.stride()}, "
+                f"config {cfg} TMA-loads a conv's input patches: it needs stride 1, or stride 2 on an even-sized "
+                f"input whose channels are whole K blocks, no upsample, and x's and the weight's strides 16-byte "
+                f"aligned (stride {(sy, sx)}, upsample {upsample}, x shape {tuple(x.shape)} strides {x.stride()}, "
                 f"weight {tuple(weight.shape)})"
             )
-        x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, cfg.block_m // cfg.tile_w, cfg.tile_w,
-                                  cfg.block_k])  # fmt: skip
-        w_desc = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [cfg.block_n, 1, 1, cfg.block_k])
         tile_h = cfg.block_m // cfg.tile_w
+        if sy == 1:
+            x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, tile_h, cfg.tile_w, cfg.block_k])
+        else:  # (N, H/2, 2, W/2, pixel stride + C_in): see _conv_tma_kernel
+            sn, sh, sw = x.stride()[:3]
+            x_desc = TensorDescriptor(x, [batch, height // 2, 2, width // 2, sw + c_in], [sn, 2 * sh, sh, 2 * sw, 1],
+                                      [1, tile_h, 1, cfg.tile_w, cfg.block_k])  # fmt: skip
+        w_desc = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [cfg.block_n, 1, 1, cfg.block_k])
         grid = (batch * triton.cdiv(oh, tile_h) * triton.cdiv(ow, cfg.tile_w) * triton.cdiv(c_out, cfg.block_n),)
         kernel = functools.partial(_conv_tma_kernel.warmup, grid=grid) if compile_only else _conv_tma_kernel[grid]
         kernel(
-            out, *out.stride()[:3], x_desc, w_desc, bias, res, *res.stride()[:3], oh, ow, c_in, c_out, py, px, dy, dx,
-            KH=kh, KW=kw, ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=residual is not None, TILE_H=tile_h,
-            TILE_W=cfg.tile_w, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, PDL=pdl,
+            out, *out.stride()[:3], x_desc, x.stride(2), w_desc, bias, res, *res.stride()[:3], oh, ow, c_in, c_out,
+            py, px, dy, dx, KH=kh, KW=kw, STRIDE=sy, ACTIVATION=ACTIVATIONS[activation],
+            HAS_RESIDUAL=residual is not None, TILE_H=tile_h, TILE_W=cfg.tile_w, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, PDL=pdl,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )  # fmt: skip
         return

@@ -24,6 +24,7 @@ from yolojet.kernels.conv import (
     default_config,
     pixels_are_words,
     tma_loadable,
+    tma_patch_loadable,
     two_input_candidates,
 )
 from yolojet.kernels.decode import DecodeSpec, decode_heads
@@ -214,16 +215,16 @@ def _lower_conv(
         candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=c_in, whole_pixels=whole_pixels)
     else:
         candidates = two_input_candidates(m, c_out, c_in, x.dtype)
-    # The TMA kernels: a 1x1 conv as a plain GEMM, or a stride-1 k x k conv on patches (see conv2d_nhwc).
-    tma = (
-        second is None
-        and scale == 1
-        and stride == (1, 1)
-        and (padding == (0, 0) or not is_1x1)
-        and tma_loadable(x, weight)
-    )
-    if not tma:
-        candidates = [c for c in candidates if not c.tma]
+
+    # The TMA kernels: a 1x1 conv as a plain GEMM, or a k x k conv (stride 1, or 2 in whole K blocks) on patches.
+    def tma_fits(config: ConvConfig) -> bool:
+        if second is not None or scale != 1:
+            return False
+        if config.tile_w:
+            return not is_1x1 and tma_patch_loadable(x, weight, stride, config.block_k)
+        return stride == (1, 1) and (padding == (0, 0) or not is_1x1) and tma_loadable(x, weight)
+
+    candidates = [c for c in candidates if not c.tma or tma_fits(c)]
     for config in candidates:
         scratch.reserve(*config.split_scratch(m, c_out))
     slot = scratch.new_slot()
@@ -240,7 +241,7 @@ def _lower_conv(
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
             config = replace(config, whole_pixels=False)
-        if config.tma and not tma:  # nor TMA-load today's operands (alignment): the same tile, gathered
+        if config.tma and not tma_fits(config):  # nor TMA-load today's operands (alignment): the same tile, gathered
             config = replace(config, tma=False, persistent=False, tile_w=0)
         chosen[0] = config
 
