@@ -566,6 +566,10 @@ TMA_PATCH_CASES = {
         Case(1, 8, 12, 16, 24, 3, stride=2, activation="relu", dtype=F32),
         ConvConfig(16, 16, 16, 2, 2, tma=True, tile_w=4),
     ),
+    "3x3_s2_wide_tile": (  # the 64 x 256 tile offered to wide stride-2 layers, with an N tail
+        Case(1, 16, 16, 64, 264, 3, stride=2, padding=1),
+        ConvConfig(64, 256, 64, 4, 3, tma=True, tile_w=8),
+    ),
     "1x3_s2_dilation2": (
         Case(2, 6, 10, 48, 16, (1, 3), stride=2, padding=(0, 2), dilation=2, activation="identity"),
         ConvConfig(32, 16, 16, 1, 3, tma=True, tile_w=16),
@@ -606,6 +610,8 @@ def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() 
     assert not any(c.tma for c in conv_candidate_configs(160 * 160, 256, 192, kernel_is_1x1=True))
     patches = [c for c in conv_candidate_configs(64 * 40 * 40, 64, 9 * 64, kernel_is_1x1=False) if c.tma]
     assert [(c.block_m, c.block_n, c.tile_w) for c in patches] == [(128, 64, 16), (128, 64, 8), (64, 64, 8)]
+    wide = [c for c in conv_candidate_configs(64 * 40 * 40, 512, 9 * 512, kernel_is_1x1=False) if c.tma]
+    assert [(c.block_m, c.block_n, c.num_warps, c.tile_w) for c in wide][-2:] == [(64, 256, 4, 8), (128, 256, 8, 16)]
     assert not any(c.tma for c in conv_candidate_configs(160 * 160, 32, 9 * 32, kernel_is_1x1=False))  # batch 1
     assert not tma_loadable(torch.zeros(2, 5, 6, 36, dtype=F16, device=DEVICE)[..., :32],
                             torch.zeros(16, 3, 3, 32, dtype=F16, device=DEVICE))  # fmt: skip  # 72-byte pixels

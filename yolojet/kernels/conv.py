@@ -627,6 +627,13 @@ _TMA_PATCH_TILES = (
     ConvConfig(128, 64, 64, 4, 4, tma=True, tile_w=8),
     ConvConfig(64, 64, 64, 4, 4, tma=True, tile_w=8),
 )
+# And to k x k convs of at least _TMA_PATCH_WIDE_MIN_N outputs (the stride-2 convs of s and m models at batch 64,
+# whose plain GEMMs run best 256 wide): 8x8 patches, which tile the 40-wide maps exactly, and 16x8.
+_TMA_PATCH_WIDE_TILES = (
+    ConvConfig(64, 256, 64, 4, 3, tma=True, tile_w=8),
+    ConvConfig(128, 256, 64, 8, 3, tma=True, tile_w=16),
+)
+_TMA_PATCH_WIDE_MIN_N = 256
 # The tiles offered to a 1x1 conv that reads a second input (a folded upsample or concat): each is a specialization
 # of its own to compile at start-up, so only the shapes that won such layers on an H200 (yolo11n, yolo26n and
 # yolo11m at batch 1 and 64, 2026-11-30), the 8-warp ones only from 2^16 output pixels (yolo11m's 40x40 fold at
@@ -657,6 +664,7 @@ def candidate_set_id() -> str:
     offer = (
         _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
         _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _TMA_TILES, _TMA_PATCH_TILES, _TMA_PATCH_STRIDES, _TMA_MIN_M,
+        _TMA_PATCH_WIDE_TILES, _TMA_PATCH_WIDE_MIN_N,
         _PERSISTENT_PROGRAMS_PER_SM, _TWO_INPUT_TILES, _TWO_INPUT_WIDE_TILES, _TWO_INPUT_WIDE_MIN_M,
         [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
     )  # fmt: skip
@@ -716,7 +724,8 @@ def conv_candidate_configs(
                     few_channels.append(config)
     tma = []
     if m >= _TMA_MIN_M and dtype == torch.float16:  # fp32 engines are for accuracy comparisons, not speed
-        for c in _TMA_TILES if kernel_is_1x1 else _TMA_PATCH_TILES:
+        wide = _TMA_PATCH_WIDE_TILES if n >= _TMA_PATCH_WIDE_MIN_N else ()
+        for c in _TMA_TILES if kernel_is_1x1 else _TMA_PATCH_TILES + wide:
             fitted = replace(c, block_n=_fit(c.block_n, n), block_k=_fit(c.block_k, c_in))
             smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
             if smem <= _SMEM_BUDGET and fitted not in tma:
