@@ -123,6 +123,48 @@ def test_every_candidate_tile_matches_reference(case):
         assert bool((out_buf == SENTINEL).all()), f"dwconv with {tile} wrote outside its output slice"
 
 
+# Row-walking tiles: bands that overhang the map's bottom, pixel blocks its right edge, padding 0 and 1, the
+# residual, channel slices, fp32 (the launcher runs any tile it is given).
+ROW_CASES = {
+    "b3_bands_overhang_sliced": (Case(3, 11, 9, 40, sliced=True), DwConvTile(4, 16, 1, 4)),
+    "psa_pe_residual_wide_tile": (Case(1, 9, 7, 13, activation="identity", residual=True), DwConvTile(16, 16, 4, 8)),
+    "pad0_relu_fp32_sliced": (
+        Case(2, 7, 12, 24, padding=0, activation="relu", sliced=True, dtype=F32),
+        DwConvTile(8, 16, 2, 2),
+    ),
+    "one_row_bands": (Case(1, 5, 6, 8), DwConvTile(2, 8, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("name", list(ROW_CASES))
+def test_row_walking_tiles_match_reference(name):
+    case, tile = ROW_CASES[name]
+    torch.manual_seed(50 + list(ROW_CASES).index(name))
+    ref, x, weight, bias, residual = _reference_and_inputs(case)
+    out_buf, out = _nhwc(ref.shape, case.dtype, case.sliced, fill=SENTINEL)
+    out.fill_(float("nan"))
+    dwconv2d_nhwc(
+        out, x, weight, bias, stride=case.stride, padding=case.padding, activation=case.activation,
+        residual=residual, tile=tile,
+    )  # fmt: skip
+    assert_close(out, ref, TOLERANCE[case.dtype])
+    out.fill_(SENTINEL)
+    assert bool((out_buf == SENTINEL).all()), f"dwconv with {tile} wrote outside its output slice"
+
+
+def test_row_walking_tiles_are_offered_to_large_3x3_stride_1_layers_only():
+    large = dwconv_candidate_tiles(256, walks_rows=True, pixels=64 * 80 * 80)
+    assert [(t.block_p, t.block_c, t.rows) for t in large if t.rows] == [(16, 64, 8), (32, 64, 8)]
+    assert not any(t.rows for t in dwconv_candidate_tiles(256, walks_rows=True, pixels=80 * 80))  # batch 1
+    assert not any(t.rows for t in dwconv_candidate_tiles(256, walks_rows=False, pixels=64 * 80 * 80))
+    assert dwconv_candidate_tiles(256, F32, walks_rows=True, pixels=64 * 80 * 80) == [default_dwconv_tile(256)]
+    with pytest.raises(ValueError, match="walks rows of a 3x3 stride-1 conv"):
+        dwconv2d_nhwc(_t(1, 3, 3, 8), _t(1, 6, 6, 8), _t(8, 3, 3), _t(8, dtype=F32), stride=2, padding=1,
+                      tile=DwConvTile(4, 8, 1, 2))  # fmt: skip
+    with pytest.raises(ValueError, match="rows must be >= 0"):
+        DwConvTile(4, 8, 1, -1)
+
+
 def test_candidate_tiles_fit_the_channels():
     assert {t.block_c for t in dwconv_candidate_tiles(80)} == {16, 64, 128}  # 16 divides 80 exactly
     assert {t.block_c for t in dwconv_candidate_tiles(256)} == {64, 128}

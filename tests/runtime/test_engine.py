@@ -11,7 +11,9 @@ from support import assert_identical_replays, random_model, relative_l2
 import yolojet
 from yolojet.errors import EngineConfigError
 from yolojet.kernels import conv as conv_kernels
+from yolojet.kernels import dwconv as dwconv_kernels
 from yolojet.kernels.conv import ConvConfig
+from yolojet.kernels.dwconv import DwConvTile
 from yolojet.kernels.pdl import pdl_available
 from yolojet.runtime.engine import Engine
 from yolojet.runtime.network import batch_buckets
@@ -233,6 +235,27 @@ def test_tma_tiles_on_every_conv_of_a_network(model_dirs, monkeypatch):
     assert one_by_one >= 40 and len(launches["_conv1x1_tma_kernel"]) >= one_by_one // 2
     assert k_by_k >= 10 and launches["_conv_tma_kernel"].count(1) >= k_by_k // 2
     assert strided >= 4 and launches["_conv_tma_kernel"].count(2) == strided
+
+
+def test_row_walking_depthwise_tiles_on_every_3x3_stride_1_dwconv(model_dirs, monkeypatch):
+    """The row-walking depthwise tiles (offered by the tuner from large batches on) given to every 3x3 stride-1
+    depthwise conv of a YOLO11 head: each runs that kernel, and each one's output matches the reference executor's
+    (the class branch they sit on moves the network's raw output too little to show a wrong tap)."""
+    model_dir = model_dirs("yolo11n.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
+    walking = []
+    for launch in engine.network.launch_list(2):
+        if launch.family == "dwconv" and ", 3, 3)|st[1, 1]|" in launch.tune_key:
+            launch.configure(DwConvTile(16, 16, 2, 4))
+            walking += launch.outputs
+    launches: list = []
+    monkeypatch.setattr(dwconv_kernels, "_dwconv3x3_rows_kernel",
+                        _Counting(dwconv_kernels._dwconv3x3_rows_kernel, launches))  # fmt: skip
+    x = torch.rand(2, 3, 64, 64, device=DEVICE)
+    ours, expected = engine.dump(x), yolojet.load_reference(model_dir, device=DEVICE).dump(x)
+    assert len(walking) >= 6 and len(launches) == len(walking)
+    errors = {name: relative_l2(ours[name], expected[name]) for name in walking}
+    assert max(errors.values()) <= 1e-2, errors
 
 
 class _Counting:

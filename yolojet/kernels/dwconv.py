@@ -22,14 +22,19 @@ from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 @dataclass(frozen=True)
 class DwConvTile:
-    """Output pixels (block_p) and channels (block_c) a program owns, and its warps."""
+    """Output pixels (block_p) and channels (block_c) a program owns, and its warps. With `rows`, a 3x3 stride-1
+    conv's program owns block_p pixels of `rows` consecutive output rows instead and walks down them (see
+    _dwconv3x3_rows_kernel)."""
 
     block_p: int
     block_c: int
     num_warps: int
+    rows: int = 0
 
     def __post_init__(self) -> None:
         check_tile(self, ("block_p", "block_c"))
+        if self.rows < 0:
+            raise ValueError(f"DwConvTile.rows must be >= 0, got {self.rows}")
 
 
 # Elements (pixels x channels) a program owns, with the warps that suit them: the default's, and twice that, which
@@ -37,11 +42,17 @@ class DwConvTile:
 # or 64 on an H200 (2026-11-30), and every candidate costs start-up time.
 _TILE_ELEMENTS = ((2048, 4), (4096, 8))
 _WIDEST_CHANNEL_BLOCK = 128
+# Row-walking tiles (pixels of a row, output rows, warps), with the default's channel block, offered to 3x3 stride-1
+# convs from this many output pixels (batch 64; at batch 1 the flat tiles keep more programs in flight, and every
+# candidate costs start-up time).
+_ROW_TILES = ((16, 8, 4), (32, 8, 4))
+_ROW_TILES_MIN_PIXELS = 1 << 16
 
 
 def dwconv_tile_set_id() -> str:
     """A short digest of how candidate tiles are made, for tuning results to be timed again when it changes."""
-    return hashlib.sha1(repr((_TILE_ELEMENTS, _WIDEST_CHANNEL_BLOCK)).encode()).hexdigest()[:8]
+    offer = (_TILE_ELEMENTS, _WIDEST_CHANNEL_BLOCK, _ROW_TILES, _ROW_TILES_MIN_PIXELS)
+    return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
 
 
 def _channel_blocks(channels: int) -> list[int]:
@@ -55,15 +66,23 @@ def _channel_blocks(channels: int) -> list[int]:
     return sorted(blocks)
 
 
-def dwconv_candidate_tiles(channels: int, dtype: torch.dtype = torch.float16) -> list[DwConvTile]:
-    """Tiles worth timing for a depthwise conv over `channels` channels; fp32 takes the default only."""
+def dwconv_candidate_tiles(
+    channels: int, dtype: torch.dtype = torch.float16, *, walks_rows: bool = False, pixels: int = 0
+) -> list[DwConvTile]:
+    """Tiles worth timing for a depthwise conv over `channels` channels; fp32 takes the default only.
+    `walks_rows`: the conv is 3x3 with stride 1, so from _ROW_TILES_MIN_PIXELS output `pixels` on the row-walking
+    tiles are offered too."""
     if dtype == torch.float32:
         return [default_dwconv_tile(channels)]
-    return [
+    tiles = [
         DwConvTile(max(1, elements // block_c), block_c, warps)
         for block_c in _channel_blocks(channels)
         for elements, warps in _TILE_ELEMENTS
     ]
+    if walks_rows and pixels >= _ROW_TILES_MIN_PIXELS:
+        block_c = default_dwconv_tile(channels).block_c
+        tiles += [DwConvTile(width, block_c, warps, rows) for width, rows, warps in _ROW_TILES]
+    return tiles
 
 
 @functools.cache
@@ -132,6 +151,89 @@ def _dwconv2d_kernel(
     tl.store(out_ptr + o_off[:, None] + ch[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _dwconv3x3_rows_kernel(
+    out_ptr,
+    so_n,
+    so_h,
+    so_w,
+    x_ptr,
+    sx_n,
+    sx_h,
+    sx_w,
+    w_ptr,
+    b_ptr,
+    r_ptr,
+    sr_n,
+    sr_h,
+    sr_w,
+    H,
+    W,
+    C,
+    OH,
+    OW,
+    PAD: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    ROWS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """A 3x3 stride-1 depthwise conv whose program owns BLOCK_W pixels of ROWS consecutive output rows and walks
+    down the input rows they read. Input row iy feeds output rows iy + PAD − 2, − 1 and − 0 (through kernel rows 2,
+    1 and 0), so each input row is loaded once, as its three pixel shifts, and added into three running sums: the
+    oldest is then complete and stored, and the other two move up. The flat kernel loads every input row three
+    times, once for each output row that reads it."""
+    tiles_x = tl.cdiv(OW, BLOCK_W)
+    bands = tl.cdiv(OH, ROWS)
+    pid = tl.program_id(0)
+    n = pid // (bands * tiles_x)
+    oy0 = (pid // tiles_x) % bands * ROWS
+    ox = pid % tiles_x * BLOCK_W + tl.arange(0, BLOCK_W)
+    ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = ch < C
+    ix = ox - PAD
+    # The three pixel shifts' bounds, and the taps' weights (w[c, ky, kx] at c·9 + ky·3 + kx), once per program.
+    left_ok = ((ix >= 0) & (ix < W))[:, None] & c_ok[None, :]
+    mid_ok = ((ix + 1 >= 0) & (ix + 1 < W))[:, None] & c_ok[None, :]
+    right_ok = ((ix + 2 >= 0) & (ix + 2 < W))[:, None] & c_ok[None, :]
+    w_c = w_ptr + ch * 9
+    w00 = tl.load(w_c + 0, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w01 = tl.load(w_c + 1, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w02 = tl.load(w_c + 2, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w10 = tl.load(w_c + 3, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w11 = tl.load(w_c + 4, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w12 = tl.load(w_c + 5, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w20 = tl.load(w_c + 6, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w21 = tl.load(w_c + 7, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w22 = tl.load(w_c + 8, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    bias = tl.load(b_ptr + ch, mask=c_ok, other=0.0)[None, :]
+    x_row0 = x_ptr + n.to(tl.int64) * sx_n + (ix.to(tl.int64) * sx_w)[:, None] + ch[None, :]
+    out_cols = out_ptr + n.to(tl.int64) * so_n + (ox.to(tl.int64) * so_w)[:, None] + ch[None, :]
+    res_cols = r_ptr + n.to(tl.int64) * sr_n + (ox.to(tl.int64) * sr_w)[:, None] + ch[None, :]
+    col_ok = (ox < OW)[:, None] & c_ok[None, :]
+    wait_for_previous_kernel(PDL)
+    older = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)  # output row iy + PAD − 2: kernel rows 0 and 1 added
+    newer = tl.zeros((BLOCK_W, BLOCK_C), tl.float32)  # output row iy + PAD − 1: kernel row 0 added
+    for step in range(ROWS + 2):
+        iy = oy0 - PAD + step
+        row_in = (iy >= 0) & (iy < H)
+        row = x_row0 + iy.to(tl.int64) * sx_h
+        left = tl.load(row, mask=left_ok & row_in, other=0.0).to(tl.float32)
+        mid = tl.load(row + sx_w, mask=mid_ok & row_in, other=0.0).to(tl.float32)
+        right = tl.load(row + 2 * sx_w, mask=right_ok & row_in, other=0.0).to(tl.float32)
+        done = older + left * w20 + mid * w21 + right * w22
+        oy = iy + PAD - 2
+        y = apply_activation(done + bias, ACT)
+        keep = col_ok & (step >= 2) & (oy < OH)
+        if HAS_RES:
+            y += tl.load(res_cols + oy.to(tl.int64) * sr_h, mask=keep, other=0.0).to(tl.float32)
+        tl.store(out_cols + oy.to(tl.int64) * so_h, y.to(out_ptr.dtype.element_ty), mask=keep)
+        older = newer + left * w10 + mid * w11 + right * w12
+        newer = left * w00 + mid * w01 + right * w02
+
+
 def dwconv2d_nhwc(
     out: torch.Tensor,
     x: torch.Tensor,
@@ -174,6 +276,21 @@ def dwconv2d_nhwc(
         check_view("residual", residual, (n, oh, ow, c), x.dtype, x.device)
     res = out if residual is None else residual  # never read without HAS_RES; any valid pointer will do
     tile = tile or default_dwconv_tile(c)
+    if tile.rows:
+        if (kh, kw, stride) != (3, 3, 1):
+            raise ValueError(f"tile {tile} walks rows of a 3x3 stride-1 conv, got a {kh}x{kw} kernel, stride {stride}")
+        grid = (n * triton.cdiv(oh, tile.rows) * triton.cdiv(ow, tile.block_p), triton.cdiv(c, tile.block_c))
+        kernel = (
+            functools.partial(_dwconv3x3_rows_kernel.warmup, grid=grid)
+            if compile_only
+            else _dwconv3x3_rows_kernel[grid]
+        )
+        kernel(
+            out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3], h, w, c, oh, ow,
+            PAD=padding, ACT=ACTIVATIONS[activation], HAS_RES=residual is not None, BLOCK_W=tile.block_p,
+            BLOCK_C=tile.block_c, ROWS=tile.rows, PDL=pdl, num_warps=tile.num_warps, **launch_options(pdl),
+        )  # fmt: skip
+        return
     grid = (triton.cdiv(n * oh * ow, tile.block_p), triton.cdiv(c, tile.block_c))
     kernel = functools.partial(_dwconv2d_kernel.warmup, grid=grid) if compile_only else _dwconv2d_kernel[grid]
     kernel(

@@ -298,7 +298,12 @@ def _lower_depthwise(
         tune_key=_conv_tune_key("dwconv", x, out, weight, node, residual is not None),
         configure=configure,
         compile=lambda tile: launch(tile, compile_only=True),
-        candidates=dwconv_candidate_tiles(x.shape[3], x.dtype),
+        candidates=dwconv_candidate_tiles(
+            x.shape[3],
+            x.dtype,
+            walks_rows=tuple(weight.shape[1:]) == (3, 3) and stride == 1,
+            pixels=out[..., 0].numel(),
+        ),
     )
 
 
