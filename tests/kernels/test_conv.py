@@ -26,6 +26,7 @@ from yolojet.kernels.conv import (
     pixels_are_words,
     tma_loadable,
     tma_patch_loadable,
+    tma_storable,
     two_input_candidates,
 )
 from yolojet.runtime.lowering import PackedWeights, _lower_conv_transpose
@@ -600,6 +601,92 @@ def test_tma_patch_conv_matches_reference(name: str) -> None:
     assert_close(out, ref, TOLERANCE[case.dtype])
     out.fill_(SENTINEL)
     assert bool((out_buf == SENTINEL).all()), "the conv wrote outside its output slice"
+
+
+# (case, config with a TMA store): every kernel that can end in one, with K and N tails. Flat tiles (the output as
+# an (M, C_out) matrix) write a channel slice of a wider buffer; patches a spatial and channel slice. The stem's
+# input is 3 channels in rows of 4 (8-byte pixel words).
+TMA_STORE_CASES = {
+    "1x1_tma_residual": (
+        Case(3, 9, 7, 40, 33, 1, residual=True),
+        ConvConfig(32, 16, 16, 1, 2, tma=True, tma_store=True),
+    ),
+    "1x1_tma_persistent": (
+        Case(2, 5, 6, 24, 40, 1),
+        ConvConfig(16, 16, 16, 1, 2, tma=True, persistent=True, tma_store=True),
+    ),
+    "3x3_patch_s1_residual": (
+        Case(2, 9, 7, 24, 40, 3, padding=1, residual=True),
+        ConvConfig(32, 32, 16, 1, 2, tma=True, tile_w=8, tma_store=True),
+    ),
+    "3x3_patch_s2": (
+        Case(1, 10, 8, 32, 24, 3, stride=2, padding=1),
+        ConvConfig(16, 16, 16, 1, 2, tma=True, tile_w=4, tma_store=True),
+    ),
+    "3x3_gather_s2_residual": (
+        Case(2, 9, 7, 20, 33, 3, stride=2, padding=1, residual=True),
+        ConvConfig(32, 32, 16, 2, 2, tma_store=True),
+    ),
+    "stem_packed_words": (
+        Case(2, 12, 10, 3, 40, 3, stride=2, padding=1),
+        ConvConfig(32, 32, 64, 2, 2, whole_pixels=True, packed=True, tma_store=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(TMA_STORE_CASES))
+def test_tma_stored_outputs_match_reference(name: str) -> None:
+    case, config = TMA_STORE_CASES[name]
+    torch.manual_seed(400 + list(TMA_STORE_CASES).index(name))
+    kh, kw = case.kernel, case.kernel
+    n, h, w = case.batch, case.h * SPATIAL, case.w * SPATIAL
+    if config.whole_pixels:
+        x = torch.randn(n, h, w, 4, dtype=torch.float64).to(device=DEVICE, dtype=case.dtype)[..., : case.c_in]
+    else:
+        x = _channel_slice(n, h, w, case.c_in, case.dtype)[1]
+    weight = (torch.randn(case.c_out, kh, kw, case.c_in, dtype=torch.float64) / (kh * kw * case.c_in) ** 0.5).to(
+        device=DEVICE, dtype=case.dtype
+    )
+    bias = torch.randn(case.c_out, dtype=torch.float32, device=DEVICE)
+    shape = _reference(case, x, weight, bias, None).shape
+    residual = _nhwc(shape, case.dtype, sliced=True)[1] if case.residual else None
+    ref = _reference(case, x, weight, bias, residual)
+    patches = config.tile_w > 0
+    out_buf, out = _aligned_slice(shape, case.dtype, spatial=patches)
+    assert tma_storable(out, patches) and (
+        patches or not tma_storable(_aligned_slice(shape, case.dtype, True)[1], False)
+    )
+    out.fill_(float("nan"))
+    conv2d_nhwc(out, x, weight, bias, stride=case.stride, padding=case.padding, residual=residual, config=config)
+    assert_close(out, ref, TOLERANCE[case.dtype])
+    out.fill_(SENTINEL)
+    assert bool((out_buf == SENTINEL).all()), "the conv wrote outside its output slice"
+
+
+def _aligned_slice(shape: tuple[int, ...], dtype: torch.dtype, spatial: bool):
+    """A SENTINEL-filled buffer and channels [8, 8 + C) of it, rows 16-byte aligned whatever C is; `spatial`: also
+    rows [1, H + 1) and pixels [2, W + 2), so its pixels are not evenly spaced rows of a matrix."""
+    n, h, w, c = shape
+    channels = -(-(c + 16) // 8) * 8
+    buf = torch.full((n, h + 2, w + 3, channels) if spatial else (n, h, w, channels), SENTINEL, dtype=dtype,
+                     device=DEVICE)  # fmt: skip
+    return buf, (buf[:, 1 : h + 1, 2 : w + 2] if spatial else buf)[..., 8 : 8 + c]
+
+
+def test_tma_stores_offered_to_large_fp16_outputs_whose_views_allow_them() -> None:
+    stored = [c for c in conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True) if c.tma_store]
+    assert [(c.block_n, c.persistent) for c in stored] == [(128, False), (256, False), (128, True)]
+    stem = conv_candidate_configs(64 * 320 * 320, 64, 27, kernel_is_1x1=False, c_in=3, whole_pixels=True)
+    assert [c.block_m for c in stem if c.tma_store and c.packed and c.whole_pixels] == [128, 64]
+    assert not any(c.tma_store for c in conv_candidate_configs(64 * 20 * 20, 512, 9 * 512, kernel_is_1x1=False))
+    assert not any(c.tma_store for c in conv_candidate_configs(64 * 160 * 160, 256, 192, True, dtype=F32))
+    assert sum(c.tma_store for c in two_input_candidates(64 * 80 * 80, 256, 768)) == 2
+    with pytest.raises(ValueError, match="TMA stores end the tensor-core tiles whose K is not split"):
+        ConvConfig(32, 32, 32, 2, 2, split_k=2, tma_store=True)
+    out = _aligned_slice((1, 4, 4, 16), F16, spatial=True)[1]  # patches only
+    with pytest.raises(ValueError, match=r"TMA-stores its output: .* evenly spaced pixel rows"):
+        conv2d_nhwc(out, _channel_slice(1, 4, 4, 16, F16)[1], torch.zeros(16, 1, 1, 16, dtype=F16, device=DEVICE),
+                    torch.zeros(16, device=DEVICE), config=ConvConfig(16, 16, 16, 1, 1, tma_store=True))  # fmt: skip
 
 
 def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() -> None:

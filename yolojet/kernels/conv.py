@@ -62,6 +62,7 @@ def _conv2d_nhwc_kernel(
     stride_on,
     stride_oh,
     stride_ow,
+    out_desc,
     x_ptr,
     stride_xn,
     stride_xh,
@@ -105,6 +106,7 @@ def _conv2d_nhwc_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    TMA_STORE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """out[n, oy, ox, co] = act(bias[co] + Σ_{ky,kx,ci} xu[n, iy, ix, ci] · w[co, ky, kx, ci]) (+ res[n, oy, ox, co])
@@ -121,6 +123,9 @@ def _conv2d_nhwc_kernel(
     TWO_INPUTS (1x1, stride 1, no padding): the input is the channel concat of xu (C_in channels) and `second`
     (C_second channels, never upsampled), as in a neck's Concat([Upsample(x), skip]) feeding a 1x1 conv; the
     weight rows hold C_in + C_second columns, and K walks x's blocks, then second's.
+
+    TMA_STORE (unsplit K): the output tile is stored through out_desc, the output as an (M, C_out) matrix, by the
+    tensor memory accelerator, which clips it at the matrix's edges.
 
     PACK_TAPS runs K over (ky, kx, ci) flattened, every tap in one K tile. With WHOLE_PIXELS too (fp16 input of
     at most 4 channels whose pixels are 8-byte words), K runs over (tap, the word's 4 halves): each tap's
@@ -274,22 +279,34 @@ def _conv2d_nhwc_kernel(
             tl.atomic_xchg(arrivals_ptr + pid, 0)
         mask = mask & last  # only the last program of a tile runs the epilogue's stores
 
-    _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
-              stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+    if TMA_STORE:  # the tile leaves through shared memory as one bulk copy of the (M, C_out) output matrix
+        acc = _epilogue_values(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh,
+                               stride_rw, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+        out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(out_ptr.dtype.element_ty))
+    else:
+        _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
+                  stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _epilogue_values(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw,
+                     ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr):  # fmt: skip
+    """bias, activation, then the residual: the values every conv kernel here ends by storing."""
+    bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
+    acc = apply_activation(acc + bias[None, :], ACTIVATION)
+    if HAS_RESIDUAL:
+        res_rows = res_ptr + img * stride_rn + oy.to(tl.int64) * stride_rh + ox.to(tl.int64) * stride_rw
+        acc += tl.load(res_rows[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    return acc
 
 
 @triton.jit
 def _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
               stride_on, stride_oh, stride_ow, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr):  # fmt: skip
-    """bias, activation, then the residual, stored in out's dtype: the end of every conv kernel here."""
-    bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
-    acc = apply_activation(acc + bias[None, :], ACTIVATION)
-    oy = oy.to(tl.int64)
-    ox = ox.to(tl.int64)
-    if HAS_RESIDUAL:
-        res_rows = res_ptr + img * stride_rn + oy * stride_rh + ox * stride_rw
-        acc += tl.load(res_rows[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    out_rows = out_ptr + img * stride_on + oy * stride_oh + ox * stride_ow
+    """The epilogue's values stored in out's dtype, each thread writing its own accumulator elements."""
+    acc = _epilogue_values(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw,
+                           ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+    out_rows = out_ptr + img * stride_on + oy.to(tl.int64) * stride_oh + ox.to(tl.int64) * stride_ow
     tl.store(out_rows[:, None] + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -299,6 +316,7 @@ def _conv1x1_tma_kernel(
     stride_on,
     stride_oh,
     stride_ow,
+    out_desc,
     x_desc,
     w_desc,
     bias_ptr,
@@ -318,13 +336,15 @@ def _conv1x1_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    TMA_STORE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """A 1x1 conv (stride 1, no padding) as a plain GEMM whose operands the tensor memory accelerator loads: the
     input's pixels are the rows of an (M, C_in) matrix (x_desc), the weight an (C_out, C_in) one (w_desc), and
     reads past either edge are zero. No thread computes a load address, which at large batch is what bounds the
     gathering kernel's 1x1 layers. `programs` programs walk the output tiles that far apart: one tile each when
-    launched one per tile, or a fixed grid whose tile and K loops flatten into one pipelined loop.
+    launched one per tile, or a fixed grid whose tile and K loops flatten into one pipelined loop. TMA_STORE: the
+    output tile leaves the same way, through out_desc (the output as an (M, C_out) matrix).
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(C_out, BLOCK_N)
@@ -341,9 +361,14 @@ def _conv1x1_tma_kernel(
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         img, oy, ox, _, _ = _output_pixels(offs_m, OH, OW, 1, 1, 0, 0)
         n_ok = offs_n < C_out
-        _epilogue(acc, (offs_m < M)[:, None] & n_ok[None, :], offs_n, n_ok, img,
-                  oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr, stride_on,
-                  stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+        mask = (offs_m < M)[:, None] & n_ok[None, :]
+        if TMA_STORE:
+            acc = _epilogue_values(acc, mask, offs_n, n_ok, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh,
+                                   stride_rw, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(out_ptr.dtype.element_ty))
+        else:
+            _epilogue(acc, mask, offs_n, n_ok, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
+                      stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
 
 
 @triton.jit
@@ -352,6 +377,7 @@ def _conv_tma_kernel(
     stride_on,
     stride_oh,
     stride_ow,
+    out_desc,
     x_desc,
     stride_xw,
     w_desc,
@@ -378,6 +404,7 @@ def _conv_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    TMA_STORE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """A k x k conv whose operands the tensor memory accelerator loads: a program's output pixels are a
@@ -390,7 +417,9 @@ def _conv_tma_kernel(
     (N, H/2, 2, W/2, pixel stride + C_in): input row 2a + p is (a, p), and pixel 2b + q's channel c is (b, q·pixel
     stride + c), so a tap's pixels 2·(oy, ox) + r are the box at (oy + r // 2, r % 2) in each direction, one row
     and pixel apart like a stride-1 patch. A channel block never crosses from pixel 2b into 2b + 1 because C_in is a
-    multiple of BLOCK_K, and a tap reaching above or left of the image lands at a = -1 or b = -1, zero-filled."""
+    multiple of BLOCK_K, and a tap reaching above or left of the image lands at a = -1 or b = -1, zero-filled.
+
+    TMA_STORE: the output patch leaves as one box of the (N, OH, OW, C_out) output (out_desc), clipped at its edges."""
     BLOCK_M: tl.constexpr = TILE_H * TILE_W
     tiles_x = tl.cdiv(OW, TILE_W)
     tiles_per_image = tl.cdiv(OH, TILE_H) * tiles_x
@@ -422,9 +451,15 @@ def _conv_tma_kernel(
     ox = ox0 + r % TILE_W
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < C_out
-    _epilogue(acc, ((oy < OH) & (ox < OW))[:, None] & n_ok[None, :], offs_n, n_ok, img.to(tl.int64), oy, ox,
-              bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow,
-              ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+    mask = ((oy < OH) & (ox < OW))[:, None] & n_ok[None, :]
+    if TMA_STORE:
+        acc = _epilogue_values(acc, mask, offs_n, n_ok, img.to(tl.int64), oy, ox, bias_ptr, res_ptr, stride_rn,
+                               stride_rh, stride_rw, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+        patch = acc.to(out_ptr.dtype.element_ty).reshape(1, TILE_H, TILE_W, BLOCK_N)
+        out_desc.store([img, oy0, ox0, pid_n * BLOCK_N], patch)
+    else:
+        _epilogue(acc, mask, offs_n, n_ok, img.to(tl.int64), oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh,
+                  stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
 
 
 @triton.jit
@@ -542,6 +577,7 @@ class ConvConfig:
     tma: bool = False  # operands loaded by the tensor memory accelerator: _conv1x1_tma_kernel, or with tile_w
     persistent: bool = False  # with tma: a fixed grid of programs walking the tiles, not a program per tile
     tile_w: int = 0  # with tma: k x k convs (stride 1 or 2) on patches tile_w pixels wide (_conv_tma_kernel)
+    tma_store: bool = False  # the output tile stored by the tensor memory accelerator (TMA_STORE), K unsplit
 
     def __post_init__(self) -> None:
         # tl.arange needs powers of two, and 16 is the smallest fp16 tensor-core K.
@@ -559,6 +595,8 @@ class ConvConfig:
             raise ValueError("ConvConfig: whole-pixel loads are a mode of the direct kernel and of packed taps")
         if self.tma and (self.direct or self.packed or self.split_k != 1):
             raise ValueError("ConvConfig: the TMA kernel is a 1x1 tensor-core tile that does not split K")
+        if self.tma_store and (self.direct or self.split_k != 1):
+            raise ValueError("ConvConfig: TMA stores end the tensor-core tiles whose K is not split")
         if self.persistent and not self.tma:
             raise ValueError("ConvConfig: only the TMA kernel has a persistent grid")
         if self.tile_w and (not self.tma or self.persistent or self.tile_w & (self.tile_w - 1)
@@ -634,6 +672,10 @@ _TMA_PATCH_WIDE_TILES = (
     ConvConfig(128, 256, 64, 8, 3, tma=True, tile_w=16),
 )
 _TMA_PATCH_WIDE_MIN_N = 256
+# Layers writing at least this many output bytes (the 160x160 and 80x80 maps at batch 64) are also offered their
+# TMA, packed (the stem) and wide two-input tiles with the output stored by the tensor memory accelerator: one bulk
+# copy a tile through shared memory instead of each thread writing its accumulator's scattered pairs of values.
+_TMA_STORE_MIN_BYTES = 1 << 27
 # The tiles offered to a 1x1 conv that reads a second input (a folded upsample or concat): each is a specialization
 # of its own to compile at start-up, so only the shapes that won such layers on an H200 (yolo11n, yolo26n and
 # yolo11m at batch 1 and 64, 2026-11-30), the 8-warp ones only from 2^16 output pixels (yolo11m's 40x40 fold at
@@ -664,7 +706,7 @@ def candidate_set_id() -> str:
     offer = (
         _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
         _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _TMA_TILES, _TMA_PATCH_TILES, _TMA_PATCH_STRIDES, _TMA_MIN_M,
-        _TMA_PATCH_WIDE_TILES, _TMA_PATCH_WIDE_MIN_N,
+        _TMA_PATCH_WIDE_TILES, _TMA_PATCH_WIDE_MIN_N, _TMA_STORE_MIN_BYTES,
         _PERSISTENT_PROGRAMS_PER_SM, _TWO_INPUT_TILES, _TWO_INPUT_WIDE_TILES, _TWO_INPUT_WIDE_MIN_M,
         [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
     )  # fmt: skip
@@ -730,19 +772,29 @@ def conv_candidate_configs(
             smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
             if smem <= _SMEM_BUDGET and fitted not in tma:
                 tma.append(fitted)
-    return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels + tma
+    stored = _tma_store_twins([c for c in few_channels if c.packed and c.whole_pixels] + tma, m, n, dtype)
+    return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels + tma + stored
+
+
+def _tma_store_twins(configs: list[ConvConfig], m: int, n: int, dtype: torch.dtype) -> list[ConvConfig]:
+    """The configs again with TMA stores, for fp16 layers writing at least _TMA_STORE_MIN_BYTES."""
+    if dtype != torch.float16 or m * n * dtype.itemsize < _TMA_STORE_MIN_BYTES:
+        return []
+    return [replace(c, tma_store=True) for c in configs]
 
 
 def two_input_candidates(m: int, n: int, c_in: int, dtype: torch.dtype = torch.float16) -> list[ConvConfig]:
     """Tile configs worth timing for a 1x1 conv reading a second input (`second` of conv2d_nhwc), GEMM sizes M=m,
     N=n, K=c_in over both inputs: unsplit GEMM tiles only, shrunk to the problem like every candidate."""
     configs = []
+    wide = []
     for c in _TWO_INPUT_TILES + (_TWO_INPUT_WIDE_TILES if m >= _TWO_INPUT_WIDE_MIN_M else ()):
         fitted = ConvConfig(_fit(c.block_m, m), _fit(c.block_n, n), _fit(c.block_k, c_in), c.num_warps, c.num_stages)
         smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
         if smem <= _SMEM_BUDGET and fitted not in configs:
             configs.append(fitted)
-    return configs
+            wide += [fitted] if c in _TWO_INPUT_WIDE_TILES else []
+    return configs + _tma_store_twins(wide, m, n, dtype)
 
 
 def tma_loadable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -764,6 +816,23 @@ def tma_loadable(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and (weight.shape[3] * size) % _TMA_ALIGN == 0
         and x.data_ptr() % _TMA_ALIGN == 0
         and weight.data_ptr() % _TMA_ALIGN == 0
+    )
+
+
+def tma_storable(out: torch.Tensor, patches: bool) -> bool:
+    """Whether the tensor memory accelerator can store a conv's output tiles: 16-byte aligned base and strides, unit
+    channel stride, and, unless the tiles are patches of the (N, OH, OW, C_out) view, evenly spaced pixel rows (the
+    output as an (M, C_out) matrix, as in a whole buffer or a channel slice of one)."""
+    if out.dim() != 4 or out.stride(3) != 1:
+        return False
+    n, h, w, _ = out.shape
+    nested = patches or (
+        (h == 1 or out.stride(1) == w * out.stride(2)) and (n == 1 or out.stride(0) == h * w * out.stride(2))
+    )
+    return (
+        nested
+        and all((stride * out.element_size()) % _TMA_ALIGN == 0 for stride in out.stride()[:3])
+        and out.data_ptr() % _TMA_ALIGN == 0
     )
 
 
@@ -979,6 +1048,20 @@ def conv2d_nhwc(
     res = out if residual is None else residual  # never read without HAS_RESIDUAL; any valid pointer will do
     if second is not None and (cfg.direct or cfg.packed or cfg.tma):
         raise ValueError(f"config {cfg}: a second input is read by the GEMM tiles only")
+    patches = cfg.tma and cfg.tile_w > 0
+    out_desc = None  # unused unless TMA_STORE
+    if cfg.tma_store:
+        if not tma_storable(out, patches):
+            raise ValueError(
+                f"config {cfg} TMA-stores its output: out needs 16-byte aligned base and strides and unit channel "
+                f"stride{'' if patches else ', and evenly spaced pixel rows'} (out shape {tuple(out.shape)}, "
+                f"strides {out.stride()})"
+            )
+        if patches:
+            out_desc = TensorDescriptor(out, list(out.shape), list(out.stride()),
+                                        [1, cfg.block_m // cfg.tile_w, cfg.tile_w, cfg.block_n])  # fmt: skip
+        else:
+            out_desc = TensorDescriptor(out, [m, c_out], [out.stride(2), 1], [cfg.block_m, cfg.block_n])
     if cfg.direct:
         if cfg.whole_pixels and not pixels_are_words(x):
             raise ValueError(
@@ -1017,10 +1100,10 @@ def conv2d_nhwc(
         grid = (batch * triton.cdiv(oh, tile_h) * triton.cdiv(ow, cfg.tile_w) * triton.cdiv(c_out, cfg.block_n),)
         kernel = functools.partial(_conv_tma_kernel.warmup, grid=grid) if compile_only else _conv_tma_kernel[grid]
         kernel(
-            out, *out.stride()[:3], x_desc, x.stride(2), w_desc, bias, res, *res.stride()[:3], oh, ow, c_in, c_out,
-            py, px, dy, dx, KH=kh, KW=kw, STRIDE=sy, ACTIVATION=ACTIVATIONS[activation],
+            out, *out.stride()[:3], out_desc, x_desc, x.stride(2), w_desc, bias, res, *res.stride()[:3], oh, ow, c_in,
+            c_out, py, px, dy, dx, KH=kh, KW=kw, STRIDE=sy, ACTIVATION=ACTIVATIONS[activation],
             HAS_RESIDUAL=residual is not None, TILE_H=tile_h, TILE_W=cfg.tile_w, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, PDL=pdl,
+            BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, TMA_STORE=cfg.tma_store, PDL=pdl,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
         )  # fmt: skip
         return
@@ -1038,9 +1121,10 @@ def conv2d_nhwc(
         kernel = _conv1x1_tma_kernel
         launch = functools.partial(kernel.warmup, grid=(programs,)) if compile_only else kernel[(programs,)]
         launch(
-            out, *out.stride()[:3], x_desc, w_desc, bias, res, *res.stride()[:3], oh, ow, c_in, c_out, m, programs,
-            ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=residual is not None, BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, PDL=pdl, num_warps=cfg.num_warps,
+            out, *out.stride()[:3], out_desc, x_desc, w_desc, bias, res, *res.stride()[:3], oh, ow, c_in, c_out, m,
+            programs, ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=residual is not None, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, TMA_STORE=cfg.tma_store, PDL=pdl,
+            num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **launch_options(pdl),
         )  # fmt: skip
         return
@@ -1059,6 +1143,7 @@ def conv2d_nhwc(
     kernel(
         out,
         *out.stride()[:3],
+        out_desc,
         x,
         *x.stride()[:3],
         two,
@@ -1096,6 +1181,7 @@ def conv2d_nhwc(
         BLOCK_K=cfg.block_k,
         GROUP_M=_GROUP_M,
         SPLIT_K=cfg.split_k,
+        TMA_STORE=cfg.tma_store,
         PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

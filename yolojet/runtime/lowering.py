@@ -25,6 +25,7 @@ from yolojet.kernels.conv import (
     pixels_are_words,
     tma_loadable,
     tma_patch_loadable,
+    tma_storable,
     two_input_candidates,
 )
 from yolojet.kernels.decode import DecodeSpec, decode_heads
@@ -218,13 +219,17 @@ def _lower_conv(
 
     # The TMA kernels: a 1x1 conv as a plain GEMM, or a k x k conv (stride 1, or 2 in whole K blocks) on patches.
     def tma_fits(config: ConvConfig) -> bool:
+        if config.tma_store and not tma_storable(out, patches=config.tile_w > 0):
+            return False
+        if not config.tma:
+            return True
         if second is not None or scale != 1:
             return False
         if config.tile_w:
             return not is_1x1 and tma_patch_loadable(x, weight, stride, config.block_k)
         return stride == (1, 1) and (padding == (0, 0) or not is_1x1) and tma_loadable(x, weight)
 
-    candidates = [c for c in candidates if not c.tma or tma_fits(c)]
+    candidates = [c for c in candidates if tma_fits(c)]
     for config in candidates:
         scratch.reserve(*config.split_scratch(m, c_out))
     slot = scratch.new_slot()
@@ -241,8 +246,8 @@ def _lower_conv(
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
             config = replace(config, whole_pixels=False)
-        if config.tma and not tma_fits(config):  # nor TMA-load today's operands (alignment): the same tile, gathered
-            config = replace(config, tma=False, persistent=False, tile_w=0)
+        if not tma_fits(config):  # nor TMA-load or -store today's views (alignment): the same tile, gathered
+            config = replace(config, tma=False, persistent=False, tile_w=0, tma_store=False)
         chosen[0] = config
 
     def compile_config(config: ConvConfig) -> None:
