@@ -603,12 +603,12 @@ def test_tma_patch_conv_matches_reference(name: str) -> None:
     assert bool((out_buf == SENTINEL).all()), "the conv wrote outside its output slice"
 
 
-# (case, config with a TMA store): every kernel that can end in one, with K and N tails. Flat tiles (the output as
-# an (M, C_out) matrix) write a channel slice of a wider buffer; patches a spatial and channel slice. The stem's
-# input is 3 channels in rows of 4 (8-byte pixel words).
+# (case, config with a TMA store): every kernel that can end in one, with K, M and N tails. Flat tiles (the output
+# as an (M, C_out) matrix) write a channel slice of a wider buffer; patches a spatial and channel slice. The stem's
+# input is 3 channels in rows of 4 (8-byte pixel words). C_out is a multiple of 8 (see tma_storable).
 TMA_STORE_CASES = {
     "1x1_tma_residual": (
-        Case(3, 9, 7, 40, 33, 1, residual=True),
+        Case(3, 9, 7, 40, 56, 1, residual=True),
         ConvConfig(32, 16, 16, 1, 2, tma=True, tma_store=True),
     ),
     "1x1_tma_persistent": (
@@ -624,7 +624,7 @@ TMA_STORE_CASES = {
         ConvConfig(16, 16, 16, 1, 2, tma=True, tile_w=4, tma_store=True),
     ),
     "3x3_gather_s2_residual": (
-        Case(2, 9, 7, 20, 33, 3, stride=2, padding=1, residual=True),
+        Case(2, 9, 7, 20, 56, 3, stride=2, padding=1, residual=True),
         ConvConfig(32, 32, 16, 2, 2, tma_store=True),
     ),
     "stem_packed_words": (
@@ -683,6 +683,10 @@ def test_tma_stores_offered_to_large_fp16_outputs_whose_views_allow_them() -> No
     assert sum(c.tma_store for c in two_input_candidates(64 * 80 * 80, 256, 768)) == 2
     with pytest.raises(ValueError, match="TMA stores end the tensor-core tiles whose K is not split"):
         ConvConfig(32, 32, 32, 2, 2, split_k=2, tma_store=True)
+    # TMA stores write whole 16-byte chunks: 33 fp16 channels would end in a chunk reaching into the next channels.
+    for spatial in (False, True):
+        assert not tma_storable(_aligned_slice((1, 4, 4, 33), F16, spatial)[1], spatial)
+        assert tma_storable(_aligned_slice((1, 4, 4, 40), F16, spatial)[1], spatial)
     out = _aligned_slice((1, 4, 4, 16), F16, spatial=True)[1]  # patches only
     with pytest.raises(ValueError, match=r"TMA-stores its output: .* evenly spaced pixel rows"):
         conv2d_nhwc(out, _channel_slice(1, 4, 4, 16, F16)[1], torch.zeros(16, 1, 1, 16, dtype=F16, device=DEVICE),

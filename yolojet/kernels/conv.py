@@ -821,9 +821,11 @@ def tma_loadable(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def tma_storable(out: torch.Tensor, patches: bool) -> bool:
     """Whether the tensor memory accelerator can store a conv's output tiles: 16-byte aligned base and strides, unit
-    channel stride, and, unless the tiles are patches of the (N, OH, OW, C_out) view, evenly spaced pixel rows (the
-    output as an (M, C_out) matrix, as in a whole buffer or a channel slice of one)."""
-    if out.dim() != 4 or out.stride(3) != 1:
+    channel stride, a pixel's channels a whole number of 16-byte chunks (TMA stores write whole chunks, so a
+    narrower pixel's last chunk would overwrite the channels after it: a concat neighbour's), and, unless the
+    tiles are patches of the (N, OH, OW, C_out) view, evenly spaced pixel rows (the output as an (M, C_out)
+    matrix, as in a whole buffer or a channel slice of one)."""
+    if out.dim() != 4 or out.stride(3) != 1 or (out.shape[3] * out.element_size()) % _TMA_ALIGN:
         return False
     n, h, w, _ = out.shape
     nested = patches or (
