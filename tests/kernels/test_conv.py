@@ -557,8 +557,8 @@ TMA_PATCH_CASES = {
         ConvConfig(32, 16, 16, 1, 3, tma=True, tile_w=16),
     ),
     "3x3_pad0": (Case(2, 9, 7, 24, 40, 3), ConvConfig(64, 32, 32, 2, 2, tma=True, tile_w=8)),
-    # Stride 2 reads the input as pixel pairs: even maps, channels in whole K blocks, the last block of a pixel
-    # followed by the next pixel's first channels (the input is a channel slice), so a block crossing over shows.
+    # Stride 2 reads the input as pixel pairs: even maps, channels in whole K blocks; the input is a channel slice,
+    # so a block crossing past a pixel's channels would read the buffer's NaN spare channels.
     "3x3_s2_pad1_residual": (
         Case(3, 10, 8, 32, 40, 3, stride=2, padding=1, residual=True),
         ConvConfig(32, 16, 16, 1, 2, tma=True, tile_w=8),
@@ -584,7 +584,11 @@ def test_tma_patch_conv_matches_reference(name: str) -> None:
     torch.manual_seed(300 + list(TMA_PATCH_CASES).index(name))
     kh, kw = (case.kernel, case.kernel) if isinstance(case.kernel, int) else case.kernel
     n, h, w = case.batch, case.h * SPATIAL, case.w * SPATIAL
-    buf = torch.randn(n, h + 2, w + 3, case.c_in + 16, dtype=torch.float64).to(device=DEVICE, dtype=case.dtype)
+    # NaN all around the input view (spare channels, rows and pixels of the buffer): a tap or channel block that
+    # reads past the view, instead of the zeros TMA gives outside it, turns its output NaN.
+    buf = torch.full((n, h + 2, w + 3, case.c_in + 16), float("nan"), dtype=torch.float64)
+    buf[:, 1 : h + 1, 2 : w + 2, 8 : 8 + case.c_in] = torch.randn(n, h, w, case.c_in, dtype=torch.float64)
+    buf = buf.to(device=DEVICE, dtype=case.dtype)
     x = buf[:, 1 : h + 1, 2 : w + 2, 8 : 8 + case.c_in]
     weight = (torch.randn(case.c_out, kh, kw, case.c_in, dtype=torch.float64) / (kh * kw * case.c_in) ** 0.5).to(
         device=DEVICE, dtype=case.dtype

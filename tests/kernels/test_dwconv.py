@@ -61,6 +61,14 @@ def _nhwc(shape, dtype, sliced, fill=None):
     return buf, view
 
 
+def _residual(shape, dtype):
+    """A residual view whose strides differ from every output view's here, so a kernel reading it through the
+    output's strides reads the wrong values."""
+    n, h, w, c = shape
+    buf = torch.randn(n, h + 3, w + 1, c + 10, dtype=torch.float64).to(device=DEVICE, dtype=dtype)
+    return buf[:, 2 : h + 2, 1 : w + 1, 5 : c + 5]
+
+
 def _reference_and_inputs(case: Case):
     kh, kw = case.kernel
     x = _nhwc((case.batch, case.h, case.w, case.c), case.dtype, case.sliced)[1]
@@ -75,7 +83,7 @@ def _reference_and_inputs(case: Case):
         groups=case.c,
     )
     ref = REFERENCE_ACTIVATIONS[case.activation](ref).permute(0, 2, 3, 1)
-    residual = _nhwc(ref.shape, case.dtype, case.sliced)[1] if case.residual else None
+    residual = _residual(ref.shape, case.dtype) if case.residual else None
     if residual is not None:
         ref = ref + residual.double()
     return ref, x, weight, bias, residual

@@ -417,7 +417,7 @@ def _conv_tma_kernel(
     (N, H/2, 2, W/2, pixel stride + C_in): input row 2a + p is (a, p), and pixel 2b + q's channel c is (b, q·pixel
     stride + c), so a tap's pixels 2·(oy, ox) + r are the box at (oy + r // 2, r % 2) in each direction, one row
     and pixel apart like a stride-1 patch. A channel block never crosses from pixel 2b into 2b + 1 because C_in is a
-    multiple of BLOCK_K, and a tap reaching above or left of the image lands at a = -1 or b = -1, zero-filled.
+    multiple of BLOCK_K, and a tap reaching above or left of the image lands at a negative a or b, zero-filled.
 
     TMA_STORE: the output patch leaves as one box of the (N, OH, OW, C_out) output (out_desc), clipped at its edges."""
     BLOCK_M: tl.constexpr = TILE_H * TILE_W
@@ -666,7 +666,7 @@ _TMA_PATCH_TILES = (
     ConvConfig(64, 64, 64, 4, 4, tma=True, tile_w=8),
 )
 # And to k x k convs of at least _TMA_PATCH_WIDE_MIN_N outputs (the stride-2 convs of s and m models at batch 64,
-# whose plain GEMMs run best 256 wide): 8x8 patches, which tile the 40-wide maps exactly, and 16x8.
+# whose plain GEMMs run best 256 wide): 8x8 patches, which tile the 40-wide maps exactly, and 8x16.
 _TMA_PATCH_WIDE_TILES = (
     ConvConfig(64, 256, 64, 4, 3, tma=True, tile_w=8),
     ConvConfig(128, 256, 64, 8, 3, tma=True, tile_w=16),
@@ -1055,9 +1055,10 @@ def conv2d_nhwc(
     if cfg.tma_store:
         if not tma_storable(out, patches):
             raise ValueError(
-                f"config {cfg} TMA-stores its output: out needs 16-byte aligned base and strides and unit channel "
-                f"stride{'' if patches else ', and evenly spaced pixel rows'} (out shape {tuple(out.shape)}, "
-                f"strides {out.stride()})"
+                f"config {cfg} TMA-stores its output: out needs 16-byte aligned base and strides, unit channel "
+                f"stride, pixels of whole 16-byte chunks ({_TMA_ALIGN // out.element_size()} channels a chunk)"
+                f"{'' if patches else ', and evenly spaced pixel rows'} (out shape {tuple(out.shape)}, strides "
+                f"{out.stride()})"
             )
         if patches:
             out_desc = TensorDescriptor(out, list(out.shape), list(out.stride()),

@@ -1,8 +1,9 @@
-"""Depthwise 2-D convolution (groups == C_in == C_out) on NHWC channel-slice views, as a direct kernel.
+"""Depthwise 2-D convolution (groups == C_in == C_out) on NHWC channel-slice views, as direct kernels.
 
 A depthwise conv has kh·kw multiply-adds per output element and no reduction over channels, so a GEMM would
 be all padding; each program instead owns a (pixel block, channel block) tile, loads one contiguous channel
 run per tap and pixel, and keeps the fp32 accumulator in registers. Bias, activation and residual are fused.
+A second kernel, for 3x3 stride-1 convs, walks a band of output rows so that each input row is loaded once.
 """
 
 from __future__ import annotations
@@ -195,6 +196,7 @@ def _dwconv3x3_rows_kernel(
     c_ok = ch < C
     ix = ox - PAD
     # The three pixel shifts' bounds, and the taps' weights (w[c, ky, kx] at c·9 + ky·3 + kx), once per program.
+    # Weights and bias are read before waiting for the previous kernel: no kernel writes them.
     left_ok = ((ix >= 0) & (ix < W))[:, None] & c_ok[None, :]
     mid_ok = ((ix + 1 >= 0) & (ix + 1 < W))[:, None] & c_ok[None, :]
     right_ok = ((ix + 2 >= 0) & (ix + 2 < W))[:, None] & c_ok[None, :]

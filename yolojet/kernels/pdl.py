@@ -2,10 +2,11 @@
 
 A kernel launched with ``launch_pdl=True`` may be scheduled as soon as every program of the kernel before it has
 started, so its launch, program placement and index arithmetic overlap the predecessor's tail instead of following
-it. It must then wait (``griddepcontrol.wait``) before touching memory, which returns once the predecessor has
-finished and its writes are visible. Every program waits unconditionally and before any load or store: a kernel
-whose programs skipped the wait could finish before its predecessor, and the kernel after it would then read
-unfinished data. After waiting, a program lets the next kernel launch, so at most two kernels overlap.
+it. It must then wait (``griddepcontrol.wait``) before touching memory that kernels write, which returns once the
+predecessor has finished and its writes are visible. Every program waits unconditionally and before any such load
+or store (weights and biases, which no kernel writes, may be read before): a kernel whose programs skipped the
+wait could finish before its predecessor, and the kernel after it would then read unfinished data. After waiting,
+a program lets the next kernel launch, so at most two kernels overlap.
 
 Kernels take ``PDL`` as a constexpr: with it off (the CPU interpreter, older GPUs, ``YOLOJET_PDL=0``) the wait
 compiles away and the launch is an ordinary one.
@@ -48,7 +49,8 @@ def launch_options(pdl: bool) -> dict[str, bool]:
 
 @triton.jit
 def wait_for_previous_kernel(PDL: tl.constexpr):
-    """Call first thing in every program, before any load or store, in kernels launched with `launch_options`.
+    """Call in every program before any load or store of memory kernels write, in kernels launched with
+    `launch_options`.
 
     Every program must reach it, unconditionally (no early exit before it): a kernel that starts while its
     predecessor drains may only touch memory once every kernel it depends on has finished, and the parallel

@@ -227,7 +227,7 @@ def _lower_conv(
             return False
         if config.tile_w:
             return not is_1x1 and tma_patch_loadable(x, weight, stride, config.block_k)
-        return stride == (1, 1) and (padding == (0, 0) or not is_1x1) and tma_loadable(x, weight)
+        return is_1x1 and stride == (1, 1) and padding == (0, 0) and tma_loadable(x, weight)
 
     candidates = [c for c in candidates if tma_fits(c)]
     for config in candidates:
@@ -246,8 +246,10 @@ def _lower_conv(
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
             config = replace(config, whole_pixels=False)
-        if not tma_fits(config):  # nor TMA-load or -store today's views (alignment): the same tile, gathered
-            config = replace(config, tma=False, persistent=False, tile_w=0, tma_store=False)
+        if not tma_fits(config):  # nor TMA-store today's output (alignment): the same tile, stored by its threads
+            config = replace(config, tma_store=False)
+        if not tma_fits(config):  # nor TMA-load today's operands: the same tile, gathered
+            config = replace(config, tma=False, persistent=False, tile_w=0)
         chosen[0] = config
 
     def compile_config(config: ConvConfig) -> None:
