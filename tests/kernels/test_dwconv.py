@@ -93,17 +93,21 @@ def _reference_and_inputs(case: Case):
 def test_dwconv_matches_reference(name):
     case = CASES[name]
     torch.manual_seed(list(CASES).index(name))
-    ref, x, weight, bias, residual = _reference_and_inputs(case)
+    _check_tile(case, *_reference_and_inputs(case), tile=None)
+
+
+def _check_tile(case, ref, x, weight, bias, residual, tile):
+    """dwconv2d_nhwc with `tile` (None: the default) into a NaN-poisoned output slice matches `ref` and writes
+    nothing outside the slice."""
     out_buf, out = _nhwc(ref.shape, case.dtype, case.sliced, fill=SENTINEL)
     out.fill_(float("nan"))
-
     dwconv2d_nhwc(
-        out, x, weight, bias, stride=case.stride, padding=case.padding, activation=case.activation, residual=residual
-    )
-
+        out, x, weight, bias, stride=case.stride, padding=case.padding, activation=case.activation,
+        residual=residual, tile=tile,
+    )  # fmt: skip
     assert_close(out, ref, TOLERANCE[case.dtype])
     out.fill_(SENTINEL)
-    assert bool((out_buf == SENTINEL).all()), "dwconv wrote outside its output slice"
+    assert bool((out_buf == SENTINEL).all()), f"dwconv with {tile} wrote outside its output slice"
 
 
 @pytest.mark.parametrize(
@@ -116,19 +120,11 @@ def test_dwconv_matches_reference(name):
 def test_every_candidate_tile_matches_reference(case):
     """The tiles tuning may pick: channel blocks that divide the channels, overhang them, or hold them all."""
     torch.manual_seed(case.c)
-    ref, x, weight, bias, residual = _reference_and_inputs(case)
+    inputs = _reference_and_inputs(case)
     tiles = dwconv_candidate_tiles(case.c)
     assert tiles and default_dwconv_tile(case.c) in tiles
     for tile in tiles:
-        out_buf, out = _nhwc(ref.shape, case.dtype, case.sliced, fill=SENTINEL)
-        out.fill_(float("nan"))
-        dwconv2d_nhwc(
-            out, x, weight, bias, stride=case.stride, padding=case.padding, activation=case.activation,
-            residual=residual, tile=tile,
-        )  # fmt: skip
-        assert_close(out, ref, TOLERANCE[case.dtype])
-        out.fill_(SENTINEL)
-        assert bool((out_buf == SENTINEL).all()), f"dwconv with {tile} wrote outside its output slice"
+        _check_tile(case, *inputs, tile=tile)
 
 
 # Row-walking tiles: bands that overhang the map's bottom, pixel blocks its right edge, padding 0 and 1, the
@@ -148,16 +144,7 @@ ROW_CASES = {
 def test_row_walking_tiles_match_reference(name):
     case, tile = ROW_CASES[name]
     torch.manual_seed(50 + list(ROW_CASES).index(name))
-    ref, x, weight, bias, residual = _reference_and_inputs(case)
-    out_buf, out = _nhwc(ref.shape, case.dtype, case.sliced, fill=SENTINEL)
-    out.fill_(float("nan"))
-    dwconv2d_nhwc(
-        out, x, weight, bias, stride=case.stride, padding=case.padding, activation=case.activation,
-        residual=residual, tile=tile,
-    )  # fmt: skip
-    assert_close(out, ref, TOLERANCE[case.dtype])
-    out.fill_(SENTINEL)
-    assert bool((out_buf == SENTINEL).all()), f"dwconv with {tile} wrote outside its output slice"
+    _check_tile(case, *_reference_and_inputs(case), tile=tile)
 
 
 def test_row_walking_tiles_are_offered_to_large_3x3_stride_1_layers_only():

@@ -279,13 +279,9 @@ def _conv2d_nhwc_kernel(
             tl.atomic_xchg(arrivals_ptr + pid, 0)
         mask = mask & last  # only the last program of a tile runs the epilogue's stores
 
-    if TMA_STORE:  # the tile leaves through shared memory as one bulk copy of the (M, C_out) output matrix
-        acc = _epilogue_values(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh,
-                               stride_rw, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
-        out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(out_ptr.dtype.element_ty))
-    else:
-        _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
-                  stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+    _matrix_tile_epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw,
+                          out_ptr, stride_on, stride_oh, stride_ow, out_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                          ACTIVATION, HAS_RESIDUAL, TMA_STORE)  # fmt: skip
 
 
 @triton.jit
@@ -308,6 +304,21 @@ def _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_
                            ACTIVATION, HAS_RESIDUAL)  # fmt: skip
     out_rows = out_ptr + img * stride_on + oy.to(tl.int64) * stride_oh + ox.to(tl.int64) * stride_ow
     tl.store(out_rows[:, None] + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _matrix_tile_epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw,
+                          out_ptr, stride_on, stride_oh, stride_ow, out_desc, row0, col0, ACTIVATION: tl.constexpr,
+                          HAS_RESIDUAL: tl.constexpr, TMA_STORE: tl.constexpr):  # fmt: skip
+    """The epilogue of a tile that is the block at (row0, col0) of the (M, C_out) output matrix: stored by its
+    threads, or with TMA_STORE through shared memory as one bulk copy (out_desc), clipped at the matrix's edges."""
+    if TMA_STORE:
+        acc = _epilogue_values(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh,
+                               stride_rw, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+        out_desc.store([row0, col0], acc.to(out_ptr.dtype.element_ty))
+    else:
+        _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
+                  stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
 
 
 @triton.jit
@@ -361,14 +372,9 @@ def _conv1x1_tma_kernel(
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         img, oy, ox, _, _ = _output_pixels(offs_m, OH, OW, 1, 1, 0, 0)
         n_ok = offs_n < C_out
-        mask = (offs_m < M)[:, None] & n_ok[None, :]
-        if TMA_STORE:
-            acc = _epilogue_values(acc, mask, offs_n, n_ok, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh,
-                                   stride_rw, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
-            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(out_ptr.dtype.element_ty))
-        else:
-            _epilogue(acc, mask, offs_n, n_ok, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
-                      stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+        _matrix_tile_epilogue(acc, (offs_m < M)[:, None] & n_ok[None, :], offs_n, n_ok, img, oy, ox, bias_ptr, res_ptr,
+                              stride_rn, stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, out_desc,
+                              pid_m * BLOCK_M, pid_n * BLOCK_N, ACTIVATION, HAS_RESIDUAL, TMA_STORE)  # fmt: skip
 
 
 @triton.jit
