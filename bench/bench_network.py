@@ -42,15 +42,39 @@ from yolojet.runtime.autotune import TuningCache
 from yolojet.runtime.network import TritonNetwork
 
 STARTUP_SNIPPET = """
-import sys, time, numpy as np, torch
+import collections, json, os, sys, time, numpy as np, torch, triton
 from yolojet.runtime.engine import Engine
+
+def cpu_seconds():  # this process's threads and its children (ptxas) together
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+compiles = collections.defaultdict(lambda: [0, 0.0])  # stage (ir = the AST walk, then Triton's lowerings): count, s
+finished = []  # (seconds from the load's start, kernel) of each compile
+def listen(src, metadata, metadata_group, times, cache_hit):
+    finished.append((time.perf_counter() - start, src.name))
+    if not cache_hit:
+        compiles["kernels"][0] += 1
+        for stage, us in [("ir", times.ir_initialization), *times.lowering_stages]:
+            compiles[stage][1] += us / 1e6
+knobs = getattr(triton, "knobs", None)
+if knobs is not None and hasattr(knobs.compilation, "listener"):
+    knobs.compilation.listener = listen
 torch.cuda.init()
-start = time.perf_counter()
+start, cpu_start = time.perf_counter(), cpu_seconds()
 engine = Engine.load(sys.argv[1], device="cuda", half=True, max_batch=1)
 torch.cuda.synchronize()
-loaded = time.perf_counter() - start
+loaded, cpu_loaded = time.perf_counter() - start, cpu_seconds() - cpu_start
+load_compiles = {k: v[:] for k, v in compiles.items()}
 engine(np.random.default_rng(0).integers(0, 256, (1080, 810, 3), dtype=np.uint8))  # the first frame captures its graph
-print(loaded, time.perf_counter() - start)
+first_result = time.perf_counter() - start
+phases = engine.network.startup_seconds
+compiled_late = loaded - phases.get("capture", 0.0) - phases.get("tune", 0.0)  # after the parallel compile
+print(json.dumps({
+    "load_s": loaded, "first_result_s": first_result, "load_phases_s": phases,
+    "load_cpu_s": cpu_loaded, "load_compile_s": load_compiles, "first_result_compiles": compiles["kernels"][0],
+    "compiled_one_by_one": collections.Counter(name for t, name in finished if t > compiled_late),
+}))
 """
 
 
@@ -115,13 +139,13 @@ def same_outputs(a: TritonNetwork, b: TritonNetwork, imgsz: int, batch: int) -> 
     return all(torch.equal(o, t) for o, t in zip(ours, theirs, strict=True))
 
 
-def startup_seconds(model_dir: Path, env: dict[str, str]) -> dict[str, float]:
-    """Seconds from a fresh process's `Engine.load` (batch 1) to the engine being ready, and to its first result."""
+def startup_seconds(model_dir: Path, env: dict[str, str]) -> dict:
+    """Seconds from a fresh process's `Engine.load` (batch 1) to the engine being ready, and to its first result;
+    the load's phases, its CPU seconds (threads and child processes together) and what its Triton compiles cost."""
     result = subprocess.run(
         [sys.executable, "-c", STARTUP_SNIPPET, str(model_dir)], env=env, capture_output=True, text=True, check=True
     )
-    loaded, first_result = (float(v) for v in result.stdout.strip().splitlines()[-1].split())
-    return {"load_s": loaded, "first_result_s": first_result}
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def time_peers(

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
+import triton
 from support import random_model
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
@@ -15,7 +21,7 @@ from yolojet.errors import EngineConfigError
 from yolojet.kernels.attention import AttentionTile
 from yolojet.kernels.conv import ConvConfig
 from yolojet.kernels.dwconv import DwConvTile
-from yolojet.runtime.autotune import TuningCache, compile_candidates, tune, untuned
+from yolojet.runtime.autotune import TuningCache, compile_launches, tune, untuned
 from yolojet.runtime.engine import Engine
 from yolojet.runtime.lowering import Launch
 
@@ -117,8 +123,54 @@ def test_candidates_compile_in_the_background_without_launching(tmp_path):
     pytest.importorskip("triton.runtime._async_compile")
     model_dir = yolojet.export(random_model("yolov8n.yaml"), out=tmp_path / "m", imgsz=64)
     engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, tune=False)
-    launches = [launch for launch in engine.network.launch_list(1) if launch.compile is not None]
-    out = engine.network.features
-    out.fill_(float("nan"))
-    assert compile_candidates(launches, workers=4)
-    assert out.isnan().all()  # compiled, not run
+    launches = engine.network.launch_list(1)
+    tunable = [launch for launch in launches if launch.compile is not None]
+    for buffer in (engine.network.features, engine.network.heads):
+        buffer.fill_(float("nan"))
+    assert compile_launches(tunable, [launch for launch in launches if launch.compile is None], workers=4)
+    assert engine.network.features.isnan().all() and engine.network.heads.isnan().all()  # compiled, not run
+
+
+_CAPTURE_COMPILES = textwrap.dedent(
+    """
+    import json, sys, triton
+    from yolojet.runtime.engine import Engine
+    from yolojet.runtime.network import TritonNetwork
+
+    compiled, during_capture = [], []
+    triton.knobs.compilation.listener = lambda src, **_: compiled.append(src.name)
+    capture = TritonNetwork._capture
+
+    def watched(network):
+        start = len(compiled)
+        capture(network)
+        during_capture.extend(compiled[start:])
+
+    TritonNetwork._capture = watched
+    engine = Engine.load(sys.argv[1], device="cuda", half=True, max_batch=2, tune=sys.argv[2] == "tune")
+    print(json.dumps({"compiled": len(compiled), "during_capture": during_capture,
+                      "phases": sorted(engine.network.startup_seconds)}))
+    """
+)
+
+
+@needs_cuda
+@pytest.mark.parametrize("tune_layers", [False, True])
+def test_the_graph_capture_compiles_nothing(tmp_path, tune_layers):
+    """Every kernel the network launches (tuned convs, SPPF's pools, the copies into concats, the decode) is
+    compiled before the timing and the capture, which then only launch. In a fresh process with empty caches, so
+    that no kernel is compiled in memory yet."""
+    compilation = getattr(getattr(triton, "knobs", None), "compilation", None)
+    if compilation is None or not hasattr(compilation, "listener"):
+        pytest.skip(f"Triton {triton.__version__} reports no compiles")
+    model_dir = yolojet.export(random_model("yolo11n.yaml"), out=tmp_path / "m", imgsz=96)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"), YOLOJET_CACHE=str(tmp_path / "cache"))
+    mode = "tune" if tune_layers else "defaults"
+    result = subprocess.run(
+        [sys.executable, "-c", _CAPTURE_COMPILES, str(model_dir), mode], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["compiled"] >= 20 and report["during_capture"] == []
+    assert {"compile", "compile_threads", "capture"} <= set(report["phases"])
+    assert ("compile_workers" in report["phases"]) == tune_layers  # workers only when there is tuning to do

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.elementwise import check_tile, check_view, nhwc_offsets
+from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
@@ -182,7 +183,7 @@ def psa_attention(
     kd, hd, t = qc // num_heads, v.shape[3] // num_heads, h * w
     tile = tile or default_attention_tile(t, q.dtype)
     grid = (triton.cdiv(t, tile.block_m), n * num_heads)
-    kernel = functools.partial(_psa_attention_kernel.warmup, grid=grid) if compile_only else _psa_attention_kernel[grid]
+    kernel = launcher(_psa_attention_kernel, grid, compile_only)
     kernel(
         out,
         *out.stride()[:3],

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets
+from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 _FLOATS = (torch.float16, torch.float32)
@@ -145,17 +146,18 @@ def _softmax_in_place(row, copy_row, K, BLOCK: tl.constexpr, COPY: tl.constexpr)
                 tl.store(copy_row + k0 + ks, probs, mask=k0 + ks < K)
 
 
-def global_avg_pool_nhwc(out: torch.Tensor, x: torch.Tensor, *, pdl: bool = False) -> None:
+def global_avg_pool_nhwc(out: torch.Tensor, x: torch.Tensor, *, pdl: bool = False, compile_only: bool = False) -> None:
     """out[n, c] = mean_{y, x} x[n, y, x, c], accumulated and stored in fp32.
 
     x: (N, H, W, C) fp16/fp32 view (any N/H/W strides, unit channel stride); out: (N, C) fp32 with unit C stride.
+    `compile_only`: compile this launch's kernel without launching it.
     """
     check_view("x", x, (None,) * 4)
     n, h, w, c = x.shape
     check_view("out", out, (n, c), torch.float32, x.device)
     block_p, block_c = nhwc_blocks(c)
     block_p = min(block_p, triton.next_power_of_2(h * w))
-    _global_avg_pool_kernel[(n, triton.cdiv(c, block_c))](
+    launcher(_global_avg_pool_kernel, (n, triton.cdiv(c, block_c)), compile_only)(
         out, out.stride(0), x, *x.stride()[:3], w, c, h * w, BLOCK_P=block_p, BLOCK_C=block_c, PDL=pdl,
         **launch_options(pdl),
     )  # fmt: skip
@@ -192,6 +194,7 @@ def classify_head(
     *,
     copy_to: torch.Tensor | None = None,
     pdl: bool = False,
+    compile_only: bool = False,
 ) -> None:
     """out_probs[n, k] = softmax_k(sum_c mean_{y, x}(features[n, y, x, c]) · weight[k, c] + bias[k]), in fp32, in
     one launch: the classifier's pooling, linear layer and softmax. Already pooled features are a (N, 1, 1, C) view.
@@ -201,6 +204,7 @@ def classify_head(
     features: (N, H, W, C) fp16/fp32 view (any N/H/W strides, unit channel stride); weight: (K, C) fp16/fp32;
     bias: fp32 (K,); out_probs: (N, K) fp32; all with unit last stride. partials and arrivals as
     `classify_head_scratch(N, C, K)` makes them (at least that large).
+    `compile_only`: compile this launch's kernel without launching it.
     """
     check_view("features", features, (None,) * 4)
     n, h, w, c = features.shape
@@ -223,7 +227,7 @@ def classify_head(
             raise ValueError(f"{name}: expected contiguous {dtype} with >= {need} elements on {features.device}, "
                              f"got {tuple(t.shape)} {t.dtype} on {t.device}")  # fmt: skip
     copy = out_probs if copy_to is None else copy_to  # unused unless COPY
-    _classify_head_kernel[(channel_blocks, class_blocks, n)](
+    launcher(_classify_head_kernel, (channel_blocks, class_blocks, n), compile_only)(
         out_probs, out_probs.stride(0), copy, copy.stride(0), features, *features.stride()[:3], w, h * w, weight,
         weight.stride(0), bias,
         partials, arrivals, c, k,

@@ -17,6 +17,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
+from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 # Launching programs in groups of GROUP_M M-tiles keeps the input rows a group shares resident in L2 while
@@ -1078,9 +1079,7 @@ def conv2d_nhwc(
                 "hold 8-byte-aligned pixels of at most 8 fp16 channels"
             )
         grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
-        kernel = (
-            functools.partial(_conv2d_direct_kernel.warmup, grid=grid) if compile_only else _conv2d_direct_kernel[grid]
-        )
+        kernel = launcher(_conv2d_direct_kernel, grid, compile_only)
         kernel(
             out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3],
             height, width, oh, ow, c_out, m, sy, sx, py, px, dy, dx,
@@ -1107,7 +1106,7 @@ def conv2d_nhwc(
                                       [1, tile_h, 1, cfg.tile_w, cfg.block_k])  # fmt: skip
         w_desc = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [cfg.block_n, 1, 1, cfg.block_k])
         grid = (batch * triton.cdiv(oh, tile_h) * triton.cdiv(ow, cfg.tile_w) * triton.cdiv(c_out, cfg.block_n),)
-        kernel = functools.partial(_conv_tma_kernel.warmup, grid=grid) if compile_only else _conv_tma_kernel[grid]
+        kernel = launcher(_conv_tma_kernel, grid, compile_only)
         kernel(
             out, *out.stride()[:3], out_desc, x_desc, x.stride(2), w_desc, bias, res, *res.stride()[:3], oh, ow, c_in,
             c_out, py, px, dy, dx, KH=kh, KW=kw, STRIDE=sy, ACTIVATION=ACTIVATIONS[activation],
@@ -1128,7 +1127,7 @@ def conv2d_nhwc(
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n)
         programs = min(tiles, _persistent_programs(x.device)) if cfg.persistent else tiles
         kernel = _conv1x1_tma_kernel
-        launch = functools.partial(kernel.warmup, grid=(programs,)) if compile_only else kernel[(programs,)]
+        launch = launcher(kernel, (programs,), compile_only)
         launch(
             out, *out.stride()[:3], out_desc, x_desc, w_desc, bias, res, *res.stride()[:3], oh, ow, c_in, c_out, m,
             programs, ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=residual is not None, BLOCK_M=cfg.block_m,
@@ -1147,7 +1146,7 @@ def conv2d_nhwc(
             )
     partials, arrivals = _split_scratch(cfg, m, c_out, partials, arrivals, bias)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)
-    kernel = functools.partial(_conv2d_nhwc_kernel.warmup, grid=grid) if compile_only else _conv2d_nhwc_kernel[grid]
+    kernel = launcher(_conv2d_nhwc_kernel, grid, compile_only)
     two = x if second is None else second  # never read without TWO_INPUTS; any valid pointer will do
     kernel(
         out,

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 DETECT, SEGMENT, OBB, POSE = 0, 1, 2, 3
@@ -264,6 +265,7 @@ def decode_heads(
     spec: DecodeSpec,
     *,
     pdl: bool = False,
+    compile_only: bool = False,
 ) -> None:
     """Decode every level into `out` (N, 4 + nc + spec.extra, A), float32, anchors contiguous.
 
@@ -271,6 +273,7 @@ def decode_heads(
     views with unit channel stride, levels in ultralytics' order (P3 first); extras None when spec.extra is 0.
     A score or extra map may instead be widened to the next multiple of 16 channels (the plan's widened
     rows), the same on every level: the padding is read with the real channels and never stored.
+    `compile_only`: compile this launch's kernel without launching it.
     """
     if spec.task not in TASK_CODES:
         raise ValueError(f"decode: unknown task {spec.task!r}")
@@ -315,11 +318,17 @@ def decode_heads(
         offset += h * w
     widths = (spec.extra, scores[0].shape[3], extras[0].shape[3] if extras else 0)
     for first in range(0, levels, MAX_LEVELS_PER_LAUNCH):
-        _launch(out, level_args[first : first + MAX_LEVELS_PER_LAUNCH], batch, spec, widths, pdl)
+        _launch(out, level_args[first : first + MAX_LEVELS_PER_LAUNCH], batch, spec, widths, pdl, compile_only)
 
 
 def _launch(
-    out: torch.Tensor, level_args: list[tuple], batch: int, spec: DecodeSpec, widths: tuple[int, int, int], pdl: bool
+    out: torch.Tensor,
+    level_args: list[tuple],
+    batch: int,
+    spec: DecodeSpec,
+    widths: tuple[int, int, int],
+    pdl: bool,
+    compile_only: bool,
 ) -> None:
     extra, nc_map, extra_map = widths
     args = []
@@ -329,7 +338,7 @@ def _launch(
         h, w = level[12], level[13]
         end += triton.cdiv(h * w, _BLOCK_A) if slot < len(level_args) else 0
         args += [*level, end] if slot < MAX_LEVELS_PER_LAUNCH - 1 else list(level)
-    _decode_kernel[(end, batch)](
+    launcher(_decode_kernel, (end, batch), compile_only)(
         out, out.stride(0), out.stride(1),
         *args,
         spec.nc, extra, nc_map, extra_map,

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
 from yolojet.kernels.elementwise import check_tile, check_view, nhwc_blocks, nhwc_offsets, pixel_coords
+from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
@@ -282,11 +283,7 @@ def dwconv2d_nhwc(
         if (kh, kw, stride) != (3, 3, 1):
             raise ValueError(f"tile {tile} walks rows of a 3x3 stride-1 conv, got a {kh}x{kw} kernel, stride {stride}")
         grid = (n * triton.cdiv(oh, tile.rows) * triton.cdiv(ow, tile.block_p), triton.cdiv(c, tile.block_c))
-        kernel = (
-            functools.partial(_dwconv3x3_rows_kernel.warmup, grid=grid)
-            if compile_only
-            else _dwconv3x3_rows_kernel[grid]
-        )
+        kernel = launcher(_dwconv3x3_rows_kernel, grid, compile_only)
         kernel(
             out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3], h, w, c, oh, ow,
             PAD=padding, ACT=ACTIVATIONS[activation], HAS_RES=residual is not None, BLOCK_W=tile.block_p,
@@ -294,7 +291,7 @@ def dwconv2d_nhwc(
         )  # fmt: skip
         return
     grid = (triton.cdiv(n * oh * ow, tile.block_p), triton.cdiv(c, tile.block_c))
-    kernel = functools.partial(_dwconv2d_kernel.warmup, grid=grid) if compile_only else _dwconv2d_kernel[grid]
+    kernel = launcher(_dwconv2d_kernel, grid, compile_only)
     kernel(
         out,
         *out.stride()[:3],

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
@@ -113,12 +114,14 @@ def _gather_add_kernel(
     tl.store(out_ptr + o_off[:, None] + ch[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(out: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None, factor: int, pdl: bool) -> None:
+def _launch(
+    out: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None, factor: int, pdl: bool, compile_only: bool
+) -> None:
     n, oh, ow, c = out.shape
     block_p, block_c = nhwc_blocks(c)
     grid = (triton.cdiv(n * oh * ow, block_p), triton.cdiv(c, block_c))
     bb = out if b is None else b  # unused when HAS_B is false; any valid pointer will do
-    _gather_add_kernel[grid](
+    launcher(_gather_add_kernel, grid, compile_only)(
         out,
         *out.stride()[:3],
         x,
@@ -138,26 +141,33 @@ def _launch(out: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None, factor: 
     )
 
 
-def add_nhwc(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, pdl: bool = False) -> None:
-    """out = a + b (computed in fp32, stored in out's dtype); all three (N, H, W, C) views of one dtype."""
+def add_nhwc(
+    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, pdl: bool = False, compile_only: bool = False
+) -> None:
+    """out = a + b (computed in fp32, stored in out's dtype); all three (N, H, W, C) views of one dtype.
+    `compile_only`: compile this launch's kernel without launching it."""
     check_view("a", a, (None,) * 4)
     check_view("b", b, a.shape, a.dtype, a.device)
     check_view("out", out, a.shape, a.dtype, a.device)
-    _launch(out, a, b, 1, pdl)
+    _launch(out, a, b, 1, pdl, compile_only)
 
 
-def upsample_nearest_nhwc(out: torch.Tensor, x: torch.Tensor, factor: int, *, pdl: bool = False) -> None:
-    """out[n, y, x, c] = x[n, y // factor, x // factor, c]; out is (N, H*factor, W*factor, C)."""
+def upsample_nearest_nhwc(
+    out: torch.Tensor, x: torch.Tensor, factor: int, *, pdl: bool = False, compile_only: bool = False
+) -> None:
+    """out[n, y, x, c] = x[n, y // factor, x // factor, c]; out is (N, H*factor, W*factor, C).
+    `compile_only`: compile this launch's kernel without launching it."""
     check_view("x", x, (None,) * 4)
     if not isinstance(factor, int) or factor < 1:
         raise ValueError(f"factor: expected a positive int, got {factor!r}")
     n, h, w, c = x.shape
     check_view("out", out, (n, h * factor, w * factor, c), x.dtype, x.device)
-    _launch(out, x, None, factor, pdl)
+    _launch(out, x, None, factor, pdl, compile_only)
 
 
-def copy_nhwc(out: torch.Tensor, x: torch.Tensor, *, pdl: bool = False) -> None:
-    """out[...] = x[...] for two (N, H, W, C) views of one shape and dtype (e.g. into a concat buffer's slice)."""
+def copy_nhwc(out: torch.Tensor, x: torch.Tensor, *, pdl: bool = False, compile_only: bool = False) -> None:
+    """out[...] = x[...] for two (N, H, W, C) views of one shape and dtype (e.g. into a concat buffer's slice).
+    `compile_only`: compile this launch's kernel without launching it."""
     check_view("x", x, (None,) * 4)
     check_view("out", out, x.shape, x.dtype, x.device)
-    _launch(out, x, None, 1, pdl)
+    _launch(out, x, None, 1, pdl, compile_only)

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets, pixel_coords
+from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
@@ -114,12 +115,20 @@ def _sppf_kernel(
 
 
 def maxpool2d_nhwc(
-    out: torch.Tensor, x: torch.Tensor, *, kernel: int, stride: int, padding: int, pdl: bool = False
+    out: torch.Tensor,
+    x: torch.Tensor,
+    *,
+    kernel: int,
+    stride: int,
+    padding: int,
+    pdl: bool = False,
+    compile_only: bool = False,
 ) -> None:
     """out[n, oh, ow, c] = max_{0 <= i, j < kernel} x[n, oh·stride − padding + i, ow·stride − padding + j, c].
 
     x is -inf outside the image (as torch.nn.functional.max_pool2d); OH = (H + 2·padding − kernel) // stride + 1.
     x: (N, H, W, C) view; out: (N, OH, OW, C) view of x's dtype (any N/H/W strides, unit channel stride).
+    `compile_only`: compile this launch's kernel without launching it.
     """
     check_view("x", x, (None,) * 4)
     if not all(isinstance(v, int) for v in (kernel, stride, padding)) or kernel < 1 or stride < 1:
@@ -134,7 +143,7 @@ def maxpool2d_nhwc(
     check_view("out", out, (n, oh, ow, c), x.dtype, x.device)
     block_p, block_c = nhwc_blocks(c)
     grid = (triton.cdiv(n * oh * ow, block_p), triton.cdiv(c, block_c))
-    _maxpool2d_kernel[grid](
+    launcher(_maxpool2d_kernel, grid, compile_only)(
         out,
         *out.stride()[:3],
         x,
@@ -156,7 +165,13 @@ def maxpool2d_nhwc(
 
 
 def sppf_pools(
-    outs: Sequence[torch.Tensor], x: torch.Tensor, *, kernel: int = 5, repeats: int = 3, pdl: bool = False
+    outs: Sequence[torch.Tensor],
+    x: torch.Tensor,
+    *,
+    kernel: int = 5,
+    repeats: int = 3,
+    pdl: bool = False,
+    compile_only: bool = False,
 ) -> None:
     """SPPF's chained pools in one pass: outs[r] = maxpool^(r+1)(x) with maxpool = (kernel, stride 1, pad kernel//2).
 
@@ -164,6 +179,7 @@ def sppf_pools(
     image padded with -inf. x: (N, H, W, C) view; outs: `repeats` (N, H, W, C) views of x's dtype with identical
     strides and equally spaced in memory (in practice consecutive channel slices of the concat buffer that feeds
     SPPF's cv2), so one pointer plus one step addresses them all.
+    `compile_only`: compile this launch's kernel without launching it.
     """
     check_view("x", x, (None,) * 4)
     if not isinstance(kernel, int) or kernel < 3 or kernel % 2 == 0:
@@ -184,7 +200,7 @@ def sppf_pools(
     # programs in flight (measured 1.6x faster on an H200 on 20x20 maps, 1.04x on 16 80x80 maps)
     block_p, block_c = nhwc_blocks(c, tile=1024)
     grid = (triton.cdiv(n * h * w, block_p), triton.cdiv(c, block_c))
-    _sppf_kernel[grid](
+    launcher(_sppf_kernel, grid, compile_only)(
         outs[0],
         *outs[0].stride()[:3],
         byte_step // x.element_size(),

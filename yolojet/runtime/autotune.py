@@ -5,16 +5,20 @@ the fastest kept. Winners are stored in one JSON file keyed by GPU name, Triton 
 candidate tiles and the launch's shape key, so the next start-up on the same GPU skips the timing.
 
 Compiling the candidates costs far more than timing them (a few hundred specializations at up to
-seconds each), so before the timing starts every candidate of every untuned launch is compiled at
-once on a pool of threads, through Triton's asynchronous compile mode where the installed Triton
-has it (its compiler releases the GIL); the timing then only launches.
+seconds each), so before the timing starts every candidate of every untuned launch, and the kernel of
+every other launch, is compiled: on worker processes (one a core) when there is tuning to do, then on
+a pool of threads through Triton's asynchronous compile mode where the installed Triton has it, which
+loads what the workers left in Triton's cache and compiles anything they did not. The timing and the
+graph capture then only launch.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +37,7 @@ from yolojet.errors import EngineConfigError
 from yolojet.kernels.attention import AttentionTile, attention_tile_set_id
 from yolojet.kernels.conv import ConvConfig, candidate_set_id
 from yolojet.kernels.dwconv import DwConvTile, dwconv_tile_set_id
+from yolojet.runtime import compile_workers
 from yolojet.runtime.lowering import Launch, TileConfig
 
 _CONFIG_TYPES = {cls.__name__: cls for cls in (ConvConfig, DwConvTile, AttentionTile)}
@@ -106,24 +111,54 @@ def untuned(launches: list[Launch], cache: TuningCache) -> list[Launch]:
     ]
 
 
-def compile_candidates(launches: list[Launch], workers: int | None = None) -> bool:
-    """Compile every candidate config of `launches` in parallel; False where this Triton cannot compile in the
-    background (each candidate is then compiled when first timed, one after another)."""
+def compile_launches(
+    to_tune: list[Launch],
+    others: list[Launch],
+    workers: int | None = None,
+    processes: bool | None = None,
+    seconds: dict[str, float] | None = None,
+) -> bool:
+    """Compile every candidate config of the launches `to_tune` and the kernels the `others` launch with their
+    current configs (remembered picks, fixed kernels), launching nothing; False where this Triton cannot compile in
+    the background (each kernel is then compiled when first launched, one after another).
+
+    `processes` (by default: when there is tuning to do, unless YOLOJET_COMPILE_WORKERS=0) compiles on worker
+    processes first (runtime/compile_workers.py), the cold start-up's few hundred specializations on every core;
+    the pass on threads after them loads those from Triton's on-disk cache. A start-up whose picks are all
+    remembered mostly loads cached kernels, which does not pay for starting processes. `seconds` gets the wall
+    time of each part: collecting the specializations, the workers, the pass on threads.
+    """
     try:
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
         return False
-    workers = workers or min(32, os.cpu_count() or 1)
+    calls = [
+        functools.partial(launch.compile, config)
+        for launch in to_tune
+        if launch.compile is not None
+        for config in launch.candidates
+    ]
+    calls += [functools.partial(launch.run, compile_only=True) for launch in others]
+    workers = workers or compile_workers.worker_count()
+    if processes is None:
+        processes = bool(to_tune) and os.environ.get("YOLOJET_COMPILE_WORKERS") != "0"
+    seconds = {} if seconds is None else seconds
+    if processes and compile_workers.available():
+        start = time.perf_counter()
+        specializations = compile_workers.collect(calls)
+        seconds["compile_collect"] = time.perf_counter() - start
+        compile_workers.compile_in_workers(specializations, workers)
+        seconds["compile_workers"] = time.perf_counter() - start - seconds["compile_collect"]
+    start = time.perf_counter()
     # Leaving AsyncCompileMode waits for every compile (identical specializations are compiled once); only then
     # is the pool shut down. A candidate that fails to compile fails again when timed, where `tune` leaves it out.
     with (
         ThreadPoolExecutor(workers, thread_name_prefix="yolojet-compile") as pool,
         AsyncCompileMode(pool, ignore_errors=True),
     ):
-        for launch in launches:
-            if launch.compile is not None:
-                for config in launch.candidates:
-                    launch.compile(config)
+        for call in calls:
+            call()
+    seconds["compile_threads"] = time.perf_counter() - start
     return True
 
 

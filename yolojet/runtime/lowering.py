@@ -48,7 +48,7 @@ class Launch:
     family: str
     nodes: list[str]  # the IR nodes this launch completes (more than one when fused)
     outputs: list[str]
-    run: Callable[[], None]
+    run: Callable[..., None]  # run(compile_only=True) compiles the kernels it launches, launching nothing
     tune_key: str | None = None
     configure: Callable[[TileConfig], None] | None = None
     compile: Callable[[TileConfig], None] | None = None  # compiles a candidate without launching it
@@ -234,12 +234,12 @@ def _lower_conv(
         scratch.reserve(*config.split_scratch(m, c_out))
     slot = scratch.new_slot()
 
-    def run() -> None:
+    def run(compile_only: bool = False) -> None:
         partials, arrivals = scratch.views(slot)
         conv2d_nhwc(
             out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
             residual=residual, upsample=scale, second=second, config=chosen[0], pdl=pdl, partials=partials,
-            arrivals=arrivals,
+            arrivals=arrivals, compile_only=compile_only,
         )  # fmt: skip
 
     def configure(config: ConvConfig) -> None:
@@ -301,7 +301,7 @@ def _lower_depthwise(
         "dwconv",
         [node.name],
         list(node.outputs),
-        lambda: launch(chosen[0]),
+        lambda compile_only=False: launch(chosen[0], compile_only),
         tune_key=_conv_tune_key("dwconv", x, out, weight, node, residual is not None),
         configure=configure,
         compile=lambda tile: launch(tile, compile_only=True),
@@ -323,9 +323,9 @@ def _lower_conv_transpose(node: Node, view: ViewFn, weights: PackedWeights, pdl:
     x, out, bias = view(node.inputs[0]), view(node.outputs[0]), weights.get(node, "bias")
     parts = [(out[:, dy::2, dx::2, :], weights.get(node, f"weight{dy}{dx}")) for dy in (0, 1) for dx in (0, 1)]
 
-    def run() -> None:
+    def run(compile_only: bool = False) -> None:
         for target, weight in parts:
-            conv2d_nhwc(target, x, weight, bias, activation="identity", pdl=pdl)
+            conv2d_nhwc(target, x, weight, bias, activation="identity", pdl=pdl, compile_only=compile_only)
 
     return Launch("conv", [node.name], list(node.outputs), run)
 
@@ -355,8 +355,8 @@ def _lower_pools(chain: list[Node], view: ViewFn, pdl: bool) -> Launch | None:
     x = view(chain[0].inputs[0])
     kernel = _pair(chain[0].attrs["kernel"])[0]
 
-    def run() -> None:
-        sppf_pools(outs, x, kernel=kernel, repeats=len(outs), pdl=pdl)
+    def run(compile_only: bool = False) -> None:
+        sppf_pools(outs, x, kernel=kernel, repeats=len(outs), pdl=pdl, compile_only=compile_only)
 
     return Launch("pool", [n.name for n in chain], [n.outputs[0] for n in chain], run)
 
@@ -365,8 +365,8 @@ def _lower_maxpool(node: Node, view: ViewFn, pdl: bool) -> Launch:
     x, out = view(node.inputs[0]), view(node.outputs[0])
     (kernel, _), (stride, _), (padding, _) = (_pair(node.attrs[k]) for k in ("kernel", "stride", "padding"))
 
-    def run() -> None:
-        maxpool2d_nhwc(out, x, kernel=kernel, stride=stride, padding=padding, pdl=pdl)
+    def run(compile_only: bool = False) -> None:
+        maxpool2d_nhwc(out, x, kernel=kernel, stride=stride, padding=padding, pdl=pdl, compile_only=compile_only)
 
     return Launch("pool", [node.name], list(node.outputs), run)
 
@@ -378,8 +378,8 @@ def _lower_attention(node: Node, out: torch.Tensor, ins: list[torch.Tensor], pdl
     tokens = q.shape[1] * q.shape[2]
     chosen = [default_attention_tile(tokens, q.dtype)]
 
-    def run() -> None:
-        psa_attention(out, q, k, v, num_heads=heads, scale=scale, tile=chosen[0], pdl=pdl)
+    def run(compile_only: bool = False) -> None:
+        psa_attention(out, q, k, v, num_heads=heads, scale=scale, tile=chosen[0], pdl=pdl, compile_only=compile_only)
 
     def configure(tile: AttentionTile) -> None:
         chosen[0] = tile
@@ -408,22 +408,22 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
     a = node.attrs
     if node.op == "upsample":
 
-        def run() -> None:
-            upsample_nearest_nhwc(outs[0], ins[0], a["scale"], pdl=pdl)
+        def run(compile_only: bool = False) -> None:
+            upsample_nearest_nhwc(outs[0], ins[0], a["scale"], pdl=pdl, compile_only=compile_only)
 
         family = "elementwise"
     elif node.op == "add":
 
-        def run() -> None:
-            add_nhwc(outs[0], ins[0], ins[1], pdl=pdl)
+        def run(compile_only: bool = False) -> None:
+            add_nhwc(outs[0], ins[0], ins[1], pdl=pdl, compile_only=compile_only)
 
         family = "elementwise"
     elif node.op == "attention":
         return _lower_attention(node, outs[0], ins, pdl)
     elif node.op == "global_avg_pool":
 
-        def run() -> None:
-            global_avg_pool_nhwc(outs[0], ins[0], pdl=pdl)
+        def run(compile_only: bool = False) -> None:
+            global_avg_pool_nhwc(outs[0], ins[0], pdl=pdl, compile_only=compile_only)
 
         family = "classify"
     elif node.op == "decode":
@@ -432,15 +432,16 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
         maps = [view(i, widened=True) for i in node.inputs]  # widened maps are read whole: aligned vector loads
         boxes, scores, extras = maps[:levels], maps[levels : 2 * levels], maps[2 * levels :] or None
 
-        def run() -> None:
-            decode_heads(outs[0], boxes, scores, extras, spec, pdl=pdl)
+        def run(compile_only: bool = False) -> None:
+            decode_heads(outs[0], boxes, scores, extras, spec, pdl=pdl, compile_only=compile_only)
 
         family = "decode"
     elif node.op == "topk":
         select = REFERENCE_OPS["topk"]
 
-        def run() -> None:
-            outs[0].copy_(select(node, ins, {})[0])
+        def run(compile_only: bool = False) -> None:
+            if not compile_only:  # torch ops: nothing of ours to compile
+                outs[0].copy_(select(node, ins, {})[0])
 
         family = "topk"
     else:
@@ -515,8 +516,8 @@ def _copy_into_concat(node: Node, value: str, view: ViewFn, pdl: bool) -> Launch
     start = sum(view(v).shape[3] for v in node.inputs[:position])
     destination = target[..., start : start + source.shape[3]]
 
-    def run() -> None:
-        copy_nhwc(destination, source, pdl=pdl)
+    def run(compile_only: bool = False) -> None:
+        copy_nhwc(destination, source, pdl=pdl, compile_only=compile_only)
 
     return Launch("elementwise", [f"{node.name}<-{value}"], [], run, reads=[value], writes=[node.outputs[0]])
 
@@ -551,8 +552,10 @@ def _lower_classify_head(graph: Graph, i: int, view: ViewFn, weights: PackedWeig
     partials, arrivals = classify_head_scratch(features.shape[0], features.shape[3], weight.shape[0], features.device)
     copy_to: list[torch.Tensor | None] = [None]
 
-    def run() -> None:
-        classify_head(probs, features, weight, bias, partials, arrivals, copy_to=copy_to[0], pdl=pdl)
+    def run(compile_only: bool = False) -> None:
+        classify_head(
+            probs, features, weight, bias, partials, arrivals, copy_to=copy_to[0], pdl=pdl, compile_only=compile_only
+        )
 
     def copy_output(target: torch.Tensor | None) -> None:
         copy_to[0] = target

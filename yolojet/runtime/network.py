@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import torch
 from yolojet.errors import EngineConfigError
 from yolojet.ir import Graph, ModelMeta
 from yolojet.kernels.pdl import pdl_available
-from yolojet.runtime.autotune import TuningCache, compile_candidates, time_launch, tune, untuned
+from yolojet.runtime.autotune import TuningCache, compile_launches, time_launch, tune, untuned
 from yolojet.runtime.lowering import Launch, PackedWeights, SplitKScratch, ViewFn, lower
 from yolojet.runtime.plan import MemoryPlan, plan_memory
 from yolojet.runtime.streams import (
@@ -112,10 +113,20 @@ class TritonNetwork:
         }
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.tuning: dict[str, int] = {}
+        # Wall seconds of the start-up's phases (compiling the candidates, timing them, capturing the graphs).
+        self.startup_seconds: dict[str, float] = {}
         if device.type == "cuda":
             if tune_layers:
                 self._tune(verbose)
+            else:
+                start = time.perf_counter()
+                compile_launches(
+                    [], [launch for b in self.buckets for launch in self.launches[b]], seconds=self.startup_seconds
+                )
+                self.startup_seconds["compile"] = time.perf_counter() - start
+            start = time.perf_counter()
             self._capture()
+            self.startup_seconds["capture"] = time.perf_counter() - start
 
     # -- construction -------------------------------------------------------------------------
 
@@ -148,12 +159,22 @@ class TritonNetwork:
             if verbose:
                 print(f"\rtuning tiles {done[0]}/{tunable}", end="", file=sys.stderr, flush=True)
 
-        pending = [launch for b in self.buckets for launch in untuned(self.launches[b], cache)]
-        if pending:
-            if verbose:
-                candidates = sum(len(launch.candidates) for launch in pending)
-                print(f"compiling {candidates} tile candidates of {len(pending)} launches", file=sys.stderr, flush=True)
-            compile_candidates(pending)
+        launches = [launch for b in self.buckets for launch in self.launches[b]]
+        for launch in launches:  # remembered picks first, so that the compile below builds them
+            known = cache.get(launch.tune_key) if launch.tune_key and launch.configure else None
+            if known is not None:
+                launch.configure(known)
+        pending = untuned(launches, cache)
+        start = time.perf_counter()
+        if pending and verbose:
+            candidates = sum(len(launch.candidates) for launch in pending)
+            print(f"compiling {candidates} tile candidates of {len(pending)} launches", file=sys.stderr, flush=True)
+        timed = {id(launch) for launch in pending}
+        compile_launches(
+            pending, [launch for launch in launches if id(launch) not in timed], seconds=self.startup_seconds
+        )
+        self.startup_seconds["compile"] = time.perf_counter() - start
+        start = time.perf_counter()
         totals: dict[str, int] = defaultdict(int)
         for b in self.buckets:
             for key, value in tune(self.launches[b], cache, progress).items():
@@ -162,6 +183,7 @@ class TritonNetwork:
             print(file=sys.stderr)
         cache.save()
         self.tuning = dict(totals)
+        self.startup_seconds["tune"] = time.perf_counter() - start
 
     def accesses(self, bucket: int) -> list[Access]:
         """What each launch of a bucket reads and writes, as memory regions of the plan (and the split-K scratch

@@ -1,0 +1,99 @@
+"""Start-up compiles on worker processes: the protocol on any machine, the compiles themselves on a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from support import random_model
+
+import yolojet
+from yolojet.runtime import compile_workers
+from yolojet.runtime.compile_workers import Specialization
+
+
+def _worker() -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "yolojet.runtime.compile_workers"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_worker_answers_each_line_and_names_what_failed():
+    worker = _worker()
+    lines = [
+        "not json",
+        json.dumps(["yolojet.kernels.pool", "sppf_pools", "{}"]),  # a launcher, not a kernel
+        json.dumps(["yolojet.no_such_module", "_kernel", "{}"]),
+    ]
+    out, _ = worker.communicate("\n".join(lines) + "\n", timeout=120)
+    answers = out.splitlines()
+    assert worker.returncode == 0 and len(answers) == 3
+    assert answers[0].startswith("failed: JSONDecodeError")
+    assert answers[1] == "failed: TypeError: yolojet.kernels.pool.sppf_pools is not a Triton kernel"
+    assert answers[2].startswith("failed: ModuleNotFoundError")
+
+
+def test_specializations_no_worker_can_compile_are_counted_out_and_nothing_hangs():
+    broken = [
+        Specialization("yolojet.kernels.pool", "_sppf_kernel", "{not json"),
+        Specialization("yolojet.kernels.pool", "no_such_kernel", "{}"),
+        Specialization("yolojet.kernels.pool", "_maxpool2d_kernel", json.dumps({"name": "another kernel"})),
+    ]
+    assert compile_workers.compile_in_workers(broken * 3, workers=2) == 0
+    assert compile_workers.compile_in_workers([], workers=2) == 0
+
+
+def test_worker_count_follows_the_cores_this_process_may_use():
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert compile_workers.worker_count() == max(1, min(32, cores))
+
+
+_COMPILE_IN_WORKERS = textwrap.dedent(
+    """
+    import functools, json, sys, triton
+    from yolojet.runtime import compile_workers
+    from yolojet.runtime.autotune import compile_launches
+    from yolojet.runtime.engine import Engine
+
+    engine = Engine.load(sys.argv[1], device="cuda", half=True, max_batch=1, tune=False)
+    tunable = [launch for launch in engine.network.launch_list(1) if launch.compile is not None][:4]
+    calls = [functools.partial(launch.compile, config) for launch in tunable for config in launch.candidates]
+    specializations = compile_workers.collect(calls)
+    compiled = compile_workers.compile_in_workers(specializations, workers=4)
+    hits = []
+    triton.knobs.compilation.listener = lambda src, cache_hit, **_: hits.append(cache_hit)
+    compile_launches(tunable, [], workers=4, processes=False)
+    print(json.dumps({"collected": len(specializations), "compiled": compiled, "compiles": len(hits),
+                      "from_disk": sum(hits)}))
+    """
+)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton compiles for a CUDA GPU")
+def test_workers_compile_every_candidate_and_the_thread_pass_only_loads_them(tmp_path):
+    """In a fresh process (no kernel compiled in memory yet) with an empty Triton cache: the candidates of a few
+    convs are collected, the workers compile each, and the start-up's own compile pass finds every one on disk."""
+    if not compile_workers.available():
+        pytest.skip("this Triton cannot report specializations before compiling them")
+    model_dir = yolojet.export(random_model("yolov8n.yaml"), out=tmp_path / "m", imgsz=64)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"), YOLOJET_CACHE=str(tmp_path / "cache"))
+    result = subprocess.run(
+        [sys.executable, "-c", _COMPILE_IN_WORKERS, str(model_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert counts["collected"] >= 8
+    assert counts["compiled"] == counts["collected"]
+    assert counts["compiles"] == counts["collected"] and counts["from_disk"] == counts["compiles"]
