@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -49,6 +50,20 @@ def test_specializations_no_worker_can_compile_are_counted_out_and_nothing_hangs
     ]
     assert compile_workers.compile_in_workers(broken * 3, workers=2) == 0
     assert compile_workers.compile_in_workers([], workers=2) == 0
+
+
+def test_a_worker_stuck_on_a_compile_is_killed_and_the_others_finish(tmp_path, monkeypatch):
+    (tmp_path / "stuck_kernels.py").write_text("import time\nwhile True:\n    time.sleep(1)\n")  # never done
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(compile_workers.Workers, "seconds_per_compile", 3.0)
+    stuck = Specialization("stuck_kernels", "_kernel", "{}")
+    broken = Specialization("yolojet.kernels.pool", "no_such_kernel", "{}")
+    start = time.monotonic()
+    with compile_workers.Workers(2) as workers:
+        processes = list(workers.processes)
+        assert workers.compile([stuck, broken, broken, broken]) == 0
+    assert time.monotonic() - start < 60  # killed after its 3 s, not waited for
+    assert all(process.poll() is not None for process in processes)  # every worker ended with the block
 
 
 def test_worker_count_follows_the_cores_this_process_may_use():

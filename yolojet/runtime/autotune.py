@@ -145,9 +145,10 @@ def compile_launches(
     seconds = {} if seconds is None else seconds
     if processes and compile_workers.available():
         start = time.perf_counter()
-        specializations = compile_workers.collect(calls)
-        seconds["compile_collect"] = time.perf_counter() - start
-        compile_workers.compile_in_workers(specializations, workers)
+        with compile_workers.Workers(workers) as processes_pool:  # they start while the calls are collected
+            specializations = compile_workers.collect(calls)
+            seconds["compile_collect"] = time.perf_counter() - start
+            processes_pool.compile(specializations)
         seconds["compile_workers"] = time.perf_counter() - start - seconds["compile_collect"]
     start = time.perf_counter()
     # Leaving AsyncCompileMode waits for every compile (identical specializations are compiled once); only then

@@ -91,52 +91,93 @@ def collect(calls: list[Callable[[], object]]) -> list[Specialization]:
     return sorted(found.values(), key=lambda item: -item.size)
 
 
-def compile_in_workers(specializations: list[Specialization], workers: int | None = None) -> int:
-    """Compile `specializations` into Triton's on-disk cache on worker processes; returns how many they compiled.
-    Workers inherit this process's environment (TRITON_CACHE_DIR, the visible GPUs)."""
-    if not specializations:
-        return 0
-    pending: queue.SimpleQueue[Specialization] = queue.SimpleQueue()
-    for item in specializations:
-        pending.put(item)
-    compiled = [0] * (workers or worker_count())
+class Workers:
+    """Worker processes, all started at once (each imports torch and Triton while the caller collects what to
+    compile); `compile` hands them specializations; leaving the `with` block ends them. Workers inherit this
+    process's environment (TRITON_CACHE_DIR, the visible GPUs)."""
 
-    def feed(index: int) -> None:
-        try:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", __name__],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-        except OSError:
-            return
-        with worker:
+    # A compile that takes longer is taken to hang: its worker is killed, and the compile pass after the workers
+    # compiles that specialization itself (and reports what is wrong with it).
+    seconds_per_compile = 300.0
+
+    def __init__(self, count: int | None = None) -> None:
+        self.processes: list[subprocess.Popen] = []
+        for _ in range(count or worker_count()):
+            try:
+                self.processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", __name__],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL,
+                        text=True,
+                    )
+                )
+            except OSError:  # no more processes: fewer workers
+                break
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for process in self.processes:
+            with contextlib.suppress(OSError):
+                process.stdin.close()  # a worker ends when its input does
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            process.stdout.close()
+        self.processes = []
+
+    def compile(self, specializations: list[Specialization]) -> int:
+        """Compile `specializations` into Triton's on-disk cache, each worker taking the next as it finishes the
+        last; returns how many the workers compiled."""
+        pending: queue.SimpleQueue[Specialization] = queue.SimpleQueue()
+        for item in specializations:
+            pending.put(item)
+        compiled = [0] * len(self.processes)
+
+        def feed(index: int) -> None:
+            process = self.processes[index]
             try:
                 while True:
                     try:
                         item = pending.get_nowait()
                     except queue.Empty:
-                        break
-                    worker.stdin.write(json.dumps([item.module, item.name, item.data]) + "\n")
-                    worker.stdin.flush()
-                    answer = worker.stdout.readline()
+                        return
+                    process.stdin.write(json.dumps([item.module, item.name, item.data]) + "\n")
+                    process.stdin.flush()
+                    watchdog = threading.Timer(self.seconds_per_compile, process.kill)
+                    watchdog.start()
+                    answer = process.stdout.readline()
+                    watchdog.cancel()
                     if not answer:  # the worker died: the others, or the compile pass after, take the rest
-                        break
+                        return
                     compiled[index] += answer.strip() == "ok"
-            except OSError:  # a broken pipe to a worker that died
-                pass
-            finally:
-                with contextlib.suppress(OSError):
-                    worker.stdin.close()
+            except (OSError, ValueError):  # a broken pipe to a worker that died
+                return
 
-    threads = [threading.Thread(target=feed, args=(i,), daemon=True) for i in range(len(compiled))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sum(compiled)
+        threads = [threading.Thread(target=feed, args=(i,), daemon=True) for i in range(len(self.processes))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sum(compiled)
+
+
+def compile_in_workers(specializations: list[Specialization], workers: int | None = None) -> int:
+    """Compile `specializations` into Triton's on-disk cache on `workers` worker processes (one a core by
+    default); returns how many they compiled."""
+    if not specializations:
+        return 0
+    with Workers(min(workers or worker_count(), len(specializations))) as pool:
+        return pool.compile(specializations)
 
 
 def _kernel(module: str, name: str) -> JITFunction:
@@ -150,6 +191,8 @@ def _kernel(module: str, name: str) -> JITFunction:
 
 def main() -> None:
     """A worker: compile each specialization read from stdin, answering one line each ("ok" or the error)."""
+    import torch  # noqa: F401  (Triton's CUDA driver needs it: imported while the parent collects the work)
+
     for line in sys.stdin:
         try:
             module, name, data = json.loads(line)
