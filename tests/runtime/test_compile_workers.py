@@ -7,10 +7,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
 from support import random_model
 
 import yolojet
@@ -34,7 +37,10 @@ def test_a_worker_answers_each_line_and_names_what_failed():
         json.dumps(["yolojet.kernels.pool", "sppf_pools", "{}"]),  # a launcher, not a kernel
         json.dumps(["yolojet.no_such_module", "_kernel", "{}"]),
     ]
-    out, _ = worker.communicate("\n".join(lines) + "\n", timeout=120)
+    try:
+        out, _ = worker.communicate("\n".join(lines) + "\n", timeout=120)
+    finally:
+        worker.kill()
     answers = out.splitlines()
     assert worker.returncode == 0 and len(answers) == 3
     assert answers[0].startswith("failed: JSONDecodeError")
@@ -48,7 +54,9 @@ def test_specializations_no_worker_can_compile_are_counted_out_and_nothing_hangs
         Specialization("yolojet.kernels.pool", "no_such_kernel", "{}"),
         Specialization("yolojet.kernels.pool", "_maxpool2d_kernel", json.dumps({"name": "another kernel"})),
     ]
-    assert compile_workers.compile_in_workers(broken * 3, workers=2) == 0
+    with compile_workers.Workers(2) as workers:
+        assert workers.compile(broken * 3) == 0
+        assert workers.answered == 9  # each answered, by one worker or the other
     assert compile_workers.compile_in_workers([], workers=2) == 0
 
 
@@ -62,11 +70,15 @@ def test_a_worker_stuck_on_a_compile_is_killed_and_the_others_finish(tmp_path, m
     with compile_workers.Workers(2) as workers:
         processes = list(workers.processes)
         assert workers.compile([stuck, broken, broken, broken]) == 0
+        assert workers.answered == 3  # the other worker went on with the rest
     assert time.monotonic() - start < 60  # killed after its 3 s, not waited for
     assert all(process.poll() is not None for process in processes)  # every worker ended with the block
 
 
-def test_worker_count_follows_the_cores_this_process_may_use():
+def test_worker_count_follows_the_cores_this_process_may_use(monkeypatch):
+    monkeypatch.setenv("YOLOJET_COMPILE_WORKERS", "3")
+    assert compile_workers.worker_count() == 3
+    monkeypatch.delenv("YOLOJET_COMPILE_WORKERS")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert compile_workers.worker_count() == max(1, min(32, cores))
 
@@ -112,3 +124,50 @@ def test_workers_compile_every_candidate_and_the_thread_pass_only_loads_them(tmp
     assert counts["collected"] >= 8
     assert counts["compiled"] == counts["collected"]
     assert counts["compiles"] == counts["collected"] and counts["from_disk"] == counts["compiles"]
+
+
+def _report(name: str, key: str, warps: int, block: int) -> bool | None:
+    """Triton's call of the hook for one specialization (as JITFunction._call_hook makes it: keywords only)."""
+    kernel = SimpleNamespace(arg_names=["x_ptr", "BLOCK_M"])
+    return triton.knobs.runtime.jit_cache_hook(
+        key=key,
+        repr=name,
+        fn=SimpleNamespace(module="kernels", name=name, jit_function=kernel),
+        compile={
+            "key": key,
+            "num_warps": warps,
+            "num_stages": 2,
+            "constants": {(1,): block},
+            "specialization_data": f"{name}/{key}",
+        },
+        is_manual_warmup=True,
+        already_compiled=False,
+    )
+
+
+def test_collect_skips_this_threads_compiles_and_hands_other_threads_to_the_hook_before(monkeypatch):
+    """The hook is the process's: while the calls are collected, another thread's compile must still happen
+    (here: reach the hook that was set before, whose None lets Triton compile), and that hook is back after."""
+    elsewhere: list[str] = []
+    before = lambda **kwargs: elsewhere.append(kwargs["repr"])  # noqa: E731
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", before)
+    answers: list[bool | None] = []
+
+    def from_another_thread() -> None:
+        thread = threading.Thread(target=lambda: answers.append(_report("other", "k", 4, 64)))
+        thread.start()
+        thread.join()
+
+    calls = [
+        lambda: answers.append(_report("small", "a", 4, 32)),
+        from_another_thread,
+        lambda: answers.append(_report("large", "b", 8, 128)),
+        lambda: answers.append(_report("small", "a", 4, 32)),  # the same specialization again
+        lambda: 1 / 0,  # a call that fails is left out, the rest still collected
+    ]
+    found = compile_workers.collect(calls)
+    assert [item.name for item in found] == ["large", "small"]  # each once, largest first
+    assert [item.size for item in found] == [8 * 2 * 128, 4 * 2 * 32]
+    assert found[0].data == "large/b"
+    assert answers == [True, None, True, True] and elsewhere == ["other"]
+    assert triton.knobs.runtime.jit_cache_hook is before

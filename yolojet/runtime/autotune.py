@@ -88,7 +88,7 @@ def time_launch(launch: Launch, repeats: int = 10, replays: int = 5) -> float:
     Timing plain launches would measure Python's launch overhead, which for these microsecond
     kernels is larger than the kernels themselves.
     """
-    launch.run()  # compiles this configuration
+    launch.run()  # compiles this configuration where the compile before the timing did not
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -122,7 +122,8 @@ def compile_launches(
     current configs (remembered picks, fixed kernels), launching nothing; False where this Triton cannot compile in
     the background (each kernel is then compiled when first launched, one after another).
 
-    `processes` (by default: when there is tuning to do, unless YOLOJET_COMPILE_WORKERS=0) compiles on worker
+    `processes` (by default: when there is tuning to do, unless YOLOJET_COMPILE_WORKERS=0; a positive number
+    there sets how many workers) compiles on worker
     processes first (runtime/compile_workers.py), the cold start-up's few hundred specializations on every core;
     the pass on threads after them loads those from Triton's on-disk cache. A start-up whose picks are all
     remembered mostly loads cached kernels, which does not pay for starting processes. `seconds` gets the wall

@@ -21,11 +21,13 @@ import importlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import triton
 from triton.runtime.jit import JITFunction
@@ -52,7 +54,11 @@ def _size(fn: JITFunction, compile: dict) -> int:
 
 
 def worker_count() -> int:
-    """The cores this process may run on (its affinity, not the machine's count), at most 32."""
+    """How many workers: YOLOJET_COMPILE_WORKERS when it is a positive number, else the cores this process may
+    run on (its affinity, not the machine's count), at most 32."""
+    asked = os.environ.get("YOLOJET_COMPILE_WORKERS", "")
+    if asked.isdigit() and int(asked) > 0:
+        return int(asked)
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity on this platform
@@ -61,47 +67,79 @@ def worker_count() -> int:
 
 
 def available() -> bool:
-    """Whether this Triton reports specializations before compiling them and can rebuild them from their data."""
+    """Whether this Triton reports specializations before compiling them and can rebuild them from their data, and
+    whether what workers leave in the on-disk cache is used (not with TRITON_ALWAYS_COMPILE)."""
     knobs = getattr(triton, "knobs", None)
-    return knobs is not None and hasattr(knobs.runtime, "jit_cache_hook") and hasattr(JITFunction, "preload")
+    return (
+        knobs is not None
+        and hasattr(knobs.runtime, "jit_cache_hook")
+        and hasattr(JITFunction, "preload")
+        and not knobs.compilation.always_compile
+    )
+
+
+_collecting = threading.Lock()
 
 
 def collect(calls: list[Callable[[], object]]) -> list[Specialization]:
-    """The specializations `calls` (kernel launches or warm-ups) would compile, each once, largest first (a
-    large tile's compile started last would keep every other worker waiting); none is compiled and nothing is
-    launched. A call that fails to report (its specialization does not serialize) is left out: the compile pass
-    after the workers builds it."""
+    """The specializations `calls` would compile, each once, largest first (a large tile's compile started last
+    would keep every other worker waiting). `calls` are compile-only calls (launchers with compile_only=True,
+    `JITFunction.warmup`): none of them compiles here. A call that fails to report (its specialization does not
+    serialize) is left out: the compile pass after the workers builds it.
+
+    Triton's hook is the process's: while this runs, it skips compiles of this thread only, and hands other
+    threads' (an engine's first predict elsewhere, say) to whatever hook was set before; collections take turns.
+    """
     found: dict[tuple[str, str, str], Specialization] = {}
-
-    def report(*, key, fn, compile, **_) -> bool:
-        identity = (fn.module, fn.name, str(key))
-        if identity not in found:
-            size = _size(fn.jit_function, compile)
-            found[identity] = Specialization(fn.module, fn.name, compile["specialization_data"], size)
-        return True  # skip this compile (and the launch after it)
-
+    collector = threading.get_ident()
     knobs = triton.knobs
-    previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, report
-    try:
-        for call in calls:
-            with contextlib.suppress(Exception):
-                call()
-    finally:
-        knobs.runtime.jit_cache_hook = previous
+    with _collecting:
+        previous = knobs.runtime.jit_cache_hook
+
+        def report(**kwargs) -> bool | None:
+            if threading.get_ident() != collector:
+                return previous(**kwargs) if previous is not None else None
+            fn, compile = kwargs["fn"], kwargs["compile"]
+            identity = (fn.module, fn.name, str(kwargs["key"]))
+            if identity not in found:
+                size = _size(fn.jit_function, compile)
+                found[identity] = Specialization(fn.module, fn.name, compile["specialization_data"], size)
+            return True  # skip this compile
+
+        knobs.runtime.jit_cache_hook = report
+        try:
+            for call in calls:
+                with contextlib.suppress(Exception):
+                    call()
+        finally:
+            knobs.runtime.jit_cache_hook = previous
     return sorted(found.values(), key=lambda item: -item.size)
+
+
+def _worker_environment() -> dict[str, str]:
+    """This process's environment, plus what a worker must share with it: Triton's cache directory (which may have
+    been set in code, not in the environment) and where this yolojet is imported from."""
+    import yolojet
+
+    env = dict(os.environ, TRITON_CACHE_DIR=str(triton.knobs.cache.dir))
+    home = str(Path(yolojet.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 class Workers:
     """Worker processes, all started at once (each imports torch and Triton while the caller collects what to
-    compile); `compile` hands them specializations; leaving the `with` block ends them. Workers inherit this
-    process's environment (TRITON_CACHE_DIR, the visible GPUs)."""
+    compile); `compile` hands them specializations; leaving the `with` block ends them. Each worker is the leader
+    of its own process group, so that killing it also kills the ptxas it may be running."""
 
     # A compile that takes longer is taken to hang: its worker is killed, and the compile pass after the workers
-    # compiles that specialization itself (and reports what is wrong with it).
+    # compiles that specialization in this process.
     seconds_per_compile = 300.0
 
     def __init__(self, count: int | None = None) -> None:
         self.processes: list[subprocess.Popen] = []
+        self.answered = 0  # answers received, compiled or not
+        env = _worker_environment()
         for _ in range(count or worker_count()):
             try:
                 self.processes.append(
@@ -111,10 +149,13 @@ class Workers:
                         stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL,
                         text=True,
+                        env=env,
+                        start_new_session=True,
                     )
                 )
             except OSError:  # no more processes: fewer workers
                 break
+        self.busy: set[int] = set()  # workers given work: the others are still importing, or idle
 
     def __enter__(self) -> Workers:
         return self
@@ -122,17 +163,28 @@ class Workers:
     def __exit__(self, *_) -> None:
         self.close()
 
+    def _kill(self, process: subprocess.Popen) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+
     def close(self) -> None:
-        for process in self.processes:
-            with contextlib.suppress(OSError):
-                process.stdin.close()  # a worker ends when its input does
+        """End every worker: one given work ends when its input does (after the compile it may be finishing);
+        one never given work is killed at once rather than waited for while it imports torch."""
+        for index, process in enumerate(self.processes):
+            if index in self.busy:
+                with contextlib.suppress(OSError):
+                    process.stdin.close()
+            else:
+                self._kill(process)
         for process in self.processes:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                process.kill()
+                self._kill(process)
                 process.wait()
-            process.stdout.close()
+            for stream in (process.stdin, process.stdout):
+                with contextlib.suppress(OSError):
+                    stream.close()
         self.processes = []
 
     def compile(self, specializations: list[Specialization]) -> int:
@@ -142,32 +194,38 @@ class Workers:
         for item in specializations:
             pending.put(item)
         compiled = [0] * len(self.processes)
+        answered = [0] * len(self.processes)
 
         def feed(index: int) -> None:
             process = self.processes[index]
-            try:
-                while True:
-                    try:
-                        item = pending.get_nowait()
-                    except queue.Empty:
-                        return
+            while True:
+                try:
+                    item = pending.get_nowait()
+                except queue.Empty:
+                    return
+                self.busy.add(index)
+                watchdog = threading.Timer(self.seconds_per_compile, self._kill, args=(process,))
+                watchdog.daemon = True
+                try:
                     process.stdin.write(json.dumps([item.module, item.name, item.data]) + "\n")
                     process.stdin.flush()
-                    watchdog = threading.Timer(self.seconds_per_compile, process.kill)
                     watchdog.start()
                     answer = process.stdout.readline()
+                except (OSError, ValueError):  # a broken pipe to a worker that died
+                    return
+                finally:
                     watchdog.cancel()
-                    if not answer:  # the worker died: the others, or the compile pass after, take the rest
-                        return
-                    compiled[index] += answer.strip() == "ok"
-            except (OSError, ValueError):  # a broken pipe to a worker that died
-                return
+                if not answer:  # the worker died or was killed: the others, or the pass after, take the rest
+                    return
+                answered[index] += 1
+                compiled[index] += answer.strip() == "ok"
 
         threads = [threading.Thread(target=feed, args=(i,), daemon=True) for i in range(len(self.processes))]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        self.answered += sum(answered)
         return sum(compiled)
 
 
@@ -191,6 +249,10 @@ def _kernel(module: str, name: str) -> JITFunction:
 
 def main() -> None:
     """A worker: compile each specialization read from stdin, answering one line each ("ok" or the error)."""
+    # Answers go out on a descriptor of their own, which no child inherits; stdout becomes stderr, so that
+    # what Triton prints (a failed ptxas's reproducer) and the ptxas it runs never write into the answers.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     import torch  # noqa: F401  (Triton's CUDA driver needs it: imported while the parent collects the work)
 
     for line in sys.stdin:
@@ -200,8 +262,8 @@ def main() -> None:
             answer = "ok"
         except Exception as error:  # reported, not raised: the parent compiles it itself
             answer = f"failed: {type(error).__name__}: {error}".replace("\n", " ")
-        sys.stdout.write(answer + "\n")
-        sys.stdout.flush()
+        answers.write(answer + "\n")
+        answers.flush()
 
 
 if __name__ == "__main__":
