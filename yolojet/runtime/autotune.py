@@ -123,9 +123,9 @@ def compile_launches(
     the background (each kernel is then compiled when first launched, one after another).
 
     `processes` (by default: when there is tuning to do, unless YOLOJET_COMPILE_WORKERS=0; a positive number
-    there sets how many workers) compiles on worker
-    processes first (runtime/compile_workers.py), the cold start-up's few hundred specializations on every core;
-    the pass on threads after them loads those from Triton's on-disk cache. A start-up whose picks are all
+    there sets how many workers) compiles on worker processes first (runtime/compile_workers.py), the cold
+    start-up's few hundred specializations on every core; the pass on threads after them loads those from
+    Triton's on-disk cache. A start-up whose picks are all
     remembered mostly loads cached kernels, which does not pay for starting processes. `seconds` gets the wall
     time of each part: collecting the specializations, the workers, the pass on threads.
     """
