@@ -37,13 +37,13 @@ from provenance import provenance
 from support import random_model, relative_l2
 
 import yolojet
+from yolojet.engine.autotune import TuningCache
+from yolojet.engine.network import TritonNetwork
 from yolojet.ir import Graph
-from yolojet.runtime.autotune import TuningCache
-from yolojet.runtime.network import TritonNetwork
 
 STARTUP_SNIPPET = """
 import collections, json, os, sys, time, numpy as np, torch, triton
-from yolojet.runtime.engine import Engine
+from yolojet.engine.engine import Engine
 
 def cpu_seconds():  # this process's threads and its children (ptxas) together
     t = os.times()
@@ -60,7 +60,7 @@ def listen(src, metadata, metadata_group, times, cache_hit):
 knobs = getattr(triton, "knobs", None)
 if knobs is not None and hasattr(knobs.compilation, "listener"):
     knobs.compilation.listener = listen
-import yolojet.runtime.network as network_module
+import yolojet.engine.network as network_module
 marks = {}
 timing = network_module.tune
 def marked_timing(*args, **kwargs):  # the first timing starts after the parallel compile

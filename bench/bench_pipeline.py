@@ -40,7 +40,7 @@ from provenance import provenance
 from support import calibrated_model, match_detections, real_photos
 
 import yolojet
-from yolojet.runtime.engine import Engine
+from yolojet.engine.engine import Engine
 
 DEFAULT_IMGSZ = {"obb": 1024, "cls": 224}
 
@@ -175,7 +175,7 @@ def bench(name: str, iters: int, conf: float, work: Path, profile: bool, sequent
     row["host_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
     engine.preprocess(torch.from_numpy(frame[..., ::-1].copy()).cuda(), 0)
     row["gpu_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
-    path_graph = next(reversed(engine._head.graphs.values()))[0]  # the graph the last run replayed
+    path_graph = next(reversed(engine._path.graphs.values()))[0]  # the graph the last run replayed
     row["gpu_frame_device_ms"] = replay_ms(path_graph, iters)
     row["network_ms"] = statistics.median(engine.network.time_replay(1, repeats=iters))
     if profile:

@@ -183,7 +183,7 @@ def assert_same_top5(ours: list[int], theirs: list[int], their_probs, tie: float
 def letterboxed(photos: dict[str, np.ndarray], imgsz: int) -> tuple[torch.Tensor, list]:
     """The photos letterboxed to imgsz × imgsz by the torch path (float NCHW batch), with each placement."""
     from yolojet.images import load_frame
-    from yolojet.runtime import torch_pipeline
+    from yolojet.reference import pipeline as torch_pipeline
 
     inputs, boxes = [], []
     for image in photos.values():

@@ -18,7 +18,9 @@ def bench_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
 
 
-@pytest.mark.parametrize("script", ["bench_network", "bench_pipeline", "bench_conv_ceiling", "provenance"])
+@pytest.mark.parametrize(
+    "script", ["bench_network", "bench_pipeline", "bench_images", "bench_conv_ceiling", "provenance"]
+)
 def test_script_imports(script):
     module = importlib.import_module(script)
     assert module.__doc__

@@ -310,3 +310,135 @@ def test_outputs_never_overwrite_inputs_and_go_where_asked(model_dir, photos, tm
     umask = os.umask(0)
     os.umask(umask)
     assert out_json.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def _cli_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a `yolojet` process the tests start: the CPU fallback a user without a GPU gets (no
+    interpreter), its own cache."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["YOLOJET_CACHE"] = str(tmp_path / "cache")
+    return env
+
+
+def test_json_through_a_link_writes_its_target_and_keeps_the_link(model_dir, photos, tmp_path, capsys):
+    """`--json link.jsonl`, where link.jsonl points at real.jsonl: real.jsonl gets the records, the link stays a
+    link (an atomic rename over the path would have replaced the link with a file and left the target as it was).
+    Annotated images saved through a link are written to its target the same way."""
+    real = tmp_path / "real.jsonl"
+    real.write_text("old\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(real.name)
+    saved = tmp_path / "annotated"
+    saved.mkdir()
+    elsewhere = tmp_path / "kept" / "bus_annotated.jpg"
+    elsewhere.parent.mkdir()
+    (saved / "bus.jpg").symlink_to(elsewhere)
+    code, _, stderr = run_cli(
+        capsys, "detect", model_dir, photos / "bus.jpg", "--conf", CONF, "--json", link, "--save", saved, "--quiet"
+    )
+    assert code == 0, stderr
+    assert link.is_symlink() and (saved / "bus.jpg").is_symlink()
+    (record,) = read_json_lines(real)
+    assert record["path"] == str(photos / "bus.jpg")
+    assert cv2.imread(str(elsewhere)).shape[:2] == PHOTOS["bus.jpg"]
+
+
+def test_json_into_a_fifo_is_written_straight(model_dir, photos, tmp_path, capsys):
+    """A special file (a FIFO here, /dev/stdout for a user) is written as it is: never renamed over, so the
+    records reach whoever reads it and the FIFO is still a FIFO afterwards."""
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "records.fifo"
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.extend(fifo.read_text().splitlines()))
+    reader.start()
+    code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--conf", CONF, "--json", fifo, "--quiet")
+    reader.join(timeout=60)
+    assert code == 0, stderr
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(Path(json.loads(line)["path"]).name for line in received) == sorted(PHOTOS)
+
+
+def test_no_json_file_when_no_image_succeeds(model_dir, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "a.jpg").write_bytes(b"not a jpeg")
+    (broken / "b.png").write_bytes(b"")
+    out_json = tmp_path / "out.jsonl"
+    code, _, stderr = run_cli(capsys, "detect", model_dir, broken, "--json", out_json, "--quiet")
+    assert code == 1 and "2 of 2 images could not be read" in stderr
+    assert not out_json.exists()
+
+
+def test_interrupted_run_keeps_every_finished_record(model_dir, tmp_path):
+    """Ctrl-C after some images: the JSON lines of the images done so far are on disk, each one whole."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(40):
+        shutil.copy(ASSETS / "bus.jpg", folder / f"{i:02d}.jpg")
+    out_json = tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "yolojet.cli", "detect", str(model_dir), str(folder), "--json", str(out_json),
+               "--quiet"]  # fmt: skip
+    process = subprocess.Popen(command, env=_cli_env(tmp_path), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while (not out_json.exists() or not out_json.read_text().count("\n")) and time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    records = read_json_lines(out_json)
+    assert 1 <= len(records) < 40
+    assert [r["path"] for r in records] == [str(folder / f"{i:02d}.jpg") for i in range(len(records))]
+
+
+def test_closed_pipe_ends_quietly(model_dir, photos, tmp_path):
+    """`yolojet detect ... --json - | head -1`: the reader goes away after one line; the command stops without a
+    traceback, with the status a shell gives a command whose pipe was closed."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(12):
+        shutil.copy(ASSETS / "zidane.jpg", folder / f"{i:02d}.jpg")
+    command = [sys.executable, "-m", "yolojet.cli", "detect", str(model_dir), str(folder), "--json", "-", "--quiet"]
+    process = subprocess.Popen(command, env=_cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = process.stdout.readline()
+    process.stdout.close()
+    _, stderr = process.communicate(timeout=300)
+    assert json.loads(first)["path"] == str(folder / "00.jpg")
+    assert process.returncode == 141, stderr.decode()
+    assert b"Traceback" not in stderr and b"BrokenPipe" not in stderr
+
+
+def test_json_to_standard_output_by_another_name(model_dir, photos, tmp_path):
+    """`--json /dev/stdout > out.txt` (here a link to /proc/self/fd/1, so that no system file is at stake): the
+    records go through the process's own standard output into out.txt, the readable lines to stderr, and the
+    link stays a link."""
+    import subprocess
+    import sys
+
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
+    out_txt = tmp_path / "out.txt"
+    command = [sys.executable, "-m", "yolojet", "detect", str(model_dir), str(photos), "--conf", CONF,
+               "--json", str(link)]  # fmt: skip
+    with open(out_txt, "w") as stdout:
+        done = subprocess.run(command, env=_cli_env(tmp_path), stdout=stdout, stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink()
+    records = read_json_lines(out_txt)
+    assert sorted(Path(r["path"]).name for r in records) == sorted(PHOTOS)
+    assert f"{photos / 'bus.jpg'}: " in done.stderr

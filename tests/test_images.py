@@ -178,7 +178,7 @@ def test_errors_name_the_input(tmp_path):
     cases = [
         (missing, [str(missing), "no such file"]),
         (str(missing), [str(missing), "no such file"]),
-        (tmp_path, [str(tmp_path), "no such file"]),  # a directory is not an image file
+        (tmp_path, [str(tmp_path), "is a directory, not an image file"]),
         (text_file, [str(text_file), "cannot decode"]),
         (truncated_file, [str(truncated_file), "cannot decode"]),
         (data[: len(data) // 2], [f"<{len(data) // 2} bytes>", "cannot decode"]),

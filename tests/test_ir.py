@@ -126,3 +126,23 @@ def test_import_does_not_pull_in_ultralytics():
 
     code = "import sys, yolojet; yolojet.load_reference; assert 'ultralytics' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_reference_never_imports_the_kernels_it_checks():
+    """Every module of yolojet/reference/ (and the OBB metric, which scores with its probiou), imported in a fresh
+    interpreter, brings in no Triton, no kernel and no engine module: a change made for a kernel cannot move the
+    truth it is checked against."""
+    import pkgutil
+    import subprocess
+    import sys
+
+    import yolojet.reference
+
+    modules = [f"yolojet.reference.{m.name}" for m in pkgutil.iter_modules(yolojet.reference.__path__)]
+    assert {"yolojet.reference.executor", "yolojet.reference.pipeline", "yolojet.reference.segment"} <= set(modules)
+    code = (
+        f"import importlib, sys\nfor m in {[*modules, 'yolojet.eval.obb']!r}: importlib.import_module(m)\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'triton' or m.startswith(('yolojet.kernels', "
+        "'yolojet.engine')))\nassert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

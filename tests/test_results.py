@@ -22,7 +22,7 @@ def test_plot_keeps_the_image_bgr_and_labels_boxes_at_the_top_edge():
     image comes back unchanged."""
     image = _image()
     boxes = Boxes(np.array([[10, 0, 120, 100, 0.9, 0], [160, 60, 280, 120, 0.8, 1]], np.float32), (200, 300))
-    result = Results(names={0: "person", 1: "car"}, orig_img=image, orig_shape=(200, 300), boxes=boxes)
+    result = Results(names={0: "person", 1: "car"}, image=image, orig_shape=(200, 300), boxes=boxes)
     drawn = result.plot()
     assert drawn.shape == image.shape and drawn.dtype == np.uint8
     np.testing.assert_array_equal(drawn[150:], image[150:])  # untouched, in the caller's channel order

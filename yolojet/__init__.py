@@ -9,7 +9,7 @@ from __future__ import annotations
 from yolojet.errors import YolojetError
 from yolojet.export import export
 from yolojet.ir import Graph, ModelMeta
-from yolojet.runtime.reference import ReferenceExecutor, load_reference
+from yolojet.reference.executor import ReferenceExecutor, load_reference
 
 __version__ = "0.1.0"
 __all__ = ["Engine", "Graph", "ModelMeta", "ReferenceExecutor", "Results", "YolojetError", "export", "load_reference"]
@@ -18,7 +18,7 @@ __all__ = ["Engine", "Graph", "ModelMeta", "ReferenceExecutor", "Results", "Yolo
 def __getattr__(name: str) -> object:
     # The engine pulls in Triton and every kernel module: load it on first use, not on `import yolojet`.
     if name == "Engine":
-        from yolojet.runtime.engine import Engine
+        from yolojet.engine.engine import Engine
 
         return Engine
     if name == "Results":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,11 +14,11 @@ from yolojet.errors import EngineConfigError, ImageReadError, ModelDirError, Out
 
 if TYPE_CHECKING:
     import torch
-    from tqdm import tqdm
 
     from yolojet.tasks import Results
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader closed the pipe
 
 
 def _imgsz(text: str) -> int | tuple[int, int]:
@@ -103,7 +103,7 @@ def _letterboxed(image: Path, height: int, width: int) -> torch.Tensor:
     """The image as predict feeds it (read like every input, letterboxed as ultralytics does), a float
     (1, 3, H, W) batch in [0, 1]."""
     from yolojet.images import load_frame
-    from yolojet.runtime.torch_pipeline import letterbox
+    from yolojet.reference.pipeline import letterbox
 
     return letterbox(load_frame(image), (height, width))[0][None]
 
@@ -112,10 +112,11 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     import torch
     from safetensors.torch import save_file
 
-    from yolojet.runtime.engine import Engine
-    from yolojet.runtime.reference import load_reference
+    from yolojet.engine.engine import Engine
+    from yolojet.outputs import check_output_folder
+    from yolojet.reference.executor import load_reference
 
-    _check_output_folder(args.out, "--out")
+    check_output_folder(args.out, "--out")
     # Engine.load refuses the triton backend where it cannot run (no GPU, no TRITON_INTERPRET=1). The tiles and
     # launches are those a predict would run (tuned on a GPU, from the tuning cache once known), unless the engine
     # switches say otherwise: the gate speaks for what users run.
@@ -190,7 +191,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
-    from yolojet.runtime.engine import Engine
+    from yolojet.engine.engine import Engine
 
     if not torch.cuda.is_available():
         raise EngineConfigError("profile times kernels on the GPU, and this machine has no CUDA device")
@@ -229,71 +230,21 @@ def _format_detections(result: Results) -> list[str]:
     return lines
 
 
-def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """Write through a temporary file beside `path`, renamed into place only when complete (a half-written file
-    never appears), with the permissions a plain write would give. Something that is not a regular file, such as
-    /dev/stdout, is written straight."""
-    import os
-    import tempfile
-
-    if path.exists() and not path.is_file() and not path.is_dir():
-        write(path)
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    except OSError as e:
-        raise OutputPathError(f"{path}: cannot write there ({e.strerror})") from e
-    os.close(fd)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o666 & ~umask)  # mkstemp makes it private
-        write(Path(staging))
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-
-
-def _check_output_file(path: Path | None, flag: str) -> None:
-    """Fail before any work if `path` (a file to write, `-` for standard output) cannot be written."""
-    if path is None or str(path) == "-":
-        return
-    if path.is_dir():
-        raise OutputPathError(f"{flag} {path}: is a directory; give a file path")
-    _check_output_folder(path.parent, flag)
-
-
-def _check_output_folder(folder: Path, flag: str) -> None:
-    """Fail before any work if `folder` could not be created or written into (nothing is created yet: a run that
-    fails later leaves no empty folder behind)."""
-    import os
-
-    existing = folder.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise OutputPathError(f"{flag} {folder}: {existing} exists and is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{flag} {folder}: {existing} is not writable")
-
-
 def _cmd_detect(args: argparse.Namespace) -> int:
-    import json
-
     from PIL import Image
 
+    from yolojet.engine.engine import Engine
     from yolojet.images import expand_sources
-    from yolojet.runtime.engine import Engine
+    from yolojet.outputs import JsonLines, check_output_file, check_output_folder, is_stdout, write_atomically
+    from yolojet.progress import Progress
 
     sources = expand_sources(args.source)
     if not sources:
         raise ImageReadError(f"{' '.join(args.source)}: no images found")
-    _check_output_file(args.json, "--json")
+    check_output_file(args.json, "--json")
     targets: list[Path | None] = [None] * len(sources)
     if args.save is not None:
-        _check_output_folder(args.save, "--save")
+        check_output_folder(args.save, "--save")
         taken: set[str] = set()
         targets = [_unique_target(args.save, Path(source).stem, taken) for source in sources]
         inputs = {Path(source).resolve() for source in sources}
@@ -301,39 +252,39 @@ def _cmd_detect(args: argparse.Namespace) -> int:
         if clash is not None:
             raise OutputPathError(f"--save {args.save}: the annotated image would overwrite the input {clash}")
     engine = Engine.load(
-        args.model, imgsz=args.imgsz, max_batch=args.batch, half=not args.fp32, **_engine_switches(args)
-    )
+        args.model, imgsz=args.imgsz, max_batch=args.batch, half=not args.fp32, decoder=args.decoder,
+        **_engine_switches(args),
+    )  # fmt: skip
     options = {"conf": args.conf, "iou": args.iou, "max_det": args.max_det, "classes": args.classes}
-    progress = _progress(len(sources), enabled=len(sources) > 1 and not args.quiet)
-    failed, records = 0, []
-    for start in range(0, len(sources), args.batch):
-        chunk = sources[start : start + args.batch]
-        for source, target, result in zip(chunk, targets[start:], engine(chunk, **options), strict=False):
+    progress = Progress(len(sources), "detect", enabled=len(sources) > 1 and not args.quiet)
+    # With --json - stdout carries nothing but the JSON lines: the readable ones go to stderr.
+    human = sys.stderr if is_stdout(args.json) else sys.stdout
+    records = JsonLines(args.json) if args.json is not None else None
+    failed = 0
+    try:
+        for source, target, result in zip(sources, targets, engine.stream(sources, **options), strict=True):
             progress.update(1)
             if result.error:
                 failed += 1
                 reason = result.error.removeprefix(f"{source}: ")  # the error names the file already
                 progress.write(f"{source}: error: {reason}", file=sys.stderr)
                 continue
-            records.append({"path": source, "height": result.orig_shape[0], "width": result.orig_shape[1],
-                            "detections": result.summary()})  # fmt: skip
+            if records is not None:
+                records.write({"path": source, "height": result.orig_shape[0], "width": result.orig_shape[1],
+                               "detections": result.summary()})  # fmt: skip
             if not args.quiet:
                 found = "top-5 classes" if result.probs is not None else f"{len(result)} detections"
-                # With --json - stdout carries nothing but the JSON lines: the readable ones go to stderr.
-                human = sys.stderr if str(args.json) == "-" else sys.stdout
                 progress.write(f"{source}: {found}", file=human)
                 for line in _format_detections(result):
                     progress.write(line, file=human)
             if target is not None:
                 image = Image.fromarray(result.plot()[..., ::-1])
-                _write_atomically(target, lambda p, image=image: image.save(p, format="JPEG", quality=90))
-    progress.close()
-    if args.json is not None:
-        text = "".join(json.dumps(r) + "\n" for r in records)
-        if str(args.json) == "-":
-            sys.stdout.write(text)
-        else:
-            _write_atomically(args.json, lambda p: p.write_text(text))
+                write_atomically(target, lambda p, image=image: image.save(p, format="JPEG", quality=90))
+    finally:
+        progress.close()
+        engine.close()
+        if records is not None:
+            records.close()
     if failed:
         print(f"{failed} of {len(sources)} images could not be read", file=sys.stderr)
     return 1 if failed else 0
@@ -347,6 +298,16 @@ def _unique_target(folder: Path, stem: str, taken: set[str]) -> Path:
         name = f"{stem}_{i}.jpg"
     taken.add(name)
     return folder / name
+
+
+def _add_decoder_flag(parser: argparse.ArgumentParser) -> None:
+    from yolojet.options import DECODER_NAMES
+
+    parser.add_argument(
+        "--decoder", choices=DECODER_NAMES, default="auto",
+        help="how JPEGs are decoded: the GPU's hardware decoders where there are some, else CPU threads (auto, the "
+        "default), nvimgcodec, cpu, or nvjpeg (on the GPU's SMs; pixels differ from OpenCV's)",
+    )  # fmt: skip
 
 
 def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
@@ -379,14 +340,6 @@ def _engine_switches(args: argparse.Namespace) -> dict[str, bool | None]:
     }
 
 
-def _progress(total: int, enabled: bool) -> tqdm:
-    from tqdm import tqdm
-
-    # Written to a log rather than a terminal, a bar that redraws ten times a second fills it: every 30 s there.
-    interval = 0.1 if sys.stderr.isatty() else 30.0
-    return tqdm(total=total, disable=not enabled, unit="img", file=sys.stderr, dynamic_ncols=True, mininterval=interval)
-
-
 def _require_cuda(command: str) -> None:
     import torch
 
@@ -404,7 +357,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
 
     import torch
 
-    from yolojet.runtime.engine import Engine
+    from yolojet.engine.engine import Engine
 
     _require_cuda("pipeline")
     engine = Engine.load(
@@ -457,7 +410,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from yolojet.runtime.engine import Engine
+    from yolojet.engine.engine import Engine
 
     _require_cuda("bench")
     engine = Engine.load(
@@ -490,9 +443,10 @@ def _cmd_val(args: argparse.Namespace) -> int:
     import json
 
     from yolojet.eval.val import validate_model
+    from yolojet.outputs import check_output_folder, write_atomically
 
     if args.out is not None:
-        _check_output_folder(args.out, "--out")
+        check_output_folder(args.out, "--out")
     result = validate_model(
         args.model, args.data, args.images, imgsz=args.imgsz, half=not args.fp32, batch=args.batch,
         conf=args.conf, iou=args.iou, max_det=args.max_det, progress=not args.quiet, **_engine_switches(args),
@@ -507,17 +461,18 @@ def _cmd_val(args: argparse.Namespace) -> int:
         print(note)
     if args.out is not None:
         metrics = {"model": str(args.model), "data": str(args.data), "images": result.images, **result.to_json()}
-        _write_atomically(args.out / "predictions.json", lambda p: p.write_text(json.dumps(result.predictions)))
-        _write_atomically(args.out / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=1)))
+        write_atomically(args.out / "predictions.json", lambda p: p.write_text(json.dumps(result.predictions)))
+        write_atomically(args.out / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=1)))
         print(f"wrote {args.out / 'metrics.json'} and {args.out / 'predictions.json'}")
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from yolojet.eval.report import report_files, run_report
+    from yolojet.outputs import check_output_folder, write_atomically
 
     if args.out is not None:
-        _check_output_folder(args.out, "--out")
+        check_output_folder(args.out, "--out")
     report = run_report(
         args.model, args.data, args.images, imgsz=args.imgsz, big_batch=args.big_batch, iters=args.iters,
         progress=sys.stderr.isatty(),
@@ -525,7 +480,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.out is not None:
         files = report_files(report)  # every file rendered before any is written
         for name, write in files.items():
-            _write_atomically(args.out / name, write)
+            write_atomically(args.out / name, write)
         print(f"wrote {', '.join(str(args.out / name) for name in files)}", file=sys.stderr)
     print(report.tables(), end="")
     return 0
@@ -575,9 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", type=Path, default=None, help="write annotated images into this directory")
     p.add_argument(
         "--json", type=Path, default=None,
-        help="write detections as JSON lines to this file (- for stdout, which then carries only them)",
+        help="write detections as JSON lines to this file as they are found (- for stdout, which then carries only "
+        "them; a link is written through to its target)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="print nothing per image")
+    _add_decoder_flag(p)
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_detect)
 
@@ -665,6 +622,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`yolojet detect ... | head`): stop quietly. Standard output goes to /dev/null so that
+        # the interpreter's own flush at exit cannot fail again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

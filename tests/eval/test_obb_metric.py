@@ -13,12 +13,12 @@ import torch
 from support import calibrated_model, real_photos
 
 import yolojet
+from yolojet.engine.engine import Engine
 from yolojet.errors import DatasetError
 from yolojet.eval.datasets import load_dataset
 from yolojet.eval.obb import evaluate_obb, quad_to_xywhr
 from yolojet.eval.val import validate
-from yolojet.runtime.engine import Engine
-from yolojet.runtime.postprocess.obb import batch_probiou
+from yolojet.reference.obb import batch_probiou
 
 
 def random_rboxes(rng, n: int) -> np.ndarray:

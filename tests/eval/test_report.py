@@ -15,10 +15,10 @@ from test_val import cpu_fallback, write_coco_dataset
 
 import yolojet
 from yolojet.cli import main
+from yolojet.engine.engine import Engine
 from yolojet.eval.datasets import load_dataset
 from yolojet.eval.report import batch_sizes, markdown_table, onnx_unavailable
 from yolojet.eval.val import validate
-from yolojet.runtime.engine import Engine
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -99,7 +99,7 @@ def test_missing_dataset_writes_nothing(dataset, tmp_path, capsys, monkeypatch):
 
 def test_a_model_report_cannot_score_is_refused_before_any_is_measured(dataset, tmp_path, capsys, monkeypatch):
     """A segment model after a detection model: refused up front, not after the first model's minutes of work."""
-    import yolojet.runtime.engine
+    import yolojet.engine.engine
 
     cpu_fallback(monkeypatch)
     root, _, model_dir = dataset
@@ -107,7 +107,7 @@ def test_a_model_report_cannot_score_is_refused_before_any_is_measured(dataset, 
     def no_measuring(*args, **kwargs):
         raise AssertionError("a model was measured before every model was checked")
 
-    monkeypatch.setattr(yolojet.runtime.engine.Engine, "load", no_measuring)
+    monkeypatch.setattr(yolojet.engine.engine.Engine, "load", no_measuring)
     segment = yolojet.export(random_model("yolov8n-seg.yaml"), out=tmp_path / "seg", imgsz=640)
     out = tmp_path / "report"
     code = main(["report", str(model_dir), str(segment), "--data", str(root / "instances.json"), "--out", str(out)])

@@ -14,11 +14,11 @@ from support import calibrated_model, real_photos
 
 import yolojet
 from yolojet.cli import main
+from yolojet.engine.engine import Engine
 from yolojet.errors import DatasetError
 from yolojet.eval.coco import evaluate
 from yolojet.eval.datasets import COCO80_TO_COCO91, load_dataset
 from yolojet.eval.val import validate
-from yolojet.runtime.engine import Engine
 
 GT_CONF = 0.005  # ultralytics' boxes above this become the ground truth
 

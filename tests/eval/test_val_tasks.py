@@ -15,10 +15,10 @@ import pytest
 from support import calibrated_model, real_photos
 
 import yolojet
+from yolojet.engine.engine import Engine
 from yolojet.errors import DatasetError
 from yolojet.eval.datasets import load_dataset
 from yolojet.eval.val import validate
-from yolojet.runtime.engine import Engine
 
 IMGSZ = 640
 GT_CONF = 0.005  # random weights score low; as in test_val

@@ -19,8 +19,8 @@ from kernel_checks import to_device_keeping_strides
 from ultralytics.utils.ops import scale_boxes as ultralytics_scale_boxes
 
 from yolojet.kernels.boxes import scale_boxes, select_rows
-from yolojet.runtime import torch_pipeline
-from yolojet.runtime.torch_pipeline import Letterbox, select_end2end
+from yolojet.reference import pipeline as torch_pipeline
+from yolojet.reference.pipeline import Letterbox, select_end2end
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N, K, NC, CAPACITY = 3, 300, 7, 300

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from kernel_checks import assert_close
 from support import random_model
 
+from yolojet.engine.lowering import PackedWeights, _lower_conv_transpose
 from yolojet.export.walker import export_graph
 from yolojet.kernels.conv import (
     ConvConfig,
@@ -29,8 +30,7 @@ from yolojet.kernels.conv import (
     tma_storable,
     two_input_candidates,
 )
-from yolojet.runtime.lowering import PackedWeights, _lower_conv_transpose
-from yolojet.runtime.reference import OPS as REFERENCE_OPS
+from yolojet.reference.executor import OPS as REFERENCE_OPS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SPATIAL = 4 if DEVICE == "cuda" else 1

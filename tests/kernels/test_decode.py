@@ -7,7 +7,7 @@ import torch
 
 from yolojet.ir import Node
 from yolojet.kernels.decode import DecodeSpec, decode_heads
-from yolojet.runtime.reference import OPS
+from yolojet.reference.executor import OPS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

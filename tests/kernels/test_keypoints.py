@@ -1,5 +1,5 @@
 """scale_keypoints (pose keypoints back to original pixels, in place) against the torch pose post-processing
-(yolojet/runtime/postprocess/pose.py `scale_keypoints`) and ultralytics' own `scale_coords`.
+(yolojet/reference/pose.py `scale_keypoints`) and ultralytics' own `scale_coords`.
 
 Rows start with sentinels any write would change: rows below the count must equal the reference in the keypoint
 x, y columns and be bit-identical elsewhere (boxes, visibility, trailing columns); rows from the count on must be
@@ -13,10 +13,10 @@ import torch
 from kernel_checks import to_device_keeping_strides
 from ultralytics.utils.ops import scale_coords as ultralytics_scale_coords
 
+from yolojet.geometry import Letterbox
 from yolojet.kernels.boxes import scale_boxes
 from yolojet.kernels.keypoints import scale_keypoints
-from yolojet.runtime.postprocess import pose
-from yolojet.runtime.torch_pipeline import Letterbox
+from yolojet.reference import pose
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 K = 300

@@ -24,9 +24,9 @@ if not torch.cuda.is_available():
 
 from ultralytics.utils.ops import process_mask, scale_masks
 
+from yolojet.geometry import Letterbox
 from yolojet.kernels.masks import assemble_masks, masks_to_original
-from yolojet.runtime.postprocess.segment import masks_upsampled
-from yolojet.runtime.torch_pipeline import Letterbox
+from yolojet.reference.segment import masks_upsampled
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N, K, NM = 2, 24, 32

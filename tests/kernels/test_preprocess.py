@@ -1,4 +1,4 @@
-"""preprocess_letterbox and letterbox_params against ultralytics' own LetterBox on real photos."""
+"""The batched letterbox kernel and the letterbox placement against ultralytics' own LetterBox on real photos."""
 
 import functools
 import os
@@ -16,7 +16,8 @@ from skimage import data as skdata
 from ultralytics.data.augment import LetterBox
 from ultralytics.utils import ASSETS
 
-from yolojet.kernels.preprocess import letterbox_params, preprocess_letterbox
+from yolojet.geometry import Letterbox
+from yolojet.kernels.preprocess import FRAME_FIELDS, frame_row, letterbox_frames
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F16, F32 = torch.float16, torch.float32
@@ -38,17 +39,27 @@ def reference(img_bgr: np.ndarray, target: tuple[int, int]) -> torch.Tensor:
     return torch.from_numpy(padded[..., ::-1] / 255)
 
 
-def run(frame: np.ndarray | torch.Tensor, target: tuple[int, int], dtype: torch.dtype, bgr: bool, **kwargs):
-    """preprocess_letterbox into a NaN-poisoned channel slice of a SENTINEL-filled (H, W, 8) buffer; returns the
-    slice (on the CPU) and the placement, after checking nothing outside the slice was written."""
-    buf = torch.full((*target, 8), SENTINEL, dtype=dtype, device=DEVICE)
+def run_batch(frames: list, target: tuple[int, int], dtype: torch.dtype, bgr: list[bool] | bool = True):
+    """letterbox_frames of every frame in one launch, into NaN-poisoned channel slices of a SENTINEL-filled
+    (N, H, W, 8) buffer; returns the slices (on the CPU) and the placements, after checking nothing outside the
+    slices was written."""
+    frames = [torch.as_tensor(f, device=DEVICE) for f in frames]
+    orders = bgr if isinstance(bgr, list) else [bgr] * len(frames)
+    buf = torch.full((len(frames), *target, 8), SENTINEL, dtype=dtype, device=DEVICE)
     out = buf[..., OUT_CHANNELS]
     out.fill_(float("nan"))
-    frame = torch.as_tensor(frame, device=DEVICE)
-    lb = preprocess_letterbox(out, frame, bgr=bgr, **kwargs)
+    placements = [Letterbox.fit(tuple(f.shape[:2]), target) for f in frames]
+    rows = [frame_row(f, bgr=b, placement=p) for f, b, p in zip(frames, orders, placements, strict=True)]
+    table = torch.tensor(rows, dtype=torch.int64, device=DEVICE)
+    letterbox_frames(out, table)
     rest = torch.cat([buf[..., : OUT_CHANNELS.start], buf[..., OUT_CHANNELS.stop :]], dim=-1)
     assert bool((rest == SENTINEL).all()), "kernel wrote outside its channel slice"
-    return out.cpu(), lb
+    return out.cpu(), placements
+
+
+def run(frame, target: tuple[int, int], dtype: torch.dtype, bgr: bool):
+    out, placements = run_batch([frame], target, dtype, bgr)
+    return out[0], placements[0]
 
 
 def assert_matches(out: torch.Tensor, ref: torch.Tensor, lb) -> None:
@@ -69,9 +80,8 @@ def test_params_match_ultralytics():
         h0, w0 = rng.randint(1, 4000), rng.randint(1, 4000)
         target = rng.randint(1, 1280), rng.randint(1, 1280)
         ref = LetterBox(target, auto=False).get_params({"img": np.empty((h0, w0, 0), np.uint8)})
-        lb = letterbox_params((h0, w0), target)
+        lb = Letterbox.fit((h0, w0), target)
         assert (lb.pad_top, lb.pad_left, (lb.new_w, lb.new_h)) == (ref["top"], ref["left"], ref["new_unpad"])
-        assert lb.gain == ref["ratio"][0]
 
 
 PHOTOS = ["bus", "zidane", "astronaut", "coffee", "chelsea"]
@@ -80,29 +90,27 @@ TARGETS = [(64, 64), (96, 160), (160, 96), (128, 128)]
 
 @pytest.mark.parametrize("dtype", [F16, F32])
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", PHOTOS)
-def test_photo_matches_ultralytics(name, target, dtype):
-    img = photo_bgr(name)
-    out, lb = run(img, target, dtype, bgr=True)
-    assert lb == letterbox_params(img.shape[:2], target)
-    assert_matches(out, reference(img, target), lb)
+def test_mixed_photos_in_one_launch_match_ultralytics(target, dtype):
+    """Photos of five sizes and aspect ratios, one slot each, in one launch."""
+    images = [photo_bgr(name) for name in PHOTOS]
+    out, placements = run_batch(images, target, dtype)
+    for img, got, lb in zip(images, out, placements, strict=True):
+        assert_matches(got, reference(img, target), lb)
 
 
 def test_rgb_input_matches_bgr_input():
     img = photo_bgr("astronaut")
-    from_bgr, _ = run(img, (96, 160), F32, bgr=True)
-    from_rgb, _ = run(np.ascontiguousarray(img[..., ::-1]), (96, 160), F32, bgr=False)
-    assert torch.equal(from_rgb, from_bgr)
+    out, _ = run_batch([img, np.ascontiguousarray(img[..., ::-1])], (96, 160), F32, bgr=[True, False])
+    assert torch.equal(out[1], out[0])
 
 
 def test_four_channels_drop_alpha():
     img = photo_bgr("coffee")
     alpha = np.random.default_rng(0).integers(0, 256, (*img.shape[:2], 1), dtype=np.uint8)
-    three, _ = run(img, (160, 96), F16, bgr=True)
-    bgra, _ = run(np.concatenate([img, alpha], axis=-1), (160, 96), F16, bgr=True)
-    rgba, _ = run(np.concatenate([img[..., ::-1], alpha], axis=-1), (160, 96), F16, bgr=False)
-    assert torch.equal(bgra, three)
-    assert torch.equal(rgba, three)
+    frames = [img, np.concatenate([img, alpha], axis=-1), np.concatenate([img[..., ::-1], alpha], axis=-1)]
+    out, _ = run_batch(frames, (160, 96), F16, bgr=[True, True, False])
+    assert torch.equal(out[1], out[0])
+    assert torch.equal(out[2], out[0])
 
 
 @pytest.mark.parametrize("bgr", [True, False])
@@ -112,23 +120,34 @@ def test_grey_replicated(bgr):
     assert_matches(out, reference(cv2.cvtColor(grey, cv2.COLOR_GRAY2BGR), (96, 160)), lb)
 
 
-def test_upscale_from_strided_crop():
+def test_strided_views_read_in_place():
+    """A crop with the full photo's row stride, and a channels-first tensor seen as (h, w, C) (channel stride h·w),
+    read where they lie."""
     full = torch.from_numpy(photo_bgr("bus"))
     crop = full[300:323, 400:431]  # 23×31 view with the full photo's row stride
-    assert not crop.is_contiguous()
-    params = letterbox_params((23, 31), (64, 64))
-    out, lb = run(crop, (64, 64), F32, bgr=True, params=params)
-    assert lb is params
-    assert (lb.new_h, lb.new_w) == (47, 64)
-    assert_matches(out, reference(crop.numpy().copy(), (64, 64)), lb)
+    planar = full[:120, :90].permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    assert not crop.is_contiguous() and planar.stride(2) == 120 * 90
+    out, placements = run_batch([crop, planar], (64, 64), F32)
+    assert (placements[0].new_h, placements[0].new_w) == (47, 64)
+    assert_matches(out[0], reference(crop.numpy().copy(), (64, 64)), placements[0])
+    assert_matches(out[1], reference(planar.numpy().copy(), (64, 64)), placements[1])
 
 
 def test_exact_size_is_a_copy():
     img = np.ascontiguousarray(photo_bgr("chelsea")[100:164, 200:248])  # 64×48 into 64×64: gain 1, no resize
     out, lb = run(img, (64, 64), F32, bgr=True)
-    assert (lb.gain, lb.new_h, lb.new_w, lb.pad_left) == (1.0, 64, 48, 8)
+    assert (lb.new_h, lb.new_w, lb.pad_top, lb.pad_left) == (64, 48, 0, 8)
     assert_matches(out, reference(img, (64, 64)), lb)
     assert float((out.double() - reference(img, (64, 64))).abs().max()) <= 1e-6
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 37, 3), (29, 1, 1)])
+def test_one_pixel_sides(shape):
+    """A side of one pixel is a value in the table like any other (Triton specializes arguments equal to 1)."""
+    img = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    out, lb = run(img, (32, 32), F32, bgr=True)
+    bgr = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR) if shape[2] == 1 else img
+    assert_matches(out, reference(bgr, (32, 32)), lb)
 
 
 def _frame(shape, dtype=torch.uint8):
@@ -136,26 +155,36 @@ def _frame(shape, dtype=torch.uint8):
 
 
 @pytest.mark.parametrize(
-    ("out_shape", "out_dtype", "frame", "match"),
+    ("frame", "match"),
     [
-        ((64, 64, 3), F32, _frame((32, 32, 3), torch.float32), "frame: dtype"),
-        ((64, 64, 3), F32, _frame((32, 32)), "frame: shape"),
-        ((64, 64, 3), F32, _frame((32, 32, 5)), "frame: 5 channels"),
-        ((64, 64, 3), F32, _frame((0, 32, 3)), "frame: empty"),
-        ((64, 64, 4), F32, _frame((32, 32, 3)), "out: shape"),
-        ((64, 64, 3), torch.float64, _frame((32, 32, 3)), "out: dtype"),
+        (_frame((32, 32, 3), torch.float32), "frame: .* expected uint8"),
+        (_frame((32, 32)), "frame: .* expected uint8"),
+        (_frame((32, 32, 5)), "frame: 5 channels"),
+        (_frame((0, 32, 3)), "frame: empty"),
     ],
 )
-def test_rejects_bad_arguments(out_shape, out_dtype, frame, match):
-    out = torch.zeros(out_shape, dtype=out_dtype, device=DEVICE)
+def test_frame_row_rejects_bad_frames(frame, match):
     with pytest.raises(ValueError, match=match):
-        preprocess_letterbox(out, frame, bgr=True)
+        frame_row(frame, bgr=True, placement=Letterbox.fit((32, 32), (64, 64)))
 
 
-def test_rejects_params_outside_output():
-    params = letterbox_params((32, 32), (128, 128))
-    with pytest.raises(ValueError, match="params"):
-        preprocess_letterbox(_frame((64, 64, 3), F32), _frame((32, 32, 3)), bgr=True, params=params)
+def test_frame_row_rejects_a_placement_of_another_frame():
+    with pytest.raises(ValueError, match="placement"):
+        frame_row(_frame((32, 32, 3)), bgr=True, placement=Letterbox.fit((64, 32), (64, 64)))
+
+
+@pytest.mark.parametrize(
+    ("out", "table", "match"),
+    [
+        (_frame((1, 64, 64, 4), F32), _frame((1, FRAME_FIELDS), torch.int64), "out: shape"),
+        (_frame((1, 64, 64, 3), torch.float64), _frame((1, FRAME_FIELDS), torch.int64), "out: dtype"),
+        (_frame((2, 64, 64, 3), F32), _frame((1, FRAME_FIELDS), torch.int64), "table"),
+        (_frame((1, 64, 64, 3), F32), _frame((1, FRAME_FIELDS), torch.int32), "table"),
+    ],
+)
+def test_launcher_rejects_bad_arguments(out, table, match):
+    with pytest.raises(ValueError, match=match):
+        letterbox_frames(out, table)
 
 
 # -- classification: Pillow's resize and centre crop on the resample kernel -----------------------------------
@@ -163,7 +192,8 @@ def test_rejects_params_outside_output():
 
 def run_classify(frame: torch.Tensor, imgsz, dtype: torch.dtype, bgr: bool) -> torch.Tensor:
     """DeviceResamplePlan into a NaN-poisoned channel slice of a SENTINEL-filled buffer, as (3, h, w) on the CPU."""
-    from yolojet.runtime.postprocess.classify import DeviceResamplePlan, classify_plan
+    from yolojet.engine.classify_input import DeviceResamplePlan
+    from yolojet.reference.classify import classify_plan
 
     plan = classify_plan(int(frame.shape[0]), int(frame.shape[1]), imgsz)
     buf = torch.full((*plan.crop, 8), SENTINEL, dtype=dtype, device=DEVICE)
@@ -178,7 +208,7 @@ def run_classify(frame: torch.Tensor, imgsz, dtype: torch.dtype, bgr: bool) -> t
 def torch_classify(frame: torch.Tensor, imgsz, bgr: bool) -> torch.Tensor:
     """The torch path, held bit for bit to PIL and to ultralytics' predict by tests/pipeline."""
     from yolojet.images import Frame
-    from yolojet.runtime.postprocess.classify import classify_preprocess
+    from yolojet.reference.classify import classify_preprocess
 
     return classify_preprocess(Frame(frame, bgr=bgr), imgsz)
 
@@ -216,7 +246,7 @@ def test_classify_resample_pass_orders(imgsz, passes, monkeypatch):
     left at its size gets no pass. Each order, and each single pass, equals the torch path. Planned as Pillow 13
     plans whatever Pillow is installed, so the kernel's vertical-first order is always run (the torch path is held
     to the installed Pillow itself by tests/pipeline)."""
-    from yolojet.runtime.postprocess import classify
+    from yolojet.reference import classify
 
     monkeypatch.setattr(classify, "_pillow_may_resize_vertically_first", lambda: True)
     frame = torch.from_numpy(photo_bgr("bus"))[500:770, 300:500]  # a 270 x 200 view of a wider frame

@@ -1,4 +1,4 @@
-"""Rotated NMS and rotated-box scaling kernels vs the torch OBB post-processing (yolojet/runtime/postprocess/obb.py
+"""Rotated NMS and rotated-box scaling kernels vs the torch OBB post-processing (yolojet/reference/obb.py
 `rotated_nms`, `scale_rboxes`), itself ultralytics' non_max_suppression(rotated=True), which is also checked
 directly.
 
@@ -15,11 +15,11 @@ import torch
 from kernel_checks import to_device_keeping_strides
 from ultralytics.utils.nms import non_max_suppression as ultralytics_nms
 
+from yolojet.geometry import Letterbox
 from yolojet.kernels import rotated_nms as rotated_nms_module
 from yolojet.kernels.nms import NmsScratch
 from yolojet.kernels.rotated_nms import RotatedNmsScratch, rotated_non_max_suppression, scale_rotated_boxes
-from yolojet.runtime.postprocess.obb import batch_probiou, rotated_nms, scale_rboxes
-from yolojet.runtime.torch_pipeline import Letterbox
+from yolojet.reference.obb import batch_probiou, rotated_nms, scale_rboxes
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Fast-NMS and the rank sort are O(A²): under the interpreter keep A small; on a GPU use a 1024² OBB model's count.

@@ -23,7 +23,7 @@ from torch import nn
 import yolojet
 from yolojet.errors import ImageReadError, ImageSizeError
 from yolojet.images import Frame, load_frame
-from yolojet.runtime.postprocess.classify import classify_preprocess, top5
+from yolojet.reference.classify import classify_preprocess, top5
 from yolojet.tasks.classify import Probs
 
 IMGSZ = 224
@@ -186,7 +186,7 @@ def test_triton_engine_matches_ultralytics_predict(tmp_path, monkeypatch):
     """The whole path on our kernels (resample kernel into the input slot, network, softmax; one CUDA graph per
     frame shape on a GPU, Triton's interpreter on the CPU) against predict: same top-5, |Δp| <= PROB_TOL. Six
     images through two slots: three runs, frames of several shapes, grey among them."""
-    from yolojet.runtime.engine import Engine
+    from yolojet.engine.engine import Engine
 
     imgsz = IMGSZ if torch.cuda.is_available() else 64
     cfg = "yolo11n-cls.yaml"

@@ -19,7 +19,7 @@ import torch
 from support import assert_same_top5, calibrate_batchnorm, match_detections, real_photos
 
 import yolojet
-from yolojet.runtime.engine import Engine
+from yolojet.engine.engine import Engine
 
 TASK_MODELS = {"detect": "DetectionModel", "segment": "SegmentationModel", "classify": "ClassificationModel"}
 

@@ -17,7 +17,7 @@ import torch
 from support import calibrated_model, match_detections, real_photos
 
 import yolojet
-from yolojet.runtime.engine import Engine
+from yolojet.engine.engine import Engine
 
 CONF = 0.005
 

@@ -8,8 +8,8 @@ import torch
 from support import calibrated_model, real_photos
 
 import yolojet
+from yolojet.engine.engine import Engine
 from yolojet.errors import EngineConfigError
-from yolojet.runtime.engine import Engine
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +35,12 @@ def test_trio_equals_call_and_options_apply_without_recapture(engine):
         assert got.orig_shape == want.orig_shape
         np.testing.assert_allclose(got.boxes.data, want.boxes.data, atol=1e-3)
 
-    graphs = len(getattr(engine._head, "graphs", {}))
+    graphs = len(getattr(engine._path, "graphs", {}))
     strict = float(expected[0].boxes.conf.max()) - 1e-6 if len(expected[0]) else 0.5
     engine.configure(conf=strict, max_det=5)
     engine.run(2)
     assert len(engine.get(0)) <= 1
-    assert len(getattr(engine._head, "graphs", {})) == graphs  # same frames, new thresholds: the same graph
+    assert len(getattr(engine._path, "graphs", {})) == graphs  # same frames, new thresholds: the same graph
 
 
 def test_trio_errors(engine):

@@ -22,8 +22,8 @@ from support import calibrated_model, letterboxed, match_detections, real_photos
 
 import yolojet
 from yolojet.errors import EngineConfigError
-from yolojet.runtime.postprocess.pose import pose_postprocess
-from yolojet.runtime.torch_pipeline import Letterbox
+from yolojet.geometry import Letterbox
+from yolojet.reference.pose import pose_postprocess
 from yolojet.tasks.pose import Keypoints
 
 IMGSZ = 640

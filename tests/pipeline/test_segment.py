@@ -31,8 +31,8 @@ from support import calibrated_model, match_detections, real_photos
 import yolojet
 from yolojet.errors import EngineConfigError
 from yolojet.images import load_frame
-from yolojet.runtime import torch_pipeline
-from yolojet.runtime.postprocess.segment import segment_postprocess
+from yolojet.reference import pipeline as torch_pipeline
+from yolojet.reference.segment import segment_postprocess
 from yolojet.tasks.segment import Masks, encode_rle, external_contours
 
 CASES = [("yolov8n-seg.yaml", None), ("yolo11n-seg.yaml", None), ("yolo26n-seg.yaml", None), ("yolo26n-seg.yaml", True)]

@@ -9,7 +9,7 @@ import torch
 from support import calibrated_model, match_detections, real_photos
 
 import yolojet
-from yolojet.runtime.engine import Engine
+from yolojet.engine.engine import Engine
 
 
 def mask_iou(a: np.ndarray, b: np.ndarray) -> float:

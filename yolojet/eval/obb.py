@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolojet.runtime.postprocess.obb import batch_probiou
+from yolojet.reference.obb import batch_probiou
 
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
 

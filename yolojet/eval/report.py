@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from yolojet.engine.models import resolve_graph
 from yolojet.errors import EngineConfigError, ImageReadError, YolojetError
 from yolojet.eval.coco import CocoScores
 from yolojet.eval.datasets import Dataset, load_dataset
 from yolojet.eval.val import validate
 from yolojet.images import Frame, load_frame
 from yolojet.ir import GRAPH_FILE, Graph, ModelMeta
-from yolojet.runtime import torch_pipeline
-from yolojet.runtime.models import resolve_graph
+from yolojet.reference import pipeline as torch_pipeline
 
 VAL_OPTIONS = {"conf": 0.001, "iou": 0.7, "max_det": 300}  # as `yolojet val` and ultralytics' val
 VAL_BATCH = 8  # `yolojet val`'s default (at most the big batch)
@@ -534,7 +534,7 @@ def report_model(
     with_onnx: bool = True,
 ) -> ModelReport:
     """Every runtime that can run here on one model: built, scored, timed and released one after the other."""
-    from yolojet.runtime.engine import Engine
+    from yolojet.engine.engine import Engine
 
     cuda = device.type == "cuda"
     big = batches[-1]
@@ -601,7 +601,7 @@ def report_model(
 
 
 def _reference(graph: Graph, device: torch.device) -> Callable[[torch.Tensor], Any]:
-    from yolojet.runtime.reference import ReferenceExecutor
+    from yolojet.reference.executor import ReferenceExecutor
 
     return ReferenceExecutor(graph, device)
 

@@ -138,7 +138,7 @@ def validate(
 
 
 def validate_model(model: str | Path, data: str | Path, images: str | Path | None = None, **options: Any) -> ValResult:
-    from yolojet.runtime.engine import Engine
+    from yolojet.engine.engine import Engine
 
     engine_keys = ("imgsz", "half", "device", "tune", "fuse", "pdl", "branches")
     engine_options = {k: options.pop(k) for k in engine_keys if k in options}

@@ -6,7 +6,7 @@ column f, per image n and row k < count[n], keypoint p:
   y = rows[n, k, f + p·d + 1]  ← clamp((y − pad_y) / gain_y, 0, h0)
 visibility and every other column untouched. This is ultralytics' `scale_coords` (ops.py, as PosePredictor's
 construct_result calls it: padding off, divided by the gain, clipped to the image) and
-yolojet/runtime/postprocess/pose.py `scale_keypoints`, with per-image [pad_x, pad_y, gain_x, gain_y, w0, h0]
+yolojet/reference/pose.py `scale_keypoints`, with per-image [pad_x, pad_y, gain_x, gain_y, w0, h0]
 (Letterbox.box_params) read from a device tensor, so a captured graph serves any frame size. The division
 rounds to nearest, as torch's CPU division does (Triton's `/` is approximate on NVIDIA).
 

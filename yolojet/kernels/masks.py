@@ -1,7 +1,7 @@
 """Instance masks of the segment head after NMS, retina_masks=False (ultralytics' default predict path).
 
 - `assemble_masks`: ultralytics' `process_mask(protos, coefs, boxes, (H, W), upsample=True)` (ultralytics 8.4,
-  ultralytics/utils/ops.py; yolojet/runtime/postprocess/segment.py `masks_upsampled` is the same), for image n and
+  ultralytics/utils/ops.py; yolojet/reference/segment.py `masks_upsampled` is the same), for image n and
   the rows k < count[n] of rows (N, K, 6 + nm) [x1, y1, x2, y2, conf, cls, coefficients], boxes in input pixels:
 
       logit[k, i, j]  = Σ_c coef[k, c] · proto[n, i, j, c]                    proto resolution (mh, mw)

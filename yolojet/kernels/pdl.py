@@ -54,7 +54,7 @@ def wait_for_previous_kernel(PDL: tl.constexpr):
 
     Every program must reach it, unconditionally (no early exit before it): a kernel that starts while its
     predecessor drains may only touch memory once every kernel it depends on has finished, and the parallel
-    stream schedule (runtime/streams.py) relies on that to skip waits that earlier waits already imply.
+    stream schedule (engine/streams.py) relies on that to skip waits that earlier waits already imply.
     """
     if PDL:
         tl.extra.cuda.gdc_wait()

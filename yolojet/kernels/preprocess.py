@@ -1,11 +1,11 @@
-"""Predict pre-processing of one uint8 frame into one NHWC batch slot: the detection letterbox, and the
-classification resize-and-crop.
+"""Predict pre-processing into NHWC batch slots: the detection letterbox of a whole batch of frames in one launch,
+and the classification resize-and-crop.
 
-Letterbox (detect, segment, pose, OBB): letterbox, BGR → RGB and /255 in one pass.
-
-Follows ultralytics' LetterBox (auto=False, center=True, scaleup=True, padding value 114) as used by predict:
-  r = min(H/h0, W/w0);  new_w, new_h = max(round(w0·r), 1), max(round(h0·r), 1)
-  top, left = round((H − new_h)/2 − 0.1), round((W − new_w)/2 − 0.1)     (Python's round: half to even)
+Letterbox (detect, segment, pose, OBB): letterbox, BGR → RGB and /255 in one pass, every slot of a batch in one
+launch. Each slot's frame is a row of a device table (`frame_row`): its address, strides, size, channels, channel
+order and placement, so a captured graph serves frames of any size, anywhere in device memory, without capturing
+again. The placement follows ultralytics' LetterBox (auto=False, center=True, scaleup=True, padding value 114) as
+predict uses it (yolojet/geometry.py), and
   out[y, x, c] = resize(frame)[y − top, x − left, src(c)] / 255 inside the placed image, 114/255 outside
 where resize is cv2.resize(INTER_LINEAR): source coordinate s = (d + 0.5)·(h0/new_h) − 0.5 per axis, clamped to
 the image (cv2 replicates the edge), bilinear between the two neighbours with cv2's 11-bit fixed-point weights and
@@ -17,43 +17,47 @@ percent of pixels differ by one grey level.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+from yolojet.geometry import Letterbox
 from yolojet.kernels.elementwise import check_view
+from yolojet.kernels.launch import launcher
 
 # A resample program gathers (pixel, tap, channel) tiles of at most this many elements, all taps at once.
 _RESAMPLE_ELEMENTS = 8192
 _RESAMPLE_MAX_PIXELS = 512
-# A letterbox program: 4 rows of 256 output elements (85 pixels), 1,280 programs for a 640x640 input.
+# A letterbox program: 4 rows of 256 output elements (85 pixels), 1,280 programs a slot for a 640x640 input.
 _LETTERBOX_ROWS = 4
 _LETTERBOX_ELEMENTS = 256
+# One frame's row of a letterbox table, int64: address, row / pixel / channel strides (elements), height, width,
+# channels, BGR, pad top, pad left, resized height, resized width; the rest is padding to 128 bytes.
+FRAME_FIELDS = 16
 
 
-@dataclass(frozen=True)
-class Letterbox:
-    """Placement of the resized frame in the model input: scaled by `gain` to new_h × new_w, top-left at
-    (pad_top, pad_left). ultralytics' scale_boxes maps boxes back with these (per-axis gains new_h/h0, new_w/w0)."""
+def frame_row(pixels: torch.Tensor, *, bgr: bool, placement: Letterbox) -> list[int]:
+    """The letterbox table row of a uint8 (h0, w0, C) frame, C = 1 (grey, replicated to RGB), 3 (BGR with
+    `bgr`, else RGB) or 4 (BGRA / RGBA, alpha dropped), any strides, placed by `placement`.
 
-    gain: float
-    pad_top: int
-    pad_left: int
-    new_h: int
-    new_w: int
-
-
-def letterbox_params(orig_hw: tuple[int, int], target_hw: tuple[int, int]) -> Letterbox:
-    """ultralytics LetterBox.get_params (auto=False, center=True, scaleup=True) for a (h0, w0) frame and an (H, W)
-    model input."""
-    (h0, w0), (h, w) = orig_hw, target_hw
-    if min(h0, w0, h, w) < 1:
-        raise ValueError(f"letterbox: sizes must be positive, got frame {orig_hw} and target {target_hw}")
-    r = min(h / h0, w / w0)
-    new_h, new_w = max(round(h0 * r), 1), max(round(w0 * r), 1)
-    return Letterbox(r, round((h - new_h) / 2 - 0.1), round((w - new_w) / 2 - 0.1), new_h, new_w)
+    The table holds the frame's address: the frame must stay alive, unchanged, until every launch that reads the
+    table has run.
+    """
+    if pixels.dtype != torch.uint8 or pixels.dim() != 3:
+        raise ValueError(f"frame: {tuple(pixels.shape)} {pixels.dtype}, expected uint8 (h0, w0, C)")
+    h0, w0, c = pixels.shape
+    if h0 == 0 or w0 == 0:
+        raise ValueError(f"frame: empty, shape {tuple(pixels.shape)}")
+    if c not in (1, 3, 4):
+        raise ValueError(f"frame: {c} channels, expected 1 (grey), 3 (BGR/RGB) or 4 (BGRA/RGBA)")
+    if (placement.orig_h, placement.orig_w) != (h0, w0):
+        raise ValueError(f"placement: for a {placement.orig_h}×{placement.orig_w} frame, not {h0}×{w0}")
+    if min(placement.new_h, placement.new_w, placement.pad_top + 1, placement.pad_left + 1) < 1:
+        raise ValueError(f"placement: {placement} does not place the frame")
+    row_stride, pixel_stride, channel_stride = pixels.stride()
+    values = [pixels.data_ptr(), row_stride, pixel_stride, channel_stride, h0, w0, c, int(bgr),
+              placement.pad_top, placement.pad_left, placement.new_h, placement.new_w]  # fmt: skip
+    return values + [0] * (FRAME_FIELDS - len(values))
 
 
 @triton.jit
@@ -81,27 +85,35 @@ def _cv2_taps(d, size, resized):
 @triton.jit
 def _letterbox_kernel(
     out_ptr,
+    so_n,
     so_h,
     so_w,
-    frame_ptr,
-    sf_h,
-    sf_w,
+    table_ptr,
     H,
     W,
-    H0,
-    W0,
-    pad_top,
-    pad_left,
-    new_h,
-    new_w,
-    C_IN: tl.constexpr,
-    BGR: tl.constexpr,
+    FIELDS: tl.constexpr,
     BLOCK_Y: tl.constexpr,
     BLOCK_E: tl.constexpr,
 ):
-    # A program covers BLOCK_Y output rows and BLOCK_E consecutive elements of each, element e of a row being
-    # channel e % 3 of pixel e // 3: the stores of a row run contiguously, and each axis's taps are computed once
-    # a row or a column rather than once a pixel.
+    # A program covers BLOCK_Y output rows and BLOCK_E consecutive elements of each of one slot, element e of a
+    # row being channel e % 3 of pixel e // 3: the stores of a row run contiguously, and each axis's taps are
+    # computed once a row or a column rather than once a pixel. The frame comes from the slot's table row, so
+    # its sizes are values, not specializations (a 1-pixel side compiles like any other).
+    slot = tl.program_id(2)
+    row = table_ptr + slot * FIELDS
+    frame_ptr = tl.load(row).to(tl.pointer_type(tl.uint8))
+    sf_h = tl.load(row + 1)
+    sf_w = tl.load(row + 2)
+    sf_c = tl.load(row + 3)
+    H0 = tl.load(row + 4).to(tl.int32)
+    W0 = tl.load(row + 5).to(tl.int32)
+    c_in = tl.load(row + 6)
+    bgr = tl.load(row + 7)
+    pad_top = tl.load(row + 8).to(tl.int32)
+    pad_left = tl.load(row + 9).to(tl.int32)
+    new_h = tl.load(row + 10).to(tl.int32)
+    new_w = tl.load(row + 11).to(tl.int32)
+
     y = tl.program_id(0) * BLOCK_Y + tl.arange(0, BLOCK_Y)
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     x = e // 3
@@ -115,16 +127,12 @@ def _letterbox_kernel(
 
     y0, y1, wy0, wy1 = _cv2_taps(dy, H0, new_h)
     x0, x1, wx0, wx1 = _cv2_taps(dx, W0, new_w)
-    if C_IN == 1:
-        src_ch = ch * 0  # grey: every output channel reads the one input channel
-    elif BGR:
-        src_ch = 2 - ch
-    else:
-        src_ch = ch  # RGB(A): alpha, channel 3, is never read
+    # Grey: every output channel reads the one input channel; BGR(A) flipped; RGB(A) as is (alpha never read).
+    src_ch = tl.where(c_in == 1, 0, tl.where(bgr != 0, 2 - ch, ch)).to(tl.int64)
     row0 = frame_ptr + (y0.to(tl.int64) * sf_h)[:, None]
     row1 = frame_ptr + (y1.to(tl.int64) * sf_h)[:, None]
-    col0 = (x0.to(tl.int64) * sf_w + src_ch)[None, :]
-    col1 = (x1.to(tl.int64) * sf_w + src_ch)[None, :]
+    col0 = (x0.to(tl.int64) * sf_w + src_ch * sf_c)[None, :]
+    col1 = (x1.to(tl.int64) * sf_w + src_ch * sf_c)[None, :]
     m = (y_ok & y_inside)[:, None] & (e_ok & x_inside)[None, :]
     p00 = tl.load(row0 + col0, mask=m, other=0).to(tl.int32)
     p01 = tl.load(row0 + col1, mask=m, other=0).to(tl.int32)
@@ -140,54 +148,32 @@ def _letterbox_kernel(
     # on float32 is an approximation that can miss by an ulp.
     v = tl.math.div_rn(tl.where(m, pixel, 114.0), tl.full(pixel.shape, 255.0, tl.float32))
 
-    o_off = (y.to(tl.int64) * so_h)[:, None] + (x.to(tl.int64) * so_w + ch)[None, :]
+    o_off = slot.to(tl.int64) * so_n + (y.to(tl.int64) * so_h)[:, None] + (x.to(tl.int64) * so_w + ch)[None, :]
     tl.store(out_ptr + o_off, v.to(out_ptr.dtype.element_ty), mask=y_ok[:, None] & e_ok[None, :])
 
 
-def preprocess_letterbox(
-    out: torch.Tensor, frame: torch.Tensor, *, bgr: bool, params: Letterbox | None = None
-) -> Letterbox:
-    """Letterbox a uint8 (h0, w0, C) frame into `out`, an (H, W, 3) fp16/fp32 view (one NHWC batch slot, channel
-    stride 1), as RGB/255; returns the placement (default letterbox_params((h0, w0), (H, W))).
+def letterbox_frames(out: torch.Tensor, table: torch.Tensor, *, compile_only: bool = False) -> None:
+    """Letterbox the frame of each of out's N slots (table row n, `frame_row`) into `out`, an (N, H, W, 3)
+    fp16/fp32 view (NHWC batch slots, channel stride 1), as RGB/255.
 
-    C = 1: grey, replicated to RGB; C = 3: BGR (bgr=True) or RGB; C = 4: BGRA or RGBA, alpha dropped. The frame
-    may be a crop view (any row and pixel strides, channel stride 1) on out's device.
+    table: (at least N, FRAME_FIELDS) int64, contiguous, on out's device, read on the device when the launch runs
+    (a captured graph reads whatever rows it then holds). Frames must lie on out's device.
     """
-    check_view("out", out, (None, None, 3))
+    check_view("out", out, (None, None, None, 3))
     if out.dtype not in (torch.float16, torch.float32):
         raise ValueError(f"out: dtype {out.dtype}, expected torch.float16 or torch.float32")
-    if frame.dim() == 3 and frame.shape[2] == 1:
-        frame = frame[..., 0, None]  # a lone channel's stride is meaningless (numpy's [..., None] makes it 0)
-    check_view("frame", frame, (None, None, None), torch.uint8, out.device)
-    h0, w0, c = frame.shape
-    if h0 == 0 or w0 == 0:
-        raise ValueError(f"frame: empty, shape {tuple(frame.shape)}")
-    if c not in (1, 3, 4):
-        raise ValueError(f"frame: {c} channels, expected 1 (grey), 3 (BGR/RGB) or 4 (BGRA/RGBA)")
-    h, w = out.shape[:2]
-    lb = letterbox_params((h0, w0), (h, w)) if params is None else params
-    if not (0 <= lb.pad_top <= h - lb.new_h and 0 <= lb.pad_left <= w - lb.new_w and min(lb.new_h, lb.new_w) >= 1):
-        raise ValueError(f"params: {lb} does not place the frame inside the {h}×{w} output")
-    _letterbox_kernel[(triton.cdiv(h, _LETTERBOX_ROWS), triton.cdiv(3 * w, _LETTERBOX_ELEMENTS))](
-        out,
-        *out.stride()[:2],
-        frame,
-        *frame.stride()[:2],
-        h,
-        w,
-        h0,
-        w0,
-        lb.pad_top,
-        lb.pad_left,
-        lb.new_h,
-        lb.new_w,
-        C_IN=c,
-        BGR=bgr,
-        BLOCK_Y=_LETTERBOX_ROWS,
-        BLOCK_E=_LETTERBOX_ELEMENTS,
-        enable_fp_fusion=False,
-    )
-    return lb
+    n, h, w, _ = out.shape
+    if table.dtype != torch.int64 or table.dim() != 2 or table.shape[0] < n or table.shape[1] != FRAME_FIELDS:
+        raise ValueError(f"table: {tuple(table.shape)} {table.dtype}, expected ({n}+, {FRAME_FIELDS}) int64")
+    if not table.is_contiguous() or table.device != out.device:
+        raise ValueError("table: expected a contiguous tensor on out's device")
+    if n == 0:
+        return
+    grid = (triton.cdiv(h, _LETTERBOX_ROWS), triton.cdiv(3 * w, _LETTERBOX_ELEMENTS), n)
+    launcher(_letterbox_kernel, grid, compile_only)(
+        out, *out.stride()[:3], table, h, w,
+        FIELDS=FRAME_FIELDS, BLOCK_Y=_LETTERBOX_ROWS, BLOCK_E=_LETTERBOX_ELEMENTS, enable_fp_fusion=False,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -32,7 +32,7 @@ block of earlier candidates at a time, stopping once all of its own are dropped,
 (4) `_compact_kernel`, one program per image, appends the kept positions' rows in order until max_det.
 Thresholds, limits and the class mask are read from device tensors, so a captured graph follows changes to them
 without re-capture. Output rows [cx, cy, w, h, conf, cls, angle] in model-input pixels, as ultralytics'
-non_max_suppression(rotated=True) returns them (yolojet/runtime/postprocess/obb.py `rotated_nms` is the torch
+non_max_suppression(rotated=True) returns them (yolojet/reference/obb.py `rotated_nms` is the torch
 reference); `scale_rotated_boxes` then reorders them to obb.py's `scale_rboxes` layout.
 """
 
@@ -311,7 +311,7 @@ def rotated_non_max_suppression(
     thresholds: float32 [conf_thres, iou_thres]; limits: int32 [max_det, max_nms, agnostic (0/1)], max_det
     clamped to [0, capacity]; class_mask: (nc,) uint8/bool, 1 keeps a class, None keeps all. All three are read
     on the device at run time, as by kernels/nms.py's non_max_suppression (whose kernels and scratch this shares:
-    `scratch` is a RotatedNmsScratch of (N, A)). Equals yolojet.runtime.postprocess.obb.rotated_nms.
+    `scratch` is a RotatedNmsScratch of (N, A)). Equals yolojet.reference.obb.rotated_nms.
     """
     if preds.dim() != 3 or nc < 1 or preds.shape[1] != 4 + nc + 1:
         raise ValueError(f"rotated nms: preds shape {tuple(preds.shape)}, expected (N, 4 + {nc} + 1, A)")

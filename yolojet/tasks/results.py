@@ -8,6 +8,7 @@ pixels. `summary()`/`to_json()` give one plain dict per instance, `plot()` an an
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +75,17 @@ class Results:
     obb: Any = None  # yolojet.tasks.obb.OBB
     probs: Any = None  # yolojet.tasks.classify.Probs
     path: str = ""
-    orig_img: np.ndarray | None = field(default=None, repr=False)  # BGR uint8 (OpenCV's order, as ultralytics)
+    # The original image, BGR uint8 (OpenCV's order, as ultralytics' orig_img), or what makes it when first asked for
+    # (the engine keeps the file's bytes, or the caller's array, rather than decoded pixels).
+    image: np.ndarray | Callable[[], np.ndarray] | None = field(default=None, repr=False)
     error: str | None = None
+
+    @property
+    def orig_img(self) -> np.ndarray | None:
+        """The original image as a BGR uint8 (H, W, 3) array, as ultralytics' `orig_img`."""
+        if callable(self.image):
+            self.image = self.image()
+        return self.image
 
     def __len__(self) -> int:
         for part in (self.boxes, self.obb):

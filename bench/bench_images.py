@@ -1,0 +1,444 @@
+"""Images in, results out, on one GPU: the decoders and the batched image path, from JPEG files on disk.
+
+Stages (--stages, in this order; each adds to one JSON file under --out, and a short table is printed last):
+  decoders   each decoder's pixels against OpenCV's (cv2.imdecode, what ultralytics reads with) on the shipped
+             JPEGs: largest level difference and share of pixels that differ; img/s decoding --batch copies of
+             bus.jpg in one call (frames on the GPU, synchronized)
+  call       engine(list of --batch JPEG paths), yolo11n at 640, per decoder: img/s, median of --repeats calls
+  stream     engine.stream over --files JPEG files on disk (copies of bus.jpg, 1080x810), per decoder: img/s; beside
+             it the decode alone (the same files through the feed, no engine) and the engine alone (staged GPU
+             frames, run(--batch) repeated), whose ratio to the stream says how busy the GPU was
+  latency    batch 1 from a frame already on the GPU: preprocess + run + get, wall ms, median of 500
+  agreement  each decoder's detections against the CPU decoder's (OpenCV's pixels) on the shipped JPEGs and on
+             awkward ones (EXIF-rotated, CMYK, progressive, grey)
+  profile    where the host's time goes (cProfile, by own time): 300 batch-1 runs of a staged GPU frame, and 5 calls
+             engine(list of --batch paths) with the default decoder
+  startup    fresh processes: Engine.load then a first result from a JPEG path, with this run's kernel and tuning
+             caches (warm), and with empty ones (cold)
+
+The model has random weights with BatchNorm statistics measured on the shipped photos (tests/support.py), so NMS
+has real work; conf 0.25 as predict's default.
+
+    python3 bench/bench_images.py --out results/ --stages decoders call stream latency agreement startup
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+STAGES = ("decoders", "call", "stream", "latency", "agreement", "profile", "startup")
+DECODERS = ("nvimgcodec", "cpu", "nvjpeg")
+
+
+def assets() -> Path:
+    from ultralytics.utils import ASSETS
+
+    return Path(ASSETS)
+
+
+def cv2_rgb(data: bytes) -> np.ndarray:
+    import cv2
+
+    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
+
+
+def awkward_jpegs() -> dict[str, bytes]:
+    """The shipped JPEGs, and bus.jpg as a phone or an old scanner might store it."""
+    from PIL import Image
+
+    photo = Image.open(assets() / "bus.jpg").convert("RGB")
+
+    def save(image, **kw) -> bytes:
+        out = io.BytesIO()
+        image.save(out, format="JPEG", quality=90, **kw)
+        return out.getvalue()
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    stored = photo.transpose(Image.Transpose.ROTATE_90)
+    return {
+        "bus.jpg": (assets() / "bus.jpg").read_bytes(),
+        "zidane.jpg": (assets() / "zidane.jpg").read_bytes(),
+        "exif6": save(stored, exif=exif.tobytes()),
+        "cmyk": save(photo.convert("CMYK")),
+        "progressive": save(photo, progressive=True),
+        "grey": save(photo.convert("L")),
+    }
+
+
+def decoder_or_none(name: str, device: torch.device):
+    from yolojet.errors import EngineConfigError
+    from yolojet.images.decoders import make_decoder
+
+    try:
+        return make_decoder(name, device)
+    except EngineConfigError as e:
+        print(f"decoder {name}: not available ({e})", flush=True)
+        return None
+
+
+def stage_decoders(found: dict, batch: int, repeats: int) -> None:
+    from yolojet.images.decoders import Encoded
+
+    device = torch.device("cuda")
+    jpegs = awkward_jpegs()
+    rows = {}
+    for name in DECODERS:
+        decoder = decoder_or_none(name, device)
+        if decoder is None:
+            continue
+        row: dict = {"describe": decoder.describe(), "pixels": {}}
+        for photo in ("bus.jpg", "zidane.jpg"):
+            data = jpegs[photo]
+            decoded = decoder.decode([Encoded.of(data)])
+            decoded.wait_on(torch.cuda.current_stream())
+            ours = decoded.items[0].pixels.cpu().numpy().astype(int)
+            diff = np.abs(ours - cv2_rgb(data).astype(int))
+            row["pixels"][photo] = {"max": int(diff.max()), "percent_differ": float((diff.max(-1) > 0).mean() * 100)}
+        row["img_per_s_by_batch"] = {}
+        for size in sorted({8, 16, 32, batch}):
+            items = [Encoded.of(jpegs["bus.jpg"])] * size
+            samples = []
+            for i in range(repeats + 2):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                decoded = decoder.decode(items)
+                decoded.wait_on(torch.cuda.current_stream())
+                torch.cuda.synchronize()
+                if i >= 2:
+                    samples.append(time.perf_counter() - start)
+            row["img_per_s_by_batch"][size] = size / statistics.median(samples)
+        row["batch_ms"] = batch * 1000 / row["img_per_s_by_batch"][batch]
+        row["img_per_s"] = row["img_per_s_by_batch"][batch]
+        rows[name] = row
+        decoder.close()
+        by_batch = ", ".join(f"{k}: {v:,.0f}" for k, v in row["img_per_s_by_batch"].items())
+        print(f"decoder {name}: img/s by batch {by_batch}; pixels {row['pixels']}", flush=True)
+    found["decoders"] = rows
+
+
+def build_engine(model_dir: Path, batch: int, buckets: list[int]):
+    from yolojet.engine.engine import Engine
+
+    start = time.perf_counter()
+    engine = Engine.load(model_dir, device="cuda", half=True, max_batch=batch, buckets=buckets, verbose=True)
+    print(f"engine built in {time.perf_counter() - start:.1f} s ({engine.decoder.describe()})", flush=True)
+    return engine
+
+
+def with_decoder(engine, name: str) -> bool:
+    """Swap the engine's decoder for `name`; False where it cannot run here."""
+    decoder = decoder_or_none(name, engine.device)
+    if decoder is None:
+        return False
+    engine.decoder.close()
+    engine.decoder = decoder
+    return True
+
+
+def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int) -> None:
+    paths = [str(f) for f in files[:batch]]
+    rows = {}
+    for name in DECODERS:
+        if not with_decoder(engine, name):
+            continue
+        engine(paths)  # warm: graphs captured, decoder started
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            results = engine(paths)
+            samples.append(time.perf_counter() - start)
+        assert all(r.error is None for r in results), [r.error for r in results if r.error][:3]
+        ms = statistics.median(samples) * 1000
+        rows[name] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(samples) * 1000}
+        print(f"engine({batch} paths), {name}: {ms:.2f} ms, {batch * 1000 / ms:,.0f} img/s", flush=True)
+    found["call"] = rows
+
+
+def engine_alone(engine, batch: int, repeats: int = 50) -> float:
+    """img/s of the whole path on `batch` staged GPU frames (no decode): run(batch) repeated."""
+    from yolojet.images import load_frame
+
+    frame = load_frame(assets() / "bus.jpg").pixels.contiguous().cuda()
+    for slot in range(batch):
+        engine.preprocess(frame, slot)
+    for _ in range(5):
+        engine.run(batch)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        engine.run_async(batch)
+    engine.sync()
+    return batch * repeats / (time.perf_counter() - start)
+
+
+def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
+    from yolojet.engine.feed import FrameFeed
+
+    paths = [str(f) for f in files]
+    rows: dict = {"files": len(paths), "engine_alone_img_per_s": engine_alone(engine, batch)}
+    print(f"engine alone (staged GPU frames, batch {batch}): {rows['engine_alone_img_per_s']:,.0f} img/s", flush=True)
+    for name in ("nvimgcodec", "cpu"):
+        if not with_decoder(engine, name):
+            continue
+        feed_start = time.perf_counter()
+        decoded = 0
+        for fed in FrameFeed(paths, engine.decoder, batch):
+            fed.decoded.wait_on(torch.cuda.current_stream())
+            decoded += len(fed.sources)
+        torch.cuda.synchronize()
+        decode_rate = decoded / (time.perf_counter() - feed_start)
+        start = time.perf_counter()
+        count = errors = boxes = 0
+        for result in engine.stream(paths):
+            count += 1
+            errors += result.error is not None
+            boxes += len(result)
+        seconds = time.perf_counter() - start
+        rate = count / seconds
+        busy = rate / rows["engine_alone_img_per_s"]
+        rows[name] = {"img_per_s": rate, "seconds": seconds, "errors": errors, "boxes": boxes,
+                      "decode_alone_img_per_s": decode_rate, "gpu_busy": busy}  # fmt: skip
+        print(f"stream over {count} files, {name}: {rate:,.0f} img/s (decode alone {decode_rate:,.0f} img/s, GPU "
+              f"busy ~{rows[name]['gpu_busy']:.0%}), {errors} errors, {boxes} boxes", flush=True)  # fmt: skip
+    found["stream"] = rows
+
+
+def stage_latency(found: dict, model_dir: Path) -> None:
+    from yolojet.engine.engine import Engine
+    from yolojet.images import load_frame
+
+    engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
+    frame = load_frame(assets() / "bus.jpg").pixels.contiguous().cuda()
+    rows = {}
+    for where, pixels in (("gpu", frame), ("host", frame.cpu())):
+        samples = []
+        for i in range(520):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            engine.preprocess(pixels, 0)
+            engine.run(1)
+            engine.get(0)
+            if i >= 20:
+                samples.append(time.perf_counter() - start)
+        samples.sort()
+        rows[where] = {"p50_ms": samples[len(samples) // 2] * 1000, "p90_ms": samples[int(len(samples) * 0.9)] * 1000,
+                       "p99_ms": samples[int(len(samples) * 0.99)] * 1000}  # fmt: skip
+        print(f"batch 1, frame on the {where}: p50 {rows[where]['p50_ms']:.3f} ms", flush=True)
+    engine.preprocess(frame, 0)
+    samples = []
+    for _ in range(500):
+        start = time.perf_counter()
+        engine.run(1)
+        samples.append(time.perf_counter() - start)
+    rows["run_only_gpu_p50_ms"] = statistics.median(samples) * 1000
+    print(f"batch 1, run(1) alone on a staged GPU frame: {rows['run_only_gpu_p50_ms']:.3f} ms", flush=True)
+    found["latency"] = rows
+    engine.close()
+
+
+def stage_agreement(found: dict, engine) -> None:
+    from support import match_detections
+
+    jpegs = awkward_jpegs()
+    rows = {}
+    with_decoder(engine, "cpu")
+    truth = dict(zip(jpegs, engine(list(jpegs.values()), conf=0.05), strict=True))
+    for name in ("nvimgcodec", "nvjpeg"):
+        if not with_decoder(engine, name):
+            continue
+        rows[name] = {}
+        for (photo, result), want in zip(zip(jpegs, engine(list(jpegs.values()), conf=0.05), strict=True),
+                                         truth.values(), strict=True):  # fmt: skip
+            problems = match_detections(result.boxes.data, want.boxes.data) if result.error is None else [result.error]
+            rows[name][photo] = {"boxes": len(result), "cpu_boxes": len(want), "problems": problems[:3],
+                                 "shape": list(result.orig_shape), "cpu_shape": list(want.orig_shape)}  # fmt: skip
+        print(f"agreement {name}: " + ", ".join(f"{p} {'ok' if not r['problems'] else r['problems'][0]}"
+                                                for p, r in rows[name].items()), flush=True)  # fmt: skip
+    found["agreement"] = rows
+
+
+def profiled(fn, top: int = 18) -> list[str]:
+    """fn() under cProfile: the functions with the most own time, as text lines."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    fn()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return [line for line in out.getvalue().splitlines() if line.strip()][-top - 1 :]
+
+
+def stage_profile(found: dict, model_dir: Path, engine, files: list[Path], batch: int) -> None:
+    from yolojet.engine.engine import Engine
+    from yolojet.images import load_frame
+
+    single = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
+    single.preprocess(load_frame(assets() / "bus.jpg").pixels.contiguous().cuda(), 0)
+    single.run(1)
+
+    def runs() -> None:
+        for _ in range(300):
+            single.run(1)
+
+    rows = {"batch1_run": profiled(runs)}
+    single.close()
+    with_decoder(engine, "auto")
+    paths = [str(f) for f in files[:batch]]
+    engine(paths)
+
+    def calls() -> None:
+        for _ in range(5):
+            engine(paths)
+
+    rows["call"] = profiled(calls)
+    for name, lines in rows.items():
+        print(f"profile {name}:\n" + "\n".join(lines), flush=True)
+    found["profile"] = rows
+
+
+STARTUP_CHILD = """
+import json, sys, time
+start = time.perf_counter()
+from yolojet.engine.engine import Engine
+imported = time.perf_counter() - start
+engine = Engine.load(sys.argv[1], device="cuda", half=True, max_batch=1)
+loaded = time.perf_counter() - start
+result = engine([sys.argv[2]])[0]
+first = time.perf_counter() - start
+phases = {k: round(v, 3) for k, v in engine.network.startup_seconds.items()}
+print(json.dumps({"imported_s": imported, "loaded_s": loaded, "first_result_s": first, "error": result.error,
+                  "boxes": len(result), "decoder": engine.decoder.name, "phases": phases}))
+"""
+
+
+def stage_startup(found: dict, model_dir: Path, cold: bool) -> None:
+    rows = {}
+    kinds = ["warm", "warm again"] + (["cold"] if cold else [])
+    for kind in kinds:
+        env = dict(os.environ)
+        if kind == "cold":
+            scratch = Path(tempfile.mkdtemp())
+            env.update(YOLOJET_CACHE=str(scratch / "yolojet"), TRITON_CACHE_DIR=str(scratch / "triton"))
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", STARTUP_CHILD, str(model_dir), str(assets() / "bus.jpg")],
+                              capture_output=True, text=True, env=env, timeout=400)  # fmt: skip
+        row = {"process_s": time.perf_counter() - start}
+        try:
+            row.update(json.loads(done.stdout.strip().splitlines()[-1]))
+        except (IndexError, json.JSONDecodeError):
+            row["failed"] = done.stderr[-2000:]
+        rows[kind] = row
+        print(f"start-up {kind}: {row}", flush=True)
+    found["startup"] = rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--files", type=int, default=10000)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--cold", action="store_true", help="also time a cold start-up (empty caches; ~40 s)")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args()
+
+    from provenance import provenance
+    from support import calibrated_model
+
+    import yolojet
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    found: dict = {"provenance": provenance(), "batch": args.batch}
+    work = Path(tempfile.mkdtemp(prefix="bench_images_"))
+    model_dir = yolojet.export(calibrated_model("yolo11n.yaml", 640), out=work / "yolo11n", imgsz=640)
+    files_dir = work / "jpegs"
+    files_dir.mkdir()
+    bus = assets() / "bus.jpg"
+    files = []
+    for i in range(args.files):
+        files.append(files_dir / f"{i:06d}.jpg")
+        shutil.copyfile(bus, files[-1])
+    engine = None
+    # The chunks the feed hands over (16 images) and what they merge into; fewer buckets than the default's seven keep
+    # a cold tuning short.
+    buckets = sorted({1, 16, 32, args.batch})
+    out_file = args.out / f"images-{found['provenance']['commit']}.json"
+    for stage in args.stages:
+        try:
+            if stage == "decoders":
+                stage_decoders(found, args.batch, args.repeats)
+            elif stage in ("call", "stream", "agreement"):
+                if engine is None:
+                    engine = build_engine(model_dir, args.batch, buckets)
+                if stage == "call":
+                    stage_call(found, engine, files, args.batch, args.repeats)
+                elif stage == "stream":
+                    stage_stream(found, engine, files, args.batch)
+                else:
+                    stage_agreement(found, engine)
+            elif stage == "latency":
+                stage_latency(found, model_dir)
+            elif stage == "profile":
+                if engine is None:
+                    engine = build_engine(model_dir, args.batch, buckets)
+                stage_profile(found, model_dir, engine, files, args.batch)
+            elif stage == "startup":
+                stage_startup(found, model_dir, args.cold)
+        except Exception:
+            found.setdefault("failures", {})[stage] = traceback.format_exc()
+            print(f"stage {stage} failed:\n{traceback.format_exc()}", flush=True)
+        out_file.write_text(json.dumps(found, indent=1))
+    print_table(found)
+    return 1 if found.get("failures") else 0
+
+
+def print_table(found: dict) -> None:
+    print("\n| measure | value |\n|---|---|")
+    for name, row in found.get("decoders", {}).items():
+        bus, zidane = row["pixels"]["bus.jpg"], row["pixels"]["zidane.jpg"]
+        versus = (f"bus max {bus['max']} ({bus['percent_differ']:.1f} %), "
+                  f"zidane max {zidane['max']} ({zidane['percent_differ']:.1f} %)")  # fmt: skip
+        print(f"| decode {name} | {row['img_per_s']:,.0f} img/s; vs cv2 {versus} |")
+    for name, row in found.get("call", {}).items():
+        print(f"| engine(64 paths) {name} | {row['img_per_s']:,.0f} img/s ({row['ms']:.2f} ms) |")
+    stream = found.get("stream", {})
+    if stream:
+        print(f"| engine alone, staged GPU frames | {stream['engine_alone_img_per_s']:,.0f} img/s |")
+    for name in ("nvimgcodec", "cpu"):
+        if name in stream:
+            r = stream[name]
+            print(f"| stream {stream['files']} files {name} | {r['img_per_s']:,.0f} img/s; decode alone "
+                  f"{r['decode_alone_img_per_s']:,.0f}; GPU busy ~{r['gpu_busy']:.0%} |")  # fmt: skip
+    latency = found.get("latency", {})
+    if latency:
+        print(f"| batch 1, GPU frame, preprocess+run+get | p50 {latency['gpu']['p50_ms']:.3f} ms |")
+        print(f"| batch 1, GPU frame staged, run(1) | p50 {latency['run_only_gpu_p50_ms']:.3f} ms |")
+    for kind, row in found.get("startup", {}).items():
+        print(f"| start-up {kind} | loaded {row.get('loaded_s', float('nan')):.2f} s, first result "
+              f"{row.get('first_result_s', float('nan')):.2f} s |")  # fmt: skip
+    for stage in found.get("failures", {}):
+        print(f"| stage {stage} | FAILED |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

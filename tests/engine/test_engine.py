@@ -1,0 +1,348 @@
+"""Whole models through the engine's Triton kernels (interpreter on CPU, the device on a GPU) vs the reference."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from support import assert_identical_replays, random_model, relative_l2
+
+import yolojet
+from yolojet.engine.engine import Engine
+from yolojet.engine.network import batch_buckets
+from yolojet.errors import EngineConfigError
+from yolojet.kernels import conv as conv_kernels
+from yolojet.kernels import dwconv as dwconv_kernels
+from yolojet.kernels.conv import ConvConfig
+from yolojet.kernels.dwconv import DwConvTile
+from yolojet.kernels.pdl import pdl_available
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
+
+MODELS = [
+    ("yolo11n.yaml", None, torch.float16),
+    ("yolo11n.yaml", None, torch.float32),
+    ("yolov8n-seg.yaml", None, torch.float16),
+    ("yolo26n-seg.yaml", True, torch.float32),
+    ("yolo26n-pose.yaml", True, torch.float16),
+    ("yolo11n-pose.yaml", None, torch.float32),
+    ("yolo11n-obb.yaml", None, torch.float32),
+    ("yolov8n-cls.yaml", None, torch.float16),
+]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine")
+    cache = {}
+
+    def get(cfg: str, end2end: bool | None):
+        if (cfg, end2end) not in cache:
+            cache[cfg, end2end] = yolojet.export(
+                random_model(cfg), out=root / f"{cfg}-{end2end}", imgsz=64, end2end=end2end
+            )
+        return cache[cfg, end2end]
+
+    return get
+
+
+@pytest.mark.parametrize(("cfg", "end2end", "dtype"), MODELS, ids=lambda p: str(p).replace("torch.", ""))
+def test_engine_matches_reference(cfg, end2end, dtype, model_dirs):
+    model_dir = model_dirs(cfg, end2end)
+    engine = Engine.load(model_dir, device=DEVICE, half=dtype == torch.float16, max_batch=2, tune=False)
+    reference = yolojet.load_reference(model_dir, device=DEVICE)
+    x = torch.rand(2, 3, 64, 64, device=DEVICE)
+    engine.network.poison()
+    ours, expected = engine.raw(x), reference(x)
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for i, (o, e) in enumerate(zip(ours, expected, strict=True)):
+        assert o.shape == e.shape
+        assert not o.isnan().any(), f"output {i}: {int(o.isnan().sum())} NaN (unwritten)"
+        if reference.meta.end2end and i == 0:
+            # Top-k order among near-equal scores may differ at fp16; compare the selected score sets.
+            o, e = o[..., 4].sort(-1).values, e[..., 4].sort(-1).values
+        assert relative_l2(o, e) <= TOLERANCE[dtype], f"output {i}: relative L2 {relative_l2(o, e):.2e}"
+
+
+def test_every_kernel_output_matches_reference_op(model_dirs):
+    """Per-op check through dump: each launch's output vs the reference value of the same name."""
+    model_dir = model_dirs("yolo11n.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=1, tune=False)
+    x = torch.rand(1, 3, 64, 64, device=DEVICE)
+    ours = engine.dump(x)
+    expected = yolojet.load_reference(model_dir, device=DEVICE).dump(x)
+    checked = 0
+    for name, value in ours.items():
+        error = relative_l2(value, expected[name])
+        assert error <= 1e-2, f"{name}: relative L2 {error:.2e}"
+        checked += 1
+    assert checked >= 88  # every conv, pool, attention and decode launch of yolo11n
+
+
+def test_dump_shows_a_value_its_launch_left_unwritten_as_nan(model_dirs, monkeypatch):
+    """dump poisons the buffers first: a launch that writes nothing shows as NaN, not as the last run's values."""
+    engine = Engine.load(model_dirs("yolo11n.yaml", None), device=DEVICE, half=True, max_batch=1, tune=False)
+    x = torch.rand(1, 3, 64, 64, device=DEVICE)
+    stem = engine.network.launches[1][0]
+    assert not engine.dump(x)[stem.outputs[0]].isnan().any()
+    monkeypatch.setattr(stem, "run", lambda: None)
+    assert engine.dump(x)[stem.outputs[0]].isnan().all()
+
+
+def test_folds_take_the_upsample_and_copy_launches_unless_fusion_is_off(model_dirs):
+    """With fusion (the default) each neck upsample is read by the 1x1 conv after its concat, and the 1x1 conv
+    after C2PSA's concat reads the split half the concat would copy where it lies: neither the upsamples nor the
+    copy has a launch of its own. With fuse=False they do. Both match the reference."""
+    model_dir = model_dirs("yolo11n.yaml", None)
+    reference = yolojet.load_reference(model_dir, device=DEVICE)
+    x = torch.rand(2, 3, 64, 64, device=DEVICE)
+    for fuse, alone in ((True, 0), (False, 1)):
+        engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False, fuse=fuse)
+        launches = engine.network.launch_list(2)
+        upsamples = [launch.nodes for launch in launches if any(n.endswith("/upsample") for n in launch.nodes)]
+        assert len(upsamples) == 2 and sum(len(nodes) == 1 for nodes in upsamples) == 2 * alone
+        assert sum("<-" in launch.nodes[0] for launch in launches) == alone  # the concat copy
+        folded = [launch for launch in launches if launch.family == "conv" and launch.nodes[0].endswith("/concat")]
+        assert len(folded) == 1 - alone
+        engine.network.poison()
+        assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
+
+
+def test_classifier_pools_in_its_head_launch_unless_fusion_is_off(model_dirs):
+    """With fusion the classifier's pooling, linear layer and softmax are one launch; with fuse=False the pooling
+    is a launch of its own. Both match the reference, replay after replay (the head's arrival counts reset)."""
+    model_dir = model_dirs("yolov8n-cls.yaml", None)
+    reference = yolojet.load_reference(model_dir, device=DEVICE)
+    for fuse, head in ((True, 3), (False, 2)):
+        engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False, fuse=fuse)
+        launches = engine.network.launch_list(2)
+        assert [len(launch.nodes) for launch in launches if launch.family == "classify"][-1] == head
+        for _ in range(2):
+            x = torch.rand(2, 3, 64, 64, device=DEVICE)
+            engine.network.poison()
+            assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not pdl_available(torch.device("cuda")), reason="needs PDL (Hopper GPU)")
+def test_dependent_launch_changes_no_value(tmp_path):
+    """Kernels that start while their predecessor drains must still read only finished data: graph replays with
+    programmatic dependent launch give bit-identical outputs to ordinary launches, replay after replay."""
+    model_dir = yolojet.export(random_model("yolo11n-seg.yaml"), out=tmp_path / "m", imgsz=320)
+    engines = [
+        Engine.load(model_dir, device=DEVICE, half=True, max_batch=4, tune=False, pdl=pdl) for pdl in (True, False)
+    ]
+    assert engines[0].network.pdl and not engines[1].network.pdl
+    assert_identical_replays(*engines, batch=4, imgsz=320)
+
+
+def test_split_k_and_direct_tiles_across_the_network(model_dirs):
+    """Every conv that the tuner may give the direct kernel or a split-K tile gets it (the largest split
+    offered; in whole-pixel loads, with the poisoned arena's NaN in the stem's input rows' padding), the split
+    ones all sharing the network's scratch: outputs still match the reference, and the arrival counts end at
+    zero."""
+    model_dir = model_dirs("yolo11n.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
+    split = direct = whole_pixels = 0
+    for bucket in engine.network.buckets:
+        for launch in engine.network.launch_list(bucket):
+            directs = sorted(
+                (c for c in launch.candidates if launch.family == "conv" and c.direct), key=lambda c: not c.whole_pixels
+            )
+            splits = [c for c in launch.candidates if launch.family == "conv" and c.split_k > 1]
+            if directs:
+                launch.configure(directs[0])
+                direct += 1
+                whole_pixels += directs[0].whole_pixels
+            elif splits:
+                launch.configure(max(splits, key=lambda c: c.split_k))
+                split += 1
+    assert split >= 10 and direct >= 2 and whole_pixels == direct  # the stem's 3 channels and C3k2's 8-channel slices
+    if DEVICE == "cuda":
+        engine.network._capture()  # the graphs hold the launches' old configs
+    x = torch.rand(2, 3, 64, 64, device=DEVICE)
+    engine.network.poison()
+    assert relative_l2(engine.raw(x), yolojet.load_reference(model_dir, device=DEVICE)(x)) <= 1e-2
+    assert int(engine.network.split_scratch.arrivals.abs().sum()) == 0
+
+
+def test_a_remembered_whole_pixel_tile_falls_back_to_gathers_where_pixels_are_not_words(model_dirs, monkeypatch):
+    """Tuning results are keyed by shapes and strides, not addresses: a whole-pixel pick applied to a view whose
+    pixels are not 8-byte words (here: every view, as far as either module can tell) runs with gathers."""
+    for module in ("yolojet.engine.lowering", "yolojet.kernels.conv"):
+        monkeypatch.setattr(f"{module}.pixels_are_words", lambda x: False)
+    model_dir = model_dirs("yolo11n.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=1, tune=False)
+    stem = engine.network.launch_list(1)[0]
+    assert stem.nodes == ["model.0/conv"] and not any(c.whole_pixels for c in stem.candidates)
+    stem.configure(ConvConfig(64, 16, 16, 2, 1, direct=True, whole_pixels=True))
+    if DEVICE == "cuda":
+        engine.network._capture()
+    x = torch.rand(1, 3, 64, 64, device=DEVICE)
+    assert relative_l2(engine.raw(x), yolojet.load_reference(model_dir, device=DEVICE)(x)) <= 1e-2
+
+
+def test_every_attention_tile_in_a_network(tmp_path):
+    """yolo11n at 160 pixels: the PSA block attends over 25 tokens, where the candidate tiles differ in query rows
+    and warps; each, given to the attention launch, still matches the reference."""
+    model_dir = yolojet.export(random_model("yolo11n.yaml"), out=tmp_path / "m", imgsz=160)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=1, tune=False)
+    (attention,) = [launch for launch in engine.network.launch_list(1) if launch.family == "attention"]
+    assert attention.tune_key.startswith("attention|") and len(set(attention.candidates)) >= 2
+    x = torch.rand(1, 3, 160, 160, device=DEVICE)
+    expected = yolojet.load_reference(model_dir, device=DEVICE)(x)
+    for tile in attention.candidates:
+        attention.configure(tile)
+        if DEVICE == "cuda":
+            engine.network._capture()
+        engine.network.poison()
+        assert relative_l2(engine.raw(x), expected) <= 1e-2, tile
+
+
+def test_tma_tiles_on_every_conv_of_a_network(model_dirs, monkeypatch):
+    """The TMA kernels (offered by the tuner from large batches on) given to every conv: 1x1 convs whose operands
+    they can load (most, concat slices and residual ones included) run the GEMM one, k x k convs the patch one,
+    every stride-2 conv whose input channels are whole K blocks included (its paired-pixel view); the others (the
+    16-channel stride-2 conv, a folded upsample's conv, unaligned slices) keep the same tile gathered. Every other
+    conv also stores its output by TMA where the output view allows. Outputs still match the reference."""
+    model_dir = model_dirs("yolo11n.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
+    one_by_one = k_by_k = strided = 0  # in the batch-2 bucket, the one raw() runs
+    for bucket in engine.network.buckets:
+        for i, launch in enumerate(engine.network.launch_list(bucket)):
+            if not (launch.tune_key and launch.family == "conv"):
+                continue
+            store = i % 2 == 0
+            if re.search(r"\|w\(\d+, 1, 1, \d+\)", launch.tune_key):
+                launch.configure(ConvConfig(32, 32, 32, 2, 2, tma=True, persistent=True, tma_store=store))
+                one_by_one += bucket == 2
+            elif "|st[1, 1]|" in launch.tune_key:
+                launch.configure(ConvConfig(32, 32, 32, 2, 2, tma=True, tile_w=8, tma_store=store))
+                k_by_k += bucket == 2
+            elif "|st[2, 2]|" in launch.tune_key and "|up" not in launch.tune_key:
+                launch.configure(ConvConfig(32, 32, 32, 2, 2, tma=True, tile_w=8, tma_store=store))
+                c_in = int(re.match(r"conv\|[^|]*\|x\(\d+, \d+, \d+, (\d+)\)", launch.tune_key).group(1))
+                strided += bucket == 2 and c_in % 32 == 0
+    if DEVICE == "cuda":
+        engine.network._capture()
+    launches: dict[str, list] = {"_conv1x1_tma_kernel": [], "_conv_tma_kernel": []}
+    for name, counted in launches.items():
+        monkeypatch.setattr(conv_kernels, name, _Counting(getattr(conv_kernels, name), counted))
+    if DEVICE == "cuda":  # a graph replay calls no launcher: count one eager run of the bucket raw() replays
+        engine.network._run_eager(2)
+    x = torch.rand(2, 3, 64, 64, device=DEVICE)
+    engine.network.poison()
+    assert relative_l2(engine.raw(x), yolojet.load_reference(model_dir, device=DEVICE)(x)) <= 1e-2
+    assert one_by_one >= 40 and len(launches["_conv1x1_tma_kernel"]) >= one_by_one // 2
+    strides = [kwargs["STRIDE"] for kwargs in launches["_conv_tma_kernel"]]
+    assert k_by_k >= 10 and strides.count(1) >= k_by_k // 2
+    assert strided >= 4 and strides.count(2) == strided
+    stored = [kwargs["TMA_STORE"] for kernel in launches.values() for kwargs in kernel]
+    assert 0.3 * len(stored) <= sum(stored) <= 0.7 * len(stored)
+
+
+def test_row_walking_depthwise_tiles_on_every_3x3_stride_1_dwconv(model_dirs, monkeypatch):
+    """The row-walking depthwise tiles (offered by the tuner from large batches on) given to every 3x3 stride-1
+    depthwise conv of a YOLO11 head: each runs that kernel, and each one's output matches the reference executor's
+    (the class branch they sit on moves the network's raw output too little to show a wrong tap)."""
+    model_dir = model_dirs("yolo11n.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
+    walking = []
+    for launch in engine.network.launch_list(2):
+        if launch.family == "dwconv" and ", 3, 3)|st[1, 1]|" in launch.tune_key:
+            launch.configure(DwConvTile(16, 16, 2, 4))
+            walking += launch.outputs
+    launches: list = []
+    monkeypatch.setattr(dwconv_kernels, "_dwconv3x3_rows_kernel",
+                        _Counting(dwconv_kernels._dwconv3x3_rows_kernel, launches))  # fmt: skip
+    x = torch.rand(2, 3, 64, 64, device=DEVICE)
+    ours, expected = engine.dump(x), yolojet.load_reference(model_dir, device=DEVICE).dump(x)
+    assert len(walking) >= 6 and len(launches) == len(walking)
+    errors = {name: relative_l2(ours[name], expected[name]) for name in walking}
+    assert max(errors.values()) <= 1e-2, errors
+
+
+class _Counting:
+    """A jitted kernel whose launches (kernel[grid](...)) are recorded, by their keyword (constexpr) arguments."""
+
+    def __init__(self, kernel, launches: list) -> None:
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def test_the_probability_copy_to_host_memory_holds_only_inside_its_block(model_dirs):
+    """`copying_output` has the classifier's launch also store the probabilities in host memory (pinned on a GPU)
+    while the block runs and never after: a dump, a timing or the network's own graph later must not overwrite
+    what a predict path's run left there."""
+    model_dir = model_dirs("yolov8n-cls.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
+    network = engine.network
+    output = network.graph.outputs[0]
+    host = torch.full(tuple(network.value_view(output, 2).shape), float("nan"), pin_memory=DEVICE == "cuda")
+    network.input_view(2).copy_(torch.rand(2, 64, 64, 3, device=DEVICE))
+    with network.copying_output(2, output, host) as copied:
+        assert copied
+        network.run_launches(2)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    assert torch.equal(host, network.value_view(output, 2).cpu())
+    host.fill_(float("nan"))
+    network.dump(torch.rand(2, 3, 64, 64, device=DEVICE))  # every launch again, eagerly: none may write `host`
+    engine.raw(torch.rand(2, 3, 64, 64, device=DEVICE))
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    assert bool(host.isnan().all())
+    with network.copying_output(2, output, None) as copied:  # no target: nothing set, copy after the network
+        assert not copied
+    with pytest.raises(EngineConfigError, match="copy of output"):
+        with network.copying_output(2, output, torch.empty(3, 5)):
+            pass
+
+
+def test_batch_larger_than_max_batch_is_split(model_dirs):
+    model_dir = model_dirs("yolov8n-cls.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=2, tune=False)
+    x = torch.rand(3, 3, 64, 64, device=DEVICE)
+    expected = yolojet.load_reference(model_dir, device=DEVICE)(x)
+    assert relative_l2(engine.raw(x), expected) <= 1e-4
+
+
+def test_bad_inputs_and_options(model_dirs):
+    model_dir = model_dirs("yolov8n-cls.yaml", None)
+    engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=1, tune=False)
+    with pytest.raises(EngineConfigError, match=r"expected a float \(N, 3, 64, 64\)"):
+        engine.raw(torch.rand(1, 3, 32, 32, device=DEVICE))
+    with pytest.raises(EngineConfigError, match="floating-point"):
+        engine.raw(torch.zeros(1, 3, 64, 64, dtype=torch.uint8, device=DEVICE))
+    with pytest.raises(EngineConfigError, match="backend"):
+        Engine.load(model_dir, device=DEVICE, backend="tensorrt")
+    if not pdl_available(torch.device(DEVICE)):
+        with pytest.raises(EngineConfigError, match="pdl=True: programmatic dependent launch needs"):
+            Engine.load(model_dir, device=DEVICE, tune=False, pdl=True)
+    with pytest.raises(EngineConfigError, match="runs on 'cuda' or 'cpu'"):
+        Engine.load(model_dir, device="meta", backend="triton")
+    with pytest.raises(EngineConfigError, match="device 'bogus'"):
+        Engine.load(model_dir, device="bogus")
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineConfigError, match="no CUDA GPU is visible here"):
+            Engine.load(model_dir, device="cuda", backend="reference")
+    with pytest.raises(EngineConfigError, match="imgsz '64'"):
+        Engine.load(model_dir, device=DEVICE, imgsz="64")
+    with pytest.raises(EngineConfigError, match=r"max_batch 2\.5"):
+        Engine.load(model_dir, device=DEVICE, max_batch=2.5)
+    with pytest.raises(yolojet.YolojetError, match="exported for 64x64"):
+        Engine.load(model_dir, device=DEVICE, imgsz=640)
+
+
+def test_batch_buckets():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(6) == [1, 2, 4, 6]
+    assert batch_buckets(64) == [1, 2, 4, 8, 16, 32, 64]

@@ -1,0 +1,181 @@
+"""The memory plan: concats cost nothing, and buffers alive at the same time never share memory."""
+
+from __future__ import annotations
+
+import pytest
+from support import random_model
+
+from yolojet.engine.plan import ARENA_ALIGN, _reads_widened, concat_folds, plan_memory, upsample_folds
+from yolojet.export.walker import export_graph
+from yolojet.ir import Graph, ModelMeta, Node, Value
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolov8n-seg.yaml", "yolo26n-pose.yaml", "yolov8n-cls.yaml"])
+def test_plan_places_concat_inputs_and_separates_live_buffers(cfg):
+    graph = export_graph(random_model(cfg), 64)
+    plan = plan_memory(graph)
+    for node in graph.nodes:
+        if node.op != "concat":
+            continue
+        target = plan.placements[node.outputs[0]]
+        channel = target.channel
+        for value in node.inputs:
+            where = plan.placements[value]
+            placed = (where.buffer, where.channel) == (target.buffer, channel)
+            assert placed or value in plan.copies.get(node.name, []), f"{value} is neither in place nor copied"
+            channel += where.channels
+    assert plan.stats["copies"] <= 1  # only C2PSA's untouched half, if the model has one
+
+    def extent(b):
+        return b.offset, b.offset + -(-b.per_image // ARENA_ALIGN) * ARENA_ALIGN
+
+    for kind in ("feature", "head"):
+        buffers = [b for b in plan.buffers if b.kind == kind]
+        for i, a in enumerate(buffers):
+            for b in buffers[i + 1 :]:
+                if a.first <= b.last and b.first <= a.last:
+                    (a0, a1), (b0, b1) = extent(a), extent(b)
+                    assert a1 <= b0 or b1 <= a0, f"buffers {a.index} and {b.index} overlap while both alive"
+    assert plan.feature_elements < plan.stats["feature_elements_unshared"]
+    image = plan.placements[graph.inputs[0]]
+    assert (image.channel, image.channels, plan.buffers[image.buffer].shape[2]) == (0, 3, 4)  # 8-byte fp16 pixels
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n-pose.yaml", "yolo26n-pose.yaml"])
+def test_odd_channel_counts_between_convs_are_widened_for_the_kernels(cfg):
+    """The keypoint branch's odd channel counts (51 in YOLO11, 85 in YOLO26), passed from conv to conv at each
+    level, get rows of the next multiple of 16, and so do the 51 keypoint values each level's last conv hands
+    the decode (three values a level)."""
+    graph = export_graph(random_model(cfg), 64)
+    plan = plan_memory(graph)
+    assert len(plan.widened) == 9
+    readers = {}
+    for value, width in plan.widened.items():
+        place = plan.placements[value]
+        assert width == -(-place.channels // 16) * 16 > place.channels
+        assert place.channel == 0 and plan.buffers[place.buffer].shape[2] == width
+        readers[value] = {node.op for node in graph.nodes if value in node.inputs}
+    assert sorted(map(sorted, readers.values())).count(["decode"]) == 3
+    assert all(ops in ({"conv"}, {"decode"}) for ops in readers.values())
+    assert not plan_memory(export_graph(random_model("yolo11n.yaml"), 64)).widened
+
+
+def test_decode_takes_widened_score_and_extra_maps_but_not_box_maps():
+    decode = Node("head/decode", "decode", ["box0", "box1", "cls0", "cls1", "kpt0", "kpt1"], ["preds"], {"levels": 2})
+    assert not _reads_widened(decode, "box1")  # a box map's channels are 4·reg_max exactly
+    assert _reads_widened(decode, "cls0") and _reads_widened(decode, "kpt1")
+    conv = Node("c", "conv", ["kpt0"], ["y"], {"groups": 1})
+    residual = Node("r", "conv", ["kpt0", "skip"], ["z"], {"groups": 1})
+    assert _reads_widened(conv, "kpt0") and not _reads_widened(residual, "kpt0")
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolov8n-seg.yaml", "yolo26n-pose.yaml"])
+def test_necks_1x1_convs_fold_their_upsample_and_keep_its_input_alive(cfg):
+    """Each neck's Upsample → Concat → 1x1 conv (two of them in every P3-P5 model) folds: the conv reads the
+    upsample's input itself, so that input's buffer lives until the conv and no buffer written before then may
+    take its memory."""
+    graph = export_graph(random_model(cfg), 64)
+    plan = plan_memory(graph)
+    position = {node.name: i for i, node in enumerate(graph.nodes)}
+    by_name = {node.name: node for node in graph.nodes}
+    assert len(plan.upsample_folds) == 2
+    for conv, up in plan.upsample_folds.items():
+        assert by_name[up].op == "upsample" and position[conv] == position[up] + 2
+        source = plan.buffers[plan.placements[by_name[up].inputs[0]].buffer]
+        assert source.last >= position[conv]
+        for other in plan.buffers:
+            alive_together = other.first <= position[conv] <= other.last
+            if other.kind == "feature" and other.index != source.index and alive_together:
+                ends = sorted([(source.offset, source.per_image), (other.offset, other.per_image)])
+                assert ends[0][0] + ends[0][1] <= ends[1][0], f"buffer {other.index} overlaps the folded input"
+
+
+def _neck(*, first="up", kernel_out=8, reader=None, stride=(1, 1)):
+    """Upsample(p5) → Concat(·, p4) → conv, with p5 read by nothing else."""
+    conv_attrs = {"stride": list(stride), "padding": [0, 0], "dilation": [1, 1], "groups": 1}
+    nodes = [
+        Node("u", "upsample", ["p5"], ["up"], {"scale": 2}),
+        Node("c", "concat", ["up", "p4"] if first == "up" else ["p4", "up"], ["cat"]),
+        Node("k", "conv", ["cat"], ["y"], conv_attrs),
+    ]
+    if reader:
+        nodes.append(Node("r", "conv", [reader], ["z"], conv_attrs))
+    shapes = {"p5": (1, 8, 4, 4), "up": (1, 8, 8, 8), "p4": (1, 4, 8, 8), "cat": (1, 12, 8, 8),
+              "y": (1, 6, kernel_out, kernel_out), "z": (1, 6, 8, 8)}  # fmt: skip
+    values = {name: Value(name, shape) for name, shape in shapes.items()}
+    return Graph(ModelMeta("detect", {0: "a"}, (8, 8)), ["p5", "p4"], ["y"], values, nodes, {})
+
+
+def test_a_folded_upsample_input_read_by_nothing_else_outlives_the_conv():
+    """p5's only reader is the upsample, so without the fold's extra read its buffer would end at node 0 and the
+    conv's output (written at node 2) could take its memory while the conv still reads it."""
+    plan = plan_memory(_neck())
+    assert plan.upsample_folds == {"k": "u"}
+    source, output = (plan.buffers[plan.placements[name].buffer] for name in ("p5", "y"))
+    assert source.last == 2
+    spans = sorted([(source.offset, source.per_image), (output.offset, output.per_image)])
+    assert spans[0][0] + spans[0][1] <= spans[1][0], "the conv's output shares memory with the input it reads"
+
+
+def test_only_an_upsample_read_by_its_concat_alone_feeding_a_1x1_conv_folds():
+    assert upsample_folds(_neck(), {}) == {"k": "u"}
+    assert upsample_folds(_neck(first="p4"), {}) == {}  # the upsampled part must be the concat's first
+    assert upsample_folds(_neck(kernel_out=6), {}) == {}  # a 3x3 conv without padding
+    assert upsample_folds(_neck(stride=(2, 2)), {}) == {}
+    assert upsample_folds(_neck(reader="up"), {}) == {}  # the upsampled map is read elsewhere too
+    assert upsample_folds(_neck(reader="cat"), {}) == {}  # and so is the concat
+    assert upsample_folds(_neck(), {"c": ["up"]}) == {}  # the upsampled map is not in the concat's buffer
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo11n-cls.yaml", "yolo26n.yaml"])
+def test_c2psa_concat_folds_its_copy_into_the_1x1_conv_after_it(cfg):
+    """C2PSA's Concat([split:0, PSA(split:1)]) must copy split:0 (a view of cv1's output); its 1x1 conv reads it
+    in place instead, so the buffer it lies in lives until that conv."""
+    graph = export_graph(random_model(cfg), 64)
+    plan = plan_memory(graph)
+    position = {node.name: i for i, node in enumerate(graph.nodes)}
+    by_name = {node.name: node for node in graph.nodes}
+    assert len(plan.concat_folds) == 1
+    ((conv, cat),) = plan.concat_folds.items()
+    assert by_name[cat].op == "concat" and by_name[conv].inputs == by_name[cat].outputs
+    assert plan.copies[cat] == [by_name[cat].inputs[0]] and by_name[cat].inputs[0].endswith("split:0")
+    assert plan.buffers[plan.placements[by_name[cat].inputs[0]].buffer].last >= position[conv]
+
+
+def _psa(*, between: bool = True, reader: str | None = None, copied_second: bool = False):
+    """Split(x) → (a, b); b → conv → b2; Concat([a, b2]) → 1x1 conv, with (between) an unrelated conv after the
+    concat, so that without the fold's extra read a's buffer would end at the concat."""
+    conv_attrs = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1}
+    nodes = [
+        Node("s", "split", ["x"], ["a", "b"], {"sizes": [4, 4]}),
+        Node("p", "conv", ["b"], ["b2"], conv_attrs),
+        Node("c", "concat", ["a", "b2"] if not copied_second else ["b2", "a"], ["cat"]),
+    ]
+    if between:
+        nodes.append(Node("q", "conv", ["w"], ["z"], conv_attrs))
+    nodes.append(Node("k", "conv", ["cat"], ["y"], conv_attrs))
+    if reader:
+        nodes.append(Node("r", "conv", [reader], ["v"], conv_attrs))
+    shapes = {"x": (1, 8, 8, 8), "a": (1, 4, 8, 8), "b": (1, 4, 8, 8), "b2": (1, 4, 8, 8), "cat": (1, 8, 8, 8),
+              "w": (1, 8, 8, 8), "z": (1, 8, 8, 8), "y": (1, 8, 8, 8), "v": (1, 8, 8, 8)}  # fmt: skip
+    values = {name: Value(name, shape) for name, shape in shapes.items()}
+    outputs = ["y", "z"] + (["v"] if reader else []) if between else ["y"] + (["v"] if reader else [])
+    return Graph(ModelMeta("detect", {0: "a"}, (8, 8)), ["x", "w"], outputs, values, nodes, {})
+
+
+def test_a_folded_concat_part_outlives_the_conv_that_reads_it_in_place():
+    plan = plan_memory(_psa())
+    assert plan.concat_folds == {"k": "c"} and plan.copies == {"c": ["a"]}
+    source, output = (plan.buffers[plan.placements[name].buffer] for name in ("x", "y"))
+    assert source.last == 4  # the conv k, not the concat at 2
+    spans = sorted([(source.offset, source.per_image), (output.offset, output.per_image)])
+    assert spans[0][0] + spans[0][1] <= spans[1][0], "the conv's output shares memory with the part it reads"
+
+
+def test_only_a_concat_copying_its_first_part_alone_feeding_a_1x1_conv_folds():
+    graph = _psa()
+    assert concat_folds(graph, {"c": ["a"]}, {}) == {"k": "c"}
+    assert concat_folds(graph, {}, {}) == {}  # nothing to copy
+    assert concat_folds(graph, {"c": ["a"]}, {"k": "u"}) == {}  # the conv already folds an upsample
+    assert concat_folds(_psa(reader="cat"), {"c": ["a"]}, {}) == {}  # the concat is read elsewhere too
+    assert concat_folds(_psa(copied_second=True), {"c": ["a"]}, {}) == {}  # the copied part comes second

@@ -1,0 +1,187 @@
+"""Many images through one engine: `engine.stream` over any iterable yields one result per input, in order, with
+bad inputs' errors in their own place; frames of different sizes share a batch (and a captured graph) and give
+each the result it gets alone; an engine shared by threads gives every caller its own results; the original image
+is made only when asked for.
+
+The model is yolov8n with random weights and BatchNorm statistics measured on the shipped photos. The reference
+backend runs where the interpreter would be too slow for a test of many calls; the Triton path (interpreter on the
+CPU, the GPU where there is one) runs the mixed-size batch.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from support import calibrated_model, match_detections, real_photos
+from ultralytics.utils import ASSETS
+
+import yolojet
+from yolojet.engine.engine import Engine
+
+CONF = 0.005
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return yolojet.export(calibrated_model("yolov8n.yaml", 320), out=tmp_path_factory.mktemp("stream") / "m", imgsz=320)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    engine = Engine.load(model_dir, device="cpu", backend="reference", max_batch=3)
+    yield engine
+    engine.close()
+
+
+def one_pixel_jpeg() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (1, 1), (120, 60, 200)).save(out, format="JPEG")
+    return out.getvalue()
+
+
+def test_stream_yields_every_input_in_order_with_errors_in_place(reference, tmp_path):
+    photos = real_photos()
+    zidane_path = ASSETS / "zidane.jpg"
+    half = tmp_path / "half.jpg"
+    half.write_bytes(zidane_path.read_bytes()[:5000])
+    sources = [
+        ASSETS / "bus.jpg",  # a path
+        zidane_path.read_bytes(),  # bytes
+        photos["astronaut"],  # numpy BGR
+        half,  # a file cut short
+        Image.fromarray(photos["coffee"][..., ::-1].copy()),  # PIL RGB
+        b"\x00\x01 not an image",
+        torch.from_numpy(photos["chelsea"][..., ::-1].copy()),  # uint8 RGB tensor
+        one_pixel_jpeg(),
+        tmp_path / "missing.jpg",
+    ]
+
+    def generated():  # any iterable: a generator, not a list
+        yield from sources
+
+    results = list(reference.stream(generated(), conf=CONF))
+    assert len(results) == len(sources)
+    errors = [i for i, r in enumerate(results) if r.error]
+    assert errors == [3, 5, 8]
+    assert str(half) in results[3].error and "cut short" in results[3].error
+    assert results[3].path == str(half) and results[8].path == str(tmp_path / "missing.jpg")
+    for i, (source, result) in enumerate(zip(sources, results, strict=True)):
+        if i in errors:
+            continue
+        (alone,) = reference([source], conf=CONF)
+        assert result.orig_shape == alone.orig_shape, i
+        assert not match_detections(result.boxes.data, alone.boxes.data, iou_min=0.999, conf_tol=1e-5), i
+    assert results[0].path == str(ASSETS / "bus.jpg") and results[0].orig_shape == (1080, 810)
+    assert results[7].orig_shape == (1, 1)
+
+
+def test_a_failing_iterable_raises_after_the_results_before_it(reference):
+    photo = real_photos()["bus.jpg"]
+
+    def failing():
+        yield photo
+        yield photo
+        raise OSError("camera unplugged")
+
+    seen = []
+    with pytest.raises(OSError, match="camera unplugged"):
+        for result in reference.stream(failing(), conf=CONF):
+            seen.append(result)
+    assert len(seen) == 2 and all(r.error is None for r in seen)
+
+
+def test_original_image_is_made_when_asked_for(reference):
+    photo = real_photos()["bus.jpg"]
+    from_path, from_array = reference([ASSETS / "bus.jpg", photo], conf=CONF)
+    assert not isinstance(from_path.image, np.ndarray)  # nothing decoded for it yet
+    assert np.array_equal(from_path.orig_img, cv2.imread(str(ASSETS / "bus.jpg")))  # OpenCV's pixels, BGR
+    assert from_array.orig_img is photo  # the caller's own array, as ultralytics keeps it
+    assert from_path.plot().shape == photo.shape
+
+
+def test_an_engine_shared_by_threads_gives_each_caller_its_results(reference):
+    photos = list(real_photos().values())
+    expected = {i: reference([photos[i], photos[(i + 1) % 5]], conf=CONF) for i in range(4)}
+    failures: list[str] = []
+
+    def caller(i: int) -> None:
+        for _ in range(5):
+            got = reference([photos[i], photos[(i + 1) % 5]], conf=CONF)
+            for ours, want in zip(got, expected[i], strict=True):
+                if (
+                    ours.error
+                    or ours.orig_shape != want.orig_shape
+                    or not np.array_equal(ours.boxes.data, want.boxes.data)
+                ):
+                    failures.append(f"thread {i}: {ours.error or 'other boxes'}")
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:5]
+
+
+def test_mixed_sizes_in_one_batch_give_each_the_result_it_gets_alone(tmp_path):
+    """On our kernels (interpreter on the CPU, at 96 pixels to keep it short): one batch of three photos of three
+    sizes, read through the frame table by one letterbox launch and one captured path, equals each photo run alone;
+    the reference executor agrees."""
+    imgsz = 640 if torch.cuda.is_available() else 96
+    model_dir = yolojet.export(calibrated_model("yolov8n.yaml", imgsz), out=tmp_path / "m", imgsz=imgsz)
+    photos = real_photos()
+    images = [photos["bus.jpg"], photos["zidane.jpg"], photos["astronaut"]]  # 1080x810, 720x1280, 512x512
+    engine = Engine.load(model_dir, backend="triton", half=False, max_batch=3, tune=False)
+    truth = Engine.load(model_dir, device=engine.device, backend="reference", max_batch=3)
+    try:
+        together = engine(images, conf=CONF)
+        for image, result in zip(images, together, strict=True):
+            (alone,) = engine([image], conf=CONF)
+            assert result.orig_shape == image.shape[:2]
+            assert not match_detections(result.boxes.data, alone.boxes.data, iou_min=0.999, conf_tol=1e-4)
+        for result, want in zip(together, truth(images, conf=CONF), strict=True):
+            assert not match_detections(result.boxes.data, want.boxes.data)
+        if engine.device.type == "cuda":  # one graph served all three sizes
+            assert len([k for k in engine._path.graphs if k[1] == 3]) == 1
+    finally:
+        engine.close()
+        truth.close()
+
+
+def test_the_feed_hands_over_ready_chunks_as_full_batches_and_a_slow_source_at_once():
+    """Decoded chunks waiting merge into batches of up to the engine's size, in order; images from a slow source
+    are handed on as they come rather than held back to fill a batch."""
+    import time
+
+    from yolojet.engine.feed import FrameFeed
+    from yolojet.images.decoders import CpuDecoder
+
+    decoder = CpuDecoder(torch.device("cpu"), threads=2)
+    try:
+        images = [np.full((4, 6, 3), i, np.uint8) for i in range(40)]
+        feed = FrameFeed(iter(images), decoder, batch=32, chunk=8)
+        time.sleep(0.5)  # every chunk decoded and waiting
+        sizes, values = [], []
+        while (fed := feed.next_batch()) is not None:
+            sizes.append(len(fed.sources))
+            values += [int(frame.pixels[0, 0, 0]) for frame in fed.decoded.items]
+        assert values == list(range(40)) and sizes == [32, 8]
+
+        def slow():
+            for image in images[:3]:
+                time.sleep(0.2)
+                yield image
+
+        started = time.monotonic()
+        feed = FrameFeed(slow(), decoder, batch=32, chunk=8)
+        first = feed.next_batch()
+        assert len(first.sources) == 1 and time.monotonic() - started < 0.4  # not held for the other two
+        feed.close()
+    finally:
+        decoder.close()

@@ -1,0 +1,169 @@
+"""Decoding files and bytes in batches (yolojet/images/decoders.py, codecs.py): OpenCV's pixels (what ultralytics
+reads with), EXIF orientation as cv2 applies it, errors per image naming it (cut-short files, pixel bombs), and each
+decoder on the machines it runs on. The references are OpenCV's `imdecode` and Pillow."""
+
+from __future__ import annotations
+
+import io
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+from ultralytics.utils import ASSETS
+
+from yolojet.errors import EngineConfigError, ImageReadError
+from yolojet.images import Frame
+from yolojet.images.codecs import check_encoded, jpeg_info
+from yolojet.images.decoders import CpuDecoder, Encoded, _upright, make_decoder
+
+BUS = ASSETS / "bus.jpg"
+CUDA = torch.cuda.is_available()
+
+
+def cv2_rgb(data: bytes) -> np.ndarray:
+    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
+
+
+def jpeg(image: Image.Image, **save) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="JPEG", **save)
+    return out.getvalue()
+
+
+def with_orientation(image: Image.Image, orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return jpeg(image, exif=exif.tobytes(), quality=95)
+
+
+@pytest.fixture(scope="module")
+def cpu_decoder():
+    decoder = CpuDecoder(torch.device("cpu"), threads=2)
+    yield decoder
+    decoder.close()
+
+
+def rgb(frame: Frame) -> np.ndarray:
+    return frame.pixels.cpu().numpy()
+
+
+def test_a_batch_keeps_its_order_and_each_error_to_its_image(cpu_decoder, tmp_path):
+    data = BUS.read_bytes()
+    (tmp_path / "half.jpg").write_bytes(data[: len(data) // 2])
+    (tmp_path / "head.jpg").write_bytes(data[:600])
+    (tmp_path / "folder.jpg").mkdir()
+    png = io.BytesIO()
+    Image.open(BUS).save(png, format="PNG")
+    items = [BUS, tmp_path / "half.jpg", data, tmp_path / "head.jpg", tmp_path / "folder.jpg", png.getvalue(),
+             tmp_path / "missing.jpg", b"not an image at all"]  # fmt: skip
+    batch = cpu_decoder.decode([Encoded.of(i) for i in items])
+    kinds = [type(o).__name__ for o in batch.items]
+    assert kinds == ["Frame", "ImageReadError", "Frame", "ImageReadError", "ImageReadError", "Frame",
+                     "ImageReadError", "ImageReadError"]  # fmt: skip
+    messages = [str(o) for o in batch.items if isinstance(o, ImageReadError)]
+    assert f"{tmp_path / 'half.jpg'}: cannot decode as an image (a JPEG cut short" in messages[0]
+    assert f"{tmp_path / 'head.jpg'}: cannot decode" in messages[1]
+    assert "is a directory" in messages[2] and "no such file" in messages[3]
+    assert "<19 bytes>: cannot decode as an image (not a JPEG, PNG" in messages[4]
+    reference = cv2_rgb(data)
+    for frame in (batch.items[0], batch.items[2], batch.items[5]):
+        assert frame.pixels.shape == (1080, 810, 3) and not frame.bgr
+        assert np.array_equal(rgb(frame), reference)
+    assert batch.items[0].path == str(BUS) and batch.items[2].path == ""
+    assert batch.items[0].encoded == data  # kept to decode the original image again on demand
+
+
+def test_cut_short_jpegs_are_errors_even_where_only_the_end_marker_is_missing(cpu_decoder):
+    data = BUS.read_bytes()
+    for cut in (len(data) // 2, 600, len(data) - 2):
+        with pytest.raises(ImageReadError, match="cannot decode"):
+            cpu_decoder.decode_one(Encoded.of(data[:cut]))
+    assert jpeg_info(data).complete and not jpeg_info(data[: len(data) - 2]).complete
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_as_opencv_applies_it(cpu_decoder, orientation):
+    stored = Image.open(BUS).convert("RGB").resize((203, 270))
+    data = with_orientation(stored, orientation)
+    assert jpeg_info(data).orientation == orientation
+    frame = cpu_decoder.decode_one(Encoded.of(data))
+    assert np.array_equal(rgb(frame), cv2_rgb(data))
+    # The orientation step the GPU's nvJPEG path applies itself, against Pillow's on the pixels as stored.
+    as_stored = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).copy())
+    upright = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    assert np.array_equal(_upright(as_stored, orientation).numpy(), upright)
+
+
+def test_cmyk_grey_progressive_and_one_pixel_jpegs(cpu_decoder):
+    photo = Image.open(BUS).convert("RGB").resize((120, 160))
+    cases = {
+        "cmyk": jpeg(photo.convert("CMYK")),
+        "grey": jpeg(photo.convert("L")),
+        "progressive": jpeg(photo, progressive=True),
+        "one pixel": jpeg(Image.new("RGB", (1, 1), (10, 200, 30))),
+    }
+    assert jpeg_info(cases["progressive"]).progressive and jpeg_info(cases["cmyk"]).components == 4
+    for name, data in cases.items():
+        frame = cpu_decoder.decode_one(Encoded.of(data))
+        diff = np.abs(rgb(frame).astype(int) - cv2_rgb(data).astype(int))
+        assert diff.max() <= (1 if name == "cmyk" else 0), name  # CMYK: the colour conversion rounds differently
+
+
+def test_pixel_limit_refuses_before_decoding(tmp_path):
+    decoder = CpuDecoder(torch.device("cpu"), max_pixels=100 * 100, threads=1)
+    try:
+        small = jpeg(Image.new("RGB", (100, 100)))
+        big = io.BytesIO()
+        Image.new("RGB", (101, 100)).save(big, format="PNG")
+        assert decoder.decode_one(Encoded.of(small)).shape == (100, 100)
+        with pytest.raises(ImageReadError, match=r"101x100 is 10,100 pixels, over the limit of 10,000"):
+            decoder.decode_one(Encoded.of(big.getvalue()))
+    finally:
+        decoder.close()
+    with pytest.raises(ImageReadError, match="empty"):
+        check_encoded(b"", "<0 bytes>", 10)
+
+
+def test_decoder_choice(monkeypatch):
+    cpu = torch.device("cpu")
+    decoder = make_decoder("auto", cpu)
+    assert decoder.name == "cpu" and "threads" in decoder.describe()
+    decoder.close()
+    with pytest.raises(EngineConfigError, match="decoder 'nvimgcodec' decodes on a CUDA GPU"):
+        make_decoder("nvimgcodec", cpu)
+    with pytest.raises(EngineConfigError, match="decoder 'fast': expected one of auto, nvimgcodec, cpu, nvjpeg"):
+        make_decoder("fast", cpu)
+    with pytest.raises(EngineConfigError, match="max_pixels 0"):
+        make_decoder("cpu", cpu, max_pixels=0)
+
+
+@pytest.mark.skipif(not CUDA, reason="the GPU decoders need a CUDA GPU")
+@pytest.mark.parametrize("name", ["nvimgcodec", "nvjpeg", "cpu"])
+def test_gpu_decoders_on_real_and_awkward_jpegs(name):
+    """Every decoder that can run here: frames on the GPU, within a level of OpenCV's pixels (nvimgcodec, cpu) or
+    close (nvjpeg); CMYK, progressive, EXIF-rotated, one-pixel and cut-short JPEGs handled per image."""
+    device = torch.device("cuda")
+    try:
+        decoder = make_decoder(name, device)
+    except EngineConfigError as e:
+        pytest.skip(str(e))
+    photo = Image.open(BUS).convert("RGB")
+    data = BUS.read_bytes()
+    one_pixel = jpeg(Image.new("RGB", (1, 1), (10, 200, 30)))
+    items = [data, (ASSETS / "zidane.jpg").read_bytes(), jpeg(photo.convert("CMYK")), jpeg(photo, progressive=True),
+             with_orientation(photo, 6), one_pixel, data[: len(data) // 2]]  # fmt: skip
+    try:
+        batch = decoder.decode([Encoded.of(i) for i in items])
+        batch.wait_on(torch.cuda.current_stream())
+        assert isinstance(batch.items[-1], ImageReadError) and "cut short" in str(batch.items[-1])
+        limit = 1 if name != "nvjpeg" else 60
+        for i, (data_i, frame) in enumerate(zip(items[:-1], batch.items[:-1], strict=True)):
+            assert isinstance(frame, Frame), f"item {i}: {frame}"
+            assert frame.pixels.device.type == "cuda"
+            ours, reference = rgb(frame).astype(int), cv2_rgb(data_i).astype(int)
+            assert ours.shape == reference.shape, f"item {i}"
+            assert np.abs(ours - reference).max() <= limit, f"item {i}"
+    finally:
+        decoder.close()

@@ -1,0 +1,85 @@
+"""Writing outputs without losing data (yolojet/outputs.py): links followed, special files written straight, whole
+files atomic, JSON lines whole and on disk as they come."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from yolojet.errors import OutputPathError
+from yolojet.outputs import JsonLines, check_output_file, write_atomically
+
+
+def test_atomic_write_follows_a_chain_of_links(tmp_path):
+    target = tmp_path / "data" / "metrics.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    (tmp_path / "middle.json").symlink_to(target)
+    (tmp_path / "first.json").symlink_to(tmp_path / "middle.json")
+    write_atomically(tmp_path / "first.json", lambda p: p.write_text("new"))
+    assert target.read_text() == "new"
+    assert (tmp_path / "first.json").is_symlink() and (tmp_path / "middle.json").is_symlink()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["metrics.json"]  # no staging file left
+
+
+def test_failed_atomic_write_keeps_the_old_file(tmp_path):
+    target = tmp_path / "report.json"
+    target.write_text("old")
+
+    def half_write(path):
+        path.write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_atomically(target, half_write)
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+def test_json_lines_are_whole_and_on_disk_as_they_come(tmp_path):
+    path = tmp_path / "out.jsonl"
+    records = JsonLines(path, sync_every=2)
+    assert not path.exists()  # created by the first record
+    records.write({"a": 1})
+    assert path.read_text() == '{"a": 1}\n'  # flushed at once
+    records.write({"b": [1, 2]})
+    records.close()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"a": 1}, {"b": [1, 2]}]
+
+    with JsonLines(path, append=True) as more:  # a resumed run keeps what is there
+        more.write({"c": None})
+    assert path.read_text().splitlines()[-1] == '{"c": null}'
+    with JsonLines(path) as fresh:
+        fresh.write({"d": 0})
+    assert path.read_text() == '{"d": 0}\n'
+
+
+def test_json_lines_through_a_link(tmp_path):
+    real = tmp_path / "real.jsonl"
+    real.write_text('{"old": true}\n')
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(real)
+    with JsonLines(link, append=True) as records:
+        records.write({"new": True})
+    assert link.is_symlink()
+    assert real.read_text() == '{"old": true}\n{"new": true}\n'
+
+
+def test_output_checks_name_what_is_wrong(tmp_path):
+    with pytest.raises(OutputPathError, match="is a directory"):
+        check_output_file(tmp_path, "--json")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OutputPathError, match="exists and is not a directory"):
+        check_output_file(blocker / "out.jsonl", "--json")
+    link = tmp_path / "to_dir"
+    link.symlink_to(tmp_path)
+    with pytest.raises(OutputPathError, match="is a directory"):
+        check_output_file(link, "--json")
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(OutputPathError, match="not writable"):
+            check_output_file(locked / "out.jsonl", "--json")

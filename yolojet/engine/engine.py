@@ -1,0 +1,555 @@
+"""The public engine: images in, results out, on our kernels where there is a GPU.
+
+`Engine.load` resolves the model, then builds the network on our Triton kernels (a CUDA device, or the CPU under
+TRITON_INTERPRET=1) or, on a machine without a GPU, on the float32 reference executor with a one-line notice, and
+picks the decoder (yolojet/images/decoders.py). `engine(images)` and `engine.stream(images)` run the whole predict
+path — decode, letterbox, network, decode of the head, NMS (or the YOLO26 one-to-one selection), boxes back to
+original pixels — and give one `Results` per image in input order; an image that cannot be read gets a `Results`
+carrying its error, and the others are still detected. Over many images, files are read and decoded on threads of
+their own (engine/feed.py) while the GPU runs the batch before, and a batch is launched before the results of the one
+before it are read. `engine.raw(x)` returns the raw head outputs.
+
+One engine may be shared by threads: every call that runs a batch holds the engine's lock while it stages, launches
+or collects one, so each caller gets its own results. The low-latency trio (`preprocess`, `run`, `get`) keeps its
+staged frames in the engine itself: use it from one thread at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolojet.engine.feed import FedBatch, FrameFeed, to_device
+from yolojet.engine.models import resolve_graph
+from yolojet.engine.network import TritonNetwork
+from yolojet.engine.predict_path import PredictOptions, PredictPath, predict_path
+from yolojet.errors import EngineConfigError, ImageReadError
+from yolojet.images import DEFAULT_MAX_PIXELS, Frame, is_encoded
+from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, make_decoder
+from yolojet.images.frames import frame_from_pixels
+from yolojet.ir import Graph, ModelMeta
+from yolojet.reference import pipeline as torch_pipeline
+from yolojet.reference.executor import ReferenceExecutor
+from yolojet.tasks import Boxes, Results
+
+TASKS_WITH_BOXES = ("detect", "segment", "pose", "obb")
+
+
+def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    return fn(*args), time.perf_counter() - start
+
+
+def _close_when_started(starting: Future) -> None:
+    """Close a decoder that was being started for a load that failed (its start's own error is the lesser one)."""
+    try:
+        starting.result()[0].close()
+    except Exception:
+        pass
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    """The device asked for (a CUDA GPU where there is one by default), checked to exist."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise EngineConfigError(f"device {device!r}: expected 'cuda', 'cuda:N' or 'cpu'") from e
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise EngineConfigError(f"device {device}: no CUDA GPU is visible here; use device='cpu'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise EngineConfigError(f"device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    elif device.type != "cpu":
+        raise EngineConfigError(f"device {device}: yolojet runs on 'cuda' or 'cpu'")
+    return device
+
+
+def _image_size(imgsz: object) -> int | tuple[int, int]:
+    """An int, or an (h, w) pair of ints, each at least 1."""
+    values = list(imgsz) if isinstance(imgsz, (tuple, list)) else [imgsz]
+    if len(values) not in (1, 2) or any(
+        isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in values
+    ):
+        raise EngineConfigError(f"imgsz {imgsz!r}: expected a positive int or an (h, w) pair of them")
+    if not isinstance(imgsz, (tuple, list)):
+        return int(values[0])
+    return int(values[0]), int(values[-1])  # a one-element list is a square
+
+
+def _integral(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
+def _real(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+
+
+def check_options(options: PredictOptions, nc: int, capacity: int) -> PredictOptions:
+    """The options checked (each error names the option and what it takes), with a lone class id as a tuple."""
+    for name in ("conf", "iou"):
+        value = getattr(options, name)
+        if not _real(value) or not 0 <= value <= 1:
+            raise EngineConfigError(f"{name} {value!r}: expected a number in [0, 1]")
+    if not _integral(options.max_det) or not 1 <= options.max_det <= capacity:
+        raise EngineConfigError(f"max_det {options.max_det!r}: expected an int in 1..{capacity}")
+    classes = options.classes
+    if classes is not None:
+        classes = [classes] if _integral(classes) else classes  # one class id, as ultralytics takes it
+        if isinstance(classes, (str, bytes)) or not isinstance(classes, Sequence | np.ndarray):
+            raise EngineConfigError(f"classes {classes!r}: expected a class id or a list of them")
+        if any(not _integral(c) or not 0 <= c < nc for c in classes):
+            raise EngineConfigError(f"classes {list(classes)}: class ids are ints from 0 to {nc - 1}")
+        classes = tuple(int(c) for c in classes)
+    return replace(options, conf=float(options.conf), iou=float(options.iou), max_det=int(options.max_det),
+                   classes=classes, agnostic=bool(options.agnostic),
+                   retina_masks=bool(options.retina_masks))  # fmt: skip
+
+
+@dataclass
+class _Run:
+    """A batch handed to the predict path: its frames (kept alive until collected), the parity of the pinned buffers
+    it uses, and, once collected, each frame's task outputs on the host."""
+
+    frames: list[Frame]
+    parity: int = 0
+    found: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class _Staged:
+    """A frame staged in a slot of the low-latency trio, and what the caller gave for it."""
+
+    frame: Frame
+    source: Any
+
+
+class Engine:
+    """A model ready to run. Build with `Engine.load`."""
+
+    def __init__(self, network: TritonNetwork | ReferenceExecutor, max_batch: int, decoder: Decoder | None = None):
+        self.network = network
+        self.max_batch = max_batch
+        self.device = network.device
+        self.decoder = decoder if decoder is not None else make_decoder("cpu", self.device)
+        self._path: PredictPath | None = predict_path(network) if isinstance(network, TritonNetwork) else None
+        self._lock = threading.RLock()
+        self._in_flight: list[_Run] = []
+        # The low-latency trio's state: each slot's staged frame, and the run that has found its results.
+        self._staged: list[_Staged | None] = [None] * max_batch
+        self._ran: list[_Run | None] = [None] * max_batch
+        self._options = PredictOptions()
+
+    @classmethod
+    def load(
+        cls,
+        model: str | Path,
+        device: str | torch.device | None = None,
+        half: bool = True,
+        max_batch: int = 1,
+        imgsz: int | tuple[int, int] | None = None,
+        backend: str | None = None,
+        tune: bool | None = None,
+        fuse: bool = True,
+        verbose: bool = False,
+        buckets: list[int] | None = None,
+        pdl: bool | None = None,
+        branches: bool | None = None,
+        decoder: str = "auto",
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> Engine:
+        """Load a model directory, `.pt`, ultralytics name or `.yaml` (exported on first use and cached).
+
+        backend "triton" runs our kernels (a CUDA device, or the CPU when TRITON_INTERPRET=1); "reference"
+        the float32 torch executor. The default is "triton" where it can run, else "reference" with a notice.
+        `tune=None` tunes conv tiles unless YOLOJET_NOTUNE=1. `buckets` overrides the batch sizes a CUDA
+        graph is captured for (default 1, 2, 4, ..., max_batch). `pdl=None` launches the network's kernels with
+        programmatic dependent launch where the GPU supports it (Hopper and later) unless YOLOJET_PDL=0.
+        `branches=None` runs independent launches, such as the head's per-level chains, on parallel streams inside
+        the captured graph on a CUDA device unless YOLOJET_BRANCHES=0; `branches=False` runs them in order.
+        `decoder` decodes files and bytes: "auto" (the GPU's hardware JPEG decoders where there are some, else CPU
+        threads), "nvimgcodec", "cpu" or "nvjpeg" (yolojet/images/decoders.py); an image of more than `max_pixels`
+        pixels is an error rather than a decode.
+        """
+        device = _device(device)
+        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
+            raise EngineConfigError(f"max_batch {max_batch!r}: expected an int of at least 1")
+        max_batch = int(max_batch)
+        if imgsz is not None:
+            imgsz = _image_size(imgsz)
+        triton_possible = device.type == "cuda" or (device.type == "cpu" and _interpreting())
+        if backend is None:
+            backend = "triton" if triton_possible else "reference"
+            if backend == "reference":
+                print(
+                    "yolojet: no CUDA GPU here; running the float32 reference executor on the CPU (slow)",
+                    file=sys.stderr,
+                )
+        if backend not in ("triton", "reference"):
+            raise EngineConfigError(f"backend {backend!r}: expected 'triton' or 'reference'")
+        if backend == "triton" and not triton_possible:
+            raise EngineConfigError(
+                f"the triton backend runs on a CUDA device, not {device}; on the CPU set TRITON_INTERPRET=1 "
+                "(slow, for tests) or use backend='reference'"
+            )
+        # The decoder starts on a thread of its own while the network is built: a GPU decoder's start (its library,
+        # the hardware's resources, a probe decode) takes seconds, mostly outside Python.
+        with ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start") as starter:
+            starting = starter.submit(_timed, make_decoder, decoder, device, max_pixels)
+            try:
+                graph = resolve_graph(model, imgsz)
+                if backend == "reference":
+                    network: TritonNetwork | ReferenceExecutor = ReferenceExecutor(graph, device)
+                else:
+                    if tune is None:
+                        tune = os.environ.get("YOLOJET_NOTUNE") != "1"
+                    network = TritonNetwork(
+                        graph, device, half=half, max_batch=max_batch, tune_layers=tune, fuse=fuse, verbose=verbose,
+                        buckets=buckets, pdl=pdl, branches=branches,
+                    )  # fmt: skip
+            except BaseException:
+                _close_when_started(starting)
+                raise
+            chosen, decoder_seconds = starting.result()
+        if isinstance(network, TritonNetwork):
+            network.startup_seconds["decoder"] = decoder_seconds  # on its own thread, beside the network's phases
+        if verbose:
+            print(f"yolojet: decoding with {chosen.describe()}", file=sys.stderr)
+        return cls(network, max_batch, chosen)
+
+    def close(self) -> None:
+        """Stop the decoder's threads (an engine left to the garbage collector stops them at exit)."""
+        self.decoder.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what the model is --------------------------------------------------------------------
+
+    @property
+    def graph(self) -> Graph:
+        return self.network.graph
+
+    @property
+    def meta(self) -> ModelMeta:
+        return self.network.graph.meta
+
+    @property
+    def names(self) -> dict[int, str]:
+        return self.meta.names
+
+    @property
+    def backend(self) -> str:
+        return "triton" if isinstance(self.network, TritonNetwork) else "reference"
+
+    @property
+    def capacity(self) -> int:
+        """The most detections an image can keep (the largest max_det)."""
+        return self._path.capacity if self._path is not None else 300
+
+    # -- raw network --------------------------------------------------------------------------
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Raw head outputs for a float NCHW batch in [0, 1], in the reference executor's form."""
+        if isinstance(self.network, TritonNetwork):
+            with self._lock:
+                return self.network.raw(x)
+        return self.network(x.to(self.device))
+
+    def dump(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        with self._lock:
+            return self.network.dump(x)
+
+    # -- options ------------------------------------------------------------------------------
+
+    def configure(
+        self,
+        conf: float = 0.25,
+        iou: float = 0.7,
+        max_det: int = 300,
+        classes: Sequence[int] | int | None = None,
+        agnostic: bool = False,
+        retina_masks: bool = False,
+    ) -> None:
+        """Set the options of later runs that set none of their own (nothing is captured again: the GPU path reads
+        them on the device).
+
+        conf, iou, max_det, classes and agnostic act as in ultralytics' predict; retina_masks builds segment
+        masks at the original resolution. Classification ignores them all.
+        """
+        given = PredictOptions(conf, iou, max_det, classes, agnostic, retina_masks)  # type: ignore[arg-type]
+        self._options = check_options(given, self.meta.nc, self.capacity)
+
+    def _call_options(self, options: dict[str, Any]) -> PredictOptions:
+        if "agnostic_nms" in options:  # ultralytics' name for it
+            options["agnostic"] = options.pop("agnostic_nms")
+        known = set(PredictOptions.__dataclass_fields__)
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise EngineConfigError(f"unknown option(s) {', '.join(unknown)}: expected {', '.join(sorted(known))}")
+        return check_options(replace(self._options, **options), self.meta.nc, self.capacity)
+
+    # -- many images in, results out ----------------------------------------------------------
+
+    def __call__(self, images: Any, **options: Any) -> list[Results]:
+        """Results for one image or a list of them (paths, bytes, numpy BGR, PIL, torch tensors), in order.
+
+        Options as `configure` (conf, iou, max_det, classes, agnostic, retina_masks) hold for this call; the
+        others are the last `configure`'s (ultralytics' defaults unless configured). An image that cannot be read
+        gets a `Results` whose `error` says why; the others are still detected.
+        """
+        sources = list(images) if isinstance(images, (list, tuple)) else [images]
+        return list(self.stream(sources, **options))
+
+    def stream(self, images: Iterable[Any], **options: Any) -> Iterator[Results]:
+        """Results for every image of any iterable, in order, as they are ready: batches of up to `max_batch`, files
+        read and decoded on other threads while the GPU runs the batch before. Options as `__call__`."""
+        chosen = self._call_options(options)
+        feed = FrameFeed(images, self.decoder, self.max_batch)
+        pending: list[tuple[FedBatch, _Run | None, list[int]]] = []
+        try:
+            while (fed := feed.next_batch()) is not None:
+                pending.append(self._submit_fed(fed, chosen))
+                while len(pending) > 1 or (pending and not self._overlaps(chosen)):
+                    yield from self._results_of(*pending.pop(0))
+            while pending:
+                yield from self._results_of(*pending.pop(0))
+        finally:
+            feed.close()
+            for _, run, _ in pending:  # a stream given up early: its batches still release their buffers
+                if run is not None:
+                    with self._lock:
+                        self._collect(run)
+
+    def _overlaps(self, options: PredictOptions) -> bool:
+        """Whether a batch may be launched before the one before it is collected."""
+        return self._on_path(options) and self._path.depth > 1  # type: ignore[union-attr]
+
+    def _submit_fed(self, fed: FedBatch, options: PredictOptions) -> tuple[FedBatch, _Run | None, list[int]]:
+        frames = [item for item in fed.decoded.items if isinstance(item, Frame)]
+        slots = [i for i, item in enumerate(fed.decoded.items) if isinstance(item, Frame)]
+        if not frames:
+            return fed, None, slots
+        with self._lock:
+            run = self._submit(frames, options, fed.decoded.ready)
+        return fed, run, slots
+
+    def _results_of(self, fed: FedBatch, run: _Run | None, slots: list[int]) -> Iterator[Results]:
+        if run is not None:
+            with self._lock:
+                self._collect(run)
+        found = dict(zip(slots, run.found if run is not None else [], strict=True))
+        for i, (source, item) in enumerate(zip(fed.sources, fed.decoded.items, strict=True)):
+            if isinstance(item, Frame):
+                yield make_results(self.meta, found[i], item, source)
+            else:
+                path = str(source) if isinstance(source, (str, Path)) else ""
+                yield Results(names=self.names, path=path, error=str(item))
+
+    # -- the runs: one batch at a time through the predict path ------------------------------
+
+    def _on_path(self, options: PredictOptions) -> bool:
+        """Whether runs go through the captured GPU path (retina masks are built by the torch path)."""
+        return self._path is not None and not options.retina_masks
+
+    def _submit(self, frames: list[Frame], options: PredictOptions, ready: Sequence[torch.cuda.Event] = ()) -> _Run:
+        """Stage and launch a batch (under the lock). On the GPU path it returns at once; a parity whose last batch
+        has not been collected is collected first."""
+        if not self._on_path(options):
+            return _Run(frames, found=self._run_torch_path(frames, options))
+        path = self._path
+        assert path is not None
+        if len(self._in_flight) >= path.depth:
+            self._collect(self._in_flight[0])
+        parity = 1 - self._in_flight[-1].parity if self._in_flight else 0
+        path.wait_for(ready)
+        path.stage(parity, frames, options)
+        path.launch(len(frames), parity)
+        run = _Run(frames, parity)
+        self._in_flight.append(run)
+        return run
+
+    def _collect(self, run: _Run) -> None:
+        """Wait for a run and read its results (under the lock); a collected run is left as it is."""
+        if run.found is not None:
+            return
+        for earlier in list(self._in_flight):  # runs finish in order: collect those launched before it first
+            earlier.found = self._path.collect(earlier.parity)  # type: ignore[union-attr]
+            self._in_flight.remove(earlier)
+            if earlier is run:
+                return
+
+    # -- the low-latency trio -------------------------------------------------------------------
+
+    def preprocess(self, frame: Any, slot: int = 0) -> None:
+        """Stage one image (any accepted kind; a CUDA tensor stays on the GPU, copied) in batch slot `slot`."""
+        if not _integral(slot) or not 0 <= slot < self.max_batch:
+            raise EngineConfigError(f"slot {slot}: this engine has slots 0..{self.max_batch - 1}")
+        if is_encoded(frame):
+            batch = self.decoder.decode([Encoded.of(frame)])
+            decoded = batch.items[0]
+            if isinstance(decoded, ImageReadError):
+                raise decoded
+        else:
+            decoded = frame_from_pixels(frame)
+            if decoded.pixels.device == self.device:
+                decoded = Frame(decoded.pixels.clone(), decoded.bgr, decoded.path)  # the caller may reuse its tensor
+            else:
+                decoded = to_device(decoded, self.decoder)
+            batch = DecodedBatch([decoded], self.decoder.cpu.ready_events())
+        if self.device.type == "cuda":
+            batch.wait_on(torch.cuda.current_stream(self.device))  # the run waits for the caller's stream
+        with self._lock:
+            self._staged[slot] = _Staged(decoded, None if is_encoded(frame) else frame)
+            self._ran[slot] = None
+
+    def run_async(self, batch: int = 1) -> None:
+        """Start the whole path on slots [0, batch); on a GPU this is one graph launch and returns at once."""
+        if not _integral(batch) or not 1 <= batch <= self.max_batch:
+            raise EngineConfigError(f"run({batch!r}): this engine runs 1..{self.max_batch} frames (max_batch)")
+        with self._lock:
+            staged = self._staged[:batch]
+            if any(s is None for s in staged):
+                raise EngineConfigError(f"run({batch}): stage a frame into each of slots 0..{batch - 1} first")
+            run = self._submit([s.frame for s in staged], self._options)  # type: ignore[union-attr]
+            self._ran[:batch] = [run] * batch
+
+    def sync(self) -> None:
+        """Wait for the last `run_async`."""
+        with self._lock:
+            for run in self._ran:
+                if run is not None:
+                    self._collect(run)
+
+    def run(self, batch: int = 1) -> None:
+        self.run_async(batch)
+        self.sync()
+
+    def get(self, slot: int = 0) -> Results:
+        """What the last run found in slot `slot`, in its original image's pixels."""
+        if not _integral(slot) or not 0 <= slot < self.max_batch:
+            raise EngineConfigError(f"slot {slot!r}: this engine has slots 0..{self.max_batch - 1}")
+        with self._lock:
+            run = self._ran[slot]
+            if run is None:
+                raise EngineConfigError(f"slot {slot}: no results for the frame staged there; run() after preprocess()")
+            self._collect(run)
+            staged = self._staged[slot]
+        assert run.found is not None and staged is not None
+        return make_results(self.meta, run.found[slot], run.frames[slot], staged.source)
+
+    # -- the torch path ---------------------------------------------------------------------------
+
+    def _run_torch_path(self, frames: list[Frame], o: PredictOptions) -> list[dict[str, Any]]:
+        """Pre-processing, network and post-processing with torch ops around `raw`: the reference backend's
+        path, and the Triton backend's for segment with retina masks."""
+        if self.meta.task == "classify":
+            from yolojet.reference.classify import classify_preprocess
+
+            h, w = self.meta.imgsz
+            batch = torch.stack([classify_preprocess(f, h if h == w else (h, w)) for f in frames]).to(self.device)
+            return [{"probs": p.float().cpu()} for p in self.raw(batch)]
+        boxes, inputs = [], []
+        for frame in frames:
+            x, box = torch_pipeline.letterbox(frame, self.meta.imgsz)
+            inputs.append(x.to(self.device))
+            boxes.append(box)
+        raw = self.raw(torch.stack(inputs))
+        classes = list(o.classes) if o.classes is not None else None
+        common = {"conf": o.conf, "iou": o.iou, "max_det": o.max_det, "classes": classes, "agnostic": o.agnostic,
+                  "end2end": self.meta.end2end}  # fmt: skip
+        task = self.meta.task
+        if task == "segment":
+            from yolojet.reference.segment import segment_postprocess
+
+            found = segment_postprocess(raw[0], raw[1], boxes, self.meta.imgsz, nc=self.meta.nc,
+                                        retina_masks=o.retina_masks, **common)  # fmt: skip
+            return [{"boxes": rows.cpu(), "masks": masks.cpu()} for rows, masks in found]
+        if task == "pose":
+            from yolojet.reference.pose import pose_postprocess
+
+            found = pose_postprocess(raw, boxes, nc=self.meta.nc, kpt_shape=self.meta.kpt_shape, **common)
+            return [{"boxes": rows.cpu(), "keypoints": kpts.cpu()} for rows, kpts in found]
+        if task == "obb":
+            from yolojet.reference.obb import obb_postprocess
+
+            return [{"obb": rows.cpu()} for rows in obb_postprocess(raw, boxes, nc=self.meta.nc, **common)]
+        if self.meta.end2end:
+            found = torch_pipeline.select_end2end(raw, o.conf, o.max_det, classes)
+        else:
+            found = torch_pipeline.non_max_suppression(
+                raw, self.meta.nc, o.conf, o.iou, o.max_det, agnostic=o.agnostic, classes=classes
+            )
+        return [
+            {"boxes": torch_pipeline.scale_boxes(rows.clone(), box).cpu()}
+            for rows, box in zip(found, boxes, strict=True)
+        ]
+
+
+def _original_image(frame: Frame | None, source: Any) -> np.ndarray:
+    """ultralytics' orig_img of a frame, made when asked for: from what the caller gave where it gave pixels (its own
+    BGR array as it is), else from the frame's file bytes, decoded again on the CPU."""
+    if isinstance(source, np.ndarray) and source.dtype == np.uint8 and source.ndim == 3 and source.shape[2] == 3:
+        return source
+    if source is not None and not is_encoded(source):
+        return frame_from_pixels(source).original_bgr()
+    assert frame is not None
+    return frame.original_bgr()
+
+
+def _array(values: Any) -> np.ndarray:
+    return values.numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+
+
+def make_results(meta: ModelMeta, found: dict[str, Any], frame: Frame, source: Any = None) -> Results:
+    """A `Results` from one image's task outputs (numpy arrays or torch tensors on the CPU); its original image is
+    made when asked for, from what `_original_image` keeps (never the decoded pixels on the device)."""
+    shape = frame.shape
+    parts: dict[str, Any] = {}
+    if "boxes" in found:
+        parts["boxes"] = Boxes(_array(found["boxes"])[:, :6].astype(np.float32), shape)
+    if "masks" in found:
+        from yolojet.tasks.segment import Masks
+
+        parts["masks"] = Masks(_array(found["masks"]).astype(bool))
+    if "keypoints" in found:
+        from yolojet.tasks.pose import Keypoints
+
+        parts["keypoints"] = Keypoints(_array(found["keypoints"]).astype(np.float32), shape)
+    if "obb" in found:
+        from yolojet.tasks.obb import OBB
+
+        parts["obb"] = OBB(_array(found["obb"]).astype(np.float32), shape)
+    if "probs" in found:
+        from yolojet.tasks.classify import Probs
+
+        parts["probs"] = Probs(_array(found["probs"]).astype(np.float32))
+    # Kept for the original image: what the caller gave, or the file's bytes; never the decoded pixels.
+    keep: Frame | None = frame
+    if source is not None and not is_encoded(source):
+        keep = None
+    elif frame.encoded is not None:
+        keep = Frame(torch.empty(0, 0, 3, dtype=torch.uint8), frame.bgr, frame.path, frame.encoded)
+    return Results(names=meta.names, path=frame.path, image=partial(_original_image, keep, source),
+                   orig_shape=shape, **parts)  # fmt: skip

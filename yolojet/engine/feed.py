@@ -1,0 +1,203 @@
+"""A stream of images in, batches of decoded frames out: files read and decoded ahead of the engine, on threads of
+their own, so that decoding the next images overlaps running the ones before.
+
+Two threads a stream. The source thread walks the caller's iterable (so a slow source, a camera or a network, does
+not hold up decoding) and hands each image to the decoder at once (`prepare`: the CPU pool starts decoding it, or
+the file is read and its header checked for the GPU decoder). The decode thread cuts chunks of up to `chunk`
+images (`finish`: one GPU decode call a chunk, then the CPU pool's results); a chunk of an iterable of unknown
+length is cut short when no next image is ready, so a slow source gets small chunks and low latency, while a list
+is cut into full chunks. The engine takes the chunks ready when it is free, as many as fit
+one batch of `batch` images: a long stream runs full batches while the next ones decode, and even one call of
+`batch` files overlaps decoding its later chunks with running its first. At most two batches of images are on
+their way at once, which bounds the memory a fast source can take.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Sized
+from dataclasses import dataclass
+from typing import Any
+
+from yolojet.errors import ImageReadError
+from yolojet.images import Frame, is_encoded
+from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, Pending
+from yolojet.images.frames import frame_from_pixels
+
+_END = object()
+_LINGER_S = 0.002  # how long a cut waits for a next image that is on its way (a list's next path is, at once)
+# Images a decode call. On the H200 the hardware decoders took 1080x810 JPEGs at 5,206 / 7,365 / 9,190 / 9,684
+# img/s in calls of 8 / 16 / 32 / 64 (bench/NOTES.md): 32 is near full speed and still lets a call of 64 images
+# overlap decoding its second half with running its first.
+CHUNK = 32
+
+
+@dataclass
+class FedBatch:
+    """A batch of the caller's images, in order: what each was (for naming it), and its frame or its error."""
+
+    sources: list[Any]
+    decoded: DecodedBatch
+
+
+class FrameFeed:
+    """`next_batch` (or iterating) gives `FedBatch`es of the images of `images`, in order; `close` stops the threads
+    (reaching the end closes too)."""
+
+    def __init__(self, images: Iterable[Any], decoder: Decoder, batch: int, chunk: int = CHUNK) -> None:
+        self.decoder, self.batch, self.chunk = decoder, batch, max(1, min(chunk, batch))
+        # A sized collection (a list of paths) is cut into full chunks: nothing of it is on its way slowly.
+        self._whole_chunks = isinstance(images, Sized)
+        self._items: queue.Queue = queue.Queue(maxsize=2 * batch)
+        self._chunks: queue.Queue = queue.Queue(maxsize=max(2, 2 * batch // self.chunk))
+        self._stop = threading.Event()
+        self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
+        self._done = False
+        self._threads = [
+            threading.Thread(target=self._walk, args=(images,), name="yolojet-feed-source", daemon=True),
+            threading.Thread(target=self._decode, name="yolojet-feed-decode", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def __iter__(self) -> Iterator[FedBatch]:
+        try:
+            while (fed := self.next_batch()) is not None:
+                yield fed
+        finally:
+            self.close()
+
+    def next_batch(self) -> FedBatch | None:
+        """The next chunk (waiting for it), with every further chunk already decoded that fits one batch; None at
+        the end. Raises what the caller's iterable raised, after the images before it."""
+        first = self._held if self._held is not None else self._get(block=True)
+        self._held = None
+        if not isinstance(first, FedBatch):
+            return self._ended(first)
+        parts = [first]
+        size = len(first.sources)
+        while size < self.batch:
+            more = self._get(block=False)
+            if more is None:
+                break
+            if not isinstance(more, FedBatch) or size + len(more.sources) > self.batch:
+                self._held = more  # the end, a failure, or a chunk for the next batch
+                break
+            parts.append(more)
+            size += len(more.sources)
+        if len(parts) == 1:
+            return first
+        items = [i for p in parts for i in p.decoded.items]
+        ready = [e for p in parts for e in p.decoded.ready]
+        return FedBatch([s for p in parts for s in p.sources], DecodedBatch(items, ready))
+
+    def _get(self, block: bool) -> object | None:
+        """A chunk, the end marker or a failure from the decode thread; None when none is there (not blocking)."""
+        if self._done:
+            return _END
+        try:
+            return self._chunks.get(block=block)
+        except queue.Empty:
+            return None
+
+    def _ended(self, marker: object | None) -> None:
+        self._done = True
+        if isinstance(marker, BaseException):
+            raise marker
+        return None
+
+    def close(self) -> None:
+        self._stop.set()
+        for q in (self._items, self._chunks):  # unblock a thread waiting to put
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=30)
+
+    def _put(self, q: queue.Queue, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _walk(self, images: Iterable[Any]) -> None:
+        try:
+            for image in images:
+                if self._stop.is_set() or not self._put(self._items, (image, self._prepare(image))):
+                    return
+        except BaseException as e:  # the caller's iterable failed: report it after the images before it
+            self._put(self._items, _Failure(e))
+            return
+        self._put(self._items, _END)
+
+    def _prepare(self, image: Any) -> Pending:
+        if is_encoded(image):
+            return self.decoder.prepare(Encoded.of(image))
+        return Pending(Encoded(b"", ""), outcome=_in_memory(image, self.decoder))
+
+    def _take(self) -> tuple[list[tuple[Any, Pending]], object | None]:
+        """Up to `chunk` images (waiting for the first), and the end marker or failure that followed, if any."""
+        items: list[tuple[Any, Pending]] = []
+        whole = self._whole_chunks
+        while not self._stop.is_set() and len(items) < self.chunk:
+            try:
+                item = self._items.get(timeout=0.1 if not items or whole else _LINGER_S)
+            except queue.Empty:
+                if items and not whole:
+                    break
+                continue
+            if item is _END or isinstance(item, _Failure):
+                return items, item
+            items.append(item)
+        return items, None
+
+    def _decode(self) -> None:
+        try:
+            while not self._stop.is_set():
+                items, last = self._take()
+                if items:
+                    decoded = self.decoder.finish([pending for _, pending in items])
+                    if not self._put(self._chunks, FedBatch([image for image, _ in items], decoded)):
+                        return
+                if last is not None:
+                    self._put(self._chunks, last.error if isinstance(last, _Failure) else _END)
+                    return
+        except BaseException as e:
+            self._put(self._chunks, e)
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+def _in_memory(item: Any, decoder: Decoder) -> Frame | ImageReadError:
+    """An image given as pixels, on the decoder's device (copied there from host memory on its copy stream, which
+    the chunk's events cover)."""
+    try:
+        frame = frame_from_pixels(item)
+    except ImageReadError as e:
+        return e
+    return to_device(frame, decoder)
+
+
+def to_device(frame: Frame, decoder: Decoder) -> Frame:
+    """The frame on the decoder's device: a CUDA frame on another GPU copied over, a host frame through pinned
+    memory on the decoder's copy stream (its `ready_events` cover the copy)."""
+    device = decoder.cpu.device
+    pixels = frame.pixels
+    if pixels.device == device:
+        return frame
+    if pixels.device.type == "cuda" or device.type != "cuda":
+        pixels = pixels.to(device)
+    else:
+        pixels = decoder.cpu.to_device(pixels)
+    return Frame(pixels, frame.bgr, frame.path, frame.encoded)

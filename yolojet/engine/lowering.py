@@ -1,0 +1,563 @@
+"""Lowering: each IR node (or fused group of nodes) becomes a `Launch` of one of our Triton kernels.
+
+A `Launch` is bound to device views for one batch size, so running the network is calling the
+launches in order, and capturing it is calling them inside a CUDA graph. Weights are packed once
+per engine (`PackedWeights`) and shared by every batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from yolojet.engine.plan import MemoryPlan
+from yolojet.errors import GraphError
+from yolojet.ir import Graph, Node
+from yolojet.kernels.attention import AttentionTile, attention_candidate_tiles, default_attention_tile, psa_attention
+from yolojet.kernels.classify import classify_head, classify_head_scratch, global_avg_pool_nhwc
+from yolojet.kernels.conv import (
+    ConvConfig,
+    conv2d_nhwc,
+    conv_candidate_configs,
+    default_config,
+    pixels_are_words,
+    tma_loadable,
+    tma_patch_loadable,
+    tma_storable,
+    two_input_candidates,
+)
+from yolojet.kernels.decode import DecodeSpec, decode_heads
+from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
+from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
+from yolojet.kernels.pool import maxpool2d_nhwc, sppf_pools
+from yolojet.reference.executor import OPS as REFERENCE_OPS
+
+# view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
+ViewFn = Callable[..., torch.Tensor]
+# What tuning picks for a launch: a conv's tile, a depthwise conv's or the attention's blocking
+TileConfig = ConvConfig | DwConvTile | AttentionTile
+
+
+@dataclass
+class Launch:
+    """One kernel launch bound to its views; `tune_key` is set for launches whose tile config is tuned."""
+
+    family: str
+    nodes: list[str]  # the IR nodes this launch completes (more than one when fused)
+    outputs: list[str]
+    run: Callable[..., None]  # run(compile_only=True) compiles the kernels it launches, launching nothing
+    tune_key: str | None = None
+    configure: Callable[[TileConfig], None] | None = None
+    compile: Callable[[TileConfig], None] | None = None  # compiles a candidate without launching it
+    candidates: list[TileConfig] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)  # values read and written: what orders it against others
+    writes: list[str] = field(default_factory=list)
+    # Split-K scratch: the launch's slot in SplitKScratch, and the (partials, arrivals) its current tile needs
+    split_slot: int = -1
+    split_need: Callable[[], tuple[int, int]] = lambda: (0, 0)
+    # Launches that can also write their output to pinned host memory (the classifier's probabilities): sets or
+    # clears that copy; TritonNetwork.copying_output scopes it to one block of runs or captures.
+    copy_output: Callable[[torch.Tensor | None], None] | None = None
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class SplitKScratch:
+    """The partial tiles and arrival counts of split-K conv launches.
+
+    Each split-K launch has a slot. Until `lay_out` runs (while tiles are compiled and timed one launch at a
+    time) every slot uses the whole shared area, which lowering sizes for the largest candidate; launches read
+    the tensors when they run, so growth then is fine. `lay_out`, called with the tiles picked and before CUDA
+    graphs are captured (they hold the addresses), gives each slot that splits K its own part, so launches on
+    parallel streams never share one. Every launch leaves its arrival counts at zero.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.partials = torch.empty(0, dtype=torch.float32, device=device)
+        self.arrivals = torch.zeros(0, dtype=torch.int32, device=device)
+        self.slots = 0
+        self.parts: dict[int, tuple[slice, slice]] = {}  # slot -> its (partials, arrivals) once laid out
+
+    def new_slot(self) -> int:
+        self.slots += 1
+        return self.slots - 1
+
+    def reserve(self, partials: int, arrivals: int) -> None:
+        if partials > self.partials.numel():
+            self.partials = torch.empty(partials, dtype=torch.float32, device=self.partials.device)
+        if arrivals > self.arrivals.numel():
+            self.arrivals = torch.zeros(arrivals, dtype=torch.int32, device=self.arrivals.device)
+
+    def lay_out(self, needs: dict[int, tuple[int, int]]) -> None:
+        """Give each slot its own (partials, arrivals) part of the sizes given."""
+        self.reserve(sum(_round_up(p, 4) for p, _ in needs.values()), sum(_round_up(a, 4) for _, a in needs.values()))
+        self.parts = {}
+        partials = arrivals = 0
+        for slot, (p, a) in sorted(needs.items()):
+            self.parts[slot] = (slice(partials, partials + p), slice(arrivals, arrivals + a))
+            # Parts start 16-byte aligned, as the whole area does: Triton specializes kernels on pointer
+            # alignment, and the tiles were timed with aligned pointers.
+            partials, arrivals = partials + _round_up(p, 4), arrivals + _round_up(a, 4)
+
+    def views(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        part = self.parts.get(slot)
+        if part is None:
+            return self.partials, self.arrivals
+        return self.partials[part[0]], self.arrivals[part[1]]
+
+
+class PackedWeights:
+    """Weights in the layouts the kernels read: conv [C_out, kh, kw, C_in], depthwise [C, kh, kw], bias fp32.
+
+    `widened` (the plan's) maps values to the channel count their convs work on: a conv writing such a value
+    gets zero weight rows and zero bias for the extra output channels, a conv reading it zero weights for the
+    extra input channels.
+    """
+
+    def __init__(
+        self, graph: Graph, device: torch.device, dtype: torch.dtype, widened: dict[str, int] | None = None
+    ) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        widened = widened or {}
+        for node in graph.nodes:
+            w = {role: torch.from_numpy(a) for role, a in graph.node_weights(node).items()}
+            if node.op == "conv":
+                weight, bias = w["weight"], w["bias"]
+                if node.attrs["groups"] == 1:
+                    packed = weight.permute(0, 2, 3, 1)
+                    extra_in = widened.get(node.inputs[0], packed.shape[3]) - packed.shape[3]
+                    extra_out = widened.get(node.outputs[0], packed.shape[0]) - packed.shape[0]
+                    packed = torch.nn.functional.pad(packed, (0, extra_in, 0, 0, 0, 0, 0, extra_out))
+                    bias = torch.nn.functional.pad(bias, (0, extra_out))
+                else:
+                    packed = weight[:, 0]
+                self._put(node, "weight", packed, dtype, device)
+                self._put(node, "bias", bias, torch.float32, device)
+            elif node.op == "conv_transpose":
+                # One 1x1 conv per kernel tap (dy, dx): weight (C_in, C_out, 2, 2) -> 4 x (C_out, 1, 1, C_in).
+                weight = w["weight"]
+                for dy in range(weight.shape[2]):
+                    for dx in range(weight.shape[3]):
+                        tap = weight[:, :, dy, dx].T[:, None, None, :]
+                        self._put(node, f"weight{dy}{dx}", tap, dtype, device)
+                self._put(node, "bias", w["bias"], torch.float32, device)
+            elif node.op == "linear":
+                self._put(node, "weight", w["weight"], dtype, device)
+                self._put(node, "bias", w["bias"], torch.float32, device)
+            elif node.weights:
+                raise GraphError(f"node {node.name}: no weight packing for op {node.op}")
+
+    def _put(self, node: Node, role: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
+        self.tensors[f"{node.name}.{role}"] = t.to(device=device, dtype=dtype).contiguous()
+
+    def get(self, node: Node, role: str) -> torch.Tensor:
+        return self.tensors[f"{node.name}.{role}"]
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _conv_tune_key(
+    family: str, x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, node: Node, residual: bool
+) -> str:
+    a = node.attrs
+    return (
+        f"{family}|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}|o{tuple(out.shape)}s{tuple(out.stride())}"
+        f"|w{tuple(weight.shape)}|st{a['stride']}|p{a['padding']}|d{a['dilation']}|{a['activation']}|r{int(residual)}"
+    )
+
+
+def _lower_conv(
+    node: Node,
+    view: ViewFn,
+    weights: PackedWeights,
+    scratch: SplitKScratch,
+    pdl: bool,
+    fold: tuple[Node, Node] | None = None,
+) -> Launch:
+    """A conv; with `fold` = (upsample, concat) nodes feeding it (plan.upsample_folds), it reads the upsample's
+    input through a nearest upsample and the concat's other part as a second input, and the launch covers the
+    upsample node too. With `fold` = (None, concat) (plan.concat_folds) it reads the concat's first part where
+    it lies, the part the concat would copy, and the concat's slice of its second part as a second input."""
+    a = node.attrs
+    x, out = view(node.inputs[0], widened=True), view(node.outputs[0], widened=True)
+    residual = view(node.inputs[1]) if len(node.inputs) > 1 else None
+    second, scale, nodes, key_suffix = None, 1, [node.name], ""
+    if fold is not None:
+        up, cat = fold
+        # The concat's slice of its second part: placed there by its producer or by a copy.
+        second = x[..., view(cat.inputs[0]).shape[3] :]
+        if up is not None:
+            x, scale, nodes = view(up.inputs[0], widened=True), int(up.attrs["scale"]), [up.name, node.name]
+        else:
+            # The concat node joins the launch, so the launch reads both of its parts (stream order).
+            x, nodes = view(cat.inputs[0]), [cat.name, node.name]
+        key_suffix = f"|up{scale}|second{tuple(second.shape)}s{tuple(second.stride())}"
+    weight, bias = weights.get(node, "weight"), weights.get(node, "bias")
+    stride, padding, dilation = _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"])
+    if a["groups"] != 1:
+        if a["groups"] != x.shape[3] or weight.shape[0] != x.shape[3] or dilation != (1, 1) or stride[0] != stride[1]:
+            raise GraphError(f"node {node.name}: grouped conv with groups={a['groups']} has no kernel")
+        return _lower_depthwise(node, x, out, weight, bias, residual, stride[0], padding[0], pdl)
+
+    batch, oh, ow, c_out = out.shape
+    m, k = batch * oh * ow, weight.shape[1] * weight.shape[2] * weight.shape[3]
+    is_1x1 = weight.shape[1] == weight.shape[2] == 1
+    chosen = [default_config(m, c_out, k, is_1x1, x.dtype)]
+    whole_pixels = pixels_are_words(x)
+    c_in = x.shape[3] + (0 if second is None else second.shape[3])
+    if second is None:
+        candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=c_in, whole_pixels=whole_pixels)
+    else:
+        candidates = two_input_candidates(m, c_out, c_in, x.dtype)
+
+    # The TMA kernels: a 1x1 conv as a plain GEMM, or a k x k conv (stride 1, or 2 in whole K blocks) on patches.
+    def tma_fits(config: ConvConfig) -> bool:
+        if config.tma_store and not tma_storable(out, patches=config.tile_w > 0):
+            return False
+        if not config.tma:
+            return True
+        if second is not None or scale != 1:
+            return False
+        if config.tile_w:
+            return not is_1x1 and tma_patch_loadable(x, weight, stride, config.block_k)
+        return is_1x1 and stride == (1, 1) and padding == (0, 0) and tma_loadable(x, weight)
+
+    candidates = [c for c in candidates if tma_fits(c)]
+    for config in candidates:
+        scratch.reserve(*config.split_scratch(m, c_out))
+    slot = scratch.new_slot()
+
+    def run(compile_only: bool = False) -> None:
+        partials, arrivals = scratch.views(slot)
+        conv2d_nhwc(
+            out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
+            residual=residual, upsample=scale, second=second, config=chosen[0], pdl=pdl, partials=partials,
+            arrivals=arrivals, compile_only=compile_only,
+        )  # fmt: skip
+
+    def configure(config: ConvConfig) -> None:
+        scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
+        if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
+            config = replace(config, whole_pixels=False)
+        if not tma_fits(config):  # nor TMA-store today's output (alignment): the same tile, stored by its threads
+            config = replace(config, tma_store=False)
+        if not tma_fits(config):  # nor TMA-load today's operands: the same tile, gathered
+            config = replace(config, tma=False, persistent=False, tile_w=0)
+        chosen[0] = config
+
+    def compile_config(config: ConvConfig) -> None:
+        conv2d_nhwc(
+            out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
+            residual=residual, upsample=scale, second=second, config=config, pdl=pdl, compile_only=True,
+            partials=scratch.partials, arrivals=scratch.arrivals,
+        )  # fmt: skip
+
+    return Launch(
+        "conv",
+        nodes,
+        list(node.outputs),
+        run,
+        tune_key=_conv_tune_key("conv", x, out, weight, node, residual is not None) + key_suffix,
+        configure=configure,
+        compile=compile_config,
+        candidates=candidates,
+        split_slot=slot,
+        split_need=lambda: chosen[0].split_scratch(m, c_out),
+    )
+
+
+def _lower_depthwise(
+    node: Node,
+    x: torch.Tensor,
+    out: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor | None,
+    stride: int,
+    padding: int,
+    pdl: bool,
+) -> Launch:
+    """A depthwise conv, its blocking tuned like a conv's tile."""
+    activation = node.attrs["activation"]
+    chosen = [default_dwconv_tile(x.shape[3])]
+
+    def launch(tile: DwConvTile, compile_only: bool = False) -> None:
+        dwconv2d_nhwc(
+            out, x, weight, bias, stride=stride, padding=padding, activation=activation, residual=residual,
+            tile=tile, pdl=pdl, compile_only=compile_only,
+        )  # fmt: skip
+
+    def configure(tile: DwConvTile) -> None:
+        chosen[0] = tile
+
+    return Launch(
+        "dwconv",
+        [node.name],
+        list(node.outputs),
+        lambda compile_only=False: launch(chosen[0], compile_only),
+        tune_key=_conv_tune_key("dwconv", x, out, weight, node, residual is not None),
+        configure=configure,
+        compile=lambda tile: launch(tile, compile_only=True),
+        candidates=dwconv_candidate_tiles(
+            x.shape[3],
+            x.dtype,
+            walks_rows=tuple(weight.shape[1:]) == (3, 3) and stride == 1,
+            pixels=out[..., 0].numel(),
+        ),
+    )
+
+
+def _lower_conv_transpose(node: Node, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
+    """A stride-2, 2x2 transposed conv is four 1x1 convs, each writing every other row and column."""
+    sy, sx = _pair(node.attrs["stride"])
+    taps = [key for key in weights.tensors if key.startswith(f"{node.name}.weight")]
+    if (sy, sx) != (2, 2) or _pair(node.attrs["padding"]) != (0, 0) or len(taps) != 4:
+        raise GraphError(f"node {node.name}: only 2x2 stride-2 transposed convs without padding have a kernel")
+    x, out, bias = view(node.inputs[0]), view(node.outputs[0]), weights.get(node, "bias")
+    parts = [(out[:, dy::2, dx::2, :], weights.get(node, f"weight{dy}{dx}")) for dy in (0, 1) for dx in (0, 1)]
+
+    def run(compile_only: bool = False) -> None:
+        for target, weight in parts:
+            conv2d_nhwc(target, x, weight, bias, activation="identity", pdl=pdl, compile_only=compile_only)
+
+    return Launch("conv", [node.name], list(node.outputs), run)
+
+
+def _sppf_chain(graph: Graph, start: int) -> list[Node]:
+    """Maxpools chained on each other's outputs with the same stride-1 'same' window: SPPF's pools."""
+    first = graph.nodes[start]
+    chain = [first]
+    attrs = first.attrs
+    if _pair(attrs["stride"]) != (1, 1) or _pair(attrs["padding"]) != tuple(k // 2 for k in _pair(attrs["kernel"])):
+        return chain
+    for node in graph.nodes[start + 1 :]:
+        if node.op == "maxpool" and node.attrs == attrs and node.inputs == chain[-1].outputs:
+            chain.append(node)
+    return chain
+
+
+def _lower_pools(chain: list[Node], view: ViewFn, pdl: bool) -> Launch | None:
+    """SPPF's pools as one launch, when their outputs are equally spaced slices with one set of strides."""
+    if len(chain) < 2:
+        return None
+    outs = [view(n.outputs[0]) for n in chain]
+    step = outs[1].data_ptr() - outs[0].data_ptr()
+    spaced = step > 0 and all(o.data_ptr() - outs[0].data_ptr() == i * step for i, o in enumerate(outs))
+    if not spaced or any(o.stride() != outs[0].stride() for o in outs):
+        return None
+    x = view(chain[0].inputs[0])
+    kernel = _pair(chain[0].attrs["kernel"])[0]
+
+    def run(compile_only: bool = False) -> None:
+        sppf_pools(outs, x, kernel=kernel, repeats=len(outs), pdl=pdl, compile_only=compile_only)
+
+    return Launch("pool", [n.name for n in chain], [n.outputs[0] for n in chain], run)
+
+
+def _lower_maxpool(node: Node, view: ViewFn, pdl: bool) -> Launch:
+    x, out = view(node.inputs[0]), view(node.outputs[0])
+    (kernel, _), (stride, _), (padding, _) = (_pair(node.attrs[k]) for k in ("kernel", "stride", "padding"))
+
+    def run(compile_only: bool = False) -> None:
+        maxpool2d_nhwc(out, x, kernel=kernel, stride=stride, padding=padding, pdl=pdl, compile_only=compile_only)
+
+    return Launch("pool", [node.name], list(node.outputs), run)
+
+
+def _lower_attention(node: Node, out: torch.Tensor, ins: list[torch.Tensor], pdl: bool) -> Launch:
+    """PSA attention, its blocking tuned like a conv's tile."""
+    q, k, v = ins
+    heads, scale = node.attrs["num_heads"], node.attrs["scale"]
+    tokens = q.shape[1] * q.shape[2]
+    chosen = [default_attention_tile(tokens, q.dtype)]
+
+    def run(compile_only: bool = False) -> None:
+        psa_attention(out, q, k, v, num_heads=heads, scale=scale, tile=chosen[0], pdl=pdl, compile_only=compile_only)
+
+    def configure(tile: AttentionTile) -> None:
+        chosen[0] = tile
+
+    def compile_tile(tile: AttentionTile) -> None:
+        psa_attention(out, q, k, v, num_heads=heads, scale=scale, tile=tile, pdl=pdl, compile_only=True)
+
+    views = "".join(
+        f"|{name}{tuple(t.shape)}s{tuple(t.stride())}" for name, t in zip("qkvo", (q, k, v, out), strict=True)
+    )
+    return Launch(
+        "attention",
+        [node.name],
+        list(node.outputs),
+        run,
+        tune_key=f"attention|{q.dtype}{views}|h{heads}",
+        configure=configure,
+        compile=compile_tile,
+        candidates=attention_candidate_tiles(tokens, q.dtype),
+    )
+
+
+def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
+    ins = [view(i) for i in node.inputs]
+    outs = [view(o) for o in node.outputs]
+    a = node.attrs
+    if node.op == "upsample":
+
+        def run(compile_only: bool = False) -> None:
+            upsample_nearest_nhwc(outs[0], ins[0], a["scale"], pdl=pdl, compile_only=compile_only)
+
+        family = "elementwise"
+    elif node.op == "add":
+
+        def run(compile_only: bool = False) -> None:
+            add_nhwc(outs[0], ins[0], ins[1], pdl=pdl, compile_only=compile_only)
+
+        family = "elementwise"
+    elif node.op == "attention":
+        return _lower_attention(node, outs[0], ins, pdl)
+    elif node.op == "global_avg_pool":
+
+        def run(compile_only: bool = False) -> None:
+            global_avg_pool_nhwc(outs[0], ins[0], pdl=pdl, compile_only=compile_only)
+
+        family = "classify"
+    elif node.op == "decode":
+        levels = a["levels"]
+        spec = DecodeSpec.from_attrs(a)
+        maps = [view(i, widened=True) for i in node.inputs]  # widened maps are read whole: aligned vector loads
+        boxes, scores, extras = maps[:levels], maps[levels : 2 * levels], maps[2 * levels :] or None
+
+        def run(compile_only: bool = False) -> None:
+            decode_heads(outs[0], boxes, scores, extras, spec, pdl=pdl, compile_only=compile_only)
+
+        family = "decode"
+    elif node.op == "topk":
+        select = REFERENCE_OPS["topk"]
+
+        def run(compile_only: bool = False) -> None:
+            if not compile_only:  # torch ops: nothing of ours to compile
+                outs[0].copy_(select(node, ins, {})[0])
+
+        family = "topk"
+    else:
+        raise GraphError(f"node {node.name}: op {node.op} has no GPU kernel")
+    return Launch(family, [node.name], list(node.outputs), run)
+
+
+def lower(
+    graph: Graph,
+    view: ViewFn,
+    weights: PackedWeights,
+    plan: MemoryPlan,
+    fuse: bool,
+    scratch: SplitKScratch,
+    pdl: bool = False,
+) -> list[Launch]:
+    """The launch list for one batch size; `view(name)` gives each value's device view at that size.
+
+    `plan` names the concat inputs to copy, and the upsamples and concat copies that convs fold (the folds, like
+    SPPF's single pool launch and the pooling classifier head, only with `fuse`); `scratch` serves the convs whose
+    tuned tile splits K; `pdl` launches every kernel with programmatic dependent launch (yolojet.kernels.pdl).
+    """
+    launches: list[Launch] = []
+    done: set[str] = set()
+    by_name = {node.name: node for node in graph.nodes}
+    producer = {out: node for node in graph.nodes for out in node.outputs}
+    folds = plan.upsample_folds if fuse else {}
+    folded = set(folds.values())
+    cat_folds = plan.concat_folds if fuse else {}
+    uncopied = set(cat_folds.values())  # concats whose conv reads the part they would copy in place
+    for i, node in enumerate(graph.nodes):
+        if node.name in done or node.name in folded:  # a folded upsample is part of its conv's launch
+            continue
+        if node.op == "split":
+            continue  # outputs are views of the input
+        if node.op == "concat":
+            for value in plan.copies.get(node.name, []) if node.name not in uncopied else []:
+                launches.append(_copy_into_concat(node, value, view, pdl))
+            continue
+        if node.op == "conv":
+            fold = None
+            if node.name in folds:
+                fold = (by_name[folds[node.name]], producer[node.inputs[0]])
+            elif node.name in cat_folds:
+                fold = (None, by_name[cat_folds[node.name]])
+            launches.append(_lower_conv(node, view, weights, scratch, pdl, fold))
+        elif node.op == "conv_transpose":
+            launches.append(_lower_conv_transpose(node, view, weights, pdl))
+        elif node.op == "maxpool":
+            fused = _lower_pools(_sppf_chain(graph, i), view, pdl) if fuse else None
+            launches.append(fused or _lower_maxpool(node, view, pdl))
+        elif node.op == "linear" or (node.op == "global_avg_pool" and fuse and _pooled_head(graph, i)):
+            launches.append(_lower_classify_head(graph, i, view, weights, pdl))
+        else:
+            launches.append(_lower_simple(node, view, pdl))
+        _set_access(launches[-1], by_name)
+        done.update(launches[-1].nodes)
+    return launches
+
+
+def _set_access(launch: Launch, by_name: dict[str, Node]) -> None:
+    """A launch reads its nodes' inputs that none of them produce, and writes all their outputs."""
+    nodes = [by_name[name] for name in launch.nodes]
+    produced = {out for node in nodes for out in node.outputs}
+    launch.reads = list(dict.fromkeys(v for node in nodes for v in node.inputs if v not in produced))
+    launch.writes = list(dict.fromkeys(produced))
+
+
+def _copy_into_concat(node: Node, value: str, view: ViewFn, pdl: bool) -> Launch:
+    position = node.inputs.index(value)
+    source, target = view(value), view(node.outputs[0])
+    start = sum(view(v).shape[3] for v in node.inputs[:position])
+    destination = target[..., start : start + source.shape[3]]
+
+    def run(compile_only: bool = False) -> None:
+        copy_nhwc(destination, source, pdl=pdl, compile_only=compile_only)
+
+    return Launch("elementwise", [f"{node.name}<-{value}"], [], run, reads=[value], writes=[node.outputs[0]])
+
+
+def _pooled_head(graph: Graph, i: int) -> bool:
+    """Whether node i, a global average pool, feeds only the linear layer right after it (so one classify-head
+    launch can pool too)."""
+    node = graph.nodes[i]
+    following = graph.nodes[i + 1] if i + 1 < len(graph.nodes) else None
+    return (
+        following is not None
+        and following.op == "linear"
+        and following.inputs == node.outputs
+        and node.outputs[0] not in graph.outputs
+        and sum(node.outputs[0] in other.inputs for other in graph.nodes) == 1
+    )
+
+
+def _lower_classify_head(graph: Graph, i: int, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
+    """The classifier's linear layer and the softmax after it are one kernel, which also pools when node i is the
+    global average pool before them (else node i is the linear layer, reading pooled features)."""
+    pooling = graph.nodes[i].op == "global_avg_pool"
+    head = graph.nodes[i : i + 3] if pooling else graph.nodes[i : i + 2]
+    linear, following = head[-2], head[-1]
+    if following.op != "softmax" or following.inputs != linear.outputs:
+        raise GraphError(f"node {linear.name}: a linear layer runs on the GPU only fused with the softmax after it")
+    features = view(head[0].inputs[0])
+    if not pooling:
+        features = features[:, None, None, :]  # pooled (N, C): a 1 x 1 map
+    probs = view(following.outputs[0])
+    weight, bias = weights.get(linear, "weight"), weights.get(linear, "bias")
+    partials, arrivals = classify_head_scratch(features.shape[0], features.shape[3], weight.shape[0], features.device)
+    copy_to: list[torch.Tensor | None] = [None]
+
+    def run(compile_only: bool = False) -> None:
+        classify_head(
+            probs, features, weight, bias, partials, arrivals, copy_to=copy_to[0], pdl=pdl, compile_only=compile_only
+        )
+
+    def copy_output(target: torch.Tensor | None) -> None:
+        copy_to[0] = target
+
+    return Launch("classify", [n.name for n in head], list(following.outputs), run, copy_output=copy_output)

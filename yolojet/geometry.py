@@ -1,0 +1,38 @@
+"""Letterbox arithmetic shared by the torch reference and the GPU kernels: where an image goes in the model input.
+
+Follows ultralytics' LetterBox (auto=False, center=True, scaleup=True) as its predict uses it:
+  r = min(H/h0, W/w0);  new_w, new_h = max(round(w0·r), 1), max(round(h0·r), 1)
+  top, left = round((H − new_h)/2 − 0.1), round((W − new_w)/2 − 0.1)     (Python's round: half to even)
+and its `scale_boxes`, which maps boxes back with the per-axis gains new_w/w0, new_h/h0 and the integer pads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Letterbox:
+    """How an (h0, w0) image sits in the model input: resized to (new_h, new_w) at (pad_top, pad_left)."""
+
+    orig_h: int
+    orig_w: int
+    new_h: int
+    new_w: int
+    pad_top: int
+    pad_left: int
+
+    @classmethod
+    def fit(cls, orig_hw: tuple[int, int], target_hw: tuple[int, int]) -> Letterbox:
+        """ultralytics LetterBox.get_params with auto=False, center=True, scaleup=True."""
+        (h0, w0), (h, w) = orig_hw, target_hw
+        if min(h0, w0, h, w) < 1:
+            raise ValueError(f"letterbox: sizes must be positive, got frame {orig_hw} and target {target_hw}")
+        r = min(h / h0, w / w0)
+        new_h, new_w = max(round(h0 * r), 1), max(round(w0 * r), 1)
+        return cls(h0, w0, new_h, new_w, round((h - new_h) / 2 - 0.1), round((w - new_w) / 2 - 0.1))
+
+    def box_params(self) -> list[float]:
+        """[pad_x, pad_y, gain_x, gain_y, w0, h0]: what mapping boxes back needs, as scale_boxes computes it."""
+        gain_x, gain_y = self.new_w / self.orig_w, self.new_h / self.orig_h
+        return [self.pad_left, self.pad_top, gain_x, gain_y, self.orig_w, self.orig_h]

@@ -1,0 +1,216 @@
+"""Encoded images in memory: what their bytes say before decoding (format, size, whether a JPEG is whole, its EXIF
+orientation), and their decoding on the CPU.
+
+CPU decoding is libjpeg-turbo, libpng and libwebp through torchvision (the same pixels as OpenCV's `imdecode`, which
+ultralytics reads with), and Pillow for BMP and TIFF. torchvision releases the GIL while it decodes, so a pool of
+threads decodes in parallel.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from yolojet.errors import ImageReadError
+
+# Pillow's own decompression-bomb bound (PIL.Image.MAX_IMAGE_PIXELS): about 9,459 × 9,459.
+DEFAULT_MAX_PIXELS = 89_478_485
+
+_JPEG_SOI = b"\xff\xd8"
+_JPEG_EOI = b"\xff\xd9"
+# Markers with no length field: TEM, RST0-7, SOI, EOI.
+_STANDALONE = {0x01, *range(0xD0, 0xD8), 0xD8, 0xD9}
+# Start-of-frame markers (size and coding); C4 (DHT), C8 (JPG) and CC (DAC) share the range but are not frames.
+_SOF = {*range(0xC0, 0xD0)} - {0xC4, 0xC8, 0xCC}
+
+
+def image_format(data: bytes) -> str | None:
+    """'jpeg', 'png', 'webp', 'gif', 'bmp' or 'tiff' from the magic bytes, else None."""
+    if data[:2] == _JPEG_SOI:
+        return "jpeg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if data[:2] == b"BM":
+        return "bmp"
+    if data[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    return None
+
+
+@dataclass(frozen=True)
+class JpegInfo:
+    """What a JPEG's markers say: its stored size, colour components, whether it is progressive, its EXIF
+    orientation (1: upright), and whether an end-of-image marker follows its first scan (a file cut short has none)."""
+
+    height: int
+    width: int
+    components: int
+    progressive: bool
+    orientation: int
+    complete: bool
+
+
+def jpeg_info(data: bytes) -> JpegInfo | None:
+    """The markers of a JPEG up to its first scan, or None where they are not a JPEG's.
+
+    Inside the entropy-coded data a 0xFF byte is always followed by 0x00 or a restart marker, so an end-of-image
+    marker after the first scan's header can only be the real one (an EXIF thumbnail's lies before the scan).
+    """
+    if data[:2] != _JPEG_SOI:
+        return None
+    pos, size, orientation = 2, None, 1
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill bytes before a marker
+            pos += 1
+            continue
+        if marker in _STANDALONE:
+            pos += 2
+            continue
+        (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
+        segment = data[pos + 4 : pos + 2 + length]
+        if length < 2 or len(segment) < length - 2:
+            return None
+        if marker in _SOF and len(segment) >= 6:
+            height, width = struct.unpack(">HH", segment[1:5])
+            size = (height, width, segment[5], marker in (0xC2, 0xC6, 0xCA, 0xCE))
+        elif marker == 0xE1 and segment[:6] == b"Exif\x00\x00":
+            orientation = _exif_orientation(segment[6:])
+        elif marker == 0xDA:  # start of scan: the coded data follows this header
+            if size is None:
+                return None
+            # Searched from the end: a whole file ends with it (or with a little padding after it).
+            complete = data.rfind(_JPEG_EOI, pos + 2 + length) != -1
+            return JpegInfo(size[0], size[1], size[2], size[3], orientation, complete)
+        pos += 2 + length
+    return None
+
+
+def _exif_orientation(tiff: bytes) -> int:
+    """The Orientation tag (0x0112) of IFD0 in an EXIF block's TIFF structure; 1 where it is missing or unreadable."""
+    if tiff[:2] not in (b"II", b"MM") or len(tiff) < 8:
+        return 1
+    order = "<" if tiff[:2] == b"II" else ">"
+    (ifd,) = struct.unpack(order + "I", tiff[4:8])
+    if ifd + 2 > len(tiff):
+        return 1
+    (count,) = struct.unpack(order + "H", tiff[ifd : ifd + 2])
+    for i in range(count):
+        entry = tiff[ifd + 2 + 12 * i : ifd + 14 + 12 * i]
+        if len(entry) < 12:
+            return 1
+        tag, kind = struct.unpack(order + "HH", entry[:4])
+        if tag == 0x0112 and kind == 3:  # SHORT
+            (value,) = struct.unpack(order + "H", entry[8:10])
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
+@dataclass(frozen=True)
+class EncodedInfo:
+    """What an encoded image's header says: its format, stored size, and for a JPEG its markers."""
+
+    format: str
+    height: int
+    width: int
+    jpeg: JpegInfo | None = None
+
+
+def encoded_info(data: bytes, name: str) -> EncodedInfo:
+    """The format and stored size from the header alone (nothing is decoded); an ImageReadError where the bytes are
+    not an image yolojet reads."""
+    kind = image_format(data)
+    if kind == "jpeg":
+        info = jpeg_info(data)
+        if info is None:
+            raise ImageReadError(f"{name}: cannot decode as an image (a JPEG whose markers are corrupt)")
+        return EncodedInfo(kind, info.height, info.width, info)
+    if kind is None:
+        raise ImageReadError(f"{name}: cannot decode as an image (not a JPEG, PNG, WebP, GIF, BMP or TIFF image)")
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # reads the header only
+            return EncodedInfo(kind, image.height, image.width)
+    except Exception as e:  # Pillow raises many types for corrupt headers (OSError, SyntaxError, struct.error)
+        raise ImageReadError(f"{name}: cannot decode as an image ({e})") from e
+
+
+def check_encoded(data: bytes, name: str, max_pixels: int) -> EncodedInfo:
+    """The header of an encoded image that may be decoded: not empty, a known format, whole (for a JPEG) and within
+    `max_pixels`; otherwise an ImageReadError naming what is wrong."""
+    if len(data) == 0:
+        raise ImageReadError(f"{name}: empty, not an image")
+    info = encoded_info(data, name)
+    if info.height < 1 or info.width < 1:
+        raise ImageReadError(f"{name}: the image has zero size")
+    if info.height * info.width > max_pixels:
+        raise ImageReadError(
+            f"{name}: {info.width}x{info.height} is {info.height * info.width:,} pixels, over the limit of "
+            f"{max_pixels:,} (max_pixels raises it)"
+        )
+    if info.jpeg is not None and not info.jpeg.complete:
+        raise ImageReadError(f"{name}: cannot decode as an image (a JPEG cut short: no end-of-image marker)")
+    return info
+
+
+def pil_pixels(image) -> np.ndarray:
+    """A PIL image's pixels as uint8 RGB (RGBA where it has alpha); 16-bit images give their top 8 bits, as
+    cv2.imread and ultralytics read them (PIL's convert() would clip them at 255)."""
+    from PIL import Image
+
+    if image.mode.startswith("I;16"):
+        image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))
+    return np.asarray(image.convert("RGBA" if "A" in image.getbands() else "RGB"))
+
+
+def _decode_with_pillow(data: bytes, name: str) -> torch.Tensor:
+    """BMP and TIFF, which torchvision does not decode."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            rgb = pil_pixels(image)
+    except (OSError, ValueError) as e:
+        raise ImageReadError(f"{name}: cannot decode as an image ({e})") from e
+    return torch.from_numpy(rgb.copy())
+
+
+def decode_cpu(data: bytes, name: str) -> torch.Tensor:
+    """An encoded image → uint8 (H, W, C) RGB(A) pixels on the CPU, turned upright by its EXIF orientation as
+    cv2.imread turns it. torchvision's images come channels-first: the result is a (H, W, C) view of them."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    if image_format(data) in ("bmp", "tiff"):
+        return _decode_with_pillow(data, name)
+    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    try:
+        chw = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    except RuntimeError as e:
+        raise ImageReadError(f"{name}: cannot decode as an image ({clean_reason(e)})") from e
+    if chw.dim() == 4:  # an animated GIF: its first frame, the one cv2.imread gives
+        chw = chw[0]
+    if chw.dtype == torch.uint16:
+        chw = (chw.to(torch.int32) // 256).to(torch.uint8)  # 16-bit PNGs: the top 8 bits, as cv2.imread gives
+    return chw.permute(1, 2, 0)
+
+
+def clean_reason(error: Exception) -> str:
+    """A decoder's message without the C++ function, file and line torchvision prefixes it with."""
+    reason = re.sub(r"^\w+, \S+:\d+, ", "", str(error)).strip()
+    reason = reason.split("\nException raised from")[0].strip()
+    if reason.startswith("Unsupported image file"):  # torchvision then lists its own optional decoders
+        reason = "not a JPEG, PNG, WebP, GIF, BMP or TIFF image"
+    return reason

@@ -1,0 +1,354 @@
+"""Decoders: encoded images (files or bytes) → `Frame`s, a batch at a time.
+
+- `cpu`: a pool of threads, one a core, each reading a file and decoding it with libjpeg-turbo / libpng / libwebp
+  (torchvision, which releases the GIL) or Pillow; for a GPU engine the pixels then go to the device from pinned
+  memory on a copy stream. The pixels are OpenCV's, and so ultralytics'.
+
+Each decoder works in two steps, so that a stream's images are read and handed on as they come and the GPU decodes
+them a batch at a time: `prepare(item)` (on the feed's source thread: the CPU pool starts at once; the GPU decoders
+read the file and check its header) and `finish(pending)` (a batch: the GPU decode, then waiting for the pool).
+- `nvimgcodec`: JPEGs in one batched call to the GPU's hardware JPEG decoders (nvImageCodec, A100 / H100 / H200
+  class GPUs), which leave the SMs to the network; their pixels are within one level of OpenCV's. What they refuse
+  (progressive, CMYK, arithmetic-coded or lossless JPEGs) and other formats go to the CPU pool.
+- `nvjpeg`: torchvision's nvJPEG on the SMs, batched; only when asked for by name, since its pixels differ from
+  OpenCV's by up to tens of levels on some photos.
+- `auto` (the default): `nvimgcodec` where the GPU has hardware decoders and the package is installed, else `cpu`.
+
+Every decoder checks the bytes first (`codecs.check_encoded`): empty, unknown, cut-short JPEGs and images over the
+pixel limit are errors naming the input, whichever decoder would have run. Errors are per image: a batch's other
+images are still decoded. EXIF orientation is applied on every path, as cv2.imread applies it.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from yolojet.errors import EngineConfigError, ImageReadError
+from yolojet.images.codecs import DEFAULT_MAX_PIXELS, EncodedInfo, check_encoded, decode_cpu
+from yolojet.images.frames import Frame, describe
+from yolojet.images.sources import read_image_file
+from yolojet.options import DECODER_NAMES
+
+_MAX_THREADS = 32  # more threads than this gain nothing on one process's file reads and decodes
+
+
+def cpu_threads() -> int:
+    """The cores this process may run on, at most 32."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, _MAX_THREADS))
+
+
+@dataclass
+class Encoded:
+    """An encoded image to decode: a file to read, or bytes in memory."""
+
+    source: str | Path | bytes
+    name: str
+    path: str = ""
+
+    @classmethod
+    def of(cls, source: str | Path | bytes | bytearray | memoryview) -> Encoded:
+        if isinstance(source, (str, Path)):
+            return cls(source, str(source), str(source))
+        return cls(bytes(source), describe(source))
+
+    def read(self) -> bytes:
+        return read_image_file(self.source) if isinstance(self.source, (str, Path)) else self.source
+
+
+@dataclass
+class DecodedBatch:
+    """A batch's frames, or each one's error, in order; frames on a GPU may be used on a stream once it has waited
+    for `ready`."""
+
+    items: list[Frame | ImageReadError]
+    ready: list[torch.cuda.Event] = field(default_factory=list)
+
+    def wait_on(self, stream: torch.cuda.Stream) -> None:
+        for event in self.ready:
+            stream.wait_event(event)
+
+
+@dataclass
+class Pending:
+    """An image on its way to a frame: known already (`outcome`, a frame or an error), being decoded on the CPU pool
+    (`future`), or read and checked, waiting for its batch's GPU decode (`data`, with the orientation a decoder that
+    does not apply EXIF must apply itself)."""
+
+    item: Encoded
+    outcome: Frame | ImageReadError | None = None
+    future: Future | None = None
+    data: bytes | None = None
+    orientation: int = 1
+
+    def result(self) -> Frame | ImageReadError:
+        if self.outcome is None and self.future is not None:
+            self.outcome = self.future.result()
+        assert self.outcome is not None
+        return self.outcome
+
+
+class CpuDecoder:
+    """Files read and decoded on a pool of threads; frames moved to `device` when it is a GPU.
+
+    `prepare` hands an image to the pool at once (so decoding runs ahead, across batches), `finish` waits for a
+    batch of them; `decode` is both."""
+
+    name = "cpu"
+
+    def __init__(self, device: torch.device, max_pixels: int = DEFAULT_MAX_PIXELS, threads: int | None = None):
+        self.device = device
+        self.max_pixels = max_pixels
+        self.threads = threads or cpu_threads()
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="yolojet-decode")
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    @property
+    def cpu(self) -> CpuDecoder:
+        """The CPU pool (every decoder has one, for what the GPU does not decode): itself."""
+        return self
+
+    def describe(self) -> str:
+        return f"cpu (libjpeg-turbo / libpng / libwebp on {self.threads} threads)"
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def decode_bytes(self, data: bytes, item: Encoded, checked: bool = False) -> Frame:
+        """One image's bytes → a frame on the decoder's device (run on a pool thread, or on the caller's); `checked`:
+        its header has passed `check_encoded` already."""
+        if not checked:
+            check_encoded(data, item.name, self.max_pixels)
+        return Frame(self.to_device(decode_cpu(data, item.name)), bgr=False, path=item.path, encoded=data)
+
+    def decode_one(self, item: Encoded) -> Frame:
+        return self.decode_bytes(item.read(), item)
+
+    def to_device(self, pixels: torch.Tensor) -> torch.Tensor:
+        if self.copy_stream is None:
+            return pixels
+        # Through pinned memory of the same strides (a straight memcpy, not a transpose), asynchronously on the copy
+        # stream; the batch's `ready` event covers it.
+        pinned = torch.empty_strided(pixels.size(), pixels.stride(), dtype=torch.uint8, pin_memory=True)
+        pinned.copy_(pixels)
+        with torch.cuda.stream(self.copy_stream):
+            return pinned.to(self.device, non_blocking=True)
+
+    def submit(self, item: Encoded, data: bytes | None = None, checked: bool = False) -> Pending:
+        """The image decoded on the pool: from its bytes where they are read already, else read there too."""
+        if data is None:
+            return Pending(item, future=self.pool.submit(_outcome, self.decode_one, item))
+        return Pending(item, future=self.pool.submit(_outcome, self.decode_bytes, data, item, checked))
+
+    def prepare(self, item: Encoded) -> Pending:
+        return self.submit(item)
+
+    def ready_events(self) -> list[torch.cuda.Event]:
+        """An event after every copy queued so far (call once all of a batch's decodes have returned)."""
+        if self.copy_stream is None:
+            return []
+        event = torch.cuda.Event()
+        event.record(self.copy_stream)
+        return [event]
+
+    def finish(self, pending: list[Pending]) -> DecodedBatch:
+        outcomes = [p.result() for p in pending]
+        return DecodedBatch(outcomes, self.ready_events())
+
+    def decode(self, items: list[Encoded]) -> DecodedBatch:
+        return self.finish([self.prepare(item) for item in items])
+
+
+def _outcome(fn, *args):
+    try:
+        return fn(*args)
+    except ImageReadError as e:
+        return e
+
+
+@functools.cache
+def _probe_jpeg() -> bytes:
+    """A small baseline JPEG, to ask a hardware decoder whether it decodes at all."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (90, 140, 200)).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+class _GpuJpegDecoder:
+    """What the two GPU decoders share: `prepare` (on the feed's source thread) reads an image and checks its header;
+    JPEGs the GPU takes wait for their batch, the rest go to the CPU pool at once; `finish` decodes a batch's JPEGs
+    in one call on the decoder's stream and sends its refusals to the CPU pool."""
+
+    name = ""
+
+    def __init__(self, cpu: CpuDecoder) -> None:
+        self.cpu, self.device = cpu, cpu.device
+        self.stream = torch.cuda.Stream(self.device)
+
+    def close(self) -> None:
+        self.cpu.close()
+
+    def _takes(self, info: EncodedInfo) -> bool:
+        """Whether this JPEG goes to the GPU decoder."""
+        return info.jpeg is not None
+
+    def _decode_jpegs(self, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
+        raise NotImplementedError
+
+    def prepare(self, item: Encoded) -> Pending:
+        try:
+            data = item.read()
+            info = check_encoded(data, item.name, self.cpu.max_pixels)
+        except ImageReadError as e:
+            return Pending(item, outcome=e)
+        if not self._takes(info):
+            return self.cpu.submit(item, data, checked=True)
+        return Pending(item, data=data, orientation=info.jpeg.orientation if info.jpeg else 1)
+
+    def finish(self, pending: list[Pending]) -> DecodedBatch:
+        gpu = [p for p in pending if p.data is not None and p.outcome is None and p.future is None]
+        if gpu:
+            decoded = self._decode_jpegs([p.data for p in gpu], [p.orientation for p in gpu])  # type: ignore[misc]
+            for p, pixels in zip(gpu, decoded, strict=True):
+                if pixels is None:  # refused by the GPU decoder: the CPU pool instead
+                    p.future = self.cpu.submit(p.item, p.data, checked=True).future
+                else:
+                    p.outcome = Frame(pixels, bgr=False, path=p.item.path, encoded=p.data)
+        outcomes = [p.result() for p in pending]
+        ready = self.cpu.ready_events()
+        if gpu:
+            event = torch.cuda.Event()
+            event.record(self.stream)
+            ready.append(event)
+        return DecodedBatch(outcomes, ready)
+
+    def decode(self, items: list[Encoded]) -> DecodedBatch:
+        return self.finish([self.prepare(item) for item in items])
+
+
+class HardwareJpegDecoder(_GpuJpegDecoder):
+    """JPEGs on the GPU's hardware JPEG decoders through nvImageCodec, one batched call a batch; the rest on the CPU
+    pool (`cpu`)."""
+
+    name = "nvimgcodec"
+
+    def __init__(self, cpu: CpuDecoder) -> None:
+        # nvImageCodec logs a warning for every image it refuses (which the CPU pool then decodes) unless told
+        # otherwise; a user's own setting wins.
+        os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+        try:
+            from nvidia import nvimgcodec
+        except ImportError as e:
+            raise EngineConfigError(
+                "decoder 'nvimgcodec': nvImageCodec is not installed (pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg)"
+            ) from e
+        super().__init__(cpu)
+        self._nv = nvimgcodec
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        try:
+            self._decoder = nvimgcodec.Decoder(
+                device_id=index, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)]
+            )
+            # Interleaved RGB, turned upright by EXIF orientation, 8 bits (cv2.imread's IMREAD_COLOR, in RGB order).
+            self._params = nvimgcodec.DecodeParams(apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.SRGB)
+            decodes = self._decode_jpegs([_probe_jpeg()], [1])[0] is not None
+        except Exception as e:  # a driver too old for this build, a library that fails to load: no hardware path
+            raise EngineConfigError(f"decoder 'nvimgcodec': nvImageCodec could not start here ({e})") from e
+        if not decodes:
+            raise EngineConfigError(
+                f"decoder 'nvimgcodec': {torch.cuda.get_device_name(self.device)} has no hardware JPEG decoder "
+                "nvImageCodec can use; use decoder='cpu'"
+            )
+
+    def describe(self) -> str:
+        return f"nvimgcodec (hardware JPEG decoders; other images on {self.cpu.describe()})"
+
+    def _takes(self, info: EncodedInfo) -> bool:
+        """Baseline JPEGs of 1 or 3 components: what the hardware decoders take (others go straight to the CPU rather
+        than through a refusal)."""
+        return info.jpeg is not None and not info.jpeg.progressive and info.jpeg.components in (1, 3)
+
+    def _decode_jpegs(self, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
+        streams = [self._nv.CodeStream(d) for d in datas]
+        images = self._decoder.decode(streams, params=self._params, cuda_stream=self.stream.cuda_stream)
+        return [None if im is None else torch.as_tensor(im, device=self.device) for im in images]
+
+
+class NvjpegDecoder(_GpuJpegDecoder):
+    """torchvision's nvJPEG on the SMs, one batched call a batch (by name only: its pixels are not OpenCV's); EXIF
+    orientation applied after decoding; refusals and other formats on the CPU pool."""
+
+    name = "nvjpeg"
+
+    def describe(self) -> str:
+        return f"nvjpeg (torchvision's nvJPEG on the GPU's SMs; other images on {self.cpu.describe()})"
+
+    def _decode_jpegs(self, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+        with torch.cuda.stream(self.stream):
+            try:
+                images = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+            except RuntimeError:  # one bad image fails the batched call: decode one by one to find it
+                images = []
+                for one in encoded:
+                    try:
+                        images.append(decode_jpeg(one, mode=ImageReadMode.RGB, device=self.device))
+                    except RuntimeError:
+                        images.append(None)
+            return [None if im is None else _upright(im.permute(1, 2, 0), o)
+                    for im, o in zip(images, orientations, strict=True)]  # fmt: skip
+
+
+def _upright(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
+    """(H, W, C) pixels as stored → upright, for EXIF orientations 1-8 (as cv2.imread and PIL's exif_transpose)."""
+    if orientation in (5, 6, 7, 8):
+        pixels = pixels.transpose(0, 1)  # 5: transpose; 6 = 5 + mirror, 8 = 5 + flip, 7 = 5 + both
+    mirror = orientation in (2, 3, 6, 7)
+    flip = orientation in (3, 4, 7, 8)
+    if mirror:
+        pixels = pixels.flip(1)
+    if flip:
+        pixels = pixels.flip(0)
+    return pixels
+
+
+Decoder = CpuDecoder | HardwareJpegDecoder | NvjpegDecoder
+
+
+def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decoder:
+    """The decoder `name` (DECODER_NAMES) for frames wanted on `device`; `auto` picks as the module says."""
+    if name not in DECODER_NAMES:
+        raise EngineConfigError(f"decoder {name!r}: expected one of {', '.join(DECODER_NAMES)}")
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+        raise EngineConfigError(f"max_pixels {max_pixels!r}: expected a positive int")
+    cpu = CpuDecoder(device, max_pixels)
+    if name == "cpu":
+        return cpu
+    if device.type != "cuda":
+        if name == "auto":
+            return cpu
+        cpu.close()
+        raise EngineConfigError(f"decoder {name!r} decodes on a CUDA GPU, and this engine runs on {device}")
+    if name == "nvjpeg":
+        return NvjpegDecoder(cpu)
+    try:
+        return HardwareJpegDecoder(cpu)
+    except EngineConfigError:
+        if name == "auto":
+            return cpu
+        cpu.close()
+        raise

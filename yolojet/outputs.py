@@ -1,0 +1,176 @@
+"""Writing users' outputs without losing data: whole files atomically, JSON lines as they come, links followed.
+
+- A path that is a symbolic link is written through: its target is replaced or appended to, the link stays.
+- Special files (a FIFO, a terminal) are written straight, never renamed over; `-`, `/dev/stdout` and any other
+  name of this process's standard output are written through the stream itself.
+- Whole-file outputs (COCO JSON, metrics, annotated images) go to a temporary file beside the target, renamed into
+  place once complete: a failed or interrupted run never leaves a half-written file, and never destroys the old one.
+- JSON lines are written as they arrive, each line in one write, flushed at once and synced to disk every so often
+  and at the end: an interrupted run keeps every finished record. The file is created by its first record, so a run
+  that produces none leaves no empty file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from yolojet.errors import OutputPathError
+
+STDOUT = "-"
+
+
+def resolved(path: Path) -> Path:
+    """Where writing `path` lands: the final target of a chain of symbolic links (which need not exist yet)."""
+    return Path(os.path.realpath(path))
+
+
+def is_stdout(path: Path | str | None) -> bool:
+    """`-`, or a path that is this process's standard output (`/dev/stdout`, `/proc/self/fd/1`, a link to it, or the
+    file the shell redirected it to): written through the stream itself, so that its position is shared with
+    everything else printed there."""
+    if path is None:
+        return False
+    if str(path) == STDOUT:
+        return True
+    try:
+        here, out = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no such path, or stdout is not a real file descriptor
+        return False
+    return (here.st_dev, here.st_ino) == (out.st_dev, out.st_ino)
+
+
+def is_special(path: Path) -> bool:
+    """A path that exists and is neither a regular file nor a directory (a device, a FIFO, a socket): written
+    straight, never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def check_output_file(path: Path | None, flag: str) -> None:
+    """Fail before any work if `path` (a file to write, `-` for standard output) cannot be written."""
+    if path is None or is_stdout(path):
+        return
+    if is_special(path):
+        if not os.access(path, os.W_OK):
+            raise OutputPathError(f"{flag} {path}: not writable")
+        return
+    target = resolved(path)
+    if target.is_dir():
+        raise OutputPathError(f"{flag} {path}: is a directory; give a file path")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise OutputPathError(f"{flag} {path}: {target} is not writable")
+    check_output_folder(target.parent, flag, shown=path)
+
+
+def check_output_folder(folder: Path, flag: str, shown: Path | None = None) -> None:
+    """Fail before any work if `folder` could not be created or written into (nothing is created yet: a run that
+    fails later leaves no empty folder behind)."""
+    existing = folder.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    name = shown if shown is not None else folder
+    if not existing.is_dir():
+        raise OutputPathError(f"{flag} {name}: {existing} exists and is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{flag} {name}: {existing} is not writable")
+
+
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """Write a whole file through a temporary file beside its target (links followed), renamed into place only when
+    complete, with the permissions a plain write would give; a special file is written straight."""
+    if is_special(path):
+        write(path)
+        return
+    target = resolved(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, staging = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=target.suffix)
+    except OSError as e:
+        raise OutputPathError(f"{path}: cannot write there ({e.strerror})") from e
+    os.close(fd)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o666 & ~umask)  # mkstemp makes it private
+        write(Path(staging))
+        os.replace(staging, target)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+
+
+class JsonLines:
+    """JSON records written one line each as they arrive, to a file (links followed), a special file or `-`.
+
+    Each line goes out in one write and is flushed; the file is synced to disk every `sync_every` lines or
+    `sync_seconds`, and when closed. `append` keeps what the file holds (a resumed run); otherwise the file is
+    replaced by the first record.
+    """
+
+    def __init__(self, path: Path | str, append: bool = False, sync_every: int = 256, sync_seconds: float = 2.0):
+        self.path = Path(path)
+        self.append = append
+        self.sync_every, self.sync_seconds = sync_every, sync_seconds
+        self.written = 0
+        self._file: IO[str] | None = None
+        self._unsynced = 0
+        self._synced_at = time.monotonic()
+
+    def _open(self) -> IO[str]:
+        if is_stdout(self.path):
+            return sys.stdout
+        if is_special(self.path):
+            return open(self.path, "a" if self.append else "w", encoding="utf-8")
+        target = resolved(self.path)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            return open(target, "a" if self.append else "w", encoding="utf-8")
+        except OSError as e:
+            raise OutputPathError(f"{self.path}: cannot write there ({e.strerror})") from e
+
+    def write(self, record: Any) -> None:
+        if self._file is None:
+            self._file = self._open()
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        self.written += 1
+        self._unsynced += 1
+        if self._unsynced >= self.sync_every or time.monotonic() - self._synced_at >= self.sync_seconds:
+            self.sync()
+
+    def sync(self) -> None:
+        """Everything written so far on disk (a no-op for standard output and special files)."""
+        if self._file is None or self._unsynced == 0:
+            return
+        self._file.flush()
+        if self._file is not sys.stdout and not is_special(self.path):
+            os.fsync(self._file.fileno())
+        self._unsynced = 0
+        self._synced_at = time.monotonic()
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        try:
+            self.sync()
+        finally:
+            if self._file is not sys.stdout:
+                self._file.close()
+            self._file = None
+
+    def __enter__(self) -> JsonLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
