@@ -467,6 +467,32 @@ def _cmd_val(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from yolojet.options import serve_token
+    from yolojet.serve.models import parse_model_spec
+    from yolojet.serve.server import ServeOptions, build_models, configure_logging, serve_forever
+
+    specs = [parse_model_spec(text, args.max_batch) for text in args.model]
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise OutputPathError("--tls-cert and --tls-key go together: give both or neither")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--token-file", args.token_file)):
+        if path is not None and not path.is_file():
+            raise ModelDirError(f"{flag} {path}: no such file")
+    token = args.token_file.read_text().strip() if args.token_file is not None else serve_token()
+    options = ServeOptions(
+        host=args.host, port=args.port, slo_ms=args.slo_ms, max_queue=args.max_queue,
+        max_message_bytes=int(args.max_message_mb * (1 << 20)), max_pixels=args.max_pixels, device=args.device,
+        half=not args.fp32, decoder=args.decoder, tls_cert=args.tls_cert, tls_key=args.tls_key, token=token,
+        metrics_port=args.metrics_port, grace_s=args.grace_s, engine=_engine_switches(args),
+    )  # fmt: skip
+    configure_logging()
+    models = build_models(specs, options)
+    asyncio.run(serve_forever(models, options))
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from yolojet.eval.report import report_files, run_report
     from yolojet.outputs import check_output_folder, write_atomically
@@ -597,6 +623,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp32", action="store_true", help="profile the fp32 engine")
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_profile)
+
+    p = sub.add_parser(
+        "serve", help="a gRPC inference server (yolojet.v1.Inference, health, reflection) over one or more models"
+    )
+    p.add_argument(
+        "--model", action="append", required=True, metavar="NAME_OR_DIR[:MAX_BATCH]",
+        help="a model directory, .pt checkpoint, ultralytics name or .yaml, and its largest batch; repeat for more "
+        "models (requests name them by file or folder name without its suffix)",
+    )  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one)")
+    p.add_argument("--max-batch", type=_positive_int, default=64, help="largest batch of a model given without one "
+                   "(default 64)")  # fmt: skip
+    p.add_argument("--slo-ms", type=float, default=50.0, help="deadline of a request whose client sets none, ms after "
+                   "it arrives (default 50)")  # fmt: skip
+    p.add_argument("--max-queue", type=_positive_int, default=1024, help="requests a model queues before refusing "
+                   "more with RESOURCE_EXHAUSTED (default 1024)")  # fmt: skip
+    p.add_argument("--max-message-mb", type=float, default=64.0, help="largest request, MB (default 64)")
+    p.add_argument("--max-pixels", type=_positive_int, default=89_478_485,
+                   help="largest image, pixels (default 89,478,485, as Pillow's bomb check)")  # fmt: skip
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
+    p.add_argument("--fp32", action="store_true", help="run the GPU engines in fp32 instead of fp16")
+    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain: serve over TLS")
+    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--token-file", type=Path, default=None, help="require 'authorization: Bearer <token>' with the "
+                   "token in this file (or set YOLOJET_TOKEN); health checks and reflection stay open")  # fmt: skip
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any free "
+                   "one; default: none)")  # fmt: skip
+    p.add_argument("--grace-s", type=float, default=30.0, help="on SIGTERM, seconds to finish accepted requests "
+                   "(default 30)")  # fmt: skip
+    _add_decoder_flag(p)
+    _add_engine_switches(p)
+    p.set_defaults(run=_cmd_serve)
 
     p = sub.add_parser(
         "report", help="yolojet fp16/fp32 next to PyTorch eager (and ONNX Runtime): speed and mAP on one dataset"

@@ -310,6 +310,35 @@ class Engine:
             raise EngineConfigError(f"unknown option(s) {', '.join(unknown)}: expected {', '.join(sorted(known))}")
         return check_options(replace(self._options, **options), self.meta.nc, self.capacity)
 
+    def options(self, **options: Any) -> PredictOptions:
+        """`configure`'s options with these over them, checked (ultralytics' names: `agnostic_nms` too)."""
+        return self._call_options(dict(options))
+
+    # -- a batch at a time, each image with its own options (a server's requests) -------------
+
+    def submit(
+        self,
+        frames: Sequence[Frame],
+        options: Sequence[PredictOptions] | PredictOptions | None = None,
+        ready: Sequence[torch.cuda.Event] = (),
+        sources: Sequence[Any] | None = None,
+    ) -> Submitted:
+        """Hand a batch of decoded frames (from this engine's decoder, at most `max_batch`) to the engine; returns at
+        once on a GPU. `options`: one for all, or one per frame. Frames with different conf, max_det or classes run
+        together with the loosest of them and each image's results are then narrowed to its own, which gives exactly
+        what running it alone would (NMS keeps a box by the higher-scored boxes only, and classes are separate
+        unless class-agnostic); iou, agnostic and retina_masks must be the same for every frame. `ready`: events
+        the frames' decode recorded; `sources`: what each frame came from (for its `orig_img`)."""
+        if not 1 <= len(frames) <= self.max_batch:
+            raise EngineConfigError(f"submit({len(frames)} frames): this engine runs 1..{self.max_batch} a batch")
+        each = [options or self._options] * len(frames) if not isinstance(options, Sequence) else list(options)
+        if len(each) != len(frames):
+            raise EngineConfigError(f"submit: {len(each)} options for {len(frames)} frames")
+        merged = merge_options(each)
+        with self._lock:
+            run = self._submit(list(frames), merged, ready)
+        return Submitted(self, run, each, merged, list(sources) if sources is not None else [None] * len(frames))
+
     # -- many images in, results out ----------------------------------------------------------
 
     def __call__(self, images: Any, **options: Any) -> list[Results]:
@@ -505,6 +534,64 @@ class Engine:
             {"boxes": torch_pipeline.scale_boxes(rows.clone(), box).cpu()}
             for rows, box in zip(found, boxes, strict=True)
         ]
+
+
+class Submitted:
+    """A batch handed to `Engine.submit`: `results()` waits for it and gives one `Results` per frame, in order."""
+
+    def __init__(self, engine: Engine, run: _Run, each: list[PredictOptions], merged: PredictOptions,
+                 sources: list[Any]) -> None:  # fmt: skip
+        self._engine, self._run, self._each, self._merged, self._sources = engine, run, each, merged, sources
+
+    def results(self) -> list[Results]:
+        engine = self._engine
+        with engine._lock:
+            engine._collect(self._run)
+        found = self._run.found
+        assert found is not None
+        out = []
+        for frame, own, source, outputs in zip(self._run.frames, self._each, self._sources, found, strict=True):
+            result = make_results(engine.meta, outputs, frame, source)
+            out.append(narrowed(result, own) if own != self._merged else result)
+        return out
+
+
+def merge_options(each: Sequence[PredictOptions]) -> PredictOptions:
+    """The loosest options a batch of images may run with together: the lowest conf, the largest max_det, every
+    class any image keeps (all, if any keeps all)."""
+    first = each[0]
+    for o in each[1:]:
+        if (o.iou, o.agnostic, o.retina_masks) != (first.iou, first.agnostic, first.retina_masks):
+            raise EngineConfigError(
+                f"one batch takes one iou, agnostic and retina_masks: {first.iou}/{first.agnostic}/"
+                f"{first.retina_masks} and {o.iou}/{o.agnostic}/{o.retina_masks}"
+            )
+    classes = None if any(o.classes is None for o in each) else tuple(sorted({c for o in each for c in o.classes}))
+    return replace(first, conf=min(o.conf for o in each), max_det=max(o.max_det for o in each), classes=classes)
+
+
+def narrowed(result: Results, options: PredictOptions) -> Results:
+    """A result of a batch run with looser options, cut to `options`: confidence over conf (NMS's own test), its
+    classes, the first max_det (rows come highest score first)."""
+    if result.error or result.probs is not None:
+        return result
+    rows = result.obb if result.obb is not None else result.boxes
+    if rows is None:
+        return result
+    keep = rows.conf > options.conf
+    if options.classes is not None:
+        keep &= np.isin(rows.cls.astype(np.int64), np.asarray(options.classes, dtype=np.int64))
+    index = np.flatnonzero(keep)[: options.max_det]
+    parts: dict[str, Any] = {}
+    if result.obb is not None:
+        parts["obb"] = type(result.obb)(result.obb.data[index], result.obb.orig_shape)
+    if result.boxes is not None:
+        parts["boxes"] = Boxes(result.boxes.data[index], result.boxes.orig_shape)
+    if result.masks is not None:
+        parts["masks"] = type(result.masks)(result.masks.data[index])
+    if result.keypoints is not None:
+        parts["keypoints"] = type(result.keypoints)(result.keypoints.data[index], result.keypoints.orig_shape)
+    return replace(result, **parts)
 
 
 def _original_image(frame: Frame | None, source: Any) -> np.ndarray:

@@ -1,0 +1,121 @@
+"""The deadline-aware batcher on a fake clock: batches fire at once when the engine is free and fill while it is
+busy, the nearest deadline goes first across models, client deadlines are honoured, requests that cannot make it
+are refused at once, and requests whose deadline passed are dropped, never run."""
+
+from __future__ import annotations
+
+import pytest
+
+from yolojet.serve.batcher import LatencyModel, Refused, Request, Scheduler
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def scheduler(clock: Clock, depth: int = 1, max_batch: int = 4, max_queue: int = 100, **models) -> Scheduler:
+    s = Scheduler(clock, depth=depth)
+    for name in models or {"a": None}:
+        # 10 ms a run of up to 2 images, 16 ms up to 4; 1 ms to decode an image.
+        s.add_model(name, max_batch, LatencyModel({2: 0.010, 4: 0.016}, decode_per_image=0.001), max_queue)
+    return s
+
+
+def request(model: str, clock: Clock, slo: float = 0.050, key=None, tag=None) -> Request:
+    return Request(model, deadline=clock() + slo, arrival=clock(), key=key, payload=tag)
+
+
+def test_a_free_engine_takes_a_request_at_once():
+    clock = Clock()
+    s = scheduler(clock)
+    s.admit(request("a", clock, tag=1))
+    ticket, model, batch = s.next_batch()
+    assert model == "a" and [r.payload for r in batch] == [1]
+    assert s.next_batch() is None  # depth 1: busy until finished
+    s.finished(ticket)
+    assert s.next_batch() is None  # nothing waits
+
+
+def test_batches_fill_while_the_engine_is_busy_in_arrival_order():
+    clock = Clock()
+    s = scheduler(clock, max_batch=4)
+    s.admit(request("a", clock, slo=1.0, tag=0))
+    first, _, _ = s.next_batch()
+    for i in range(1, 11):
+        s.admit(request("a", clock, slo=1.0, tag=i))
+    assert s.next_batch() is None
+    s.finished(first)
+    sizes = []
+    while (nxt := s.next_batch()) is not None:
+        ticket, _, batch = nxt
+        sizes.append([r.payload for r in batch])
+        s.finished(ticket)
+    assert sizes == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
+
+
+def test_the_nearest_deadline_goes_first_across_models():
+    clock = Clock()
+    s = scheduler(clock, depth=2, a=None, b=None)
+    s.admit(request("a", clock, slo=0.200, tag="late"))
+    clock.now += 0.001
+    s.admit(request("b", clock, slo=0.050, tag="soon"))  # arrived later, due sooner
+    assert [r.payload for r in s.next_batch()[2]] == ["soon"]
+    assert [r.payload for r in s.next_batch()[2]] == ["late"]
+
+
+def test_a_client_deadline_that_the_work_ahead_would_miss_is_refused_at_once():
+    clock = Clock()
+    s = scheduler(clock, max_batch=4)
+    for i in range(8):  # two full batches ahead: 2 x (16 ms + 4 ms of decode)
+        s.admit(request("a", clock, slo=1.0, tag=i))
+    assert s.work_ahead(request("a", clock)) == pytest.approx(0.040 + 0.011)
+    with pytest.raises(Refused, match="past the deadline"):
+        s.admit(request("a", clock, slo=0.045))
+    s.admit(request("a", clock, slo=0.060))  # a client that allows more time gets in
+    assert s.queued() == 9
+
+
+def test_a_full_queue_refuses():
+    clock = Clock()
+    s = scheduler(clock, max_queue=3)
+    for _ in range(3):
+        s.admit(request("a", clock, slo=10.0))
+    with pytest.raises(Refused, match="3 requests already queued"):
+        s.admit(request("a", clock, slo=10.0))
+
+
+def test_requests_past_their_deadline_are_dropped_not_run():
+    clock = Clock()
+    s = scheduler(clock)
+    s.admit(request("a", clock, slo=0.020, tag="short"))
+    s.admit(request("a", clock, slo=0.500, tag="long"))
+    assert s.next_wakeup() == pytest.approx(clock() + 0.020)
+    clock.now += 0.030
+    assert [r.payload for r in s.expired()] == ["short"]
+    assert [r.payload for r in s.next_batch()[2]] == ["long"]
+
+
+def test_only_requests_that_can_share_a_run_are_batched_together():
+    clock = Clock()
+    s = scheduler(clock, max_batch=4)
+    for tag, key in [(0, "iou=0.7"), (1, "iou=0.5"), (2, "iou=0.7"), (3, "iou=0.5")]:
+        s.admit(request("a", clock, slo=1.0, key=key, tag=tag))
+    ticket, _, batch = s.next_batch()
+    assert [r.payload for r in batch] == [0, 2]
+    s.finished(ticket)
+    assert [r.payload for r in s.next_batch()[2]] == [1, 3]
+
+
+def test_the_latency_model():
+    latency = LatencyModel({1: 0.004, 8: 0.010, 16: 0.016})
+    assert latency.bucket(5) == 8 and latency.bucket(40) == 16
+    assert latency.batch_seconds(40) == pytest.approx(2 * 0.016 + 0.010)  # two full runs and one of 8
+    latency.observe_decode(10, 0.020)
+    assert latency.decode_per_image == pytest.approx(0.002)
+    latency.observe_decode(10, 0.040)  # the average moves a fifth of the way
+    assert latency.decode_per_image == pytest.approx(0.002 + 0.2 * 0.002)
+    assert latency.batch_seconds(1) == pytest.approx(0.004 + 0.0024)

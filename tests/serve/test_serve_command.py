@@ -1,0 +1,102 @@
+"""`yolojet serve` as a user starts it: a process on 127.0.0.1 that answers, shuts down on SIGTERM without losing
+an accepted request, and refuses bad command lines with one clear line; and the generated protobuf code is what
+the .proto gives."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from support import run_cli
+from ultralytics.utils import ASSETS
+
+from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
+
+BUS = (ASSETS / "bus.jpg").read_bytes()
+PROTO_DIR = Path(__file__).resolve().parents[2] / "yolojet" / "serve" / "proto" / "yolojet" / "v1"
+
+
+def start(model_dir, *flags) -> tuple[subprocess.Popen, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "yolojet", "serve", "--model", f"{model_dir}:1", "--port", "0", *flags],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    lines = []
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        found = re.search(r"listening on (\S+)", line)
+        if found:
+            return process, found.group(1)
+    process.kill()
+    raise AssertionError("the server did not start:\n" + "".join(lines))
+
+
+def test_sigterm_answers_every_accepted_request(model_dirs):
+    process, address = start(model_dirs["detect"], "--slo-ms", "60000")
+    try:
+        stub = pb_grpc.InferenceStub(grpc.insecure_channel(address))
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            calls = [pool.submit(stub.Infer, pb.InferRequest(id=str(i), image=BUS), timeout=120) for i in range(12)]
+            first = next(concurrent.futures.as_completed(calls)).result()  # the server is busy on the rest
+            process.send_signal(signal.SIGTERM)
+            replies = [c.result() for c in calls]
+        assert first.width == 810
+        assert sorted(int(r.id) for r in replies) == list(range(12))
+        assert all(r.width == 810 for r in replies)
+        assert process.wait(timeout=60) == 0
+        with pytest.raises(grpc.RpcError) as info:  # and it is gone
+            stub.Infer(pb.InferRequest(image=BUS), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        log = process.stderr.read()
+        assert '"event": "shutting down"' in log and '"event": "stopped"' in log and "Traceback" not in log
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--model", "x.pt:0"], "max_batch must be at least 1"),
+        (["--model", "m", "--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
+        (["--model", "m", "--token-file", "missing.txt"], "--token-file missing.txt: no such file"),
+        (["--model", "nowhere_model_dir"], "nowhere_model_dir"),
+    ],
+)
+def test_bad_command_lines_are_one_clear_line(capsys, monkeypatch, tmp_path, flags, fragment):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path / "cache"))
+    code, _, stderr = run_cli(capsys, "serve", *flags)
+    assert code == 2 and fragment in stderr and "Traceback" not in stderr, stderr
+
+
+def test_generated_code_is_what_the_proto_gives(tmp_path):
+    """The committed *_pb2.py files equal grpcio-tools' output for the committed .proto (regenerate them with the
+    command in yolojet/serve/proto/README.md after changing it)."""
+    pytest.importorskip("grpc_tools")
+    root = Path(__file__).resolve().parents[2]
+    relative = PROTO_DIR.relative_to(root)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{root}", f"--python_out={out}", f"--grpc_python_out={out}",
+         f"--pyi_out={out}", str(relative / "inference.proto")],
+        cwd=root, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for name in ("inference_pb2.py", "inference_pb2_grpc.py", "inference_pb2.pyi"):
+        assert (out / relative / name).read_text() == (PROTO_DIR / name).read_text(), name

@@ -1,0 +1,262 @@
+"""The gRPC service against a real server on 127.0.0.1 with a real client: every RPC and every task answered as the
+engine answers the same bytes (boxes, rotated boxes, keypoints, top-5, masks as COCO RLE that pycocotools decodes),
+streams in order with their ids, health and reflection, each bad input a clear status that leaves the server
+serving, overload refused at once then recovery, a bearer token, TLS and the metrics endpoint."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import urllib.request
+from dataclasses import replace
+
+import grpc
+import numpy as np
+import pytest
+from conftest import RunningServer, served
+from PIL import Image
+from pycocotools import mask as mask_utils
+from ultralytics.utils import ASSETS
+
+from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
+from yolojet.serve.server import ServeOptions
+
+BUS = (ASSETS / "bus.jpg").read_bytes()
+ZIDANE = (ASSETS / "zidane.jpg").read_bytes()
+CONF = 0.001
+
+
+def png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (30, 90, 150)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def rows_of(reply: pb.InferReply) -> np.ndarray:
+    return np.array([[d.box.x1, d.box.y1, d.box.x2, d.box.y2, d.confidence, d.class_id] for d in reply.detections],
+                    dtype=np.float32).reshape(-1, 6)  # fmt: skip
+
+
+@pytest.mark.parametrize("task", ["detect", "segment", "pose", "obb", "classify"])
+def test_infer_answers_as_the_engine_does(server, task):
+    stub = server.stub()
+    engine = server.server.models[task].engine
+    found = 0
+    for data in (BUS, ZIDANE):
+        reply = stub.Infer(pb.InferRequest(id="one", model=task, image=data, conf=CONF), timeout=120)
+        (want,) = engine([data], conf=CONF)
+        assert (reply.id, reply.model, reply.task) == ("one", task, task)
+        assert (reply.height, reply.width) == want.orig_shape
+        assert reply.model_version == server.server.models[task].version
+        assert reply.timings.run_ms > 0 and reply.timings.decode_ms > 0
+        if task == "classify":
+            assert [c.class_id for c in reply.top5] == list(want.probs.top5)
+            np.testing.assert_allclose([c.confidence for c in reply.top5], want.probs.top5conf, rtol=1e-6)
+            continue
+        if task == "obb":
+            got = np.array([[d.rotated_box.cx, d.rotated_box.cy, d.rotated_box.width, d.rotated_box.height,
+                             d.rotated_box.angle, d.confidence, d.class_id] for d in reply.detections])  # fmt: skip
+            assert len(got) == len(want.obb)
+            found += len(got)
+            if len(got):
+                np.testing.assert_allclose(got, want.obb.data, rtol=1e-5, atol=1e-3)
+            continue
+        assert len(reply.detections) == len(want.boxes), task
+        found += len(want.boxes)
+        np.testing.assert_allclose(rows_of(reply), want.boxes.data, rtol=1e-5, atol=1e-3)
+        assert all(d.class_name == want.names[d.class_id] for d in reply.detections)
+        if task == "pose":
+            points = np.array([[[k.x, k.y, k.visibility] for k in d.keypoints] for d in reply.detections])
+            np.testing.assert_allclose(points, want.keypoints.data, rtol=1e-5, atol=1e-3)
+        if task == "segment":
+            for d, mask in zip(reply.detections, want.masks.data, strict=True):
+                rle = {"size": [d.mask.height, d.mask.width], "counts": d.mask.counts.encode()}
+                assert np.array_equal(mask_utils.decode(rle).astype(bool), mask)
+    assert task == "classify" or found > 0, f"{task}: no detections to compare (random weights found none)"
+
+
+def test_per_request_options_in_one_batch(server):
+    """Requests with their own conf, max_det and classes, sent at once so that they share batches, each get what
+    that request alone gets."""
+    stub = server.stub()
+    engine = server.server.models["detect"].engine
+    asks = [{"conf": 0.001}, {"conf": 0.05}, {"conf": 0.001, "max_det": 3}, {"conf": 0.001, "classes": [0, 5]}]
+    with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
+        futures = [pool.submit(stub.Infer, pb.InferRequest(image=BUS, model="detect", **a), timeout=120) for a in asks]
+        replies = [f.result() for f in futures]
+    for ask, reply in zip(asks, replies, strict=True):
+        (want,) = engine([BUS], **ask)
+        np.testing.assert_allclose(rows_of(reply), want.boxes.data, rtol=1e-5, atol=1e-3)
+
+
+def test_stream_keeps_order_and_ids_and_answers_bad_requests_in_place(server):
+    stub = server.stub()
+    images = [BUS, b"", ZIDANE, b"not an image", png(64, 48), BUS]
+    requests = [pb.InferRequest(id=f"r{i}", model="detect", image=data, conf=CONF) for i, data in enumerate(images)]
+    replies = list(stub.InferStream(iter(requests), timeout=300))
+    assert [r.id for r in replies] == [f"r{i}" for i in range(len(images))]
+    codes = [grpc.StatusCode.OK.value[0] if not r.HasField("error") else r.error.code for r in replies]
+    invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert codes == [0, invalid, 0, invalid, 0, 0]
+    assert "empty" in replies[1].error.message and "cannot decode" in replies[3].error.message
+    assert (replies[4].width, replies[4].height) == (64, 48)
+    np.testing.assert_allclose(rows_of(replies[0]), rows_of(replies[5]), rtol=1e-5, atol=1e-3)  # other batches
+
+
+def test_list_models(server):
+    reply = server.stub().ListModels(pb.ListModelsRequest(), timeout=30)
+    info = {m.name: m for m in reply.models}
+    assert sorted(info) == ["classify", "detect", "obb", "pose", "segment"]
+    assert info["detect"].task == "detect" and info["detect"].max_batch == 4 and info["detect"].height == 320
+    assert info["detect"].backend == "reference" and info["detect"].decoder == "cpu"
+    assert len(info["detect"].class_names) == 80
+
+
+def test_health_and_reflection(server):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    channel = grpc.insecure_channel(server.address)
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "yolojet.v1.Inference"):
+        status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+    database = ProtoReflectionDescriptorDatabase(channel)
+    services = set(database.get_services())
+    assert {"yolojet.v1.Inference", "grpc.health.v1.Health"} <= services
+    described = database.FindFileContainingSymbol("yolojet.v1.Inference")
+    assert [m.name for m in described.service[0].method] == ["Infer", "InferStream", "ListModels"]
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "code", "fragment"),
+    [
+        ({"image": b""}, grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+        ({"image": b"\x00" * 100}, grpc.StatusCode.INVALID_ARGUMENT, "cannot decode as an image"),
+        ({"image": BUS[: len(BUS) // 2]}, grpc.StatusCode.INVALID_ARGUMENT, "cut short"),
+        ({"image": BUS, "model": "nope"}, grpc.StatusCode.NOT_FOUND, "no model named 'nope'"),
+        ({"image": BUS, "model": ""}, grpc.StatusCode.NOT_FOUND, "a model name is needed"),
+        ({"image": BUS, "conf": 1.5}, grpc.StatusCode.INVALID_ARGUMENT, "conf 1.5"),
+        ({"image": BUS, "iou": -0.1}, grpc.StatusCode.INVALID_ARGUMENT, "iou -0.1"),
+        ({"image": BUS, "max_det": 0}, grpc.StatusCode.INVALID_ARGUMENT, "max_det 0"),
+        ({"image": BUS, "max_det": 301}, grpc.StatusCode.INVALID_ARGUMENT, "max_det 301"),
+        ({"image": BUS, "classes": [80]}, grpc.StatusCode.INVALID_ARGUMENT, "class ids are ints from 0 to 79"),
+    ],
+)
+def test_bad_requests_get_a_clear_status_and_the_server_keeps_serving(server, request_fields, code, fragment):
+    stub = server.stub()
+    fields = {"model": "detect", **request_fields}
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Infer(pb.InferRequest(**fields), timeout=60)
+    assert info.value.code() == code and fragment in info.value.details(), info.value.details()
+    assert stub.Infer(pb.InferRequest(model="detect", image=ZIDANE), timeout=60).width == 1280
+
+
+def test_an_image_over_the_pixel_limit(model_dirs):
+    running = RunningServer({"detect": served("detect", model_dirs["detect"], max_pixels=100 * 100)},
+                            replace(ServeOptions(), port=0, slo_ms=60_000))  # fmt: skip
+    try:
+        stub = running.stub()
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Infer(pb.InferRequest(image=png(101, 100)), timeout=60)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "over the limit of 10,000" in info.value.details()
+        assert stub.Infer(pb.InferRequest(image=png(100, 100)), timeout=60).width == 100
+    finally:
+        running.stop()
+
+
+def test_overload_is_refused_at_once_then_the_server_recovers(model_dirs):
+    """A queue of two: of many requests sent at once, those beyond what can wait are refused with
+    RESOURCE_EXHAUSTED without waiting, the rest answered; afterwards requests are served again."""
+    running = RunningServer({"detect": served("detect", model_dirs["detect"], max_batch=1)},
+                            replace(ServeOptions(), port=0, slo_ms=60_000, max_queue=2))  # fmt: skip
+    try:
+        stub = running.stub()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(stub.Infer.future(pb.InferRequest(image=BUS), timeout=120).exception)
+                       for _ in range(16)]  # fmt: skip
+            errors = [f.result() for f in futures]
+        refused = [e for e in errors if e is not None]
+        assert refused and all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
+        assert "already queued" in refused[0].details()
+        assert len(refused) < 16
+        assert stub.Infer(pb.InferRequest(image=ZIDANE), timeout=60).width == 1280
+    finally:
+        running.stop()
+
+
+def test_a_deadline_the_work_ahead_would_miss_is_refused_at_once(model_dirs):
+    running = RunningServer({"detect": served("detect", model_dirs["detect"], max_batch=1)},
+                            replace(ServeOptions(), port=0, slo_ms=60_000))  # fmt: skip
+    try:
+        stub = running.stub()
+        run_s = running.server.models["detect"].latency.run_seconds[1]
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Infer(pb.InferRequest(image=BUS), timeout=run_s / 2)  # less than one run: it cannot be met
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+        assert "past the deadline" in info.value.details()
+        assert stub.Infer(pb.InferRequest(image=BUS), timeout=60).width == 810
+    finally:
+        running.stop()
+
+
+def test_a_bearer_token_is_required_where_set_but_not_for_health(model_dirs):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    running = RunningServer({"detect": served("detect", model_dirs["detect"])},
+                            replace(ServeOptions(), port=0, slo_ms=60_000, token="s3cret"))  # fmt: skip
+    try:
+        stub = running.stub()
+        for metadata in (None, (("authorization", "Bearer wrong"),)):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Infer(pb.InferRequest(image=BUS), timeout=30, metadata=metadata)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        reply = stub.Infer(pb.InferRequest(image=BUS), timeout=60, metadata=(("authorization", "Bearer s3cret"),))
+        assert reply.width == 810
+        channel = grpc.insecure_channel(running.address)
+        assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status == 1
+    finally:
+        running.stop()
+
+
+def test_tls(model_dirs, tmp_path):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .sign(key, hashes.SHA256()))  # fmt: skip
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    (tmp_path / "cert.pem").write_bytes(cert_pem)
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))  # fmt: skip
+    options = replace(ServeOptions(), port=0, slo_ms=60_000, tls_cert=tmp_path / "cert.pem",
+                      tls_key=tmp_path / "key.pem")  # fmt: skip
+    running = RunningServer({"detect": served("detect", model_dirs["detect"])}, options)
+    try:
+        channel = grpc.secure_channel(f"localhost:{running.server.port}", grpc.ssl_channel_credentials(cert_pem))
+        assert pb_grpc.InferenceStub(channel).Infer(pb.InferRequest(image=BUS), timeout=60).width == 810
+        with pytest.raises(grpc.RpcError):  # plaintext to a TLS port
+            running.stub().Infer(pb.InferRequest(image=BUS), timeout=10)
+    finally:
+        running.stop()
+
+
+def test_metrics(server):
+    server.stub().Infer(pb.InferRequest(model="detect", image=BUS), timeout=60)
+    with pytest.raises(grpc.RpcError):
+        server.stub().Infer(pb.InferRequest(model="detect", image=b"junk"), timeout=60)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.server.metrics_port}/metrics", timeout=10).read().decode()
+    assert 'yolojet_requests_total{code="OK",model="detect"}' in text
+    assert 'yolojet_requests_total{code="INVALID_ARGUMENT",model="detect"}' in text
+    assert "yolojet_batch_size_bucket" in text and 'stage="decode"' in text and "yolojet_queue_depth" in text

@@ -1,0 +1,168 @@
+"""Deadline-aware dynamic batching: which requests run together, when, and which are turned away at once.
+
+Each request has a deadline: the gRPC deadline its client set, else its arrival plus the server's SLO. Each model has
+a queue and a latency model: the engine's run time for each batch bucket, measured at start-up, and an exponential
+moving average of decode time per image, updated by every batch.
+
+- Work-conserving: whenever the engine can take a batch (fewer than `depth` batches in flight), the queue whose
+  oldest request's deadline is nearest gives a batch of everything it holds, up to the model's max_batch. Under light
+  load that is a batch of one or two, run at once; under heavy load the queues fill while the engine is busy, so
+  batches grow to max_batch by themselves. A batch takes only requests whose options can share one run (the same
+  IoU threshold and class-agnostic flag; conf, max_det and classes are applied to each request's results).
+- Admission: a request is refused at once (`Refused`, RESOURCE_EXHAUSTED) when its queue is full or when the work
+  ahead of it (the batches in flight, the queued requests of any model with an earlier deadline, its own batch)
+  would end past its deadline, rather than being left to time out.
+- A request whose deadline has passed while it waited is dropped from its queue (DEADLINE_EXCEEDED), never run.
+
+Everything here is plain logic on an injected clock, so it is tested without a server or a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DECODE_EMA = 0.2  # weight of the newest batch in the decode-time average
+
+
+@dataclass
+class Request:
+    """One image waiting for a batch. `key` groups the requests that may share a run."""
+
+    model: str
+    deadline: float
+    arrival: float
+    key: Any = None
+    payload: Any = None
+
+
+@dataclass
+class LatencyModel:
+    """Seconds a batch of n images takes: decode (per image, averaged) plus the run of its bucket."""
+
+    run_seconds: dict[int, float]  # bucket size -> seconds for one run
+    decode_per_image: float = 0.0
+
+    def bucket(self, n: int) -> int:
+        fitting = [b for b in self.run_seconds if b >= n]
+        return min(fitting) if fitting else max(self.run_seconds)
+
+    def batch_seconds(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        largest = max(self.run_seconds)
+        full, rest = divmod(n, largest)
+        seconds = full * self.run_seconds[largest] + (self.run_seconds[self.bucket(rest)] if rest else 0.0)
+        return seconds + n * self.decode_per_image
+
+    def observe_decode(self, images: int, seconds: float) -> None:
+        if images > 0:
+            per_image = seconds / images
+            if self.decode_per_image == 0.0:
+                self.decode_per_image = per_image
+            else:
+                self.decode_per_image += DECODE_EMA * (per_image - self.decode_per_image)
+
+
+class Refused(Exception):
+    """A request the server cannot serve in time (its queue is full, or its deadline would pass first)."""
+
+
+@dataclass
+class ModelQueue:
+    max_batch: int
+    latency: LatencyModel
+    max_queue: int
+    waiting: deque[Request] = field(default_factory=deque)
+
+
+class Scheduler:
+    """The queues of every model and the batches in flight; not thread-safe (the server holds a lock)."""
+
+    def __init__(self, clock: Callable[[], float], depth: int = 2) -> None:
+        self.clock = clock
+        self.depth = depth
+        self.queues: dict[str, ModelQueue] = {}
+        self.in_flight: dict[int, float] = {}  # batch ticket -> its seconds, estimated
+        self._tickets = 0
+
+    def add_model(self, name: str, max_batch: int, latency: LatencyModel, max_queue: int) -> None:
+        self.queues[name] = ModelQueue(max_batch, latency, max_queue)
+
+    def queued(self) -> int:
+        return sum(len(q.waiting) for q in self.queues.values())
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def admit(self, request: Request) -> None:
+        """Queue the request, or raise Refused saying why it cannot meet its deadline."""
+        queue = self.queues[request.model]
+        if len(queue.waiting) >= queue.max_queue:
+            raise Refused(f"model {request.model}: {len(queue.waiting)} requests already queued (the limit)")
+        finish = self.clock() + self.work_ahead(request)
+        if finish > request.deadline:
+            late = (finish - request.deadline) * 1000
+            raise Refused(f"model {request.model}: the work queued ahead would end {late:.0f} ms past the deadline")
+        queue.waiting.append(request)
+
+    def work_ahead(self, request: Request) -> float:
+        """Seconds until `request` would be done: what is in flight, the queued requests served before it (its own
+        queue's, and other queues' with an earlier oldest deadline), and its own batch."""
+        seconds = sum(self.in_flight.values())
+        own = self.queues[request.model]
+        for name, queue in self.queues.items():
+            if name == request.model or not queue.waiting or queue.waiting[0].deadline > request.deadline:
+                continue
+            seconds += queue.latency.batch_seconds(len(queue.waiting))
+        ahead = len(own.waiting)
+        full_batches = ahead // own.max_batch  # batches that fill up before this request's
+        seconds += full_batches * own.latency.batch_seconds(own.max_batch)
+        return seconds + own.latency.batch_seconds(ahead - full_batches * own.max_batch + 1)
+
+    # -- batches ------------------------------------------------------------------------------
+
+    def expired(self) -> list[Request]:
+        """Requests whose deadline passed while they waited, taken out of their queues."""
+        now, gone = self.clock(), []
+        for queue in self.queues.values():
+            keep = deque(r for r in queue.waiting if r.deadline > now)
+            if len(keep) != len(queue.waiting):
+                gone += [r for r in queue.waiting if r.deadline <= now]
+                queue.waiting = keep
+        return gone
+
+    def can_launch(self) -> bool:
+        return len(self.in_flight) < self.depth and self.queued() > 0
+
+    def next_batch(self) -> tuple[int, str, list[Request]] | None:
+        """The batch to run now, as (ticket, model, requests): the model whose oldest request's deadline is nearest,
+        its requests that share the oldest one's key, up to max_batch, in arrival order; None when the engine is
+        busy or nothing waits. Hand the ticket to `finished` when the batch is done."""
+        if not self.can_launch():
+            return None
+        name = min((n for n, q in self.queues.items() if q.waiting), key=lambda n: self.queues[n].waiting[0].deadline)
+        queue = self.queues[name]
+        key = queue.waiting[0].key
+        batch, rest = [], deque()
+        while queue.waiting:
+            request = queue.waiting.popleft()
+            if len(batch) < queue.max_batch and request.key == key:
+                batch.append(request)
+            else:
+                rest.append(request)
+        queue.waiting = rest
+        self._tickets += 1
+        self.in_flight[self._tickets] = queue.latency.batch_seconds(len(batch))
+        return self._tickets, name, batch
+
+    def finished(self, ticket: int) -> None:
+        """The batch of this ticket is done."""
+        self.in_flight.pop(ticket, None)
+
+    def next_wakeup(self) -> float:
+        """When the earliest queued deadline passes (for dropping it), or infinity."""
+        deadlines = [q.waiting[0].deadline for q in self.queues.values() if q.waiting]
+        return min(deadlines) if deadlines else math.inf

@@ -1,0 +1,56 @@
+"""Results as the service's protobuf messages."""
+
+from __future__ import annotations
+
+from yolojet.serve.models import ServedModel
+from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+from yolojet.tasks import Results
+
+
+def reply(result: Results, model: ServedModel, request_id: str, timings: pb.Timings) -> pb.InferReply:
+    """One image's results: detections (boxes, rotated boxes, keypoints, COCO RLE masks) or the top-5 classes."""
+    meta = model.engine.meta
+    out = pb.InferReply(
+        id=request_id, model=model.name, model_version=model.version, width=result.orig_shape[1],
+        height=result.orig_shape[0], task=meta.task, timings=timings,
+    )  # fmt: skip
+    names = result.names
+
+    def detection(conf: float, cls: float) -> pb.Detection:
+        c = int(cls)
+        return out.detections.add(confidence=float(conf), class_id=c, class_name=names.get(c, str(c)))
+
+    if result.probs is not None:
+        for c, p in zip(result.probs.top5, result.probs.top5conf, strict=True):
+            out.top5.add(class_id=int(c), class_name=names.get(int(c), str(int(c))), confidence=float(p))
+        return out
+    if result.obb is not None:
+        for (cx, cy, w, h, angle), conf, cls in zip(result.obb.xywhr, result.obb.conf, result.obb.cls, strict=True):
+            d = detection(conf, cls)
+            d.rotated_box.CopyFrom(pb.RotatedBox(cx=cx, cy=cy, width=w, height=h, angle=angle))
+        return out
+    if result.boxes is None:
+        return out
+    rles = result.masks.to_rle() if result.masks is not None else None
+    for i, ((x1, y1, x2, y2), conf, cls) in enumerate(
+        zip(result.boxes.xyxy, result.boxes.conf, result.boxes.cls, strict=True)
+    ):
+        d = detection(conf, cls)
+        d.box.CopyFrom(pb.Box(x1=x1, y1=y1, x2=x2, y2=y2))
+        if result.keypoints is not None:
+            for point in result.keypoints.data[i]:
+                d.keypoints.add(x=point[0], y=point[1], visibility=point[2] if len(point) > 2 else 1.0)
+        if rles is not None:
+            h, w = rles[i]["size"]
+            d.mask.CopyFrom(pb.Mask(height=h, width=w, counts=rles[i]["counts"]))
+    return out
+
+
+def model_info(model: ServedModel) -> pb.ModelInfo:
+    meta = model.engine.meta
+    h, w = meta.imgsz
+    return pb.ModelInfo(
+        name=model.name, version=model.version, task=meta.task, max_batch=model.max_batch, height=h, width=w,
+        class_names=[meta.names[i] for i in sorted(meta.names)], backend=model.engine.backend,
+        decoder=model.engine.decoder.name,
+    )  # fmt: skip

@@ -1,0 +1,107 @@
+"""The models a server runs: each a name, a version, an engine, and its latency per batch bucket measured at start-up.
+
+A model is given as `NAME_OR_DIR[:max_batch]`: a model directory, a `.pt` checkpoint, an ultralytics name or an
+architecture `.yaml`; its name (what requests route by) is the file or folder name without its suffix, its version
+a digest of its weights (two servers with the same version give the same results).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolojet.engine.engine import Engine
+from yolojet.errors import EngineConfigError
+from yolojet.images import Frame
+from yolojet.ir import Graph
+from yolojet.serve.batcher import LatencyModel
+
+_SPEC = re.compile(r"^(?P<source>.+?)(?::(?P<batch>\d+))?$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str
+    max_batch: int
+
+    @property
+    def name(self) -> str:
+        path = Path(self.source.rstrip("/"))
+        return path.stem if path.suffix.lower() in (".pt", ".yaml", ".yml") else path.name
+
+
+def parse_model_spec(text: str, default_batch: int) -> ModelSpec:
+    """`NAME_OR_DIR[:max_batch]`."""
+    match = _SPEC.match(text.strip())
+    if not text.strip() or match is None:
+        raise EngineConfigError(f"--model {text!r}: expected NAME_OR_DIR[:max_batch], e.g. yolo11n.pt:64")
+    batch = int(match["batch"]) if match["batch"] else default_batch
+    if batch < 1:
+        raise EngineConfigError(f"--model {text!r}: max_batch must be at least 1")
+    return ModelSpec(match["source"], batch)
+
+
+def weights_version(graph: Graph) -> str:
+    """The first 12 hex digits of a SHA-256 over the weights (by name) and the model's metadata."""
+    digest = hashlib.sha256(repr(sorted(graph.meta.to_json().items())).encode())
+    for name in sorted(graph.weights):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(graph.weights[name]).tobytes())
+    return digest.hexdigest()[:12]
+
+
+@dataclass
+class ServedModel:
+    name: str
+    version: str
+    engine: Engine
+    latency: LatencyModel
+
+    @property
+    def max_batch(self) -> int:
+        return self.engine.max_batch
+
+
+def measure_latency(engine: Engine, repeats: int = 3) -> LatencyModel:
+    """The engine's run time for each batch bucket (median of `repeats` after a warm-up, which also captures each
+    bucket's graph, so the first requests do not pay for it), on a grey frame of the model's input size."""
+    buckets = getattr(engine.network, "buckets", None) or [1, engine.max_batch]
+    h, w = engine.meta.imgsz
+    pixels = torch.full((h, w, 3), 114, dtype=torch.uint8, device=engine.device)
+    frame = Frame(pixels, bgr=False)
+    seconds: dict[int, float] = {}
+    for bucket in sorted(set(buckets)):
+        frames = [frame] * bucket
+        engine.submit(frames).results()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            engine.submit(frames).results()
+            samples.append(time.perf_counter() - start)
+        seconds[bucket] = sorted(samples)[len(samples) // 2]
+    return LatencyModel(seconds)
+
+
+def load_models(specs: list[ModelSpec], **engine_options: Any) -> dict[str, ServedModel]:
+    """Every model built, its latency measured; names must differ."""
+    names = [s.name for s in specs]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise EngineConfigError(f"--model: two models named {clash[0]!r}; rename one's file or folder")
+    models: dict[str, ServedModel] = {}
+    try:
+        for spec in specs:
+            engine = Engine.load(spec.source, max_batch=spec.max_batch, **engine_options)
+            models[spec.name] = ServedModel(spec.name, weights_version(engine.graph), engine, measure_latency(engine))
+    except BaseException:
+        for model in models.values():
+            model.engine.close()
+        raise
+    return models

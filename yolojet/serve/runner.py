@@ -1,0 +1,187 @@
+"""The thread that runs the server's batches: it asks the scheduler for the next batch, decodes it with the model's
+decoder, hands it to the engine, and answers each request when the engine is done, with two batches in flight so
+that decoding batch k + 1 overlaps running batch k.
+
+Requests reach it through `enqueue` (from the gRPC event loop's thread); each one's answer goes to its `done`
+callback, once, from this thread: a `Results` with its timings, or a status code and message (a bad image, a
+deadline that passed while it waited, an engine failure).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from yolojet.engine.engine import Submitted
+from yolojet.engine.predict_path import PredictOptions
+from yolojet.errors import ImageReadError
+from yolojet.images.decoders import Encoded
+from yolojet.serve.batcher import Request, Scheduler
+from yolojet.serve.metrics import ServerMetrics
+from yolojet.serve.models import ServedModel
+from yolojet.tasks import Results
+
+log = logging.getLogger("yolojet.serve")
+
+
+@dataclass
+class Outcome:
+    """A request's answer: its results, or the status code and message it failed with; and where its time went."""
+
+    result: Results | None = None
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    message: str = ""
+    queue_s: float = 0.0
+    decode_s: float = 0.0
+    run_s: float = 0.0
+
+
+@dataclass
+class Job:
+    """What a request carries to the runner."""
+
+    request_id: str
+    data: bytes
+    options: PredictOptions
+    done: Callable[[Outcome], None]
+
+
+@dataclass
+class _Launched:
+    ticket: int
+    model: ServedModel
+    requests: list[Request]
+    submitted: Submitted | None
+    started: float
+    decode_s: float
+    run_started: float
+
+
+class Runner:
+    def __init__(self, models: dict[str, ServedModel], scheduler: Scheduler, metrics: ServerMetrics,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.models, self.scheduler, self.metrics, self.clock = models, scheduler, metrics, clock
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="yolojet-serve-runner", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def enqueue(self, model: str, job: Job, deadline: float, key: Any) -> None:
+        """Queue a request for `model` (raises `Refused` when it cannot meet its deadline)."""
+        now = self.clock()
+        with self._cond:
+            if self._stopping:
+                job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message="the server is shutting down"))
+                return
+            self.scheduler.admit(Request(model, deadline, now, key, job))
+            self.metrics.queue_depth.labels(model).set(len(self.scheduler.queues[model].waiting))
+            self._cond.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Answer every queued request, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        in_flight: deque[_Launched] = deque()
+        while True:
+            with self._cond:
+                for request in self.scheduler.expired():
+                    late = (self.clock() - request.deadline) * 1000
+                    self._answer(request, Outcome(code=grpc.StatusCode.DEADLINE_EXCEEDED,
+                                                  message=f"the deadline passed {late:.0f} ms before a batch could "
+                                                  "take it"))  # fmt: skip
+                chosen = self.scheduler.next_batch()
+                if chosen is None and not in_flight:
+                    if self._stopping and self.scheduler.queued() == 0:
+                        return
+                    wait = min(1.0, max(0.0, self.scheduler.next_wakeup() - self.clock()))
+                    self._cond.wait(timeout=wait)
+                    continue
+                for name, queue in self.scheduler.queues.items():
+                    self.metrics.queue_depth.labels(name).set(len(queue.waiting))
+            if chosen is not None:
+                in_flight.append(self._launch(*chosen))
+            if in_flight and (chosen is None or len(in_flight) >= self.scheduler.depth):
+                self._finish(in_flight.popleft())
+
+    def _launch(self, ticket: int, name: str, requests: list[Request]) -> _Launched:
+        model = self.models[name]
+        started = self.clock()
+        jobs: list[Job] = [r.payload for r in requests]
+        try:
+            decoded = model.engine.decoder.decode([Encoded(j.data, f"image of request {j.request_id!r}") for j in jobs])
+        except Exception as e:  # a decoder failure, not a bad image: every request of the batch gets it
+            log.exception("decoding a batch of %s failed", name)
+            return self._failed(ticket, model, requests, started, f"decoding failed: {e}")
+        decode_s = self.clock() - started
+        model.latency.observe_decode(len(jobs), decode_s)
+        kept, frames = [], []
+        for request, item in zip(requests, decoded.items, strict=True):
+            if isinstance(item, ImageReadError):
+                self._answer(request, Outcome(code=grpc.StatusCode.INVALID_ARGUMENT, message=str(item),
+                                              queue_s=started - request.arrival, decode_s=decode_s))  # fmt: skip
+            else:
+                kept.append(request)
+                frames.append(item)
+        self.metrics.batch_size.labels(name).observe(len(requests))
+        run_started = self.clock()
+        submitted = None
+        if frames:
+            try:
+                submitted = model.engine.submit(frames, [r.payload.options for r in kept], ready=decoded.ready)
+            except Exception as e:
+                log.exception("running a batch of %s failed", name)
+                return self._failed(ticket, model, kept, started, f"the engine failed: {e}")
+        return _Launched(ticket, model, kept, submitted, started, decode_s, run_started)
+
+    def _failed(self, ticket: int, model: ServedModel, requests: list[Request], started: float,
+                message: str) -> _Launched:  # fmt: skip
+        for request in requests:
+            self._answer(request, Outcome(code=grpc.StatusCode.INTERNAL, message=message))
+        return _Launched(ticket, model, [], None, started, 0.0, started)
+
+    def _finish(self, launched: _Launched) -> None:
+        try:
+            results = launched.submitted.results() if launched.submitted is not None else []
+            failure = None
+        except Exception as e:
+            log.exception("a batch of %s failed", launched.model.name)
+            results, failure = [], f"the engine failed: {e}"
+        run_s = self.clock() - launched.run_started
+        for i, request in enumerate(launched.requests):
+            queue_s = launched.started - request.arrival
+            if failure is not None:
+                outcome = Outcome(code=grpc.StatusCode.INTERNAL, message=failure)
+            else:
+                outcome = Outcome(results[i], queue_s=queue_s, decode_s=launched.decode_s, run_s=run_s)
+            self._answer(request, outcome)
+        with self._cond:
+            self.scheduler.finished(launched.ticket)
+
+    def _answer(self, request: Request, outcome: Outcome) -> None:
+        name = request.model
+        self.metrics.requests.labels(name, outcome.code.name).inc()
+        if outcome.code == grpc.StatusCode.OK:
+            stages = self.metrics.stage_seconds
+            stages.labels(name, "queue").observe(outcome.queue_s)
+            stages.labels(name, "decode").observe(outcome.decode_s)
+            stages.labels(name, "run").observe(outcome.run_s)
+        try:
+            request.payload.done(outcome)
+        except Exception:  # a caller's callback must never stop the runner
+            log.exception("answering request %s failed", request.payload.request_id)

@@ -1,0 +1,195 @@
+"""The server: models loaded and timed, the runner started, the gRPC service with the standard health service and
+server reflection (so `grpcurl` can list and call it), optional TLS and bearer token, Prometheus metrics over HTTP,
+JSON-line logs, and a graceful shutdown on SIGTERM or SIGINT that answers every request already accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from yolojet.errors import EngineConfigError
+from yolojet.images import DEFAULT_MAX_PIXELS
+from yolojet.serve.batcher import Scheduler
+from yolojet.serve.metrics import ServerMetrics
+from yolojet.serve.models import ModelSpec, ServedModel, load_models
+from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
+from yolojet.serve.runner import Runner
+from yolojet.serve.service import InferenceService
+
+log = logging.getLogger("yolojet.serve")
+SERVICE = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # yolojet.v1.Inference
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How `yolojet serve` runs (its flags)."""
+
+    host: str = "127.0.0.1"
+    port: int = 50051
+    slo_ms: float = 50.0
+    max_queue: int = 1024
+    max_message_bytes: int = 64 << 20
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    device: str | None = None
+    half: bool = True
+    decoder: str = "auto"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    token: str | None = None
+    metrics_port: int | None = None
+    grace_s: float = 30.0
+    engine: dict[str, Any] = field(default_factory=dict)  # further Engine.load arguments (the engine switches)
+
+
+class _BearerToken(grpc.aio.ServerInterceptor):
+    """Every call but health checks and reflection must carry `authorization: Bearer <token>`."""
+
+    OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}"
+
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization)")
+
+        self._refuse = grpc.unary_unary_rpc_method_handler(refuse)
+        self._refuse_stream = grpc.stream_stream_rpc_method_handler(refuse)
+
+    async def intercept_service(self, continuation: Callable[..., Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:  # fmt: skip
+        if details.method.startswith(self.OPEN):
+            return await continuation(details)
+        if dict(details.invocation_metadata or ()).get("authorization") == self._expected:
+            return await continuation(details)
+        return self._refuse_stream if details.method.endswith("/InferStream") else self._refuse
+
+
+class Server:
+    """A running server: `start()` binds it (its port is `port`), `stop()` shuts it down gracefully."""
+
+    def __init__(self, models: dict[str, ServedModel], options: ServeOptions) -> None:
+        self.models, self.options = models, options
+        self.metrics = ServerMetrics()
+        self.metrics.watch_gpu_memory(sorted({m.engine.device for m in models.values()}, key=str))
+        self.scheduler = Scheduler(time.monotonic)
+        for name, model in models.items():
+            self.scheduler.add_model(name, model.max_batch, model.latency, options.max_queue)
+        self.runner = Runner(models, self.scheduler, self.metrics)
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._http: Any = None
+
+    async def start(self) -> None:
+        o = self.options
+        interceptors = [_BearerToken(o.token)] if o.token else []
+        server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.max_receive_message_length", o.max_message_bytes),
+            ("grpc.max_send_message_length", o.max_message_bytes),
+        ])  # fmt: skip
+        service = InferenceService(self.models, self.runner, self.metrics, o.slo_ms / 1000)
+        pb_grpc.add_InferenceServicer_to_server(service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+        )
+        address = f"{o.host}:{o.port}"
+        if o.tls_cert is not None:
+            credentials = grpc.ssl_server_credentials([(Path(o.tls_key).read_bytes(), Path(o.tls_cert).read_bytes())])
+            self.port = server.add_secure_port(address, credentials)
+        else:
+            self.port = server.add_insecure_port(address)
+        if self.port == 0:
+            raise EngineConfigError(f"--host {o.host} --port {o.port}: cannot listen there (in use, or no such host)")
+        self.runner.start()
+        await server.start()
+        self._grpc = server
+        for name in ("", SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if o.metrics_port is not None:
+            self._http = self.metrics.serve_http(o.host, o.metrics_port)
+            self.metrics_port = self._http.server_port
+        log.info(json.dumps({"event": "serving", "address": f"{o.host}:{self.port}", "tls": o.tls_cert is not None,
+                             "metrics_port": self.metrics_port, "models": sorted(self.models)}))  # fmt: skip
+
+    async def stop(self) -> None:
+        """Stop taking calls (health says NOT_SERVING first), answer every accepted request, close the engines."""
+        if self._grpc is None:
+            return
+        log.info(json.dumps({"event": "shutting down", "grace_s": self.options.grace_s}))
+        await self.health.enter_graceful_shutdown()
+        await self._grpc.stop(self.options.grace_s)
+        await asyncio.get_running_loop().run_in_executor(None, self.runner.stop)
+        if self._http is not None:
+            self._http.shutdown()
+        for model in self.models.values():
+            model.engine.close()
+        self._grpc = None
+        log.info(json.dumps({"event": "stopped"}))
+
+    async def wait(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.wait_for_termination()
+
+
+def configure_logging() -> None:
+    """JSON lines on stderr for the server's own events (the CLI's choice; nothing is configured on import)."""
+
+    class JsonLines(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            message = record.getMessage()
+            try:
+                body = json.loads(message)
+            except ValueError:
+                body = {"message": message}
+            entry = {"time": round(record.created, 3), "level": record.levelname.lower(), **body}
+            if record.exc_info:
+                entry["error"] = self.formatException(record.exc_info)
+            return json.dumps(entry)
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines())
+    logger = logging.getLogger("yolojet.serve")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def build_models(specs: list[ModelSpec], options: ServeOptions) -> dict[str, ServedModel]:
+    models = load_models(specs, device=options.device, half=options.half, decoder=options.decoder,
+                         max_pixels=options.max_pixels, **options.engine)  # fmt: skip
+    for model in models.values():
+        latency = {b: round(s * 1000, 3) for b, s in model.latency.run_seconds.items()}
+        log.info(json.dumps({"event": "model loaded", "name": model.name, "version": model.version,
+                             "task": model.engine.meta.task, "max_batch": model.max_batch,
+                             "backend": model.engine.backend, "decoder": model.engine.decoder.name,
+                             "run_ms_by_batch": latency}))  # fmt: skip
+    return models
+
+
+async def serve_forever(models: dict[str, ServedModel], options: ServeOptions) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    server = Server(models, options)
+    await server.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    print(f"yolojet serve: listening on {options.host}:{server.port}", file=sys.stderr, flush=True)
+    await stopping.wait()
+    await server.stop()

@@ -1,0 +1,157 @@
+"""The gRPC methods of `yolojet.v1.Inference` on grpc.aio: each request checked, queued for a batch with its deadline,
+and answered from the runner's thread through the event loop.
+
+A request's deadline is the one its client set (gRPC's own), else its arrival plus the server's SLO. Bad requests
+are answered at once: NOT_FOUND for an unknown model, INVALID_ARGUMENT for empty bytes or an option out of range
+(the image itself is checked when its batch decodes it: not an image, cut short, over the pixel limit), and
+RESOURCE_EXHAUSTED when the work queued ahead would end past the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from yolojet.errors import EngineConfigError
+from yolojet.serve import convert
+from yolojet.serve.batcher import Refused
+from yolojet.serve.metrics import ServerMetrics
+from yolojet.serve.models import ServedModel
+from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
+from yolojet.serve.runner import Job, Outcome, Runner
+
+STREAM_WINDOW = 512  # requests of one stream in flight at once; reading the stream waits beyond this
+
+
+class Problem(Exception):
+    """A request answered with a status before it reaches a batch."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class InferenceService(pb_grpc.InferenceServicer):
+    def __init__(self, models: dict[str, ServedModel], runner: Runner, metrics: ServerMetrics, slo_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.models, self.runner, self.metrics, self.slo_s, self.clock = models, runner, metrics, slo_s, clock
+
+    # -- one request --------------------------------------------------------------------------
+
+    def _model(self, name: str) -> ServedModel:
+        if not name and len(self.models) == 1:
+            return next(iter(self.models.values()))
+        if name not in self.models:
+            served = ", ".join(sorted(self.models))
+            if name:
+                raise Problem(grpc.StatusCode.NOT_FOUND, f"no model named {name!r} (served: {served})")
+            raise Problem(grpc.StatusCode.NOT_FOUND, f"a model name is needed: this server runs {served}")
+        return self.models[name]
+
+    def _submit(self, request: pb.InferRequest, deadline: float, loop: asyncio.AbstractEventLoop
+                ) -> tuple[ServedModel, asyncio.Future]:  # fmt: skip
+        """Check the request and queue it; the future gets its `Outcome`."""
+        model = self._model(request.model)
+        if not request.image:
+            raise Problem(grpc.StatusCode.INVALID_ARGUMENT, "image: empty, no image bytes in the request")
+        given: dict[str, Any] = {}
+        for field in ("conf", "iou", "max_det"):
+            if request.HasField(field):
+                given[field] = getattr(request, field)
+        if request.classes:
+            given["classes"] = list(request.classes)
+        try:
+            options = model.engine.options(**given)
+        except EngineConfigError as e:
+            raise Problem(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        future: asyncio.Future = loop.create_future()
+
+        def done(outcome: Outcome) -> None:
+            loop.call_soon_threadsafe(_settle, future, outcome)
+
+        job = Job(request.id, request.image, options, done)
+        try:
+            self.runner.enqueue(model.name, job, deadline, key=(options.iou, options.agnostic))
+        except Refused as e:
+            raise Problem(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
+        return model, future
+
+    def _deadline(self, context: grpc.aio.ServicerContext | None) -> float:
+        remaining = context.time_remaining() if context is not None else None
+        return self.clock() + (remaining if remaining is not None else self.slo_s)
+
+    def _count(self, model: str, code: grpc.StatusCode) -> None:
+        self.metrics.requests.labels(model or "-", code.name).inc()
+
+    # -- the methods --------------------------------------------------------------------------
+
+    async def Infer(self, request: pb.InferRequest, context: grpc.aio.ServicerContext) -> pb.InferReply:
+        loop = asyncio.get_running_loop()
+        try:
+            model, future = self._submit(request, self._deadline(context), loop)
+        except Problem as p:
+            self._count(request.model, p.code)
+            await context.abort(p.code, p.message)
+        outcome: Outcome = await future
+        if outcome.code != grpc.StatusCode.OK:
+            await context.abort(outcome.code, outcome.message)
+        return _reply(outcome, model, request.id)
+
+    async def InferStream(
+        self, request_iterator: AsyncIterator[pb.InferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.InferReply]:
+        loop = asyncio.get_running_loop()
+        pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
+        end = object()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    try:
+                        model, future = self._submit(request, self.clock() + self.slo_s, loop)
+                        await pending.put((request.id, model, future))
+                    except Problem as p:
+                        self._count(request.model, p.code)
+                        await pending.put((request.id, None, p))
+            finally:
+                await pending.put(end)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await pending.get()) is not end:
+                request_id, model, waiting = item
+                if isinstance(waiting, Problem):
+                    yield _error_reply(request_id, waiting.code, waiting.message)
+                    continue
+                outcome: Outcome = await waiting
+                if outcome.code != grpc.StatusCode.OK:
+                    yield _error_reply(request_id, outcome.code, outcome.message)
+                else:
+                    yield _reply(outcome, model, request_id)
+        finally:
+            reader.cancel()
+
+    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.ListModelsReply:  # fmt: skip
+        return pb.ListModelsReply(models=[convert.model_info(self.models[n]) for n in sorted(self.models)])
+
+
+def _settle(future: asyncio.Future, outcome: Outcome) -> None:
+    if not future.done():  # the client may have gone away (the call cancelled its future)
+        future.set_result(outcome)
+
+
+def _reply(outcome: Outcome, model: ServedModel, request_id: str) -> pb.InferReply:
+    timings = pb.Timings(queue_ms=outcome.queue_s * 1000, decode_ms=outcome.decode_s * 1000,
+                         run_ms=outcome.run_s * 1000)  # fmt: skip
+    assert outcome.result is not None
+    return convert.reply(outcome.result, model, request_id, timings)
+
+
+def _error_reply(request_id: str, code: grpc.StatusCode, message: str) -> pb.InferReply:
+    return pb.InferReply(id=request_id, error=pb.Error(code=code.value[0], message=message))
