@@ -232,3 +232,46 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
         code = e.code if isinstance(e.code, int) else 1
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+class RunningServer:
+    """A yolojet `Server` on an event loop of its own thread, started at once; `stop()` shuts it down gracefully."""
+
+    def __init__(self, models, options) -> None:
+        import asyncio
+        import threading
+
+        from yolojet.serve.server import Server
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = Server(models, options)
+        self.call(self.server.start())
+        self.address = f"127.0.0.1:{self.server.port}"
+
+    def call(self, coroutine):
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=120)
+
+    def stop(self) -> None:
+        self.call(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+
+    def stub(self, **channel_options):
+        import grpc
+
+        from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
+
+        return pb_grpc.InferenceStub(grpc.insecure_channel(self.address, **channel_options))
+
+
+def served(name: str, model_dir, max_batch: int = 4, **engine_options):
+    """A model of the reference backend on the CPU, ready to serve (its latency measured)."""
+    from yolojet.engine.engine import Engine
+    from yolojet.serve.models import ServedModel, measure_latency
+
+    engine = Engine.load(model_dir, device="cpu", backend="reference", max_batch=max_batch, **engine_options)
+    return ServedModel(name, engine.graph.version(), engine, measure_latency(engine, repeats=1))

@@ -493,6 +493,89 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_label(args: argparse.Namespace) -> int:
+    from yolojet.client import records
+    from yolojet.client.label import LabelJob, Summary, check_outputs, run
+    from yolojet.client.remote import Connection, RemoteLabeler, bench, model_facts
+    from yolojet.options import serve_token
+
+    if (args.server is None) == (not args.local):
+        raise EngineConfigError("give --server HOST:PORT (label through yolojet serve) or --local (an engine here)")
+    options = {k: v for k, v in (("conf", args.conf), ("iou", args.iou), ("max_det", args.max_det)) if v is not None}
+    if args.classes:
+        options["classes"] = args.classes
+    token = args.token_file.read_text().strip() if args.token_file is not None else serve_token()
+    if args.bench is not None:
+        if args.local:
+            raise EngineConfigError("--bench measures a server: give --server HOST:PORT")
+        connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
+        model_facts(connection)  # a clear error now rather than in every worker
+        found = bench(connection, Path(args.source[0]), args.bench, args.concurrency, args.processes, options)
+        _print_bench(found)
+        return 0 if found["answered"] == found["requests"] else 1
+    if args.out is None:
+        raise OutputPathError("--out: give the JSON-lines file the records go to")
+    job = LabelJob(args.source, args.out, args.errors, args.coco, args.rle, args.yolo_txt, args.resume,
+                   args.overwrite, args.quiet, options)  # fmt: skip
+    check_outputs(job)
+    summary = Summary()
+    if args.local:
+        from yolojet.client.local import LocalLabeler
+
+        if not args.model:
+            raise EngineConfigError("--local needs --model: a model directory, .pt checkpoint, name or .yaml")
+        labeler = LocalLabeler(args.model, args.concurrency, options, half=not args.fp32, decoder=args.decoder,
+                               device=args.device, **_engine_switches(args))  # fmt: skip
+        facts, label, close = labeler.facts, labeler, labeler.close
+    else:
+        connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
+        facts = model_facts(connection)
+        remote = RemoteLabeler(connection, args.concurrency, options)
+
+        def label(paths, on_record, on_error):
+            remote.run(paths, lambda path, reply: on_record(records.from_reply(path, reply)), on_error)
+
+        def close() -> None:
+            if remote.refusals or remote.reconnects:
+                summary.notes.append(f"the server refused {remote.refusals} requests for a while (sent again) and "
+                                     f"the connection was reopened {remote.reconnects} times")  # fmt: skip
+
+    try:
+        run(job, label, facts, summary)
+    except KeyboardInterrupt:
+        print(f"interrupted after {summary.labeled} images; run again with --resume to label the rest", file=sys.stderr)
+        return 130
+    except YolojetError:
+        print(f"{summary.labeled} images labeled before it (in {job.out}); --resume continues", file=sys.stderr)
+        raise
+    finally:
+        close()
+    for line in summary.lines(job):
+        print(line, file=sys.stderr)
+    return 1 if summary.failed else 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from yolojet.client.plot import plot
+
+    for path in plot(args.labels, args.out, samples=args.samples, seed=args.seed):
+        print(f"wrote {path}")
+    return 0
+
+
+def _print_bench(found: dict) -> None:
+    s = found["server_ms"]
+    rows = [
+        ("requests answered", f"{found['answered']} of {found['requests']} ({found['codes']})"),
+        ("in flight", f"{found['concurrency']} over {found['processes']} processes"),
+        ("img/s", f"{found['img_per_s']:,.0f}"),
+        ("latency p50 / p90 / p99 / max", f"{found['p50_ms']:.2f} / {found['p90_ms']:.2f} / {found['p99_ms']:.2f} / "
+                                          f"{found['max_ms']:.2f} ms"),
+        ("server: queue / decode / run", f"{s['queue']:.2f} / {s['decode']:.2f} / {s['run']:.2f} ms (mean)"),
+    ]  # fmt: skip
+    print(_format_table(rows, ("measure", "value")))
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from yolojet.eval.report import report_files, run_report
     from yolojet.outputs import check_output_folder, write_atomically
@@ -656,6 +739,51 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoder_flag(p)
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_serve)
+
+    p = sub.add_parser("label", help="label images into JSON lines, COCO and YOLO label files, through a server or "
+                       "locally; resumable")  # fmt: skip
+    p.add_argument("source", nargs="+", help="image files, globs, directories (searched recursively) or .txt files of "
+                   "image paths")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None, help="JSON-lines file of one record an image (required to label)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--server", default=None, metavar="HOST:PORT", help="label through yolojet serve there")
+    where.add_argument("--local", action="store_true", help="label on an engine in this process")
+    p.add_argument("--model", default=None, help="with --server: the served model's name (needed when it serves "
+                   "several); with --local: a model directory, .pt checkpoint, name or .yaml")  # fmt: skip
+    p.add_argument("-c", "--concurrency", type=_positive_int, default=64, help="requests in flight (--server), or "
+                   "the batch (--local); default 64")  # fmt: skip
+    p.add_argument("--coco", type=Path, default=None, help="also write COCO annotations here (at the end, atomically)")
+    p.add_argument("--rle", action="store_true", help="COCO segmentations as RLE, not polygons")
+    p.add_argument("--yolo-txt", type=Path, default=None, help="also make an ultralytics dataset here: label files, "
+                   "image links, data.yaml")  # fmt: skip
+    p.add_argument("--errors", type=Path, default=None, help="JSON lines of the images that failed and why (default: "
+                   "OUT.errors.jsonl)")  # fmt: skip
+    p.add_argument("--resume", action="store_true", help="keep OUT's records and label only the images not in it")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT's records, if it has any")
+    p.add_argument("--conf", type=float, default=None, help="confidence threshold (default 0.25)")
+    p.add_argument("--iou", type=float, default=None, help="NMS IoU threshold (default 0.7)")
+    p.add_argument("--max-det", type=int, default=None, help="most detections an image, 1..300 (default 300)")
+    p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
+    p.add_argument("--bench", type=_positive_int, default=None, metavar="N", help="send N requests of SOURCE's first "
+                   "image as fast as -c allows and print img/s and latencies (with --server)")  # fmt: skip
+    p.add_argument("--processes", type=_positive_int, default=4, help="--bench: client processes (default 4)")
+    p.add_argument("--retries", type=int, default=8, help="--server: times an unreachable or lost server is tried "
+                   "again, 0.5 s, 1 s, 2 s, ... apart (default 8, about 4 minutes)")  # fmt: skip
+    p.add_argument("--tls-ca", type=Path, default=None, help="--server over TLS, trusting this PEM certificate")
+    p.add_argument("--token-file", type=Path, default=None, help="bearer token for the server (or YOLOJET_TOKEN)")
+    p.add_argument("--quiet", action="store_true", help="no progress, no per-image errors on stderr")
+    p.add_argument("--fp32", action="store_true", help="--local: the GPU engine in fp32")
+    p.add_argument("--device", default=None, help="--local: cuda, cuda:N or cpu")
+    _add_decoder_flag(p)
+    _add_engine_switches(p)
+    p.set_defaults(run=_cmd_label)
+
+    p = sub.add_parser("plot", help="pictures of a labeling run: annotated samples, classes and scores")
+    p.add_argument("labels", type=Path, help="JSON lines written by yolojet label")
+    p.add_argument("--out", type=Path, required=True, help="folder for grid.png, classes.png and scores.png")
+    p.add_argument("--samples", type=_positive_int, default=16, help="images in the grid (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="which images are sampled (default 0)")
+    p.set_defaults(run=_cmd_plot)
 
     p = sub.add_parser(
         "report", help="yolojet fp16/fp32 next to PyTorch eager (and ONNX Runtime): speed and mAP on one dataset"

@@ -316,6 +316,17 @@ class Graph:
 
     # -- model directory ----------------------------------------------------------------------
 
+    def version(self) -> str:
+        """The first 12 hex digits of a SHA-256 over the metadata and the weights (by name): two graphs with the same
+        version compute the same function."""
+        import hashlib
+
+        digest = hashlib.sha256(json.dumps(self.meta.to_json(), sort_keys=True).encode())
+        for name in sorted(self.weights):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(self.weights[name]).tobytes())
+        return digest.hexdigest()[:12]
+
     def save(self, directory: str | Path) -> Path:
         """Write the model directory atomically: a half-written directory never appears under `directory`."""
         directory = Path(directory).absolute()

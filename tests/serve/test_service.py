@@ -13,9 +13,9 @@ from dataclasses import replace
 import grpc
 import numpy as np
 import pytest
-from conftest import RunningServer, served
 from PIL import Image
 from pycocotools import mask as mask_utils
+from support import RunningServer, served
 from ultralytics.utils import ASSETS
 
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb

@@ -31,10 +31,13 @@ def expand_sources(sources: list[str]) -> list[str]:
     for source in sources:
         path = Path(source)
         if path.is_dir():
-            files += sorted(str(p) for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+            # Anything named like an image but a folder: a broken link or an unreadable file is kept so that
+            # reading it reports it; a folder called 2024.jpg is searched like any other.
+            files += sorted(str(p) for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir())
         elif any(ch in source for ch in "*?["):
             matches = sorted(glob.glob(source, recursive=True))
-            files += [m for m in matches if Path(m).suffix.lower() in IMAGE_SUFFIXES and Path(m).is_file()] or [source]
+            named = [m for m in matches if Path(m).suffix.lower() in IMAGE_SUFFIXES and not Path(m).is_dir()]
+            files += named or [source]
         else:
             files.append(source)
     return files

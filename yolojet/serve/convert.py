@@ -52,5 +52,5 @@ def model_info(model: ServedModel) -> pb.ModelInfo:
     return pb.ModelInfo(
         name=model.name, version=model.version, task=meta.task, max_batch=model.max_batch, height=h, width=w,
         class_names=[meta.names[i] for i in sorted(meta.names)], backend=model.engine.backend,
-        decoder=model.engine.decoder.name,
+        decoder=model.engine.decoder.name, keypoint_shape=list(meta.kpt_shape or ()),
     )  # fmt: skip

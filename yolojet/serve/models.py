@@ -7,20 +7,17 @@ a digest of its weights (two servers with the same version give the same results
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from yolojet.engine.engine import Engine
 from yolojet.errors import EngineConfigError
 from yolojet.images import Frame
-from yolojet.ir import Graph
 from yolojet.serve.batcher import LatencyModel
 
 _SPEC = re.compile(r"^(?P<source>.+?)(?::(?P<batch>\d+))?$")
@@ -46,15 +43,6 @@ def parse_model_spec(text: str, default_batch: int) -> ModelSpec:
     if batch < 1:
         raise EngineConfigError(f"--model {text!r}: max_batch must be at least 1")
     return ModelSpec(match["source"], batch)
-
-
-def weights_version(graph: Graph) -> str:
-    """The first 12 hex digits of a SHA-256 over the weights (by name) and the model's metadata."""
-    digest = hashlib.sha256(repr(sorted(graph.meta.to_json().items())).encode())
-    for name in sorted(graph.weights):
-        digest.update(name.encode())
-        digest.update(np.ascontiguousarray(graph.weights[name]).tobytes())
-    return digest.hexdigest()[:12]
 
 
 @dataclass
@@ -99,7 +87,7 @@ def load_models(specs: list[ModelSpec], **engine_options: Any) -> dict[str, Serv
     try:
         for spec in specs:
             engine = Engine.load(spec.source, max_batch=spec.max_batch, **engine_options)
-            models[spec.name] = ServedModel(spec.name, weights_version(engine.graph), engine, measure_latency(engine))
+            models[spec.name] = ServedModel(spec.name, engine.graph.version(), engine, measure_latency(engine))
     except BaseException:
         for model in models.values():
             model.engine.close()

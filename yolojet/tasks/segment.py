@@ -168,6 +168,40 @@ def encode_rle(mask: np.ndarray) -> dict:
     return {"size": [int(h), int(w)], "counts": _rle_string(counts)}
 
 
+def _rle_counts(text: str) -> list[int]:
+    """pycocotools' rleFrString: the inverse of `_rle_string`."""
+    counts: list[int] = []
+    i = 0
+    while i < len(text):
+        x, k, more = 0, 0, True
+        while more:
+            c = ord(text[i]) - 48
+            x |= (c & 0x1F) << (5 * k)
+            more = bool(c & 0x20)
+            i += 1
+            k += 1
+            if not more and c & 0x10:
+                x |= -1 << (5 * k)
+        if len(counts) > 2:
+            x += counts[-2]
+        counts.append(x)
+    return counts
+
+
+def decode_rle(rle: dict) -> np.ndarray:
+    """A COCO RLE dict {"size": [h, w], "counts": str or bytes} (compressed, as `encode_rle` and pycocotools write
+    it) as an (h, w) bool mask."""
+    h, w = (int(v) for v in rle["size"])
+    text = rle["counts"].decode() if isinstance(rle["counts"], bytes) else rle["counts"]
+    counts = _rle_counts(text)
+    if sum(counts) != h * w or any(c < 0 for c in counts):
+        raise ValueError(f"RLE counts cover {sum(counts)} pixels, not {h}x{w}")
+    values = np.zeros(len(counts), dtype=bool)
+    values[1::2] = True
+    flat = np.repeat(values, counts)
+    return flat.reshape(w, h).T
+
+
 @dataclass
 class Masks:
     """k instance masks as a (k, h, w) bool array over the original image."""

@@ -145,7 +145,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "task", "max_batch", "height", "width", "class_names", "backend", "decoder")
+    __slots__ = ("name", "version", "task", "max_batch", "height", "width", "class_names", "backend", "decoder", "keypoint_shape")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class ModelInfo(_message.Message):
     CLASS_NAMES_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DECODER_FIELD_NUMBER: _ClassVar[int]
+    KEYPOINT_SHAPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     task: str
@@ -164,7 +165,8 @@ class ModelInfo(_message.Message):
     class_names: _containers.RepeatedScalarFieldContainer[str]
     backend: str
     decoder: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., task: _Optional[str] = ..., max_batch: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., class_names: _Optional[_Iterable[str]] = ..., backend: _Optional[str] = ..., decoder: _Optional[str] = ...) -> None: ...
+    keypoint_shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., task: _Optional[str] = ..., max_batch: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., class_names: _Optional[_Iterable[str]] = ..., backend: _Optional[str] = ..., decoder: _Optional[str] = ..., keypoint_shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ListModelsReply(_message.Message):
     __slots__ = ("models",)

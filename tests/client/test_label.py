@@ -1,0 +1,257 @@
+"""`yolojet label` against a real server on 127.0.0.1 and on a local engine: JSON lines, COCO (loaded by
+pycocotools, polygons that rasterize to the masks the server sent) and a YOLO dataset (read by ultralytics' own
+label loader) on the shipped photos; the same records both ways; a run killed with SIGKILL and resumed gives each
+image exactly once; bad files go to the error log and the run goes on; an unreachable server is reported with what
+was done; the bench mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import RunningServer, calibrated_model, run_cli, served
+from ultralytics.utils import ASSETS
+
+import yolojet
+from yolojet.serve.server import ServeOptions
+
+CONF = "0.001"
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("label_models")
+    return {
+        task: yolojet.export(calibrated_model(cfg, 320), out=root / task, imgsz=320)
+        for task, cfg in {"detect": "yolov8n.yaml", "segment": "yolov8n-seg.yaml", "pose": "yolov8n-pose.yaml",
+                          "obb": "yolov8n-obb.yaml"}.items()
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(model_dirs):
+    models = {task: served(task, path) for task, path in model_dirs.items()}
+    running = RunningServer(models, replace(ServeOptions(), port=0, slo_ms=60_000))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def photos(tmp_path) -> Path:
+    folder = tmp_path / "photos" / "images"
+    folder.mkdir(parents=True)
+    for name in ("bus.jpg", "zidane.jpg"):
+        shutil.copy(ASSETS / name, folder / name)
+    (folder / "nested").mkdir()
+    shutil.copy(ASSETS / "bus.jpg", folder / "nested" / "bus_again.jpg")
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def cpu(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path / "cache"))
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("task", ["detect", "segment", "pose", "obb"])
+def test_server_records_coco_and_yolo_files(server, photos, tmp_path, capsys, task):
+    out, coco, dataset = tmp_path / "labels.jsonl", tmp_path / "coco.json", tmp_path / "dataset"
+    code, _, stderr = run_cli(capsys, "label", photos, "--server", server.address, "--model", task, "--out", out,
+                              "--coco", coco, "--yolo-txt", dataset, "--conf", CONF, "-c", "4")  # fmt: skip
+    assert code == 0, stderr
+    assert "3 images labeled" in stderr and "0 errors" in stderr
+    records = lines(out)
+    assert sorted(Path(r["path"]).name for r in records) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
+    engine = server.server.models[task].engine
+    for record in records:
+        (want,) = engine([record["path"]], conf=float(CONF))
+        assert (record["height"], record["width"]) == want.orig_shape and record["task"] == task
+        assert record["model"] == task and record["model_version"] == server.server.models[task].version
+        assert len(record["detections"]) == len(want)
+    assert sum(len(r["detections"]) for r in records) > 0
+
+    from pycocotools.coco import COCO
+
+    document = COCO(str(coco))
+    assert len(document.getImgIds()) == 3 and len(document.getAnnIds()) == sum(len(r["detections"]) for r in records)
+    assert {c["id"]: c["name"] for c in document.loadCats(document.getCatIds())}[0] == engine.names[0]
+    if task == "segment":
+        import cv2
+        from pycocotools import mask as mask_utils
+        from scipy.ndimage import binary_fill_holes
+
+        from yolojet.tasks.segment import decode_rle
+
+        checked = 0
+        for record in records:
+            image_id = next(i["id"] for i in document.dataset["images"] if i["file_name"] == record["path"])
+            annotations = document.loadAnns(document.getAnnIds(imgIds=[image_id]))
+            for ann, d in zip(annotations, record["detections"], strict=True):
+                # The polygons are OpenCV's outer contours of the mask the server sent (through the border pixels'
+                # centres): drawn by pycocotools they cover what OpenCV's own contours of it do, and most of the mask
+                # with its holes filled (polygons draw no holes, and lose half a pixel at every border).
+                sent = decode_rle(d["mask"])
+                contours, _ = cv2.findContours(sent.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+                reference = [c.reshape(-1).astype(float).tolist() for c in contours if len(c) >= 3]
+                if not reference:
+                    continue
+                drawn = document.annToMask(ann).astype(bool)
+                h, w = sent.shape
+                expected = mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(reference, h, w))).astype(bool)
+                assert np.array_equal(drawn, expected)
+                filled = binary_fill_holes(sent)
+                assert (drawn & filled).sum() / (drawn | filled).sum() > 0.6
+                checked += 1
+        assert checked > 0
+    if task == "pose":
+        assert all(len(a["keypoints"]) == 17 * 3 for a in document.dataset["annotations"])
+
+    from ultralytics.data.utils import verify_image_label
+
+    data_yaml = (dataset / "data.yaml").read_text()
+    assert "names:" in data_yaml and (task != "pose" or "kpt_shape: [17, 3]" in data_yaml)
+    for record in records:
+        relative = Path(record["path"]).relative_to(photos)
+        image, label = dataset / "images" / relative, (dataset / "labels" / relative).with_suffix(".txt")
+        assert image.is_symlink() and label.is_file()
+        keypoints = task == "pose"
+        checked_label = verify_image_label((str(image), str(label), "", keypoints, len(engine.names), 17 if keypoints
+                                            else 0, 3 if keypoints else 0, False))  # fmt: skip
+        assert checked_label[-1] == "" or "duplicate" in checked_label[-1], checked_label[-1]  # no error message
+        ours = [line.split() for line in label.read_text().splitlines()]
+        assert len(ours) <= len(record["detections"])
+        if task in ("detect", "obb", "pose"):  # one line a detection; ultralytics drops lines that are the same
+            assert len(ours) == len(record["detections"])
+            unique = np.unique(np.array(ours, dtype=np.float32), axis=0)
+            assert len(checked_label[1]) == len(unique)
+
+
+def test_local_gives_the_records_the_server_does(server, model_dirs, photos, tmp_path, capsys):
+    remote, local = tmp_path / "remote.jsonl", tmp_path / "local.jsonl"
+    assert run_cli(capsys, "label", photos, "--server", server.address, "--model", "detect", "--out", remote,
+                   "--conf", CONF)[0] == 0  # fmt: skip
+    code, _, stderr = run_cli(capsys, "label", photos, "--local", "--model", model_dirs["detect"], "--out", local,
+                              "--conf", CONF, "-c", "2")  # fmt: skip
+    assert code == 0, stderr
+    ours = {r["path"]: r for r in lines(local)}
+    theirs = {r["path"]: r for r in lines(remote)}
+    assert ours.keys() == theirs.keys()
+    for path, record in ours.items():
+        other = theirs[path]
+        assert {k: v for k, v in record.items() if k != "detections"} == {
+            k: v for k, v in other.items() if k != "detections"
+        }
+        assert [d["class"] for d in record["detections"]] == [d["class"] for d in other["detections"]]
+        np.testing.assert_allclose([d["box"] for d in record["detections"]], [d["box"] for d in other["detections"]],
+                                   atol=0.02)  # fmt: skip
+
+
+def test_bad_files_go_to_the_error_log_and_the_rest_is_labeled(server, photos, tmp_path, capsys):
+    (photos / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    (photos / "half.jpg").write_bytes((ASSETS / "bus.jpg").read_bytes()[:9000])
+    (photos / "folder.jpg").mkdir()  # a directory named like an image: searched like any folder
+    shutil.copy(ASSETS / "zidane.jpg", photos / "folder.jpg" / "inside.jpg")
+    (photos / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")  # a link to nothing: unreadable
+    listed = tmp_path / "list.txt"  # a list naming an image the folder has already (labeled once) and a missing one
+    listed.write_text("photos/images/zidane.jpg\n# a comment\n\nphotos/images/missing.jpg\n")
+    out = tmp_path / "labels.jsonl"
+    code, _, stderr = run_cli(capsys, "label", photos, listed, "--server", server.address, "--model", "detect",
+                              "--out", out, "--quiet")  # fmt: skip
+    assert code == 1
+    labeled = sorted(Path(r["path"]).name for r in lines(out))
+    assert labeled == ["bus.jpg", "bus_again.jpg", "inside.jpg", "zidane.jpg"]
+    errors = {Path(e["path"]).name: e["error"] for e in lines(tmp_path / "labels.jsonl.errors.jsonl")}
+    assert sorted(errors) == ["broken.jpg", "gone.jpg", "half.jpg", "missing.jpg"]
+    assert "cut short" in errors["half.jpg"] and "cannot decode" in errors["broken.jpg"]
+    assert "no such file" in errors["gone.jpg"] and "no such file" in errors["missing.jpg"]
+    assert "4 errors" in stderr
+
+
+def test_outputs_are_protected_and_resume_checks_the_model(server, model_dirs, photos, tmp_path, capsys):
+    out = tmp_path / "labels.jsonl"
+    base = ["label", photos, "--server", server.address, "--model", "detect", "--out", out, "--quiet"]
+    assert run_cli(capsys, *base)[0] == 0
+    code, _, stderr = run_cli(capsys, *base)
+    assert code == 2 and "holds records already; --resume continues it, --overwrite replaces it" in stderr
+    code, _, stderr = run_cli(capsys, *base, "--resume")
+    assert code == 0 and "0 images labeled" in stderr and "3 done before and skipped" in stderr
+    code, _, stderr = run_cli(capsys, "label", photos, "--server", server.address, "--model", "pose", "--out", out,
+                              "--resume")  # fmt: skip
+    assert code == 2 and "its records come from model detect" in stderr
+    assert len(lines(out)) == 3
+    assert run_cli(capsys, *base, "--overwrite")[0] == 0 and len(lines(out)) == 3
+
+
+def test_an_unreachable_server_is_reported_with_what_was_done(photos, tmp_path, capsys):
+    started = time.monotonic()
+    code, _, stderr = run_cli(capsys, "label", photos, "--server", "127.0.0.1:9", "--out", tmp_path / "o.jsonl",
+                              "--retries", "1")  # fmt: skip
+    assert code == 2 and "server 127.0.0.1:9" in stderr and "UNAVAILABLE" in stderr
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_killed_and_resumed_each_image_exactly_once(model_dirs, tmp_path):
+    """SIGKILL in the middle of a local run (a kill may cut the last line short), then --resume: every image has
+    exactly one record."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(30):
+        shutil.copy(ASSETS / ("bus.jpg" if i % 2 else "zidane.jpg"), folder / f"{i:02d}.jpg")
+    out = tmp_path / "labels.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, "-m", "yolojet", "label", str(folder), "--local", "--model", str(model_dirs["detect"]),
+               "--out", str(out), "-c", "2", "--quiet"]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while (not out.exists() or out.read_text().count("\n") < 5) and time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read().decode()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    with open(out, "ab") as f:  # what a kill in the middle of a write leaves
+        f.write(b'{"path": "cut sh')
+    done = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    paths = [r["path"] for r in lines(out)]
+    assert sorted(paths) == sorted(str(p) for p in folder.iterdir())
+    assert len(paths) == len(set(paths)) == 30
+
+
+def test_bench_mode(server, capsys):
+    code, stdout, stderr = run_cli(capsys, "label", ASSETS / "bus.jpg", "--server", server.address, "--model",
+                                   "detect", "--bench", "12", "-c", "4", "--processes", "2")  # fmt: skip
+    assert code == 0, stderr
+    assert "12 of 12" in stdout and "img/s" in stdout and "p50" in stdout and "queue / decode / run" in stdout
+
+
+def test_plot(server, photos, tmp_path, capsys):
+    from PIL import Image
+
+    out = tmp_path / "labels.jsonl"
+    assert run_cli(capsys, "label", photos, "--server", server.address, "--model", "segment", "--out", out,
+                   "--conf", CONF, "--quiet")[0] == 0  # fmt: skip
+    code, stdout, stderr = run_cli(capsys, "plot", out, "--out", tmp_path / "plots")
+    assert "grid.png" in stdout
+    assert code == 0, stderr
+    grid = Image.open(tmp_path / "plots" / "grid.png")
+    assert grid.size == (3 * 320, 320)  # three images, one row
+    tile = np.asarray(grid)[:, :320]
+    assert tile.std() > 10  # a picture, not a blank cell
+    for name in ("classes.png", "scores.png"):
+        assert Image.open(tmp_path / "plots" / name).size[0] > 100
+    code, _, stderr = run_cli(capsys, "plot", tmp_path / "missing.jsonl", "--out", tmp_path / "p2")
+    assert code == 2 and "no such file" in stderr and not (tmp_path / "p2").exists()

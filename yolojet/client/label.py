@@ -1,0 +1,161 @@
+"""`yolojet label`: every image of the sources labeled once, into JSON lines as the results come, then COCO and YOLO
+label files; against a server (`--server`) or on a local engine (`--local`).
+
+Nothing lost, nothing twice: the JSON lines are appended and synced in batches, so an interrupted run (Ctrl-C, a
+kill, a crash) keeps every finished record; `--resume` reads them back (dropping a last line a kill cut short) and
+labels only the images not in them, so a run resumed any number of times ends with each image exactly once. The
+COCO file and the YOLO dataset are made from the whole output at the end, each file written atomically. Images that
+cannot be read or that the server refuses as bad go to the error log (JSON lines, `--errors`, by default beside the
+output) with the reason, and the run goes on; they are tried again by a resumed run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from yolojet.client import records as recs
+from yolojet.client.sources import label_sources
+from yolojet.errors import ImageReadError, OutputPathError
+from yolojet.outputs import JsonLines, check_output_file, check_output_folder
+from yolojet.progress import Progress
+
+
+@dataclass
+class LabelJob:
+    sources: list[str]
+    out: Path
+    errors: Path | None = None
+    coco: Path | None = None
+    rle: bool = False
+    yolo_txt: Path | None = None
+    resume: bool = False
+    overwrite: bool = False
+    quiet: bool = False
+    options: dict[str, Any] = field(default_factory=dict)  # conf, iou, max_det, classes
+
+
+@dataclass
+class ModelFacts:
+    """What the outputs need to know of the model (from the server's ListModels, or the local engine)."""
+
+    name: str
+    version: str
+    task: str
+    names: dict[int, str]
+    kpt_shape: list[int] | None = None
+
+
+@dataclass
+class Summary:
+    labeled: int = 0
+    failed: int = 0
+    skipped: int = 0
+    detections: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self, job: LabelJob) -> list[str]:
+        rate = self.labeled / self.seconds if self.seconds > 0 else 0.0
+        skipped = f", {self.skipped} done before and skipped" if self.skipped else ""
+        done = [f"{self.labeled} images labeled ({rate:,.1f} img/s), {self.detections} detections, "
+                f"{self.failed} errors{skipped}"]  # fmt: skip
+        done.append(f"records: {job.out}")
+        if self.failed:
+            done.append(f"errors: {error_log(job)}")
+        if job.coco is not None:
+            done.append(f"COCO: {job.coco}")
+        if job.yolo_txt is not None:
+            done.append(f"YOLO dataset: {job.yolo_txt / 'data.yaml'}")
+        return done + self.notes
+
+
+def error_log(job: LabelJob) -> Path:
+    return job.errors if job.errors is not None else job.out.with_name(job.out.name + ".errors.jsonl")
+
+
+def _key(path: str) -> str:
+    return os.path.abspath(path)
+
+
+def check_outputs(job: LabelJob) -> None:
+    """Fail before any work if an output cannot be written, or if the output holds records and neither --resume
+    nor --overwrite says what to do with them."""
+    check_output_file(job.out, "--out")
+    check_output_file(error_log(job), "--errors")
+    if job.coco is not None:
+        check_output_file(job.coco, "--coco")
+    if job.yolo_txt is not None:
+        check_output_folder(job.yolo_txt, "--yolo-txt")
+    if job.resume and job.overwrite:
+        raise OutputPathError("--resume and --overwrite: choose one")
+    if not job.resume and not job.overwrite and job.out.is_file() and job.out.stat().st_size > 0:
+        raise OutputPathError(f"--out {job.out}: holds records already; --resume continues it, --overwrite replaces it")
+
+
+def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary) -> Summary:
+    """Label the job's images with `label(paths, on_record, on_error)` (a server's or a local engine's), write the
+    outputs; `summary` counts as it goes (so a run that fails still says what it did)."""
+    sources = label_sources(job.sources)
+    if not sources:
+        raise ImageReadError(f"{' '.join(job.sources)}: no images found")
+    done: set[str] = set()
+    if job.resume:
+        earlier = recs.read_records(job.out, repair=True)
+        done = {_key(r["path"]) for r in earlier}
+        other = {(r.get("model"), r.get("model_version")) for r in earlier} - {(facts.name, facts.version)}
+        if other:
+            model, version = sorted(other, key=str)[0]
+            raise OutputPathError(f"--resume {job.out}: its records come from model {model} {version}, this run "
+                                  f"labels with {facts.name} {facts.version}; --overwrite to start again")  # fmt: skip
+    todo, seen = [], set(done)
+    for path in sources:
+        key = _key(path)
+        if key in done:
+            summary.skipped += 1
+        elif key not in seen:  # a path named twice among the sources is labeled once
+            seen.add(key)
+            todo.append(path)
+    records = JsonLines(job.out, append=job.resume)
+    errors = JsonLines(error_log(job), append=job.resume)
+    progress = Progress(len(todo), "label", enabled=not job.quiet)
+
+    def on_record(record: dict) -> None:
+        records.write(record)
+        summary.labeled += 1
+        summary.detections += len(record.get("detections", ()))
+        progress.update(1)
+
+    def on_error(path: str, message: str) -> None:
+        errors.write({"path": path, "error": message})
+        summary.failed += 1
+        progress.update(1)
+        if not job.quiet:
+            progress.write(f"{path}: error: {message.removeprefix(f'{path}: ')}", file=sys.stderr)
+
+    start = time.perf_counter()
+    try:
+        if todo:
+            label(todo, on_record, on_error)
+    finally:
+        summary.seconds = time.perf_counter() - start
+        progress.close()
+        records.close()
+        errors.close()
+    if job.coco is not None or job.yolo_txt is not None:
+        write_formats(job, facts, summary)
+    return summary
+
+
+def write_formats(job: LabelJob, facts: ModelFacts, summary: Summary) -> None:
+    from yolojet.client.formats import write_coco, write_yolo_dataset
+
+    every = recs.read_records(job.out)
+    if job.coco is not None:
+        write_coco(job.coco, every, facts.names, rle=job.rle)
+    if job.yolo_txt is not None:
+        write_yolo_dataset(job.yolo_txt, every, facts.names, facts.task, facts.kpt_shape)

@@ -1,0 +1,35 @@
+"""Labeling on an engine in this process (`yolojet label --local`): the engine's stream API reads and decodes the
+images on threads of its own while the GPU runs the batch before."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from yolojet.client import records as recs
+from yolojet.client.label import ModelFacts
+from yolojet.engine.engine import Engine
+
+
+class LocalLabeler:
+    def __init__(self, model: str, batch: int, options: dict[str, Any], **engine_options: Any) -> None:
+        self.engine = Engine.load(model, max_batch=batch, **engine_options)
+        self.options = options
+        meta = self.engine.meta
+        path = Path(str(model).rstrip("/"))
+        name = path.stem if path.suffix.lower() in (".pt", ".yaml", ".yml") else path.name
+        self.facts = ModelFacts(name, self.engine.graph.version(), meta.task, dict(meta.names),
+                                list(meta.kpt_shape) if meta.kpt_shape else None)  # fmt: skip
+
+    def __call__(self, paths: list[str], on_record: Callable[[dict], None],
+                 on_error: Callable[[str, str], None]) -> None:  # fmt: skip
+        f = self.facts
+        for path, result in zip(paths, self.engine.stream(paths, **self.options), strict=True):
+            if result.error:
+                on_error(path, result.error)
+            else:
+                on_record(recs.from_results(path, result, f.name, f.version, f.task))
+
+    def close(self) -> None:
+        self.engine.close()

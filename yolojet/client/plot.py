@@ -1,0 +1,111 @@
+"""`yolojet plot labels.jsonl --out DIR`: what a labeling run found, to look at rather than read.
+
+- `grid.png`: up to 16 images sampled from the records (seeded, so a plot made twice is the same), each drawn with its
+  detections (boxes, masks, keypoints, rotated boxes) or its top-5 classes, in a 4-wide grid;
+- `classes.png`: detections (or top-1 classes) per class, the 30 most frequent;
+- `scores.png`: a histogram of the confidences.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+
+from yolojet.client.records import read_records
+from yolojet.errors import DatasetError, ImageReadError
+from yolojet.outputs import check_output_folder, write_atomically
+from yolojet.tasks import Boxes, Keypoints, Masks, Results
+from yolojet.tasks.obb import OBB
+from yolojet.tasks.segment import decode_rle
+
+TILE = 320  # pixels across a grid cell
+COLUMNS = 4
+
+
+def results_of(record: dict) -> Results:
+    """A record as a `Results` (no probabilities: a record keeps the top 5 only)."""
+    shape = (record["height"], record["width"])
+    names = {d["class"]: d["name"] for d in record.get("detections", []) + record.get("top5", [])}
+    detections = record.get("detections", [])
+    parts: dict = {}
+    if detections and "rotated_box" in detections[0]:
+        parts["obb"] = OBB(np.array([[*d["rotated_box"], d["confidence"], d["class"]] for d in detections],
+                                    np.float32), shape)  # fmt: skip
+    elif detections or record.get("task") not in ("classify", "obb"):
+        rows = np.array([[*d["box"], d["confidence"], d["class"]] for d in detections], np.float32).reshape(-1, 6)
+        parts["boxes"] = Boxes(rows, shape)
+        if detections and "mask" in detections[0]:
+            parts["masks"] = Masks(np.stack([decode_rle(d["mask"]) for d in detections]))
+        if detections and "keypoints" in detections[0]:
+            parts["keypoints"] = Keypoints(np.array([d["keypoints"] for d in detections], np.float32), shape)
+    return Results(names=names, orig_shape=shape, path=record["path"], **parts)
+
+
+def _tile(record: dict) -> np.ndarray:
+    from PIL import Image, ImageDraw
+
+    from yolojet.images import load_frame
+
+    result = results_of(record)
+    result.image = load_frame(record["path"]).original_bgr()
+    drawn = Image.fromarray(result.plot()[..., ::-1])
+    if record.get("top5"):
+        lines = "\n".join(f"{t['name']} {t['confidence']:.2f}" for t in record["top5"])
+        ImageDraw.Draw(drawn).text((8, 8), lines, fill=(255, 255, 255))
+    drawn.thumbnail((TILE, TILE))
+    cell = Image.new("RGB", (TILE, TILE), (32, 32, 32))
+    cell.paste(drawn, ((TILE - drawn.width) // 2, (TILE - drawn.height) // 2))
+    return np.asarray(cell)
+
+
+def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    check_output_folder(out, "--out")
+    records = read_records(labels) if labels.is_file() else None
+    if not records:
+        raise DatasetError(f"{labels}: no records to plot" if records is not None else f"{labels}: no such file")
+    chosen = random.Random(seed).sample(records, min(samples, len(records)))
+    tiles = []
+    for record in chosen:
+        try:
+            tiles.append(_tile(record))
+        except ImageReadError:
+            continue  # an image moved or deleted since it was labeled: the grid shows the others
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if tiles:
+        rows = -(-len(tiles) // COLUMNS)
+        grid = np.full((rows * TILE, min(len(tiles), COLUMNS) * TILE, 3), 16, np.uint8)
+        for i, tile in enumerate(tiles):
+            r, c = divmod(i, COLUMNS)
+            grid[r * TILE : (r + 1) * TILE, c * TILE : (c + 1) * TILE] = tile
+        write_atomically(out / "grid.png", lambda p: Image.fromarray(grid).save(p, format="PNG"))
+        written.append(out / "grid.png")
+    found = [d for r in records for d in (r.get("detections") or r.get("top5", [])[:1])]
+    counts: dict[str, int] = {}
+    for d in found:
+        counts[d["name"]] = counts.get(d["name"], 0) + 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:30]
+    figure, axis = plt.subplots(figsize=(10, 4))
+    axis.bar([name for name, _ in top], [n for _, n in top], color="#3b7dd8")
+    axis.set_title(f"{len(found)} {'detections' if records[0].get('detections') is not None else 'top-1 classes'} "
+                   f"in {len(records)} images, by class")  # fmt: skip
+    axis.tick_params(axis="x", rotation=60)
+    figure.tight_layout()
+    write_atomically(out / "classes.png", lambda p: figure.savefig(p, format="png", dpi=100))
+    plt.close(figure)
+    figure, axis = plt.subplots(figsize=(6, 4))
+    axis.hist([d["confidence"] for d in found], bins=20, range=(0, 1), color="#d8743b")
+    axis.set_title("confidences")
+    axis.set_xlabel("confidence")
+    figure.tight_layout()
+    write_atomically(out / "scores.png", lambda p: figure.savefig(p, format="png", dpi=100))
+    plt.close(figure)
+    return [*written, out / "classes.png", out / "scores.png"]

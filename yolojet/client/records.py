@@ -1,0 +1,103 @@
+"""The JSON line `yolojet label` writes for one image, made alike from a server's reply and from local `Results`:
+
+    {"path": ..., "width": W, "height": H, "model": ..., "model_version": ..., "task": ...,
+     "detections": [{"class": c, "name": ..., "confidence": s, "box": [x1, y1, x2, y2],
+                     "mask": {"size": [h, w], "counts": RLE},        (segment)
+                     "keypoints": [[x, y, v], ...],                   (pose)
+                     "rotated_box": [cx, cy, w, h, angle]}, ...],     (OBB, instead of "box")
+     "top5": [{"class": c, "name": ..., "confidence": s}, ...]}       (classify, instead of "detections")
+
+Coordinates in original image pixels, rounded to 0.01 px, confidences to 1e-5, angles to 1e-5 rad.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from yolojet.tasks import Results
+
+COORD = 2
+SCORE = 5
+
+
+def _round(values: Any, decimals: int) -> list:
+    return np.round(np.asarray(values, np.float64), decimals).tolist()
+
+
+def from_results(path: str, result: Results, model: str, version: str, task: str) -> dict:
+    record: dict[str, Any] = {"path": path, "width": result.orig_shape[1], "height": result.orig_shape[0],
+                              "model": model, "model_version": version, "task": task}  # fmt: skip
+    names = result.names
+    if result.probs is not None:
+        record["top5"] = [_head(names, c, p) for c, p in zip(result.probs.top5, result.probs.top5conf, strict=True)]
+        return record
+    detections = []
+    if result.obb is not None:
+        for xywhr, conf, cls in zip(result.obb.xywhr, result.obb.conf, result.obb.cls, strict=True):
+            box = _round(xywhr[:4], COORD) + _round(xywhr[4:], 5)
+            detections.append({**_head(names, cls, conf), "rotated_box": box})
+    elif result.boxes is not None:
+        rles = result.masks.to_rle() if result.masks is not None else None
+        rows = zip(result.boxes.xyxy, result.boxes.conf, result.boxes.cls, strict=True)
+        for i, (xyxy, conf, cls) in enumerate(rows):
+            d = {**_head(names, cls, conf), "box": _round(xyxy, COORD)}
+            if rles is not None:
+                d["mask"] = rles[i]
+            if result.keypoints is not None:
+                points = result.keypoints.data[i]
+                # x, y and visibility: 1 for a model that predicts none, as the server's replies say it
+                d["keypoints"] = [_round(p[:2], COORD) + (_round(p[2:], SCORE) or [1.0]) for p in points]
+            detections.append(d)
+    record["detections"] = detections
+    return record
+
+
+def _head(names: dict[int, str], cls: Any, conf: Any) -> dict:
+    c = int(cls)
+    return {"class": c, "name": names.get(c, str(c)), "confidence": round(float(conf), SCORE)}
+
+
+def from_reply(path: str, reply: Any) -> dict:
+    """A yolojet.v1.InferReply as the same record."""
+    record: dict[str, Any] = {"path": path, "width": reply.width, "height": reply.height, "model": reply.model,
+                              "model_version": reply.model_version, "task": reply.task}  # fmt: skip
+    if reply.task == "classify":
+        record["top5"] = [{"class": c.class_id, "name": c.class_name, "confidence": round(c.confidence, SCORE)}
+                          for c in reply.top5]  # fmt: skip
+        return record
+    detections = []
+    for d in reply.detections:
+        out: dict[str, Any] = {"class": d.class_id, "name": d.class_name, "confidence": round(d.confidence, SCORE)}
+        if d.HasField("rotated_box"):
+            r = d.rotated_box
+            out["rotated_box"] = _round([r.cx, r.cy, r.width, r.height], COORD) + _round([r.angle], 5)
+        else:
+            b = d.box
+            out["box"] = _round([b.x1, b.y1, b.x2, b.y2], COORD)
+        if d.HasField("mask"):
+            out["mask"] = {"size": [d.mask.height, d.mask.width], "counts": d.mask.counts}
+        if len(d.keypoints):
+            out["keypoints"] = [_round([k.x, k.y], COORD) + _round([k.visibility], SCORE) for k in d.keypoints]
+        detections.append(out)
+    record["detections"] = detections
+    return record
+
+
+def read_records(path: Path, repair: bool = False) -> list[dict]:
+    """The records of a JSON-lines output. A last line cut short by a killed run is dropped, and with `repair` cut
+    off the file, so that appending goes on from a whole line."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    whole = data[: data.rfind(b"\n") + 1]
+    if repair and len(whole) != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(len(whole))
+            f.flush()
+            os.fsync(f.fileno())
+    return [json.loads(line) for line in whole.decode("utf-8").splitlines() if line.strip()]

@@ -1,0 +1,285 @@
+"""Labeling against `yolojet serve`: images streamed over InferStream with a window of requests in flight, replies
+matched by id, refused requests (RESOURCE_EXHAUSTED) sent again after a pause, a broken connection reopened with
+backoff and its unanswered requests sent again; and the bench mode (many copies of one image, as fast as the window
+allows, from several processes).
+
+Nothing is answered twice: a request leaves the window only when its reply arrives, and only a reply writes a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from yolojet.errors import ImageReadError, YolojetError
+from yolojet.images import read_image_file
+from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
+
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
+
+
+class ServerUnavailable(YolojetError):
+    """The server could not be reached, or went away, and did not come back within the retries."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the server is and how to reach it."""
+
+    address: str
+    model: str = ""
+    ca_file: Path | None = None  # TLS, trusting this certificate
+    token: str | None = None
+    retries: int = 8  # a broken connection is reopened this many times, 0.5 s, 1 s, 2 s, ... apart (4 min in all)
+
+    def channel(self) -> grpc.Channel:
+        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        if self.ca_file is not None:
+            credentials = grpc.ssl_channel_credentials(Path(self.ca_file).read_bytes())
+            return grpc.secure_channel(self.address, credentials, options=options)
+        return grpc.insecure_channel(self.address, options=options)
+
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else None
+
+
+@dataclass
+class _Window:
+    """The requests sent and not yet answered (in order), those to send again, and the size of the window."""
+
+    size: int
+    sent: OrderedDict[str, tuple[str, bytes]] = field(default_factory=OrderedDict)
+    again: deque[tuple[str, str, bytes]] = field(default_factory=deque)
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    source_done: bool = False
+    ended: bool = False  # the stream's call is over: its request generator must stop
+
+
+class RemoteLabeler:
+    """Label images through a server; `on_reply(path, reply)` gets each answer, `on_error(path, message)` each image
+    the server refused as bad (or that could not be read here)."""
+
+    def __init__(self, connection: Connection, window: int, options: dict[str, Any]) -> None:
+        self.connection, self.window_size, self.options = connection, window, options
+        self.refusals = 0  # RESOURCE_EXHAUSTED answers, each sent again
+        self.reconnects = 0
+
+    def run(self, paths: Iterable[str], on_reply: Callable[[str, Any], None],
+            on_error: Callable[[str, str], None]) -> None:  # fmt: skip
+        window = _Window(self.window_size)
+        source = iter(paths)
+        failures = 0
+        while True:
+            channel = self.connection.channel()
+            stub = pb_grpc.InferenceStub(channel)
+            window.ended = False
+            try:
+                replies = stub.InferStream(self._requests(window, source, on_error),
+                                           metadata=self.connection.metadata())  # fmt: skip
+                for reply in replies:
+                    failures = 0
+                    self._answered(window, reply, on_reply, on_error)
+                return
+            except grpc.RpcError as e:
+                if e.code() not in RETRYABLE or failures >= self.connection.retries:
+                    done = "" if e.code() not in RETRYABLE else f" after {failures + 1} attempts"
+                    raise ServerUnavailable(f"server {self.connection.address}{done}: {e.code().name}: "
+                                            f"{e.details()}") from None  # fmt: skip
+                with window.lock:  # what was sent and not answered goes again, first, in order
+                    window.ended = True
+                    window.again.extendleft(reversed([(i, p, d) for i, (p, d) in window.sent.items()]))
+                    window.sent.clear()
+                    window.lock.notify_all()
+                time.sleep(0.5 * 2**failures)
+                failures += 1
+                self.reconnects += 1
+            finally:
+                with window.lock:
+                    window.ended = True
+                    window.lock.notify_all()
+                channel.close()
+
+    def _requests(self, window: _Window, source: Iterator[str], on_error: Callable[[str, str], None]
+                  ) -> Iterator[pb.InferRequest]:  # fmt: skip
+        """The stream's requests: what must go again first, then new images, never more than the window in flight;
+        ends once everything is answered."""
+        counter = 0
+        while True:
+            with window.lock:
+                while not window.ended and len(window.sent) >= window.size:
+                    window.lock.wait()
+                if window.ended:
+                    return
+                if window.again:
+                    request_id, path, data = window.again.popleft()
+                elif window.source_done:
+                    if not window.sent:
+                        return  # all answered: the stream ends here
+                    window.lock.wait(timeout=0.5)
+                    continue
+                else:
+                    request_id = ""
+            if not request_id:
+                path = next(source, None)
+                if path is None:
+                    with window.lock:
+                        window.source_done = True
+                        window.lock.notify_all()
+                    continue
+                try:
+                    data = read_image_file(path)
+                except ImageReadError as e:
+                    on_error(path, str(e))
+                    continue
+                counter += 1
+                request_id = f"{counter}:{path}"
+            with window.lock:
+                window.sent[request_id] = (path, data)
+            yield pb.InferRequest(id=request_id, model=self.connection.model, image=data, **self.options)
+
+    def _answered(self, window: _Window, reply: pb.InferReply, on_reply: Callable[[str, Any], None],
+                  on_error: Callable[[str, str], None]) -> None:  # fmt: skip
+        with window.lock:
+            path, data = window.sent.pop(reply.id)
+            refused = reply.HasField("error") and reply.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+            if refused:
+                window.again.append((reply.id, path, data))
+            window.lock.notify_all()
+        if refused:
+            self.refusals += 1
+            time.sleep(min(0.2, 0.005 * self.refusals))  # the server is full: give it a moment
+        elif reply.HasField("error"):
+            on_error(path, reply.error.message)
+        else:
+            on_reply(path, reply)
+
+
+# -- the bench mode --------------------------------------------------------------------------------------------
+
+
+def bench(connection: Connection, image: Path, requests: int, concurrency: int, processes: int,
+          options: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """`requests` unary calls with one image, `concurrency` in flight over `processes` processes: img/s, latency
+    quantiles, and the server's own queue / decode / run split (its reply's timings, averaged)."""
+    processes = max(1, min(processes, concurrency))
+    share = [requests // processes + (i < requests % processes) for i in range(processes)]
+    inflight = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    job = {"address": connection.address, "model": connection.model, "token": connection.token,
+           "ca_file": str(connection.ca_file) if connection.ca_file else None, "image": str(image),
+           "options": options}  # fmt: skip
+    workers = []
+    for n, c in zip(share, inflight, strict=True):
+        command = [sys.executable, "-m", "yolojet.client.remote", json.dumps({**job, "requests": n, "concurrency": c})]
+        workers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(os.environ)))
+    outputs = [json.loads(w.communicate()[0]) for w in workers]
+    failed = [o["error"] for o in outputs if "error" in o]
+    if failed:
+        raise ServerUnavailable(f"bench: {failed[0]}")
+    latencies = sorted(x for o in outputs for x in o["latencies"])
+    started, finished = min(o["started"] for o in outputs), max(o["finished"] for o in outputs)
+    codes: dict[str, int] = {}
+    for o in outputs:
+        for code, n in o["codes"].items():
+            codes[code] = codes.get(code, 0) + n
+
+    def quantile(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
+
+    timings = [t for o in outputs for t in o["timings"]]
+    split = {k: sum(t[i] for t in timings) / max(1, len(timings)) for i, k in enumerate(("queue", "decode", "run"))}
+    return {"requests": requests, "concurrency": concurrency, "processes": processes, "answered": len(latencies),
+            "codes": codes, "img_per_s": len(latencies) / (finished - started), "p50_ms": quantile(0.5),
+            "p90_ms": quantile(0.9), "p99_ms": quantile(0.99), "max_ms": latencies[-1] * 1000 if latencies else 0,
+            "server_ms": split}  # fmt: skip
+
+
+async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
+    import asyncio
+
+    data = Path(job["image"]).read_bytes()
+    connection = Connection(job["address"], job["model"], Path(job["ca_file"]) if job["ca_file"] else None,
+                            job["token"])  # fmt: skip
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    if connection.ca_file is not None:
+        credentials = grpc.ssl_channel_credentials(connection.ca_file.read_bytes())
+        channel = grpc.aio.secure_channel(connection.address, credentials, options=options)
+    else:
+        channel = grpc.aio.insecure_channel(connection.address, options=options)
+    stub = pb_grpc.InferenceStub(channel)
+    request = pb.InferRequest(model=connection.model, image=data, **job["options"])
+    latencies: list[float] = []
+    timings: list[tuple[float, float, float]] = []
+    codes: dict[str, int] = {}
+    left = job["requests"]
+
+    async def caller() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            start = time.perf_counter()
+            try:
+                reply = await stub.Infer(request, metadata=connection.metadata())
+            except grpc.aio.AioRpcError as e:
+                codes[e.code().name] = codes.get(e.code().name, 0) + 1
+                continue
+            latencies.append(time.perf_counter() - start)
+            timings.append((reply.timings.queue_ms, reply.timings.decode_ms, reply.timings.run_ms))
+            codes["OK"] = codes.get("OK", 0) + 1
+
+    await stub.ListModels(pb.ListModelsRequest(), metadata=connection.metadata(), timeout=60)  # connected
+    started = time.time()
+    await asyncio.gather(*(caller() for _ in range(job["concurrency"])))
+    finished = time.time()
+    await channel.close()
+    return {"latencies": latencies, "timings": timings, "codes": codes, "started": started, "finished": finished}
+
+
+if __name__ == "__main__":  # a bench worker: one JSON job on the command line, its measurements on stdout
+    import asyncio
+
+    try:
+        print(json.dumps(asyncio.run(_bench_worker(json.loads(sys.argv[1])))))
+    except grpc.RpcError as e:
+        print(json.dumps({"error": f"{e.code().name}: {e.details()}"}))
+
+
+def model_facts(connection: Connection) -> Any:
+    """The served model's name, version, task, classes and keypoint shape (ListModels), retried like the stream."""
+    from yolojet.client.label import ModelFacts
+
+    for attempt in range(connection.retries + 1):
+        channel = connection.channel()
+        try:
+            reply = pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=30,
+                                                              metadata=connection.metadata())  # fmt: skip
+            break
+        except grpc.RpcError as e:
+            if e.code() not in RETRYABLE | {grpc.StatusCode.DEADLINE_EXCEEDED} or attempt == connection.retries:
+                raise ServerUnavailable(f"server {connection.address}: {e.code().name}: {e.details()}") from None
+            time.sleep(0.5 * 2**attempt)
+        finally:
+            channel.close()
+    served = {m.name: m for m in reply.models}
+    if connection.model:
+        if connection.model not in served:
+            raise ServerUnavailable(f"server {connection.address} has no model {connection.model!r} "
+                                    f"(it serves {', '.join(sorted(served))})")  # fmt: skip
+        info = served[connection.model]
+    elif len(served) == 1:
+        info = next(iter(served.values()))
+    else:
+        raise ServerUnavailable(f"server {connection.address} serves {', '.join(sorted(served))}: --model names one")
+    names = dict(enumerate(info.class_names))
+    return ModelFacts(info.name, info.version, info.task, names, list(info.keypoint_shape) or None)
