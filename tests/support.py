@@ -102,6 +102,15 @@ def real_photos() -> dict[str, np.ndarray]:
     }
 
 
+def extreme_frames() -> dict[str, np.ndarray]:
+    """bus.jpg squeezed to aspect ratios of 10:1 and 1:10 (100x1000 and 1000x100), the far ends of letterboxing."""
+    import cv2
+    from ultralytics.utils import ASSETS
+
+    bus = cv2.imread(str(ASSETS / "bus.jpg"))
+    return {"wide 100x1000": cv2.resize(bus, (1000, 100)), "tall 1000x100": cv2.resize(bus, (100, 1000))}
+
+
 def calibrate_batchnorm(model: nn.Module, imgsz: int = 640) -> nn.Module:
     """Measure every BatchNorm's statistics on the shipped photos (one pass in train mode); returns the model in
     eval mode.
@@ -138,18 +147,20 @@ def calibrated_model(cfg: str, imgsz: int = 640, seed: int = 0) -> nn.Module:
     return calibrate_batchnorm(YOLO(cfg, verbose=False).model.float(), imgsz)
 
 
-def match_detections(ours, theirs, iou_min: float = 0.99, conf_tol: float = 0.01) -> list[str]:
-    """Problems found matching our boxes (rows x1 y1 x2 y2 conf cls) one-to-one with ultralytics' ones."""
+def detection_pairs(
+    ours, theirs, iou_min: float = 0.99, conf_tol: float = 0.01, px_tol: float = 0.25
+) -> list[tuple[int | None, float]]:
+    """For each ultralytics box (rows x1 y1 x2 y2 conf cls), the index of ours it matches one-to-one (same class,
+    |Δconf| ≤ conf_tol, and IoU ≥ iou_min or every corner within px_tol pixels; the best IoU among those left) or
+    None, and its best IoU with any of ours. (The IoU of a box a few pixels thin drops by a percent for a tenth of a
+    pixel: the float rounding of two fp32 networks, scaled up from a small input to the original image.)"""
     from torchvision.ops import box_iou
 
     # ultralytics' results stay on the device predict ran on; ours are on the host.
     ours = torch.as_tensor(ours, dtype=torch.float32).cpu()
     theirs = torch.as_tensor(theirs, dtype=torch.float32).cpu()
-    problems = []
-    if len(ours) != len(theirs):
-        problems.append(f"{len(ours)} boxes, ultralytics has {len(theirs)}")
     if len(ours) == 0 or len(theirs) == 0:
-        return problems
+        return [(None, 0.0)] * len(theirs)
 
     def corners(boxes: torch.Tensor) -> torch.Tensor:
         # Random weights can predict inverted boxes (x2 < x1); compare them as the rectangles they span.
@@ -158,14 +169,28 @@ def match_detections(ours, theirs, iou_min: float = 0.99, conf_tol: float = 0.01
     iou = box_iou(corners(theirs[:, :4]), corners(ours[:, :4]))
     same_class = theirs[:, 5:6] == ours[:, 5][None]
     close_conf = (theirs[:, 4:5] - ours[:, 4][None]).abs() <= conf_tol
-    candidates = (iou >= iou_min) & same_class & close_conf
+    close_corners = (corners(theirs[:, :4])[:, None] - corners(ours[:, :4])[None]).abs().amax(-1) <= px_tol
+    candidates = ((iou >= iou_min) | close_corners) & same_class & close_conf
     used: set[int] = set()
+    pairs: list[tuple[int | None, float]] = []
     for i in range(len(theirs)):
         options = [j for j in candidates[i].nonzero().flatten().tolist() if j not in used]
-        if not options:
-            problems.append(f"ultralytics box {theirs[i].tolist()} has no match (best IoU {float(iou[i].max()):.4f})")
-            continue
-        used.add(max(options, key=lambda j: float(iou[i, j])))
+        best = max(options, key=lambda j: float(iou[i, j])) if options else None
+        if best is not None:
+            used.add(best)
+        pairs.append((best, float(iou[i].max())))
+    return pairs
+
+
+def match_detections(ours, theirs, iou_min: float = 0.99, conf_tol: float = 0.01, px_tol: float = 0.25) -> list[str]:
+    """Problems found matching our boxes (rows x1 y1 x2 y2 conf cls) one-to-one with ultralytics' ones
+    (`detection_pairs`)."""
+    problems = []
+    if len(ours) != len(theirs):
+        problems.append(f"{len(ours)} boxes, ultralytics has {len(theirs)}")
+    for row, (j, best_iou) in zip(theirs, detection_pairs(ours, theirs, iou_min, conf_tol, px_tol), strict=True):
+        if j is None and len(ours):
+            problems.append(f"ultralytics box {torch.as_tensor(row).tolist()} has no match (best IoU {best_iou:.4f})")
     return problems
 
 
@@ -275,3 +300,91 @@ def served(name: str, model_dir, max_batch: int = 4, **engine_options):
 
     engine = Engine.load(model_dir, device="cpu", backend="reference", max_batch=max_batch, **engine_options)
     return ServedModel(name, engine.graph.version(), engine, measure_latency(engine, repeats=1))
+
+
+# -- oriented boxes: exact rotated IoU and matching ---------------------------------------
+
+
+def _corners(xywhr: np.ndarray) -> np.ndarray:
+    cx, cy, w, h, t = (float(v) for v in xywhr)
+    c, s = np.cos(t), np.sin(t)
+    along, across = np.array([w / 2 * c, w / 2 * s]), np.array([-h / 2 * s, h / 2 * c])
+    centre = np.array([cx, cy])
+    return np.stack(
+        [centre + along + across, centre + along - across, centre - along - across, centre - along + across]
+    )
+
+
+def _area(poly: np.ndarray) -> float:
+    if len(poly) < 3:
+        return 0.0
+    x, y = poly[:, 0], poly[:, 1]
+    return 0.5 * float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1)))
+
+
+def _ccw(poly: np.ndarray) -> np.ndarray:
+    return poly if _area(poly) >= 0 else poly[::-1]
+
+
+def _clip(subject: np.ndarray, clipper: np.ndarray) -> np.ndarray:
+    """Sutherland–Hodgman: the part of convex `subject` inside convex `clipper` (both counter-clockwise)."""
+    out = subject
+    for a, b in zip(clipper, np.roll(clipper, -1, 0), strict=True):
+        if len(out) == 0:
+            break
+        edge = b - a
+
+        def inside(p, a=a, edge=edge):
+            # Points on the edge (up to rounding) count as inside, so coincident edges clip nothing.
+            cross = edge[0] * (p[1] - a[1]) - edge[1] * (p[0] - a[0])
+            return cross >= -1e-9 * np.hypot(*edge) * (1.0 + np.hypot(*(p - a)))
+
+        points = []
+        for p, q in zip(out, np.roll(out, -1, 0), strict=True):
+            if inside(p):
+                points.append(p)
+            if inside(p) != inside(q):
+                d = q - p
+                t = (edge[0] * (a[1] - p[1]) - edge[1] * (a[0] - p[0])) / (edge[0] * d[1] - edge[1] * d[0])
+                points.append(p + t * d)
+        out = np.array(points).reshape(-1, 2)
+    return out
+
+
+def rotated_iou(box1: np.ndarray, box2: np.ndarray) -> float:
+    """Polygon IoU of two xywhr rectangles."""
+    p1, p2 = _ccw(_corners(box1)), _ccw(_corners(box2))
+    a1, a2 = abs(_area(p1)), abs(_area(p2))
+    inter = abs(_area(_clip(p1, p2)))
+    union = a1 + a2 - inter
+    if union <= 1e-9:  # both degenerate: equal when their corners coincide
+        return float(np.allclose(p1, p2, atol=1e-3))
+    return inter / union
+
+
+def match_rotated(ours: np.ndarray, theirs: np.ndarray, iou_min: float = 0.99, conf_tol: float = 0.01) -> list[str]:
+    """Problems matching our rows [cx, cy, w, h, angle, conf, cls] one-to-one with ultralytics' ones.
+
+    A box also matches when its centre and sides are within 0.05 px and its angle within 1e-3 rad: the IoU of a box
+    under a pixel wide moves by percents for hundredths of a pixel (float rounding between two fp32 networks)."""
+    problems = []
+    if len(ours) != len(theirs):
+        problems.append(f"{len(ours)} boxes, ultralytics has {len(theirs)}")
+    used: set[int] = set()
+    for i, row in enumerate(theirs):
+        best, best_iou = None, 0.0
+        for j, mine in enumerate(ours):
+            if j in used or mine[6] != row[6] or abs(mine[5] - row[5]) > conf_tol:
+                continue
+            if np.hypot(*(mine[:2] - row[:2])) > max(row[2], row[3], 1.0):
+                continue  # too far apart to overlap 99%
+            iou = rotated_iou(row[:5], mine[:5])
+            if np.abs(mine[:4] - row[:4]).max() <= 0.05 and abs(mine[4] - row[4]) <= 1e-3:
+                iou = max(iou, 1.0)
+            if iou > best_iou:
+                best, best_iou = j, iou
+        if best is None or best_iou < iou_min:
+            problems.append(f"ultralytics box {i} {row.tolist()} has no match (best IoU {best_iou:.4f})")
+            continue
+        used.add(best)
+    return problems

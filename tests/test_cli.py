@@ -27,6 +27,11 @@ def test_export_yaml_then_info(tmp_path, capsys):
     assert "input         3x128x96" in stdout
     assert "attention" in stdout and "conv" in stdout
     assert "(RANDOM weights)" in stdout
+    assert "a 1080x810 photo runs at 128x96" in stdout
+
+    code, stdout, stderr = run_cli(capsys, "info", "yolov8n-cls.yaml")  # what every other command takes
+    assert code == 0, stderr
+    assert "task          classify" in stdout and "resize and centre crop" in stdout
 
 
 def test_info_gflops_agree_with_ultralytics(tmp_path, capsys):
@@ -195,7 +200,7 @@ def test_unsupported_module_names_class_and_layer(tmp_path):
 
 def test_info_on_bad_directories(tmp_path, capsys):
     code, _, stderr = run_cli(capsys, "info", tmp_path / "absent")
-    assert code == 2 and "not a model directory" in stderr
+    assert code == 2 and "absent: no such file" in stderr
 
     broken = tmp_path / "broken"
     broken.mkdir()

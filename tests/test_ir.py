@@ -146,3 +146,26 @@ def test_the_reference_never_imports_the_kernels_it_checks():
         "'yolojet.engine')))\nassert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("cfg", ["yolov8n-pose.yaml", "yolo11n-obb.yaml", "yolo26n-seg.yaml", "yolo26n.yaml"])
+def test_resized_graph_is_the_export_at_that_size(cfg, tmp_path):
+    """An engine derives the network of any stride-multiple input from one export: the values' shapes and the
+    reference's outputs equal those of the model exported at that size."""
+    from yolojet.errors import ImageSizeError
+    from yolojet.reference.executor import ReferenceExecutor
+
+    model = random_model(cfg)
+    square = Graph.load(yolojet.export(model, out=tmp_path / "square", imgsz=96))
+    exported = Graph.load(yolojet.export(model, out=tmp_path / "rect", imgsz=(64, 128)))
+    resized = square.resized(64, 128)
+    assert resized.meta == exported.meta
+    assert resized.values == exported.values
+    x = torch.rand(2, 3, 64, 128)
+    ours, theirs = ReferenceExecutor(resized, "cpu")(x), ReferenceExecutor(exported, "cpu")(x)
+    for a, b in zip(ours if isinstance(ours, tuple) else (ours,), theirs if isinstance(theirs, tuple) else (theirs,),
+                    strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert square.resized(96, 96) is square
+    with pytest.raises(ImageSizeError, match="multiple of stride 32"):
+        square.resized(64, 100)

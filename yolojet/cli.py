@@ -7,7 +7,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from yolojet import __version__
 from yolojet.errors import EngineConfigError, ImageReadError, ModelDirError, OutputPathError, YolojetError
@@ -58,15 +58,17 @@ def _format_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     return "\n".join([line.format(*header), line.format(*("-" * w for w in widths))] + [line.format(*r) for r in rows])
 
 
-def describe(directory: str | Path) -> str:
-    """A human-readable summary of a model directory."""
-    from yolojet.ir import Graph
+def describe(model: str | Path) -> str:
+    """A human-readable summary of a model: a model directory, or what any command takes (exported first)."""
+    from yolojet.engine.models import resolve_graph
+    from yolojet.geometry import rect_letterbox
 
-    graph = Graph.load(directory)
+    graph = resolve_graph(model)
     meta = graph.meta
     names = ", ".join(meta.names[i] for i in sorted(meta.names)[:8]) + (" ..." if meta.nc > 8 else "")
+    where = Path(model).resolve() if Path(model).is_dir() else model
     lines = [
-        f"model dir     {Path(directory).resolve()}",
+        f"model         {where}",
         f"source        {meta.source or '?'}" + ("  (RANDOM weights)" if meta.random_weights else ""),
         f"task          {meta.task}",
         f"input         {meta.channels}x{meta.imgsz[0]}x{meta.imgsz[1]} (channels x height x width)",
@@ -77,6 +79,12 @@ def describe(directory: str | Path) -> str:
         lines += [f"strides       {meta.strides}", f"reg_max       {meta.reg_max}", f"head          {mode}"]
     if meta.kpt_shape:
         lines.append(f"keypoints     {meta.kpt_shape[0]} x {meta.kpt_shape[1]}")
+    if meta.task == "classify":
+        lines.append("preprocess    resize and centre crop to the input")
+    else:
+        (h, w), _ = rect_letterbox((1080, 810), tuple(meta.imgsz), max(meta.strides))  # type: ignore[arg-type]
+        lines.append(f"letterbox     each image to its own rectangle of stride multiples within the input (a 1080x810 "
+                     f"photo runs at {h}x{w}); --no-rect: every image to the input")  # fmt: skip
     outputs = ", ".join(f"{tuple(graph.values[o].shape)}" for o in graph.outputs)
     lines += [
         f"outputs       {outputs}",
@@ -95,7 +103,7 @@ def describe(directory: str | Path) -> str:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    print(describe(args.model_dir))
+    print(describe(args.model))
     return 0
 
 
@@ -253,7 +261,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
             raise OutputPathError(f"--save {args.save}: the annotated image would overwrite the input {clash}")
     engine = Engine.load(
         args.model, imgsz=args.imgsz, max_batch=args.batch, half=not args.fp32, decoder=args.decoder,
-        **_engine_switches(args),
+        **_letterbox(args), **_engine_switches(args),
     )  # fmt: skip
     options = {"conf": args.conf, "iou": args.iou, "max_det": args.max_det, "classes": args.classes}
     progress = Progress(len(sources), "detect", enabled=len(sources) > 1 and not args.quiet)
@@ -310,6 +318,37 @@ def _add_decoder_flag(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _shape_list(text: str) -> list[tuple[int, int]]:
+    """`480x640,640x480`: input shapes, height first."""
+    shapes = []
+    for part in text.split(","):
+        size = _imgsz(part.strip())
+        shapes.append((size, size) if isinstance(size, int) else size)
+    return shapes
+
+
+def _add_letterbox_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("letterbox")
+    group.add_argument(
+        "--rect", action=argparse.BooleanOptionalAction, default=True,
+        help="letterbox each image to the smallest rectangle of stride multiples that holds it, as yolo predict does "
+        "(640x480 for a 4:3 photo at imgsz 640; the default), running the network derived for that shape; --no-rect "
+        "letterboxes every image to the square imgsz",
+    )  # fmt: skip
+    group.add_argument(
+        "--shapes", type=_shape_list, default=[], metavar="HxW,...",
+        help="input shapes to build at load (e.g. 480x640,640x480), so their first images wait for nothing",
+    )  # fmt: skip
+    group.add_argument(
+        "--max-shapes", type=_positive_int, default=4, metavar="N",
+        help="networks of rectangles kept, least recently used dropped first (default 4)",
+    )  # fmt: skip
+
+
+def _letterbox(args: argparse.Namespace) -> dict[str, Any]:
+    return {"rect": args.rect, "shapes": args.shapes, "max_shapes": args.max_shapes}
+
+
 def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine switches, for debugging and experiments")
     group.add_argument("--no-tune", action="store_true", help="untimed default conv tiles (as YOLOJET_NOTUNE=1)")
@@ -358,13 +397,16 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     import torch
 
     from yolojet.engine.engine import Engine
+    from yolojet.images import Frame
 
     _require_cuda("pipeline")
     engine = Engine.load(
-        args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch], **_engine_switches(args)
-    )
+        args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch], **_letterbox(args),
+        **_engine_switches(args),
+    )  # fmt: skip
     image = args.image or _bundled_photo()
     frame = _photo_pixels(image)
+    shape = engine.input_shape(Frame(frame, bgr=False))[0]
     rows = []
     for where in ("pinned host", "GPU"):
         pixels = frame if where == "pinned host" else frame.to("cuda")
@@ -379,9 +421,10 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
             engine.run(args.batch)
             samples.append(time.perf_counter() - start)
         rows.append((f"frame in {where} memory -> boxes in pinned memory", f"{_median_ms(samples) / args.batch:.4f}"))
-    network = sorted(engine.network.time_replay(args.batch, repeats=args.iters))
+    network = sorted(engine.shape_path(shape).network.time_replay(args.batch, repeats=args.iters))
     rows.append(("network only (graph replay)", f"{network[len(network) // 2] / args.batch:.4f}"))
-    print(f"{image}: {tuple(frame.shape)} frames, batch {args.batch}, median of {args.iters} runs, ms per frame")
+    print(f"{image}: {tuple(frame.shape)} frames, input {shape[0]}x{shape[1]}, batch {args.batch}, median of "
+          f"{args.iters} runs, ms per frame")  # fmt: skip
     print(_format_table(rows, ("path", "ms/frame")))
     torch.cuda.synchronize()
     return 0
@@ -449,7 +492,8 @@ def _cmd_val(args: argparse.Namespace) -> int:
         check_output_folder(args.out, "--out")
     result = validate_model(
         args.model, args.data, args.images, imgsz=args.imgsz, half=not args.fp32, batch=args.batch,
-        conf=args.conf, iou=args.iou, max_det=args.max_det, progress=not args.quiet, **_engine_switches(args),
+        conf=args.conf, iou=args.iou, max_det=args.max_det, progress=not args.quiet, protocol=args.protocol,
+        rect=args.rect, **_engine_switches(args),
     )  # fmt: skip
     print(f"{result.images} images, {len(result.predictions)} detections (conf {args.conf}, iou {args.iou})")
     rows = []
@@ -485,7 +529,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, slo_ms=args.slo_ms, max_queue=args.max_queue,
         max_message_bytes=int(args.max_message_mb * (1 << 20)), max_pixels=args.max_pixels, device=args.device,
         half=not args.fp32, decoder=args.decoder, tls_cert=args.tls_cert, tls_key=args.tls_key, token=token,
-        metrics_port=args.metrics_port, grace_s=args.grace_s, engine=_engine_switches(args),
+        metrics_port=args.metrics_port, grace_s=args.grace_s, engine={**_letterbox(args), **_engine_switches(args)},
     )  # fmt: skip
     configure_logging()
     models = build_models(specs, options)
@@ -525,7 +569,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
         if not args.model:
             raise EngineConfigError("--local needs --model: a model directory, .pt checkpoint, name or .yaml")
         labeler = LocalLabeler(args.model, args.concurrency, options, half=not args.fp32, decoder=args.decoder,
-                               device=args.device, **_engine_switches(args))  # fmt: skip
+                               device=args.device, **_letterbox(args), **_engine_switches(args))  # fmt: skip
         facts, label, close = labeler.facts, labeler, labeler.close
     else:
         connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
@@ -622,8 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_cmd_export)
 
-    p = sub.add_parser("info", help="print a model directory's summary: task, ops, parameters, GFLOPs")
-    p.add_argument("model_dir", type=Path, help="a directory written by `yolojet export`")
+    p = sub.add_parser("info", help="print a model's summary: task, input, letterbox, ops, parameters, GFLOPs")
+    p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
     p.set_defaults(run=_cmd_info)
 
     p = sub.add_parser("detect", help="detect objects in images and print them in original image coordinates")
@@ -644,6 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="print nothing per image")
     _add_decoder_flag(p)
+    _add_letterbox_flags(p)
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_detect)
 
@@ -652,12 +697,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, type=Path, help="a COCO instances .json or an ultralytics dataset .yaml")
     p.add_argument("--images", type=Path, default=None, help="folder the JSON's file_names are relative to")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
-    p.add_argument("--batch", type=_positive_int, default=8, help="images per batch (default 8)")
+    p.add_argument("--batch", type=_positive_int, default=16, help="images per batch (default 16, as yolo val; "
+                   "with --protocol val the batches' shapes depend on it)")  # fmt: skip
     p.add_argument("--conf", type=float, default=0.001, help="confidence threshold (default 0.001, as ultralytics val)")
     p.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold (default 0.7)")
     p.add_argument("--max-det", type=int, default=300, help="most detections per image, at most 300 (default 300)")
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
     p.add_argument("--out", type=Path, default=None, help="write metrics.json and predictions.json here")
+    p.add_argument(
+        "--protocol", choices=("val", "predict"), default="val",
+        help="val (the default): run the network as yolo val runs the model (batches of similar aspect ratio, one "
+        "letterbox shape a batch, NMS keeping every class over conf per box), so the same weights give the same "
+        "mAP; predict: score what the engine's predict path gives (each image its own rectangle, or with --no-rect "
+        "the square imgsz; one class a box)",
+    )  # fmt: skip
+    p.add_argument("--rect", action=argparse.BooleanOptionalAction, default=True,
+                   help="--protocol predict: letterbox each image to its own rectangle (the default) or, with "
+                   "--no-rect, to the square imgsz")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_val)
@@ -670,6 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conf", type=float, default=0.25, help="confidence threshold (default 0.25)")
     p.add_argument("--iters", type=int, default=200, help="timed runs (default 200)")
     p.add_argument("--warmup", type=int, default=20, help="untimed runs first (default 20)")
+    _add_letterbox_flags(p)
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_pipeline)
 
@@ -737,6 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-s", type=float, default=30.0, help="on SIGTERM, seconds to finish accepted requests "
                    "(default 30)")  # fmt: skip
     _add_decoder_flag(p)
+    _add_letterbox_flags(p)
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_serve)
 
@@ -775,6 +833,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp32", action="store_true", help="--local: the GPU engine in fp32")
     p.add_argument("--device", default=None, help="--local: cuda, cuda:N or cpu")
     _add_decoder_flag(p)
+    _add_letterbox_flags(p)
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_label)
 

@@ -36,3 +36,22 @@ class Letterbox:
         """[pad_x, pad_y, gain_x, gain_y, w0, h0]: what mapping boxes back needs, as scale_boxes computes it."""
         gain_x, gain_y = self.new_w / self.orig_w, self.new_h / self.orig_h
         return [self.pad_left, self.pad_top, gain_x, gain_y, self.orig_w, self.orig_h]
+
+
+def rect_letterbox(orig_hw: tuple[int, int], imgsz: tuple[int, int], stride: int) -> tuple[tuple[int, int], Letterbox]:
+    """ultralytics' predict letterbox of one image (LetterBox(imgsz, auto=True, stride), its `rect=True`): the
+    smallest input of stride multiples that holds the image scaled to fit `imgsz`, e.g. 640x480 for a 4:3 photo at
+    640, and where the image goes in it.
+
+    The placement uses the scale fitted to `imgsz`, as LetterBox does; boxes map back with `Letterbox.fit(orig_hw,
+    target).box_params()`, as ultralytics' scale_boxes recomputes the scale from the input's shape (the two differ by
+    a pixel of resized size on under 1 % of image sizes, where ultralytics differs from itself the same way).
+    """
+    (h0, w0), (h, w) = orig_hw, imgsz
+    if min(h0, w0) < 1:
+        raise ValueError(f"letterbox: sizes must be positive, got frame {orig_hw}")
+    r = min(h / h0, w / w0)
+    new_h, new_w = max(round(h0 * r), 1), max(round(w0 * r), 1)
+    pad_h, pad_w = (h - new_h) % stride, (w - new_w) % stride
+    target = (new_h + pad_h, new_w + pad_w)
+    return target, Letterbox(h0, w0, new_h, new_w, round(pad_h / 2 - 0.1), round(pad_w / 2 - 0.1))

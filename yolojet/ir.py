@@ -16,14 +16,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from yolojet.errors import GraphError, ModelDirError
+from yolojet.errors import GraphError, ImageSizeError, ModelDirError
 
 FORMAT_VERSION = 1
 GRAPH_FILE = "graph.json"
@@ -315,6 +315,26 @@ class Graph:
         return sum(self.node_flops(n) for n in self.nodes)
 
     # -- model directory ----------------------------------------------------------------------
+
+    def resized(self, height: int, width: int) -> Graph:
+        """The same network for another input size (every value's shape inferred again; weights shared, not
+        copied): what an engine runs for an image letterboxed to a rectangle. Both sides must be multiples of the
+        model's largest stride."""
+        stride = max(self.meta.strides or [1])
+        if height < 1 or width < 1 or height % stride or width % stride:
+            raise ImageSizeError(f"input {height}x{width}: each side must be a positive multiple of stride {stride}")
+        if (height, width) == tuple(self.meta.imgsz):
+            return self
+        values = {name: Value(v.name, v.shape, v.dtype) for name, v in self.values.items()}
+        for name in self.inputs:
+            n, c = values[name].shape[:2]
+            values[name] = Value(name, (n, c, height, width), values[name].dtype)
+        for node in self.nodes:
+            shapes = infer_shapes(node, [values[i].shape for i in node.inputs], self.weight_shapes(node))
+            for name, shape in zip(node.outputs, shapes, strict=True):
+                values[name] = Value(name, tuple(shape), values[name].dtype)
+        meta = replace(self.meta, imgsz=(height, width))
+        return Graph(meta, list(self.inputs), list(self.outputs), values, self.nodes, self.weights)
 
     def version(self) -> str:
         """The first 12 hex digits of a SHA-256 over the metadata and the weights (by name): two graphs with the same

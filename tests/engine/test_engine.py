@@ -338,8 +338,19 @@ def test_bad_inputs_and_options(model_dirs):
         Engine.load(model_dir, device=DEVICE, imgsz="64")
     with pytest.raises(EngineConfigError, match=r"max_batch 2\.5"):
         Engine.load(model_dir, device=DEVICE, max_batch=2.5)
-    with pytest.raises(yolojet.YolojetError, match="exported for 64x64"):
-        Engine.load(model_dir, device=DEVICE, imgsz=640)
+
+
+def test_imgsz_at_load_derives_the_network_and_rounds_up_to_the_stride(model_dirs, capsys):
+    """One export serves every input size; a size that is not a stride multiple is rounded up with a notice, as
+    ultralytics' predict does."""
+    model_dir = model_dirs("yolo11n.yaml", None)
+    engine = Engine.load(model_dir, device="cpu", backend="reference", imgsz=(33, 96))
+    assert engine.meta.imgsz == (64, 96)
+    assert "imgsz 33x96 is not a multiple of the model's stride 32; running at 64x96" in capsys.readouterr().err
+    x = torch.rand(1, 3, 64, 96)
+    exported = yolojet.load_reference(yolojet.export(random_model("yolo11n.yaml"), out=model_dir.parent / "r",
+                                                      imgsz=(64, 96)), device="cpu")  # fmt: skip
+    torch.testing.assert_close(engine.raw(x), exported(x), rtol=0, atol=0)
 
 
 def test_batch_buckets():

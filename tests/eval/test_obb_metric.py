@@ -137,14 +137,15 @@ def obb_dataset(tmp_path_factory):
     (root / "data.yaml").write_text(f"path: {root}\nval: images/val\nnames:\n{names}\n")
     assert objects >= 10, "the check needs objects to mean something"
     model_dir = yolojet.export(model, out=root / "model", imgsz=640)
-    return root, model, Engine.load(model_dir, device="cpu", backend="reference", max_batch=5)
+    return root, model, Engine.load(model_dir, device="cpu", backend="reference", max_batch=5, rect=False)
 
 
 def test_val_of_an_obb_model_scores_like_ultralytics_predictions(obb_dataset):
-    """yolojet's rotated boxes and ultralytics' own, each at val's conf 0.001, score alike on the same labels."""
+    """yolojet's rotated boxes through its predict path and ultralytics' own predict's, each at val's conf 0.001, score
+    alike on the same labels (the validator's protocol: test_val_protocol)."""
     root, model, engine = obb_dataset
     dataset = load_dataset(root / "data.yaml")
-    result = validate(engine, dataset, progress=False)
+    result = validate(engine, dataset, progress=False, protocol="predict")
     assert result.predictions and {"rbox", "poly", "score"} <= result.predictions[0].keys()
     to_category = {i: i for i in model.names}
     theirs = {}

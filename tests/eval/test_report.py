@@ -63,9 +63,9 @@ def test_report_rows_share_images_letterbox_and_evaluator(dataset, tmp_path, cap
     else:
         assert "onnxruntime" not in rows and onnx_unavailable() in report["notes"]
 
-    # The report's yolojet row is exactly what `yolojet val` scores for the same engine.
-    engine = Engine.load(model_dir, half=False, max_batch=2)
-    expected = validate(engine, load_dataset(data), batch=2, progress=False).scores
+    # The report's yolojet row is exactly what `yolojet val --protocol predict` scores for the same square engine.
+    engine = Engine.load(model_dir, half=False, max_batch=2, rect=False)
+    expected = validate(engine, load_dataset(data), batch=2, progress=False, protocol="predict").scores
     assert ours["mAP50-95"] == pytest.approx(expected.map50_95, abs=1e-6)
     assert ours["mAP50"] == pytest.approx(expected.map50, abs=1e-6)
 

@@ -1,6 +1,8 @@
 """`yolojet val` on a small dataset built from the shipped photos, with ground truth taken from ultralytics'
-own predictions with the same weights: yolojet must find the same objects (mAP50-95 ≥ 0.99), report exactly
-what pycocotools computes on its saved predictions, and agree with ultralytics' predictions' score."""
+own predictions with the same weights (square, predict(rect=False)): through its predict path with the same square
+letterbox, yolojet must find the same objects (mAP50-95 ≥ 0.99), report exactly what pycocotools computes on its
+saved predictions, and agree with ultralytics' predictions' score. (The validator's own protocol, the default of
+`yolojet val`: test_val_protocol.)"""
 
 from __future__ import annotations
 
@@ -79,7 +81,8 @@ def test_val_finds_ultralytics_objects_and_matches_pycocotools(dataset, tmp_path
     # fp32 on a GPU: the ground truth is random weights' low-confidence, near-tied boxes, which fp16 rounding
     # reorders and moves by pixels (measured 0.970 mAP50-95 on an H200 in fp16); fp16 agreement is a question
     # for trained weights (README: COCO val2017).
-    code = main(["val", str(model_dir), "--data", str(root / "instances.json"), "--out", str(out), "--quiet", "--fp32"])
+    code = main(["val", str(model_dir), "--data", str(root / "instances.json"), "--out", str(out), "--quiet", "--fp32",
+                 "--protocol", "predict", "--no-rect"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["mAP50-95"] >= 0.99
@@ -127,8 +130,9 @@ def test_yolo_yaml_dataset_gives_the_same_ground_truth(dataset, tmp_path):
     (yolo_root / "data.yaml").write_text(f"path: {yolo_root}\nval: images/val\nnames:\n{names}\n")
     converted = load_dataset(yolo_root / "data.yaml")
     assert len(converted.ground_truth["annotations"]) == len(coco.ground_truth["annotations"])
-    engine = Engine.load(model_dir, device="cpu", backend="reference", max_batch=5)  # the torch path on any machine
-    assert validate(engine, converted, progress=False).scores.map50_95 >= 0.99
+    # The torch path on any machine, square as the ground truth's predictions.
+    engine = Engine.load(model_dir, device="cpu", backend="reference", max_batch=5, rect=False)
+    assert validate(engine, converted, progress=False, protocol="predict").scores.map50_95 >= 0.99
 
 
 def test_malformed_datasets(tmp_path, dataset):

@@ -8,7 +8,7 @@ compared too), and NMS drops some of the candidates.
 
 A match is: the same count, and for every ultralytics box one of ours with the same class, rotated IoU ≥ 0.99
 and |Δconf| ≤ 0.01. The rotated IoU is the exact polygon IoU of the two rectangles (Sutherland–Hodgman clipping
-in float64, below), independent of the probabilistic IoU that the NMS uses.
+in float64, `support.rotated_iou`), independent of the probabilistic IoU that the NMS uses.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import calibrated_model, letterboxed, real_photos, ultralytics_results
+from support import calibrated_model, letterboxed, match_rotated, real_photos, rotated_iou, ultralytics_results
 
 import yolojet
 from yolojet.errors import EngineConfigError
@@ -26,94 +26,6 @@ from yolojet.tasks.obb import OBB
 
 IMGSZ = 640  # OBB's default is 1024; 640 keeps the test fast
 CONF = 0.005
-
-
-# -- exact rotated IoU ------------------------------------------------------------------------
-
-
-def _corners(xywhr: np.ndarray) -> np.ndarray:
-    cx, cy, w, h, t = (float(v) for v in xywhr)
-    c, s = np.cos(t), np.sin(t)
-    along, across = np.array([w / 2 * c, w / 2 * s]), np.array([-h / 2 * s, h / 2 * c])
-    centre = np.array([cx, cy])
-    return np.stack(
-        [centre + along + across, centre + along - across, centre - along - across, centre - along + across]
-    )
-
-
-def _area(poly: np.ndarray) -> float:
-    if len(poly) < 3:
-        return 0.0
-    x, y = poly[:, 0], poly[:, 1]
-    return 0.5 * float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1)))
-
-
-def _ccw(poly: np.ndarray) -> np.ndarray:
-    return poly if _area(poly) >= 0 else poly[::-1]
-
-
-def _clip(subject: np.ndarray, clipper: np.ndarray) -> np.ndarray:
-    """Sutherland–Hodgman: the part of convex `subject` inside convex `clipper` (both counter-clockwise)."""
-    out = subject
-    for a, b in zip(clipper, np.roll(clipper, -1, 0), strict=True):
-        if len(out) == 0:
-            break
-        edge = b - a
-
-        def inside(p, a=a, edge=edge):
-            # Points on the edge (up to rounding) count as inside, so coincident edges clip nothing.
-            cross = edge[0] * (p[1] - a[1]) - edge[1] * (p[0] - a[0])
-            return cross >= -1e-9 * np.hypot(*edge) * (1.0 + np.hypot(*(p - a)))
-
-        points = []
-        for p, q in zip(out, np.roll(out, -1, 0), strict=True):
-            if inside(p):
-                points.append(p)
-            if inside(p) != inside(q):
-                d = q - p
-                t = (edge[0] * (a[1] - p[1]) - edge[1] * (a[0] - p[0])) / (edge[0] * d[1] - edge[1] * d[0])
-                points.append(p + t * d)
-        out = np.array(points).reshape(-1, 2)
-    return out
-
-
-def rotated_iou(box1: np.ndarray, box2: np.ndarray) -> float:
-    """Polygon IoU of two xywhr rectangles."""
-    p1, p2 = _ccw(_corners(box1)), _ccw(_corners(box2))
-    a1, a2 = abs(_area(p1)), abs(_area(p2))
-    inter = abs(_area(_clip(p1, p2)))
-    union = a1 + a2 - inter
-    if union <= 1e-9:  # both degenerate: equal when their corners coincide
-        return float(np.allclose(p1, p2, atol=1e-3))
-    return inter / union
-
-
-def match_rotated(ours: np.ndarray, theirs: np.ndarray, iou_min: float = 0.99, conf_tol: float = 0.01) -> list[str]:
-    """Problems matching our rows [cx, cy, w, h, angle, conf, cls] one-to-one with ultralytics' ones.
-
-    A box also matches when its centre and sides are within 0.05 px and its angle within 1e-3 rad: the IoU of a box
-    under a pixel wide moves by percents for hundredths of a pixel (float rounding between two fp32 networks)."""
-    problems = []
-    if len(ours) != len(theirs):
-        problems.append(f"{len(ours)} boxes, ultralytics has {len(theirs)}")
-    used: set[int] = set()
-    for i, row in enumerate(theirs):
-        best, best_iou = None, 0.0
-        for j, mine in enumerate(ours):
-            if j in used or mine[6] != row[6] or abs(mine[5] - row[5]) > conf_tol:
-                continue
-            if np.hypot(*(mine[:2] - row[:2])) > max(row[2], row[3], 1.0):
-                continue  # too far apart to overlap 99%
-            iou = rotated_iou(row[:5], mine[:5])
-            if np.abs(mine[:4] - row[:4]).max() <= 0.05 and abs(mine[4] - row[4]) <= 1e-3:
-                iou = max(iou, 1.0)
-            if iou > best_iou:
-                best, best_iou = j, iou
-        if best is None or best_iou < iou_min:
-            problems.append(f"ultralytics box {i} {row.tolist()} has no match (best IoU {best_iou:.4f})")
-            continue
-        used.add(best)
-    return problems
 
 
 def test_polygon_iou_helper():

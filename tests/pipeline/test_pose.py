@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import calibrated_model, letterboxed, match_detections, real_photos, ultralytics_results
+from support import calibrated_model, detection_pairs, letterboxed, match_detections, real_photos, ultralytics_results
 
 import yolojet
 from yolojet.errors import EngineConfigError
@@ -29,24 +29,9 @@ from yolojet.tasks.pose import Keypoints
 IMGSZ = 640
 
 
-def pairs(ours: torch.Tensor, theirs: torch.Tensor, iou_min: float = 0.99, conf_tol: float = 0.01) -> list[int]:
-    """For each ultralytics box, the index of our box `match_detections` pairs it with (same rule, greedy)."""
-    from torchvision.ops import box_iou
-
-    def corners(b: torch.Tensor) -> torch.Tensor:
-        return torch.cat([torch.minimum(b[:, :2], b[:, 2:4]), torch.maximum(b[:, :2], b[:, 2:4])], 1)
-
-    iou = box_iou(corners(theirs), corners(ours))
-    ok = (
-        (iou >= iou_min)
-        & (theirs[:, 5:6] == ours[:, 5][None])
-        & ((theirs[:, 4:5] - ours[:, 4][None]).abs() <= conf_tol)
-    )
-    used: list[int] = []
-    for i in range(len(theirs)):
-        options = [j for j in ok[i].nonzero().flatten().tolist() if j not in used]
-        used.append(max(options, key=lambda j: float(iou[i, j])))
-    return used
+def pairs(ours: torch.Tensor, theirs: torch.Tensor) -> list[int]:
+    """For each ultralytics box, the index of our box `match_detections` pairs it with (all are matched)."""
+    return [j for j, _ in detection_pairs(ours, theirs)]
 
 
 def compare_with_ultralytics(model, cfg: str, model_dir, end2end: bool, conf: float) -> dict[str, float]:

@@ -20,9 +20,10 @@ import os
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,9 @@ import torch
 from yolojet.engine.feed import FedBatch, FrameFeed, to_device
 from yolojet.engine.models import resolve_graph
 from yolojet.engine.network import TritonNetwork
-from yolojet.engine.predict_path import PredictOptions, PredictPath, predict_path
+from yolojet.engine.predict_path import PARITIES, PredictOptions, PredictPath, predict_path
 from yolojet.errors import EngineConfigError, ImageReadError
+from yolojet.geometry import Letterbox, rect_letterbox
 from yolojet.images import DEFAULT_MAX_PIXELS, Frame, is_encoded
 from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, make_decoder
 from yolojet.images.frames import frame_from_pixels
@@ -95,6 +97,13 @@ def _image_size(imgsz: object) -> int | tuple[int, int]:
     return int(values[0]), int(values[-1])  # a one-element list is a square
 
 
+def _count(name: str, value: object) -> int:
+    """An int of at least 1, or an error naming the option."""
+    if not _integral(value) or value < 1:  # type: ignore[operator]
+        raise EngineConfigError(f"{name} {value!r}: expected an int of at least 1")
+    return int(value)  # type: ignore[call-overload]
+
+
 def _integral(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, np.integer))
 
@@ -125,12 +134,23 @@ def check_options(options: PredictOptions, nc: int, capacity: int) -> PredictOpt
 
 
 @dataclass
+class _Part:
+    """One input shape's share of a batch on the GPU path: the path of that shape, the batch's slots it holds, the
+    parity of the pinned buffers it uses, and its task outputs once collected."""
+
+    path: PredictPath
+    slots: list[int]
+    parity: int
+    found: list[dict[str, Any]] | None = None
+
+
+@dataclass
 class _Run:
-    """A batch handed to the predict path: its frames (kept alive until collected), the parity of the pinned buffers
-    it uses, and, once collected, each frame's task outputs on the host."""
+    """A batch handed to the engine: its frames (kept alive until collected), its parts (one a letterbox shape), and,
+    once collected, each frame's task outputs on the host."""
 
     frames: list[Frame]
-    parity: int = 0
+    parts: list[_Part] = field(default_factory=list)
     found: list[dict[str, Any]] | None = None
 
 
@@ -145,14 +165,21 @@ class _Staged:
 class Engine:
     """A model ready to run. Build with `Engine.load`."""
 
-    def __init__(self, network: TritonNetwork | ReferenceExecutor, max_batch: int, decoder: Decoder | None = None):
+    def __init__(self, network: TritonNetwork | ReferenceExecutor, max_batch: int, decoder: Decoder | None = None,
+                 rect: bool = True, max_shapes: int = 4, verbose: bool = False) -> None:  # fmt: skip
         self.network = network
         self.max_batch = max_batch
         self.device = network.device
         self.decoder = decoder if decoder is not None else make_decoder("cpu", self.device)
         self._path: PredictPath | None = predict_path(network) if isinstance(network, TritonNetwork) else None
+        # rect: each image letterboxed to its own rectangle, as ultralytics' predict does (classification crops).
+        self.rect = bool(rect) and self.meta.task != "classify"
+        self.max_shapes = _count("max_shapes", max_shapes)
+        self.verbose = verbose
+        # The paths of rectangles other than the model's own input, least recently used first.
+        self._shapes: OrderedDict[tuple[int, int], PredictPath] = OrderedDict()
         self._lock = threading.RLock()
-        self._in_flight: list[_Run] = []
+        self._in_flight: list[_Part] = []
         # The low-latency trio's state: each slot's staged frame, and the run that has found its results.
         self._staged: list[_Staged | None] = [None] * max_batch
         self._ran: list[_Run | None] = [None] * max_batch
@@ -175,6 +202,9 @@ class Engine:
         branches: bool | None = None,
         decoder: str = "auto",
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        rect: bool = True,
+        shapes: Sequence[tuple[int, int]] = (),
+        max_shapes: int = 4,
     ) -> Engine:
         """Load a model directory, `.pt`, ultralytics name or `.yaml` (exported on first use and cached).
 
@@ -187,12 +217,14 @@ class Engine:
         the captured graph on a CUDA device unless YOLOJET_BRANCHES=0; `branches=False` runs them in order.
         `decoder` decodes files and bytes: "auto" (the GPU's hardware JPEG decoders where there are some, else CPU
         threads), "nvimgcodec", "cpu" or "nvjpeg" (yolojet/images/decoders.py); an image of more than `max_pixels`
-        pixels is an error rather than a decode.
+        pixels is an error rather than a decode. `rect=True` (ultralytics' predict's default) letterboxes each image to
+        the smallest rectangle of stride multiples that holds it scaled to imgsz (640x480 for a 4:3 photo), running
+        the network built for that rectangle from the same model; `rect=False` letterboxes every image to the square
+        imgsz. Networks of up to `max_shapes` rectangles are kept (least recently used dropped); `shapes` lists
+        rectangles (h, w) to build at load, so that their first images wait for nothing.
         """
         device = _device(device)
-        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
-            raise EngineConfigError(f"max_batch {max_batch!r}: expected an int of at least 1")
-        max_batch = int(max_batch)
+        max_batch, max_shapes = _count("max_batch", max_batch), _count("max_shapes", max_shapes)
         if imgsz is not None:
             imgsz = _image_size(imgsz)
         triton_possible = device.type == "cuda" or (device.type == "cpu" and _interpreting())
@@ -233,7 +265,19 @@ class Engine:
             network.startup_seconds["decoder"] = decoder_seconds  # on its own thread, beside the network's phases
         if verbose:
             print(f"yolojet: decoding with {chosen.describe()}", file=sys.stderr)
-        return cls(network, max_batch, chosen)
+        shapes = [_image_size(shape) for shape in shapes]
+        engine = cls(network, max_batch, chosen, rect=rect, max_shapes=max(max_shapes, len(shapes)), verbose=verbose)
+        try:
+            if engine._path is not None:  # the reference runs any shape as it comes
+                for shape in shapes:
+                    engine.shape_path(shape)
+        except BaseException:
+            engine.close()
+            raise
+        if verbose:
+            kept = f"rectangular, networks of up to {engine.max_shapes} shapes kept" if engine.rect else "square"
+            print(f"yolojet: letterbox {kept}", file=sys.stderr)
+        return engine
 
     def close(self) -> None:
         """Stop the decoder's threads (an engine left to the garbage collector stops them at exit)."""
@@ -268,13 +312,71 @@ class Engine:
         """The most detections an image can keep (the largest max_det)."""
         return self._path.capacity if self._path is not None else 300
 
+    @property
+    def stride(self) -> int:
+        return max(self.meta.strides or [32])
+
+    def input_shape(self, frame: Frame) -> tuple[tuple[int, int], Letterbox | None]:
+        """The network input an image runs at, and where it goes in it (None: fitted, centred)."""
+        if not self.rect:
+            return tuple(self.meta.imgsz), None  # type: ignore[return-value]
+        return rect_letterbox(frame.shape, tuple(self.meta.imgsz), self.stride)  # type: ignore[arg-type]
+
+    def _group_by_shape(
+        self, frames: Sequence[Frame]
+    ) -> tuple[OrderedDict[tuple[int, int], list[int]], list[Letterbox | None]]:
+        """The batch's slots grouped by input shape (first seen first), and each frame's placement."""
+        groups: OrderedDict[tuple[int, int], list[int]] = OrderedDict()
+        placements: list[Letterbox | None] = []
+        for slot, frame in enumerate(frames):
+            shape, placement = self.input_shape(frame)
+            groups.setdefault(shape, []).append(slot)
+            placements.append(placement)
+        return groups, placements
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """The input shapes the engine has networks for: the model's own, then the rectangles, most recent last."""
+        return [tuple(self.meta.imgsz), *self._shapes]  # type: ignore[list-item]
+
+    def shape_path(self, shape: tuple[int, int] | int) -> PredictPath:
+        """The predict path (and network) for an input shape, built on first use from the same model (shared
+        weights and memory; tiles tuned, or from the cache); under the lock."""
+        shape = (shape, shape) if isinstance(shape, int) else (int(shape[0]), int(shape[1]))
+        if self._path is None:
+            raise EngineConfigError("input shapes are networks of the triton backend; the reference runs any shape")
+        if tuple(shape) == tuple(self.meta.imgsz):
+            return self._path
+        with self._lock:
+            path = self._shapes.get(shape)
+            if path is not None:
+                self._shapes.move_to_end(shape)
+                return path
+            started = time.perf_counter()
+            network = self.network.sibling(*shape)  # type: ignore[union-attr]
+            path = self._shapes[shape] = predict_path(network)
+            if self.verbose:
+                h, w = shape
+                print(f"yolojet: built the network for input {h}x{w} in {time.perf_counter() - started:.1f} s "
+                      f"({len(self._shapes)} of {self.max_shapes} rectangles kept)", file=sys.stderr)  # fmt: skip
+            while len(self._shapes) > self.max_shapes:
+                oldest = next(iter(self._shapes))
+                if any(part.path is self._shapes[oldest] for part in self._in_flight):
+                    self._collect_parts(list(self._in_flight))
+                del self._shapes[oldest]
+            return path
+
     # -- raw network --------------------------------------------------------------------------
 
     def raw(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """Raw head outputs for a float NCHW batch in [0, 1], in the reference executor's form."""
+        """Raw head outputs for a float NCHW batch in [0, 1], in the reference executor's form. A detection model takes
+        any input whose sides are multiples of its stride (on our kernels, the network of that shape: `shape_path`);
+        a classifier its own input size."""
         if isinstance(self.network, TritonNetwork):
             with self._lock:
-                return self.network.raw(x)
+                network = self.network
+                if x.ndim == 4 and tuple(x.shape[2:]) != tuple(self.meta.imgsz) and self.meta.task != "classify":
+                    network = self.shape_path((int(x.shape[2]), int(x.shape[3]))).network
+                return network.raw(x)
         return self.network(x.to(self.device))
 
     def dump(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -403,31 +505,59 @@ class Engine:
         return self._path is not None and not options.retina_masks
 
     def _submit(self, frames: list[Frame], options: PredictOptions, ready: Sequence[torch.cuda.Event] = ()) -> _Run:
-        """Stage and launch a batch (under the lock). On the GPU path it returns at once; a parity whose last batch
-        has not been collected is collected first."""
+        """Stage and launch a batch (under the lock), one part a letterbox shape. On the GPU path it returns at once;
+        the parts in flight that hold buffers a new part needs are collected first."""
         if not self._on_path(options):
             return _Run(frames, found=self._run_torch_path(frames, options))
-        path = self._path
-        assert path is not None
-        if len(self._in_flight) >= path.depth:
-            self._collect(self._in_flight[0])
-        parity = 1 - self._in_flight[-1].parity if self._in_flight else 0
-        path.wait_for(ready)
-        path.stage(parity, frames, options)
-        path.launch(len(frames), parity)
-        run = _Run(frames, parity)
-        self._in_flight.append(run)
+        groups, placements = self._group_by_shape(frames)
+        run = _Run(frames)
+        for shape, slots in groups.items():
+            path = self.shape_path(shape)
+            placed = [placements[i] for i in slots]
+            run.parts.append(self._launch(path, slots, [frames[i] for i in slots], options,
+                                          None if placed[0] is None else placed, ready))  # fmt: skip
         return run
+
+    def _launch(self, path: PredictPath, slots: list[int], frames: list[Frame], options: PredictOptions,
+                placements: list[Letterbox] | None, ready: Sequence[torch.cuda.Event]) -> _Part:  # fmt: skip
+        # A part whose collection still needs the path's device buffers (segment masks, shared by every shape) is
+        # collected before anything else runs; at most two parts are in flight, each path's on its own parity.
+        if path.depth == 1 or any(part.path.depth == 1 for part in self._in_flight):
+            self._collect_parts(list(self._in_flight))
+        if len(self._in_flight) >= PARITIES:
+            self._collect_parts(self._in_flight[:1])
+        used = {part.parity for part in self._in_flight if part.path is path}
+        if len(used) == PARITIES:
+            self._collect_parts([next(part for part in self._in_flight if part.path is path)])
+            used = {part.parity for part in self._in_flight if part.path is path}
+        parity = next(p for p in range(PARITIES) if p not in used)
+        path.wait_for(ready)
+        if placements is not None:
+            path.stage(parity, frames, options, placements)  # type: ignore[call-arg]
+        else:
+            path.stage(parity, frames, options)
+        path.launch(len(frames), parity)
+        part = _Part(path, slots, parity)
+        self._in_flight.append(part)
+        return part
+
+    def _collect_parts(self, parts: list[_Part]) -> None:
+        for part in parts:
+            if part.found is None:
+                part.found = part.path.collect(part.parity)
+            if part in self._in_flight:
+                self._in_flight.remove(part)
 
     def _collect(self, run: _Run) -> None:
         """Wait for a run and read its results (under the lock); a collected run is left as it is."""
         if run.found is not None:
             return
-        for earlier in list(self._in_flight):  # runs finish in order: collect those launched before it first
-            earlier.found = self._path.collect(earlier.parity)  # type: ignore[union-attr]
-            self._in_flight.remove(earlier)
-            if earlier is run:
-                return
+        self._collect_parts(run.parts)
+        found: list[dict[str, Any] | None] = [None] * len(run.frames)
+        for part in run.parts:
+            for slot, outputs in zip(part.slots, part.found, strict=True):  # type: ignore[arg-type]
+                found[slot] = outputs
+        run.found = found  # type: ignore[assignment]
 
     # -- the low-latency trio -------------------------------------------------------------------
 
@@ -499,9 +629,21 @@ class Engine:
             h, w = self.meta.imgsz
             batch = torch.stack([classify_preprocess(f, h if h == w else (h, w)) for f in frames]).to(self.device)
             return [{"probs": p.float().cpu()} for p in self.raw(batch)]
+        groups, placements = self._group_by_shape(frames)
+        found: list[dict[str, Any] | None] = [None] * len(frames)
+        for shape, slots in groups.items():
+            outputs = self._torch_group(shape, [frames[i] for i in slots], [placements[i] for i in slots], o)
+            for slot, one in zip(slots, outputs, strict=True):
+                found[slot] = one
+        return found  # type: ignore[return-value]
+
+    def _torch_group(self, shape: tuple[int, int], frames: list[Frame], placements: list[Letterbox | None],
+                     o: PredictOptions) -> list[dict[str, Any]]:  # fmt: skip
+        """Frames of one input shape through the network (the reference executor, or the Triton network of that shape)
+        and the torch post-processing."""
         boxes, inputs = [], []
-        for frame in frames:
-            x, box = torch_pipeline.letterbox(frame, self.meta.imgsz)
+        for frame, placement in zip(frames, placements, strict=True):
+            x, box = torch_pipeline.letterbox(frame, shape, placement)
             inputs.append(x.to(self.device))
             boxes.append(box)
         raw = self.raw(torch.stack(inputs))
@@ -512,8 +654,8 @@ class Engine:
         if task == "segment":
             from yolojet.reference.segment import segment_postprocess
 
-            found = segment_postprocess(raw[0], raw[1], boxes, self.meta.imgsz, nc=self.meta.nc,
-                                        retina_masks=o.retina_masks, **common)  # fmt: skip
+            found = segment_postprocess(raw[0], raw[1], boxes, shape, nc=self.meta.nc, retina_masks=o.retina_masks,
+                                        **common)  # fmt: skip
             return [{"boxes": rows.cpu(), "masks": masks.cpu()} for rows, masks in found]
         if task == "pose":
             from yolojet.reference.pose import pose_postprocess

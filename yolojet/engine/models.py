@@ -1,19 +1,20 @@
 """From what the user named (model directory, `.pt`, ultralytics name, `.yaml`) to a loaded graph.
 
-Checkpoints are exported on first use into a cache directory keyed by the file's content and the
-image size (by default the size the checkpoint was trained at), so later loads read the model
-directory straight away. Architecture YAMLs build a fresh
-random-weight model each time and are exported to a temporary directory.
+Checkpoints are exported on first use, at the size they were trained at, into a cache directory keyed by the file's
+content, so later loads read the model directory straight away; any other input size is derived from that export
+(`Graph.resized`). Architecture YAMLs build a fresh random-weight model each time and are exported to a temporary
+directory.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import sys
 import tempfile
 from pathlib import Path
 
 from yolojet.engine.autotune import cache_dir
-from yolojet.errors import ImageSizeError
 from yolojet.ir import GRAPH_FILE, Graph
 
 
@@ -30,31 +31,39 @@ def _size_tag(imgsz: int | tuple[int, int]) -> str:
     return f"{h}x{w}"
 
 
+def at_size(graph: Graph, imgsz: int | tuple[int, int] | None) -> Graph:
+    """The graph for input size `imgsz` (None: as exported), each side rounded up to a multiple of the model's stride
+    with a notice, as ultralytics' predict does (`--imgsz 33` runs at 64)."""
+    if imgsz is None:
+        return graph
+    stride = max(graph.meta.strides or [32])
+    h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
+    rounded = (max(math.ceil(h / stride), 1) * stride, max(math.ceil(w / stride), 1) * stride)
+    if rounded != (h, w):
+        print(
+            f"yolojet: imgsz {_size_tag((h, w))} is not a multiple of the model's stride {stride}; "
+            f"running at {_size_tag(rounded)}",
+            file=sys.stderr,
+        )
+    return graph.resized(*rounded)
+
+
 def resolve_graph(model: str | Path, imgsz: int | tuple[int, int] | None = None) -> Graph:
-    """Load `model` as a graph, exporting it first when it is not already a model directory."""
+    """Load `model` as a graph, exporting it first when it is not already a model directory, for input size `imgsz`
+    (see `at_size`). One export serves every size: the network of another size is derived from it."""
     from yolojet.export import export
 
     path = Path(model)
     if (path / GRAPH_FILE).is_file():
-        graph = Graph.load(path)
-        if imgsz is not None and _size_tag(imgsz) != _size_tag(tuple(graph.meta.imgsz)):
-            raise ImageSizeError(
-                f"{path} was exported for {_size_tag(tuple(graph.meta.imgsz))}, not {_size_tag(imgsz)}: "
-                f"export the checkpoint again with --imgsz {_size_tag(imgsz)}"
-            )
-        return graph
-    # Without a size, a checkpoint runs at the size it was trained at, as ultralytics' predict does.
-    tag = _size_tag(imgsz) if imgsz is not None else "trained-size"
+        return at_size(Graph.load(path), imgsz)
     if path.suffix.lower() in (".yaml", ".yml"):
         with tempfile.TemporaryDirectory(prefix="yolojet-") as tmp:
-            return Graph.load(export(str(model), out=Path(tmp) / "model", imgsz=imgsz if imgsz is not None else 640))
+            return at_size(Graph.load(export(str(model), out=Path(tmp) / "model", imgsz=640)), imgsz)
+    # A checkpoint is exported at the size it was trained at (what ultralytics' predict runs it at by default).
     if path.is_file():
-        target = cache_dir() / "models" / f"{path.stem}-{_file_digest(path)}-{tag}"
-        if not (target / GRAPH_FILE).is_file():
-            export(str(model), out=target, imgsz=imgsz)
-        return Graph.load(target)
-    # A bare name such as yolo11n.pt: the exporter fetches it through ultralytics, or says why it cannot.
-    target = cache_dir() / "models" / f"{path.stem}-{tag}"
+        target = cache_dir() / "models" / f"{path.stem}-{_file_digest(path)}"
+    else:  # a bare name such as yolo11n.pt: the exporter fetches it through ultralytics, or says why it cannot
+        target = cache_dir() / "models" / path.stem
     if not (target / GRAPH_FILE).is_file():
-        export(str(model), out=target, imgsz=imgsz)
-    return Graph.load(target)
+        export(str(model), out=target)
+    return at_size(Graph.load(target), imgsz)

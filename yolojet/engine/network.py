@@ -50,6 +50,25 @@ def batch_buckets(max_batch: int) -> list[int]:
     return [*buckets, max_batch]
 
 
+class Arenas:
+    """Activation and head memory shared by the networks of one engine, one per input shape: they run one at a time,
+    in stream order, so each may use the same buffer. The first network (the largest: the model's own input size)
+    sets its size; a later network that needs more gets a buffer of its own, since captured graphs hold the shared
+    one's address."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def take(self, kind: str, elements: int, dtype: torch.dtype) -> torch.Tensor:
+        shared = self._buffers.get((kind, dtype))
+        if shared is None:
+            shared = self._buffers[(kind, dtype)] = torch.empty(elements, dtype=dtype, device=self.device)
+        if shared.numel() < elements:
+            return torch.empty(elements, dtype=dtype, device=self.device)
+        return shared[:elements]
+
+
 @dataclass
 class FamilyProfile:
     family: str
@@ -75,7 +94,10 @@ class TritonNetwork:
         buckets: list[int] | None = None,
         pdl: bool | None = None,
         branches: bool | None = None,
+        weights: PackedWeights | None = None,
+        arenas: Arenas | None = None,
     ) -> None:
+        """`weights` and `arenas`: another network's of the same model (for another input size), shared."""
         if max_batch < 1:
             raise EngineConfigError(f"max_batch {max_batch}: must be at least 1")
         buckets = sorted(set(buckets)) if buckets else batch_buckets(max_batch)
@@ -84,9 +106,13 @@ class TritonNetwork:
         self.graph, self.device, self.max_batch = graph, device, max_batch
         self.dtype = torch.float16 if half else torch.float32
         self.plan: MemoryPlan = plan_memory(graph)
-        self.features = torch.empty(self.plan.arena_elements("feature", max_batch), dtype=self.dtype, device=device)
-        self.heads = torch.empty(self.plan.arena_elements("head", max_batch), dtype=torch.float32, device=device)
-        self.weights = PackedWeights(graph, device, self.dtype, self.plan.widened)
+        self.arenas = arenas if arenas is not None else Arenas(device)
+        self.features = self.arenas.take("feature", self.plan.arena_elements("feature", max_batch), self.dtype)
+        self.heads = self.arenas.take("head", self.plan.arena_elements("head", max_batch), torch.float32)
+        self.weights = weights if weights is not None else PackedWeights(graph, device, self.dtype, self.plan.widened)
+        # What a network of the same model for another input size is built with (`sibling`).
+        self._options = {"half": half, "max_batch": max_batch, "tune_layers": tune_layers, "fuse": fuse,
+                         "verbose": verbose, "buckets": buckets, "pdl": pdl, "branches": branches}  # fmt: skip
         self.buckets = buckets
         # None: wherever the GPU and Triton support it (off under the interpreter and with YOLOJET_PDL=0).
         if pdl and not pdl_available(device):
@@ -129,6 +155,13 @@ class TritonNetwork:
             self.startup_seconds["capture"] = time.perf_counter() - start
 
     # -- construction -------------------------------------------------------------------------
+
+    def sibling(self, height: int, width: int) -> TritonNetwork:
+        """The same model for another input size: its own plan, launches, tiles (tuned or from the cache) and graphs,
+        this network's packed weights and memory."""
+        graph = self.graph.resized(height, width)
+        weights = self.weights if plan_memory(graph).widened == self.plan.widened else None
+        return TritonNetwork(graph, self.device, weights=weights, arenas=self.arenas, **self._options)
 
     def _viewer(self, batch: int) -> ViewFn:
         def view(name: str, widened: bool = False) -> torch.Tensor:

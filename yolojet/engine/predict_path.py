@@ -207,9 +207,12 @@ class DetectionHead(CapturedPath):
         self.segment = self.task == "segment"
         if self.segment:
             self.depth = 1
-            # Masks at input resolution for every slot and row: capacity x H x W bytes an image; and the kept boxes in
-            # input pixels, which taking the masks to the original image reads after the graph has mapped the rows.
-            self.masks_input = torch.zeros(batch, capacity, *self.meta.imgsz, dtype=torch.uint8, device=device)
+            # Masks at input resolution for every slot and row: capacity x H x W bytes an image (shared by the paths
+            # of every input size, which a segment batch never overlaps); and the kept boxes in input pixels, which
+            # taking the masks to the original image reads after the graph has mapped the rows.
+            h, w = self.meta.imgsz
+            masks = network.arenas.take("masks", batch * capacity * h * w, torch.uint8)
+            self.masks_input = masks.view(batch, capacity, h, w)
             self.boxes_input = torch.zeros(batch, capacity, 4, dtype=torch.float32, device=device)
         shape = graph.values[self.output].shape
         self.end2end = self.meta.end2end
@@ -231,23 +234,27 @@ class DetectionHead(CapturedPath):
 
     # -- staging and results ------------------------------------------------------------------
 
-    def stage(self, parity: int, frames: Sequence[Frame], options: PredictOptions) -> None:
+    def stage(self, parity: int, frames: Sequence[Frame], options: PredictOptions,
+              placements: Sequence[Letterbox] | None = None) -> None:  # fmt: skip
         """Write a batch's options and frame table into the parity's pinned inputs. Frames must lie on the engine's
-        device, and stay there unchanged until the batch is collected."""
+        device, and stay there unchanged until the batch is collected. `placements`: where each frame goes in the
+        input (default: fitted to it, centred); boxes map back as ultralytics' scale_boxes does, from the sizes."""
         if not 1 <= len(frames) <= self.network.max_batch:
             raise EngineConfigError(f"run({len(frames)}): this engine runs 1..{self.network.max_batch} frames")
         # A table row holds where a frame lies and how it is laid out: the same rows for frames at the same address.
-        held = (tuple((f.pixels.data_ptr(), f.pixels.shape, f.pixels.stride(), f.bgr) for f in frames), options)
+        held = (tuple((f.pixels.data_ptr(), f.pixels.shape, f.pixels.stride(), f.bgr) for f in frames), options,
+                tuple(placements) if placements is not None else None)  # fmt: skip
         self.filtered[parity] = options.classes is not None
         self.staged[parity] = list(frames)
         if self.written[parity] == held:
             return
         self.written[parity] = None  # half-written inputs match nothing
         host = self.inputs.write(parity, options, self.capacity)
-        placements = [Letterbox.fit(frame.shape, self.meta.imgsz) for frame in frames]
-        rows = [frame_row(f.pixels, bgr=f.bgr, placement=p) for f, p in zip(frames, placements, strict=True)]
+        fitted = [Letterbox.fit(frame.shape, self.meta.imgsz) for frame in frames]
+        placed = fitted if placements is None else list(placements)
+        rows = [frame_row(f.pixels, bgr=f.bgr, placement=p) for f, p in zip(frames, placed, strict=True)]
         host["table"][: len(frames)] = torch.tensor(rows, dtype=torch.int64)
-        host["box_params"][: len(frames)] = torch.tensor([p.box_params() for p in placements], dtype=torch.float32)
+        host["box_params"][: len(frames)] = torch.tensor([p.box_params() for p in fitted], dtype=torch.float32)
         self.written[parity] = held
 
     def _key(self, batch: int, parity: int) -> tuple:

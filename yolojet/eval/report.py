@@ -474,7 +474,8 @@ def _onnx_session(module: torch.nn.Module, meta: ModelMeta, device: torch.device
 
 def _score(runtime: Runtime, dataset: Dataset, batch: int, progress: bool) -> tuple[CocoScores, int]:
     view = _ValidateView(runtime)
-    result = validate(view, dataset, batch=batch, progress=progress, boxes_only=True, **VAL_OPTIONS)
+    result = validate(view, dataset, batch=batch, progress=progress, boxes_only=True, protocol="predict",
+                      **VAL_OPTIONS)  # fmt: skip
     return result.scores, view.detections
 
 
@@ -552,8 +553,9 @@ def report_model(
         source, module, checkpoint, why_not = _resolve(model, imgsz, workdir)
         backend = None if cuda else "reference"  # Triton's CPU interpreter would take minutes an image
 
-        # fp16 first where there is a GPU; the reference executor (no GPU) is float32 only.
-        first = Engine.load(source, device=device, half=cuda, max_batch=big, imgsz=imgsz, backend=backend)
+        # fp16 first where there is a GPU; the reference executor (no GPU) is float32 only. Square inputs (rect=False)
+        # for every runtime, so that all of them see the same tensors.
+        first = Engine.load(source, device=device, half=cuda, max_batch=big, imgsz=imgsz, backend=backend, rect=False)
         graph = first.graph
         meta = graph.meta
         if meta.task != "detect":
@@ -562,8 +564,8 @@ def report_model(
         if cuda:
             measure(YolojetRuntime(first, "fp16", "yolojet-fp16"))
             del first
-            measure(YolojetRuntime(Engine.load(source, device=device, half=False, max_batch=big, imgsz=imgsz),
-                                   "fp32", "yolojet-fp32"))  # fmt: skip
+            measure(YolojetRuntime(Engine.load(source, device=device, half=False, max_batch=big, imgsz=imgsz,
+                                               rect=False), "fp32", "yolojet-fp32"))  # fmt: skip
         else:
             measure(YolojetRuntime(first, "fp32", "yolojet-fp32 (reference, cpu)"))
             del first

@@ -54,28 +54,35 @@ def category_map(model_names: dict[int, str], dataset: Dataset) -> list[int]:
     return ids
 
 
-def _results(engine: Any, dataset: Dataset, batch: int, options: dict[str, Any], progress: bool) -> Iterator:
-    """(image, Results) for every dataset image, in batches, with a progress bar; raises once all ran if any
-    image could not be read, or at once if an image's size disagrees with its annotation."""
+PROTOCOLS = ("val", "predict")
+
+
+def _predicted(engine: Any, dataset: Dataset, batch: int, options: dict[str, Any]) -> Iterator:
+    """(image, Results) through the engine's predict path (`engine(paths)`), a batch at a time."""
+    for start in range(0, len(dataset.images), batch):
+        chunk = dataset.images[start : start + batch]
+        yield from zip(chunk, engine([str(i.path) for i in chunk], **options), strict=True)
+
+
+def _checked(pairs: Iterator, total: int, progress: bool) -> Iterator:
+    """The pairs with a progress bar; raises once all ran if any image could not be read, or at once if an image's
+    size disagrees with its annotation."""
     from tqdm import tqdm
 
     failed = []
     interval = 0.1 if sys.stderr.isatty() else 30.0  # in a log, not a terminal: a line every 30 s, not ten a second
-    with tqdm(total=len(dataset.images), disable=not progress, unit="img", file=sys.stderr, desc="val",
-              mininterval=interval) as bar:  # fmt: skip
-        for start in range(0, len(dataset.images), batch):
-            chunk = dataset.images[start : start + batch]
-            for image, result in zip(chunk, engine([str(i.path) for i in chunk], **options), strict=True):
-                bar.update(1)
-                if result.error:
-                    failed.append(f"{image.path}: {result.error}")
-                    continue
-                if result.orig_shape != (image.height, image.width):
-                    raise DatasetError(
-                        f"{image.path}: the annotation says {image.width}x{image.height}, "
-                        f"the file is {result.orig_shape[1]}x{result.orig_shape[0]}"
-                    )
-                yield image, result
+    with tqdm(total=total, disable=not progress, unit="img", file=sys.stderr, desc="val", mininterval=interval) as bar:
+        for image, result in pairs:
+            bar.update(1)
+            if result.error:
+                failed.append(f"{image.path}: {result.error}")
+                continue
+            if result.orig_shape != (image.height, image.width):
+                raise DatasetError(
+                    f"{image.path}: the annotation says {image.width}x{image.height}, "
+                    f"the file is {result.orig_shape[1]}x{result.orig_shape[0]}"
+                )
+            yield image, result
     if failed:
         raise DatasetError(f"{len(failed)} images could not be read: " + "; ".join(failed[:5]))
 
@@ -83,16 +90,22 @@ def _results(engine: Any, dataset: Dataset, batch: int, options: dict[str, Any],
 def validate(
     engine: Any,
     dataset: Dataset,
-    batch: int = 8,
+    batch: int = 16,
     conf: float = 0.001,
     iou: float = 0.7,
     max_det: int = 300,
     progress: bool = True,
     boxes_only: bool = False,
+    protocol: str = "val",
 ) -> ValResult:
     """Detections for every dataset image (original pixels) and their COCO scores: boxes, and the masks or
     keypoints of segment and pose models where the dataset has them (unless `boxes_only`, for callers that only
-    have boxes, such as `yolojet report`); rotated boxes of OBB models with ultralytics' OBB metric."""
+    have boxes, such as `yolojet report`); rotated boxes of OBB models with ultralytics' OBB metric.
+
+    `protocol` "val" runs the engine's network as `yolo val` runs the model (`protocol.py`: batches by aspect ratio,
+    their letterbox, NMS with every class over conf per box), so the same weights score the same through both;
+    "predict" scores what `engine(images)` gives (any object that takes a list of paths and options and returns
+    `Results`: `yolojet report`'s runtimes)."""
     if not dataset.images:
         raise DatasetError(f"{dataset.source}: no images to evaluate")
     if not dataset.ground_truth.get("annotations"):
@@ -101,7 +114,15 @@ def validate(
     task = "detect" if boxes_only else engine.meta.task
     if task not in ("detect", "segment", "pose", "obb"):
         raise DatasetError(f"a {task} model has no detections to score")
-    results = _results(engine, dataset, batch, {"conf": conf, "iou": iou, "max_det": max_det}, progress)
+    if protocol not in PROTOCOLS:
+        raise DatasetError(f"protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    if protocol == "val":
+        from yolojet.eval.protocol import validation_results
+
+        pairs = validation_results(engine, dataset.images, batch, conf, iou, max_det)
+    else:
+        pairs = _predicted(engine, dataset, batch, {"conf": conf, "iou": iou, "max_det": max_det})
+    results = _checked(pairs, len(dataset.images), progress)
     if task == "obb":
         return _validate_obb(dataset, categories, results)
     with_masks = task == "segment" and dataset.has_masks
@@ -140,11 +161,12 @@ def validate(
 def validate_model(model: str | Path, data: str | Path, images: str | Path | None = None, **options: Any) -> ValResult:
     from yolojet.engine.engine import Engine
 
-    engine_keys = ("imgsz", "half", "device", "tune", "fuse", "pdl", "branches")
+    engine_keys = ("imgsz", "half", "device", "tune", "fuse", "pdl", "branches", "backend", "rect")
     engine_options = {k: options.pop(k) for k in engine_keys if k in options}
     dataset = load_dataset(data, images)
-    engine = Engine.load(model, max_batch=options.get("batch", 8), **engine_options)
-    return validate(engine, dataset, **options)
+    # The validator's batches come in a few dozen shapes, in order of aspect ratio: each is built once.
+    with Engine.load(model, max_batch=options.get("batch", 16), max_shapes=64, **engine_options) as engine:
+        return validate(engine, dataset, **options)
 
 
 def _obb_truth(dataset: Dataset) -> dict[int, tuple]:

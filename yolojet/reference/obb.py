@@ -25,7 +25,7 @@ import torch
 
 from yolojet.errors import EngineConfigError
 from yolojet.reference.heads import check_options, head_output
-from yolojet.reference.pipeline import Letterbox, select_end2end
+from yolojet.reference.pipeline import Letterbox, candidates, select_end2end
 
 MAX_WH = 7680  # ultralytics' class offset: boxes of different classes never overlap
 MAX_NMS = 30000  # ultralytics' cap on the boxes that go into NMS
@@ -83,17 +83,15 @@ def rotated_nms(
     classes: Sequence[int] | None = None,
     agnostic: bool = False,
     max_nms: int = MAX_NMS,
+    multi_label: bool = False,
 ) -> list[torch.Tensor]:
     """(N, 4 + nc + 1, A) one-to-many OBB output → per image (k, 7) rows [cx, cy, w, h, conf, cls, angle] in input
-    pixels, as ultralytics' non_max_suppression(rotated=True) returns them."""
-    wanted = torch.tensor(list(classes), device=preds.device) if classes is not None else None
+    pixels, as ultralytics' non_max_suppression(rotated=True) returns them (`multi_label`: as its validator calls
+    it)."""
+    wanted = [int(c) for c in classes] if classes is not None else None
     results = []
     for pred in preds.transpose(1, 2):
-        scores, labels = pred[:, 4 : 4 + nc].max(1)
-        keep = scores > conf
-        if wanted is not None:
-            keep &= torch.isin(labels, wanted)
-        rows = torch.cat([pred[:, :4], scores[:, None], labels[:, None].to(pred.dtype), pred[:, 4 + nc :]], 1)[keep]
+        rows = candidates(pred, nc, conf, wanted, multi_label)
         if len(rows) > max_nms:
             rows = rows[rows[:, 4].argsort(descending=True)[:max_nms]]
         offset = rows[:, 5:6] * (0 if agnostic else MAX_WH)
@@ -127,6 +125,7 @@ def obb_postprocess(
     classes: Sequence[int] | None = None,
     agnostic: bool = False,
     end2end: bool = False,
+    multi_label: bool = False,
 ) -> list[torch.Tensor]:
     """Per image, (k, 7) float rows [cx, cy, w, h, angle, conf, cls] in original-image pixels, best first.
 
@@ -151,5 +150,5 @@ def obb_postprocess(
                 f"preds {tuple(preds.shape)}: a one-to-many OBB output of {nc} classes has 4 + {nc} + 1 = "
                 f"{4 + nc + 1} channels (wrong nc, or an end2end output with end2end=False?)"
             )
-        found = rotated_nms(preds, nc, conf, iou, max_det, classes, agnostic)
+        found = rotated_nms(preds, nc, conf, iou, max_det, classes, agnostic, multi_label=multi_label)
     return [scale_rboxes(rows.float(), box) for rows, box in zip(found, boxes, strict=True)]

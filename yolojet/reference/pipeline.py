@@ -48,20 +48,43 @@ def rgb_pixels(frame: Frame) -> torch.Tensor:
     return pixels.flip(-1) if frame.bgr else pixels
 
 
-def letterbox(frame: Frame, target_hw: tuple[int, int]) -> tuple[torch.Tensor, Letterbox]:
-    """(3, H, W) float32 in [0, 1] on the frame's device, and where the image went."""
-    box = Letterbox.fit(frame.shape, target_hw)
+def letterbox(
+    frame: Frame, target_hw: tuple[int, int], placement: Letterbox | None = None
+) -> tuple[torch.Tensor, Letterbox]:
+    """(3, H, W) float32 in [0, 1] on the frame's device, and how boxes map back (ultralytics' scale_boxes: the
+    placement fitted to the input's size). `placement`: where the image goes (default: that same fit; for a
+    rectangle, `geometry.rect_letterbox`'s, as ultralytics' LetterBox places it)."""
+    fitted = Letterbox.fit(frame.shape, target_hw)
+    box = placement if placement is not None else fitted
     pixels = rgb_pixels(frame)
     if (box.new_h, box.new_w) != frame.shape:
         pixels = cv2_resize_linear(pixels, box.new_h, box.new_w)
     out = torch.full((3, *target_hw), 114.0, device=pixels.device)
     out[:, box.pad_top : box.pad_top + box.new_h, box.pad_left : box.pad_left + box.new_w] = pixels.permute(2, 0, 1)
-    return out / 255, box
+    return out / 255, fitted
 
 
 def xywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
     xy, wh = boxes[..., :2], boxes[..., 2:4] / 2
     return torch.cat([xy - wh, xy + wh], -1)
+
+
+def candidates(
+    pred: torch.Tensor, nc: int, conf: float, classes: list[int] | None = None, multi_label: bool = False
+) -> torch.Tensor:
+    """One image's (A, 4 + nc + E) decoded anchors → rows [box (as given), conf, cls, extras] of the anchors scoring
+    over `conf`: each anchor's best class, or with `multi_label` (ultralytics' validators) one row for every class
+    over `conf`, anchor by anchor, classes in order (a single class has one label either way)."""
+    boxes, scores, extras = pred[:, :4], pred[:, 4 : 4 + nc], pred[:, 4 + nc :]
+    if multi_label and nc > 1:
+        anchor, label = torch.where(scores > conf)
+        rows = torch.cat([boxes[anchor], scores[anchor, label, None], label[:, None].to(pred.dtype), extras[anchor]], 1)
+    else:
+        best, label = scores.max(1)
+        rows = torch.cat([boxes, best[:, None], label[:, None].to(pred.dtype), extras], 1)[best > conf]
+    if classes is not None:
+        rows = rows[torch.isin(rows[:, 5].long(), torch.tensor(classes, device=rows.device))]
+    return rows
 
 
 def non_max_suppression(
@@ -73,6 +96,7 @@ def non_max_suppression(
     max_nms: int = 30000,
     agnostic: bool = False,
     classes: list[int] | None = None,
+    multi_label: bool = False,
 ) -> list[torch.Tensor]:
     """(N, 4 + nc + E, A) decoded head → per image (k, 6 + E) rows [x1, y1, x2, y2, conf, cls, extras]."""
     from torchvision.ops import nms
@@ -80,12 +104,8 @@ def non_max_suppression(
     max_wh = 7680  # ultralytics' class offset: boxes of different classes never overlap
     results = []
     for pred in preds.transpose(1, 2):
-        scores, labels = pred[:, 4 : 4 + nc].max(1)
-        keep = scores > conf
-        if classes is not None:
-            keep &= torch.isin(labels, torch.tensor(classes, device=labels.device))
-        rows = torch.cat([xywh_to_xyxy(pred[:, :4]), scores[:, None], labels[:, None].float(), pred[:, 4 + nc :]], 1)
-        rows = rows[keep]
+        rows = candidates(pred, nc, conf, classes, multi_label)
+        rows[:, :4] = xywh_to_xyxy(rows[:, :4])
         if len(rows) > max_nms:
             rows = rows[rows[:, 4].argsort(descending=True)[:max_nms]]
         offsets = rows[:, 5:6] * (0 if agnostic else max_wh)

@@ -50,6 +50,7 @@ def pose_postprocess(
     classes: Sequence[int] | None = None,
     agnostic: bool = False,
     end2end: bool = False,
+    multi_label: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per image, (rows, keypoints): (k, 6) float rows [x1, y1, x2, y2, conf, cls] and (k, *kpt_shape) keypoints
     [x, y(, visibility)], both in original-image pixels, best first.
@@ -79,7 +80,9 @@ def pose_postprocess(
                 f"{(count, dims)} has 4 + {nc} + {nk} = {4 + nc + nk} channels (wrong nc or kpt_shape, or an "
                 "end2end output with end2end=False?)"
             )
-        found = non_max_suppression(preds, nc, conf, iou, max_det, agnostic=agnostic, classes=wanted)
+        found = non_max_suppression(
+            preds, nc, conf, iou, max_det, agnostic=agnostic, classes=wanted, multi_label=multi_label
+        )
     results = []
     for rows, box in zip(found, boxes, strict=True):
         rows = rows.float()

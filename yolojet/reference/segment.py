@@ -180,6 +180,7 @@ def segment_postprocess(
     agnostic: bool = False,
     end2end: bool = False,
     retina_masks: bool = False,
+    multi_label: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per image, (rows, masks): (k, 6) float32 rows [x1, y1, x2, y2, conf, cls] in original-image pixels, best
     first, and (k, h0, w0) bool masks of the original image.
@@ -201,7 +202,9 @@ def segment_postprocess(
     if end2end:
         found = select_end2end(preds, conf, max_det, wanted)
     else:
-        found = non_max_suppression(preds, nc, conf, iou, max_det, agnostic=agnostic, classes=wanted)
+        found = non_max_suppression(
+            preds, nc, conf, iou, max_det, agnostic=agnostic, classes=wanted, multi_label=multi_label
+        )
     results = []
     for rows, prototypes, box in zip(found, proto, boxes, strict=True):
         rows = rows.float().clone()
