@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 
@@ -54,6 +55,28 @@ def test_json_lines_are_whole_and_on_disk_as_they_come(tmp_path):
     with JsonLines(path) as fresh:
         fresh.write({"d": 0})
     assert path.read_text() == '{"d": 0}\n'
+
+
+def test_json_lines_from_many_threads_keep_every_record(tmp_path):
+    """A labeler writes its error log from the thread reading files and the one taking replies; the first writes
+    may come at once, and each must still open the file once and keep every line."""
+    for attempt in range(20):
+        out = JsonLines(tmp_path / f"log{attempt}.jsonl")
+        start = threading.Barrier(8)
+
+        def writer(n: int, out: JsonLines = out, start: threading.Barrier = start) -> None:
+            start.wait()
+            for i in range(25):
+                out.write({"writer": n, "i": i})
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out.close()
+        found = [json.loads(line) for line in (tmp_path / f"log{attempt}.jsonl").read_text().splitlines()]
+        assert sorted((r["writer"], r["i"]) for r in found) == [(n, i) for n in range(8) for i in range(25)]
 
 
 def test_json_lines_through_a_link(tmp_path):

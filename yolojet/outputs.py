@@ -17,6 +17,7 @@ import os
 import stat
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -115,7 +116,8 @@ class JsonLines:
 
     Each line goes out in one write and is flushed; the file is synced to disk every `sync_every` lines or
     `sync_seconds`, and when closed. `append` keeps what the file holds (a resumed run); otherwise the file is
-    replaced by the first record.
+    replaced by the first record. Safe to write from several threads (a labeler's reader and its replies): the first
+    two writes would otherwise both open the file, the second truncating what the first wrote.
     """
 
     def __init__(self, path: Path | str, append: bool = False, sync_every: int = 256, sync_seconds: float = 2.0):
@@ -126,6 +128,7 @@ class JsonLines:
         self._file: IO[str] | None = None
         self._unsynced = 0
         self._synced_at = time.monotonic()
+        self._lock = threading.Lock()
 
     def _open(self) -> IO[str]:
         if is_stdout(self.path):
@@ -140,17 +143,23 @@ class JsonLines:
             raise OutputPathError(f"{self.path}: cannot write there ({e.strerror})") from e
 
     def write(self, record: Any) -> None:
-        if self._file is None:
-            self._file = self._open()
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        self.written += 1
-        self._unsynced += 1
-        if self._unsynced >= self.sync_every or time.monotonic() - self._synced_at >= self.sync_seconds:
-            self.sync()
+        line = json.dumps(record) + "\n"
+        with self._lock:
+            if self._file is None:
+                self._file = self._open()
+            self._file.write(line)
+            self._file.flush()
+            self.written += 1
+            self._unsynced += 1
+            if self._unsynced >= self.sync_every or time.monotonic() - self._synced_at >= self.sync_seconds:
+                self._sync()
 
     def sync(self) -> None:
         """Everything written so far on disk (a no-op for standard output and special files)."""
+        with self._lock:
+            self._sync()
+
+    def _sync(self) -> None:
         if self._file is None or self._unsynced == 0:
             return
         self._file.flush()
@@ -160,14 +169,15 @@ class JsonLines:
         self._synced_at = time.monotonic()
 
     def close(self) -> None:
-        if self._file is None:
-            return
-        try:
-            self.sync()
-        finally:
-            if self._file is not sys.stdout:
-                self._file.close()
-            self._file = None
+        with self._lock:
+            if self._file is None:
+                return
+            try:
+                self._sync()
+            finally:
+                if self._file is not sys.stdout:
+                    self._file.close()
+                self._file = None
 
     def __enter__(self) -> JsonLines:
         return self

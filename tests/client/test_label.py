@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import RunningServer, calibrated_model, run_cli, served
+import torch
+from support import RunningServer, calibrated_model, detection_pairs, run_cli, served
 from ultralytics.utils import ASSETS
 
 import yolojet
@@ -154,9 +155,17 @@ def test_local_gives_the_records_the_server_does(server, model_dirs, photos, tmp
         assert {k: v for k, v in record.items() if k != "detections"} == {
             k: v for k, v in other.items() if k != "detections"
         }
-        assert [d["class"] for d in record["detections"]] == [d["class"] for d in other["detections"]]
-        np.testing.assert_allclose([d["box"] for d in record["detections"]], [d["box"] for d in other["detections"]],
-                                   atol=0.02)  # fmt: skip
+        if not torch.cuda.is_available():  # fp32 torch ops both: the same detections in the same order
+            assert [d["class"] for d in record["detections"]] == [d["class"] for d in other["detections"]]
+            np.testing.assert_allclose([d["box"] for d in record["detections"]],
+                                       [d["box"] for d in other["detections"]], atol=0.02)  # fmt: skip
+        else:  # fp16 kernels at other batch sizes: a score near a threshold may fall either side of it, and boxes
+            # spanning the image (random weights) move by a pixel
+            rows = [torch.tensor([[*d["box"], d["confidence"], d["class"]] for d in r["detections"]]).reshape(-1, 6)
+                    for r in (record, other)]  # fmt: skip
+            for mine, them in (rows, rows[::-1]):  # each box clear of 0.003 has its twin above 0.002 on the other side
+                pairs = detection_pairs(mine[mine[:, 4] >= 0.002], them[them[:, 4] >= 0.003], iou_min=0.97, px_tol=1.0)
+                assert all(j is not None for j, _ in pairs), f"{path}: {pairs}"
 
 
 def test_bad_files_go_to_the_error_log_and_the_rest_is_labeled(server, photos, tmp_path, capsys):

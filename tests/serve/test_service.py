@@ -13,6 +13,7 @@ from dataclasses import replace
 import grpc
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from pycocotools import mask as mask_utils
 from support import RunningServer, served
@@ -86,8 +87,9 @@ def test_per_request_options_in_one_batch(server):
         futures = [pool.submit(stub.Infer, pb.InferRequest(image=BUS, model="detect", **a), timeout=120) for a in asks]
         replies = [f.result() for f in futures]
     for ask, reply in zip(asks, replies, strict=True):
-        (want,) = engine([BUS], **ask)
-        np.testing.assert_allclose(rows_of(reply), want.boxes.data, rtol=1e-5, atol=1e-3)
+        (want,) = engine([BUS], **ask)  # alone, a batch of one: in fp16 (on a GPU) its tiles and rounding differ
+        atol = 1e-2 if torch.cuda.is_available() else 1e-3
+        np.testing.assert_allclose(rows_of(reply), want.boxes.data, rtol=1e-5, atol=atol)
 
 
 def test_stream_keeps_order_and_ids_and_answers_bad_requests_in_place(server):

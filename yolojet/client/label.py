@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,18 +125,22 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary) -> Summa
     errors = JsonLines(error_log(job), append=job.resume)
     progress = Progress(len(todo), "label", enabled=not job.quiet)
 
+    counting = threading.Lock()  # errors come from the thread reading files and from the one taking replies
+
     def on_record(record: dict) -> None:
         records.write(record)
-        summary.labeled += 1
-        summary.detections += len(record.get("detections", ()))
-        progress.update(1)
+        with counting:
+            summary.labeled += 1
+            summary.detections += len(record.get("detections", ()))
+            progress.update(1)
 
     def on_error(path: str, message: str) -> None:
         errors.write({"path": path, "error": message})
-        summary.failed += 1
-        progress.update(1)
-        if not job.quiet:
-            progress.write(f"{path}: error: {message.removeprefix(f'{path}: ')}", file=sys.stderr)
+        with counting:
+            summary.failed += 1
+            progress.update(1)
+            if not job.quiet:
+                progress.write(f"{path}: error: {message.removeprefix(f'{path}: ')}", file=sys.stderr)
 
     start = time.perf_counter()
     try:
