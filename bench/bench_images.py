@@ -15,6 +15,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
              engine(list of --batch paths) with the default decoder
   startup    fresh processes: Engine.load then a first result from a JPEG path, with this run's kernel and tuning
              caches (warm), and with empty ones (cold)
+  rect       the square letterbox (rect=False) against each image's own rectangle (rect=True, 480x640 for bus.jpg):
+             run(--batch) on staged GPU frames, img/s; batch 1 from a GPU frame, ms; and, in fresh processes with
+             warm caches, how long the first image of a shape not yet built waits (bus.jpg then zidane.jpg, 384x640)
 
 The model has random weights with BatchNorm statistics measured on the shipped photos (tests/support.py), so NMS
 has real work; conf 0.25 as predict's default.
@@ -42,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-STAGES = ("decoders", "call", "stream", "latency", "agreement", "profile", "startup")
+STAGES = ("decoders", "call", "stream", "latency", "agreement", "profile", "startup", "rect")
 DECODERS = ("nvimgcodec", "cpu", "nvjpeg")
 
 
@@ -220,12 +223,8 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
     found["stream"] = rows
 
 
-def stage_latency(found: dict, model_dir: Path) -> None:
-    from yolojet.engine.engine import Engine
-    from yolojet.images import load_frame
-
-    engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
-    frame = load_frame(assets() / "bus.jpg").pixels.contiguous().cuda()
+def batch1_latency(engine, frame: torch.Tensor) -> dict:
+    """preprocess + run + get from a frame on the GPU and from host memory, and run(1) alone: ms quantiles."""
     rows = {}
     for where, pixels in (("gpu", frame), ("host", frame.cpu())):
         samples = []
@@ -240,7 +239,6 @@ def stage_latency(found: dict, model_dir: Path) -> None:
         samples.sort()
         rows[where] = {"p50_ms": samples[len(samples) // 2] * 1000, "p90_ms": samples[int(len(samples) * 0.9)] * 1000,
                        "p99_ms": samples[int(len(samples) * 0.99)] * 1000}  # fmt: skip
-        print(f"batch 1, frame on the {where}: p50 {rows[where]['p50_ms']:.3f} ms", flush=True)
     engine.preprocess(frame, 0)
     samples = []
     for _ in range(500):
@@ -248,9 +246,64 @@ def stage_latency(found: dict, model_dir: Path) -> None:
         engine.run(1)
         samples.append(time.perf_counter() - start)
     rows["run_only_gpu_p50_ms"] = statistics.median(samples) * 1000
-    print(f"batch 1, run(1) alone on a staged GPU frame: {rows['run_only_gpu_p50_ms']:.3f} ms", flush=True)
+    return rows
+
+
+def stage_latency(found: dict, model_dir: Path) -> None:
+    from yolojet.engine.engine import Engine
+    from yolojet.images import load_frame
+
+    engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
+    rows = batch1_latency(engine, load_frame(assets() / "bus.jpg").pixels.contiguous().cuda())
+    print(f"batch 1, frame on the GPU: p50 {rows['gpu']['p50_ms']:.3f} ms, host {rows['host']['p50_ms']:.3f} ms; "
+          f"run(1) alone {rows['run_only_gpu_p50_ms']:.3f} ms", flush=True)  # fmt: skip
     found["latency"] = rows
     engine.close()
+
+
+NEW_SHAPE_CHILD = """
+import json, sys, time
+from yolojet.engine.engine import Engine
+engine = Engine.load(sys.argv[1], device="cuda", half=True, max_batch=1)
+found = {"built": [list(s) for s in engine.shapes()]}
+for name in sys.argv[2:]:
+    start = time.perf_counter()
+    result = engine([name])[0]
+    found[name.rsplit("/", 1)[-1]] = {"s": time.perf_counter() - start, "error": result.error,
+                                      "shapes": [list(s) for s in engine.shapes()]}
+print(json.dumps(found))
+"""
+
+
+def stage_rect(found: dict, model_dir: Path, batch: int, buckets: list[int]) -> None:
+    from yolojet.engine.engine import Engine
+    from yolojet.images import load_frame
+
+    frame = load_frame(assets() / "bus.jpg")
+    pixels = frame.pixels.contiguous().cuda()
+    rows: dict = {}
+    for name, rect in (("square", False), ("rect", True)):
+        engine = Engine.load(model_dir, device="cuda", half=True, max_batch=batch, buckets=buckets, rect=rect)
+        row = {"input": list(engine.input_shape(frame)[0]), "batch": batch}
+        row["img_per_s"] = engine_alone(engine, batch)
+        engine.close()
+        single = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1], rect=rect)
+        row["batch1"] = batch1_latency(single, pixels)
+        single.close()
+        rows[name] = row
+        print(f"{name} letterbox ({row['input'][0]}x{row['input'][1]} for bus.jpg): run({batch}) "
+              f"{row['img_per_s']:,.0f} img/s; batch 1 from a GPU frame p50 {row['batch1']['gpu']['p50_ms']:.3f} ms, "
+              f"run(1) alone {row['batch1']['run_only_gpu_p50_ms']:.3f} ms", flush=True)  # fmt: skip
+    images = [str(assets() / "bus.jpg"), str(assets() / "zidane.jpg")]
+    for attempt in ("first", "again"):  # the first may still tune zidane's shape; the second finds it in the caches
+        done = subprocess.run([sys.executable, "-c", NEW_SHAPE_CHILD, str(model_dir), *images],
+                              capture_output=True, text=True, timeout=400)  # fmt: skip
+        try:
+            rows[f"new_shape_{attempt}"] = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            rows[f"new_shape_{attempt}"] = {"failed": done.stderr[-2000:]}
+        print(f"first image of a new shape, {attempt} process: {rows[f'new_shape_{attempt}']}", flush=True)
+    found["rect"] = rows
 
 
 def stage_agreement(found: dict, engine) -> None:
@@ -404,6 +457,8 @@ def main() -> int:
                 stage_profile(found, model_dir, engine, files, args.batch)
             elif stage == "startup":
                 stage_startup(found, model_dir, args.cold)
+            elif stage == "rect":
+                stage_rect(found, model_dir, args.batch, buckets)
         except Exception:
             found.setdefault("failures", {})[stage] = traceback.format_exc()
             print(f"stage {stage} failed:\n{traceback.format_exc()}", flush=True)
@@ -436,6 +491,19 @@ def print_table(found: dict) -> None:
     for kind, row in found.get("startup", {}).items():
         print(f"| start-up {kind} | loaded {row.get('loaded_s', float('nan')):.2f} s, first result "
               f"{row.get('first_result_s', float('nan')):.2f} s |")  # fmt: skip
+    rect = found.get("rect", {})
+    for name in ("square", "rect"):
+        if name in rect:
+            r = rect[name]
+            print(f"| {name} letterbox {r['input'][0]}x{r['input'][1]}, run({r['batch']}) staged | "
+                  f"{r['img_per_s']:,.0f} img/s |")  # fmt: skip
+            print(f"| {name} letterbox, batch 1 GPU frame | p50 {r['batch1']['gpu']['p50_ms']:.3f} ms (run(1) "
+                  f"{r['batch1']['run_only_gpu_p50_ms']:.3f} ms) |")  # fmt: skip
+    for attempt in ("first", "again"):
+        row = rect.get(f"new_shape_{attempt}", {})
+        if "zidane.jpg" in row:
+            print(f"| first image of a new shape ({attempt} process) | bus {row['bus.jpg']['s']:.2f} s, zidane "
+                  f"{row['zidane.jpg']['s']:.2f} s |")  # fmt: skip
     for stage in found.get("failures", {}):
         print(f"| stage {stage} | FAILED |")
 

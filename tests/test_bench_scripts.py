@@ -19,7 +19,7 @@ def bench_on_path(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "script", ["bench_network", "bench_pipeline", "bench_images", "bench_conv_ceiling", "provenance"]
+    "script", ["bench_network", "bench_pipeline", "bench_images", "bench_serve", "bench_conv_ceiling", "provenance"]
 )
 def test_script_imports(script):
     module = importlib.import_module(script)

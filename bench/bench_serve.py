@@ -1,0 +1,149 @@
+"""The server and the labeling client on one GPU, from JPEG bytes and files to results and label files.
+
+yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped photos), bus.jpg (1080x810):
+  unary    `yolojet serve` in its own process, bus.jpg's rectangle (640x480) built at load (`--shapes`: on a machine
+           whose tuning cache has not seen a shape, its first batches would wait for tuning); the labeling client's
+           bench mode (`yolojet label --bench`):
+           --requests unary calls of bus.jpg's bytes with 64 in flight over 4 client processes, then 8 in flight:
+           img/s and latency quantiles, and the server's own queue / decode / run split
+  label    `yolojet label FOLDER --server` over --files copies of bus.jpg (file reads and the JSONL written
+           included), then `yolojet label FOLDER --local`; each as a user runs it, a fresh process: its own rate
+           (from its summary line) and the wall time of the whole command
+
+    python3 bench/bench_serve.py --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+PORT = 50611
+
+
+def start_server(model_dir: Path, log: Path, slo_ms: float) -> subprocess.Popen:
+    model = ["--model", f"{model_dir}:64", "--shapes", "640x480", "--slo-ms", str(slo_ms)]
+    command = [sys.executable, "-m", "yolojet", "serve", *model, "--port", str(PORT)]
+    server = subprocess.Popen(command, stderr=log.open("w"), stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.returncode}: {log.read_text()[-2000:]}")
+        if "listening on" in log.read_text():
+            return server
+        time.sleep(0.5)
+    server.kill()
+    raise RuntimeError(f"the server did not listen within 400 s: {log.read_text()[-2000:]}")
+
+
+def stop(server: subprocess.Popen) -> int:
+    server.send_signal(signal.SIGTERM)
+    try:
+        return server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        return -9
+
+
+def label(source: Path, out: Path, where: list[str]) -> dict:
+    """One `yolojet label` command, timed as a whole; its own rate from its summary line."""
+    command = [sys.executable, "-m", "yolojet", "label", str(source), "--out", str(out), "--quiet", *where]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=500)
+    wall = time.perf_counter() - start
+    said = done.stdout + done.stderr
+    rate = re.search(r"(\d+) images labeled \(([\d,.]+) img/s\)", said)
+    records = sum(1 for _ in out.open()) if out.exists() else 0
+    return {"exit": done.returncode, "wall_s": wall, "records": records, "labeled": int(rate[1]) if rate else 0,
+            "img_per_s": float(rate[2].replace(",", "")) if rate else 0.0, "said": said[-1500:]}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--files", type=int, default=10000)
+    parser.add_argument("--slo-ms", type=float, default=50.0, help="the server's deadline for requests without one")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args()
+
+    from provenance import provenance
+    from support import calibrated_model
+    from ultralytics.utils import ASSETS
+
+    import yolojet
+    from yolojet.client.remote import Connection, bench
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    found: dict = {"provenance": provenance(), "slo_ms": args.slo_ms}
+    out_file = args.out / f"serve-{found['provenance']['commit']}.json"
+    work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
+    model_dir = yolojet.export(calibrated_model("yolo11n.yaml", 640), out=work / "yolo11n", imgsz=640)
+    bus = Path(ASSETS) / "bus.jpg"
+    files = work / "jpegs"
+    files.mkdir()
+    for i in range(args.files):
+        shutil.copyfile(bus, files / f"{i:06d}.jpg")
+    server = None
+    try:
+        start = time.perf_counter()
+        server = start_server(model_dir, args.out / "serve.log", args.slo_ms)
+        found["server_start_s"] = time.perf_counter() - start
+        connection = Connection(f"127.0.0.1:{PORT}")
+        warm = min(2000, args.requests // 10)
+        bench(connection, bus, warm, 64, 4, {})  # every batch size's graph captured before the timing
+        for concurrency, processes in ((64, 4), (8, 2)):
+            requests = args.requests if concurrency == 64 else args.requests // 4
+            row = bench(connection, bus, requests, concurrency, processes, {})
+            found[f"unary_{concurrency}"] = row
+            print(f"unary, {concurrency} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
+                  f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}", flush=True)  # fmt: skip
+        found["label_server"] = label(files, work / "server.jsonl", ["--server", f"127.0.0.1:{PORT}"])
+        print(f"label --server: {found['label_server']}", flush=True)
+    except Exception:
+        found.setdefault("failures", []).append(traceback.format_exc())
+        print(traceback.format_exc(), flush=True)
+    finally:
+        if server is not None:
+            found["server_exit"] = stop(server)
+    out_file.write_text(json.dumps(found, indent=1))
+    try:
+        found["label_local"] = label(files, work / "local.jsonl", ["--local", "--model", str(model_dir)])
+        print(f"label --local: {found['label_local']}", flush=True)
+    except Exception:
+        found.setdefault("failures", []).append(traceback.format_exc())
+    out_file.write_text(json.dumps(found, indent=1))
+    print_table(found, args.files)
+    return 1 if found.get("failures") else 0
+
+
+def print_table(found: dict, files: int) -> None:
+    print("\n| measure | value |\n|---|---|")
+    for concurrency in (64, 8):
+        row = found.get(f"unary_{concurrency}")
+        if row:
+            print(f"| Infer, {concurrency} in flight | {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
+                  f"p99 {row['p99_ms']:.2f} ms |")  # fmt: skip
+    for key, name in (("label_server", "label --server"), ("label_local", "label --local")):
+        row = found.get(key)
+        if row:
+            print(f"| {name}, {files} files | {row['img_per_s']:,.0f} img/s ({row['records']} records, whole command "
+                  f"{row['wall_s']:.1f} s, exit {row['exit']}) |")  # fmt: skip
+    if found.get("failures"):
+        print("| failures | see the JSON |")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
