@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+from collections import Counter
 from copy import deepcopy
 from pathlib import Path
 
@@ -29,7 +30,9 @@ import yolojet
 CFG = "yolov8n.yaml"
 CONF = "0.005"
 PHOTOS = {"bus.jpg": (1080, 810), "zidane.jpg": (720, 1280)}  # name: (height, width)
-DETECTION_LINE = r"^  (\S+)\s+(\d+\.\d{3})\s+(-?\d+\.\d)\s+(-?\d+\.\d)\s+(-?\d+\.\d)\s+(-?\d+\.\d)$"
+# class, confidence (two decimals, or two significant digits under 0.1), x1 y1 x2 y2
+DETECTION_LINE = r"^  (.+?)\s+(\d(?:\.\d+)?(?:e-\d+)?)\s+(-?\d+\.\d)\s+(-?\d+\.\d)\s+(-?\d+\.\d)\s+(-?\d+\.\d)$"
+COLUMNS = r"^  class\s+conf\s+x1\s+y1\s+x2\s+y2$"
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +58,14 @@ def photos(tmp_path) -> Path:
 
 @functools.cache
 def ultralytics_detections(name: str, classes: tuple[int, ...] | None = None, max_det: int = 300):
-    """ultralytics' predict on the photo with the same weights, square 640 input (rect=False), the same conf:
-    rows [x1, y1, x2, y2, conf, cls] and the class names."""
+    """ultralytics' plain predict on the photo with the same weights (each image at its own rectangle, as `yolojet
+    detect` by default), the same conf: rows [x1, y1, x2, y2, conf, cls] and the class names."""
     from ultralytics import YOLO
 
     wrapper = YOLO(CFG, verbose=False)
     wrapper.model = deepcopy(calibrated_model(CFG, 640))  # predict fuses the model it is given in place
     result = wrapper.predict(
-        str(ASSETS / name), imgsz=640, conf=float(CONF), verbose=False, rect=False,
+        str(ASSETS / name), imgsz=640, conf=float(CONF), verbose=False,
         classes=list(classes) if classes is not None else None, max_det=max_det,
     )[0]  # fmt: skip
     rows = torch.cat([result.boxes.xyxy, result.boxes.conf[:, None], result.boxes.cls[:, None]], 1)
@@ -94,21 +97,32 @@ def assert_matches_ultralytics(record: dict, name: str, **options) -> torch.Tens
 
 
 def printed_detections(stdout: str, path: str) -> list[tuple[str, float, list[float]]]:
-    """The lines `detect` printed under `path: N detections`, parsed; checks N is the number of lines."""
+    """The lines `detect` printed under `path: WxH, 2 person, 1 bus`, parsed (the column names, printed once, may
+    come first); checks the counts per class add up to the number of lines, and agree with them."""
     import re
 
     lines = stdout.splitlines()
-    header = [i for i, line in enumerate(lines) if re.fullmatch(rf"{re.escape(path)}: (\d+) detections", line)]
-    assert len(header) == 1, f"no single header for {path} in {stdout[:500]!r}"
-    n = int(lines[header[0]].rsplit(":", 1)[1].split()[0])
+    header = [i for i, line in enumerate(lines) if line.startswith(f"{path}: ")]
+    assert len(header) == 1, f"no single line for {path} in {stdout[:500]!r}"
+    size, *found = lines[header[0]].removeprefix(f"{path}: ").split(", ")
+    assert re.fullmatch(r"\d+x\d+", size), lines[header[0]]
+    counts = {} if found == ["no detections"] else {name: int(n) for n, name in (f.split(" ", 1) for f in found)}
+    first = header[0] + 1 + (header[0] + 1 < len(lines) and bool(re.match(COLUMNS, lines[header[0] + 1])))
+    n = sum(counts.values())
     parsed = []
-    for line in lines[header[0] + 1 : header[0] + 1 + n]:
+    for line in lines[first : first + n]:
         match = re.match(DETECTION_LINE, line)
         assert match, f"not a detection line: {line!r}"
         parsed.append((match[1], float(match[2]), [float(v) for v in match.groups()[2:]]))
-    following = lines[header[0] + 1 + n] if header[0] + 1 + n < len(lines) else ""
-    assert not re.match(DETECTION_LINE, following), "more detection lines than the header says"
+    following = lines[first + n] if first + n < len(lines) else ""
+    assert not re.match(DETECTION_LINE, following), "more detection lines than the counts say"
+    assert Counter(label for label, _, _ in parsed) == Counter(counts)
     return parsed
+
+
+def close_confidence(printed: float, exact: float) -> bool:
+    """Two decimals from 0.1, two significant digits below."""
+    return abs(printed - exact) <= (5e-3 if exact >= 0.095 else 0.05 * exact + 1e-9)
 
 
 def outline_mask(shape: tuple[int, int], detections: list[dict], width: int) -> np.ndarray:
@@ -138,7 +152,7 @@ def test_detect_directory_matches_ultralytics_predict(model_dir, photos, tmp_pat
         printed = printed_detections(stdout, record["path"])
         assert len(printed) == len(record["detections"])
         for (label, conf, box), d in zip(printed, record["detections"], strict=True):
-            assert label == d["name"] and abs(conf - d["confidence"]) <= 5e-4
+            assert label == d["name"] and close_confidence(conf, d["confidence"]), (conf, d["confidence"])
             assert np.allclose(box, [d["box"][k] for k in ("x1", "y1", "x2", "y2")], atol=0.051)
 
         original = cv2.imread(str(ASSETS / name)).astype(np.int16)
