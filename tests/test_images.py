@@ -190,7 +190,7 @@ def test_errors_name_the_input(tmp_path):
         (torch.randint(0, 256, (4, 5, 3), dtype=torch.int32), ["Tensor (4, 5, 3)", "torch.int32"]),
         (torch.rand(5, 7, 3), ["Tensor (5, 7, 3)", "(C, H, W)"]),  # a float tensor in HWC order
         (torch.rand(3, 0, 7), ["Tensor (3, 0, 7)", "zero size"]),
-        (7, ["<int>", "not an image"]),
+        (7, ["7", "a camera index, which is not supported yet"]),  # ultralytics' source=0: a webcam
         ([str(BUS)], ["<list>", "not an image"]),
     ]
     for source, fragments in cases:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,13 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader closed the pipe
+EXIT_CODES = """exit status:
+  0    everything asked for was done
+  1    the command ran to its end, but some images failed (each is named on stderr, and by label in its error
+       log; the others' results are written); compare: an op over the gate; label --bench: requests unanswered
+  2    nothing was done: a bad argument, model, dataset or output path, or no images found
+  130  interrupted (Ctrl-C); results finished before it are kept
+  141  the reader of standard output went away (yolojet detect ... | head)"""
 
 
 def _imgsz(text: str) -> int | tuple[int, int]:
@@ -222,20 +230,43 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _confidence(value: float) -> str:
+    """Two decimals, or two significant digits below 0.1 (a low score reads 0.0043, not 0.000)."""
+    return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
+
+
+def _detections_header(result: Results) -> str:
+    """The column names of `_format_detections`' lines for this task."""
+    if result.probs is not None:
+        return f"  {'class':<16} {'prob':>6}"
+    box = ("cx", "cy", "w", "h", "angle") if result.obb is not None else ("x1", "y1", "x2", "y2")
+    extra = "  mask" if result.masks is not None else "  keypoints" if result.keypoints is not None else ""
+    return f"  {'class':<16} {'conf':>6}  " + " ".join(f"{name:>8}" for name in box) + extra
+
+
 def _format_detections(result: Results) -> list[str]:
     """One line per instance: class, confidence, then the box (x1 y1 x2 y2, or cx cy w h angle for OBB)."""
     lines = []
     for i, row in enumerate(result.summary()):
-        text = f"  {row['name']:<16} {row['confidence']:.3f}"
+        text = f"  {row['name']:<16} {_confidence(row['confidence']):>6}"
         box = row.get("box")
         if box is not None:
-            text += "  " + " ".join(f"{v:8.1f}" if k != "r" else f"{v:7.4f}" for k, v in box.items())
+            text += "  " + " ".join(f"{v:8.1f}" if k != "r" else f"{v:8.4f}" for k, v in box.items())
         if result.masks is not None:
-            text += f"  mask {int(result.masks.data[i].sum())} px"
+            text += f"  {int(result.masks.data[i].sum())} px"
         if result.keypoints is not None:
-            text += f"  {result.keypoints.data.shape[1]} keypoints"
+            text += f"  {result.keypoints.data.shape[1]}"
         lines.append(text)
     return lines
+
+
+def _found(result: Results) -> str:
+    """An image's line: its size and what it holds, per class, as ultralytics prints it ("2 persons, 1 bus")."""
+    size = f"{result.orig_shape[1]}x{result.orig_shape[0]}"
+    if result.probs is not None:
+        return f"{size}, {result.names.get(result.probs.top1, result.probs.top1)} {_confidence(result.probs.top1conf)}"
+    counts = result.class_counts()
+    return f"{size}, " + (", ".join(f"{n} {name}" for name, n in counts.items()) if counts else "no detections")
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
@@ -268,7 +299,10 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     # With --json - stdout carries nothing but the JSON lines: the readable ones go to stderr.
     human = sys.stderr if is_stdout(args.json) else sys.stdout
     records = JsonLines(args.json) if args.json is not None else None
-    failed = 0
+    failed = instances = 0
+    classes: Counter[str] = Counter()
+    headed = False
+    start = time.perf_counter()
     try:
         for source, target, result in zip(sources, targets, engine.stream(sources, **options), strict=True):
             progress.update(1)
@@ -280,10 +314,16 @@ def _cmd_detect(args: argparse.Namespace) -> int:
             if records is not None:
                 records.write({"path": source, "height": result.orig_shape[0], "width": result.orig_shape[1],
                                "detections": result.summary()})  # fmt: skip
+            if result.probs is None:
+                instances += len(result)
+                classes.update(result.class_counts())
             if not args.quiet:
-                found = "top-5 classes" if result.probs is not None else f"{len(result)} detections"
-                progress.write(f"{source}: {found}", file=human)
-                for line in _format_detections(result):
+                progress.write(f"{source}: {_found(result)}", file=human)
+                lines = _format_detections(result)
+                if lines and not headed:
+                    progress.write(_detections_header(result), file=human)
+                    headed = True
+                for line in lines:
                     progress.write(line, file=human)
             if target is not None:
                 image = Image.fromarray(result.plot()[..., ::-1])
@@ -293,9 +333,28 @@ def _cmd_detect(args: argparse.Namespace) -> int:
         engine.close()
         if records is not None:
             records.close()
+    seconds = time.perf_counter() - start
+    if not args.quiet:
+        print(_detect_summary(len(sources), failed, instances, classes, seconds, args), file=human)
     if failed:
         print(f"{failed} of {len(sources)} images could not be read", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _detect_summary(images: int, failed: int, instances: int, classes: Counter[str], seconds: float,
+                    args: argparse.Namespace) -> str:  # fmt: skip
+    """The closing lines of `yolojet detect`: images, detections by class, errors, time an image, outputs."""
+    done = images - failed
+    top = ", ".join(f"{n} {name}" for name, n in classes.most_common(5))
+    more = f", and {len(classes) - 5} other classes" if len(classes) > 5 else ""
+    lines = [f"{done} images, {instances} detections" + (f" ({top}{more})" if top else "") + f", {failed} errors",
+             f"{seconds * 1000 / max(1, images):.1f} ms an image ({seconds:.2f} s for {images}, model load not "
+             "included)"]  # fmt: skip
+    if args.json is not None:
+        lines.append(f"JSON lines: {args.json}")
+    if args.save is not None:
+        lines.append(f"annotated images: {args.save}")
+    return "\n".join(lines)
 
 
 def _unique_target(folder: Path, stem: str, taken: set[str]) -> Path:
@@ -641,8 +700,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="yolojet", description="Run ultralytics YOLO models on NVIDIA GPUs through hand-written Triton kernels."
-    )
+        prog="yolojet", description="Run ultralytics YOLO models on NVIDIA GPUs through hand-written Triton kernels.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"yolojet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -855,6 +915,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=None, help="timed runs per batch size (default 50; 5 on a CPU)")
     p.add_argument("--out", type=Path, default=None, help="write report.json, report.md and latency.png here")
     p.set_defaults(run=_cmd_report)
+    for command in sub.choices.values():
+        command.epilog, command.formatter_class = EXIT_CODES, argparse.RawDescriptionHelpFormatter
     return parser
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 
 import cv2
 import pytest
@@ -179,3 +180,27 @@ def test_datasets_with_nothing_to_score_are_errors_that_write_nothing(dataset, t
         code = main(["val", str(model_dir), "--data", str(root / name), "--out", str(out), "--quiet"])
         assert code == 2 and message in capsys.readouterr().err
         assert not out.exists()
+
+
+def test_a_dataset_with_a_subset_of_the_classes_is_scored_on_those(dataset):
+    """A dataset naming two of the model's 80 classes: their predictions are scored, the other classes' are not (and
+    the result says so), exactly as the full dataset's predictions of those two classes."""
+    root, _, model_dir = dataset
+    document = json.loads((root / "instances.json").read_text())
+    kept = {cat for cat, _ in Counter(a["category_id"] for a in document["annotations"]).most_common(2)}
+    subset = {"images": document["images"], "annotations": [a for a in document["annotations"] if a["category_id"]
+              in kept], "categories": [c for c in document["categories"] if c["id"] in kept]}  # fmt: skip
+    (root / "subset.json").write_text(json.dumps(subset))
+    stranger = {**subset, "categories": [*subset["categories"], {"id": 999, "name": "unicorn"}]}
+    (root / "stranger.json").write_text(json.dumps(stranger))
+    options = {"protocol": "predict", "progress": False}
+    with Engine.load(model_dir, device="cpu", backend="reference") as engine:
+        full = validate(engine, load_dataset(root / "instances.json"), **options)
+        part = validate(engine, load_dataset(root / "subset.json"), **options)
+        with pytest.raises(DatasetError, match="unicorn not among its class names"):
+            validate(engine, load_dataset(root / "stranger.json"), **options)
+    assert part.predictions == [p for p in full.predictions if p["category_id"] in kept]
+    assert len(part.predictions) > 0
+    (note,) = [n for n in part.unscored if "without a category" in n]
+    assert "and 70 more" in note  # 78 classes unscored: eight named, then the count
+    assert part.scores.map50_95 == evaluate(load_dataset(root / "subset.json").ground_truth, part.predictions).map50_95

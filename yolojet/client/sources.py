@@ -1,5 +1,5 @@
 """What `yolojet label` labels: image files, globs and directories (searched recursively), and text files listing
-one image path a line (relative paths relative to the list's folder)."""
+one image path or http(s) URL a line (relative paths relative to the list's folder)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 from yolojet.errors import ImageReadError
 from yolojet.images import expand_sources
+from yolojet.images.sources import URL_SCHEMES
 
 LIST_SUFFIXES = {".txt", ".lst"}
 
@@ -26,7 +27,10 @@ def label_sources(sources: list[str]) -> list[str]:
                 entry = line.strip()
                 if entry and not entry.startswith("#"):
                     listed = Path(entry)
-                    files += expand_sources([str(listed if listed.is_absolute() else path.parent / listed)])
+                    if entry.lower().startswith(URL_SCHEMES) or listed.is_absolute():
+                        files += expand_sources([entry])
+                    else:
+                        files += expand_sources([str(path.parent / listed)])
         else:
             files += expand_sources([source])
     return files

@@ -40,6 +40,7 @@ from yolojet.geometry import Letterbox, rect_letterbox
 from yolojet.images import DEFAULT_MAX_PIXELS, Frame, is_encoded
 from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, make_decoder
 from yolojet.images.frames import frame_from_pixels
+from yolojet.images.sources import is_url
 from yolojet.ir import Graph, ModelMeta
 from yolojet.reference import pipeline as torch_pipeline
 from yolojet.reference.executor import ReferenceExecutor
@@ -473,6 +474,37 @@ class Engine:
                     with self._lock:
                         self._collect(run)
 
+    def predict(self, source: Any, stream: bool = False, verbose: bool = False, **options: Any) -> Any:
+        """ultralytics' `model.predict(source, conf=..., ...)`: a list of Results, or with `stream=True` a generator.
+
+        `source` may also be a folder or a glob (their images, sorted), as ultralytics takes them. Options as
+        `__call__` (conf, iou, max_det, classes, agnostic_nms, retina_masks); `imgsz` and `rect` may be given if they
+        are the engine's (they are fixed when it is loaded); `verbose` prints each image's detections as
+        ultralytics does. Options that save or show files are for `yolojet detect`, and refused here by name."""
+        if "imgsz" in options:
+            wanted = _image_size(options.pop("imgsz"))
+            wanted = (wanted, wanted) if isinstance(wanted, int) else wanted
+            if tuple(wanted) != tuple(self.meta.imgsz):
+                raise EngineConfigError(f"predict(imgsz={wanted}): this engine was loaded for "
+                                        f"{self.meta.imgsz}; give imgsz to Engine.load")  # fmt: skip
+        if "rect" in options and bool(options.pop("rect")) != self.rect:
+            raise EngineConfigError(f"predict(rect=...): this engine was loaded with rect={self.rect}; give rect to "
+                                    "Engine.load")  # fmt: skip
+        elsewhere = sorted(set(options) & PREDICT_ELSEWHERE)
+        if elsewhere:
+            raise EngineConfigError(f"predict({', '.join(elsewhere)}=...): set when the engine is loaded or done by "
+                                    "`yolojet detect` (--save, --json); not an option of predict here")  # fmt: skip
+        if isinstance(source, (str, Path)) and not is_url(str(source)):
+            from yolojet.images import expand_sources
+
+            sources: list[Any] = expand_sources([str(source)])
+        else:
+            sources = list(source) if isinstance(source, (list, tuple)) else [source]
+        results = self.stream(sources, **options)
+        if verbose:
+            results = _printed(results)
+        return results if stream else list(results)
+
     def _overlaps(self, options: PredictOptions) -> bool:
         """Whether a batch may be launched before the one before it is collected."""
         return self._on_path(options) and self._path.depth > 1  # type: ignore[union-attr]
@@ -696,6 +728,20 @@ class Submitted:
             result = make_results(engine.meta, outputs, frame, source)
             out.append(narrowed(result, own) if own != self._merged else result)
         return out
+
+
+# ultralytics predict options that are the engine's load-time choices or `yolojet detect`'s outputs.
+PREDICT_ELSEWHERE = {"device", "half", "batch", "save", "save_txt", "save_conf", "save_crop", "show", "project",
+                     "name", "augment", "visualize", "embed", "vid_stride", "stream_buffer", "line_width"}  # fmt: skip
+
+
+def _printed(results: Iterator[Results]) -> Iterator[Results]:
+    """Each result passed on after a line as ultralytics' verbose predict prints it."""
+    for result in results:
+        where = result.path or "image"
+        said = result.error if result.error else f"{result.orig_shape[0]}x{result.orig_shape[1]} {result.verbose()}"
+        print(f"{where}: {said.rstrip(', ')}", flush=True)
+        yield result
 
 
 def merge_options(each: Sequence[PredictOptions]) -> PredictOptions:

@@ -43,15 +43,29 @@ class ValResult:
         return document
 
 
-def category_map(model_names: dict[int, str], dataset: Dataset) -> list[int]:
-    """Model class index -> dataset category id: by name when the names agree, else by order of category id."""
-    ids = sorted(dataset.categories)
-    if len(ids) != len(model_names):
-        raise DatasetError(f"{dataset.source}: {len(ids)} categories, the model predicts {len(model_names)} classes")
+def category_map(model_names: dict[int, str], dataset: Dataset) -> list[int | None]:
+    """Model class index -> dataset category id, or None for a class the dataset has no category for (its
+    predictions are not scored): by name where every category is named after one of the model's classes (the
+    dataset may hold a subset of them), else, with as many categories as classes, by order of category id."""
+    names = [model_names[i] for i in range(len(model_names))]
     by_name = {name: cat for cat, name in dataset.categories.items()}
-    if all(model_names[i] in by_name for i in range(len(model_names))):
-        return [by_name[model_names[i]] for i in range(len(model_names))]
-    return ids
+    if set(by_name) <= set(names):
+        return [by_name.get(name) for name in names]
+    ids = sorted(dataset.categories)
+    if len(ids) == len(names):
+        return list(ids)
+    strangers = sorted(set(by_name) - set(names))
+    listed = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more" if len(strangers) > 5 else "")
+    raise DatasetError(f"{dataset.source}: {len(ids)} categories for the model's {len(names)} classes, and {listed} "
+                       "not among its class names, so they cannot be matched by name or by order")  # fmt: skip
+
+
+def _without_category(model_names: dict[int, str], categories: list[int | None]) -> list[str]:
+    missing = [model_names[i] for i, cat in enumerate(categories) if cat is None]
+    if not missing:
+        return []
+    listed = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    return [f"classes without a category in the dataset, their predictions not scored: {listed}"]
 
 
 PROTOCOLS = ("val", "predict")
@@ -124,7 +138,9 @@ def validate(
         pairs = _predicted(engine, dataset, batch, {"conf": conf, "iou": iou, "max_det": max_det})
     results = _checked(pairs, len(dataset.images), progress)
     if task == "obb":
-        return _validate_obb(dataset, categories, results)
+        scored = _validate_obb(dataset, categories, results)
+        scored.unscored += _without_category(engine.names, categories)
+        return scored
     with_masks = task == "segment" and dataset.has_masks
     with_keypoints = task == "pose" and dataset.keypoints > 0
     if with_keypoints and dataset.keypoints != engine.meta.kpt_shape[0]:
@@ -133,15 +149,16 @@ def validate(
         )
     predictions: list[dict[str, Any]] = []
     for image, result in results:
-        cats = [categories[int(c)] for c in result.boxes.cls]
-        found = box_predictions(image.id, result.boxes.xyxy, result.boxes.conf, cats)
+        keep = np.array([categories[int(c)] is not None for c in result.boxes.cls], dtype=bool)
+        cats = [categories[int(c)] for c in result.boxes.cls[keep]]
+        found = box_predictions(image.id, result.boxes.xyxy[keep], result.boxes.conf[keep], cats)
         if with_masks:
-            attach_masks(found, result.masks.to_rle())
+            attach_masks(found, result.masks[keep].to_rle() if keep.any() else [])
         if with_keypoints:
-            attach_keypoints(found, result.keypoints.data)
+            attach_keypoints(found, result.keypoints.data[keep])
         predictions += found
     gt = dataset.ground_truth
-    unscored = []
+    unscored = _without_category(engine.names, categories)
     if task == "segment" and not with_masks:
         unscored.append("masks: not scored, not every annotation in the dataset has a mask")
     if task == "pose" and not with_keypoints:
@@ -187,11 +204,13 @@ def _obb_truth(dataset: Dataset) -> dict[int, tuple]:
     return truth
 
 
-def _validate_obb(dataset: Dataset, categories: list[int], results: Iterator) -> ValResult:
+def _validate_obb(dataset: Dataset, categories: list[int | None], results: Iterator) -> ValResult:
     truth = _obb_truth(dataset)  # before any image runs: a dataset without four-point labels fails at once
     found, predictions = {}, []
     for image, result in results:
         obb = result.obb
+        keep = np.array([categories[int(c)] is not None for c in obb.cls], dtype=bool)
+        obb = obb[keep] if len(obb) else obb
         cats = np.array([categories[int(c)] for c in obb.cls], dtype=np.int64)
         found[image.id] = (obb.xywhr.astype(np.float64), obb.conf.astype(np.float64), cats)
         for box, corners, score, cat in zip(obb.xywhr, obb.xyxyxyxy, obb.conf, cats, strict=True):

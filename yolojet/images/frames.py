@@ -17,6 +17,7 @@ import torch
 
 from yolojet.errors import ImageReadError
 from yolojet.images.codecs import decode_cpu, pil_pixels
+from yolojet.images.sources import NOT_YET
 
 
 @dataclass
@@ -114,4 +115,6 @@ def frame_from_pixels(source: Any) -> Frame:
         # Turned upright by its EXIF orientation, as ultralytics' loader does with PIL images.
         rgb = pil_pixels(ImageOps.exif_transpose(source))
         return Frame(check_pixels(torch.from_numpy(rgb.copy()), name), bgr=False)
+    if isinstance(source, int) and not isinstance(source, bool):  # ultralytics' source=0: a webcam
+        raise ImageReadError(f"{source}: a camera index, which is not supported yet ({NOT_YET})")
     raise ImageReadError(f"{name}: not an image (expected a path, bytes, numpy array, PIL image or torch tensor)")

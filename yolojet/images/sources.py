@@ -1,4 +1,5 @@
-"""Where images come from: files, globs and directories expanded to image files, and files read into memory."""
+"""Where images come from: files, globs and directories expanded to image files, files and http(s) URLs read into
+memory; video files, streams and cameras refused with a message saying so."""
 
 from __future__ import annotations
 
@@ -8,10 +9,57 @@ from pathlib import Path
 from yolojet.errors import ImageReadError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts", ".asf"}
+STREAM_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "rtp://", "udp://", "tcp://", "srt://")
+URL_SCHEMES = ("http://", "https://")
+URL_TIMEOUT_S = 30.0
+URL_MAX_BYTES = 512 << 20  # as a request to yolojet serve can be at most 64 MB, an image URL at most this
+NOT_YET = "yolojet reads images only; pass decoded frames as arrays (e.g. from cv2.VideoCapture) instead"
+
+
+def is_url(source: str) -> bool:
+    return source.lower().startswith(URL_SCHEMES)
+
+
+def refused_source(source: str) -> str | None:
+    """Why `source` is not something yolojet reads (a video file, a stream, a camera index), or None."""
+    if source.lower().startswith(STREAM_SCHEMES):
+        return f"{source}: a video stream, which is not supported yet ({NOT_YET})"
+    if Path(source).suffix.lower() in VIDEO_SUFFIXES:
+        return f"{source}: a video file, which is not supported yet ({NOT_YET})"
+    if source.isdigit() and not Path(source).exists():
+        return f"{source}: a camera index, which is not supported yet ({NOT_YET})"
+    return None
+
+
+def fetch_url(url: str) -> bytes:
+    """An http(s) URL's bytes; an ImageReadError naming it (and why) where it cannot be fetched."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as reply:
+            data = reply.read(URL_MAX_BYTES + 1)
+    except urllib.error.HTTPError as e:
+        raise ImageReadError(f"{url}: cannot fetch it (HTTP {e.code} {e.reason})") from None
+    except urllib.error.URLError as e:
+        raise ImageReadError(f"{url}: cannot fetch it ({getattr(e.reason, 'strerror', None) or e.reason})") from None
+    except (OSError, ValueError) as e:  # a timeout mid-read, a malformed URL
+        raise ImageReadError(f"{url}: cannot fetch it ({e})") from None
+    if len(data) > URL_MAX_BYTES:
+        raise ImageReadError(f"{url}: over {URL_MAX_BYTES >> 20} MB, not fetched")
+    return data
 
 
 def read_image_file(source: str | Path) -> bytes:
-    """A file's bytes; an ImageReadError naming it where it is missing, a directory or unreadable."""
+    """A file's (or an http(s) URL's) bytes; an ImageReadError naming it where it is missing, a directory,
+    unreadable, or not an image source at all."""
+    text = str(source)
+    if isinstance(source, str) and is_url(text):
+        return fetch_url(text)
+    refusal = refused_source(text)
+    if refusal is not None:
+        raise ImageReadError(refusal)
     path = Path(source)
     try:
         return path.read_bytes()

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from yolojet.tasks.arrays import host
+
 
 @dataclass
 class Probs:
@@ -23,10 +25,16 @@ class Probs:
             raise ValueError(f"class probabilities of shape {data.shape}: expected (nc,) with nc >= 1")
         if not np.issubdtype(data.dtype, np.number) or np.issubdtype(data.dtype, np.complexfloating):
             raise ValueError(f"class probabilities of dtype {data.dtype}: expected real numbers")
-        self.data = data.astype(np.float32, copy=False)
+        self.data = host(data.astype(np.float32, copy=False))
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
+
+    def cpu(self) -> Probs:
+        return self
+
+    def numpy(self) -> Probs:
+        return self
 
     @property
     def top1(self) -> int:

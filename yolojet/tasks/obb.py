@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from yolojet.tasks.arrays import HostData, host
+
 
 def xywhr_to_corners(xywhr: np.ndarray) -> np.ndarray:
     """(..., 5) boxes [cx, cy, w, h, angle] → (..., 4, 2) corners, as ultralytics' ops.xywhr2xyxyxyxy.
@@ -23,7 +25,7 @@ def xywhr_to_corners(xywhr: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class OBB:
+class OBB(HostData):
     """n oriented boxes as rows [cx, cy, w, h, angle, conf, cls] in original-image pixels, the angle in radians.
 
     The angle is the head's prediction as is (not regularized), so `w` may be the short side; use `xyxyxyxy`
@@ -36,6 +38,7 @@ class OBB:
     def __post_init__(self) -> None:
         if self.data.ndim != 2 or self.data.shape[1] != 7:
             raise ValueError(f"OBB data: expected (n, 7) rows [cx, cy, w, h, angle, conf, cls], got {self.data.shape}")
+        self.data = host(self.data)
 
     def __len__(self) -> int:
         return len(self.data)
@@ -55,7 +58,7 @@ class OBB:
     @property
     def xyxyxyxy(self) -> np.ndarray:
         """(n, 4, 2) corner points."""
-        return xywhr_to_corners(self.xywhr)
+        return host(xywhr_to_corners(self.xywhr))
 
     @property
     def xyxyxyxyn(self) -> np.ndarray:
@@ -67,4 +70,4 @@ class OBB:
     def xyxy(self) -> np.ndarray:
         """(n, 4) axis-aligned bounds [x1, y1, x2, y2] of the corners (not clipped to the image)."""
         corners = self.xyxyxyxy
-        return np.concatenate([corners.min(1), corners.max(1)], 1)
+        return host(np.concatenate([corners.min(1), corners.max(1)], 1))

@@ -6,9 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from yolojet.tasks.arrays import HostData, host
+
 
 @dataclass
-class Keypoints:
+class Keypoints(HostData):
     """n instances' keypoints as (n, k, 2) [x, y] or (n, k, 3) [x, y, visibility] in original-image pixels.
 
     Keypoints lie inside the image: ones predicted outside are clipped to its border, as ultralytics does.
@@ -20,6 +22,7 @@ class Keypoints:
     def __post_init__(self) -> None:
         if self.data.ndim != 3 or self.data.shape[2] not in (2, 3):
             raise ValueError(f"Keypoints data: expected (n, keypoints, 2 or 3), got {self.data.shape}")
+        self.data = host(self.data)
 
     def __len__(self) -> int:
         return len(self.data)

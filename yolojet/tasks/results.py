@@ -14,13 +14,18 @@ from typing import Any
 
 import numpy as np
 
+from yolojet.tasks.arrays import HostData, host
+
 
 @dataclass
-class Boxes:
+class Boxes(HostData):
     """n boxes as rows [x1, y1, x2, y2, conf, cls] in original-image pixels."""
 
     data: np.ndarray
     orig_shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        self.data = host(self.data)
 
     def __len__(self) -> int:
         return len(self.data)
@@ -40,7 +45,7 @@ class Boxes:
     @property
     def xywh(self) -> np.ndarray:
         xyxy = self.xyxy
-        return np.concatenate([(xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]], 1)
+        return host(np.concatenate([(xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]], 1))
 
     @property
     def xyxyn(self) -> np.ndarray:
@@ -86,6 +91,13 @@ class Results:
         if callable(self.image):
             self.image = self.image()
         return self.image
+
+    def cpu(self) -> Results:
+        """The results themselves: they are in host memory already (ultralytics-style `r.cpu()` runs as is)."""
+        return self
+
+    def numpy(self) -> Results:
+        return self
 
     def __len__(self) -> int:
         for part in (self.boxes, self.obb):
@@ -135,6 +147,28 @@ class Results:
 
     def to_json(self) -> str:
         return json.dumps(self.summary())
+
+    def class_counts(self) -> dict[str, int]:
+        """Instances per class name, most first (ties by class id); empty for classification."""
+        part = self.obb if self.obb is not None else self.boxes
+        if part is None or len(part) == 0:
+            return {}
+        ids, counts = np.unique(np.asarray(part.cls, np.int64), return_counts=True)
+        order = sorted(zip(ids.tolist(), counts.tolist(), strict=True), key=lambda pair: (-pair[1], pair[0]))
+        return {self._name(i): n for i, n in order}
+
+    def verbose(self) -> str:
+        """What ultralytics' `Results.verbose()` says: "4 persons, 1 bus, " (by class id), "(no detections), ",
+        or a classifier's top five "bus 0.92, ...", each part followed by ", "."""
+        if self.probs is not None:
+            return "".join(f"{self._name(c)} {p:.2f}, " for c, p in zip(self.probs.top5, self.probs.top5conf,
+                                                                        strict=True))  # fmt: skip
+        part = self.obb if self.obb is not None else self.boxes
+        if part is None or len(part) == 0:
+            return "(no detections), "
+        ids, counts = np.unique(np.asarray(part.cls, np.int64), return_counts=True)
+        return "".join(f"{n} {self._name(i)}{'s' * (n > 1)}, " for i, n in zip(ids.tolist(), counts.tolist(),
+                                                                               strict=True))  # fmt: skip
 
     def plot(self, line_width: int | None = None) -> np.ndarray:
         """The original image with the results drawn, as a BGR uint8 array (OpenCV's order, as ultralytics)."""

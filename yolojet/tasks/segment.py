@@ -12,6 +12,8 @@ from functools import cached_property
 
 import numpy as np
 
+from yolojet.tasks.arrays import HostData, host
+
 # OpenCV's chain codes: direction s moves by (dx, dy); 0 is right and they turn counterclockwise on screen.
 _DX = (1, 1, 0, -1, -1, -1, 0, 1)
 _DY = (0, -1, -1, -1, 0, 1, 1, 1)
@@ -203,7 +205,7 @@ def decode_rle(rle: dict) -> np.ndarray:
 
 
 @dataclass
-class Masks:
+class Masks(HostData):
     """k instance masks as a (k, h, w) bool array over the original image."""
 
     data: np.ndarray
@@ -214,7 +216,7 @@ class Masks:
             data = data[None]
         if data.ndim != 3:
             raise ValueError(f"Masks data: expected (k, h, w), got shape {data.shape}")
-        self.data = data.astype(bool, copy=False)
+        self.data = host(data.astype(bool, copy=False))
 
     def __len__(self) -> int:
         return len(self.data)
