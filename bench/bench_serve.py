@@ -33,9 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 PORT = 50611
 
 
-def start_server(model_dir: Path, log: Path, slo_ms: float) -> subprocess.Popen:
+def start_server(model_dir: Path, log: Path, slo_ms: float, samples: Path | None) -> subprocess.Popen:
     model = ["--model", f"{model_dir}:64", "--shapes", "640x480", "--slo-ms", str(slo_ms)]
     command = [sys.executable, "-m", "yolojet", "serve", *model, "--port", str(PORT)]
+    if samples is not None:  # where the server's threads spend their time (bench/sampler.py)
+        command[1:1] = [str(Path(__file__).with_name("sampler.py")), "--out", str(samples), "--"]
     server = subprocess.Popen(command, stderr=log.open("w"), stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline:
@@ -75,6 +77,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--files", type=int, default=10000)
     parser.add_argument("--slo-ms", type=float, default=50.0, help="the server's deadline for requests without one")
+    parser.add_argument("--sample", action="store_true", help="run the server under bench/sampler.py")
+    parser.add_argument("--no-label", action="store_true", help="the unary calls only")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
@@ -98,7 +102,8 @@ def main() -> int:
     server = None
     try:
         start = time.perf_counter()
-        server = start_server(model_dir, args.out / "serve.log", args.slo_ms)
+        samples = args.out / "server-samples.json" if args.sample else None
+        server = start_server(model_dir, args.out / "serve.log", args.slo_ms, samples)
         found["server_start_s"] = time.perf_counter() - start
         connection = Connection(f"127.0.0.1:{PORT}")
         warm = min(2000, args.requests // 10)
@@ -109,8 +114,9 @@ def main() -> int:
             found[f"unary_{concurrency}"] = row
             print(f"unary, {concurrency} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
                   f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}", flush=True)  # fmt: skip
-        found["label_server"] = label(files, work / "server.jsonl", ["--server", f"127.0.0.1:{PORT}"])
-        print(f"label --server: {found['label_server']}", flush=True)
+        if not args.no_label:
+            found["label_server"] = label(files, work / "server.jsonl", ["--server", f"127.0.0.1:{PORT}"])
+            print(f"label --server: {found['label_server']}", flush=True)
     except Exception:
         found.setdefault("failures", []).append(traceback.format_exc())
         print(traceback.format_exc(), flush=True)
@@ -119,8 +125,9 @@ def main() -> int:
             found["server_exit"] = stop(server)
     out_file.write_text(json.dumps(found, indent=1))
     try:
-        found["label_local"] = label(files, work / "local.jsonl", ["--local", "--model", str(model_dir)])
-        print(f"label --local: {found['label_local']}", flush=True)
+        if not args.no_label:
+            found["label_local"] = label(files, work / "local.jsonl", ["--local", "--model", str(model_dir)])
+            print(f"label --local: {found['label_local']}", flush=True)
     except Exception:
         found.setdefault("failures", []).append(traceback.format_exc())
     out_file.write_text(json.dumps(found, indent=1))

@@ -19,7 +19,8 @@ def bench_on_path(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "script", ["bench_network", "bench_pipeline", "bench_images", "bench_serve", "bench_conv_ceiling", "provenance"]
+    "script",
+    ["bench_network", "bench_pipeline", "bench_images", "bench_serve", "bench_conv_ceiling", "provenance", "sampler"],
 )
 def test_script_imports(script):
     module = importlib.import_module(script)

@@ -91,7 +91,10 @@ def time_launch(launch: Launch, repeats: int = 10, replays: int = 5) -> float:
     launch.run()  # compiles this configuration where the compile before the timing did not
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: other threads' CUDA calls (the decoder starting beside the network, a server's threads) must
+    # not invalidate the capture, as the default global mode lets them (seen on an H200: cudaErrorStreamCapture-
+    # Invalidated while nvImageCodec started).
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         for _ in range(repeats):
             launch.run()
     graph.replay()
