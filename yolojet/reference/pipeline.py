@@ -33,19 +33,18 @@ def cv2_resize_linear(pixels: torch.Tensor, height: int, width: int) -> torch.Te
     """uint8 (H, W, C) resized like cv2.resize(INTER_LINEAR), with cv2's fixed-point arithmetic."""
     y0, y1, wy0, wy1 = _cv2_taps(pixels.shape[0], height, pixels.device)
     x0, x1, wx0, wx1 = _cv2_taps(pixels.shape[1], width, pixels.device)
-    p = pixels.long()
-    rows = p[:, x0] * wx0[None, :, None] + p[:, x1] * wx1[None, :, None]
+    # Columns gathered before widening to int64: a 20000x20000 photo would otherwise take 9.6 GB here.
+    rows = pixels[:, x0].long() * wx0[None, :, None] + pixels[:, x1].long() * wx1[None, :, None]
     value = ((rows[y0] >> 4) * wy0[:, None, None] >> 16) + ((rows[y1] >> 4) * wy1[:, None, None] >> 16)
     return ((value + 2) >> 2).clamp(0, 255).to(torch.uint8)
 
 
-def rgb_pixels(frame: Frame) -> torch.Tensor:
-    """The frame as uint8 (H, W, 3) RGB."""
-    pixels = frame.pixels
+def rgb_pixels(pixels: torch.Tensor, bgr: bool) -> torch.Tensor:
+    """A frame's uint8 (H, W, C) pixels (grey, BGR or RGB, alpha last) as (H, W, 3) RGB."""
     if pixels.shape[2] == 1:
         return pixels.expand(-1, -1, 3)
     pixels = pixels[..., :3]
-    return pixels.flip(-1) if frame.bgr else pixels
+    return pixels.flip(-1) if bgr else pixels
 
 
 def letterbox(
@@ -56,9 +55,10 @@ def letterbox(
     rectangle, `geometry.rect_letterbox`'s, as ultralytics' LetterBox places it)."""
     fitted = Letterbox.fit(frame.shape, target_hw)
     box = placement if placement is not None else fitted
-    pixels = rgb_pixels(frame)
-    if (box.new_h, box.new_w) != frame.shape:
+    pixels = frame.pixels
+    if (box.new_h, box.new_w) != frame.shape:  # resized first: the channel flip then copies the small image only
         pixels = cv2_resize_linear(pixels, box.new_h, box.new_w)
+    pixels = rgb_pixels(pixels, frame.bgr)
     out = torch.full((3, *target_hw), 114.0, device=pixels.device)
     out[:, box.pad_top : box.pad_top + box.new_h, box.pad_left : box.pad_left + box.new_w] = pixels.permute(2, 0, 1)
     return out / 255, fitted
