@@ -333,3 +333,20 @@ def test_a_glob_matching_nothing_says_so(tmp_path):
     (source,) = expand_sources([str(tmp_path / "nomatch*.jpg")])
     with pytest.raises(ImageReadError, match=r"nomatch\*\.jpg: no image file matches it"):
         load_frame(source)
+
+
+def test_png_size_comes_from_its_header_so_max_pixels_can_exceed_pillows_bound():
+    """A 20000x20000 PNG's header (the pixels never read): within a raised max_pixels it passes the check Pillow's
+    own bomb bound (178,956,970 pixels) would fail; at the default it is refused by ours, naming its size."""
+    import struct
+    import zlib
+
+    from yolojet.images.codecs import check_encoded
+
+    ihdr = struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", len(ihdr)) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    header = b"\x89PNG\r\n\x1a\n" + chunk
+    info = check_encoded(header, "huge.png", max_pixels=500_000_000)
+    assert (info.height, info.width) == (20000, 20000)
+    with pytest.raises(ImageReadError, match="20000x20000 is 400,000,000 pixels, over the limit of 89,478,485"):
+        check_encoded(header, "huge.png", max_pixels=89_478_485)

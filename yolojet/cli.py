@@ -292,6 +292,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
             raise OutputPathError(f"--save {args.save}: the annotated image would overwrite the input {clash}")
     engine = Engine.load(
         args.model, imgsz=args.imgsz, max_batch=args.batch, half=not args.fp32, decoder=args.decoder,
+        max_pixels=args.max_pixels,
         **_letterbox(args), **_engine_switches(args),
     )  # fmt: skip
     options = {"conf": args.conf, "iou": args.iou, "max_det": args.max_det, "classes": args.classes}
@@ -368,13 +369,16 @@ def _unique_target(folder: Path, stem: str, taken: set[str]) -> Path:
 
 
 def _add_decoder_flag(parser: argparse.ArgumentParser) -> None:
-    from yolojet.options import DECODER_NAMES
+    from yolojet.options import DECODER_NAMES, DEFAULT_MAX_PIXELS
 
     parser.add_argument(
         "--decoder", choices=DECODER_NAMES, default="auto",
         help="how JPEGs are decoded: the GPU's hardware decoders where there are some, else CPU threads (auto, the "
         "default), nvimgcodec, cpu, or nvjpeg (on the GPU's SMs; pixels differ from OpenCV's)",
     )  # fmt: skip
+    parser.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS,
+                        help=f"largest image, pixels; a larger one is an error in its place, read no further "
+                        f"(default {DEFAULT_MAX_PIXELS:,}, as Pillow's bomb check)")  # fmt: skip
 
 
 def _shape_list(text: str) -> list[tuple[int, int]]:
@@ -628,7 +632,8 @@ def _cmd_label(args: argparse.Namespace) -> int:
         if not args.model:
             raise EngineConfigError("--local needs --model: a model directory, .pt checkpoint, name or .yaml")
         labeler = LocalLabeler(args.model, args.concurrency, options, half=not args.fp32, decoder=args.decoder,
-                               device=args.device, **_letterbox(args), **_engine_switches(args))  # fmt: skip
+                               max_pixels=args.max_pixels, device=args.device, **_letterbox(args),
+                               **_engine_switches(args))  # fmt: skip
         facts, label, close = labeler.facts, labeler, labeler.close
     else:
         connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
@@ -841,8 +846,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=_positive_int, default=1024, help="requests a model queues before refusing "
                    "more with RESOURCE_EXHAUSTED (default 1024)")  # fmt: skip
     p.add_argument("--max-message-mb", type=float, default=64.0, help="largest request, MB (default 64)")
-    p.add_argument("--max-pixels", type=_positive_int, default=89_478_485,
-                   help="largest image, pixels (default 89,478,485, as Pillow's bomb check)")  # fmt: skip
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
     p.add_argument("--fp32", action="store_true", help="run the GPU engines in fp32 instead of fp16")
     p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain: serve over TLS")

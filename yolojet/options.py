@@ -7,6 +7,8 @@ import os
 
 # How files and bytes are decoded (yolojet/images/decoders.py).
 DECODER_NAMES = ("auto", "nvimgcodec", "cpu", "nvjpeg")
+# Pillow's own decompression-bomb bound (PIL.Image.MAX_IMAGE_PIXELS): about 9,459 x 9,459.
+DEFAULT_MAX_PIXELS = 89_478_485
 
 
 def serve_token() -> str | None:

@@ -17,9 +17,7 @@ import numpy as np
 import torch
 
 from yolojet.errors import ImageReadError
-
-# Pillow's own decompression-bomb bound (PIL.Image.MAX_IMAGE_PIXELS): about 9,459 × 9,459.
-DEFAULT_MAX_PIXELS = 89_478_485
+from yolojet.options import DEFAULT_MAX_PIXELS  # noqa: F401 - where the images room names it
 
 _JPEG_SOI = b"\xff\xd8"
 _JPEG_EOI = b"\xff\xd9"
@@ -138,6 +136,9 @@ def encoded_info(data: bytes, name: str) -> EncodedInfo:
         return EncodedInfo(kind, info.height, info.width, info)
     if kind is None:
         raise ImageReadError(f"{name}: cannot decode as an image (not a JPEG, PNG, WebP, GIF, BMP or TIFF image)")
+    if kind == "png" and len(data) >= 24 and data[12:16] == b"IHDR":
+        # Read here rather than by Pillow, whose own bomb check would refuse a size max_pixels allows.
+        return EncodedInfo(kind, int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big"))
     from PIL import Image
 
     try:
