@@ -264,3 +264,27 @@ def test_plot(server, photos, tmp_path, capsys):
         assert Image.open(tmp_path / "plots" / name).size[0] > 100
     code, _, stderr = run_cli(capsys, "plot", tmp_path / "missing.jsonl", "--out", tmp_path / "p2")
     assert code == 2 and "no such file" in stderr and not (tmp_path / "p2").exists()
+
+
+def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(model_dirs, photos, tmp_path, capsys,
+                                                                          monkeypatch):  # fmt: skip
+    """A server whose deadline no request can meet refuses every image for load; the client sends each again after
+    a pause, and after `give_up_after_s` logs it as an error and finishes."""
+    from yolojet.client.remote import RemoteLabeler
+
+    monkeypatch.setattr(RemoteLabeler, "give_up_after_s", 1.0)
+    strict = RunningServer({"detect": served("detect", model_dirs["detect"])},
+                           replace(ServeOptions(), port=0, slo_ms=0.001))  # fmt: skip
+    out = tmp_path / "labels.jsonl"
+    try:
+        start = time.monotonic()
+        code, _, stderr = run_cli(capsys, "label", photos, "--server", strict.address, "--out", out, "--quiet")
+        took = time.monotonic() - start
+    finally:
+        strict.stop()
+    assert code == 1, stderr
+    assert not out.exists() or lines(out) == []
+    errors = lines(tmp_path / "labels.jsonl.errors.jsonl")
+    assert sorted(Path(e["path"]).name for e in errors) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
+    assert all("refused it for load for over 1 s" in e["error"] for e in errors), errors
+    assert took < 60

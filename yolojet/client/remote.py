@@ -1,7 +1,7 @@
 """Labeling against `yolojet serve`: images streamed over InferStream with a window of requests in flight, replies
-matched by id, refused requests (RESOURCE_EXHAUSTED) sent again after a pause, a broken connection reopened with
-backoff and its unanswered requests sent again; and the bench mode (many copies of one image, as fast as the window
-allows, from several processes).
+matched by id, requests refused for load (RESOURCE_EXHAUSTED, or a deadline that passed) sent again after a pause, a
+broken connection reopened with backoff and its unanswered requests sent again; and the bench mode (many copies of
+one image, as fast as the window allows, from several processes).
 
 Nothing is answered twice: a request leaves the window only when its reply arrives, and only a reply writes a record.
 """
@@ -28,6 +28,8 @@ from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
+# An image's reply refusing it for load, not as bad: it goes again after a pause.
+LOAD_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.DEADLINE_EXCEEDED.value[0]}
 
 
 class ServerUnavailable(YolojetError):
@@ -69,12 +71,17 @@ class _Window:
 
 class RemoteLabeler:
     """Label images through a server; `on_reply(path, reply)` gets each answer, `on_error(path, message)` each image
-    the server refused as bad (or that could not be read here)."""
+    the server refused as bad (or that could not be read here). An image refused for load (the server full, or its
+    deadline passed while it waited) is sent again after a pause, until `give_up_after_s` have passed since the
+    first refusal: then it is an error too, so that a server that can never take it does not hold the run."""
+
+    give_up_after_s = 300.0
 
     def __init__(self, connection: Connection, window: int, options: dict[str, Any]) -> None:
         self.connection, self.window_size, self.options = connection, window, options
-        self.refusals = 0  # RESOURCE_EXHAUSTED answers, each sent again
+        self.refusals = 0  # answers refusing for load (RESOURCE_EXHAUSTED, or a deadline that passed), sent again
         self.reconnects = 0
+        self._first_refused: dict[str, float] = {}  # request id -> when the server first refused it
 
     def run(self, paths: Iterable[str], on_reply: Callable[[str, Any], None],
             on_error: Callable[[str, str], None]) -> None:  # fmt: skip
@@ -151,15 +158,24 @@ class RemoteLabeler:
 
     def _answered(self, window: _Window, reply: pb.InferReply, on_reply: Callable[[str, Any], None],
                   on_error: Callable[[str, str], None]) -> None:  # fmt: skip
+        code = reply.error.code if reply.HasField("error") else grpc.StatusCode.OK.value[0]
+        refused = code in LOAD_REFUSALS
+        given_up = refused and time.monotonic() - self._first_refused.setdefault(reply.id, time.monotonic()) > (
+            self.give_up_after_s
+        )
         with window.lock:
             path, data = window.sent.pop(reply.id)
-            refused = reply.HasField("error") and reply.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-            if refused:
+            if refused and not given_up:
                 window.again.append((reply.id, path, data))
             window.lock.notify_all()
-        if refused:
+        if refused and not given_up:
             self.refusals += 1
             time.sleep(min(0.2, 0.005 * self.refusals))  # the server is full: give it a moment
+            return
+        self._first_refused.pop(reply.id, None)
+        if given_up:
+            on_error(path, f"the server refused it for load for over {self.give_up_after_s:.0f} s "
+                           f"({reply.error.message})")  # fmt: skip
         elif reply.HasField("error"):
             on_error(path, reply.error.message)
         else:
