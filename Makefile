@@ -1,10 +1,13 @@
-.PHONY: setup test lint format
+.PHONY: setup test test-fast lint format
 
 setup:
 	python3 -m venv .venv && . .venv/bin/activate && python -m pip install -c constraints.txt -e ".[dev]"
 
 test:
 	. .venv/bin/activate && python -m pytest -q
+
+test-fast:
+	. .venv/bin/activate && python -m pytest -q -m "not slow"
 
 lint:
 	. .venv/bin/activate && ruff check yolojet tests bench && ruff format --check yolojet tests bench

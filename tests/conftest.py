@@ -6,7 +6,9 @@ On a GPU, TF32 is turned off so that ultralytics' own fp32 forward passes are fp
 """
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -37,3 +39,19 @@ def pytest_runtest_logreport(report):
         import sys
 
         print(f"\nFAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n", file=sys.stderr, flush=True)
+
+
+# The tests that build whole models, run kernels under the interpreter, or start servers: minutes each on two cores.
+# `make test-fast` (pytest -m "not slow") runs the rest: the file formats, outputs, CLI parsing and errors, the
+# protocols on hand-worked cases, the scheduler.
+SLOW = ("pipeline", "kernels", "engine", "export", "client", "serve/test_service.py", "serve/test_serve_command.py",
+        "eval/test_val_protocol.py", "eval/test_val.py", "eval/test_val_tasks.py", "eval/test_report.py",
+        "test_cli_detect.py")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        where = Path(item.fspath).relative_to(tests).as_posix()
+        if any(where == slow or where.startswith(slow + "/") for slow in SLOW):
+            item.add_marker(pytest.mark.slow)

@@ -71,7 +71,9 @@ def test_custom_class_count_checkpoint_runs_like_ultralytics(cfg, task, nc, tmp_
     monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path / "cache"))
     imgsz = {"classify": 64}.get(task, 640 if torch.cuda.is_available() else 128)
     checkpoint = save_checkpoint(tmp_path / "custom.pt", cfg, task, nc, imgsz)
-    engine = Engine.load(checkpoint, backend="triton", half=False, max_batch=2, tune=False)
+    # predict letterboxes a list of photos of several sizes to the square, as rect=False does (its LetterBox runs
+    # auto only where every image of a batch has one shape)
+    engine = Engine.load(checkpoint, backend="triton", half=False, max_batch=2, tune=False, rect=False)
     assert engine.meta.imgsz == (imgsz, imgsz), "the training size must be the default"
     assert engine.meta.nc == nc and engine.names == {i: f"kind-{i}" for i in range(nc)}
     photos = [real_photos()["bus.jpg"], real_photos()["zidane.jpg"], real_photos()["coffee"]]
