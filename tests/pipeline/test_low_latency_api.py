@@ -104,5 +104,7 @@ def test_fewer_images_than_slots(engine):
     photo = real_photos()["bus.jpg"]
     one = engine(photo, conf=0.0005)[0]
     both = engine([photo, photo], conf=0.0005)
-    np.testing.assert_allclose(one.boxes.data, both[0].boxes.data, atol=1e-3)
-    np.testing.assert_allclose(both[0].boxes.data, both[1].boxes.data, atol=1e-3)
+    # fp32 rounding, at two batch sizes and two places in a batch (where an image's pixels fall in the GEMM tiles):
+    # 2e-4 relative, 0.006 px once scaled from the 128x96 rectangle to the 1080x810 photo
+    np.testing.assert_allclose(one.boxes.data, both[0].boxes.data, rtol=5e-4, atol=1e-2)
+    np.testing.assert_allclose(both[0].boxes.data, both[1].boxes.data, rtol=5e-4, atol=1e-2)
