@@ -1,5 +1,6 @@
 """The segment, pose and OBB heads on our kernels (inside the captured path) against the reference backend's
-torch post-processing, which the task tests hold to ultralytics."""
+torch post-processing, which the task tests hold to ultralytics. One square input (rect=False): one network a
+model under the interpreter; the rectangles' heads are test_rect_letterbox's."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
 def test_kernel_path_matches_torch_path(cfg, end2end, tmp_path):
     imgsz, conf = (640, 0.01) if torch.cuda.is_available() else (128, 0.0003)
     model_dir = yolojet.export(calibrated_model(cfg, imgsz), out=tmp_path / "m", imgsz=imgsz, end2end=end2end)
-    kernels = Engine.load(model_dir, backend="triton", half=False, max_batch=2, tune=False)
-    torch_path = Engine.load(model_dir, device="cpu", backend="reference", max_batch=2)
+    kernels = Engine.load(model_dir, backend="triton", half=False, max_batch=2, tune=False, rect=False)
+    torch_path = Engine.load(model_dir, device="cpu", backend="reference", max_batch=2, rect=False)
     photos = [real_photos()["bus.jpg"], real_photos()["zidane.jpg"]]
     ours, expected = kernels(photos, conf=conf), torch_path(photos, conf=conf)
     instances = 0
@@ -39,8 +40,8 @@ def test_kernel_path_matches_torch_path(cfg, end2end, tmp_path):
 def kernel_and_torch_results(cfg, end2end, tmp_path, conf_cpu):
     imgsz, conf = (640, 0.01) if torch.cuda.is_available() else (128, conf_cpu)
     model_dir = yolojet.export(calibrated_model(cfg, imgsz), out=tmp_path / "m", imgsz=imgsz, end2end=end2end)
-    kernels = Engine.load(model_dir, backend="triton", half=False, max_batch=2, tune=False)
-    torch_path = Engine.load(model_dir, device="cpu", backend="reference", max_batch=2)
+    kernels = Engine.load(model_dir, backend="triton", half=False, max_batch=2, tune=False, rect=False)
+    torch_path = Engine.load(model_dir, device="cpu", backend="reference", max_batch=2, rect=False)
     photos = [real_photos()["bus.jpg"], real_photos()["zidane.jpg"]]
     return kernels(photos, conf=conf), torch_path(photos, conf=conf)
 
