@@ -148,13 +148,17 @@ class Results:
     def to_json(self) -> str:
         return json.dumps(self.summary())
 
-    def class_counts(self) -> dict[str, int]:
-        """Instances per class name, most first (ties by class id); empty for classification."""
+    def _counts_by_id(self) -> list[tuple[int, int]]:
+        """(class id, instances) in class id order; empty for classification or no instances."""
         part = self.obb if self.obb is not None else self.boxes
         if part is None or len(part) == 0:
-            return {}
+            return []
         ids, counts = np.unique(np.asarray(part.cls, np.int64), return_counts=True)
-        order = sorted(zip(ids.tolist(), counts.tolist(), strict=True), key=lambda pair: (-pair[1], pair[0]))
+        return list(zip(ids.tolist(), counts.tolist(), strict=True))
+
+    def class_counts(self) -> dict[str, int]:
+        """Instances per class name, most first (ties by class id); empty for classification."""
+        order = sorted(self._counts_by_id(), key=lambda pair: (-pair[1], pair[0]))
         return {self._name(i): n for i, n in order}
 
     def verbose(self) -> str:
@@ -163,12 +167,10 @@ class Results:
         if self.probs is not None:
             return "".join(f"{self._name(c)} {p:.2f}, " for c, p in zip(self.probs.top5, self.probs.top5conf,
                                                                         strict=True))  # fmt: skip
-        part = self.obb if self.obb is not None else self.boxes
-        if part is None or len(part) == 0:
+        counts = self._counts_by_id()
+        if not counts:
             return "(no detections), "
-        ids, counts = np.unique(np.asarray(part.cls, np.int64), return_counts=True)
-        return "".join(f"{n} {self._name(i)}{'s' * (n > 1)}, " for i, n in zip(ids.tolist(), counts.tolist(),
-                                                                               strict=True))  # fmt: skip
+        return "".join(f"{n} {self._name(i)}{'s' * (n > 1)}, " for i, n in counts)
 
     def plot(self, line_width: int | None = None) -> np.ndarray:
         """The original image with the results drawn, as a BGR uint8 array (OpenCV's order, as ultralytics)."""
