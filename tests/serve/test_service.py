@@ -39,6 +39,17 @@ def rows_of(reply: pb.InferReply) -> np.ndarray:
                     dtype=np.float32).reshape(-1, 6)  # fmt: skip
 
 
+def assert_same_rows_across_batches(got: np.ndarray, want: np.ndarray) -> None:
+    """Rows of one image run in batches of different make-up. Their sums run in another order, so coordinates
+    differ by a small part of the photo's size (not of the coordinate) and scores by a small absolute amount."""
+    want = np.asarray(want)
+    on_gpu = torch.cuda.is_available()  # fp16 on a GPU: tiles and rounding differ with the batch
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got[:, 5], want[:, 5])
+    np.testing.assert_allclose(got[:, :4], want[:, :4], rtol=0, atol=1.0 if on_gpu else 0.02)
+    np.testing.assert_allclose(got[:, 4], want[:, 4], rtol=0, atol=2e-3 if on_gpu else 1e-4)
+
+
 @pytest.mark.parametrize("task", ["detect", "segment", "pose", "obb", "classify"])
 def test_infer_answers_as_the_engine_does(server, task):
     stub = server.stub()
@@ -87,9 +98,8 @@ def test_per_request_options_in_one_batch(server):
         futures = [pool.submit(stub.Infer, pb.InferRequest(image=BUS, model="detect", **a), timeout=120) for a in asks]
         replies = [f.result() for f in futures]
     for ask, reply in zip(asks, replies, strict=True):
-        (want,) = engine([BUS], **ask)  # alone, a batch of one: in fp16 (on a GPU) its tiles and rounding differ
-        atol = 1e-2 if torch.cuda.is_available() else 1e-3
-        np.testing.assert_allclose(rows_of(reply), want.boxes.data, rtol=1e-5, atol=atol)
+        (want,) = engine([BUS], **ask)  # alone, a batch of one
+        assert_same_rows_across_batches(rows_of(reply), want.boxes.data)
 
 
 def test_stream_keeps_order_and_ids_and_answers_bad_requests_in_place(server):
@@ -103,7 +113,7 @@ def test_stream_keeps_order_and_ids_and_answers_bad_requests_in_place(server):
     assert codes == [0, invalid, 0, invalid, 0, 0]
     assert "empty" in replies[1].error.message and "cannot decode" in replies[3].error.message
     assert (replies[4].width, replies[4].height) == (64, 48)
-    np.testing.assert_allclose(rows_of(replies[0]), rows_of(replies[5]), rtol=1e-5, atol=1e-3)  # other batches
+    assert_same_rows_across_batches(rows_of(replies[0]), rows_of(replies[5]))
 
 
 def test_list_models(server):
