@@ -77,6 +77,16 @@ def test_ultralytics_style_code_runs_unchanged_on_our_results():
     assert Results(names=names, boxes=Boxes(np.zeros((0, 6), np.float32), (h, w))).verbose() == "(no detections), "
 
 
+def test_cuda_gives_a_gpu_tensor_or_says_there_is_no_gpu():
+    xyxy = Boxes(np.random.default_rng(1).uniform(1, 40, (3, 6)).astype(np.float32), (48, 64)).xyxy
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            xyxy.cuda()
+        return
+    on_gpu = xyxy.cuda()
+    assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), torch.from_numpy(np.asarray(xyxy)))
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     model_dir = yolojet.export(calibrated_model("yolov8n.yaml", 64), out=tmp_path_factory.mktemp("m") / "m", imgsz=64)

@@ -3,7 +3,7 @@
 ultralytics' results hold torch tensors, so code written for them says `r.boxes.xyxy.cpu().numpy()`,
 `r.boxes.cls.tolist()`, `r.boxes.cpu()` or `for box in r.boxes: box.xyxy[0]`. yolojet's results are already numpy
 arrays in host memory; these make those calls work unchanged: `.cpu()` is the array itself, `.numpy()` the plain
-numpy array, and `.tolist()`, `.item()` and indexing are numpy's own.
+numpy array, `.cuda()` a torch tensor on the GPU, and `.tolist()`, `.item()` and indexing are numpy's own.
 """
 
 from __future__ import annotations
@@ -22,6 +22,16 @@ class HostArray(np.ndarray):
 
     def numpy(self) -> np.ndarray:
         return self.view(np.ndarray)
+
+    def cuda(self, device: Any = None) -> Any:
+        """The values as a torch tensor on a CUDA device (torch's `.cuda()`), for code that goes on in torch.
+
+        torch is imported here, when asked, so that results and everything reading them stay torch-free."""
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("`.cuda()` needs a CUDA GPU; results are in host memory: use the array as it is")
+        return torch.from_numpy(np.ascontiguousarray(self.view(np.ndarray))).cuda(device)
 
 
 def host(values: Any) -> HostArray:
