@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from support import assert_identical_replays, random_model, relative_l2
+from support import assert_identical_replays, calibrated_model, random_model, relative_l2
 
 import yolojet
 from yolojet.engine.engine import Engine
@@ -313,6 +313,31 @@ def test_batch_larger_than_max_batch_is_split(model_dirs):
     x = torch.rand(3, 3, 64, 64, device=DEVICE)
     expected = yolojet.load_reference(model_dir, device=DEVICE)(x)
     assert relative_l2(engine.raw(x), expected) <= 1e-4
+
+
+def test_a_batch_smaller_than_its_bucket_fills_it_with_its_last_frame(tmp_path):
+    """On a GPU a batch runs its whole bucket (one captured graph a bucket): the spare slots repeat the last frame,
+    and the frames' own results are those of a run of just the frames."""
+    import numpy as np
+
+    model_dir = yolojet.export(calibrated_model("yolo11n.yaml", 64), out=tmp_path / "m", imgsz=64)
+    engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=4, tune=False, rect=False)
+    rng = np.random.default_rng(7)
+    frames = [rng.integers(0, 255, (64, 64, 3), dtype=np.uint8) for _ in range(3)]
+    path = engine.shape_path(64)
+    results = {}
+    for fill in (False, True):
+        path.fill_bucket = fill
+        path.count.fill_(-1)
+        path.rows.fill_(float("nan"))
+        results[fill] = engine(frames, conf=0.001)
+    count, rows = path.count.cpu(), path.rows.cpu()
+    assert int(count[3]) == int(count[2]) > 0
+    # The same pixels in another slot: another place in the convolutions' tiles, so equal only to rounding.
+    torch.testing.assert_close(rows[3, : count[3]], rows[2, : count[2]], rtol=1e-3, atol=2e-2)
+    for alone, filled in zip(results[False], results[True], strict=True):
+        np.testing.assert_allclose(filled.boxes.data, alone.boxes.data, rtol=1e-5, atol=1e-4)
+    engine.close()
 
 
 def test_bad_inputs_and_options(model_dirs):

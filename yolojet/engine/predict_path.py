@@ -5,8 +5,11 @@ A detection graph holds: the copy of the run's inputs from pinned memory (option
 their addresses, sizes and placements), the letterbox of every slot in one launch, every network launch, decode,
 NMS (or the YOLO26 one-to-one selection), the box mapping, and the copy of the fixed-size results back into pinned
 memory. Frames are read where they lie on the GPU (decoded there, copied there, or the caller's tensors), so one
-graph per (batch bucket, batch, class filter on or off, parity) serves frames of every size: nothing is captured
-again when the sizes change, and new thresholds only rewrite pinned memory.
+graph per (batch bucket, class filter on or off, parity) serves frames of every size: nothing is captured again
+when the sizes change, and new thresholds only rewrite pinned memory. A batch smaller than its bucket runs the whole
+bucket, its last frame repeated in the spare slots (whose results nobody reads): the network runs the bucket anyway,
+and a server, whose batches take every size up to max_batch, then captures a graph a bucket, not a graph a size
+(the first batch of each size waited 41 ms for its capture, with yolo11n on an H200, where the replay takes 2-6 ms).
 
 Two parities: two sets of pinned inputs and results, so that batch k + 1 can be staged and launched while batch k's
 results still wait to be read; a parity is reused only once its last batch has been collected. Segment masks at the
@@ -124,9 +127,8 @@ class CapturedPath(ABC):
         self.meta = network.graph.meta
         self.cuda = network.device.type == "cuda"
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, Callable[[], None]]] = OrderedDict()
-        # Every batch size of both parities, with and without a class filter: a server's batches take every size up
-        # to max_batch, and a cache of 16 recaptured a graph for nearly every batch (an eager run and a capture:
-        # 41 ms a batch of yolo11n on an H200, where the replay takes 2-6 ms).
+        # Every run size of both parities, with and without a class filter: a smaller cache recaptured a graph for
+        # nearly every batch of a server (an eager run and a capture: 41 ms a batch of yolo11n on an H200).
         self.max_graphs = max(MIN_GRAPHS, 2 * PARITIES * network.max_batch)
         self.seen: OrderedDict[tuple, None] = OrderedDict()
         self.captured_with = network.captures  # a new network capture may move the scratch these graphs hold
@@ -138,6 +140,10 @@ class CapturedPath(ABC):
 
     def _capture_at_once(self, key: tuple) -> bool:
         return True
+
+    def run_size(self, batch: int) -> int:
+        """How many slots a run of `batch` staged frames computes."""
+        return batch
 
     @abstractmethod
     def _steps(self, batch: int, parity: int) -> Callable[[], None]:
@@ -155,11 +161,12 @@ class CapturedPath(ABC):
         """Run the staged batch through the whole path on the caller's current stream (after `wait_for`); returns at
         once on a GPU (`collect` waits)."""
         if not self.cuda:
-            self._steps(batch, parity)()
+            self._steps(self.run_size(batch), parity)()
             return
         if self.captured_with != self.network.captures:
             self.graphs.clear()
             self.captured_with = self.network.captures
+        batch = self.run_size(batch)
         key = self._key(batch, parity)
         graph = self.graphs.get(key)
         if graph is not None:
@@ -231,6 +238,9 @@ class DetectionHead(CapturedPath):
         scratch_type = RotatedNmsScratch if self.task == "obb" else NmsScratch
         self.scratch = None if self.end2end else scratch_type.allocate(batch, int(shape[2]), device)
         self.filtered = [False] * PARITIES
+        # Runs fill their batch bucket where they are captured (on a GPU); under the interpreter, which captures
+        # nothing, the spare slots would only cost time.
+        self.fill_bucket = self.cuda
         self.staged: list[list[Frame]] = [[] for _ in range(PARITIES)]
         # What each parity's pinned inputs hold, so that running the same staged frames again (the low-latency
         # trio's loop) writes nothing.
@@ -247,7 +257,7 @@ class DetectionHead(CapturedPath):
             raise EngineConfigError(f"run({len(frames)}): this engine runs 1..{self.network.max_batch} frames")
         # A table row holds where a frame lies and how it is laid out: the same rows for frames at the same address.
         held = (tuple((f.pixels.data_ptr(), f.pixels.shape, f.pixels.stride(), f.bgr) for f in frames), options,
-                tuple(placements) if placements is not None else None)  # fmt: skip
+                tuple(placements) if placements is not None else None, self.run_size(len(frames)))  # fmt: skip
         self.filtered[parity] = options.classes is not None
         self.staged[parity] = list(frames)
         if self.written[parity] == held:
@@ -257,13 +267,18 @@ class DetectionHead(CapturedPath):
         fitted = [Letterbox.fit(frame.shape, self.meta.imgsz) for frame in frames]
         placed = fitted if placements is None else list(placements)
         rows = [frame_row(f.pixels, bgr=f.bgr, placement=p) for f, p in zip(frames, placed, strict=True)]
-        host["table"][: len(frames)] = torch.tensor(rows, dtype=torch.int64)
-        host["box_params"][: len(frames)] = torch.tensor([p.box_params() for p in fitted], dtype=torch.float32)
+        params = [p.box_params() for p in fitted]
+        spare = self.run_size(len(frames)) - len(frames)  # slots the run computes beyond the frames: the last again
+        host["table"][: len(frames) + spare] = torch.tensor(rows + rows[-1:] * spare, dtype=torch.int64)
+        host["box_params"][: len(frames) + spare] = torch.tensor(params + params[-1:] * spare, dtype=torch.float32)
         self.written[parity] = held
+
+    def run_size(self, batch: int) -> int:
+        return self.network.bucket_for(batch) if self.fill_bucket else batch
 
     def _key(self, batch: int, parity: int) -> tuple:
         # A class filter adds a launch; the pinned inputs and results differ by parity.
-        return self.network.bucket_for(batch), batch, self.filtered[parity], parity
+        return batch, self.filtered[parity], parity
 
     def collect(self, parity: int) -> list[dict[str, np.ndarray]]:
         """The batch's results per slot, on the host: boxes (original pixels), and per task keypoints, rotated boxes,

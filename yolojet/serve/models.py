@@ -58,22 +58,23 @@ class ServedModel:
 
 
 def measure_latency(engine: Engine, repeats: int = 3) -> LatencyModel:
-    """The engine's run time for each batch bucket (median of `repeats` after a warm-up, which also captures each
-    bucket's graph, so the first requests do not pay for it), on a grey frame of the model's input size."""
+    """The engine's run time for each batch bucket: the median of `repeats` after a warm-up, on grey frames of each
+    input shape built (the model's own and those of `--shapes`), the slowest shape's. The warm-up also captures
+    every bucket's graph of every shape on both parities, so that the first requests do not wait for captures."""
     buckets = getattr(engine.network, "buckets", None) or [1, engine.max_batch]
-    h, w = engine.meta.imgsz
-    pixels = torch.full((h, w, 3), 114, dtype=torch.uint8, device=engine.device)
-    frame = Frame(pixels, bgr=False)
     seconds: dict[int, float] = {}
-    for bucket in sorted(set(buckets)):
-        frames = [frame] * bucket
-        engine.submit(frames).results()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
+    for h, w in engine.shapes():
+        pixels = torch.full((h, w, 3), 114, dtype=torch.uint8, device=engine.device)
+        frame = Frame(pixels, bgr=False)
+        for bucket in sorted(set(buckets)):
+            frames = [frame] * bucket
             engine.submit(frames).results()
-            samples.append(time.perf_counter() - start)
-        seconds[bucket] = sorted(samples)[len(samples) // 2]
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                engine.submit(frames).results()
+                samples.append(time.perf_counter() - start)
+            seconds[bucket] = max(seconds.get(bucket, 0.0), sorted(samples)[len(samples) // 2])
     return LatencyModel(seconds)
 
 
