@@ -67,6 +67,14 @@ class _Window:
     lock: threading.Condition = field(default_factory=threading.Condition)
     source_done: bool = False
     ended: bool = False  # the stream's call is over: its request generator must stop
+    hold_until: float = 0.0  # monotonic time before which nothing is sent: the server refused for load
+    refused_in_a_row: int = 0
+
+
+def refusal_pause(refused_in_a_row: int) -> float:
+    """Seconds to wait before sending to a server that refused for load that many times in a row: 5 ms (about one
+    batch of a small model) doubling to 200 ms, so that a full server is not kept busy refusing."""
+    return min(0.2, 0.005 * 2 ** min(max(refused_in_a_row - 1, 0), 6))
 
 
 class RemoteLabeler:
@@ -125,8 +133,8 @@ class RemoteLabeler:
         counter = 0
         while True:
             with window.lock:
-                while not window.ended and len(window.sent) >= window.size:
-                    window.lock.wait()
+                while not window.ended and (len(window.sent) >= window.size or time.monotonic() < window.hold_until):
+                    window.lock.wait(timeout=max(0.0, window.hold_until - time.monotonic()) or None)
                 if window.ended:
                     return
                 if window.again:
@@ -167,10 +175,14 @@ class RemoteLabeler:
             path, data = window.sent.pop(reply.id)
             if refused and not given_up:
                 window.again.append((reply.id, path, data))
+                # The server is full: sending pauses (the replies are still read meanwhile).
+                window.refused_in_a_row += 1
+                window.hold_until = time.monotonic() + refusal_pause(window.refused_in_a_row)
+            elif not refused:
+                window.refused_in_a_row = 0
             window.lock.notify_all()
         if refused and not given_up:
             self.refusals += 1
-            time.sleep(min(0.2, 0.005 * self.refusals))  # the server is full: give it a moment
             return
         self._first_refused.pop(reply.id, None)
         if given_up:
@@ -242,6 +254,7 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
 
     async def caller() -> None:
         nonlocal left
+        refused_in_a_row = 0
         while left > 0:
             left -= 1
             start = time.perf_counter()
@@ -249,7 +262,11 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
                 reply = await stub.Infer(request, metadata=connection.metadata())
             except grpc.aio.AioRpcError as e:
                 codes[e.code().name] = codes.get(e.code().name, 0) + 1
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # as a client should: wait, not hammer
+                    refused_in_a_row += 1
+                    await asyncio.sleep(refusal_pause(refused_in_a_row))
                 continue
+            refused_in_a_row = 0
             latencies.append(time.perf_counter() - start)
             timings.append((reply.timings.queue_ms, reply.timings.decode_ms, reply.timings.run_ms))
             codes["OK"] = codes.get("OK", 0) + 1
