@@ -1,9 +1,19 @@
-"""The engine's options that fronts (the CLI, the server) offer before anything heavy is imported, and the
-environment variables they read."""
+"""The engine's options that fronts (the CLI, the server) offer before anything heavy is imported, and the one
+place that reads the environment variables yolojet honours (each read when asked, never at import):
+
+  YOLOJET_CACHE            the folder of the tuning and model caches (default ~/.cache/yolojet)
+  YOLOJET_NOTUNE=1         untimed default conv tiles (`--no-tune`)
+  YOLOJET_PDL=0            no programmatic dependent launch (`--no-pdl`)
+  YOLOJET_BRANCHES=0       every launch in order on one stream (`--no-branches`)
+  YOLOJET_COMPILE_WORKERS  compile worker processes: a count, or 0 to compile in this process
+  YOLOJET_TOKEN            the bearer token `yolojet serve` requires
+  TRITON_INTERPRET=1       Triton's own switch: kernels run on the CPU through its interpreter
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # How files and bytes are decoded (yolojet/images/decoders.py).
 DECODER_NAMES = ("auto", "nvimgcodec", "cpu", "nvjpeg")
@@ -15,3 +25,31 @@ def serve_token() -> str | None:
     """The bearer token `yolojet serve` requires, from YOLOJET_TOKEN (a flag would show in the process list)."""
     token = os.environ.get("YOLOJET_TOKEN", "").strip()
     return token or None
+
+
+def cache_dir() -> Path:
+    """Where tuned tiles and exported models are kept (YOLOJET_CACHE)."""
+    return Path(os.environ.get("YOLOJET_CACHE", Path.home() / ".cache" / "yolojet"))
+
+
+def tuning_off() -> bool:
+    return os.environ.get("YOLOJET_NOTUNE") == "1"
+
+
+def pdl_off() -> bool:
+    return os.environ.get("YOLOJET_PDL") == "0"
+
+
+def branches_off() -> bool:
+    return os.environ.get("YOLOJET_BRANCHES") == "0"
+
+
+def compile_workers_asked() -> int | None:
+    """YOLOJET_COMPILE_WORKERS as a count (0: compile in this process), or None where unset or not a number."""
+    asked = os.environ.get("YOLOJET_COMPILE_WORKERS", "").strip()
+    return int(asked) if asked.isdigit() else None
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1, Triton's own variable)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"

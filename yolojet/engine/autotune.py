@@ -39,12 +39,9 @@ from yolojet.errors import EngineConfigError
 from yolojet.kernels.attention import AttentionTile, attention_tile_set_id
 from yolojet.kernels.conv import ConvConfig, candidate_set_id
 from yolojet.kernels.dwconv import DwConvTile, dwconv_tile_set_id
+from yolojet.options import cache_dir, compile_workers_asked
 
 _CONFIG_TYPES = {cls.__name__: cls for cls in (ConvConfig, DwConvTile, AttentionTile)}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("YOLOJET_CACHE", Path.home() / ".cache" / "yolojet"))
 
 
 class TuningCache:
@@ -145,7 +142,7 @@ def compile_launches(
     calls += [functools.partial(launch.run, compile_only=True) for launch in others]
     workers = workers or compile_workers.worker_count()
     if processes is None:
-        processes = bool(to_tune) and os.environ.get("YOLOJET_COMPILE_WORKERS") != "0"
+        processes = bool(to_tune) and compile_workers_asked() != 0
     seconds = {} if seconds is None else seconds
     if processes and compile_workers.available():
         start = time.perf_counter()

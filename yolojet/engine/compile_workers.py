@@ -32,6 +32,8 @@ from pathlib import Path
 import triton
 from triton.runtime.jit import JITFunction
 
+from yolojet.options import compile_workers_asked
+
 
 @dataclass(frozen=True)
 class Specialization:
@@ -56,9 +58,9 @@ def _size(fn: JITFunction, compile: dict) -> int:
 def worker_count() -> int:
     """How many workers: YOLOJET_COMPILE_WORKERS when it is a positive number, else the cores this process may
     run on (its affinity, not the machine's count), at most 32."""
-    asked = os.environ.get("YOLOJET_COMPILE_WORKERS", "")
-    if asked.isdigit() and int(asked) > 0:
-        return int(asked)
+    asked = compile_workers_asked()
+    if asked:
+        return asked
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity on this platform

@@ -16,7 +16,6 @@ staged frames in the engine itself: use it from one thread at a time.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -42,6 +41,7 @@ from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, make_decoder
 from yolojet.images.frames import frame_from_pixels
 from yolojet.images.sources import is_url
 from yolojet.ir import Graph, ModelMeta
+from yolojet.options import interpreting, tuning_off
 from yolojet.reference import pipeline as torch_pipeline
 from yolojet.reference.executor import ReferenceExecutor
 from yolojet.tasks import Boxes, Results
@@ -60,10 +60,6 @@ def _close_when_started(starting: Future) -> None:
         starting.result()[0].close()
     except Exception:
         pass
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _device(device: str | torch.device | None) -> torch.device:
@@ -228,7 +224,7 @@ class Engine:
         max_batch, max_shapes = _count("max_batch", max_batch), _count("max_shapes", max_shapes)
         if imgsz is not None:
             imgsz = _image_size(imgsz)
-        triton_possible = device.type == "cuda" or (device.type == "cpu" and _interpreting())
+        triton_possible = device.type == "cuda" or (device.type == "cpu" and interpreting())
         if backend is None:
             backend = "triton" if triton_possible else "reference"
             if backend == "reference":
@@ -253,7 +249,7 @@ class Engine:
                     network: TritonNetwork | ReferenceExecutor = ReferenceExecutor(graph, device)
                 else:
                     if tune is None:
-                        tune = os.environ.get("YOLOJET_NOTUNE") != "1"
+                        tune = not tuning_off()
                     network = TritonNetwork(
                         graph, device, half=half, max_batch=max_batch, tune_layers=tune, fuse=fuse, verbose=verbose,
                         buckets=buckets, pdl=pdl, branches=branches,

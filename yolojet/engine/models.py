@@ -14,8 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from yolojet.engine.autotune import cache_dir
 from yolojet.ir import GRAPH_FILE, Graph
+from yolojet.options import cache_dir
 
 
 def _file_digest(path: Path) -> str:

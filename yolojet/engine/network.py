@@ -14,7 +14,6 @@ With `TRITON_INTERPRET=1` and a CPU device, the same kernels run through Triton'
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections import defaultdict
@@ -39,6 +38,7 @@ from yolojet.engine.streams import (
 from yolojet.errors import EngineConfigError
 from yolojet.ir import Graph, ModelMeta
 from yolojet.kernels.pdl import pdl_available
+from yolojet.options import branches_off
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -124,7 +124,7 @@ class TritonNetwork:
         # None: on for a CUDA device unless YOLOJET_BRANCHES=0 (independent branches on parallel streams,
         # engine/streams.py); the interpreter on the CPU runs launches in order.
         if branches is None:
-            branches = device.type == "cuda" and os.environ.get("YOLOJET_BRANCHES") != "0"
+            branches = device.type == "cuda" and not branches_off()
         self.branches = branches
         if self.branches and device.type != "cuda":
             raise EngineConfigError(f"branches=True: parallel streams need a CUDA device, not {device}")

@@ -8,7 +8,6 @@ split cost nothing in the engine.
 
 import functools
 import hashlib
-import os
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -19,6 +18,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
 from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+from yolojet.options import interpreting
 
 # Launching programs in groups of GROUP_M M-tiles keeps the input rows a group shares resident in L2 while
 # the group sweeps all C_out tiles.
@@ -814,7 +814,7 @@ def tma_loadable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     size = x.element_size()
     if weight.shape[1] == weight.shape[2] == 1:
         nested = (h == 1 or x.stride(1) == w * x.stride(2)) and (n == 1 or x.stride(0) == h * w * x.stride(2))
-        strides = (x.stride(2),)
+        strides: tuple[int, ...] = (x.stride(2),)
     else:
         nested, strides = True, x.stride()[:3]
     return (
@@ -904,7 +904,7 @@ def default_config(m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dty
     Cached per layer shape because the launcher calls it on every launch without an explicit config.
     """
     configs = conv_candidate_configs(m, n, k, kernel_is_1x1, dtype)
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         # The interpreter runs programs one after another, so the fewest, largest tiles are fastest.
         return max((c for c in configs if c.split_k == 1 and not (c.direct or c.packed or c.tma)), key=_tile_area)
     untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1 and not (c.direct or c.packed or c.tma)]
@@ -1078,7 +1078,7 @@ def conv2d_nhwc(
                 f"config {cfg} loads whole pixels, but x ({x.dtype}, {c_in} channels, strides {x.stride()}) does not "
                 "hold 8-byte-aligned pixels of at most 8 fp16 channels"
             )
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
+        grid: tuple[int, ...] = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
         kernel = launcher(_conv2d_direct_kernel, grid, compile_only)
         kernel(
             out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3],

@@ -15,11 +15,12 @@ compiles away and the launch is an ordinary one.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from yolojet.options import interpreting, pdl_off
 
 
 @functools.cache
@@ -37,7 +38,7 @@ def pdl_available(device: torch.device) -> bool:
     Needs a CUDA device of compute capability 9.0 or later and a Triton that exposes the launch option;
     ``YOLOJET_PDL=0`` turns it off (for comparing timings, or ruling it out while debugging).
     """
-    if device.type != "cuda" or os.environ.get("YOLOJET_PDL") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or pdl_off() or interpreting():
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9 and _triton_supports_pdl()
 

@@ -1,0 +1,33 @@
+"""The environment variables yolojet honours are read in one module, `yolojet/options.py`, when asked."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yolojet
+from yolojet import options
+
+
+def test_the_environment_is_read_only_in_options(monkeypatch, tmp_path):
+    monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path))
+    monkeypatch.setenv("YOLOJET_NOTUNE", "1")
+    monkeypatch.setenv("YOLOJET_PDL", "0")
+    monkeypatch.setenv("YOLOJET_BRANCHES", "1")
+    monkeypatch.setenv("YOLOJET_COMPILE_WORKERS", "3")
+    monkeypatch.setenv("YOLOJET_TOKEN", "  secret \n")
+    assert options.cache_dir() == tmp_path
+    assert options.tuning_off() and options.pdl_off() and not options.branches_off()
+    assert options.compile_workers_asked() == 3 and options.serve_token() == "secret"
+    monkeypatch.setenv("YOLOJET_COMPILE_WORKERS", "many")
+    monkeypatch.delenv("YOLOJET_NOTUNE")
+    assert options.compile_workers_asked() is None and not options.tuning_off()
+
+    reads = re.compile(r"os\.environ\.get\(|os\.getenv\(|os\.environ\[|environ\.get\(")
+    package = Path(yolojet.__file__).parent
+    readers = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path.name != "options.py" and reads.search(path.read_text())
+    )
+    assert not readers, f"environment variables read outside yolojet/options.py: {readers}"
