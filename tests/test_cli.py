@@ -247,6 +247,12 @@ def test_compare_flags_values_over_the_gate(tmp_path, capsys):
     assert stdout.splitlines()[2].startswith("b ") and "FAIL" in stdout
     assert "1 over the fp32 gate" in stdout
 
+    unwritten = torch.full((2, 8), float("nan"))  # a value a launch left unwritten: listed first, over the gate
+    save_file({"a": good, "b": bad, "n": unwritten}, str(tmp_path / "engine.safetensors"), {"precision": "fp32"})
+    save_file({"a": good, "b": bad + 1, "n": good.clone()}, str(tmp_path / "reference.safetensors"), {"precision": "fp32"})
+    code, stdout, _ = run_cli(capsys, "compare", tmp_path, "--top", "1")
+    assert code == 1 and stdout.splitlines()[2].startswith("n ") and "2 over the fp32 gate" in stdout
+
     tiny = torch.rand(2, 8) * 1e-6  # below fp16's normal range: an untrained model's activations
     save_file({"t": tiny}, str(tmp_path / "engine.safetensors"), {"precision": "fp16"})
     save_file({"t": tiny * 2}, str(tmp_path / "reference.safetensors"), {"precision": "fp16"})

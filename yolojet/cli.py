@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from yolojet import __version__
 from yolojet.errors import EngineConfigError, ImageReadError, ModelDirError, OutputPathError, YolojetError
@@ -60,7 +61,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _format_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+def _format_table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([line.format(*header), line.format(*("-" * w for w in widths))] + [line.format(*r) for r in rows])
@@ -177,7 +178,8 @@ def compare_dumps(directory: Path) -> tuple[list[tuple[str, float, float]], str]
         ref = expected[name].float()
         error = float((value.float() - ref).norm() / ref.norm().clamp_min(1e-12))
         errors.append((name, error, float(ref.abs().max()) if ref.numel() else 0.0))
-    return sorted(errors, key=lambda e: -e[1]), precision
+    # Worst first, and a NaN (a value left unwritten) worse than any number: NaN compares false with everything.
+    return sorted(errors, key=lambda e: (not math.isnan(e[1]), -e[1])), precision
 
 
 GATES = {"fp16": 1e-2, "fp32": 1e-4}
@@ -208,6 +210,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
     from yolojet.engine.engine import Engine
+    from yolojet.engine.network import TritonNetwork
 
     if not torch.cuda.is_available():
         raise EngineConfigError("profile times kernels on the GPU, and this machine has no CUDA device")
@@ -216,6 +219,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         args.model_dir, device="cuda", half=not args.fp32, max_batch=args.batch, buckets=[args.batch],
         **_engine_switches(args),
     )  # fmt: skip
+    assert isinstance(engine.network, TritonNetwork)  # a CUDA device and no backend asked for: the triton one
     rows = engine.network.profile(args.batch)
     total = sum(r.total_ms for r in rows)
     table = [
@@ -285,13 +289,14 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     if not sources:
         raise ImageReadError(f"{' '.join(args.source)}: no images found")
     check_output_file(args.json, "--json")
-    targets: list[Path | None] = [None] * len(sources)
+    targets: Sequence[Path | None] = [None] * len(sources)
     if args.save is not None:
         check_output_folder(args.save, "--save")
         taken: set[str] = set()
-        targets = [_unique_target(args.save, Path(source).stem, taken) for source in sources]
+        saved = [_unique_target(args.save, Path(source).stem, taken) for source in sources]
+        targets = saved
         inputs = {Path(source).resolve() for source in sources}
-        clash = next((t for t in targets if t.resolve() in inputs), None)
+        clash = next((t for t in saved if t.resolve() in inputs), None)
         if clash is not None:
             raise OutputPathError(f"--save {args.save}: the annotated image would overwrite the input {clash}")
     engine = Engine.load(
@@ -334,7 +339,11 @@ def _cmd_detect(args: argparse.Namespace) -> int:
                     progress.write(line, file=human)
             if target is not None:
                 image = Image.fromarray(result.plot()[..., ::-1])
-                write_atomically(target, lambda p, image=image: image.save(p, format="JPEG", quality=90))
+
+                def save_jpeg(p: Path, image: Image.Image = image) -> None:
+                    image.save(p, format="JPEG", quality=90)
+
+                write_atomically(target, save_jpeg)
     finally:
         progress.close()
         engine.close()
@@ -438,7 +447,16 @@ def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine_switches(args: argparse.Namespace) -> dict[str, bool | None]:
+class _EngineSwitches(TypedDict):
+    """Engine.load's keyword arguments that `_engine_switches` gives."""
+
+    tune: bool | None
+    fuse: bool
+    pdl: bool | None
+    branches: bool | None
+
+
+def _engine_switches(args: argparse.Namespace) -> _EngineSwitches:
     """Engine.load's arguments for the switches given; None leaves a choice to the environment and the GPU."""
     return {
         "tune": False if args.no_tune else None,
@@ -523,12 +541,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from yolojet.engine.engine import Engine
+    from yolojet.engine.network import TritonNetwork
 
     _require_cuda("bench")
     engine = Engine.load(
         args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch], **_engine_switches(args)
     )
     network = engine.network
+    assert isinstance(network, TritonNetwork)  # a CUDA device and no backend asked for: the triton one
     bucket = network.bucket_for(args.batch)
     samples = []
     for i in range(args.warmup + args.iters):
@@ -632,6 +652,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
                    args.overwrite, args.quiet, options)  # fmt: skip
     check_outputs(job)
     summary = Summary()
+    label: Callable[[list[str], Callable[[dict], None], Callable[[str, str], None]], None]
     if args.local:
         from yolojet.client.local import LocalLabeler
 
@@ -646,7 +667,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
         facts = model_facts(connection)
         remote = RemoteLabeler(connection, args.concurrency, options)
 
-        def label(paths, on_record, on_error):
+        def label(paths: list[str], on_record: Callable[[dict], None], on_error: Callable[[str, str], None]) -> None:
             remote.run(paths, lambda path, reply: on_record(records.from_reply(path, reply)), on_error)
 
         def close() -> None:

@@ -19,6 +19,7 @@ from pycocotools import mask as mask_utils
 from support import RunningServer, served
 from ultralytics.utils import ASSETS
 
+from yolojet.errors import EngineConfigError
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 from yolojet.serve.server import ServeOptions
@@ -252,6 +253,9 @@ def test_tls(model_dirs, tmp_path):
     (tmp_path / "cert.pem").write_bytes(cert_pem)
     (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                          serialization.NoEncryption()))  # fmt: skip
+    for alone in ({"tls_key": tmp_path / "key.pem"}, {"tls_cert": tmp_path / "cert.pem"}):  # never in the clear
+        with pytest.raises(EngineConfigError, match="go together"):
+            ServeOptions(**alone)
     options = replace(ServeOptions(), port=0, slo_ms=60_000, tls_cert=tmp_path / "cert.pem",
                       tls_key=tmp_path / "key.pem")  # fmt: skip
     running = RunningServer({"detect": served("detect", model_dirs["detect"])}, options)

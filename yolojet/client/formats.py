@@ -15,6 +15,7 @@ image), and `data.yaml` naming the classes (and `kpt_shape` for pose), ready for
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -54,7 +55,8 @@ def _polygons(mask: np.ndarray) -> list[list[float]]:
 
 
 def coco_document(records: Iterable[dict], names: dict[int, str], rle: bool = False) -> dict:
-    images, annotations = [], []
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
     for image_id, record in enumerate(records, start=1):
         images.append({"id": image_id, "file_name": record["path"], "width": record["width"],
                        "height": record["height"]})  # fmt: skip
@@ -136,7 +138,7 @@ def write_yolo_dataset(folder: Path, records: list[dict], names: dict[int, str],
         label = (labels / relative).with_suffix(".txt")
         label.parent.mkdir(parents=True, exist_ok=True)
         text = "".join(line + "\n" for line in _label_lines(record))
-        write_atomically(label, lambda p, text=text: p.write_text(text))
+        write_atomically(label, functools.partial(Path.write_text, data=text))
     lines = [f"path: {folder.absolute()}", "train: images", "val: images"]
     if kpt_shape:
         lines.append(f"kpt_shape: [{kpt_shape[0]}, {kpt_shape[1]}]")

@@ -147,12 +147,13 @@ class RemoteLabeler:
                 else:
                     request_id = ""
             if not request_id:
-                path = next(source, None)
-                if path is None:
+                next_path = next(source, None)
+                if next_path is None:
                     with window.lock:
                         window.source_done = True
                         window.lock.notify_all()
                     continue
+                path = next_path
                 try:
                     data = read_image_file(path)
                 except ImageReadError as e:

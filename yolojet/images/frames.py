@@ -105,11 +105,14 @@ def frame_from_pixels(source: Any) -> Frame:
         elif source.ndim in (3, 4) and _channels_first(source):  # torchvision's read_image / decode_jpeg layout
             source = (source[0] if source.ndim == 4 else source).permute(1, 2, 0)
         return Frame(check_pixels(source, name), bgr=False)
+    pil_image: type | None
     try:
         from PIL import Image
+
+        pil_image = Image.Image
     except ImportError:  # pragma: no cover - Pillow comes with torchvision
-        Image = None
-    if Image is not None and isinstance(source, Image.Image):
+        pil_image = None
+    if pil_image is not None and isinstance(source, pil_image):
         from PIL import ImageOps
 
         # Turned upright by its EXIF orientation, as ultralytics' loader does with PIL images.

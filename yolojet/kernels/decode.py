@@ -313,12 +313,12 @@ def decode_heads(
         box, cls = boxes[i], scores[i]
         ext = extras[i] if extras else box
         _, h, w, _ = box.shape
-        maps = (box, *box.stride()[:3], cls, *cls.stride()[:3], ext, *ext.stride()[:3])
-        level_args.append((*maps, h, w, offset, float(spec.strides[i])))
+        views = (box, *box.stride()[:3], cls, *cls.stride()[:3], ext, *ext.stride()[:3])
+        level_args.append((*views, h, w, offset, float(spec.strides[i])))
         offset += h * w
-    widths = (spec.extra, scores[0].shape[3], extras[0].shape[3] if extras else 0)
+    map_widths = (spec.extra, scores[0].shape[3], extras[0].shape[3] if extras else 0)
     for first in range(0, levels, MAX_LEVELS_PER_LAUNCH):
-        _launch(out, level_args[first : first + MAX_LEVELS_PER_LAUNCH], batch, spec, widths, pdl, compile_only)
+        _launch(out, level_args[first : first + MAX_LEVELS_PER_LAUNCH], batch, spec, map_widths, pdl, compile_only)
 
 
 def _launch(

@@ -8,6 +8,8 @@ classify).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import triton
 import triton.language as tl
@@ -16,7 +18,14 @@ from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
 
 
-def check_tile(tile: object, blocks: tuple[str, ...], minimum: int = 1) -> None:
+class _Tile(Protocol):
+    """A tuning tile: its block sizes (read by name) and its warps."""
+
+    @property
+    def num_warps(self) -> int: ...
+
+
+def check_tile(tile: _Tile, blocks: tuple[str, ...], minimum: int = 1) -> None:
     """A tuning tile's block sizes are powers of two (tl.arange's) of at least `minimum` (16 where they are a
     tl.dot side), and its warps a power of two up to 16."""
     kind = type(tile).__name__

@@ -32,6 +32,7 @@ import importlib.metadata
 import math
 import operator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -177,7 +178,7 @@ def classify_plan(height: int, width: int, imgsz: int | tuple[int, int]) -> Resa
 def _check_imgsz(imgsz: object) -> tuple[int, int]:
     """An int s → (s, s); an (h, w) pair → (h, w); anything else, or a size below 1, is an ImageSizeError."""
     pair = isinstance(imgsz, (tuple, list))
-    values = list(imgsz) if pair else [imgsz]
+    values: list[Any] = list(imgsz) if isinstance(imgsz, (tuple, list)) else [imgsz]
     try:
         if isinstance(imgsz, bool) or any(isinstance(v, bool) for v in values):
             raise TypeError

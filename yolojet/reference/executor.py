@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -90,7 +90,7 @@ def _softmax(node: Node, xs: Tensors, w: Weights) -> Tensors:
     return [xs[0].softmax(1)]
 
 
-def make_anchors(sizes: list[tuple[int, int]], strides: list[int], like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def make_anchors(sizes: Sequence[tuple[int, ...]], strides: list[int], like: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Anchor centres (2, A) in grid units and per-anchor stride (1, A), level by level, row-major."""
     points, stride_rows = [], []
     for (h, w), s in zip(sizes, strides, strict=True):
@@ -129,6 +129,7 @@ def _decode(node: Node, xs: Tensors, w: Weights) -> Tensors:
     extra = _flatten_levels(extra_maps) if extra_maps else None
     lt, rb = distance.chunk(2, 1)
     if task == "obb":
+        assert extra is not None  # OBB heads always have their angle maps (cv4, as every non-detect head)
         if a["angle"] == "sigmoid":
             extra = (extra.sigmoid() - 0.25) * math.pi
         cos, sin = torch.cos(extra), torch.sin(extra)
@@ -142,6 +143,7 @@ def _decode(node: Node, xs: Tensors, w: Weights) -> Tensors:
         else:
             boxes = torch.cat([x1y1, x2y2], 1) * strides
     if task == "pose":
+        assert extra is not None  # pose heads always have their keypoint maps
         extra = _decode_keypoints(extra, anchors, strides, a["kpt_shape"], a["kpt_offset"])
     parts = [boxes, scores] + ([extra] if extra is not None else [])
     return [torch.cat(parts, 1)]

@@ -146,7 +146,8 @@ class Scheduler:
         name = min((n for n, q in self.queues.items() if q.waiting), key=lambda n: self.queues[n].waiting[0].deadline)
         queue = self.queues[name]
         key = queue.waiting[0].key
-        batch, rest = [], deque()
+        batch: list[Request] = []
+        rest: deque[Request] = deque()
         while queue.waiting:
             request = queue.waiting.popleft()
             if len(batch) < queue.max_batch and request.key == key:

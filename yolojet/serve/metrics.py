@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -32,8 +33,8 @@ class ServerMetrics:
             if device.type != "cuda":
                 continue
             name = str(device)
-            self.gpu_memory.labels(name, "allocated").set_function(lambda d=device: torch.cuda.memory_allocated(d))
-            self.gpu_memory.labels(name, "reserved").set_function(lambda d=device: torch.cuda.memory_reserved(d))
+            self.gpu_memory.labels(name, "allocated").set_function(partial(torch.cuda.memory_allocated, device))
+            self.gpu_memory.labels(name, "reserved").set_function(partial(torch.cuda.memory_reserved, device))
 
     def serve_http(self, host: str, port: int) -> Any:
         """Serve /metrics on host:port (port 0: any free port); returns the HTTP server (its port is

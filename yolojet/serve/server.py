@@ -54,6 +54,10 @@ class ServeOptions:
     grace_s: float = 30.0
     engine: dict[str, Any] = field(default_factory=dict)  # further Engine.load arguments (the engine switches)
 
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):  # a key alone would serve in the clear
+            raise EngineConfigError("tls_cert and tls_key go together (--tls-cert and --tls-key): give both or neither")
+
 
 class _BearerToken(grpc.aio.ServerInterceptor):
     """Every call but health checks and reflection must carry `authorization: Bearer <token>`."""
@@ -109,7 +113,7 @@ class Server:
             (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
         )
         address = f"{o.host}:{o.port}"
-        if o.tls_cert is not None:
+        if o.tls_cert is not None and o.tls_key is not None:  # both or neither (ServeOptions checks)
             credentials = grpc.ssl_server_credentials([(Path(o.tls_key).read_bytes(), Path(o.tls_cert).read_bytes())])
             self.port = server.add_secure_port(address, credentials)
         else:

@@ -128,7 +128,7 @@ class Results:
         if self.boxes is None:
             return rows
         for i, (xyxy, conf, cls) in enumerate(zip(self.boxes.xyxy, self.boxes.conf, self.boxes.cls, strict=True)):
-            row = {
+            row: dict[str, Any] = {
                 "name": self._name(cls),
                 "class": int(cls),
                 "confidence": round(float(conf), 5),
@@ -181,6 +181,7 @@ class Results:
         canvas = self.orig_img[..., ::-1].astype(np.float32)  # drawn in RGB (the palette's order and PIL's)
         if self.masks is not None:
             for i, mask in enumerate(self.masks.data):
+                assert self.boxes is not None  # segment results: a mask per box
                 color = np.array(_PALETTE[int(self.boxes.cls[i]) % len(_PALETTE)], dtype=np.float32)
                 canvas[mask] = canvas[mask] * 0.5 + color * 0.5
         image = Image.fromarray(canvas.astype(np.uint8))
