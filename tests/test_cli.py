@@ -249,7 +249,8 @@ def test_compare_flags_values_over_the_gate(tmp_path, capsys):
 
     unwritten = torch.full((2, 8), float("nan"))  # a value a launch left unwritten: listed first, over the gate
     save_file({"a": good, "b": bad, "n": unwritten}, str(tmp_path / "engine.safetensors"), {"precision": "fp32"})
-    save_file({"a": good, "b": bad + 1, "n": good.clone()}, str(tmp_path / "reference.safetensors"), {"precision": "fp32"})
+    reference = {"a": good, "b": bad + 1, "n": good.clone()}
+    save_file(reference, str(tmp_path / "reference.safetensors"), {"precision": "fp32"})
     code, stdout, _ = run_cli(capsys, "compare", tmp_path, "--top", "1")
     assert code == 1 and stdout.splitlines()[2].startswith("n ") and "2 over the fp32 gate" in stdout
 
