@@ -197,6 +197,13 @@ def test_unsupported_module_names_class_and_layer(tmp_path):
     finally:
         model.model[3] = original
 
+    upsample = model.model[10]  # a factor a side: the IR's upsample takes one
+    upsample.scale_factor = (2.0, 3.0)
+    with pytest.raises(UnsupportedModuleError, match="layer 10: unsupported module Upsample"):
+        yolojet.export(model, out=tmp_path / "m", imgsz=64)
+    upsample.scale_factor = (2.0, 2.0)
+    assert yolojet.export(model, out=tmp_path / "m", imgsz=64).is_dir()
+
 
 def test_info_on_bad_directories(tmp_path, capsys):
     code, _, stderr = run_cli(capsys, "info", tmp_path / "absent")

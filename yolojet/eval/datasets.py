@@ -69,7 +69,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _load_coco(path: Path, root: Path) -> Dataset:
     gt = _read_json(path)
-    images, missing = [], []
+    images: list[EvalImage] = []
+    missing: list[EvalImage] = []
     for record in gt["images"]:
         try:
             image = EvalImage(
@@ -162,7 +163,8 @@ def _load_yolo_yaml(path: Path) -> Dataset:
     missing = [f for f in files if not f.is_file()]
     if missing:
         raise DatasetError(f"{path}: {len(missing)} images not found: {', '.join(str(m) for m in missing[:10])}")
-    images, annotations = [], []
+    images: list[EvalImage] = []
+    annotations: list[dict[str, Any]] = []
     for image_id, file in enumerate(files):
         width, height = _image_size(file)
         images.append(EvalImage(image_id, file, width, height))

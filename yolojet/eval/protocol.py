@@ -127,16 +127,16 @@ def _postprocess(engine: Any, raw: Any, boxes: list[Letterbox], input_hw: tuple[
         return [{"boxes": r.cpu().numpy(), "keypoints": k.cpu().numpy()} for r, k in found]
     preds, proto = (raw[0], raw[1]) if task == "segment" else (raw if isinstance(raw, torch.Tensor) else raw[0], None)
     if meta.end2end:
-        found = select_end2end(preds, conf, max_det)
+        kept = select_end2end(preds, conf, max_det)
     else:
-        found = non_max_suppression(preds, meta.nc, conf, iou, max_det, multi_label=True)
+        kept = non_max_suppression(preds, meta.nc, conf, iou, max_det, multi_label=True)
     out = []
-    for i, (rows, box) in enumerate(zip(found, boxes, strict=True)):
-        rows = rows.float()
+    for i, (image_rows, box) in enumerate(zip(kept, boxes, strict=True)):
+        image_rows = image_rows.float()
         outputs: dict[str, Any] = {}
         if proto is not None:
-            outputs["masks"] = val_masks(proto[i], rows, input_hw, box)
-        outputs["boxes"] = scale_boxes(rows[:, :6].clone(), box).cpu().numpy()
+            outputs["masks"] = val_masks(proto[i], image_rows, input_hw, box)
+        outputs["boxes"] = scale_boxes(image_rows[:, :6].clone(), box).cpu().numpy()
         out.append(outputs)
     return out
 

@@ -23,10 +23,10 @@ import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -40,9 +40,16 @@ from yolojet.images import Frame, load_frame
 from yolojet.ir import GRAPH_FILE, Graph, ModelMeta
 from yolojet.reference import pipeline as torch_pipeline
 
-VAL_OPTIONS = {"conf": 0.001, "iou": 0.7, "max_det": 300}  # as `yolojet val` and ultralytics' val
+
+class PostprocessOptions(TypedDict):
+    conf: float
+    iou: float
+    max_det: int
+
+
+VAL_OPTIONS: PostprocessOptions = {"conf": 0.001, "iou": 0.7, "max_det": 300}  # as `yolojet val` and ultralytics' val
 VAL_BATCH = 8  # `yolojet val`'s default (at most the big batch)
-TIMING_OPTIONS = {"conf": 0.25, "iou": 0.7, "max_det": 300}  # as predict
+TIMING_OPTIONS: PostprocessOptions = {"conf": 0.25, "iou": 0.7, "max_det": 300}  # as predict
 DEFAULT_BIG_BATCH = {"cuda": 64, "cpu": 4}
 DEFAULT_ITERS = {"cuda": 50, "cpu": 5}
 SOURCE_TOLERANCE = 1e-2  # max |ultralytics − reference| / max |reference| on one image: the same weights, or not
@@ -378,7 +385,7 @@ class Report:
         return buffer.getvalue()
 
 
-def markdown_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+def markdown_table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     rule = ["-" * w if i == 0 else "-" * (w - 1) + ":" for i, w in enumerate(widths)]
 
@@ -434,12 +441,13 @@ def _mismatch(ours: torch.Tensor, ref: torch.Tensor, end2end: bool) -> float:
 
 def _prepare_module(module: torch.nn.Module, meta: ModelMeta) -> torch.nn.Module:
     """The ultralytics model as its predict runs it: eval, float32, the model directory's head mode, BatchNorm fused."""
-    module = copy.deepcopy(module).float().eval().cpu()
-    if bool(getattr(module, "end2end", False)) != meta.end2end and hasattr(module, "end2end"):
-        module.end2end = meta.end2end
-    if hasattr(module, "fuse"):
-        module = module.fuse(verbose=False)
-    return module
+    # Any: `end2end` and `fuse` are the ultralytics model's own, which nn.Module's typing (Tensor | Module) lacks
+    prepared: Any = copy.deepcopy(module).float().eval().cpu()
+    if bool(getattr(prepared, "end2end", False)) != meta.end2end and hasattr(prepared, "end2end"):
+        prepared.end2end = meta.end2end
+    if hasattr(prepared, "fuse"):
+        prepared = prepared.fuse(verbose=False)
+    return prepared
 
 
 def _onnx_session(module: torch.nn.Module, meta: ModelMeta, device: torch.device, workdir: Path) -> tuple[Any, str]:
@@ -447,7 +455,7 @@ def _onnx_session(module: torch.nn.Module, meta: ModelMeta, device: torch.device
     import onnxruntime as ort
     from ultralytics.engine.exporter import Exporter
 
-    exported = copy.deepcopy(module)
+    exported: Any = copy.deepcopy(module)  # given the attributes ultralytics' Exporter reads, not nn.Module's typing
     exported.pt_path = str(workdir / "model.pt")  # the export lands beside it, not beside the user's checkpoint
     if not hasattr(exported, "args"):
         exported.args = {}
@@ -476,6 +484,7 @@ def _score(runtime: Runtime, dataset: Dataset, batch: int, progress: bool) -> tu
     view = _ValidateView(runtime)
     result = validate(view, dataset, batch=batch, progress=progress, boxes_only=True, protocol="predict",
                       **VAL_OPTIONS)  # fmt: skip
+    assert isinstance(result.scores, CocoScores)  # boxes_only: scored as boxes, never with the OBB metric
     return result.scores, view.detections
 
 

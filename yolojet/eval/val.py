@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -150,7 +150,7 @@ def validate(
     predictions: list[dict[str, Any]] = []
     for image, result in results:
         keep = np.array([categories[int(c)] is not None for c in result.boxes.cls], dtype=bool)
-        cats = [categories[int(c)] for c in result.boxes.cls[keep]]
+        cats = [cast(int, categories[int(c)]) for c in result.boxes.cls[keep]]  # `keep` drops the None ones
         found = box_predictions(image.id, result.boxes.xyxy[keep], result.boxes.conf[keep], cats)
         if with_masks:
             attach_masks(found, result.masks[keep].to_rle() if keep.any() else [])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 from torch import nn
@@ -21,14 +21,17 @@ from yolojet.errors import UnsupportedModuleError
 from yolojet.export.builder import GraphBuilder
 from yolojet.export.folding import fold_batchnorm
 
-Converter = Callable[["ConvertContext", nn.Module, list[str], str], list[str]]
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+ConverterOf = Callable[["ConvertContext", ModuleT, list[str], str], list[str]]
+Converter = ConverterOf[nn.Module]
 CONVERTERS: dict[type, Converter] = {}
 
 
-def converter(*classes: type) -> Callable[[Converter], Converter]:
-    def register(fn: Converter) -> Converter:
+def converter(*classes: type[ModuleT]) -> Callable[[ConverterOf[ModuleT]], ConverterOf[ModuleT]]:
+    def register(fn: ConverterOf[ModuleT]) -> ConverterOf[ModuleT]:
         for cls in classes:
-            CONVERTERS[cls] = fn
+            # dispatch is by exact class (ConvertContext.convert), so fn only ever receives a `cls`, a ModuleT
+            CONVERTERS[cls] = cast(Converter, fn)
         return fn
 
     return register
@@ -92,7 +95,9 @@ def emit_conv(
 
 def convert_conv_block(ctx: ConvertContext, m: nn.Module, x: str, scope: str, residual: str | None = None) -> str:
     """ultralytics Conv/DWConv (conv + BN + act), fused or not."""
-    return emit_conv(ctx, m.conv, getattr(m, "bn", None), _activation_name(ctx, m.act, scope), x, scope, residual)
+    # nn.Module's __getattr__ is typed Tensor | Module: on a Conv these are its nn.Conv2d and its activation module
+    conv2d, act = cast(nn.Conv2d, m.conv), cast(nn.Module, m.act)
+    return emit_conv(ctx, conv2d, getattr(m, "bn", None), _activation_name(ctx, act, scope), x, scope, residual)
 
 
 @converter(conv.Conv, conv.DWConv)
@@ -140,7 +145,10 @@ def _concat(ctx: ConvertContext, m: conv.Concat, xs: list[str], scope: str) -> l
 
 @converter(nn.Upsample)
 def _upsample(ctx: ConvertContext, m: nn.Upsample, xs: list[str], scope: str) -> list[str]:
+    # ultralytics builds nn.Upsample(None, 2, "nearest"); one factor for both axes (a tuple of equal ones)
     scale = m.scale_factor
+    if isinstance(scale, tuple):
+        scale = scale[0] if len(set(scale)) == 1 else None
     if m.mode != "nearest" or m.size is not None or scale is None or float(scale) != int(scale):
         raise ctx.unsupported(m, scope, f"mode={m.mode} size={m.size} scale_factor={scale}")
     return ctx.builder.add("upsample", xs, source=scope, attrs={"scale": int(scale)})
@@ -337,6 +345,7 @@ def _detect(ctx: ConvertContext, m: head.Detect, xs: list[str], scope: str) -> l
         # OBB squashes the angle logit into [-pi/4, 3pi/4]; OBB26 predicts the angle directly.
         attrs["angle"] = "raw" if isinstance(m, head.OBB26) else "sigmoid"
     if task == "pose":
+        assert isinstance(m, head.Pose)  # head_task says "pose" only for a Pose head
         attrs["kpt_shape"] = list(m.kpt_shape)
         # Pose offsets keypoints by 2*k + (anchor - 0.5); Pose26 by k + anchor.
         attrs["kpt_offset"] = "v26" if isinstance(m, head.Pose26) else "v8"
@@ -345,8 +354,10 @@ def _detect(ctx: ConvertContext, m: head.Detect, xs: list[str], scope: str) -> l
         out = ctx.builder.add1("topk", [out], source=f"{scope}.topk", attrs={"max_det": int(m.max_det), "nc": m.nc})
     if task != "segment":
         return [out]
+    assert isinstance(m, head.Segment)  # head_task says "segment" only for a Segment head
     if isinstance(m, head.Segment26):
-        proto = _proto26(ctx, m.proto, xs, f"{scope}.proto")
+        # Segment26 builds a Proto26, but its `proto` attribute is typed as Segment's Proto
+        proto = _proto26(ctx, cast(block.Proto26, m.proto), xs, f"{scope}.proto")
     else:
         proto = _proto(ctx, m.proto, xs[0], f"{scope}.proto")
     return [out, proto]

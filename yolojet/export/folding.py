@@ -20,6 +20,9 @@ def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d | None) -> tuple[np.ndarr
         else torch.zeros(conv.out_channels, dtype=torch.float64)
     )
     if bn is not None:
+        # ultralytics' Conv builds BatchNorm2d(c2): affine, with running statistics, so none of these is None
+        assert bn.weight is not None and bn.bias is not None
+        assert bn.running_mean is not None and bn.running_var is not None
         scale = bn.weight.detach().double() / torch.sqrt(bn.running_var.detach().double() + bn.eps)
         weight = weight * scale.view(-1, 1, 1, 1)
         bias = (bias - bn.running_mean.detach().double()) * scale + bn.bias.detach().double()

@@ -9,6 +9,7 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from torch import nn
 
@@ -55,7 +56,8 @@ def _load_yaml(source: str) -> LoadedModel:
     level = LOGGER.level
     LOGGER.setLevel(logging.ERROR)  # the model summary ultralytics logs while building: not our output
     try:
-        model = YOLO(source, verbose=False).model
+        # ultralytics' Model.model is inferred as str | None (from its __init__); built from a YAML, it is the module
+        model = cast(nn.Module, YOLO(source, verbose=False).model)
     except FileNotFoundError as e:
         raise ModelNotFoundError(
             f"{source}: not a file here and not an architecture name ultralytics knows (e.g. yolo11n.yaml)"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
+import torch
 from torch import nn
 
 from yolojet.errors import ImageSizeError, UnsupportedModuleError
@@ -29,19 +31,21 @@ def normalize_imgsz(imgsz: int | tuple[int, int] | list[int]) -> tuple[int, int]
 
 
 def max_stride(model: nn.Module) -> int:
-    last = model.model[-1]
+    # nn.Module's __getattr__ is typed Tensor | Module: a YOLO model's `model` is its nn.Sequential of layers
+    last = cast(nn.Sequential, model.model)[-1]
     if head_task(last) == "classify":
         return CLASSIFY_STRIDE
-    return int(max(int(model.stride.max()), 32))
+    return int(max(int(cast(torch.Tensor, model.stride).max()), 32))
 
 
 def _wire_inputs(m: nn.Module, previous: list[str], outputs: list[list[str]]) -> list[str]:
     """Follow ultralytics' `f` wiring: -1 is the previous layer, other ints index earlier layers."""
-    if m.f == -1:
+    f = cast("int | list[int]", m.f)  # set on every layer by ultralytics' model parser
+    if f == -1:
         return previous
-    if isinstance(m.f, int):
-        return outputs[m.f]
-    return [previous[0] if j == -1 else outputs[j][0] for j in m.f]
+    if isinstance(f, int):
+        return outputs[f]
+    return [previous[0] if j == -1 else outputs[j][0] for j in f]
 
 
 def export_graph(model: nn.Module, imgsz: int | tuple[int, int] = 640, end2end: bool | None = None) -> Graph:
@@ -50,20 +54,22 @@ def export_graph(model: nn.Module, imgsz: int | tuple[int, int] = 640, end2end: 
     stride = max_stride(model)
     if height % stride or width % stride:
         raise ImageSizeError(f"imgsz {height}x{width}: both sides must be multiples of the model's stride {stride}")
-    head = model.model[-1]
+    layers = cast(nn.Sequential, model.model)  # as in max_stride
+    head: Any = layers[-1]  # an ultralytics head: its attributes (nc, stride, kpt_shape...) depend on its class
     if end2end is None:
         end2end = bool(getattr(model, "end2end", False)) and is_end2end_capable(head)
     if end2end and not is_end2end_capable(head):
         raise UnsupportedModuleError(
-            type(head).__name__, len(model.model) - 1,
+            type(head).__name__, len(layers) - 1,
             "no one-to-one (end2end) branch: --head one2one (end2end=True) needs a head that has one, as YOLO26's",
         )  # fmt: skip
 
     channels = int(getattr(model, "yaml", {}).get("channels", 3))
     builder = GraphBuilder("images", batch_shape(channels, height, width))
     ctx = ConvertContext(builder, end2end=end2end)
-    previous, outputs = [builder.input], []
-    for i, m in enumerate(model.model):
+    previous = [builder.input]
+    outputs: list[list[str]] = []
+    for i, m in enumerate(layers):
         ctx.layer = i
         previous = ctx.convert(m, _wire_inputs(m, previous, outputs), f"model.{i}")
         outputs.append(previous)
