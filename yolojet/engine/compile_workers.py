@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,7 +83,7 @@ def available() -> bool:
 _collecting = threading.Lock()
 
 
-def collect(calls: list[Callable[[], object]]) -> list[Specialization]:
+def collect(calls: Sequence[Callable[[], object]]) -> list[Specialization]:
     """The specializations `calls` would compile, each once, largest first (a large tile's compile started last
     would keep every other worker waiting). `calls` are compile-only calls (launchers with compile_only=True,
     `JITFunction.warmup`): none of them compiles here. A call that fails to report (its specialization does not
@@ -173,7 +173,7 @@ class Workers:
         """End every worker: one given work ends when its input does (after the compile it may be finishing);
         one never given work is killed at once rather than waited for while it imports torch."""
         for index, process in enumerate(self.processes):
-            if index in self.busy:
+            if index in self.busy and process.stdin is not None:
                 with contextlib.suppress(OSError):
                     process.stdin.close()
             else:
@@ -186,7 +186,8 @@ class Workers:
                 process.wait()
             for stream in (process.stdin, process.stdout):
                 with contextlib.suppress(OSError):
-                    stream.close()
+                    if stream is not None:
+                        stream.close()
         self.processes = []
 
     def compile(self, specializations: list[Specialization]) -> int:
@@ -200,6 +201,8 @@ class Workers:
 
         def feed(index: int) -> None:
             process = self.processes[index]
+            requests, answers = process.stdin, process.stdout
+            assert requests is not None and answers is not None  # workers start with both piped
             while True:
                 try:
                     item = pending.get_nowait()
@@ -209,10 +212,10 @@ class Workers:
                 watchdog = threading.Timer(self.seconds_per_compile, self._kill, args=(process,))
                 watchdog.daemon = True
                 try:
-                    process.stdin.write(json.dumps([item.module, item.name, item.data]) + "\n")
-                    process.stdin.flush()
+                    requests.write(json.dumps([item.module, item.name, item.data]) + "\n")
+                    requests.flush()
                     watchdog.start()
-                    answer = process.stdout.readline()
+                    answer = answers.readline()
                 except (OSError, ValueError):  # a broken pipe to a worker that died
                     return
                 finally:

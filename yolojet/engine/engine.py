@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -84,7 +84,7 @@ def _device(device: str | torch.device | None) -> torch.device:
 
 def _image_size(imgsz: object) -> int | tuple[int, int]:
     """An int, or an (h, w) pair of ints, each at least 1."""
-    values = list(imgsz) if isinstance(imgsz, (tuple, list)) else [imgsz]
+    values: list[Any] = list(imgsz) if isinstance(imgsz, (tuple, list)) else [imgsz]
     if len(values) not in (1, 2) or any(
         isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in values
     ):
@@ -117,14 +117,15 @@ def check_options(options: PredictOptions, nc: int, capacity: int) -> PredictOpt
             raise EngineConfigError(f"{name} {value!r}: expected a number in [0, 1]")
     if not _integral(options.max_det) or not 1 <= options.max_det <= capacity:
         raise EngineConfigError(f"max_det {options.max_det!r}: expected an int in 1..{capacity}")
-    classes = options.classes
-    if classes is not None:
-        classes = [classes] if _integral(classes) else classes  # one class id, as ultralytics takes it
-        if isinstance(classes, (str, bytes)) or not isinstance(classes, Sequence | np.ndarray):
-            raise EngineConfigError(f"classes {classes!r}: expected a class id or a list of them")
-        if any(not _integral(c) or not 0 <= c < nc for c in classes):
-            raise EngineConfigError(f"classes {list(classes)}: class ids are ints from 0 to {nc - 1}")
-        classes = tuple(int(c) for c in classes)
+    classes = None
+    if options.classes is not None:
+        asked: Any = options.classes
+        asked = [asked] if _integral(asked) else asked  # one class id, as ultralytics takes it
+        if isinstance(asked, (str, bytes)) or not isinstance(asked, Sequence | np.ndarray):
+            raise EngineConfigError(f"classes {asked!r}: expected a class id or a list of them")
+        if any(not _integral(c) or not 0 <= c < nc for c in asked):
+            raise EngineConfigError(f"classes {list(asked)}: class ids are ints from 0 to {nc - 1}")
+        classes = tuple(int(c) for c in asked)
     return replace(options, conf=float(options.conf), iou=float(options.iou), max_det=int(options.max_det),
                    classes=classes, agnostic=bool(options.agnostic),
                    retina_masks=bool(options.retina_masks))  # fmt: skip
@@ -262,11 +263,11 @@ class Engine:
             network.startup_seconds["decoder"] = decoder_seconds  # on its own thread, beside the network's phases
         if verbose:
             print(f"yolojet: decoding with {chosen.describe()}", file=sys.stderr)
-        shapes = [_image_size(shape) for shape in shapes]
-        engine = cls(network, max_batch, chosen, rect=rect, max_shapes=max(max_shapes, len(shapes)), verbose=verbose)
+        built = [_image_size(shape) for shape in shapes]
+        engine = cls(network, max_batch, chosen, rect=rect, max_shapes=max(max_shapes, len(built)), verbose=verbose)
         try:
             if engine._path is not None:  # the reference runs any shape as it comes
-                for shape in shapes:
+                for shape in built:
                     engine.shape_path(shape)
         except BaseException:
             engine.close()
@@ -518,7 +519,7 @@ class Engine:
         if run is not None:
             with self._lock:
                 self._collect(run)
-        found = dict(zip(slots, run.found if run is not None else [], strict=True))
+        found = dict(zip(slots, (run.found or []) if run is not None else [], strict=True))  # collected: found
         for i, (source, item) in enumerate(zip(fed.sources, fed.decoded.items, strict=True)):
             if isinstance(item, Frame):
                 yield make_results(self.meta, found[i], item, source)
@@ -541,9 +542,10 @@ class Engine:
         run = _Run(frames)
         for shape, slots in groups.items():
             path = self.shape_path(shape)
-            placed = [placements[i] for i in slots]
+            placed = [placements[i] for i in slots]  # every frame placed, or none (fitted to the input)
             run.parts.append(self._launch(path, slots, [frames[i] for i in slots], options,
-                                          None if placed[0] is None else placed, ready))  # fmt: skip
+                                          None if placed[0] is None else cast(list[Letterbox], placed),
+                                          ready))  # fmt: skip
         return run
 
     def _launch(self, path: PredictPath, slots: list[int], frames: list[Frame], options: PredictOptions,
@@ -676,29 +678,30 @@ class Engine:
             boxes.append(box)
         raw = self.raw(torch.stack(inputs))
         classes = list(o.classes) if o.classes is not None else None
-        common = {"conf": o.conf, "iou": o.iou, "max_det": o.max_det, "classes": classes, "agnostic": o.agnostic,
-                  "end2end": self.meta.end2end}  # fmt: skip
+        common: dict[str, Any] = {"conf": o.conf, "iou": o.iou, "max_det": o.max_det, "classes": classes,
+                                  "agnostic": o.agnostic, "end2end": self.meta.end2end}  # fmt: skip
         task = self.meta.task
         if task == "segment":
             from yolojet.reference.segment import segment_postprocess
 
-            found = segment_postprocess(raw[0], raw[1], boxes, shape, nc=self.meta.nc, retina_masks=o.retina_masks,
-                                        **common)  # fmt: skip
-            return [{"boxes": rows.cpu(), "masks": masks.cpu()} for rows, masks in found]
+            with_masks = segment_postprocess(raw[0], raw[1], boxes, shape, nc=self.meta.nc,
+                                             retina_masks=o.retina_masks, **common)  # fmt: skip
+            return [{"boxes": rows.cpu(), "masks": masks.cpu()} for rows, masks in with_masks]
         if task == "pose":
             from yolojet.reference.pose import pose_postprocess
 
-            found = pose_postprocess(raw, boxes, nc=self.meta.nc, kpt_shape=self.meta.kpt_shape, **common)
-            return [{"boxes": rows.cpu(), "keypoints": kpts.cpu()} for rows, kpts in found]
+            with_points = pose_postprocess(raw, boxes, nc=self.meta.nc, kpt_shape=self.meta.kpt_shape or (), **common)
+            return [{"boxes": rows.cpu(), "keypoints": kpts.cpu()} for rows, kpts in with_points]
         if task == "obb":
             from yolojet.reference.obb import obb_postprocess
 
             return [{"obb": rows.cpu()} for rows in obb_postprocess(raw, boxes, nc=self.meta.nc, **common)]
+        predictions = cast(torch.Tensor, raw)  # a detection head has one output
         if self.meta.end2end:
-            found = torch_pipeline.select_end2end(raw, o.conf, o.max_det, classes)
+            found = torch_pipeline.select_end2end(predictions, o.conf, o.max_det, classes)
         else:
             found = torch_pipeline.non_max_suppression(
-                raw, self.meta.nc, o.conf, o.iou, o.max_det, agnostic=o.agnostic, classes=classes
+                predictions, self.meta.nc, o.conf, o.iou, o.max_det, agnostic=o.agnostic, classes=classes
             )
         return [
             {"boxes": torch_pipeline.scale_boxes(rows.clone(), box).cpu()}
@@ -750,7 +753,8 @@ def merge_options(each: Sequence[PredictOptions]) -> PredictOptions:
                 f"one batch takes one iou, agnostic and retina_masks: {first.iou}/{first.agnostic}/"
                 f"{first.retina_masks} and {o.iou}/{o.agnostic}/{o.retina_masks}"
             )
-    classes = None if any(o.classes is None for o in each) else tuple(sorted({c for o in each for c in o.classes}))
+    wanted = [o.classes for o in each]
+    classes = None if any(c is None for c in wanted) else tuple(sorted({c for one in wanted for c in one or ()}))
     return replace(first, conf=min(o.conf for o in each), max_det=max(o.max_det for o in each), classes=classes)
 
 

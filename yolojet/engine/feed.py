@@ -74,7 +74,8 @@ class FrameFeed:
         first = self._held if self._held is not None else self._get(block=True)
         self._held = None
         if not isinstance(first, FedBatch):
-            return self._ended(first)
+            self._ended(first)
+            return None
         parts = [first]
         size = len(first.sources)
         while size < self.batch:
@@ -105,7 +106,6 @@ class FrameFeed:
         self._done = True
         if isinstance(marker, BaseException):
             raise marker
-        return None
 
     def close(self) -> None:
         self._stop.set()

@@ -7,7 +7,7 @@ per engine (`PackedWeights`) and shared by every batch size.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,9 +50,10 @@ class Launch:
     outputs: list[str]
     run: Callable[..., None]  # run(compile_only=True) compiles the kernels it launches, launching nothing
     tune_key: str | None = None
-    configure: Callable[[TileConfig], None] | None = None
-    compile: Callable[[TileConfig], None] | None = None  # compiles a candidate without launching it
-    candidates: list[TileConfig] = field(default_factory=list)
+    # Each takes the launch's own kind of tile (one of TileConfig's), the kind its candidates are.
+    configure: Callable[[Any], None] | None = None
+    compile: Callable[[Any], None] | None = None  # compiles a candidate without launching it
+    candidates: Sequence[TileConfig] = field(default_factory=list)
     reads: list[str] = field(default_factory=list)  # values read and written: what orders it against others
     writes: list[str] = field(default_factory=list)
     # Split-K scratch: the launch's slot in SplitKScratch, and the (partials, arrivals) its current tile needs
@@ -179,7 +180,7 @@ def _lower_conv(
     weights: PackedWeights,
     scratch: SplitKScratch,
     pdl: bool,
-    fold: tuple[Node, Node] | None = None,
+    fold: tuple[Node | None, Node] | None = None,
 ) -> Launch:
     """A conv; with `fold` = (upsample, concat) nodes feeding it (plan.upsample_folds), it reads the upsample's
     input through a nearest upsample and the concat's other part as a second input, and the launch covers the
@@ -482,7 +483,7 @@ def lower(
                 launches.append(_copy_into_concat(node, value, view, pdl))
             continue
         if node.op == "conv":
-            fold = None
+            fold: tuple[Node | None, Node] | None = None
             if node.name in folds:
                 fold = (by_name[folds[node.name]], producer[node.inputs[0]])
             elif node.name in cat_folds:

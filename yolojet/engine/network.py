@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -111,7 +112,7 @@ class TritonNetwork:
         self.heads = self.arenas.take("head", self.plan.arena_elements("head", max_batch), torch.float32)
         self.weights = weights if weights is not None else PackedWeights(graph, device, self.dtype, self.plan.widened)
         # What a network of the same model for another input size is built with (`sibling`).
-        self._options = {"half": half, "max_batch": max_batch, "tune_layers": tune_layers, "fuse": fuse,
+        self._options: dict[str, Any] = {"half": half, "max_batch": max_batch, "tune_layers": tune_layers, "fuse": fuse,
                          "verbose": verbose, "buckets": buckets, "pdl": pdl, "branches": branches}  # fmt: skip
         self.buckets = buckets
         # None: wherever the GPU and Triton support it (off under the interpreter and with YOLOJET_PDL=0).
@@ -194,8 +195,8 @@ class TritonNetwork:
 
         launches = [launch for b in self.buckets for launch in self.launches[b]]
         for launch in launches:  # remembered picks first, so that the compile below builds them
-            known = cache.get(launch.tune_key) if launch.tune_key and launch.configure else None
-            if known is not None:
+            known = cache.get(launch.tune_key) if launch.tune_key else None
+            if known is not None and launch.configure is not None:
                 launch.configure(known)
         pending = untuned(launches, cache)
         start = time.perf_counter()

@@ -206,10 +206,10 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     cat_folds = concat_folds(graph, copies, folds)
     # A conv folding an upsample reads the upsample's input itself, and one folding a concat the input that
     # concat would copy: those buffers must outlive the conv.
-    position = {node.name: i for i, node in enumerate(graph.nodes)}
+    node_index = {node.name: i for i, node in enumerate(graph.nodes)}
     by_name = {node.name: node for node in graph.nodes}
-    extra_reads = {position[conv]: by_name[up].inputs[0] for conv, up in folds.items()}
-    extra_reads |= {position[conv]: by_name[cat].inputs[0] for conv, cat in cat_folds.items()}
+    extra_reads = {node_index[conv]: by_name[up].inputs[0] for conv, up in folds.items()}
+    extra_reads |= {node_index[conv]: by_name[cat].inputs[0] for conv, cat in cat_folds.items()}
     _set_lifetimes(graph, buffers, placements, extra_reads)
     ordered = _ordered_pairs(graph, buffers, placements, extra_reads)
     plan = MemoryPlan(buffers, placements, copies, widened, folds, cat_folds)
@@ -297,9 +297,9 @@ def _set_lifetimes(
         first[placements[name].buffer] = -1
     for i, node in enumerate(graph.nodes):
         for name in node.outputs:
-            b = placements[name].buffer
-            first[b] = min(first[b], i)
-            last[b] = max(last[b], i)
+            index = placements[name].buffer
+            first[index] = min(first[index], i)
+            last[index] = max(last[index], i)
         for name in [*node.inputs, *([extra_reads[i]] if i in extra_reads else [])]:
             last[placements[name].buffer] = max(last[placements[name].buffer], i)
     for name in graph.outputs:

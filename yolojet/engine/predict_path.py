@@ -29,6 +29,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -297,7 +298,8 @@ class DetectionHead(CapturedPath):
             if self.task == "obb":
                 found.append({"obb": kept})
             elif self.task == "pose":
-                found.append({"boxes": kept[:, :6], "keypoints": kept[:, 6:].reshape(len(kept), *self.meta.kpt_shape)})
+                points = kept[:, 6:].reshape(len(kept), *(self.meta.kpt_shape or ()))
+                found.append({"boxes": kept[:, :6], "keypoints": points})
             elif self.segment:
                 found.append(self._original_masks(slot, frames[slot], kept))
             else:
@@ -336,7 +338,8 @@ class DetectionHead(CapturedPath):
         results_host = self.results_host[parity]
         table, box_params = inputs["table"][:batch], inputs["box_params"][:batch]
         mask = inputs["class_mask"] if self.filtered[parity] else None
-        options = {"thresholds": inputs["thresholds"], "limits": inputs["limits"], "class_mask": mask}
+        thresholds, limits = inputs["thresholds"], inputs["limits"]
+        kpt_shape = self.meta.kpt_shape or ()
         if self.segment:
             proto = network.value_view(network.graph.outputs[1], bucket)[:batch]
             masks_input, boxes_input = self.masks_input[:batch], self.boxes_input[:batch]
@@ -346,18 +349,20 @@ class DetectionHead(CapturedPath):
             letterbox_frames(images, table)
             network.run_launches(bucket)
             if self.end2end:
-                select_rows(rows, count, preds, inputs["thresholds"], inputs["limits"], mask)
+                select_rows(rows, count, preds, thresholds, limits, mask)
             elif self.task == "obb":
-                rotated_non_max_suppression(rows, count, preds, nc=self.meta.nc, scratch=scratch, **options)
+                rotated_non_max_suppression(rows, count, preds, nc=self.meta.nc, thresholds=thresholds, limits=limits,
+                                            class_mask=mask, scratch=cast(RotatedNmsScratch, scratch))  # fmt: skip
             else:
-                non_max_suppression(rows, count, preds, nc=self.meta.nc, scratch=scratch, **options)
+                non_max_suppression(rows, count, preds, nc=self.meta.nc, thresholds=thresholds, limits=limits,
+                                    class_mask=mask, scratch=cast(NmsScratch, scratch))  # fmt: skip
             if self.segment:  # masks from the boxes in input pixels, so before they are mapped back
                 assemble_masks(masks_input, rows, count, proto, input_hw=self.meta.imgsz)
                 boxes_input.copy_(rows[..., :4])
             if self.task == "obb":
                 scale_rotated_boxes(rows, count, box_params)
             elif self.task == "pose":  # boxes and keypoints in one launch
-                scale_keypoints(rows, count, box_params, kpt_shape=self.meta.kpt_shape, first_column=6, boxes=True)
+                scale_keypoints(rows, count, box_params, kpt_shape=kpt_shape, first_column=6, boxes=True)
             else:
                 scale_boxes(rows, count, box_params)
             results_host[:used].copy_(self.results[:used], non_blocking=True)
@@ -412,7 +417,8 @@ class ClassifyHead(CapturedPath):
             raise EngineConfigError(f"run({len(frames)}): this engine runs 1..{self.network.max_batch} frames")
         slots = []
         for slot, frame in enumerate(frames):
-            shape = tuple(int(d) for d in frame.pixels.shape)
+            height, width, channels = (int(d) for d in frame.pixels.shape)
+            shape = (height, width, channels)
             self._staging(slot, shape, parity).copy_(frame.pixels)
             slots.append(_ClassifySlot(shape, frame.bgr, self._plan(slot, shape)))
         self.slots[parity] = slots
