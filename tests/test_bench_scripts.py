@@ -49,12 +49,12 @@ def test_conv_ceiling_checks_the_tile_it_picks_against_cudnn(monkeypatch):
     output against torch's fp32 conv, as it does the same GEMM's through the 1x1 kernel."""
     import bench_conv_ceiling
 
-    from yolojet.kernels import conv
+    from yolojet.kernels.conv import config as conv_config
 
     if not torch.cuda.is_available():  # the kernels run under the interpreter (conftest)
         monkeypatch.setattr(bench_conv_ceiling, "DEVICE", "cpu")
     monkeypatch.setattr(bench_conv_ceiling, "median_ms", lambda fn: (fn(), 1.0)[1])
-    monkeypatch.setattr(conv, "_TMA_MIN_M", 1)  # TMA tiles are offered from 2^16 output pixels
+    monkeypatch.setattr(conv_config, "_TMA_MIN_M", 1)  # TMA tiles are offered from 2^16 output pixels
     row = bench_conv_ceiling.bench_shape("small", 2, 8, 8, 32, 48, 32, 3, 2)
     assert row["M"] == 2 * 4 * 4 and row["K"] == 9 * 32
     assert any("tile_w=" in name and "tile_w=0" not in name for name in row["conv_errors"])

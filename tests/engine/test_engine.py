@@ -12,9 +12,9 @@ import yolojet
 from yolojet.engine.engine import Engine
 from yolojet.engine.network import batch_buckets
 from yolojet.errors import EngineConfigError
-from yolojet.kernels import conv as conv_kernels
 from yolojet.kernels import dwconv as dwconv_kernels
 from yolojet.kernels.conv import ConvConfig
+from yolojet.kernels.conv import dispatch as conv_dispatch
 from yolojet.kernels.dwconv import DwConvTile
 from yolojet.kernels.pdl import pdl_available
 
@@ -171,7 +171,7 @@ def test_split_k_and_direct_tiles_across_the_network(model_dirs):
 def test_a_remembered_whole_pixel_tile_falls_back_to_gathers_where_pixels_are_not_words(model_dirs, monkeypatch):
     """Tuning results are keyed by shapes and strides, not addresses: a whole-pixel pick applied to a view whose
     pixels are not 8-byte words (here: every view, as far as either module can tell) runs with gathers."""
-    for module in ("yolojet.engine.lowering", "yolojet.kernels.conv"):
+    for module in ("yolojet.engine.lowering", "yolojet.kernels.conv.dispatch"):
         monkeypatch.setattr(f"{module}.pixels_are_words", lambda x: False)
     model_dir = model_dirs("yolo11n.yaml", None)
     engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=1, tune=False)
@@ -229,7 +229,7 @@ def test_tma_tiles_on_every_conv_of_a_network(model_dirs, monkeypatch):
         engine.network._capture()
     launches: dict[str, list] = {"_conv1x1_tma_kernel": [], "_conv_tma_kernel": []}
     for name, counted in launches.items():
-        monkeypatch.setattr(conv_kernels, name, _Counting(getattr(conv_kernels, name), counted))
+        monkeypatch.setattr(conv_dispatch, name, _Counting(getattr(conv_dispatch, name), counted))
     if DEVICE == "cuda":  # a graph replay calls no launcher: count one eager run of the bucket raw() replays
         engine.network._run_eager(2)
     x = torch.rand(2, 3, 64, 64, device=DEVICE)

@@ -4,7 +4,12 @@ Without CUDA the kernels run under Triton's interpreter on small maps; on a GPU 
 maps SPATIAL times larger.
 """
 
+import ast
+import builtins
+import importlib
+import inspect
 import os
+import textwrap
 from dataclasses import dataclass, replace
 
 import pytest
@@ -16,6 +21,8 @@ if not torch.cuda.is_available():
 import torch.nn.functional as F
 from kernel_checks import assert_close
 from support import random_model
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 from yolojet.engine.lowering import PackedWeights, _lower_conv_transpose
 from yolojet.export.walker import export_graph
@@ -841,3 +848,46 @@ def test_transposed_conv_lowered_to_four_strided_1x1_convs() -> None:
     (expected,) = REFERENCE_OPS["conv_transpose"](node, [x.permute(0, 3, 1, 2).float()], weights)
     assert_close(out, expected.permute(0, 2, 3, 1), TOLERANCE[F16])
     assert out_buffer[..., c_out:].isnan().all()
+
+
+CONV_MODULES = ("config", "feasibility", "epilogue", "gemm", "direct", "tma", "dispatch")
+
+
+def _jitted_functions() -> list:
+    """Every @triton.jit function the conv package's modules define (interpreted ones without a GPU)."""
+    found = []
+    for name in CONV_MODULES:
+        module = importlib.import_module(f"yolojet.kernels.conv.{name}")
+        found += [
+            value
+            for value in vars(module).values()
+            if isinstance(value, (JITFunction, InterpretedFunction)) and value.fn.__module__ == module.__name__
+        ]
+    return found
+
+
+def _free_names(fn) -> set[str]:
+    """The names a function's source loads that are neither its parameters nor assigned in it: the ones looked up
+    in its module's globals (its decorator's and annotations' included)."""
+    (definition,) = ast.parse(textwrap.dedent(inspect.getsource(fn))).body
+    nodes = list(ast.walk(definition))
+    bound = {n.arg for n in nodes if isinstance(n, ast.arg)}
+    bound |= {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    return {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
+
+
+def test_every_name_a_jitted_function_uses_is_a_global_of_its_module() -> None:
+    """A jitted function finds the helpers and constants it names in the globals of the module defining it, when
+    it is compiled: a missing import fails only then, for the TMA kernels only on a GPU. So every free name of
+    every jitted function in the package must be a global of its own module or a builtin."""
+    functions = _jitted_functions()
+    names = {f.fn.__name__ for f in functions}
+    assert {"_conv2d_nhwc_kernel", "_conv2d_direct_kernel", "_conv1x1_tma_kernel", "_conv_tma_kernel"} <= names
+    assert {"_output_pixels", "_grouped_tile", "_epilogue_values", "_epilogue", "_matrix_tile_epilogue"} <= names
+    unresolved = {
+        f"{f.fn.__module__}.{f.fn.__name__}": sorted(
+            name for name in _free_names(f.fn) if name not in f.fn.__globals__ and not hasattr(builtins, name)
+        )
+        for f in functions
+    }
+    assert not any(unresolved.values()), {where: names for where, names in unresolved.items() if names}

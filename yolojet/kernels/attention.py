@@ -36,9 +36,9 @@ class AttentionTile:
 
 # Tiles worth timing at YOLO's PSA sizes (a 20x20 map: 400 tokens, 1-8 heads): the default walks the keys 64 at a
 # time over 7 dependent steps with few programs; the other takes them all in one step (512: the scores of 16 query
-# rows fit a thread's registers) with 50 programs. On an H200 (2026-11-30) it won at batch 1 and the default at
-# batch 64; tiles taking the keys in 2 or 4 steps, or with 32 query rows, won nowhere and were dropped, since every
-# candidate costs start-up time.
+# rows fit a thread's registers) with 50 programs. On an H200 it won at batch 1 and the default at batch 64; tiles
+# taking the keys in 2 or 4 steps, or with 32 query rows, won no layer (bench/NOTES.md), and every candidate costs
+# start-up time.
 _TILES = (AttentionTile(64, 64, 4), AttentionTile(16, 512, 8))
 
 

@@ -1,0 +1,292 @@
+"""The conv tiles: `ConvConfig` (block sizes, warps, stages, and the kernel and mode it names), the candidate tiles
+offered to the autotuner for a layer (`conv_candidate_configs`, `two_input_candidates`, with their split-K and
+TMA-store variants), `default_config`, the untimed choice, and `candidate_set_id`, a digest of everything that
+shapes the offer. The limits `feasibility` and `dispatch` check against (`_HALVES_PER_WORD`, `_TMA_ALIGN`,
+`_TMA_PATCH_STRIDES`, the persistent grid's programs an SM) are defined here with the tables they shape.
+"""
+
+import functools
+import hashlib
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from yolojet.options import interpreting
+
+# About one wave on an H200 (132 SMs): on measured YOLO layers the biggest tile launching at least this many
+# programs was the fastest or within 10% of it.
+_TARGET_PROGRAMS = 100
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """Tile shape and launch parameters of one conv kernel specialization."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1  # programs sharing each output tile's K steps (see the kernel)
+    direct: bool = False  # the FMA kernel for a few input channels; block_k, num_stages and split_k unused
+    whole_pixels: bool = False  # direct or packed: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
+    packed: bool = False  # K tiles run over all taps at once (PACK_TAPS in the kernel), for a few input channels
+    tma: bool = False  # operands loaded by the tensor memory accelerator: _conv1x1_tma_kernel, or with tile_w
+    persistent: bool = False  # with tma: a fixed grid of programs walking the tiles, not a program per tile
+    tile_w: int = 0  # with tma: k x k convs (stride 1 or 2) on patches tile_w pixels wide (_conv_tma_kernel)
+    tma_store: bool = False  # the output tile stored by the tensor memory accelerator (TMA_STORE), K unsplit
+
+    def __post_init__(self) -> None:
+        # tl.arange needs powers of two, and 16 is the smallest fp16 tensor-core K.
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"ConvConfig.{name} must be a power of two >= 16, got {value}")
+        if not isinstance(self.split_k, int) or self.split_k < 1:
+            raise ValueError(f"ConvConfig.split_k must be a positive int, got {self.split_k!r}")
+        if self.direct and self.split_k != 1:
+            raise ValueError("ConvConfig: the direct kernel does not split K")
+        if self.packed and (self.direct or self.split_k != 1):
+            raise ValueError("ConvConfig: packed taps are a tensor-core tile that does not split K")
+        if self.whole_pixels and not (self.direct or self.packed):
+            raise ValueError("ConvConfig: whole-pixel loads are a mode of the direct kernel and of packed taps")
+        if self.tma and (self.direct or self.packed or self.split_k != 1):
+            raise ValueError("ConvConfig: the TMA kernel is a 1x1 tensor-core tile that does not split K")
+        if self.tma_store and (self.direct or self.split_k != 1):
+            raise ValueError("ConvConfig: TMA stores end the tensor-core tiles whose K is not split")
+        if self.persistent and not self.tma:
+            raise ValueError("ConvConfig: only the TMA kernel has a persistent grid")
+        if self.tile_w and (not self.tma or self.persistent or self.tile_w & (self.tile_w - 1)
+                            or self.block_m % self.tile_w):  # fmt: skip
+            raise ValueError(
+                f"ConvConfig: tile_w={self.tile_w} is the patch width of the non-persistent k x k TMA kernel, a "
+                f"power of two dividing block_m={self.block_m}"
+            )
+
+    def split_scratch(self, m: int, n: int) -> tuple[int, int]:
+        """(fp32 partial elements, arrival counters) a launch of this config needs for GEMM sizes M=m, N=n."""
+        if self.split_k == 1:
+            return 0, 0
+        tiles = -(-m // self.block_m) * -(-n // self.block_n)
+        return self.split_k * tiles * self.block_m * self.block_n, tiles
+
+
+# Tiles measured on an H200 (fp16, YOLO layer shapes, batch 1 and 32). Among equal areas the earlier one won,
+# which default_config relies on.
+_CANDIDATES = (
+    ConvConfig(128, 256, 64, 8, 3),  # wide layers at large batch; 8 warps, so left to timing, never the default
+    ConvConfig(128, 128, 64, 4, 3),
+    ConvConfig(64, 128, 64, 4, 3),
+    ConvConfig(128, 64, 64, 4, 3),
+    ConvConfig(128, 32, 32, 4, 3),  # early layers with 16-32 output channels, the stem included
+    ConvConfig(64, 64, 64, 4, 3),
+    ConvConfig(32, 64, 64, 4, 4),  # tiny maps (e.g. 20x20 at batch 1): enough programs to fill the SMs
+    ConvConfig(64, 32, 32, 2, 3),
+    ConvConfig(32, 32, 64, 2, 4),
+    # Deep K on small maps (20x20 and 40x40 at batch 1, K up to 2304): half the dependent K steps of a 64-deep tile.
+    ConvConfig(32, 64, 128, 4, 3),
+    ConvConfig(32, 32, 128, 4, 3),
+    ConvConfig(16, 64, 128, 2, 3),
+)
+
+_SPLITS = (2, 4, 8)
+# Direct-kernel tiles (BLOCK_M, BLOCK_N cap, warps) for k×k convs of at most _DIRECT_MAX_C_IN input channels.
+_DIRECT_TILES = ((128, 32, 4), (64, 32, 2), (256, 16, 4), (128, 64, 4))
+_DIRECT_MAX_C_IN = 8
+_HALVES_PER_WORD = 4  # fp16 channels in the 8-byte words of whole-pixel loads
+# Packed-tap tensor-core tiles (BLOCK_M, BLOCK_N cap, warps, stages), offered to the same few-channel convs once
+# they have this many output channels (the stem of s, m, l and x models): below that the FMA kernel does less
+# work than a tile's gathers (measured on an H200 for yolo11n's 3->16 stem and 8->8 convs at batch 1 and 64).
+_PACKED_TILES = ((128, 64, 4, 2), (64, 64, 4, 2))
+_PACKED_MIN_C_OUT = 32
+# Layers of at least this many output pixels (large batches: never at batch 1 for 640 inputs, whose largest maps
+# after the stem are 160x160) are also offered the tiles below.
+_LARGE_M = 1 << 17
+# Wider tiles and a deeper pipeline for the big GEMMs (the 3x3 stride-2 convs of m models run at ~400 TFLOP/s on
+# 128x256x64 with 3 stages).
+_LARGE_M_TILES = (ConvConfig(256, 128, 64, 8, 3), ConvConfig(128, 256, 64, 8, 4))
+# TMA-loaded 1x1 tiles (where the layer's views allow, see tma_loadable): a program per tile, and the usual
+# winner's shape on a persistent grid of this many programs an SM.
+_TMA_TILES = (
+    ConvConfig(128, 128, 64, 4, 3, tma=True),
+    ConvConfig(128, 256, 64, 8, 3, tma=True),
+    ConvConfig(128, 128, 64, 4, 3, tma=True, persistent=True),
+)
+# The strides of the k x k convs the patch tiles are offered to (stride 2 through a view pairing rows and pixels).
+_TMA_PATCH_STRIDES = (1, 2)
+# Patch tiles of the k x k TMA kernel: 8x16 and 16x8 pixels (8 divides the 160-, 80- and 40-wide maps, 16 the
+# first two).
+_TMA_PATCH_TILES = (
+    ConvConfig(128, 64, 64, 4, 3, tma=True, tile_w=16),
+    ConvConfig(128, 128, 64, 4, 3, tma=True, tile_w=16),
+    ConvConfig(128, 64, 64, 4, 4, tma=True, tile_w=8),
+    ConvConfig(64, 64, 64, 4, 4, tma=True, tile_w=8),
+)
+# And to k x k convs of at least _TMA_PATCH_WIDE_MIN_N outputs (the stride-2 convs of s and m models at batch 64,
+# whose plain GEMMs run best 256 wide): 8x8 patches, which tile the 40-wide maps exactly, and 8x16.
+_TMA_PATCH_WIDE_TILES = (
+    ConvConfig(64, 256, 64, 4, 3, tma=True, tile_w=8),
+    ConvConfig(128, 256, 64, 8, 3, tma=True, tile_w=16),
+)
+_TMA_PATCH_WIDE_MIN_N = 256
+# Layers writing at least this many output bytes (the 160x160 and 80x80 maps at batch 64) are also offered their
+# TMA, packed (the stem) and wide two-input tiles with the output stored by the tensor memory accelerator: one bulk
+# copy a tile through shared memory instead of each thread writing its accumulator's scattered pairs of values.
+_TMA_STORE_MIN_BYTES = 1 << 27
+# The tiles offered to a 1x1 conv that reads a second input (a folded upsample or concat): each is a specialization
+# of its own to compile at start-up, so only the shapes that won such layers on an H200 (yolo11n, yolo26n and
+# yolo11m at batch 1 and 64; bench/NOTES.md), the 8-warp ones only from 2^16 output pixels (yolo11m's 40x40 fold at
+# batch 64 took 128x256; never offered at batch 1 for 640 inputs).
+_TWO_INPUT_TILES = (
+    ConvConfig(128, 64, 64, 4, 3),
+    ConvConfig(64, 128, 64, 4, 3),
+    ConvConfig(64, 64, 64, 4, 3),
+    ConvConfig(32, 64, 64, 4, 4),
+    ConvConfig(32, 32, 64, 2, 4),
+    ConvConfig(32, 32, 128, 4, 3),
+)
+_TWO_INPUT_WIDE_TILES = (ConvConfig(128, 256, 64, 8, 3), ConvConfig(128, 256, 64, 8, 4))
+_TWO_INPUT_WIDE_MIN_M = 1 << 16
+# TMA tiles are offered to fp16 layers from this many output pixels: batch 64 at 40x40 and up, never at batch 1 for
+# 640 inputs.
+_TMA_MIN_M = 1 << 16
+_PERSISTENT_PROGRAMS_PER_SM = 2
+_INTERPRETER_PROGRAMS = 3  # under the interpreter: enough to walk tiles several apart
+_TMA_ALIGN = 16  # bytes: TMA needs the base address and every stride but the last on this boundary
+# Pipeline buffers must fit an SM's shared memory (227 KiB on Hopper) with room left for the epilogue.
+_SMEM_BUDGET = 200 * 1024
+
+
+def candidate_set_id() -> str:
+    """A short digest of the candidate tiles: tuning results remembered for another set are not reused, so a
+    new candidate gets timed."""
+    offer = (
+        _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
+        _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _TMA_TILES, _TMA_PATCH_TILES, _TMA_PATCH_STRIDES, _TMA_MIN_M,
+        _TMA_PATCH_WIDE_TILES, _TMA_PATCH_WIDE_MIN_N, _TMA_STORE_MIN_BYTES,
+        _PERSISTENT_PROGRAMS_PER_SM, _TWO_INPUT_TILES, _TWO_INPUT_WIDE_TILES, _TWO_INPUT_WIDE_MIN_M,
+        [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
+    )  # fmt: skip
+    return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
+
+
+def _fit(block: int, size: int) -> int:
+    # Plain Python: triton.next_power_of_2 is a jitted helper whose Python-side call costs microseconds.
+    return min(block, max(16, 1 << (size - 1).bit_length()))
+
+
+def conv_candidate_configs(
+    m: int,
+    n: int,
+    k: int,
+    kernel_is_1x1: bool,
+    dtype: torch.dtype = torch.float16,
+    c_in: int | None = None,
+    whole_pixels: bool = False,
+) -> list[ConvConfig]:
+    """Tile configs worth timing for a conv with GEMM sizes M=m, N=C_out=n, K=kh·kw·C_in=k.
+
+    Tiles are shrunk to the problem (down to the 16-wide minimum) so small layers are not offered tiles that
+    would be mostly masked. BLOCK_K tiles one tap's channels, C_in = k for 1x1 kernels; without `c_in` other
+    kernels are taken to be 3x3 (all of YOLO's), which for other sizes only mis-sizes the offer, never breaks a
+    launch. Configs whose pipeline would not fit in shared memory at ``dtype`` are left out. `whole_pixels`: the
+    input's pixels are 8-byte words (see `pixels_are_words`), so the direct tiles also come in that mode.
+    """
+    if c_in is None:
+        c_in = k if kernel_is_1x1 else max(1, k // 9)
+    configs = []
+    for c in _CANDIDATES + (_LARGE_M_TILES if m >= _LARGE_M else ()):
+        fitted = ConvConfig(_fit(c.block_m, m), _fit(c.block_n, n), _fit(c.block_k, c_in), c.num_warps, c.num_stages)
+        smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
+        if smem <= _SMEM_BUDGET and fitted not in configs:
+            configs.append(fitted)
+    few_channels = []
+    if not kernel_is_1x1 and c_in <= _DIRECT_MAX_C_IN:
+        for block_m, block_n, warps in _DIRECT_TILES:
+            config = ConvConfig(_fit(block_m, m), _fit(block_n, n), 16, warps, 1, direct=True)
+            for variant in (config, replace(config, whole_pixels=True)) if whole_pixels else (config,):
+                if variant not in few_channels:
+                    few_channels.append(variant)
+        if n >= _PACKED_MIN_C_OUT:
+            for block_m, block_n, warps, stages in _PACKED_TILES:
+                # One K tile holds every tap (k <= 72 here), so there is no K loop to pipeline.
+                config = ConvConfig(_fit(block_m, m), _fit(block_n, n), _fit(128, k), warps, stages, packed=True)
+                if config not in few_channels:
+                    few_channels.append(config)
+        if whole_pixels and c_in <= _HALVES_PER_WORD:
+            # A tap's channels in one word: K = 4 halves per tap, so the stem's tile reads 9 words a pixel.
+            block_k = _HALVES_PER_WORD * max(4, 1 << (k // c_in - 1).bit_length())
+            for block_m, block_n, warps, stages in _PACKED_TILES:
+                config = ConvConfig(_fit(block_m, m), _fit(block_n, n), block_k, warps, stages, whole_pixels=True,
+                                    packed=True)  # fmt: skip
+                if config not in few_channels:
+                    few_channels.append(config)
+    tma = []
+    if m >= _TMA_MIN_M and dtype == torch.float16:  # fp32 engines are for accuracy comparisons, not speed
+        wide = _TMA_PATCH_WIDE_TILES if n >= _TMA_PATCH_WIDE_MIN_N else ()
+        for c in _TMA_TILES if kernel_is_1x1 else _TMA_PATCH_TILES + wide:
+            fitted = replace(c, block_n=_fit(c.block_n, n), block_k=_fit(c.block_k, c_in))
+            smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
+            if smem <= _SMEM_BUDGET and fitted not in tma:
+                tma.append(fitted)
+    stored = _tma_store_twins([c for c in few_channels if c.packed and c.whole_pixels] + tma, m, n, dtype)
+    return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels + tma + stored
+
+
+def _tma_store_twins(configs: list[ConvConfig], m: int, n: int, dtype: torch.dtype) -> list[ConvConfig]:
+    """The configs again with TMA stores, for fp16 layers writing at least _TMA_STORE_MIN_BYTES."""
+    if dtype != torch.float16 or m * n * dtype.itemsize < _TMA_STORE_MIN_BYTES:
+        return []
+    return [replace(c, tma_store=True) for c in configs]
+
+
+def two_input_candidates(m: int, n: int, c_in: int, dtype: torch.dtype = torch.float16) -> list[ConvConfig]:
+    """Tile configs worth timing for a 1x1 conv reading a second input (`second` of conv2d_nhwc), GEMM sizes M=m,
+    N=n, K=c_in over both inputs: unsplit GEMM tiles only, shrunk to the problem like every candidate."""
+    configs = []
+    wide = []
+    for c in _TWO_INPUT_TILES + (_TWO_INPUT_WIDE_TILES if m >= _TWO_INPUT_WIDE_MIN_M else ()):
+        fitted = ConvConfig(_fit(c.block_m, m), _fit(c.block_n, n), _fit(c.block_k, c_in), c.num_warps, c.num_stages)
+        smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
+        if smem <= _SMEM_BUDGET and fitted not in configs:
+            configs.append(fitted)
+            wide += [fitted] if c in _TWO_INPUT_WIDE_TILES else []
+    return configs + _tma_store_twins(wide, m, n, dtype)
+
+
+def _split_k_variants(configs: list[ConvConfig], m: int, n: int, taps: int, c_in: int) -> list[ConvConfig]:
+    """Split-K versions of the tiles that launch under half a wave of programs on a long K walk (the 20x20 and
+    40x40 layers at batch 1): up to 3 tiles, each split 2, 4 and 8 ways while every split keeps 2 K steps."""
+    sparse = [c for c in configs if _programs(c, m, n) < _TARGET_PROGRAMS // 2]
+    variants = []
+    for c in sorted(sparse, key=lambda c: -_programs(c, m, n))[:3]:
+        steps = taps * -(-c_in // c.block_k)
+        for split in _SPLITS:
+            if steps >= 2 * split and _programs(c, m, n) * split <= 3 * _TARGET_PROGRAMS:
+                variants.append(replace(c, split_k=split))
+    return variants
+
+
+@functools.cache
+def default_config(m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dtype = torch.float16) -> ConvConfig:
+    """An untimed choice: the largest 4-warp tile that still launches about a wave of programs.
+
+    Cached per layer shape because the launcher calls it on every launch without an explicit config.
+    """
+    configs = conv_candidate_configs(m, n, k, kernel_is_1x1, dtype)
+    if interpreting():
+        # The interpreter runs programs one after another, so the fewest, largest tiles are fastest.
+        return max((c for c in configs if c.split_k == 1 and not (c.direct or c.packed or c.tma)), key=_tile_area)
+    untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1 and not (c.direct or c.packed or c.tma)]
+    filling = [c for c in untimed if _programs(c, m, n) >= _TARGET_PROGRAMS]
+    if filling:
+        return max(filling, key=_tile_area)
+    return max(untimed, key=lambda c: _programs(c, m, n))
+
+
+def _tile_area(c: ConvConfig) -> int:
+    return c.block_m * c.block_n
+
+
+def _programs(c: ConvConfig, m: int, n: int) -> int:
+    return -(-m // c.block_m) * -(-n // c.block_n)

@@ -1,0 +1,257 @@
+"""The implicit-GEMM kernel `_conv2d_nhwc_kernel`, which gathers its operands with pointer loads: 1x1 convs (optionally
+reading a second input as the channels after x's), packed taps for a few input channels (also with each tap's
+channels loaded as one 8-byte word), and k x k convs walking (tap, channel block); its K steps can be split across
+programs. `_word_half` and `_split_range` are helpers only it calls.
+"""
+
+import triton
+import triton.language as tl
+
+from yolojet.kernels.conv.epilogue import _grouped_tile, _matrix_tile_epilogue, _output_pixels
+from yolojet.kernels.pdl import wait_for_previous_kernel
+
+
+@triton.jit
+def _word_half(words, half: tl.constexpr, C_in):
+    """fp16 channel `half` of 8-byte pixel words, zero past C_in: the word's spare halves are row padding that is
+    never written, and garbage times a zero weight can still be NaN."""
+    value = ((words >> (16 * half)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    return tl.where(half < C_in, value, 0.0).to(tl.float16)
+
+
+@triton.jit
+def _split_range(steps, split, SPLIT_K: tl.constexpr):
+    """The K steps [first, end) that split `split` of SPLIT_K walks."""
+    if SPLIT_K == 1:
+        return 0, steps
+    per_split = tl.cdiv(steps, SPLIT_K)
+    first = split * per_split
+    return first, tl.minimum(first + per_split, steps)
+
+
+@triton.jit
+def _conv2d_nhwc_kernel(
+    out_ptr,
+    stride_on,
+    stride_oh,
+    stride_ow,
+    out_desc,
+    x_ptr,
+    stride_xn,
+    stride_xh,
+    stride_xw,
+    second_ptr,
+    stride_sn,
+    stride_sh,
+    stride_sw,
+    w_ptr,
+    bias_ptr,
+    res_ptr,
+    stride_rn,
+    stride_rh,
+    stride_rw,
+    partial_ptr,
+    arrivals_ptr,
+    H,
+    W,
+    C_in,
+    C_second,
+    OH,
+    OW,
+    C_out,
+    M,
+    conv_stride_y,
+    conv_stride_x,
+    pad_y,
+    pad_x,
+    dil_y,
+    dil_x,
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    UPSAMPLE: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    PACK_TAPS: tl.constexpr,
+    WHOLE_PIXELS: tl.constexpr,
+    TWO_INPUTS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    TMA_STORE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """out[n, oy, ox, co] = act(bias[co] + Σ_{ky,kx,ci} xu[n, iy, ix, ci] · w[co, ky, kx, ci]) (+ res[n, oy, ox, co])
+
+    with iy = oy·sy − py + ky·dy, ix = ox·sx − px + kx·dx, xu the nearest-neighbour upsample of x by UPSAMPLE
+    (xu[n, iy, ix] = x[n, iy // UPSAMPLE, ix // UPSAMPLE]) and zero outside [0, H·UPSAMPLE) × [0, W·UPSAMPLE).
+    Accumulation is fp32; the residual is added after the activation.
+
+    With SPLIT_K > 1 the K steps of each output tile are shared by SPLIT_K programs (program_id(1)); each stores
+    its fp32 partial tile in partial_ptr and counts itself in arrivals_ptr[tile], and the last to arrive sums
+    the partials in split order (so results do not depend on arrival order), applies the epilogue, and resets
+    the count to 0 for the next launch.
+
+    TWO_INPUTS (1x1, stride 1, no padding): the input is the channel concat of xu (C_in channels) and `second`
+    (C_second channels, never upsampled), as in a neck's Concat([Upsample(x), skip]) feeding a 1x1 conv; the
+    weight rows hold C_in + C_second columns, and K walks x's blocks, then second's.
+
+    TMA_STORE (unsplit K): the output tile is stored through out_desc, the output as an (M, C_out) matrix, by the
+    tensor memory accelerator, which clips it at the matrix's edges.
+
+    PACK_TAPS runs K over (ky, kx, ci) flattened, every tap in one K tile. With WHOLE_PIXELS too (fp16 input of
+    at most 4 channels whose pixels are 8-byte words), K runs over (tap, the word's 4 halves): each tap's
+    channels arrive as one 8-byte load and BLOCK_K = 4 · (taps rounded up to a power of two).
+    """
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(C_out, BLOCK_N)
+    pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < C_out
+
+    # Spatial decomposition happens once per tile, outside the K loop; batch offsets go through int64 because
+    # N·H·W·C overflows int32 at large batch.
+    img, oy, ox, iy0, ix0 = _output_pixels(offs_m, OH, OW, conv_stride_y, conv_stride_x, pad_y, pad_x)
+    x_img = x_ptr + img * stride_xn
+    H_up = H * UPSAMPLE
+    W_up = W * UPSAMPLE
+    if TWO_INPUTS:
+        w_rows = w_ptr + offs_n * (C_in + C_second)
+    else:
+        w_rows = w_ptr + offs_n * (KH * KW * C_in)
+
+    wait_for_previous_kernel(PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # input_precision="ieee" keeps fp32 mode exact (no TF32); Triton ignores it for fp16 operands.
+    if KH * KW == 1:
+        # A 1x1 conv is a plain GEMM: each output pixel reads one fixed input pixel, so the row pointers and
+        # bounds mask are loop invariants and the loop only walks channels.
+        row_ok = m_mask & (iy0 >= 0) & (iy0 < H_up) & (ix0 >= 0) & (ix0 < W_up)
+        x_rows = x_img + (iy0 // UPSAMPLE).to(tl.int64) * stride_xh + (ix0 // UPSAMPLE).to(tl.int64) * stride_xw
+        x_blocks = tl.cdiv(C_in, BLOCK_K)
+        if TWO_INPUTS:
+            first, end = _split_range(x_blocks + tl.cdiv(C_second, BLOCK_K), split, SPLIT_K)
+        else:
+            first, end = _split_range(x_blocks, split, SPLIT_K)
+        a_ptrs = x_rows[:, None] + (first * BLOCK_K + offs_k)[None, :]
+        b_ptrs = w_rows[None, :] + (first * BLOCK_K + offs_k)[:, None]
+        for kb in range(first, tl.minimum(end, x_blocks)):
+            k_mask = offs_k < C_in - kb * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        if TWO_INPUTS:
+            # Blocks x_blocks... of this split's range are second's channels 0...; its weight columns follow x's.
+            first_second = tl.maximum(first, x_blocks) - x_blocks
+            second_rows = second_ptr + img * stride_sn + oy.to(tl.int64) * stride_sh + ox.to(tl.int64) * stride_sw
+            a_ptrs = second_rows[:, None] + (first_second * BLOCK_K + offs_k)[None, :]
+            b_ptrs = w_rows[None, :] + C_in + (first_second * BLOCK_K + offs_k)[:, None]
+            for kb in range(first_second, end - x_blocks):
+                k_mask = offs_k < C_second - kb * BLOCK_K
+                a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+                a_ptrs += BLOCK_K
+                b_ptrs += BLOCK_K
+    elif PACK_TAPS and WHOLE_PIXELS:
+        # The stem: 9 taps of 3 channels. One 8-byte word per (pixel, tap) replaces the 27 two-byte gathers of
+        # the branch below; the word's halves are taken apart in registers and interleaved into K = (tap, half).
+        TAPS: tl.constexpr = BLOCK_K // 4
+        taps = tl.arange(0, TAPS)
+        ky = taps // KW
+        kx = taps - ky * KW
+        iy = iy0[:, None] + (ky * dil_y)[None, :]
+        ix = ix0[:, None] + (kx * dil_x)[None, :]
+        ok = m_mask[:, None] & (taps < KH * KW)[None, :] & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
+        pixel = (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+        words = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + (img * stride_xn)[:, None] // 4 + pixel // 4, mask=ok,
+                        other=0)  # fmt: skip
+        h0 = _word_half(words, 0, C_in)
+        h1 = _word_half(words, 1, C_in)
+        h2 = _word_half(words, 2, C_in)
+        h3 = _word_half(words, 3, C_in)
+        # join(join(h0, h2), join(h1, h3))[m, t, i, j] is half 2i + j of tap t: K index t·4 + half after the reshape.
+        a = tl.reshape(tl.join(tl.join(h0, h2), tl.join(h1, h3)), (BLOCK_M, BLOCK_K))
+        k = tl.arange(0, BLOCK_K)
+        tap = k // 4
+        ci = k % 4
+        k_ok = (tap < KH * KW) & (ci < C_in)
+        b = tl.load(w_rows[None, :] + (tap * C_in + ci)[:, None], mask=k_ok[:, None] & n_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    elif PACK_TAPS:
+        # A handful of input channels feeding many outputs (the stem of the wider models): one tap's channels
+        # would fill a sliver of a K tile, so K runs over (ky, kx, ci) flattened, as the weight is packed, and
+        # each column gathers its own tap. The stem's 27-deep K is then one 32-deep tile, not nine 16-deep ones.
+        k_total = KH * KW * C_in
+        for k0 in range(0, k_total, BLOCK_K):
+            k = k0 + offs_k
+            k_ok = k < k_total
+            tap = k // C_in
+            ci = k - tap * C_in
+            ky = tap // KW
+            kx = tap - ky * KW
+            iy = iy0[:, None] + (ky * dil_y)[None, :]
+            ix = ix0[:, None] + (kx * dil_x)[None, :]
+            ok = m_mask[:, None] & k_ok[None, :] & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
+            pixel = (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+            a = tl.load(x_img[:, None] + pixel + ci[None, :], mask=ok, other=0.0)
+            b = tl.load(w_rows[None, :] + k[:, None], mask=k_ok[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        # Taps and channel blocks share one flat loop so the compiler can software-pipeline all of K, not just
+        # the channel blocks of one tap (the stem has a single channel block per tap).
+        k_blocks = tl.cdiv(C_in, BLOCK_K)
+        first, end = _split_range(KH * KW * k_blocks, split, SPLIT_K)
+        for it in range(first, end):
+            tap = it // k_blocks
+            k0 = (it - tap * k_blocks) * BLOCK_K
+            ky = tap // KW
+            kx = tap % KW
+            iy = iy0 + ky * dil_y
+            ix = ix0 + kx * dil_x
+            row_ok = m_mask & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
+            x_rows = x_img + (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+            k_mask = offs_k < C_in - k0
+            a = tl.load(
+                x_rows[:, None] + (k0 + offs_k)[None, :],
+                mask=row_ok[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                w_rows[None, :] + (tap * C_in + k0 + offs_k)[:, None],
+                mask=k_mask[:, None] & n_mask[None, :],
+                other=0.0,
+            )
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT_K > 1:
+        tile_elements = BLOCK_M * BLOCK_N
+        in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tiles = tl.num_programs(0)
+        tl.store(partial_ptr + (split * tiles + pid).to(tl.int64) * tile_elements + in_tile, acc)
+        # Every thread's partial is written before one thread's release makes the arrival visible.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrivals_ptr + pid, 1, sem="acq_rel")
+        last = arrived == SPLIT_K - 1
+        if last:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                # .cg reads from L2: L1 is not coherent with the other SMs' writes.
+                acc += tl.load(partial_ptr + (s * tiles + pid).to(tl.int64) * tile_elements + in_tile,
+                               cache_modifier=".cg")  # fmt: skip
+            tl.atomic_xchg(arrivals_ptr + pid, 0)
+        mask = mask & last  # only the last program of a tile runs the epilogue's stores
+
+    _matrix_tile_epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw,
+                          out_ptr, stride_on, stride_oh, stride_ow, out_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                          ACTIVATION, HAS_RESIDUAL, TMA_STORE)  # fmt: skip
