@@ -1,4 +1,4 @@
-.PHONY: setup test test-fast lint format
+.PHONY: setup test test-fast lint typecheck format
 
 setup:
 	python3 -m venv .venv && . .venv/bin/activate && python -m pip install -c constraints.txt -e ".[dev]"
@@ -11,6 +11,9 @@ test-fast:
 
 lint:
 	. .venv/bin/activate && ruff check yolojet tests bench && ruff format --check yolojet tests bench
+
+typecheck:
+	. .venv/bin/activate && python -m mypy
 
 format:
 	. .venv/bin/activate && ruff format yolojet tests bench && ruff check --fix yolojet tests bench
