@@ -46,7 +46,7 @@ def pytest_runtest_logreport(report):
 # protocols on hand-worked cases, the scheduler.
 SLOW = ("pipeline", "kernels", "engine", "export", "client", "serve/test_service.py", "serve/test_serve_command.py",
         "eval/test_val_protocol.py", "eval/test_val.py", "eval/test_val_tasks.py", "eval/test_report.py",
-        "test_cli_detect.py")  # fmt: skip
+        "test_cli_detect.py", "scale")  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):

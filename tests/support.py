@@ -262,7 +262,7 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 class RunningServer:
     """A yolojet `Server` on an event loop of its own thread, started at once; `stop()` shuts it down gracefully."""
 
-    def __init__(self, models, options) -> None:
+    def __init__(self, models, options, **server_options) -> None:
         import asyncio
         import threading
 
@@ -271,7 +271,7 @@ class RunningServer:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.server = Server(models, options)
+        self.server = Server(models, options, **server_options)
         self.call(self.server.start())
         self.address = f"127.0.0.1:{self.server.port}"
 
@@ -299,7 +299,7 @@ def served(name: str, model_dir, max_batch: int = 4, **engine_options):
     from yolojet.serve.models import ServedModel, measure_latency
 
     engine = Engine.load(model_dir, device="cpu", backend="reference", max_batch=max_batch, **engine_options)
-    return ServedModel(name, engine.graph.version(), engine, measure_latency(engine, repeats=1))
+    return ServedModel.of(name, engine, measure_latency(engine, repeats=1))
 
 
 # -- oriented boxes: exact rotated IoU and matching ---------------------------------------

@@ -621,8 +621,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port, grace_s=args.grace_s, engine={**_letterbox(args), **_engine_switches(args)},
     )  # fmt: skip
     configure_logging()
-    models = build_models(specs, options)
-    asyncio.run(serve_forever(models, options))
+    if args.devices is None:
+        asyncio.run(serve_forever(build_models(specs, options), options))
+        return 0
+    from functools import partial
+
+    from yolojet.scale.server_workers import PoolRunner, WorkerPool, parse_devices
+
+    if args.device is not None:
+        raise EngineConfigError("--device and --devices: give one (--devices runs a worker process a device)")
+    engine_options = {"half": not args.fp32, "decoder": args.decoder, "max_pixels": args.max_pixels, **options.engine}
+    pool = WorkerPool(specs, parse_devices(args.devices), engine_options)
+    try:
+        models = pool.start()
+        asyncio.run(serve_forever(models, options, runner=partial(PoolRunner, pool=pool)))
+    finally:
+        pool.close()
     return 0
 
 
@@ -874,6 +888,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "more with RESOURCE_EXHAUSTED (default 1024)")  # fmt: skip
     p.add_argument("--max-message-mb", type=float, default=64.0, help="largest request, MB (default 64)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
+    p.add_argument("--devices", default=None, metavar="all|0,1|cpu,...", help="one engine worker process a device "
+                   "behind this one front end: every GPU (all), GPU indices, or device names; a worker that dies is "
+                   "restarted and its batches sent to another")  # fmt: skip
     p.add_argument("--fp32", action="store_true", help="run the GPU engines in fp32 instead of fp16")
     p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain: serve over TLS")
     p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")

@@ -79,6 +79,21 @@ def test_a_client_deadline_that_the_work_ahead_would_miss_is_refused_at_once():
     assert s.queued() == 9
 
 
+def test_engines_side_by_side_share_the_work_ahead_and_take_more_batches():
+    clock = Clock()
+    s = scheduler(clock, max_batch=4)
+    s.engines = 2  # two worker processes: each takes `depth` batches, and the queue ahead drains twice as fast
+    for i in range(8):
+        s.admit(request("a", clock, slo=1.0, tag=i))
+    assert s.work_ahead(request("a", clock)) == pytest.approx(0.040 / 2 + 0.011)
+    s.admit(request("a", clock, slo=0.045))  # one engine would miss this deadline (the test above)
+    first, second = s.next_batch(), s.next_batch()
+    assert first is not None and second is not None and s.next_batch() is None
+    s.engines = 0  # every worker down: nothing launches until one is back
+    s.finished(first[0])
+    assert s.next_batch() is None
+
+
 def test_a_full_queue_refuses():
     clock = Clock()
     s = scheduler(clock, max_queue=3)

@@ -75,6 +75,9 @@ def test_sigterm_answers_every_accepted_request(model_dirs):
         (["--model", "m", "--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
         (["--model", "m", "--token-file", "missing.txt"], "--token-file missing.txt: no such file"),
         (["--model", "nowhere_model_dir"], "nowhere_model_dir"),
+        (["--model", "m", "--devices", "gpu7"], "--devices gpu7: 'gpu7' is no device"),
+        (["--model", "m", "--devices", "cpu", "--device", "cpu"], "--device and --devices: give one"),
+        (["--model", "nowhere_model_dir", "--devices", "cpu"], "the worker on cpu could not load its models"),
     ],
 )
 def test_bad_command_lines_are_one_clear_line(capsys, monkeypatch, tmp_path, flags, fragment):

@@ -13,6 +13,8 @@ moving average of decode time per image, updated by every batch.
   ahead of it (the batches in flight, the queued requests of any model with an earlier deadline, its own batch)
   would end past its deadline, rather than being left to time out.
 - A request whose deadline has passed while it waited is dropped from its queue (DEADLINE_EXCEEDED), never run.
+- Several engines (worker processes, one a GPU: scale/) run batches side by side: `engines` of them take `depth`
+  batches each, and the work ahead of a request is shared among them.
 
 Everything here is plain logic on an injected clock, so it is tested without a server or a GPU.
 """
@@ -82,9 +84,10 @@ class ModelQueue:
 class Scheduler:
     """The queues of every model and the batches in flight; not thread-safe (the server holds a lock)."""
 
-    def __init__(self, clock: Callable[[], float], depth: int = 2) -> None:
+    def __init__(self, clock: Callable[[], float], depth: int = 2, engines: int = 1) -> None:
         self.clock = clock
-        self.depth = depth
+        self.depth_per_engine = depth
+        self.engines = engines
         self.queues: dict[str, ModelQueue] = {}
         self.in_flight: dict[int, float] = {}  # batch ticket -> its seconds, estimated
         self._tickets = 0
@@ -94,6 +97,11 @@ class Scheduler:
 
     def queued(self) -> int:
         return sum(len(q.waiting) for q in self.queues.values())
+
+    @property
+    def depth(self) -> int:
+        """Batches in flight at most: `depth` per engine that can take work (none while every engine is down)."""
+        return self.depth_per_engine * self.engines
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -110,7 +118,7 @@ class Scheduler:
 
     def work_ahead(self, request: Request) -> float:
         """Seconds until `request` would be done: what is in flight, the queued requests served before it (its own
-        queue's, and other queues' with an earlier oldest deadline), and its own batch."""
+        queue's, and other queues' with an earlier oldest deadline), shared among the engines, and its own batch."""
         seconds = sum(self.in_flight.values())
         own = self.queues[request.model]
         for name, queue in self.queues.items():
@@ -120,7 +128,7 @@ class Scheduler:
         ahead = len(own.waiting)
         full_batches = ahead // own.max_batch  # batches that fill up before this request's
         seconds += full_batches * own.latency.batch_seconds(own.max_batch)
-        return seconds + own.latency.batch_seconds(ahead - full_batches * own.max_batch + 1)
+        return seconds / max(1, self.engines) + own.latency.batch_seconds(ahead - full_batches * own.max_batch + 1)
 
     # -- batches ------------------------------------------------------------------------------
 

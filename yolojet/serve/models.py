@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from yolojet.engine.engine import Engine
+from yolojet.engine.engine import Engine, check_options
+from yolojet.engine.predict_path import PredictOptions
 from yolojet.errors import EngineConfigError
 from yolojet.images import Frame
+from yolojet.ir import ModelMeta
 from yolojet.serve.batcher import LatencyModel
 
 _SPEC = re.compile(r"^(?P<source>.+?)(?::(?P<batch>\d+))?$")
@@ -45,16 +47,49 @@ def parse_model_spec(text: str, default_batch: int) -> ModelSpec:
     return ModelSpec(match["source"], batch)
 
 
+@dataclass(frozen=True)
+class ModelCard:
+    """What the service tells of a model and checks requests against, without its engine: a front whose engines
+    run in worker processes (scale/) has only this."""
+
+    meta: ModelMeta
+    max_batch: int
+    capacity: int  # the largest max_det a request may ask for
+    backend: str
+    decoder: str
+    device: str
+
+    @classmethod
+    def of(cls, engine: Engine) -> ModelCard:
+        return cls(engine.meta, engine.max_batch, engine.capacity, engine.backend, engine.decoder.name,
+                   str(engine.device))  # fmt: skip
+
+
 @dataclass
 class ServedModel:
+    """A model the server routes requests to. `engine` is None where the engines run in worker processes."""
+
     name: str
     version: str
-    engine: Engine
+    card: ModelCard
     latency: LatencyModel
+    engine: Engine | None = None
 
     @property
     def max_batch(self) -> int:
-        return self.engine.max_batch
+        return self.card.max_batch
+
+    @property
+    def meta(self) -> ModelMeta:
+        return self.card.meta
+
+    def options(self, **given: Any) -> PredictOptions:
+        """A request's options (conf, iou, max_det, classes) over the defaults, checked as the engine checks them."""
+        return check_options(replace(PredictOptions(), **given), self.meta.nc, self.card.capacity)
+
+    @classmethod
+    def of(cls, name: str, engine: Engine, latency: LatencyModel) -> ServedModel:
+        return cls(name, engine.graph.version(), ModelCard.of(engine), latency, engine)
 
 
 def measure_latency(engine: Engine, repeats: int = 3) -> LatencyModel:
@@ -88,9 +123,10 @@ def load_models(specs: list[ModelSpec], **engine_options: Any) -> dict[str, Serv
     try:
         for spec in specs:
             engine = Engine.load(spec.source, max_batch=spec.max_batch, **engine_options)
-            models[spec.name] = ServedModel(spec.name, engine.graph.version(), engine, measure_latency(engine))
+            models[spec.name] = ServedModel.of(spec.name, engine, measure_latency(engine))
     except BaseException:
         for model in models.values():
-            model.engine.close()
+            if model.engine is not None:
+                model.engine.close()
         raise
     return models

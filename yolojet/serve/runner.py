@@ -121,10 +121,12 @@ class Runner:
 
     def _launch(self, ticket: int, name: str, requests: list[Request]) -> _Launched:
         model = self.models[name]
+        engine = model.engine
+        assert engine is not None  # this runner serves the engines of its own process
         started = self.clock()
         jobs: list[Job] = [r.payload for r in requests]
         try:
-            decoded = model.engine.decoder.decode([Encoded(j.data, f"image of request {j.request_id!r}") for j in jobs])
+            decoded = engine.decoder.decode([Encoded(j.data, f"image of request {j.request_id!r}") for j in jobs])
         except Exception as e:  # a decoder failure, not a bad image: every request of the batch gets it
             log.exception("decoding a batch of %s failed", name)
             return self._failed(ticket, model, requests, started, f"decoding failed: {e}")
@@ -143,7 +145,7 @@ class Runner:
         submitted = None
         if frames:
             try:
-                submitted = model.engine.submit(frames, [r.payload.options for r in kept], ready=decoded.ready)
+                submitted = engine.submit(frames, [r.payload.options for r in kept], ready=decoded.ready)
             except Exception as e:
                 log.exception("running a batch of %s failed", name)
                 return self._failed(ticket, model, kept, started, f"the engine failed: {e}")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -85,14 +86,20 @@ class _BearerToken(grpc.aio.ServerInterceptor):
 class Server:
     """A running server: `start()` binds it (its port is `port`), `stop()` shuts it down gracefully."""
 
-    def __init__(self, models: dict[str, ServedModel], options: ServeOptions) -> None:
+    def __init__(
+        self,
+        models: dict[str, ServedModel],
+        options: ServeOptions,
+        runner: Callable[[dict[str, ServedModel], Scheduler, ServerMetrics], Runner] = Runner,
+    ) -> None:
+        """`runner`: what runs the batches (this process's engines; scale/'s worker processes)."""
         self.models, self.options = models, options
         self.metrics = ServerMetrics()
-        self.metrics.watch_gpu_memory(sorted({m.engine.device for m in models.values()}, key=str))
+        self.metrics.watch_gpu_memory(sorted({torch.device(m.card.device) for m in models.values()}, key=str))
         self.scheduler = Scheduler(time.monotonic)
         for name, model in models.items():
             self.scheduler.add_model(name, model.max_batch, model.latency, options.max_queue)
-        self.runner = Runner(models, self.scheduler, self.metrics)
+        self.runner = runner(models, self.scheduler, self.metrics)
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port: int | None = None
@@ -142,7 +149,8 @@ class Server:
         if self._http is not None:
             self._http.shutdown()
         for model in self.models.values():
-            model.engine.close()
+            if model.engine is not None:
+                model.engine.close()
         self._grpc = None
         log.info(json.dumps({"event": "stopped"}))
 
@@ -180,15 +188,19 @@ def build_models(specs: list[ModelSpec], options: ServeOptions) -> dict[str, Ser
     for model in models.values():
         latency = {b: round(s * 1000, 3) for b, s in model.latency.run_seconds.items()}
         log.info(json.dumps({"event": "model loaded", "name": model.name, "version": model.version,
-                             "task": model.engine.meta.task, "max_batch": model.max_batch,
-                             "backend": model.engine.backend, "decoder": model.engine.decoder.name,
+                             "task": model.meta.task, "max_batch": model.max_batch,
+                             "backend": model.card.backend, "decoder": model.card.decoder,
                              "run_ms_by_batch": latency}))  # fmt: skip
     return models
 
 
-async def serve_forever(models: dict[str, ServedModel], options: ServeOptions) -> None:
+async def serve_forever(
+    models: dict[str, ServedModel],
+    options: ServeOptions,
+    runner: Callable[[dict[str, ServedModel], Scheduler, ServerMetrics], Runner] = Runner,
+) -> None:
     """Serve until SIGTERM or SIGINT, then shut down gracefully."""
-    server = Server(models, options)
+    server = Server(models, options, runner)
     await server.start()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -66,7 +66,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         if request.classes:
             given["classes"] = list(request.classes)
         try:
-            options = model.engine.options(**given)
+            options = model.options(**given)
         except EngineConfigError as e:
             raise Problem(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         future: asyncio.Future = loop.create_future()

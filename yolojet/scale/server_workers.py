@@ -1,0 +1,363 @@
+"""`yolojet serve --devices`: one engine worker process a device behind the one gRPC front end.
+
+The front (the gRPC event loop, the scheduler, the metrics) loads no model. Each worker process (spawned: CUDA does
+not survive a fork) loads every served model on its device, measures their latency and reports their cards; then it
+takes batches of encoded images over a pipe, decodes and runs each with its engines, and sends back one outcome a
+request. The front's dispatcher sends each batch the scheduler forms to the live worker with the fewest batches in
+flight (two at most each, so that a worker's next batch is already waiting in its pipe when it finishes one), and a
+thread a worker receives its answers.
+
+A worker that dies (its pipe ends) is started again; each batch it held is sent once more to another live worker,
+and a batch whose second worker dies too is answered UNAVAILABLE: an accepted request is never dropped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import grpc
+
+from yolojet.errors import EngineConfigError, ImageReadError
+from yolojet.serve.batcher import LatencyModel, Request, Scheduler
+from yolojet.serve.metrics import ServerMetrics
+from yolojet.serve.models import ModelCard, ModelSpec, ServedModel
+from yolojet.serve.runner import Outcome, Runner
+
+log = logging.getLogger("yolojet.serve")
+BATCHES_PER_WORKER = 2  # one running, the next waiting in the pipe
+START_TIMEOUT_S = 900.0  # a cold start tunes every model's tiles: minutes on a GPU
+
+
+def parse_devices(text: str) -> list[str]:
+    """`all` (every CUDA device), GPU indices `0,1` or device names `cuda:1,cpu` → torch device names."""
+    import torch
+
+    text = text.strip()
+    if text == "all":
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise EngineConfigError("--devices all: this machine has no CUDA device; name devices, e.g. --devices cpu")
+        return [f"cuda:{i}" for i in range(count)]
+    devices = []
+    for part in (p.strip() for p in text.split(",")):
+        name = f"cuda:{part}" if part.isdigit() else part
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            expected = "all, 0,1 or cpu,cuda:1"
+            raise EngineConfigError(f"--devices {text}: {part!r} is no device (expected {expected})") from None
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise EngineConfigError(f"--devices {text}: no CUDA device {device.index or 0} on this machine "
+                                    f"({torch.cuda.device_count()} found)")  # fmt: skip
+        if device.type not in ("cuda", "cpu"):
+            raise EngineConfigError(f"--devices {text}: {part!r} is no CUDA device or cpu")
+        devices.append(str(device) if device.type == "cpu" or device.index is not None else "cuda:0")
+    if not devices:
+        raise EngineConfigError("--devices: name at least one device")
+    return devices
+
+
+# -- the worker process ----------------------------------------------------------------------------------------
+
+
+def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, engine_options: dict[str, Any]) -> None:
+    """A worker: load the models on `device`, report them, then answer batches until told to stop."""
+    from yolojet.images.decoders import Encoded
+    from yolojet.serve.models import load_models
+
+    try:
+        models = load_models(specs, device=device, **engine_options)
+    except BaseException as e:  # reported to the front, which names the device
+        connection.send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    connection.send(("ready", {name: (m.version, m.card, m.latency.run_seconds) for name, m in models.items()}))
+    try:
+        while True:
+            message = connection.recv()
+            if message[0] == "stop":
+                return
+            _, ticket, name, items = message
+            engine = models[name].engine
+            assert engine is not None
+            outcomes: list[tuple[str, Any, float, float]] = []
+            started = time.perf_counter()
+            try:
+                decoded = engine.decoder.decode([Encoded(data, f"image of request {rid!r}") for rid, data, _ in items])
+                decode_s = time.perf_counter() - started
+                frames = [(i, item) for i, item in enumerate(decoded.items) if not isinstance(item, ImageReadError)]
+                ran = time.perf_counter()
+                results = engine.submit([f for _, f in frames], [items[i][2] for i, _ in frames],
+                                        ready=decoded.ready).results() if frames else []  # fmt: skip
+                run_s = time.perf_counter() - ran
+                by_slot = {i: r for (i, _), r in zip(frames, results, strict=True)}
+                for i, item in enumerate(decoded.items):
+                    if i in by_slot:
+                        by_slot[i].image = None  # the original image stays here: replies never carry it
+                        outcomes.append(("OK", by_slot[i], decode_s, run_s))
+                    else:
+                        outcomes.append(("INVALID_ARGUMENT", str(item), decode_s, 0.0))
+            except Exception as e:  # an engine failure, not a bad image: every request of the batch gets it
+                log.error("a batch of %s failed on %s: %s", name, device, traceback.format_exc())
+                outcomes = [("INTERNAL", f"the engine on {device} failed: {e}", 0.0, 0.0)] * len(items)
+            connection.send(("done", ticket, outcomes))
+    except (EOFError, OSError, KeyboardInterrupt):  # the front went away, or Ctrl-C reached the whole group
+        return
+    finally:
+        for model in models.values():
+            if model.engine is not None:
+                model.engine.close()
+
+
+# -- the front's side ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    ticket: int
+    model: str
+    requests: list[Request]
+    started: float
+    tries: int = 0
+
+
+@dataclass
+class _Worker:
+    index: int
+    device: str
+    process: Any = None
+    connection: Connection | None = None
+    live: bool = False
+    in_flight: dict[int, _Batch] = field(default_factory=dict)
+    batches: int = 0  # batches answered, over the worker's restarts
+    restarts: int = 0
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class WorkerPool:
+    """The worker processes, one a device: `start()` launches them and returns the served models as the workers
+    report them (the slowest worker's latency a bucket)."""
+
+    def __init__(self, specs: list[ModelSpec], devices: Sequence[str], engine_options: dict[str, Any]) -> None:
+        self.specs, self.engine_options = specs, engine_options
+        self.workers = [_Worker(i, d) for i, d in enumerate(devices)]
+        self._context = multiprocessing.get_context("spawn")
+        self.closing = False
+
+    def start(self) -> dict[str, ServedModel]:
+        for worker in self.workers:
+            self._spawn(worker)
+        reports = []
+        try:
+            for worker in self.workers:
+                reports.append(self._wait_ready(worker))
+        except BaseException:
+            self.close()
+            raise
+        models: dict[str, ServedModel] = {}
+        for name, (version, card, _) in reports[0].items():
+            slowest = {b: max(r[name][2][b] for r in reports) for b in reports[0][name][2]}
+            models[name] = ServedModel(name, version, card, LatencyModel(slowest))
+        return models
+
+    def _spawn(self, worker: _Worker) -> None:
+        ours, theirs = self._context.Pipe()
+        worker.process = self._context.Process(
+            target=_worker_main, args=(theirs, self.specs, worker.device, self.engine_options),
+            name=f"yolojet-serve-worker-{worker.index}", daemon=True,
+        )  # fmt: skip
+        worker.process.start()
+        theirs.close()  # the child holds its end: ours sees EOF when the child dies
+        worker.connection = ours
+
+    def _wait_ready(self, worker: _Worker) -> dict[str, tuple[str, ModelCard, dict[int, float]]]:
+        assert worker.connection is not None
+        if not worker.connection.poll(START_TIMEOUT_S):
+            raise EngineConfigError(f"the worker on {worker.device} did not load its models in {START_TIMEOUT_S:.0f} s")
+        try:
+            kind, body = worker.connection.recv()
+        except EOFError:
+            raise EngineConfigError(f"the worker on {worker.device} exited while loading its models "
+                                    f"(exit code {worker.process.exitcode})") from None  # fmt: skip
+        if kind == "failed":
+            raise EngineConfigError(f"the worker on {worker.device} could not load its models: {body}")
+        worker.live = True
+        return body
+
+    def send(self, worker: _Worker, batch: _Batch, items: list[tuple[str, bytes, Any]]) -> bool:
+        """Hand a batch to a worker; False where its pipe is broken (it died)."""
+        assert worker.connection is not None
+        try:
+            with worker.send_lock:
+                worker.connection.send(("batch", batch.ticket, batch.model, items))
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.closing = True
+        for worker in self.workers:
+            if worker.connection is not None and worker.process is not None and worker.process.is_alive():
+                try:
+                    with worker.send_lock:
+                        worker.connection.send(("stop",))
+                except (OSError, ValueError):
+                    pass
+        deadline = time.monotonic() + timeout
+        for worker in self.workers:
+            if worker.process is not None:
+                worker.process.join(max(0.0, deadline - time.monotonic()))
+                if worker.process.is_alive():
+                    worker.process.kill()
+                    worker.process.join()
+            if worker.connection is not None:
+                worker.connection.close()
+            worker.live = False
+
+
+class PoolRunner(Runner):
+    """The server's runner when the engines are worker processes: the scheduler's batches go to the least-loaded
+    live worker; a thread a worker takes its answers; a worker that dies is restarted and its batches retried."""
+
+    def __init__(self, models: dict[str, ServedModel], scheduler: Scheduler, metrics: ServerMetrics, pool: WorkerPool,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        super().__init__(models, scheduler, metrics, clock)
+        self.pool = pool
+        scheduler.engines = sum(w.live for w in pool.workers)
+        self.retried = 0  # batches sent again after their worker died
+        self._receivers = [threading.Thread(target=self._receive, args=(w,), name=f"yolojet-serve-receive-{w.index}",
+                                            daemon=True) for w in pool.workers]  # fmt: skip
+
+    def start(self) -> None:
+        for thread in self._receivers:
+            thread.start()
+        super().start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        super().stop(timeout)  # answers every queued request first
+        self.pool.close()
+
+    # -- dispatching -----------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                for request in self.scheduler.expired():
+                    late = (self.clock() - request.deadline) * 1000
+                    self._answer(request, Outcome(code=grpc.StatusCode.DEADLINE_EXCEEDED,
+                                                  message=f"the deadline passed {late:.0f} ms before a batch could "
+                                                  "take it"))  # fmt: skip
+                chosen = self.scheduler.next_batch()
+                if chosen is None:
+                    busy = self.scheduler.in_flight
+                    if self._stopping and self.scheduler.queued() == 0 and not busy:
+                        return
+                    wait = min(1.0, max(0.0, self.scheduler.next_wakeup() - self.clock()))
+                    self._cond.wait(timeout=wait)
+                    continue
+                ticket, name, requests = chosen
+                for queue_name, queue in self.scheduler.queues.items():
+                    self.metrics.queue_depth.labels(queue_name).set(len(queue.waiting))
+                self.metrics.batch_size.labels(name).observe(len(requests))
+                self._dispatch(_Batch(ticket, name, requests, self.clock()))
+
+    def _dispatch(self, batch: _Batch) -> None:
+        """Send a batch to the live worker with the fewest in flight (under the lock); answered UNAVAILABLE where no
+        worker can take it."""
+        batch.tries += 1
+        items = [(r.payload.request_id, r.payload.data, r.payload.options) for r in batch.requests]
+        while True:
+            live = [w for w in self.pool.workers if w.live]
+            if not live:
+                self._settle_batch(batch, Outcome(code=grpc.StatusCode.UNAVAILABLE,
+                                                  message="no engine worker is running (restarting)"))  # fmt: skip
+                return
+            worker = min(live, key=lambda w: len(w.in_flight))
+            worker.in_flight[batch.ticket] = batch
+            if self.pool.send(worker, batch, items):
+                return
+            del worker.in_flight[batch.ticket]
+            worker.live = False  # its receiver sees the end of the pipe and restarts it
+
+    def _settle_batch(self, batch: _Batch, outcome: Outcome) -> None:
+        for request in batch.requests:
+            self._answer(request, outcome)
+        self.scheduler.finished(batch.ticket)
+        self._cond.notify()
+
+    # -- receiving -------------------------------------------------------------------------------------------
+
+    def _receive(self, worker: _Worker) -> None:
+        while True:
+            connection = worker.connection
+            try:
+                assert connection is not None
+                message = connection.recv()
+            except (EOFError, OSError, AssertionError):
+                if self.pool.closing:
+                    return
+                self._worker_died(worker)
+                continue
+            _, ticket, outcomes = message
+            with self._cond:
+                batch = worker.in_flight.pop(ticket, None)
+                worker.batches += 1
+            if batch is None:
+                continue
+            self._answer_batch(batch, outcomes)
+
+    def _answer_batch(self, batch: _Batch, outcomes: list[tuple[str, Any, float, float]]) -> None:
+        model = self.models[batch.model]
+        decode_s = outcomes[0][2] if outcomes else 0.0
+        model.latency.observe_decode(len(outcomes), decode_s)
+        for request, (code, body, decode_s, run_s) in zip(batch.requests, outcomes, strict=True):
+            queue_s = batch.started - request.arrival
+            if code == "OK":
+                self._answer(request, Outcome(body, queue_s=queue_s, decode_s=decode_s, run_s=run_s))
+            else:
+                self._answer(request, Outcome(code=grpc.StatusCode[code], message=body, queue_s=queue_s,
+                                              decode_s=decode_s))  # fmt: skip
+        with self._cond:
+            self.scheduler.finished(batch.ticket)
+            self._cond.notify()
+
+    def _worker_died(self, worker: _Worker) -> None:
+        """Retry the dead worker's batches elsewhere (once each), then start it again (outside the lock: loading
+        takes seconds to minutes)."""
+        code = worker.process.exitcode if worker.process is not None else None
+        log.error('{"event": "worker died", "device": "%s", "exit_code": %s, "batches_in_flight": %d}',
+                  worker.device, code, len(worker.in_flight))  # fmt: skip
+        with self._cond:
+            worker.live = False
+            self.scheduler.engines = sum(w.live for w in self.pool.workers)
+            orphans = list(worker.in_flight.values())
+            worker.in_flight.clear()
+            for batch in orphans:
+                if batch.tries >= 2:
+                    self._settle_batch(batch, Outcome(code=grpc.StatusCode.UNAVAILABLE, message=(
+                        f"the engine workers running it died twice (last on {worker.device})")))  # fmt: skip
+                else:
+                    self.retried += 1
+                    self._dispatch(batch)
+        if worker.connection is not None:
+            worker.connection.close()
+        while not self.pool.closing:
+            try:
+                self.pool._spawn(worker)
+                self.pool._wait_ready(worker)
+                break
+            except EngineConfigError as e:
+                log.error('{"event": "worker restart failed", "device": "%s", "error": "%s"}', worker.device, e)
+                time.sleep(5.0)
+        with self._cond:
+            worker.restarts += 1
+            self.scheduler.engines = sum(w.live for w in self.pool.workers)
+            self._cond.notify()
+        log.info('{"event": "worker restarted", "device": "%s"}', worker.device)
