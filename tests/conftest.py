@@ -51,7 +51,11 @@ SLOW = ("pipeline", "kernels", "engine", "export", "client", "serve/test_service
 
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
+    cuda = torch.cuda.is_available()
     for item in items:
+        gpu = item.get_closest_marker("gpu")
+        if gpu is not None and not cuda:
+            item.add_marker(pytest.mark.skip(reason=gpu.kwargs.get("reason", "needs a CUDA GPU")))
         where = Path(item.fspath).relative_to(tests).as_posix()
         if any(where == slow or where.startswith(slow + "/") for slow in SLOW):
             item.add_marker(pytest.mark.slow)

@@ -139,7 +139,7 @@ def test_decoder_choice(monkeypatch):
         make_decoder("cpu", cpu, max_pixels=0)
 
 
-@pytest.mark.skipif(not CUDA, reason="the GPU decoders need a CUDA GPU")
+@pytest.mark.gpu(reason="the GPU decoders need a CUDA GPU")
 @pytest.mark.parametrize("name", ["nvimgcodec", "nvjpeg", "cpu"])
 def test_gpu_decoders_on_real_and_awkward_jpegs(name):
     """Every decoder that can run here: frames on the GPU, within a level of OpenCV's pixels (nvimgcodec, cpu) or

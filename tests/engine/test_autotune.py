@@ -24,7 +24,7 @@ from yolojet.kernels.attention import AttentionTile
 from yolojet.kernels.conv import ConvConfig
 from yolojet.kernels.dwconv import DwConvTile
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="tuning times kernels on a CUDA GPU")
+needs_cuda = pytest.mark.gpu(reason="tuning times kernels on a CUDA GPU")
 
 
 def test_candidates_that_cannot_run_are_left_out_with_a_warning(tmp_path):

@@ -12,7 +12,6 @@ import time
 from types import SimpleNamespace
 
 import pytest
-import torch
 import triton
 from support import random_model
 
@@ -105,7 +104,7 @@ _COMPILE_IN_WORKERS = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton compiles for a CUDA GPU")
+@pytest.mark.gpu(reason="Triton compiles for a CUDA GPU")
 def test_workers_compile_every_candidate_and_the_thread_pass_only_loads_them(tmp_path):
     """In a fresh process (no kernel compiled in memory yet) with an empty Triton cache: the candidates of a few
     convs are collected, the workers compile each, and the start-up's own compile pass finds every one on disk."""

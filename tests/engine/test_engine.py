@@ -126,7 +126,8 @@ def test_classifier_pools_in_its_head_launch_unless_fusion_is_off(model_dirs):
             assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
 
 
-@pytest.mark.skipif(DEVICE != "cuda" or not pdl_available(torch.device("cuda")), reason="needs PDL (Hopper GPU)")
+@pytest.mark.gpu(reason="needs PDL (a Hopper GPU)")
+@pytest.mark.skipif(DEVICE == "cuda" and not pdl_available(torch.device("cuda")), reason="needs PDL (a Hopper GPU)")
 def test_dependent_launch_changes_no_value(tmp_path):
     """Kernels that start while their predecessor drains must still read only finished data: graph replays with
     programmatic dependent launch give bit-identical outputs to ordinary launches, replay after replay."""

@@ -236,7 +236,7 @@ def test_branches_default_follows_the_device(seg_graph, monkeypatch):
         assert make().branches is False
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="parallel streams in a CUDA graph need a GPU")
+@pytest.mark.gpu(reason="parallel streams in a CUDA graph need a GPU")
 @pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolov8n-seg.yaml", "yolo11n-pose.yaml"])
 def test_parallel_branch_graphs_change_no_value(tmp_path, cfg):
     """Graph replays with the branches on parallel streams give bit-identical outputs to sequential graphs."""
@@ -249,7 +249,7 @@ def test_parallel_branch_graphs_change_no_value(tmp_path, cfg):
     assert_identical_replays(*engines, batch=4, imgsz=320)
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="parallel streams in a CUDA graph need a GPU")
+@pytest.mark.gpu(reason="parallel streams in a CUDA graph need a GPU")
 def test_parallel_branches_with_split_k_tiles_change_no_value(tmp_path):
     """Split-K launches share one scratch area: with every layer that can split given its largest split, the
     schedule must keep them apart on parallel streams too."""
@@ -272,7 +272,7 @@ def test_parallel_branches_with_split_k_tiles_change_no_value(tmp_path):
     assert int(engines[0].network.split_scratch.arrivals.abs().sum()) == 0
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="parallel streams in a CUDA graph need a GPU")
+@pytest.mark.gpu(reason="parallel streams in a CUDA graph need a GPU")
 @pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo11n-seg.yaml", "yolo11n-cls.yaml"])
 def test_predict_path_with_parallel_branches_gives_the_same_results(tmp_path, cfg):
     """The predict path captures the network's launches inside its own graph: the same results either way."""
@@ -288,7 +288,7 @@ def test_predict_path_with_parallel_branches_gives_the_same_results(tmp_path, cf
         assert parallel.to_json() == sequential.to_json()
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="captured graphs need a GPU")
+@pytest.mark.gpu(reason="captured graphs need a GPU")
 def test_predict_graphs_follow_a_new_network_capture(tmp_path):
     """A new capture of the network may move the split-K scratch (its parts are laid out again): the predict path
     drops the graphs it captured around the old one and captures new ones, with the same results."""

@@ -184,7 +184,7 @@ def test_launchers_reject_bad_arguments(call, message):
         call()
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="programs run one after another under the interpreter")
+@pytest.mark.gpu(reason="programs run one after another under the interpreter")
 def test_classify_head_gives_the_same_probabilities_launch_after_launch():
     """The arrival counts order the programs' partial sums on the GPU: at batch 64, with 10,240 programs racing,
     every launch gives bit-identical probabilities (the partials are summed in block order, whatever arrives
