@@ -621,12 +621,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port, grace_s=args.grace_s, engine={**_letterbox(args), **_engine_switches(args)},
     )  # fmt: skip
     configure_logging()
+    if args.ray is not None:
+        from yolojet.scale.ray_serve import serve_on_ray
+
+        if args.devices is not None:
+            raise EngineConfigError("--ray and --devices: give one (--ray runs a replica a GPU of a Ray cluster, "
+                                    "--devices a worker process a device of this machine)")  # fmt: skip
+        if args.device is not None:
+            raise EngineConfigError("--device and --ray: give one (the replicas take the devices Ray gives them)")
+        serve_on_ray(specs, options, args.ray, args.ray_replicas)
+        return 0
+    if args.ray_replicas is not None:
+        raise EngineConfigError("--ray-replicas goes with --ray (the most Ray Serve replicas)")
     if args.devices is None:
         asyncio.run(serve_forever(build_models(specs, options), options))
         return 0
     from functools import partial
 
-    from yolojet.scale.server_workers import PoolRunner, WorkerPool, parse_devices
+    from yolojet.scale.devices import parse_devices
+    from yolojet.scale.server_workers import PoolRunner, WorkerPool
 
     if args.device is not None:
         raise EngineConfigError("--device and --devices: give one (--devices runs a worker process a device)")
@@ -646,14 +659,29 @@ def _cmd_label(args: argparse.Namespace) -> int:
     from yolojet.client.remote import Connection, RemoteLabeler, bench, model_facts
     from yolojet.options import serve_token
 
-    if (args.server is None) == (not args.local):
-        raise EngineConfigError("give --server HOST:PORT (label through yolojet serve) or --local (an engine here)")
+    if [args.server is not None, args.local, args.ray is not None].count(True) != 1:
+        raise EngineConfigError("give --server HOST:PORT (label through yolojet serve), --local (an engine here) or "
+                                "--ray [ADDRESS] (a Ray cluster)")  # fmt: skip
+    if args.ray_actors is not None and args.ray is None:
+        raise EngineConfigError("--ray-actors sizes the engine actors of a Ray run: give it with --ray")
+    if args.ray and Path(args.ray).exists():  # nargs='?' takes the word after --ray, even an image folder
+        raise EngineConfigError(f"--ray {args.ray}: an image source, not a cluster address; give --ray after the "
+                                "sources, or --ray= for a cluster started here")  # fmt: skip
+    devices = None
+    if args.devices is not None:  # checked before any work: a worker process a device is started only to label
+        from yolojet.scale.devices import parse_devices
+
+        if not args.local:
+            raise EngineConfigError("--devices runs worker processes on this machine's devices: give it with --local")
+        if args.device is not None:
+            raise EngineConfigError("--device and --devices: give one (--devices runs a worker process a device)")
+        devices = parse_devices(args.devices)
     options = {k: v for k, v in (("conf", args.conf), ("iou", args.iou), ("max_det", args.max_det)) if v is not None}
     if args.classes:
         options["classes"] = args.classes
     token = args.token_file.read_text().strip() if args.token_file is not None else serve_token()
     if args.bench is not None:
-        if args.local:
+        if args.local or args.ray is not None:
             raise EngineConfigError("--bench measures a server: give --server HOST:PORT")
         connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
         model_facts(connection)  # a clear error now rather than in every worker
@@ -672,10 +700,33 @@ def _cmd_label(args: argparse.Namespace) -> int:
 
         if not args.model:
             raise EngineConfigError("--local needs --model: a model directory, .pt checkpoint, name or .yaml")
-        labeler = LocalLabeler(args.model, args.concurrency, options, half=not args.fp32, decoder=args.decoder,
-                               max_pixels=args.max_pixels, device=args.device, **_letterbox(args),
-                               **_engine_switches(args))  # fmt: skip
-        facts, label, close = labeler.facts, labeler, labeler.close
+        engine_options = {"half": not args.fp32, "decoder": args.decoder, "max_pixels": args.max_pixels,
+                          **_letterbox(args), **_engine_switches(args)}  # fmt: skip
+        if devices is None:
+            labeler = LocalLabeler(args.model, args.concurrency, options, device=args.device, **engine_options)
+            facts, label, close = labeler.facts, labeler, labeler.close
+        else:
+            from yolojet.scale.local_workers import MultiDeviceLabeler
+
+            workers = MultiDeviceLabeler(args.model, args.concurrency, options, devices, **engine_options)
+            facts, label = workers.facts, workers
+
+            def close() -> None:
+                workers.close()
+                summary.notes.extend(workers.notes())
+    elif args.ray is not None:
+        from yolojet.scale.ray_label import RayLabeler
+
+        if not args.model:
+            raise EngineConfigError("--ray needs --model: a model directory, .pt checkpoint, name or .yaml")
+        cluster = RayLabeler(args.model, args.concurrency, options, address=args.ray or None, actors=args.ray_actors,
+                             device=args.device, half=not args.fp32, decoder=args.decoder, max_pixels=args.max_pixels,
+                             **_letterbox(args), **_engine_switches(args))  # fmt: skip
+        facts, label = cluster.facts, cluster
+
+        def close() -> None:
+            cluster.close()
+            summary.notes.extend(cluster.notes())
     else:
         connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
         facts = model_facts(connection)
@@ -891,6 +942,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", default=None, metavar="all|0,1|cpu,...", help="one engine worker process a device "
                    "behind this one front end: every GPU (all), GPU indices, or device names; a worker that dies is "
                    "restarted and its batches sent to another")  # fmt: skip
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="deploy on a Ray cluster with "
+                   "Ray Serve (pip install 'yolojet[ray]'): a replica a GPU (CPU replicas on a cluster without GPUs), "
+                   "scaled on queue depth, behind Ray Serve's gRPC proxy on --port of each node (every interface); "
+                   "ADDRESS is the head's HOST:6379 (`ray start --head`), none starts a local cluster; Infer, "
+                   "InferStream and ListModels; no TLS, token or --metrics-port")  # fmt: skip
+    p.add_argument("--ray-replicas", type=_positive_int, default=None, metavar="N", help="--ray: at most N replicas "
+                   "(default: a GPU each, one without GPUs)")  # fmt: skip
     p.add_argument("--fp32", action="store_true", help="run the GPU engines in fp32 instead of fp16")
     p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain: serve over TLS")
     p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
@@ -913,10 +971,16 @@ def build_parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--server", default=None, metavar="HOST:PORT", help="label through yolojet serve there")
     where.add_argument("--local", action="store_true", help="label on an engine in this process")
+    where.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="label on a Ray cluster, "
+                       "an engine actor a GPU (the CPU reference where it has none): ADDRESS is HOST:PORT of `ray "
+                       "start --head`, ray://HOST:PORT or auto; alone, a cluster started here. The workers read the "
+                       "image files themselves, by their absolute paths: a file system all machines share")  # fmt: skip
     p.add_argument("--model", default=None, help="with --server: the served model's name (needed when it serves "
-                   "several); with --local: a model directory, .pt checkpoint, name or .yaml")  # fmt: skip
+                   "several); with --local or --ray: a model directory, .pt checkpoint, name or .yaml")  # fmt: skip
     p.add_argument("-c", "--concurrency", type=_positive_int, default=64, help="requests in flight (--server), or "
-                   "the batch (--local); default 64")  # fmt: skip
+                   "the batch (--local, --ray); default 64")  # fmt: skip
+    p.add_argument("--ray-actors", type=_positive_int, default=None, metavar="N", help="--ray: most engine actors at "
+                   "once (default: one a GPU of the cluster, or one a CPU where it has no GPU)")  # fmt: skip
     p.add_argument("--coco", type=Path, default=None, help="also write COCO annotations here (at the end, atomically)")
     p.add_argument("--rle", action="store_true", help="COCO segmentations as RLE, not polygons")
     p.add_argument("--yolo-txt", type=Path, default=None, help="also make an ultralytics dataset here: label files, "
@@ -937,8 +1001,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-ca", type=Path, default=None, help="--server over TLS, trusting this PEM certificate")
     p.add_argument("--token-file", type=Path, default=None, help="bearer token for the server (or YOLOJET_TOKEN)")
     p.add_argument("--quiet", action="store_true", help="no progress, no per-image errors on stderr")
-    p.add_argument("--fp32", action="store_true", help="--local: the GPU engine in fp32")
-    p.add_argument("--device", default=None, help="--local: cuda, cuda:N or cpu")
+    p.add_argument("--fp32", action="store_true", help="--local, --ray: the GPU engine in fp32")
+    p.add_argument("--device", default=None, help="--local: cuda, cuda:N or cpu; --ray: cuda or cpu (default: the "
+                   "cluster's GPUs where it has some)")  # fmt: skip
+    p.add_argument("--devices", default=None, metavar="all|0,1|cpu,...", help="--local: one worker process a device, "
+                   "each taking the next chunk of images as it is free: every GPU (all), GPU indices, or device names; "
+                   "a dead worker's images are labeled by another")  # fmt: skip
     _add_decoder_flag(p)
     _add_letterbox_flags(p)
     _add_engine_switches(p)

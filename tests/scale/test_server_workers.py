@@ -19,7 +19,8 @@ from ultralytics.utils import ASSETS
 import yolojet
 from yolojet.engine.engine import Engine
 from yolojet.errors import EngineConfigError
-from yolojet.scale.server_workers import PoolRunner, WorkerPool, parse_devices
+from yolojet.scale.devices import parse_devices
+from yolojet.scale.server_workers import PoolRunner, WorkerPool
 from yolojet.serve.models import ModelSpec
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.server import ServeOptions

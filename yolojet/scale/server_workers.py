@@ -36,35 +36,6 @@ BATCHES_PER_WORKER = 2  # one running, the next waiting in the pipe
 START_TIMEOUT_S = 900.0  # a cold start tunes every model's tiles: minutes on a GPU
 
 
-def parse_devices(text: str) -> list[str]:
-    """`all` (every CUDA device), GPU indices `0,1` or device names `cuda:1,cpu` → torch device names."""
-    import torch
-
-    text = text.strip()
-    if text == "all":
-        count = torch.cuda.device_count()
-        if count == 0:
-            raise EngineConfigError("--devices all: this machine has no CUDA device; name devices, e.g. --devices cpu")
-        return [f"cuda:{i}" for i in range(count)]
-    devices = []
-    for part in (p.strip() for p in text.split(",")):
-        name = f"cuda:{part}" if part.isdigit() else part
-        try:
-            device = torch.device(name)
-        except RuntimeError:
-            expected = "all, 0,1 or cpu,cuda:1"
-            raise EngineConfigError(f"--devices {text}: {part!r} is no device (expected {expected})") from None
-        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-            raise EngineConfigError(f"--devices {text}: no CUDA device {device.index or 0} on this machine "
-                                    f"({torch.cuda.device_count()} found)")  # fmt: skip
-        if device.type not in ("cuda", "cpu"):
-            raise EngineConfigError(f"--devices {text}: {part!r} is no CUDA device or cpu")
-        devices.append(str(device) if device.type == "cpu" or device.index is not None else "cuda:0")
-    if not devices:
-        raise EngineConfigError("--devices: name at least one device")
-    return devices
-
-
 # -- the worker process ----------------------------------------------------------------------------------------
 
 

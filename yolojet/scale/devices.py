@@ -1,0 +1,38 @@
+"""`--devices`: which devices the worker processes of `serve` and `label --local` run on."""
+
+from __future__ import annotations
+
+from yolojet.errors import EngineConfigError
+
+
+def parse_devices(text: str, cuda_count: int | None = None) -> list[str]:
+    """`all` (every CUDA device), CUDA indices `0,1` or device names `cpu,cuda:1` (a device may be named twice) →
+    torch device names; checked against the `cuda_count` devices here (default: torch's count)."""
+    if cuda_count is None:
+        import torch
+
+        cuda_count = torch.cuda.device_count()
+    text = text.strip()
+    if text == "all":
+        if cuda_count == 0:
+            raise EngineConfigError("--devices all: no CUDA device; name devices, e.g. --devices cpu,cpu")
+        return [f"cuda:{i}" for i in range(cuda_count)]
+    expected = "expected all, CUDA indices (0,1) or device names (cpu,cuda:1)"
+    devices = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.isdigit():
+            index = int(part)
+        elif part == "cpu":
+            devices.append("cpu")
+            continue
+        elif part == "cuda":
+            index = 0
+        elif part.startswith("cuda:") and part[5:].isdigit():
+            index = int(part[5:])
+        else:
+            raise EngineConfigError(f"--devices {text}: {part!r} is no device ({expected})")
+        if index >= cuda_count:
+            here = f"this machine has {cuda_count} (0..{cuda_count - 1})" if cuda_count else "this machine has none"
+            raise EngineConfigError(f"--devices {text}: no CUDA device {index} ({here})")
+        devices.append(f"cuda:{index}")
+    return devices
