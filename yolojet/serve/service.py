@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -29,7 +30,7 @@ STREAM_WINDOW = 512  # requests of one stream in flight at once; reading the str
 
 
 class Problem(Exception):
-    """A request answered with a status before it reaches a batch."""
+    """A request answered with a status instead of results: refused before it reaches a batch, or failed in it."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -88,23 +89,22 @@ class InferenceService(pb_grpc.InferenceServicer):
     def _count(self, model: str, code: grpc.StatusCode) -> None:
         self.metrics.requests.labels(model or "-", code.name).inc()
 
-    # -- the methods --------------------------------------------------------------------------
+    # -- what the methods do, without a grpc.aio context (scale/ray_serve's replicas answer through Ray's proxy) --
 
-    async def Infer(self, request: pb.InferRequest, context: grpc.aio.ServicerContext) -> pb.InferReply:
-        loop = asyncio.get_running_loop()
+    async def infer(self, request: pb.InferRequest, deadline: float) -> pb.InferReply:
+        """One request's reply; raises `Problem` with the status it fails with."""
         try:
-            model, future = self._submit(request, self._deadline(context), loop)
+            model, future = self._submit(request, deadline, asyncio.get_running_loop())
         except Problem as p:
             self._count(request.model, p.code)
-            await context.abort(p.code, p.message)
+            raise
         outcome: Outcome = await future
         if outcome.code != grpc.StatusCode.OK:
-            await context.abort(outcome.code, outcome.message)
+            raise Problem(outcome.code, outcome.message)
         return _reply(outcome, model, request.id)
 
-    async def InferStream(
-        self, request_iterator: AsyncIterator[pb.InferRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.InferReply]:
+    async def replies(self, request_iterator: AsyncIterator[pb.InferRequest]) -> AsyncGenerator[pb.InferReply, None]:
+        """A stream's replies in request order, a failed request's as a reply carrying its error."""
         loop = asyncio.get_running_loop()
         pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
         end = object()
@@ -136,9 +136,28 @@ class InferenceService(pb_grpc.InferenceServicer):
         finally:
             reader.cancel()
 
+    def model_list(self) -> pb.ListModelsReply:
+        return pb.ListModelsReply(models=[convert.model_info(self.models[n]) for n in sorted(self.models)])
+
+    # -- the methods --------------------------------------------------------------------------
+
+    async def Infer(self, request: pb.InferRequest, context: grpc.aio.ServicerContext) -> pb.InferReply:
+        try:
+            return await self.infer(request, self._deadline(context))
+        except Problem as p:
+            await context.abort(p.code, p.message)
+            raise  # abort raises; this only tells the type checker so
+
+    async def InferStream(
+        self, request_iterator: AsyncIterator[pb.InferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.InferReply]:
+        async with aclosing(self.replies(request_iterator)) as replies:  # a cancelled call ends its reader at once
+            async for reply in replies:
+                yield reply
+
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ListModelsReply:  # fmt: skip
-        return pb.ListModelsReply(models=[convert.model_info(self.models[n]) for n in sorted(self.models)])
+        return self.model_list()
 
 
 def _settle(future: asyncio.Future, outcome: Outcome) -> None:
