@@ -20,7 +20,8 @@ from ultralytics.utils import ASSETS
 
 import yolojet
 from yolojet.client.label import LabelJob, Summary, run
-from yolojet.scale.ray_label import NO_ANSWER, Delivery, LabelActor, RayLabeler, head_of
+from yolojet.scale.ray_cluster import head_of
+from yolojet.scale.ray_label import NO_ANSWER, Delivery, LabelActor, RayLabeler
 
 CONF = "0.001"
 

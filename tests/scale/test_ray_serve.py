@@ -69,7 +69,7 @@ def test_an_unreachable_head_and_flags_that_do_not_go_together_are_refused(capsy
     options = replace(ServeOptions(), port=free_port())
     service = RayService([ModelSpec(str(tmp_path), 2)], options, f"127.0.0.1:{closed}")
     if not ray.is_initialized():  # a process already on a cluster deploys there and never dials the address
-        with pytest.raises(EngineConfigError, match="no Ray head answers there"):
+        with pytest.raises(EngineConfigError, match="cannot reach the Ray cluster there"):
             service.start()
     with pytest.raises(EngineConfigError, match="not available with --ray"):
         RayService([ModelSpec(str(tmp_path), 2)], replace(ServeOptions(), token="secret"))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import socket
 import sys
 import threading
 import time
@@ -28,6 +27,7 @@ from contextlib import aclosing
 from typing import Any
 
 from yolojet.errors import EngineConfigError
+from yolojet.scale.ray_cluster import connect
 from yolojet.serve.batcher import Scheduler
 from yolojet.serve.metrics import ServerMetrics
 from yolojet.serve.models import ModelSpec, ServedModel, load_models
@@ -39,7 +39,6 @@ from yolojet.serve.service import InferenceService, Problem
 log = logging.getLogger("yolojet.serve")
 APP = "yolojet"  # the Serve application's name: clients of a cluster with other applications send it as `application`
 SERVICER = "yolojet.serve.proto.yolojet.v1.inference_pb2_grpc.add_InferenceServicer_to_server"
-CONNECT_TIMEOUT_S = 5.0  # ray.init waits without end for a head that does not answer: a plain TCP connect first
 # Ongoing requests a replica, in largest max_batches: its runner keeps two batches in flight, so two batches' worth is
 # a replica working flat out (Serve scales up past it), and a third forming is the most it can use (Serve holds the
 # rest at the proxy for whichever replica frees first, or one that scaling adds).
@@ -101,21 +100,6 @@ def _ray() -> tuple[Any, Any]:
     return ray, serve
 
 
-def _reachable(address: str) -> None:
-    """A HOST:PORT address answers a TCP connect (skipped for `auto` and ray:// client addresses)."""
-    if address == "auto" or address.startswith("ray://"):
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise EngineConfigError(f"--ray {address}: expected HOST:PORT of a Ray head (port 6379 unless it was started "
-                                "with another), auto, or ray://HOST:PORT")  # fmt: skip
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        raise EngineConfigError(f"--ray {address}: no Ray head answers there ({e}); start one with `ray start --head` "
-                                "and give its HOST:6379") from None  # fmt: skip
-
-
 class RayService:
     """The deployment on a Ray cluster: `start()` joins the cluster (or starts a local one), starts Serve with its gRPC
     proxy on `options.port` and deploys the replicas; `stop()` shuts Serve down (and the local cluster it started)."""
@@ -149,14 +133,7 @@ class RayService:
         from ray.serve.config import gRPCOptions
 
         self._ray = ray
-        if not ray.is_initialized():
-            if self.address:
-                _reachable(self.address)
-            try:
-                ray.init(address=self.address or None, log_to_driver=False)
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                raise EngineConfigError(f"--ray {self.address or '(a local cluster)'}: cannot join it: {e}") from None
-            self._own_ray = True
+        self._own_ray = connect(self.address)
         try:
             running = serve.status()
             if running.proxies or running.applications:
