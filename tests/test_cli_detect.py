@@ -391,7 +391,10 @@ def test_no_json_file_when_no_image_succeeds(model_dir, tmp_path, capsys):
 
 
 def test_interrupted_run_keeps_every_finished_record(model_dir, tmp_path):
-    """Ctrl-C after some images: the JSON lines of the images done so far are on disk, each one whole."""
+    """Ctrl-C after some images: the JSON lines of the images done so far are on disk, each one whole. Enough images
+    that the run is still going when the interrupt comes, however fast the machine (40 were all done first once):
+    one copy of the photo, then hard links to it."""
+    import os
     import signal
     import subprocess
     import sys
@@ -399,8 +402,9 @@ def test_interrupted_run_keeps_every_finished_record(model_dir, tmp_path):
 
     folder = tmp_path / "many"
     folder.mkdir()
-    for i in range(40):
-        shutil.copy(ASSETS / "bus.jpg", folder / f"{i:02d}.jpg")
+    shutil.copy(ASSETS / "bus.jpg", folder / "000.jpg")
+    for i in range(1, 400):
+        os.link(folder / "000.jpg", folder / f"{i:03d}.jpg")
     out_json = tmp_path / "out.jsonl"
     command = [sys.executable, "-m", "yolojet.cli", "detect", str(model_dir), str(folder), "--json", str(out_json),
                "--quiet"]  # fmt: skip
@@ -414,8 +418,8 @@ def test_interrupted_run_keeps_every_finished_record(model_dir, tmp_path):
     assert process.returncode == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
     records = read_json_lines(out_json)
-    assert 1 <= len(records) < 40
-    assert [r["path"] for r in records] == [str(folder / f"{i:02d}.jpg") for i in range(len(records))]
+    assert 1 <= len(records) < 400
+    assert [r["path"] for r in records] == [str(folder / f"{i:03d}.jpg") for i in range(len(records))]
 
 
 def test_closed_pipe_ends_quietly(model_dir, photos, tmp_path):
