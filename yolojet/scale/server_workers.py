@@ -220,11 +220,7 @@ class PoolRunner(Runner):
     def _loop(self) -> None:
         while True:
             with self._cond:
-                for request in self.scheduler.expired():
-                    late = (self.clock() - request.deadline) * 1000
-                    self._answer(request, Outcome(code=grpc.StatusCode.DEADLINE_EXCEEDED,
-                                                  message=f"the deadline passed {late:.0f} ms before a batch could "
-                                                  "take it"))  # fmt: skip
+                self._drop_expired()
                 chosen = self.scheduler.next_batch()
                 if chosen is None:
                     busy = self.scheduler.in_flight

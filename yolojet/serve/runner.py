@@ -100,11 +100,7 @@ class Runner:
         in_flight: deque[_Launched] = deque()
         while True:
             with self._cond:
-                for request in self.scheduler.expired():
-                    late = (self.clock() - request.deadline) * 1000
-                    self._answer(request, Outcome(code=grpc.StatusCode.DEADLINE_EXCEEDED,
-                                                  message=f"the deadline passed {late:.0f} ms before a batch could "
-                                                  "take it"))  # fmt: skip
+                self._drop_expired()
                 chosen = self.scheduler.next_batch()
                 if chosen is None and not in_flight:
                     if self._stopping and self.scheduler.queued() == 0:
@@ -118,6 +114,18 @@ class Runner:
                 in_flight.append(self._launch(*chosen))
             if in_flight and (chosen is None or len(in_flight) >= self.scheduler.depth):
                 self._finish(in_flight.popleft())
+
+    def _drop_expired(self) -> None:
+        """Answer DEADLINE_EXCEEDED to every request whose deadline passed while it waited (under the lock)."""
+        for request in self.scheduler.expired():
+            late = (self.clock() - request.deadline) * 1000
+            self._answer(
+                request,
+                Outcome(
+                    code=grpc.StatusCode.DEADLINE_EXCEEDED,
+                    message=f"the deadline passed {late:.0f} ms before a batch could take it",
+                ),
+            )
 
     def _launch(self, ticket: int, name: str, requests: list[Request]) -> _Launched:
         model = self.models[name]
