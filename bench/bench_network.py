@@ -275,12 +275,19 @@ def main() -> None:
     )
     parser.add_argument("--startup", action="store_true", help="time cold and cached engine start-up (first model)")
     parser.add_argument("--startup-only", action="store_true", help="time start-up, then stop")
+    parser.add_argument(
+        "--tuning-cache",
+        type=Path,
+        default=None,
+        help="read and fill this tuning cache instead of a fresh one (two commits' tables in one run then time the "
+        "same tile picks)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
     fresh = Path(tempfile.mkdtemp(prefix="yolojet-bench-"))
-    os.environ["YOLOJET_CACHE"] = str(fresh / "yolojet")
+    os.environ["YOLOJET_CACHE"] = str(args.tuning_cache or fresh / "yolojet")
     os.environ["TRITON_CACHE_DIR"] = str(fresh / "triton")
     report = provenance() | {"models": []}
     if args.startup or args.startup_only:

@@ -9,6 +9,8 @@ yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped pho
   label    `yolojet label FOLDER --server` over --files copies of bus.jpg (file reads and the JSONL written
            included), then `yolojet label FOLDER --local`; each as a user runs it, a fresh process: its own rate
            (from its summary line) and the wall time of the whole command
+  workers  with --devices D: the same unary calls against `yolojet serve --devices D` (an engine worker process a
+           device behind one front), and `yolojet label FOLDER --local --devices D`
 
     python3 bench/bench_serve.py --out results/
 """
@@ -33,8 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 PORT = 50611
 
 
-def start_server(model_dir: Path, log: Path, slo_ms: float, samples: Path | None) -> subprocess.Popen:
+def start_server(
+    model_dir: Path, log: Path, slo_ms: float, samples: Path | None, devices: str | None = None
+) -> subprocess.Popen:
     model = ["--model", f"{model_dir}:64", "--shapes", "640x480", "--slo-ms", str(slo_ms)]
+    if devices is not None:  # worker processes behind one front (the scale room) instead of the engine in-process
+        model += ["--devices", devices]
     command = [sys.executable, "-m", "yolojet", "serve", *model, "--port", str(PORT)]
     if samples is not None:  # where the server's threads spend their time (bench/sampler.py)
         command[1:1] = [str(Path(__file__).with_name("sampler.py")), "--out", str(samples), "--"]
@@ -72,6 +78,39 @@ def label(source: Path, out: Path, where: list[str]) -> dict:
             "img_per_s": float(rate[2].replace(",", "")) if rate else 0.0, "said": said[-1500:]}  # fmt: skip
 
 
+def unary_calls(found: dict, key: str, bus: Path, requests: int) -> None:
+    """Unary calls of bus.jpg's bytes, 64 then 8 in flight, after a warm-up that reaches every bucket."""
+    from yolojet.client.remote import Connection, bench
+
+    connection = Connection(f"127.0.0.1:{PORT}")
+    bench(connection, bus, min(2000, requests // 10), 64, 4, {})
+    for concurrency, processes in ((64, 4), (8, 2)):
+        row = bench(connection, bus, requests if concurrency == 64 else requests // 4, concurrency, processes, {})
+        found[f"{key}_{concurrency}"] = row
+        print(f"{key}, {concurrency} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
+              f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}", flush=True)  # fmt: skip
+
+
+def workers_stage(found: dict, args: argparse.Namespace, model_dir: Path, bus: Path, files: Path, work: Path) -> None:
+    """The same calls against `serve --devices`, then `label --local --devices`."""
+    server = None
+    try:
+        start = time.perf_counter()
+        server = start_server(model_dir, args.out / "serve-workers.log", args.slo_ms, None, args.devices)
+        found["workers_server_start_s"] = time.perf_counter() - start
+        unary_calls(found, "workers", bus, args.requests)
+    except Exception:
+        found.setdefault("failures", []).append(traceback.format_exc())
+        print(traceback.format_exc(), flush=True)
+    finally:
+        if server is not None:
+            found["workers_server_exit"] = stop(server)
+    if not args.no_label:
+        where = ["--local", "--model", str(model_dir), "--devices", args.devices]
+        found["label_local_workers"] = label(files, work / "local-workers.jsonl", where)
+        print(f"label --local --devices: {found['label_local_workers']}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=20000)
@@ -79,6 +118,7 @@ def main() -> int:
     parser.add_argument("--slo-ms", type=float, default=50.0, help="the server's deadline for requests without one")
     parser.add_argument("--sample", action="store_true", help="run the server under bench/sampler.py")
     parser.add_argument("--no-label", action="store_true", help="the unary calls only")
+    parser.add_argument("--devices", default=None, help="also measure the worker-process server and labeler on these")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
@@ -87,7 +127,6 @@ def main() -> int:
     from ultralytics.utils import ASSETS
 
     import yolojet
-    from yolojet.client.remote import Connection, bench
 
     args.out.mkdir(parents=True, exist_ok=True)
     found: dict = {"provenance": provenance(), "slo_ms": args.slo_ms}
@@ -105,15 +144,7 @@ def main() -> int:
         samples = args.out / "server-samples.json" if args.sample else None
         server = start_server(model_dir, args.out / "serve.log", args.slo_ms, samples)
         found["server_start_s"] = time.perf_counter() - start
-        connection = Connection(f"127.0.0.1:{PORT}")
-        warm = min(2000, args.requests // 10)
-        bench(connection, bus, warm, 64, 4, {})  # every batch size's graph captured before the timing
-        for concurrency, processes in ((64, 4), (8, 2)):
-            requests = args.requests if concurrency == 64 else args.requests // 4
-            row = bench(connection, bus, requests, concurrency, processes, {})
-            found[f"unary_{concurrency}"] = row
-            print(f"unary, {concurrency} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
-                  f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}", flush=True)  # fmt: skip
+        unary_calls(found, "unary", bus, args.requests)
         if not args.no_label:
             found["label_server"] = label(files, work / "server.jsonl", ["--server", f"127.0.0.1:{PORT}"])
             print(f"label --server: {found['label_server']}", flush=True)
@@ -131,18 +162,24 @@ def main() -> int:
     except Exception:
         found.setdefault("failures", []).append(traceback.format_exc())
     out_file.write_text(json.dumps(found, indent=1))
+    if args.devices is not None:
+        workers_stage(found, args, model_dir, bus, files, work)
+        out_file.write_text(json.dumps(found, indent=1))
     print_table(found, args.files)
     return 1 if found.get("failures") else 0
 
 
 def print_table(found: dict, files: int) -> None:
     print("\n| measure | value |\n|---|---|")
-    for concurrency in (64, 8):
-        row = found.get(f"unary_{concurrency}")
-        if row:
-            print(f"| Infer, {concurrency} in flight | {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
-                  f"p99 {row['p99_ms']:.2f} ms |")  # fmt: skip
-    for key, name in (("label_server", "label --server"), ("label_local", "label --local")):
+    for key, name in (("unary", "Infer"), ("workers", "Infer, serve --devices")):
+        for concurrency in (64, 8):
+            row = found.get(f"{key}_{concurrency}")
+            if row:
+                print(f"| {name}, {concurrency} in flight | {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
+                      f"p99 {row['p99_ms']:.2f} ms, {row['codes']} |")  # fmt: skip
+    labels = (("label_server", "label --server"), ("label_local", "label --local"),
+              ("label_local_workers", "label --local --devices"))  # fmt: skip
+    for key, name in labels:
         row = found.get(key)
         if row:
             print(f"| {name}, {files} files | {row['img_per_s']:,.0f} img/s ({row['records']} records, whole command "

@@ -5,7 +5,7 @@
 # time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
 #   bash bench/gpu_check.sh   # for a GPU machine without network access: the cp312 wheels of ultralytics, ultralytics-thop
 #                             # and pycocotools in .whl/ beside the code (and pytest-xdist + execnet for parallel test workers)
-#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images network compile
+#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images serve network compile
 #   STAGES=images IMAGES_FLAGS="--stages decoders call --files 2000" bash bench/gpu_check.sh  # bench/bench_images.py
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
 #   STAGES=compile COMPILE_JOBS="a:1 b:64 c:1" COMPILE_DEADLINE=530 bash bench/gpu_check.sh  # a then c on GPU 0, b on GPU 1
@@ -90,6 +90,11 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     # Decoders, engine(list of paths), the stream over files on disk, batch-1 latency, agreement, start-up.
     timeout "${IMAGES_SECONDS:-400}" python3 bench/bench_images.py --out "$OUT" ${IMAGES_FLAGS:-} > "$OUT/images.log" 2>&1
     tail -22 "$OUT/images.log" ;;
+  serve)
+    # The gRPC server and the labeling client end to end (bench/bench_serve.py; SERVE_FLAGS="--devices 0" adds the
+    # worker-process server and labeler).
+    timeout "${SERVE_SECONDS:-400}" python3 bench/bench_serve.py --out "$OUT" ${SERVE_FLAGS:-} > "$OUT/serve.log" 2>&1
+    tail -12 "$OUT/serve.log" ;;
   network)
     timeout "${NETWORK_SECONDS:-300}" python3 bench/bench_network.py --models ${MODELS:-yolo11n yolov8n yolo26n} \
       --batches ${BATCHES:-1 64} --repeats 100 ${NETWORK_FLAGS:-} --out "$OUT" > "$OUT/network.log" 2>&1
