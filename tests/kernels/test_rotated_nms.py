@@ -160,7 +160,9 @@ def test_rotated_nms_matches_ultralytics(agnostic, classes):
     """The kernel against ultralytics' own non_max_suppression(rotated=True), not only obb.py's copy of it."""
     preds = clustered(2, 3, 700, seed=11)
     out, count = run(preds, 3, 0.25, 0.45, agnostic=agnostic, classes=classes)
-    theirs = ultralytics_nms(preds.clone(), 0.25, 0.45, classes=classes, agnostic=agnostic, nc=3, rotated=True)
+    theirs = ultralytics_nms(
+        preds.clone(), 0.25, 0.45, classes=classes, agnostic=agnostic, nc=3, rotated=True, max_time_img=math.inf
+    )
     assert_matches(out, count, theirs)
 
 

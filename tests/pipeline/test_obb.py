@@ -13,6 +13,8 @@ in float64, `support.rotated_iou`), independent of the probabilistic IoU that th
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -116,7 +118,7 @@ def test_rotated_nms_and_scaling_match_ultralytics(seed, options, orig):
         preds, boxes, nc=nc, conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic
     )  # fmt: skip
     theirs = non_max_suppression(
-        preds.clone(), conf, iou, classes, agnostic, max_det=max_det, nc=nc, rotated=True
+        preds.clone(), conf, iou, classes, agnostic, max_det=max_det, nc=nc, rotated=True, max_time_img=math.inf
     )  # fmt: skip
     for rows, pred, hw in zip(ours, theirs, orig, strict=True):
         rboxes = torch.cat([pred[:, :4], pred[:, -1:]], -1)
@@ -150,7 +152,9 @@ def test_end2end_rows_filtered_like_ultralytics():
     )
     boxes = [Letterbox.fit((427, 640), (640, 640)), Letterbox.fit((640, 360), (640, 640))]
     ours = obb_postprocess(rows, boxes, nc=5, conf=0.4, iou=0.7, max_det=50, classes=[0, 2], end2end=True)
-    theirs = non_max_suppression(rows.clone(), 0.4, 0.7, [0, 2], max_det=50, nc=5, end2end=True, rotated=True)
+    theirs = non_max_suppression(
+        rows.clone(), 0.4, 0.7, [0, 2], max_det=50, nc=5, end2end=True, rotated=True, max_time_img=math.inf
+    )
     for mine, pred, box in zip(ours, theirs, boxes, strict=True):
         assert len(mine) == len(pred) > 0
         torch.testing.assert_close(mine[:, [5, 6]], pred[:, [4, 5]])

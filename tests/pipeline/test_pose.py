@@ -15,6 +15,8 @@ within 0.01.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -145,7 +147,9 @@ def test_nms_and_keypoint_scaling_match_ultralytics(seed, kpt_shape, options, or
         preds, boxes, nc=nc, kpt_shape=kpt_shape, conf=conf, iou=iou, max_det=max_det, classes=classes,
         agnostic=agnostic,
     )  # fmt: skip
-    theirs = non_max_suppression(preds.clone(), conf, iou, classes, agnostic, max_det=max_det, nc=nc)
+    theirs = non_max_suppression(
+        preds.clone(), conf, iou, classes, agnostic, max_det=max_det, nc=nc, max_time_img=math.inf
+    )
     clipped = 0
     for (rows, keypoints), pred, hw in zip(ours, theirs, orig, strict=True):
         # PosePredictor.construct_result
@@ -181,7 +185,7 @@ def test_end2end_rows_filtered_like_ultralytics():
     ours = pose_postprocess(
         rows, boxes, nc=4, kpt_shape=(17, 3), conf=0.3, iou=0.7, max_det=40, classes=[1, 3], end2end=True
     )  # fmt: skip
-    theirs = non_max_suppression(rows.clone(), 0.3, 0.7, [1, 3], max_det=40, nc=4, end2end=True)
+    theirs = non_max_suppression(rows.clone(), 0.3, 0.7, [1, 3], max_det=40, nc=4, end2end=True, max_time_img=math.inf)
     for (mine, keypoints), pred, box in zip(ours, theirs, boxes, strict=True):
         assert len(mine) == len(pred) > 0
         torch.testing.assert_close(mine[:, 4:], pred[:, 4:6])
