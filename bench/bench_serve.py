@@ -78,14 +78,29 @@ def label(source: Path, out: Path, where: list[str]) -> dict:
             "img_per_s": float(rate[2].replace(",", "")) if rate else 0.0, "said": said[-1500:]}  # fmt: skip
 
 
-def unary_calls(found: dict, key: str, bus: Path, requests: int) -> None:
-    """Unary calls of bus.jpg's bytes, 64 then 8 in flight, after a warm-up that reaches every bucket."""
+def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen | None:
+    """py-spy recording the server's every thread, Python and native frames, as collapsed stacks (None without it)."""
+    found = shutil.which("py-spy")
+    if found is None:
+        print("--py-spy: no py-spy on PATH", flush=True)
+        return None
+    command = [found, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "100", "--threads",
+               "--native", "--format", "raw", "--output", str(out)]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def unary_calls(found: dict, key: str, bus: Path, requests: int, profile: tuple[int, Path] | None = None) -> None:
+    """Unary calls of bus.jpg's bytes, 64 then 8 in flight, after a warm-up that reaches every bucket; `profile`
+    (the server's pid, a file): py-spy records the server for the first seconds of the 64 in flight."""
     from yolojet.client.remote import Connection, bench
 
     connection = Connection(f"127.0.0.1:{PORT}")
     bench(connection, bus, min(2000, requests // 10), 64, 4, {})
     for concurrency, processes in ((64, 4), (8, 2)):
+        spy = py_spy(profile[0], profile[1], 5) if profile is not None and concurrency == 64 else None
         row = bench(connection, bus, requests if concurrency == 64 else requests // 4, concurrency, processes, {})
+        if spy is not None:
+            spy.wait(timeout=60)
         found[f"{key}_{concurrency}"] = row
         print(f"{key}, {concurrency} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
               f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}", flush=True)  # fmt: skip
@@ -98,7 +113,8 @@ def workers_stage(found: dict, args: argparse.Namespace, model_dir: Path, bus: P
         start = time.perf_counter()
         server = start_server(model_dir, args.out / "serve-workers.log", args.slo_ms, None, args.devices)
         found["workers_server_start_s"] = time.perf_counter() - start
-        unary_calls(found, "workers", bus, args.requests)
+        profile = (server.pid, args.out / "pyspy-workers.txt") if args.py_spy else None
+        unary_calls(found, "workers", bus, args.requests, profile)
     except Exception:
         found.setdefault("failures", []).append(traceback.format_exc())
         print(traceback.format_exc(), flush=True)
@@ -117,6 +133,7 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=10000)
     parser.add_argument("--slo-ms", type=float, default=50.0, help="the server's deadline for requests without one")
     parser.add_argument("--sample", action="store_true", help="run the server under bench/sampler.py")
+    parser.add_argument("--py-spy", action="store_true", help="py-spy records each server at 64 in flight (5 s)")
     parser.add_argument("--no-label", action="store_true", help="the unary calls only")
     parser.add_argument("--devices", default=None, help="also measure the worker-process server and labeler on these")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -144,7 +161,8 @@ def main() -> int:
         samples = args.out / "server-samples.json" if args.sample else None
         server = start_server(model_dir, args.out / "serve.log", args.slo_ms, samples)
         found["server_start_s"] = time.perf_counter() - start
-        unary_calls(found, "unary", bus, args.requests)
+        profile = (server.pid, args.out / "pyspy-unary.txt") if args.py_spy else None
+        unary_calls(found, "unary", bus, args.requests, profile)
         if not args.no_label:
             found["label_server"] = label(files, work / "server.jsonl", ["--server", f"127.0.0.1:{PORT}"])
             print(f"label --server: {found['label_server']}", flush=True)
