@@ -134,3 +134,24 @@ def test_the_latency_model():
     latency.observe_decode(10, 0.040)  # the average moves a fifth of the way
     assert latency.decode_per_image == pytest.approx(0.002 + 0.2 * 0.002)
     assert latency.batch_seconds(1) == pytest.approx(0.004 + 0.0024)
+
+
+def test_an_idle_server_admits_despite_an_inflated_decode_average_which_the_next_batches_correct():
+    """A slow spell (a loaded host, a profiler's pauses) once set the decode average to seconds an image: every request
+    was then refused, no batch ran, and nothing could correct the average."""
+    clock = Clock()
+    s = scheduler(clock)
+    latency = s.queues["a"].latency
+    latency.observe_decode(64, 64 * 2.0)  # two seconds an image
+    s.admit(request("a", clock, tag=1))  # idle: admitted, the 10 ms run of one fits the 50 ms deadline
+    with pytest.raises(Refused):
+        s.admit(request("a", clock, tag=2))  # not idle: the inflated average refuses, as it should while it stands
+    for _ in range(40):  # the batches that run decode in 1 ms an image again
+        ticket, _, batch = s.next_batch()
+        latency.observe_decode(len(batch), 0.001 * len(batch))
+        s.finished(ticket)
+        s.admit(request("a", clock))
+    assert latency.decode_per_image < 0.002
+    s.admit(request("a", clock))  # queued behind one: admitted again
+    with pytest.raises(Refused, match="past the deadline"):  # idle or not, a run of one longer than the deadline
+        scheduler(clock).admit(request("a", clock, slo=0.005))

@@ -11,7 +11,8 @@ moving average of decode time per image, updated by every batch.
   IoU threshold and class-agnostic flag; conf, max_det and classes are applied to each request's results).
 - Admission: a request is refused at once (`Refused`, RESOURCE_EXHAUSTED) when its queue is full or when the work
   ahead of it (the batches in flight, the queued requests of any model with an earlier deadline, its own batch)
-  would end past its deadline, rather than being left to time out.
+  would end past its deadline, rather than being left to time out. An idle server refuses only a request whose
+  deadline is shorter than a run of one, so a decode average inflated by a slow spell is corrected by the next batch.
 - A request whose deadline has passed while it waited is dropped from its queue (DEADLINE_EXCEEDED), never run.
 - Several engines (worker processes, one a GPU: scale/) run batches side by side: `engines` of them take `depth`
   batches each, and the work ahead of a request is shared among them.
@@ -111,10 +112,18 @@ class Scheduler:
         if len(queue.waiting) >= queue.max_queue:
             raise Refused(f"model {request.model}: {len(queue.waiting)} requests already queued (the limit)")
         finish = self.clock() + self.work_ahead(request)
+        if self.idle():
+            # Nothing queued or running: the request would start at once, and refusing it on the decode average alone
+            # would refuse forever, since only batches update that average (a transient slowdown, a profiler's pauses,
+            # once left a server turning every request away). Only a run of one longer than the deadline refuses.
+            finish = self.clock() + queue.latency.run_seconds[queue.latency.bucket(1)]
         if finish > request.deadline:
             late = (finish - request.deadline) * 1000
             raise Refused(f"model {request.model}: the work queued ahead would end {late:.0f} ms past the deadline")
         queue.waiting.append(request)
+
+    def idle(self) -> bool:
+        return not self.in_flight and self.queued() == 0
 
     def work_ahead(self, request: Request) -> float:
         """Seconds until `request` would be done: what is in flight, the queued requests served before it (its own
