@@ -1,6 +1,7 @@
 """`yolojet serve --devices`: engine worker processes behind one front, with a real server on 127.0.0.1 and a real
 gRPC client. Two workers on the CPU (the reference backend) share the requests and answer as an engine in this process
-does; killing one mid-load loses no accepted request (its batches go to the other) and it is started again."""
+does; killing one mid-load, or stopping one so that it hangs, loses no accepted request (its batches go to the other)
+and it is started again."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ultralytics.utils import ASSETS
 import yolojet
 from yolojet.engine.engine import Engine
 from yolojet.errors import EngineConfigError
+from yolojet.scale import server_workers
 from yolojet.scale.devices import parse_devices
 from yolojet.scale.server_workers import PoolRunner, WorkerPool
 from yolojet.serve.models import ModelSpec
@@ -40,7 +42,7 @@ def model_dir(tmp_path_factory):
     return yolojet.export(calibrated_model("yolo11n.yaml", 64), out=tmp_path_factory.mktemp("workers") / "m", imgsz=64)
 
 
-def test_two_workers_answer_as_the_engine_and_a_killed_one_loses_no_request(model_dir):
+def test_two_workers_answer_as_the_engine_and_a_killed_or_hung_one_loses_no_request(model_dir, monkeypatch):
     pool = WorkerPool([ModelSpec(str(model_dir), 2)], parse_devices("cpu,cpu"),
                       {"backend": "reference", "decoder": "cpu"})  # fmt: skip
     models = pool.start()
@@ -77,6 +79,19 @@ def test_two_workers_answer_as_the_engine_and_a_killed_one_loses_no_request(mode
             time.sleep(0.1)
         assert victim.restarts == 1 and victim.live
         assert len(stub.Infer(pb.InferRequest(image=BUS, conf=CONF), timeout=60).detections) == len(want["bus"])
+
+        # A worker that stops answering (stopped, not dead: its pipe stays open) is killed once it has held a batch
+        # for HUNG_AFTER_S, and its batches go to the other.
+        monkeypatch.setattr(server_workers, "HUNG_AFTER_S", 3.0)
+        stuck = pool.workers[1]
+        os.kill(stuck.process.pid, signal.SIGSTOP)
+        with concurrent.futures.ThreadPoolExecutor(8) as calls:
+            for name, reply in calls.map(infer, images):
+                np.testing.assert_allclose(rows(reply), want[name], rtol=1e-5, atol=0.02)
+        deadline = time.monotonic() + 120
+        while stuck.restarts == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert stuck.restarts == 1 and stuck.live
     finally:
         running.stop()
     assert all(not w.process.is_alive() for w in pool.workers)

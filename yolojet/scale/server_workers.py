@@ -4,17 +4,21 @@ The front (the gRPC event loop, the scheduler, the metrics) loads no model. Each
 not survive a fork) loads every served model on its device, measures their latency and reports their cards; then it
 takes batches of encoded images over a pipe, decodes and runs each with its engines, and sends back one outcome a
 request. The front's dispatcher sends each batch the scheduler forms to the live worker with the fewest batches in
-flight (two at most each, so that a worker's next batch is already waiting in its pipe when it finishes one), and a
-thread a worker receives its answers.
+flight (two at most each, so that a worker's next batch is already waiting in its pipe when it finishes one). Each
+worker has a sending thread, since a batch is megabytes and a pipe holds kilobytes: a send waits until the worker
+reads, which must hold up neither the dispatcher nor the other workers; and a receiving thread for its answers.
 
 A worker that dies (its pipe ends) is started again; each batch it held is sent once more to another live worker,
-and a batch whose second worker dies too is answered UNAVAILABLE: an accepted request is never dropped silently.
+and a batch whose second worker dies too is answered UNAVAILABLE: an accepted request is never dropped silently. A
+worker that holds a batch for `HUNG_AFTER_S` without answering is taken for hung (a stuck driver call, a stopped
+process) and killed, which makes it a worker that died.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import queue
 import threading
 import time
 import traceback
@@ -34,6 +38,9 @@ from yolojet.serve.runner import Outcome, Runner
 log = logging.getLogger("yolojet.serve")
 BATCHES_PER_WORKER = 2  # one running, the next waiting in the pipe
 START_TIMEOUT_S = 900.0  # a cold start tunes every model's tiles: minutes on a GPU
+# A batch runs in milliseconds; a shape a worker has not built costs it seconds (10.7 s with its tiles never tuned,
+# H200), a cold compile tens. Far past that, a batch without an answer means the worker is stuck.
+HUNG_AFTER_S = 180.0
 
 
 # -- the worker process ----------------------------------------------------------------------------------------
@@ -97,6 +104,7 @@ class _Batch:
     requests: list[Request]
     started: float
     tries: int = 0
+    dispatched: float = 0.0  # when it was last handed to a worker
 
 
 @dataclass
@@ -110,6 +118,7 @@ class _Worker:
     batches: int = 0  # batches answered, over the worker's restarts
     restarts: int = 0
     send_lock: threading.Lock = field(default_factory=threading.Lock)
+    outbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # (batch, items) for its sending thread
 
 
 class WorkerPool:
@@ -205,15 +214,19 @@ class PoolRunner(Runner):
         self.retried = 0  # batches sent again after their worker died
         self._receivers = [threading.Thread(target=self._receive, args=(w,), name=f"yolojet-serve-receive-{w.index}",
                                             daemon=True) for w in pool.workers]  # fmt: skip
+        self._senders = [threading.Thread(target=self._send, args=(w,), name=f"yolojet-serve-send-{w.index}",
+                                          daemon=True) for w in pool.workers]  # fmt: skip
 
     def start(self) -> None:
-        for thread in self._receivers:
+        for thread in self._receivers + self._senders:
             thread.start()
         super().start()
 
     def stop(self, timeout: float | None = None) -> None:
         super().stop(timeout)  # answers every queued request first
         self.pool.close()
+        for worker in self.pool.workers:
+            worker.outbox.put(None)  # ends its sending thread
 
     # -- dispatching -----------------------------------------------------------------------------------------
 
@@ -221,6 +234,7 @@ class PoolRunner(Runner):
         while True:
             with self._cond:
                 self._drop_expired()
+                self._kill_hung()
                 chosen = self.scheduler.next_batch()
                 if chosen is None:
                     busy = self.scheduler.in_flight
@@ -236,22 +250,44 @@ class PoolRunner(Runner):
                 self._dispatch(_Batch(ticket, name, requests, self.clock()))
 
     def _dispatch(self, batch: _Batch) -> None:
-        """Send a batch to the live worker with the fewest in flight (under the lock); answered UNAVAILABLE where no
-        worker can take it."""
+        """Give a batch to the live worker with the fewest in flight, for its sending thread (under the lock);
+        answered UNAVAILABLE where no worker can take it."""
         batch.tries += 1
+        live = [w for w in self.pool.workers if w.live]
+        if not live:
+            self._settle_batch(batch, Outcome(code=grpc.StatusCode.UNAVAILABLE,
+                                              message="no engine worker is running (restarting)"))  # fmt: skip
+            return
+        worker = min(live, key=lambda w: len(w.in_flight))
+        worker.in_flight[batch.ticket] = batch
+        batch.dispatched = self.clock()
         items = [(r.payload.request_id, r.payload.data, r.payload.options) for r in batch.requests]
-        while True:
-            live = [w for w in self.pool.workers if w.live]
-            if not live:
-                self._settle_batch(batch, Outcome(code=grpc.StatusCode.UNAVAILABLE,
-                                                  message="no engine worker is running (restarting)"))  # fmt: skip
-                return
-            worker = min(live, key=lambda w: len(w.in_flight))
-            worker.in_flight[batch.ticket] = batch
-            if self.pool.send(worker, batch, items):
-                return
-            del worker.in_flight[batch.ticket]
-            worker.live = False  # its receiver sees the end of the pipe and restarts it
+        worker.outbox.put((batch, items))
+
+    def _send(self, worker: _Worker) -> None:
+        """A worker's sending thread: its batches into its pipe, in order. A batch no longer in its hands (retried
+        elsewhere after it died) is skipped; a broken pipe marks it down (its receiver restarts it)."""
+        while (item := worker.outbox.get()) is not None:
+            batch, items = item
+            with self._cond:
+                held = worker.in_flight.get(batch.ticket)
+            if held is None or held is not batch:
+                continue
+            if not self.pool.send(worker, held, items):
+                with self._cond:
+                    worker.live = False
+
+    def _kill_hung(self) -> None:
+        """Kill each live worker that has held a batch for HUNG_AFTER_S without answering (under the lock): its
+        receiver then sees the pipe end, retries its batches elsewhere and starts it again."""
+        now = self.clock()
+        for worker in self.pool.workers:
+            oldest = min((b.dispatched for b in worker.in_flight.values()), default=now)
+            if worker.live and now - oldest > HUNG_AFTER_S and worker.process is not None:
+                log.error('{"event": "worker hung", "device": "%s", "seconds_without_answer": %.0f}',
+                          worker.device, now - oldest)  # fmt: skip
+                worker.live = False
+                worker.process.kill()
 
     def _settle_batch(self, batch: _Batch, outcome: Outcome) -> None:
         for request in batch.requests:
