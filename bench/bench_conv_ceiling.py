@@ -30,9 +30,8 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from provenance import provenance
-
 from yolojet.kernels.conv import ConvConfig, conv2d_nhwc, conv_candidate_configs, tma_patch_loadable
+from yolojet.timing import provenance
 
 # (name, batch, H, W, C_in, pixel stride of the input, C_out, kernel, stride): yolo11m at 640, batch 64. A pixel
 # stride above C_in is a channel slice of a concat buffer, as the engine's plan gives model.5 its input.

@@ -32,7 +32,6 @@ import io
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from yolojet.timing import Timing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -126,7 +127,7 @@ def stage_decoders(found: dict, batch: int, repeats: int) -> None:
                 torch.cuda.synchronize()
                 if i >= 2:
                     samples.append(time.perf_counter() - start)
-            row["img_per_s_by_batch"][size] = size / statistics.median(samples)
+            row["img_per_s_by_batch"][size] = size / Timing(tuple(samples)).p50
         row["batch_ms"] = batch * 1000 / row["img_per_s_by_batch"][batch]
         row["img_per_s"] = row["img_per_s_by_batch"][batch]
         rows[name] = row
@@ -168,7 +169,7 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
             results = engine(paths)
             samples.append(time.perf_counter() - start)
         assert all(r.error is None for r in results), [r.error for r in results if r.error][:3]
-        ms = statistics.median(samples) * 1000
+        ms = Timing(tuple(samples)).p50 * 1000
         rows[name] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(samples) * 1000}
         print(f"engine({batch} paths), {name}: {ms:.2f} ms, {batch * 1000 / ms:,.0f} img/s", flush=True)
     found["call"] = rows
@@ -245,7 +246,7 @@ def batch1_latency(engine, frame: torch.Tensor) -> dict:
         start = time.perf_counter()
         engine.run(1)
         samples.append(time.perf_counter() - start)
-    rows["run_only_gpu_p50_ms"] = statistics.median(samples) * 1000
+    rows["run_only_gpu_p50_ms"] = Timing(tuple(samples)).p50 * 1000
     return rows
 
 
@@ -415,10 +416,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
-    from provenance import provenance
     from support import calibrated_model
 
     import yolojet
+    from yolojet.timing import provenance
 
     args.out.mkdir(parents=True, exist_ok=True)
     found: dict = {"provenance": provenance(), "batch": args.batch}

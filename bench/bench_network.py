@@ -22,7 +22,6 @@ import functools
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,13 +32,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from provenance import provenance
 from support import random_model, relative_l2
 
 import yolojet
 from yolojet.engine.autotune import TuningCache
 from yolojet.engine.network import TritonNetwork
 from yolojet.ir import Graph
+from yolojet.timing import provenance, time_on_device
 
 STARTUP_SNIPPET = """
 import collections, json, os, sys, time, numpy as np, torch, triton
@@ -83,21 +82,6 @@ print(json.dumps({
     "compiled_one_by_one": collections.Counter(name for t, name in finished if t > compiled_late),
 }))
 """
-
-
-def median_ms(fn, repeats: int, warmup: int = 10) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def graphed(fn, example: torch.Tensor):
@@ -155,6 +139,11 @@ def startup_seconds(model_dir: Path, env: dict[str, str]) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def device_ms(fn, repeats: int) -> float:
+    """The median (p50) device time of fn, in ms, after 10 untimed calls."""
+    return time_on_device(fn, repeats, warmup=10).p50 * 1000
+
+
 def time_peers(
     name: str,
     fused: torch.nn.Module,
@@ -170,16 +159,16 @@ def time_peers(
     x = torch.rand(batch, 3, imgsz, imgsz, device="cuda", dtype=torch.float16)
     times = {}
     with torch.inference_mode():
-        times["eager"] = median_ms(lambda: fused(x), repeats)
+        times["eager"] = device_ms(lambda: fused(x), repeats)
         fused_cl = fused.to(memory_format=torch.channels_last)
         x_cl = x.contiguous(memory_format=torch.channels_last)
-        times["eager_cl_graph"] = median_ms(graphed(fused_cl, x_cl), repeats)
+        times["eager_cl_graph"] = device_ms(graphed(fused_cl, x_cl), repeats)
         if use_compile:
             start = time.perf_counter()
             compiled = torch.compile(fused_cl, mode="max-autotune-no-cudagraphs")
             replay = graphed(compiled, x_cl)
             row.setdefault("compile_s", {})[batch] = time.perf_counter() - start
-            times["compile_graph"] = median_ms(replay, repeats)
+            times["compile_graph"] = device_ms(replay, repeats)
             # Printed at once: the compile takes minutes, and a run cut short by its time limit still has it.
             against = "" if yolojet_ms is None else f" (yolojet {yolojet_ms:.3f} ms)"
             print(
@@ -237,9 +226,9 @@ def bench_model(
 
     fused = model.fuse().half().cuda().eval() if hasattr(model, "fuse") else model.half().cuda().eval()
     for batch in batches:
-        times = {"yolojet": median_ms(lambda b=batch: engine.execute(b), repeats)}
+        times = {"yolojet": device_ms(lambda b=batch: engine.execute(b), repeats)}
         for label, variant in variants.items():
-            times[label] = median_ms(lambda b=batch, v=variant: v.execute(b), repeats)
+            times[label] = device_ms(lambda b=batch, v=variant: v.execute(b), repeats)
         row["batches"][batch] = times | time_peers(
             name, fused, batch, imgsz, repeats, use_compile, row, times["yolojet"]
         )

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -36,24 +35,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from provenance import provenance
 from support import calibrated_model, match_detections, real_photos
 
 import yolojet
 from yolojet.engine.engine import Engine
+from yolojet.timing import provenance, time_calls, time_on_device
 
 DEFAULT_IMGSZ = {"obb": 1024, "cls": 224}
 
 
 def wall_ms(fn, iters: int, warmup: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1000
+    """The median (p50) wall time of fn, in ms."""
+    return time_calls(fn, iters, warmup).p50 * 1000
 
 
 def agreement(ours, truth) -> dict:
@@ -82,18 +75,8 @@ def agreement(ours, truth) -> dict:
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, iters: int, warmup: int = 20) -> float:
-    """Median device time of one replay of a captured graph (CUDA events), without the host's launch and sync."""
-    for _ in range(warmup):
-        graph.replay()
-    samples = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop))
-    return statistics.median(samples)
+    """The median (p50) device time of one replay of a captured graph, in ms, without the host's launch and sync."""
+    return time_on_device(graph.replay, iters, warmup).p50 * 1000
 
 
 def kernel_profile(run, iters: int = 20) -> list[dict]:
@@ -148,7 +131,7 @@ def time_sequential(model_dir: Path, frame: np.ndarray, parallel_result, conf: f
     found["host_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
     engine.preprocess(torch.from_numpy(frame[..., ::-1].copy()).cuda(), 0)
     found["gpu_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
-    found["network_ms"] = statistics.median(engine.network.time_replay(1, repeats=iters))
+    found["network_ms"] = engine.time_network(1, repeats=iters).p50 * 1000
     return found
 
 
@@ -177,7 +160,7 @@ def bench(name: str, iters: int, conf: float, work: Path, profile: bool, sequent
     row["gpu_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
     path_graph = next(reversed(engine._path.graphs.values()))[0]  # the graph the last run replayed
     row["gpu_frame_device_ms"] = replay_ms(path_graph, iters)
-    row["network_ms"] = statistics.median(engine.network.time_replay(1, repeats=iters))
+    row["network_ms"] = engine.time_network(1, repeats=iters).p50 * 1000
     if profile:
         try:
             row["kernels"] = kernel_profile(lambda: engine.run(1))

@@ -139,11 +139,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
-    from provenance import provenance
     from support import calibrated_model
     from ultralytics.utils import ASSETS
 
     import yolojet
+    from yolojet.timing import provenance
 
     args.out.mkdir(parents=True, exist_ok=True)
     found: dict = {"provenance": provenance(), "slo_ms": args.slo_ms}

@@ -128,6 +128,17 @@ def test_import_does_not_pull_in_ultralytics():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_only_the_export_room_imports_ultralytics():
+    import re
+    from pathlib import Path
+
+    package = Path(yolojet.__file__).parent
+    imports = re.compile(r"^\s*(from|import) ultralytics\b", re.M)
+    outside = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                     if p.relative_to(package).parts[0] != "export" and imports.search(p.read_text()))  # fmt: skip
+    assert not outside, f"ultralytics imported outside yolojet/export/: {outside}"
+
+
 def test_the_reference_never_imports_the_kernels_it_checks():
     """Every module of yolojet/reference/ (and the OBB metric, which scores with its probiou), imported in a fresh
     interpreter, brings in no Triton, no kernel and no engine module: a change made for a kernel cannot move the

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from yolojet.tasks import Results
+    from yolojet.timing import Timing
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader closed the pipe
@@ -207,20 +208,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    import torch
-
     from yolojet.engine.engine import Engine
-    from yolojet.engine.network import TritonNetwork
 
-    if not torch.cuda.is_available():
-        raise EngineConfigError("profile times kernels on the GPU, and this machine has no CUDA device")
-
+    _require_cuda("profile")
     engine = Engine.load(
         args.model_dir, device="cuda", half=not args.fp32, max_batch=args.batch, buckets=[args.batch],
         **_engine_switches(args),
     )  # fmt: skip
-    assert isinstance(engine.network, TritonNetwork)  # a CUDA device and no backend asked for: the triton one
-    rows = engine.network.profile(args.batch)
+    rows = engine.profile(args.batch)
     total = sum(r.total_ms for r in rows)
     table = [
         (r.family, str(r.count), f"{r.total_ms:.4f}", f"{100 * r.total_ms / total:.1f}", f"{r.mean_ms:.4f}",
@@ -229,8 +224,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     print(f"batch {args.batch}, {'fp32' if args.fp32 else 'fp16'}, per-launch device time in ms")
     print(_format_table(table, ("family", "count", "total", "%", "mean", "min", "max")))
-    replay = sorted(engine.network.time_replay(args.batch))
-    print(f"whole graph replay: median {replay[len(replay) // 2]:.4f} ms")
+    print(f"whole graph replay: {engine.time_network(args.batch)}")
     return 0
 
 
@@ -473,18 +467,12 @@ def _require_cuda(command: str) -> None:
         raise EngineConfigError(f"{command} times the GPU path, and this machine has no CUDA device")
 
 
-def _median_ms(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[len(ordered) // 2] * 1000
-
-
 def _cmd_pipeline(args: argparse.Namespace) -> int:
-    import time
-
     import torch
 
     from yolojet.engine.engine import Engine
     from yolojet.images import Frame
+    from yolojet.timing import time_calls
 
     _require_cuda("pipeline")
     engine = Engine.load(
@@ -500,21 +488,19 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
         for slot in range(args.batch):
             engine.preprocess(pixels, slot)
         engine.configure(conf=args.conf)
-        for _ in range(args.warmup):
-            engine.run(args.batch)
-        samples = []
-        for _ in range(args.iters):
-            start = time.perf_counter()
-            engine.run(args.batch)
-            samples.append(time.perf_counter() - start)
-        rows.append((f"frame in {where} memory -> boxes in pinned memory", f"{_median_ms(samples) / args.batch:.4f}"))
-    network = sorted(engine.shape_path(shape).network.time_replay(args.batch, repeats=args.iters))
-    rows.append(("network only (graph replay)", f"{network[len(network) // 2] / args.batch:.4f}"))
-    print(f"{image}: {tuple(frame.shape)} frames, input {shape[0]}x{shape[1]}, batch {args.batch}, median of "
+        timing = time_calls(lambda: engine.run(args.batch), args.iters, args.warmup)
+        rows.append((f"frame in {where} memory -> boxes in pinned memory", *_per_frame_ms(timing, args.batch)))
+    network = engine.time_network(args.batch, repeats=args.iters, shape=shape)
+    rows.append(("network only (graph replay)", *_per_frame_ms(network, args.batch)))
+    print(f"{image}: {tuple(frame.shape)} frames, input {shape[0]}x{shape[1]}, batch {args.batch}, "
           f"{args.iters} runs, ms per frame")  # fmt: skip
-    print(_format_table(rows, ("path", "ms/frame")))
+    print(_format_table(rows, ("path", "p20", "p50", "p80")))
     torch.cuda.synchronize()
     return 0
+
+
+def _per_frame_ms(timing: Timing, batch: int) -> tuple[str, str, str]:
+    return tuple(f"{q * 1000 / batch:.4f}" for q in (timing.p20, timing.p50, timing.p80))  # type: ignore[return-value]
 
 
 def _bundled_photo() -> Path:
@@ -536,38 +522,21 @@ def _photo_pixels(image: Path) -> torch.Tensor:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    import time
-
-    import torch
-
     from yolojet.engine.engine import Engine
-    from yolojet.engine.network import TritonNetwork
 
     _require_cuda("bench")
     engine = Engine.load(
         args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch], **_engine_switches(args)
     )
-    network = engine.network
-    assert isinstance(network, TritonNetwork)  # a CUDA device and no backend asked for: the triton one
-    bucket = network.bucket_for(args.batch)
-    samples = []
-    for i in range(args.warmup + args.iters):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for launch in network.launch_list(bucket):
-            launch.run()
-        torch.cuda.synchronize()
-        if i >= args.warmup:
-            samples.append(time.perf_counter() - start)
-    graph = network.time_replay(args.batch, repeats=args.iters, warmup=args.warmup)
-    launches = len(network.launch_list(bucket))
-    rows = [
-        ("stream launches", f"{_median_ms(samples):.4f}", f"{args.batch * 1000 / _median_ms(samples):,.0f}"),
-        ("CUDA graph replay", f"{sorted(graph)[len(graph) // 2]:.4f}",
-         f"{args.batch * 1000 / sorted(graph)[len(graph) // 2]:,.0f}"),
-    ]  # fmt: skip
-    print(f"network only, batch {args.batch}, {launches} kernel launches, median of {args.iters}")
-    print(_format_table(rows, ("mode", "ms/batch", "img/s")))
+    rows = []
+    for mode, timing in (
+        ("stream launches", engine.time_launches(args.batch, repeats=args.iters, warmup=args.warmup)),
+        ("CUDA graph replay", engine.time_network(args.batch, repeats=args.iters, warmup=args.warmup)),
+    ):
+        rows.append((mode, *(f"{q * 1000:.4f}" for q in (timing.p20, timing.p50, timing.p80)),
+                     f"{args.batch / timing.p50:,.0f}"))  # fmt: skip
+    print(f"network only, batch {args.batch}, {engine.launch_count(args.batch)} kernel launches, {args.iters} runs")
+    print(_format_table(rows, ("mode", "p20 ms", "p50 ms", "p80 ms", "img/s at p50")))
     return 0
 
 

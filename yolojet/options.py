@@ -7,6 +7,7 @@ place that reads the environment variables yolojet honours (each read when asked
   YOLOJET_BRANCHES=0       every launch in order on one stream (`--no-branches`)
   YOLOJET_COMPILE_WORKERS  compile worker processes: a count, or 0 to compile in this process
   YOLOJET_TOKEN            the bearer token `yolojet serve` requires
+  YOLOJET_COMMIT           the commit timings name, where the code is a copy without .git (a benchmark machine)
   TRITON_INTERPRET=1       Triton's own switch: kernels run on the CPU through its interpreter
 """
 
@@ -25,6 +26,11 @@ def serve_token() -> str | None:
     """The bearer token `yolojet serve` requires, from YOLOJET_TOKEN (a flag would show in the process list)."""
     token = os.environ.get("YOLOJET_TOKEN", "").strip()
     return token or None
+
+
+def commit_given() -> str | None:
+    """The commit a copy of the code says it is (YOLOJET_COMMIT), for timings measured where git cannot tell."""
+    return os.environ.get("YOLOJET_COMMIT", "").strip() or None
 
 
 def cache_dir() -> Path:

@@ -32,7 +32,7 @@ import torch
 
 from yolojet.engine.feed import FedBatch, FrameFeed, to_device
 from yolojet.engine.models import resolve_graph
-from yolojet.engine.network import TritonNetwork
+from yolojet.engine.network import FamilyProfile, TritonNetwork
 from yolojet.engine.predict_path import PARITIES, PredictOptions, PredictPath, predict_path
 from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.geometry import Letterbox, rect_letterbox
@@ -45,6 +45,7 @@ from yolojet.options import interpreting, tuning_off
 from yolojet.reference import pipeline as torch_pipeline
 from yolojet.reference.executor import ReferenceExecutor
 from yolojet.tasks import Boxes, Results
+from yolojet.timing import Timing, time_calls
 
 TASKS_WITH_BOXES = ("detect", "segment", "pose", "obb")
 
@@ -380,6 +381,42 @@ class Engine:
     def dump(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         with self._lock:
             return self.network.dump(x)
+
+    # -- measuring (the CLI's profile, bench and pipeline commands, and bench/) ------------------
+
+    def _kernel_network(self, shape: tuple[int, int] | None = None) -> TritonNetwork:
+        if not isinstance(self.network, TritonNetwork):
+            raise EngineConfigError("timing the network needs the triton backend, on a CUDA device; this engine runs "
+                                    "the reference executor")  # fmt: skip
+        return self.network if shape is None else self.shape_path(shape).network
+
+    def time_network(self, batch: int = 1, repeats: int = 200, warmup: int = 20,
+                     shape: tuple[int, int] | None = None) -> Timing:  # fmt: skip
+        """The network alone at `batch` images, as replays of its captured graph (CUDA events), for the model's
+        input shape or `shape`."""
+        with self._lock:
+            return self._kernel_network(shape).time_replay(batch, repeats, warmup)
+
+    def time_launches(self, batch: int = 1, repeats: int = 200, warmup: int = 20) -> Timing:
+        """The network's launches one after another on the stream, outside a graph: what the graph saves."""
+        with self._lock:
+            network = self._kernel_network()
+            launches = network.launch_list(batch)
+
+            def launch_all() -> None:
+                for launch in launches:
+                    launch.run()
+
+            return time_calls(launch_all, repeats, warmup, synchronize=partial(torch.cuda.synchronize, self.device))
+
+    def launch_count(self, batch: int = 1) -> int:
+        """Kernel launches of the network at `batch` images."""
+        return len(self._kernel_network().launch_list(batch))
+
+    def profile(self, batch: int = 1) -> list[FamilyProfile]:
+        """Device time of each launch at `batch` images, timed alone and grouped by kernel family, costliest first."""
+        with self._lock:
+            return self._kernel_network().profile(batch)
 
     # -- options ------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -40,6 +41,7 @@ from yolojet.errors import EngineConfigError
 from yolojet.ir import Graph, ModelMeta
 from yolojet.kernels.pdl import pdl_available
 from yolojet.options import branches_off
+from yolojet.timing import Timing, time_on_device
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -370,21 +372,10 @@ class TritonNetwork:
 
     # -- measuring ----------------------------------------------------------------------------
 
-    def time_replay(self, batch: int, repeats: int = 200, warmup: int = 20) -> list[float]:
-        """Milliseconds of each of `repeats` graph replays at `batch` images (CUDA events)."""
+    def time_replay(self, batch: int, repeats: int = 200, warmup: int = 20) -> Timing:
+        """Device time of each of `repeats` graph replays at `batch` images."""
         bucket = self.bucket_for(batch)
-        for _ in range(warmup):
-            self.execute(bucket)
-        torch.cuda.synchronize(self.device)
-        times = []
-        for _ in range(repeats):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            self.execute(bucket)
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop))
-        return times
+        return time_on_device(partial(self.execute, bucket), repeats, warmup)
 
     def launch_times(self, batch: int = 1) -> list[tuple[Launch, float]]:
         """Each launch of the bucket for `batch` with its device milliseconds, timed alone, in network order."""

@@ -16,15 +16,13 @@ from __future__ import annotations
 import copy
 import io
 import json
-import logging
 import math
-import statistics
 import sys
 import tempfile
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -39,6 +37,7 @@ from yolojet.eval.val import validate
 from yolojet.images import Frame, load_frame
 from yolojet.ir import GRAPH_FILE, Graph, ModelMeta
 from yolojet.reference import pipeline as torch_pipeline
+from yolojet.timing import time_calls
 
 
 class PostprocessOptions(TypedDict):
@@ -117,16 +116,7 @@ class Runtime(ABC):
         frames = self.sample[:batch]
         if len(frames) != batch:
             raise EngineConfigError(f"batch {batch}: only {len(self.sample)} sample frames staged")
-        for _ in range(warmup):
-            self._timed(frames)
-        samples = []
-        for _ in range(iters):
-            self._sync()
-            start = time.perf_counter()
-            self._timed(frames)
-            self._sync()
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples) * 1000
+        return time_calls(partial(self._timed, frames), iters, warmup, synchronize=self._sync).p50 * 1000
 
     def close(self) -> None:
         if self.device.type == "cuda":
@@ -453,26 +443,10 @@ def _prepare_module(module: torch.nn.Module, meta: ModelMeta) -> torch.nn.Module
 def _onnx_session(module: torch.nn.Module, meta: ModelMeta, device: torch.device, workdir: Path) -> tuple[Any, str]:
     """ultralytics' ONNX export of the model (fp32, dynamic batch) in an ONNX Runtime session, and its provider."""
     import onnxruntime as ort
-    from ultralytics.engine.exporter import Exporter
 
-    exported: Any = copy.deepcopy(module)  # given the attributes ultralytics' Exporter reads, not nn.Module's typing
-    exported.pt_path = str(workdir / "model.pt")  # the export lands beside it, not beside the user's checkpoint
-    if not hasattr(exported, "args"):
-        exported.args = {}
-    if not hasattr(exported, "task"):
-        exported.task = meta.task
-    # nms=False keeps the one-to-one head where the model directory runs it; None, the raw one-to-many output.
-    overrides = {"format": "onnx", "imgsz": list(meta.imgsz), "dynamic": True, "simplify": False, "batch": 1,
-                 "device": "cpu", "verbose": False, "mode": "export",
-                 "nms": False if meta.end2end else None}  # fmt: skip
-    from ultralytics.utils import LOGGER
+    from yolojet.export.onnx import export_onnx
 
-    level = LOGGER.level
-    LOGGER.setLevel(logging.WARNING)  # its export log goes to stdout, where the report's tables go
-    try:
-        path = Exporter(overrides=overrides)(model=exported)
-    finally:
-        LOGGER.setLevel(level)
+    path = export_onnx(module, meta, workdir)
     providers = ["CPUExecutionProvider"]
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers.insert(0, "CUDAExecutionProvider")
