@@ -38,6 +38,7 @@ import yolojet
 from yolojet.engine.autotune import TuningCache
 from yolojet.engine.network import TritonNetwork
 from yolojet.ir import Graph
+from yolojet.options import EngineOptions
 from yolojet.timing import provenance, time_on_device
 
 STARTUP_SNIPPET = """
@@ -219,9 +220,9 @@ def bench_model(
     variants: dict[str, TritonNetwork] = {}
     build = functools.partial(TritonNetwork, graph, torch.device("cuda"), half=True, max_batch=max(batches))
     if "no-pdl" in extra_rows and engine.pdl:
-        variants["yolojet_no_pdl"] = build(buckets=batches, pdl=False)
+        variants["yolojet_no_pdl"] = build(buckets=batches, options=EngineOptions(pdl=False))
     if "sequential" in extra_rows and engine.branches:
-        sequential = variants["yolojet_sequential"] = build(buckets=batches, branches=False)
+        sequential = variants["yolojet_sequential"] = build(buckets=batches, options=EngineOptions(branches=False))
         row["sequential_identical"] = same_outputs(engine, sequential, imgsz, max(batches))
 
     fused = model.fuse().half().cuda().eval() if hasattr(model, "fuse") else model.half().cuda().eval()

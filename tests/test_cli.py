@@ -317,11 +317,12 @@ def test_engine_switches(tmp_path, capsys):
     from ultralytics.utils import ASSETS
 
     from yolojet.cli import _engine_switches, build_parser
+    from yolojet.options import EngineOptions
 
     args = build_parser().parse_args(["detect", "m", "x.jpg", "--no-tune", "--no-fuse", "--no-pdl", "--no-branches"])
-    assert _engine_switches(args) == {"tune": False, "fuse": False, "pdl": False, "branches": False}
+    assert _engine_switches(args) == {"switches": EngineOptions(tune=False, fuse=False, pdl=False, branches=False)}
     args = build_parser().parse_args(["bench", "m"])
-    assert _engine_switches(args) == {"tune": None, "fuse": True, "pdl": None, "branches": None}
+    assert _engine_switches(args) == {"switches": EngineOptions(tune=None, fuse=True, pdl=None, branches=None)}
 
     model_dir = yolojet.export(random_model("yolov8n.yaml"), out=tmp_path / "det", imgsz=64)
     outputs = []

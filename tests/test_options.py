@@ -31,3 +31,17 @@ def test_the_environment_is_read_only_in_options(monkeypatch, tmp_path):
         if path.name != "options.py" and reads.search(path.read_text())
     )
     assert not readers, f"environment variables read outside yolojet/options.py: {readers}"
+
+
+def test_engine_options_resolve_tuning_and_take_keywords_that_differ_from_their_defaults(monkeypatch):
+    monkeypatch.setenv("YOLOJET_NOTUNE", "1")
+    assert not options.EngineOptions().tuning() and options.EngineOptions(tune=True).tuning()
+    monkeypatch.delenv("YOLOJET_NOTUNE")
+    assert options.EngineOptions().tuning() and not options.EngineOptions(tune=False).tuning()
+    given = options.EngineOptions(tune=False, fuse=False, pdl=False)
+    # Engine.load(switches=given) with its keywords at their defaults keeps every switch given ...
+    assert given.overridden(tune=None, fuse=True, pdl=None, branches=None) == given
+    # ... and a keyword given beside it wins.
+    assert given.overridden(tune=None, fuse=True, pdl=True, branches=False) == options.EngineOptions(
+        tune=False, fuse=False, pdl=True, branches=False
+    )

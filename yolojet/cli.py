@@ -17,6 +17,7 @@ from yolojet.errors import EngineConfigError, ImageReadError, ModelDirError, Out
 if TYPE_CHECKING:
     import torch
 
+    from yolojet.options import EngineOptions
     from yolojet.tasks import Results
     from yolojet.timing import Timing
 
@@ -442,22 +443,17 @@ def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
 
 
 class _EngineSwitches(TypedDict):
-    """Engine.load's keyword arguments that `_engine_switches` gives."""
+    """Engine.load's keyword argument that `_engine_switches` gives: the switches as one value."""
 
-    tune: bool | None
-    fuse: bool
-    pdl: bool | None
-    branches: bool | None
+    switches: EngineOptions
 
 
 def _engine_switches(args: argparse.Namespace) -> _EngineSwitches:
-    """Engine.load's arguments for the switches given; None leaves a choice to the environment and the GPU."""
-    return {
-        "tune": False if args.no_tune else None,
-        "fuse": not args.no_fuse,
-        "pdl": False if args.no_pdl else None,
-        "branches": False if args.no_branches else None,
-    }
+    """The switches given, as `EngineOptions`; None leaves a choice to the environment and the GPU."""
+    from yolojet.options import EngineOptions
+
+    off = {"tune": args.no_tune, "pdl": args.no_pdl, "branches": args.no_branches}
+    return {"switches": EngineOptions(fuse=not args.no_fuse, **{k: False if v else None for k, v in off.items()})}
 
 
 def _require_cuda(command: str) -> None:

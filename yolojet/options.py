@@ -14,12 +14,36 @@ place that reads the environment variables yolojet honours (each read when asked
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 # How files and bytes are decoded (yolojet/images/decoders.py).
 DECODER_NAMES = ("auto", "nvimgcodec", "cpu", "nvjpeg")
 # Pillow's own decompression-bomb bound (PIL.Image.MAX_IMAGE_PIXELS): about 9,459 x 9,459.
 DEFAULT_MAX_PIXELS = 89_478_485
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine builds and launches its kernels: the switches every front offers (the CLI's --no-tune,
+    --no-fuse, --no-pdl and --no-branches; Engine.load's keywords of the same names), carried as one value to the
+    network, its lowering and its launches. None: on wherever the machine and the environment allow."""
+
+    tune: bool | None = None  # conv tiles timed at start-up (cached); None: unless YOLOJET_NOTUNE=1
+    fuse: bool = True  # SPPF's pools in one launch, upsamples and concat copies folded into convs, the pooled head
+    pdl: bool | None = None  # programmatic dependent launch; None: on Hopper and later unless YOLOJET_PDL=0
+    branches: bool | None = None  # independent launches on parallel streams; None: on a CUDA device unless
+    # YOLOJET_BRANCHES=0
+
+    def tuning(self) -> bool:
+        return not tuning_off() if self.tune is None else self.tune
+
+    def overridden(self, **keywords: Any) -> EngineOptions:
+        """These options with each keyword that differs from its default in place of the option of its name
+        (Engine.load's tune=, fuse=, pdl= and branches= beside its switches=)."""
+        defaults = EngineOptions()
+        return replace(self, **{k: v for k, v in keywords.items() if v != getattr(defaults, k)})
 
 
 def serve_token() -> str | None:

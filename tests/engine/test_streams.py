@@ -22,7 +22,9 @@ from yolojet.engine.streams import Access, Region, dependencies, schedule_stream
 from yolojet.errors import EngineConfigError
 from yolojet.export.walker import export_graph
 from yolojet.ir import Graph
+from yolojet.options import EngineOptions
 
+UNTUNED = EngineOptions(tune=False)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -132,7 +134,7 @@ def seg_graph(tmp_path_factory):
 @pytest.fixture(scope="module")
 def seg_network(seg_graph):
     """Through the interpreter on the CPU, the device on a GPU."""
-    return TritonNetwork(seg_graph, torch.device(DEVICE), half=False, max_batch=2, tune_layers=False)
+    return TritonNetwork(seg_graph, torch.device(DEVICE), half=False, max_batch=2, options=UNTUNED)
 
 
 def test_schedule_orders_every_conflict_and_finds_the_head_branches(seg_network):
@@ -161,7 +163,7 @@ def test_most_reordered_run_matches_the_sequential_run(seg_graph, seg_network, p
     network = seg_network
     if plan == "launch-ordered":
         monkeypatch.setattr(plan_module, "_ordered_pairs", lambda *args: lambda a, b: True)
-        network = TritonNetwork(seg_graph, torch.device(DEVICE), half=False, max_batch=2, tune_layers=False)
+        network = TritonNetwork(seg_graph, torch.device(DEVICE), half=False, max_batch=2, options=UNTUNED)
         assert network.plan.feature_elements < seg_network.plan.feature_elements
     bucket = network.buckets[-1]
     launches = network.launch_list(bucket)
@@ -196,7 +198,7 @@ def test_split_k_launches_each_get_their_own_scratch(seg_graph):
     """With every launch that can split K given a split tile, the scratch adds no ordering: each split-K launch
     writes its own part, so the dependencies are those of the feature memory alone; once laid out, the parts
     are disjoint and sized for each launch's tile."""
-    network = TritonNetwork(seg_graph, torch.device("cpu"), half=False, max_batch=1, tune_layers=False)
+    network = TritonNetwork(seg_graph, torch.device("cpu"), half=False, max_batch=1, options=UNTUNED)
     split = []
     for launch in network.launch_list(1):
         splits = [c for c in launch.candidates if launch.family == "conv" and c.split_k > 1]
@@ -220,17 +222,19 @@ def test_split_k_launches_each_get_their_own_scratch(seg_graph):
 def test_branches_need_a_gpu(seg_graph):
     """Parallel streams on a CPU device are a clear error, on any machine."""
     with pytest.raises(EngineConfigError, match="branches=True: parallel streams need a CUDA device"):
-        TritonNetwork(seg_graph, torch.device("cpu"), half=False, max_batch=1, tune_layers=False, branches=True)
+        TritonNetwork(
+            seg_graph, torch.device("cpu"), half=False, max_batch=1, options=EngineOptions(tune=False, branches=True)
+        )
 
 
 def test_branches_default_follows_the_device(seg_graph, monkeypatch):
     """Parallel streams are the default on a CUDA device (YOLOJET_BRANCHES=0 turns them off); the interpreter on
     the CPU runs launches in order."""
     monkeypatch.delenv("YOLOJET_BRANCHES", raising=False)
-    cpu = TritonNetwork(seg_graph, torch.device("cpu"), half=False, max_batch=1, tune_layers=False)
+    cpu = TritonNetwork(seg_graph, torch.device("cpu"), half=False, max_batch=1, options=UNTUNED)
     assert cpu.branches is False and not cpu.runners
     if DEVICE == "cuda":
-        make = functools.partial(TritonNetwork, seg_graph, torch.device("cuda"), max_batch=1, tune_layers=False)
+        make = functools.partial(TritonNetwork, seg_graph, torch.device("cuda"), max_batch=1, options=UNTUNED)
         assert make().branches is True
         monkeypatch.setenv("YOLOJET_BRANCHES", "0")
         assert make().branches is False

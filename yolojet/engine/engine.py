@@ -41,7 +41,7 @@ from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, make_decoder
 from yolojet.images.frames import frame_from_pixels
 from yolojet.images.sources import is_url
 from yolojet.ir import Graph, ModelMeta
-from yolojet.options import interpreting, tuning_off
+from yolojet.options import EngineOptions, interpreting
 from yolojet.reference import pipeline as torch_pipeline
 from yolojet.reference.executor import ReferenceExecutor
 from yolojet.tasks import Boxes, Results
@@ -199,6 +199,7 @@ class Engine:
         buckets: list[int] | None = None,
         pdl: bool | None = None,
         branches: bool | None = None,
+        switches: EngineOptions | None = None,
         decoder: str = "auto",
         max_pixels: int = DEFAULT_MAX_PIXELS,
         rect: bool = True,
@@ -214,6 +215,7 @@ class Engine:
         programmatic dependent launch where the GPU supports it (Hopper and later) unless YOLOJET_PDL=0.
         `branches=None` runs independent launches, such as the head's per-level chains, on parallel streams inside
         the captured graph on a CUDA device unless YOLOJET_BRANCHES=0; `branches=False` runs them in order.
+        `switches` gives these four as one `EngineOptions` (the fronts' way); keywords given beside it win.
         `decoder` decodes files and bytes: "auto" (the GPU's hardware JPEG decoders where there are some, else CPU
         threads), "nvimgcodec", "cpu" or "nvjpeg" (yolojet/images/decoders.py); an image of more than `max_pixels`
         pixels is an error rather than a decode. `rect=True` (ultralytics' predict's default) letterboxes each image to
@@ -223,6 +225,7 @@ class Engine:
         rectangles (h, w) to build at load, so that their first images wait for nothing.
         """
         device = _device(device)
+        switches = (switches or EngineOptions()).overridden(tune=tune, fuse=fuse, pdl=pdl, branches=branches)
         max_batch, max_shapes = _count("max_batch", max_batch), _count("max_shapes", max_shapes)
         if imgsz is not None:
             imgsz = _image_size(imgsz)
@@ -250,12 +253,8 @@ class Engine:
                 if backend == "reference":
                     network: TritonNetwork | ReferenceExecutor = ReferenceExecutor(graph, device)
                 else:
-                    if tune is None:
-                        tune = not tuning_off()
-                    network = TritonNetwork(
-                        graph, device, half=half, max_batch=max_batch, tune_layers=tune, fuse=fuse, verbose=verbose,
-                        buckets=buckets, pdl=pdl, branches=branches,
-                    )  # fmt: skip
+                    network = TritonNetwork(graph, device, half=half, max_batch=max_batch, options=switches,
+                                            verbose=verbose, buckets=buckets)  # fmt: skip
             except BaseException:
                 _close_when_started(starting)
                 raise

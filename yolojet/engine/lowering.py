@@ -33,6 +33,7 @@ from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
 from yolojet.kernels.pool import maxpool2d_nhwc, sppf_pools
+from yolojet.options import EngineOptions
 from yolojet.reference.executor import OPS as REFERENCE_OPS
 
 # view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
@@ -455,16 +456,17 @@ def lower(
     view: ViewFn,
     weights: PackedWeights,
     plan: MemoryPlan,
-    fuse: bool,
     scratch: SplitKScratch,
-    pdl: bool = False,
+    options: EngineOptions,
 ) -> list[Launch]:
     """The launch list for one batch size; `view(name)` gives each value's device view at that size.
 
     `plan` names the concat inputs to copy, and the upsamples and concat copies that convs fold (the folds, like
-    SPPF's single pool launch and the pooling classifier head, only with `fuse`); `scratch` serves the convs whose
-    tuned tile splits K; `pdl` launches every kernel with programmatic dependent launch (yolojet.kernels.pdl).
+    SPPF's single pool launch and the pooling classifier head, only with `options.fuse`); `scratch` serves the convs
+    whose tuned tile splits K; `options.pdl` (resolved for the device: True or False) launches every kernel with
+    programmatic dependent launch (yolojet.kernels.pdl).
     """
+    fuse, pdl = options.fuse, bool(options.pdl)
     launches: list[Launch] = []
     done: set[str] = set()
     by_name = {node.name: node for node in graph.nodes}

@@ -18,7 +18,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -40,7 +40,7 @@ from yolojet.engine.streams import (
 from yolojet.errors import EngineConfigError
 from yolojet.ir import Graph, ModelMeta
 from yolojet.kernels.pdl import pdl_available
-from yolojet.options import branches_off
+from yolojet.options import EngineOptions, branches_off
 from yolojet.timing import Timing, time_on_device
 
 
@@ -72,6 +72,9 @@ class Arenas:
         return shared[:elements]
 
 
+DEFAULT_OPTIONS = EngineOptions()  # every switch where the machine allows it
+
+
 @dataclass
 class FamilyProfile:
     family: str
@@ -91,12 +94,9 @@ class TritonNetwork:
         device: torch.device,
         half: bool = True,
         max_batch: int = 1,
-        tune_layers: bool = True,
-        fuse: bool = True,
+        options: EngineOptions = DEFAULT_OPTIONS,
         verbose: bool = False,
         buckets: list[int] | None = None,
-        pdl: bool | None = None,
-        branches: bool | None = None,
         weights: PackedWeights | None = None,
         arenas: Arenas | None = None,
     ) -> None:
@@ -114,9 +114,10 @@ class TritonNetwork:
         self.heads = self.arenas.take("head", self.plan.arena_elements("head", max_batch), torch.float32)
         self.weights = weights if weights is not None else PackedWeights(graph, device, self.dtype, self.plan.widened)
         # What a network of the same model for another input size is built with (`sibling`).
-        self._options: dict[str, Any] = {"half": half, "max_batch": max_batch, "tune_layers": tune_layers, "fuse": fuse,
-                         "verbose": verbose, "buckets": buckets, "pdl": pdl, "branches": branches}  # fmt: skip
+        self._siblings: dict[str, Any] = {"half": half, "max_batch": max_batch, "options": options, "verbose": verbose,
+                                          "buckets": buckets}  # fmt: skip
         self.buckets = buckets
+        pdl, branches = options.pdl, options.branches
         # None: wherever the GPU and Triton support it (off under the interpreter and with YOLOJET_PDL=0).
         if pdl and not pdl_available(device):
             raise EngineConfigError(
@@ -136,8 +137,10 @@ class TritonNetwork:
         self.streams = capture_streams(device) if device.type == "cuda" else []
         self.captures = 0  # how many times the graphs were captured: graphs around the network follow it
         self.split_scratch = SplitKScratch(device)
+        # The switches as this device resolves them: what lowering and every launch follow.
+        self.options = replace(options, tune=options.tuning(), pdl=self.pdl, branches=self.branches)
         self.launches = {
-            b: lower(graph, self._viewer(b), self.weights, self.plan, fuse, self.split_scratch, self.pdl)
+            b: lower(graph, self._viewer(b), self.weights, self.plan, self.split_scratch, self.options)
             for b in self.buckets
         }
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -145,7 +148,7 @@ class TritonNetwork:
         # Wall seconds of the start-up's phases (compiling the candidates, timing them, capturing the graphs).
         self.startup_seconds: dict[str, float] = {}
         if device.type == "cuda":
-            if tune_layers:
+            if self.options.tune:
                 self._tune(verbose)
             else:
                 start = time.perf_counter()
@@ -164,7 +167,7 @@ class TritonNetwork:
         this network's packed weights and memory."""
         graph = self.graph.resized(height, width)
         weights = self.weights if plan_memory(graph).widened == self.plan.widened else None
-        return TritonNetwork(graph, self.device, weights=weights, arenas=self.arenas, **self._options)
+        return TritonNetwork(graph, self.device, weights=weights, arenas=self.arenas, **self._siblings)
 
     def _viewer(self, batch: int) -> ViewFn:
         def view(name: str, widened: bool = False) -> torch.Tensor:

@@ -178,7 +178,7 @@ def validate(
 def validate_model(model: str | Path, data: str | Path, images: str | Path | None = None, **options: Any) -> ValResult:
     from yolojet.engine.engine import Engine
 
-    engine_keys = ("imgsz", "half", "device", "tune", "fuse", "pdl", "branches", "backend", "rect")
+    engine_keys = ("imgsz", "half", "device", "switches", "tune", "fuse", "pdl", "branches", "backend", "rect")
     engine_options = {k: options.pop(k) for k in engine_keys if k in options}
     dataset = load_dataset(data, images)
     # The validator's batches come in a few dozen shapes, in order of aspect ratio: each is built once.
