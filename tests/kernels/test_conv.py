@@ -850,14 +850,18 @@ def test_transposed_conv_lowered_to_four_strided_1x1_convs() -> None:
     assert out_buffer[..., c_out:].isnan().all()
 
 
-CONV_MODULES = ("config", "feasibility", "epilogue", "gemm", "direct", "tma", "dispatch")
 
 
 def _jitted_functions() -> list:
-    """Every @triton.jit function the conv package's modules define (interpreted ones without a GPU)."""
+    """Every @triton.jit function the kernel modules define, the conv package's included (interpreted ones without
+    a GPU)."""
+    import pkgutil
+
+    import yolojet.kernels
+
     found = []
-    for name in CONV_MODULES:
-        module = importlib.import_module(f"yolojet.kernels.conv.{name}")
+    for info in pkgutil.walk_packages(yolojet.kernels.__path__, "yolojet.kernels."):
+        module = importlib.import_module(info.name)
         found += [
             value
             for value in vars(module).values()

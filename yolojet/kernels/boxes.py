@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.elementwise import check_view
+from yolojet.kernels.views import check_view
 
 
 @triton.jit

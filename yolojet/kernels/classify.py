@@ -7,9 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets
 from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+from yolojet.kernels.views import check_view, nhwc_blocks, nhwc_offsets
 
 _FLOATS = (torch.float16, torch.float32)
 # The head's programs: 64 channels by 128 classes (160 programs an image for 1,280 channels and 1,000 classes, each

@@ -17,9 +17,9 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
-from yolojet.kernels.elementwise import check_tile, check_view, nhwc_blocks, nhwc_offsets, pixel_coords
 from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+from yolojet.kernels.views import check_tile, check_view, nhwc_blocks, nhwc_offsets, pixel_coords
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,10 @@
 """Elementwise kernels on NHWC channel-slice views: add, nearest upsample and copy.
 
 All three are one gather kernel: out[n, y, x, c] = x[n, y // f, x // f, c] (+ b[n, y, x, c]), with f = 1 for add and
-copy. The views may be channel slices of wider buffers (any N/H/W strides, channel stride 1). The view checks,
-tile choice and pixel-index helpers here are shared by the other direct NHWC kernels (dwconv, pool, attention,
-classify).
+copy. The views may be channel slices of wider buffers (any N/H/W strides, channel stride 1).
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 import triton
@@ -16,73 +12,7 @@ import triton.language as tl
 
 from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
-
-
-class _Tile(Protocol):
-    """A tuning tile: its block sizes (read by name) and its warps."""
-
-    @property
-    def num_warps(self) -> int: ...
-
-
-def check_tile(tile: _Tile, blocks: tuple[str, ...], minimum: int = 1) -> None:
-    """A tuning tile's block sizes are powers of two (tl.arange's) of at least `minimum` (16 where they are a
-    tl.dot side), and its warps a power of two up to 16."""
-    kind = type(tile).__name__
-    for name in blocks:
-        value = getattr(tile, name)
-        if value < minimum or value & (value - 1):
-            floor = f" >= {minimum}" if minimum > 1 else ""
-            raise ValueError(f"{kind}.{name} must be a power of two{floor}, got {value}")
-    if tile.num_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"{kind}.num_warps must be a power of two up to 16, got {tile.num_warps}")
-
-
-def check_view(
-    name: str,
-    t: torch.Tensor,
-    shape: tuple[int | None, ...],
-    dtype: torch.dtype | None = None,
-    device: torch.device | None = None,
-) -> None:
-    """Raise ValueError unless `t` matches `shape` (None matches any size), `dtype` and `device` (None: any) and
-    has a unit last-dimension stride (channels contiguous)."""
-    if t.dim() != len(shape) or any(e is not None and e != s for s, e in zip(t.shape, shape, strict=True)):
-        expected = ", ".join("?" if e is None else str(e) for e in shape)
-        raise ValueError(f"{name}: shape {tuple(t.shape)}, expected ({expected})")
-    if dtype is not None and t.dtype != dtype:
-        raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name}: device {t.device}, expected {device}")
-    if t.stride(-1) != 1:
-        raise ValueError(f"{name}: last-dimension stride {t.stride(-1)}, expected 1 (contiguous)")
-
-
-def nhwc_blocks(channels: int, tile: int = 2048) -> tuple[int, int]:
-    """(BLOCK_P, BLOCK_C) for a pixel × channel tile of `tile` elements with up to 64 contiguous channels.
-
-    2048 elements (16 a thread at 4 warps) measured best or near-best on an H200 for the single-pass kernels.
-    """
-    block_c = min(64, triton.next_power_of_2(channels))
-    return tile // block_c, block_c
-
-
-@triton.jit
-def pixel_coords(pix, H, W):
-    """(n, y, x) of flat pixel indices pix = (n·H + y)·W + x.
-
-    int32: pixel counts stay far below 2**31 and int64 division costs several times more; element offsets, which
-    can pass 2**31, go through nhwc_offsets.
-    """
-    x = pix % W
-    t = pix // W
-    return t // H, t % H, x
-
-
-@triton.jit
-def nhwc_offsets(n, y, x, s_n, s_h, s_w):
-    """int64 element offsets of pixels (n, y, x) in an NHWC view with strides (s_n, s_h, s_w, 1)."""
-    return n.to(tl.int64) * s_n + y.to(tl.int64) * s_h + x.to(tl.int64) * s_w
+from yolojet.kernels.views import check_view, nhwc_blocks, nhwc_offsets, pixel_coords
 
 
 @triton.jit

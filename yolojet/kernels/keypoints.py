@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.boxes import map_box_columns
-from yolojet.kernels.elementwise import check_view
+from yolojet.kernels.views import check_view
 
 _BLOCK_K = 32
 

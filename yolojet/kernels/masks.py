@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.elementwise import check_view
+from yolojet.kernels.views import check_view
 
 # assemble_masks: one program per image and BLOCK_Y × BLOCK_X input pixels, walking the kept rows BLOCK_K at a time.
 # 16 rows is tl.dot's smallest M; 8 × 16 = 128 pixels keeps the four fp32 [16, 128] neighbour logits in registers.

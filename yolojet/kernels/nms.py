@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.elementwise import check_view
+from yolojet.kernels.views import check_view
 
 _MAX_WH = tl.constexpr(7680.0)  # ultralytics' per-class box offset for class-aware NMS
 _BLOCK_A = 128

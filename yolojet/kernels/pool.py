@@ -11,9 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.elementwise import check_view, nhwc_blocks, nhwc_offsets, pixel_coords
 from yolojet.kernels.launch import launcher
 from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+from yolojet.kernels.views import check_view, nhwc_blocks, nhwc_offsets, pixel_coords
 
 
 @triton.jit

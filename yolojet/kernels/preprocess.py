@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from yolojet.geometry import Letterbox
-from yolojet.kernels.elementwise import check_view
 from yolojet.kernels.launch import launcher
+from yolojet.kernels.views import check_view
 
 # A resample program gathers (pixel, tap, channel) tiles of at most this many elements, all taps at once.
 _RESAMPLE_ELEMENTS = 8192

@@ -46,7 +46,6 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from yolojet.kernels.elementwise import check_view
 from yolojet.kernels.nms import (
     _BLOCK_COUNT,
     _MAX_WH,
@@ -54,6 +53,7 @@ from yolojet.kernels.nms import (
     check_scratch_and_class_mask,
     rank_candidates,
 )
+from yolojet.kernels.views import check_view
 
 _EPS = tl.constexpr(1e-7)  # batch_probiou's eps
 _INV_12 = tl.constexpr(1.0 / 12.0)  # float32(1/12): torch's CUDA `x / 12` multiplies by it
