@@ -1,4 +1,4 @@
-.PHONY: setup test test-fast lint typecheck format
+.PHONY: setup test test-fast test-gpu lint typecheck format
 
 setup:
 	python3 -m venv .venv && . .venv/bin/activate && python -m pip install -c constraints.txt -e ".[dev]"
@@ -8,6 +8,10 @@ test:
 
 test-fast:
 	. .venv/bin/activate && python -m pytest -q -m "not slow"
+
+# On a CUDA GPU machine: the GPU tier (bench/gpu_check.sh's tests stage), meant to fit one 10-minute call.
+test-gpu:
+	STAGES=tests bash bench/gpu_check.sh
 
 lint:
 	. .venv/bin/activate && ruff check yolojet tests bench && ruff format --check yolojet tests bench

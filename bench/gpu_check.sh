@@ -37,8 +37,13 @@ for stage in $STAGES; do
     # run, one process at a time: with pytest-xdist in .whl, TEST_WORKERS processes (8 by default) share the
     # files, each keeping a file's tests together so its fixtures are built once.
     workers=()
-    if python3 -c "import xdist" 2>/dev/null; then workers=(-n "${TEST_WORKERS:-8}" --dist loadfile); fi
-    YOLOJET_NOTUNE=1 YOLOJET_LIVE_FAILURES=1 timeout -s INT -k 30 "${TEST_SECONDS:-220}" python3 -m pytest ${TESTS:-tests/pipeline tests/eval tests/runtime tests/kernels} \
+    if python3 -c "import xdist" 2>/dev/null; then workers=(-n "${TEST_WORKERS:-12}" --dist loadfile); fi
+    # The default is the GPU tier (make test-gpu): every kernel test at full shapes, the engine's tests, and the
+    # whole-model, server and client tests for the yolo11n family of each task (the other families' runs repeat the
+    # same kernels); TESTS and TEST_K replace it.
+    tier="tests/kernels tests/engine tests/pipeline tests/serve tests/client tests/test_decoders.py"
+    YOLOJET_NOTUNE=1 YOLOJET_LIVE_FAILURES=1 timeout -s INT -k 30 "${TEST_SECONDS:-540}" python3 -m pytest ${TESTS:-$tier} \
+      -k "${TEST_K:-not yolov8n and not yolo26n and not yolo11s and not yolo11m}" \
       "${workers[@]}" -q -p no:cacheprovider --tb=short -rfE --junitxml "$OUT/tests.xml" ${TEST_FLAGS:-} > "$OUT/tests.log" 2>&1
     # Which tests ran before the limit, a line a file: a stage cut short says where to pick up.
     python3 -c "import collections, sys, xml.etree.ElementTree as et
