@@ -100,7 +100,8 @@ class ModelMeta:
 # The op table doubles as the list of op kinds the IR knows.
 
 
-def _pair(v: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
+def pair(v: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
+    """An attribute given as one int or as (h, w) (a kernel size, stride, padding, dilation), as (h, w)."""
     return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
@@ -119,7 +120,7 @@ def _conv_shapes(node: Node, ins: list[Shape], w: dict[str, tuple[int, ...]]) ->
     groups = node.attrs["groups"]
     _expect(c == cin_per_group * groups, node, f"input has {c} channels, weight expects {cin_per_group}x{groups}")
     _expect(node.attrs["activation"] in ACTIVATIONS, node, f"unknown activation {node.attrs['activation']}")
-    (sy, sx), (py, px), (dy, dx) = (_pair(node.attrs[k]) for k in ("stride", "padding", "dilation"))
+    (sy, sx), (py, px), (dy, dx) = (pair(node.attrs[k]) for k in ("stride", "padding", "dilation"))
     out = (n, cout, _window_out(h, kh, sy, py, dy), _window_out(wd, kw, sx, px, dx))
     if len(ins) > 1:
         _expect(tuple(ins[1]) == out, node, f"residual shape {ins[1]} differs from output {out}")
@@ -130,13 +131,13 @@ def _conv_transpose_shapes(node: Node, ins: list[Shape], w: dict[str, tuple[int,
     n, c, h, wd = ins[0]
     cin, cout, kh, kw = w["weight"]
     _expect(c == cin, node, f"input has {c} channels, weight expects {cin}")
-    (sy, sx), (py, px) = _pair(node.attrs["stride"]), _pair(node.attrs["padding"])
+    (sy, sx), (py, px) = pair(node.attrs["stride"]), pair(node.attrs["padding"])
     return [(n, cout, (h - 1) * sy - 2 * py + kh, (wd - 1) * sx - 2 * px + kw)]
 
 
 def _maxpool_shapes(node: Node, ins: list[Shape], w: dict[str, tuple[int, ...]]) -> list[Shape]:
     n, c, h, wd = ins[0]
-    (ky, kx), (sy, sx), (py, px) = (_pair(node.attrs[k]) for k in ("kernel", "stride", "padding"))
+    (ky, kx), (sy, sx), (py, px) = (pair(node.attrs[k]) for k in ("kernel", "stride", "padding"))
     return [(n, c, _window_out(h, ky, sy, py), _window_out(wd, kx, sx, px))]
 
 

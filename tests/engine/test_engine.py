@@ -95,7 +95,8 @@ def test_dump_shows_a_value_its_launch_left_unwritten_as_nan(model_dirs, monkeyp
 def test_folds_take_the_upsample_and_copy_launches_unless_fusion_is_off(model_dirs):
     """With fusion (the default) each neck upsample is read by the 1x1 conv after its concat, and the 1x1 conv
     after C2PSA's concat reads the split half the concat would copy where it lies: neither the upsamples nor the
-    copy has a launch of its own. With fuse=False they do. Both match the reference."""
+    copy has a launch of its own, and SPPF's three pools are one. With fuse=False each has its own. Both match the
+    reference."""
     model_dir = model_dirs("yolo11n.yaml", None)
     reference = yolojet.load_reference(model_dir, device=DEVICE)
     x = torch.rand(2, 3, 64, 64, device=DEVICE)
@@ -107,6 +108,8 @@ def test_folds_take_the_upsample_and_copy_launches_unless_fusion_is_off(model_di
         assert sum("<-" in launch.nodes[0] for launch in launches) == alone  # the concat copy
         folded = [launch for launch in launches if launch.family == "conv" and launch.nodes[0].endswith("/concat")]
         assert len(folded) == 1 - alone
+        pools = [len(launch.nodes) for launch in launches if launch.family == "pool"]  # SPPF's three
+        assert pools == ([3] if fuse else [1, 1, 1])
         engine.network.poison()
         assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
 

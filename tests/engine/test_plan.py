@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from support import random_model
 
-from yolojet.engine.plan import ARENA_ALIGN, _reads_widened, concat_folds, plan_memory, upsample_folds
+from yolojet.engine.fusion import concat_folds, decide_fusions, upsample_folds
+from yolojet.engine.plan import ARENA_ALIGN, _reads_widened, plan_memory
 from yolojet.export.walker import export_graph
 from yolojet.ir import Graph, ModelMeta, Node, Value
 
@@ -179,3 +180,24 @@ def test_only_a_concat_copying_its_first_part_alone_feeding_a_1x1_conv_folds():
     assert concat_folds(graph, {"c": ["a"]}, {"k": "u"}) == {}  # the conv already folds an upsample
     assert concat_folds(_psa(reader="cat"), {"c": ["a"]}, {}) == {}  # the concat is read elsewhere too
     assert concat_folds(_psa(copied_second=True), {"c": ["a"]}, {}) == {}  # the copied part comes second
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo11n-cls.yaml"])
+def test_fusions_are_decided_in_one_place_and_all_off_without_fuse(cfg):
+    """SPPF's three pools form one chain, a classifier's global average pool is pooled in its head, the folds are
+    the plan's; with fuse=False nothing is fused."""
+    graph = export_graph(random_model(cfg), imgsz=64 if "cls" not in cfg else 32)
+    plan = plan_memory(graph)
+    fusions = decide_fusions(graph, plan, fuse=True)
+    by_name = {n.name: n for n in graph.nodes}
+    if "cls" in cfg:
+        assert len(fusions.pooled_heads) == 1 and not fusions.pool_chains
+        (pool,) = fusions.pooled_heads
+        assert by_name[pool].op == "global_avg_pool"
+    else:
+        assert fusions.upsample_folds == plan.upsample_folds and len(fusions.upsample_folds) == 2
+        ((first, chain),) = fusions.pool_chains.items()
+        assert chain[0] == first and len(chain) == 3 and {by_name[n].op for n in chain} == {"maxpool"}
+        assert not fusions.pooled_heads
+    off = decide_fusions(graph, plan, fuse=False)
+    assert not (off.upsample_folds or off.concat_folds or off.pool_chains or off.pooled_heads)

@@ -850,8 +850,6 @@ def test_transposed_conv_lowered_to_four_strided_1x1_convs() -> None:
     assert out_buffer[..., c_out:].isnan().all()
 
 
-
-
 def _jitted_functions() -> list:
     """Every @triton.jit function the kernel modules define, the conv package's included (interpreted ones without
     a GPU)."""

@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
+from yolojet.engine.fusion import decide_fusions
 from yolojet.engine.plan import MemoryPlan
 from yolojet.errors import GraphError
-from yolojet.ir import Graph, Node
+from yolojet.ir import Graph, Node, pair
 from yolojet.kernels.attention import AttentionTile, attention_candidate_tiles, default_attention_tile, psa_attention
 from yolojet.kernels.classify import classify_head, classify_head_scratch, global_avg_pool_nhwc
 from yolojet.kernels.conv import (
@@ -161,10 +162,6 @@ class PackedWeights:
         return self.tensors[f"{node.name}.{role}"]
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
-
-
 def _conv_tune_key(
     family: str, x: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, node: Node, residual: bool
 ) -> str:
@@ -202,7 +199,7 @@ def _lower_conv(
             x, nodes = view(cat.inputs[0]), [cat.name, node.name]
         key_suffix = f"|up{scale}|second{tuple(second.shape)}s{tuple(second.stride())}"
     weight, bias = weights.get(node, "weight"), weights.get(node, "bias")
-    stride, padding, dilation = _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"])
+    stride, padding, dilation = pair(a["stride"]), pair(a["padding"]), pair(a["dilation"])
     if a["groups"] != 1:
         if a["groups"] != x.shape[3] or weight.shape[0] != x.shape[3] or dilation != (1, 1) or stride[0] != stride[1]:
             raise GraphError(f"node {node.name}: grouped conv with groups={a['groups']} has no kernel")
@@ -318,9 +315,9 @@ def _lower_depthwise(
 
 def _lower_conv_transpose(node: Node, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
     """A stride-2, 2x2 transposed conv is four 1x1 convs, each writing every other row and column."""
-    sy, sx = _pair(node.attrs["stride"])
+    sy, sx = pair(node.attrs["stride"])
     taps = [key for key in weights.tensors if key.startswith(f"{node.name}.weight")]
-    if (sy, sx) != (2, 2) or _pair(node.attrs["padding"]) != (0, 0) or len(taps) != 4:
+    if (sy, sx) != (2, 2) or pair(node.attrs["padding"]) != (0, 0) or len(taps) != 4:
         raise GraphError(f"node {node.name}: only 2x2 stride-2 transposed convs without padding have a kernel")
     x, out, bias = view(node.inputs[0]), view(node.outputs[0]), weights.get(node, "bias")
     parts = [(out[:, dy::2, dx::2, :], weights.get(node, f"weight{dy}{dx}")) for dy in (0, 1) for dx in (0, 1)]
@@ -332,30 +329,16 @@ def _lower_conv_transpose(node: Node, view: ViewFn, weights: PackedWeights, pdl:
     return Launch("conv", [node.name], list(node.outputs), run)
 
 
-def _sppf_chain(graph: Graph, start: int) -> list[Node]:
-    """Maxpools chained on each other's outputs with the same stride-1 'same' window: SPPF's pools."""
-    first = graph.nodes[start]
-    chain = [first]
-    attrs = first.attrs
-    if _pair(attrs["stride"]) != (1, 1) or _pair(attrs["padding"]) != tuple(k // 2 for k in _pair(attrs["kernel"])):
-        return chain
-    for node in graph.nodes[start + 1 :]:
-        if node.op == "maxpool" and node.attrs == attrs and node.inputs == chain[-1].outputs:
-            chain.append(node)
-    return chain
-
-
 def _lower_pools(chain: list[Node], view: ViewFn, pdl: bool) -> Launch | None:
-    """SPPF's pools as one launch, when their outputs are equally spaced slices with one set of strides."""
-    if len(chain) < 2:
-        return None
+    """SPPF's pools as one launch, when their outputs are equally spaced slices with one set of strides (where the
+    memory plan placed them: None otherwise, and each pool gets its own launch)."""
     outs = [view(n.outputs[0]) for n in chain]
     step = outs[1].data_ptr() - outs[0].data_ptr()
     spaced = step > 0 and all(o.data_ptr() - outs[0].data_ptr() == i * step for i, o in enumerate(outs))
     if not spaced or any(o.stride() != outs[0].stride() for o in outs):
         return None
     x = view(chain[0].inputs[0])
-    kernel = _pair(chain[0].attrs["kernel"])[0]
+    kernel = pair(chain[0].attrs["kernel"])[0]
 
     def run(compile_only: bool = False) -> None:
         sppf_pools(outs, x, kernel=kernel, repeats=len(outs), pdl=pdl, compile_only=compile_only)
@@ -365,7 +348,7 @@ def _lower_pools(chain: list[Node], view: ViewFn, pdl: bool) -> Launch | None:
 
 def _lower_maxpool(node: Node, view: ViewFn, pdl: bool) -> Launch:
     x, out = view(node.inputs[0]), view(node.outputs[0])
-    (kernel, _), (stride, _), (padding, _) = (_pair(node.attrs[k]) for k in ("kernel", "stride", "padding"))
+    (kernel, _), (stride, _), (padding, _) = (pair(node.attrs[k]) for k in ("kernel", "stride", "padding"))
 
     def run(compile_only: bool = False) -> None:
         maxpool2d_nhwc(out, x, kernel=kernel, stride=stride, padding=padding, pdl=pdl, compile_only=compile_only)
@@ -461,19 +444,18 @@ def lower(
 ) -> list[Launch]:
     """The launch list for one batch size; `view(name)` gives each value's device view at that size.
 
-    `plan` names the concat inputs to copy, and the upsamples and concat copies that convs fold (the folds, like
-    SPPF's single pool launch and the pooling classifier head, only with `options.fuse`); `scratch` serves the convs
-    whose tuned tile splits K; `options.pdl` (resolved for the device: True or False) launches every kernel with
-    programmatic dependent launch (yolojet.kernels.pdl).
+    `plan` names the concat inputs to copy; engine/fusion.py decides which nodes share a launch (none without
+    `options.fuse`); `scratch` serves the convs whose tuned tile splits K; `options.pdl` (resolved for the device:
+    True or False) launches every kernel with programmatic dependent launch (yolojet.kernels.pdl).
     """
-    fuse, pdl = options.fuse, bool(options.pdl)
+    pdl = bool(options.pdl)
+    fusions = decide_fusions(graph, plan, options.fuse)
     launches: list[Launch] = []
     done: set[str] = set()
     by_name = {node.name: node for node in graph.nodes}
     producer = {out: node for node in graph.nodes for out in node.outputs}
-    folds = plan.upsample_folds if fuse else {}
+    folds, cat_folds = fusions.upsample_folds, fusions.concat_folds
     folded = set(folds.values())
-    cat_folds = plan.concat_folds if fuse else {}
     uncopied = set(cat_folds.values())  # concats whose conv reads the part they would copy in place
     for i, node in enumerate(graph.nodes):
         if node.name in done or node.name in folded:  # a folded upsample is part of its conv's launch
@@ -494,9 +476,10 @@ def lower(
         elif node.op == "conv_transpose":
             launches.append(_lower_conv_transpose(node, view, weights, pdl))
         elif node.op == "maxpool":
-            fused = _lower_pools(_sppf_chain(graph, i), view, pdl) if fuse else None
+            chain = fusions.pool_chains.get(node.name)
+            fused = _lower_pools([by_name[name] for name in chain], view, pdl) if chain else None
             launches.append(fused or _lower_maxpool(node, view, pdl))
-        elif node.op == "linear" or (node.op == "global_avg_pool" and fuse and _pooled_head(graph, i)):
+        elif node.op == "linear" or node.name in fusions.pooled_heads:
             launches.append(_lower_classify_head(graph, i, view, weights, pdl))
         else:
             launches.append(_lower_simple(node, view, pdl))
@@ -523,20 +506,6 @@ def _copy_into_concat(node: Node, value: str, view: ViewFn, pdl: bool) -> Launch
         copy_nhwc(destination, source, pdl=pdl, compile_only=compile_only)
 
     return Launch("elementwise", [f"{node.name}<-{value}"], [], run, reads=[value], writes=[node.outputs[0]])
-
-
-def _pooled_head(graph: Graph, i: int) -> bool:
-    """Whether node i, a global average pool, feeds only the linear layer right after it (so one classify-head
-    launch can pool too)."""
-    node = graph.nodes[i]
-    following = graph.nodes[i + 1] if i + 1 < len(graph.nodes) else None
-    return (
-        following is not None
-        and following.op == "linear"
-        and following.inputs == node.outputs
-        and node.outputs[0] not in graph.outputs
-        and sum(node.outputs[0] in other.inputs for other in graph.nodes) == 1
-    )
 
 
 def _lower_classify_head(graph: Graph, i: int, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from yolojet.engine.fusion import concat_folds, upsample_folds
 from yolojet.ir import Graph, Node
 
 CHANNEL_ALIGN = 8  # 16-byte pixel rows in fp16: vector loads stay aligned in every slice that starts aligned
@@ -79,10 +80,6 @@ class MemoryPlan:
     def arena_elements(self, kind: str, max_batch: int) -> int:
         per_image = self.feature_elements if kind == "feature" else self.head_elements
         return per_image * max_batch
-
-
-def _pair(value: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
-    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -221,70 +218,6 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         "feature_elements_unshared": sum(b.per_image for b in buffers if b.kind == "feature"),
     }
     return plan
-
-
-def _reader_counts(graph: Graph) -> dict[str, int]:
-    """How many node inputs and graph outputs read each value."""
-    readers: dict[str, int] = {}
-    for name in [*(name for node in graph.nodes for name in node.inputs), *graph.outputs]:
-        readers[name] = readers.get(name, 0) + 1
-    return readers
-
-
-def _two_input_conv(graph: Graph, conv: Node, cat: Node, readers: dict[str, int]) -> bool:
-    """Whether `conv` is a 1x1 conv (stride 1, no padding) reading nothing but the two-part concat `cat`, which
-    nothing else reads: the shape of conv that can take the concat's parts as two inputs."""
-    a = conv.attrs
-    return (
-        conv.op == "conv"
-        and cat.op == "concat"
-        and [_pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (0, 0), (1, 1)]
-        and a["groups"] == 1
-        and tuple(graph.values[conv.outputs[0]].shape[2:]) == tuple(graph.values[cat.outputs[0]].shape[2:])
-        and len(cat.inputs) == 2
-        and conv.inputs == cat.outputs
-        and readers.get(cat.outputs[0]) == 1
-    )
-
-
-def upsample_folds(graph: Graph, copies: dict[str, list[str]]) -> dict[str, str]:
-    """1x1 convs (stride 1, no padding) whose whole input is Concat([Upsample(x), y]) in consecutive nodes, with
-    the upsample's output and the concat's read by nothing else and the upsample's output placed in the concat:
-    conv name -> upsample name. The conv can read x through the upsample and y as a second input (a neck's
-    Upsample → Concat → C2f/C3k2), so the upsample needs no launch."""
-    readers = _reader_counts(graph)
-    folds = {}
-    for up, cat, conv in zip(graph.nodes, graph.nodes[1:], graph.nodes[2:], strict=False):
-        upsampled = up.outputs[0]
-        if (
-            up.op == "upsample"
-            and _two_input_conv(graph, conv, cat, readers)
-            and cat.inputs[0] == upsampled
-            and readers.get(upsampled) == 1
-            and upsampled not in copies.get(cat.name, [])
-        ):
-            folds[conv.name] = up.name
-    return folds
-
-
-def concat_folds(graph: Graph, copies: dict[str, list[str]], upsample_folds: dict[str, str]) -> dict[str, str]:
-    """1x1 convs (stride 1, no padding) whose whole input is a two-part concat that must copy its first part
-    (a split's view of another buffer, as in C2PSA: Concat([split:0, PSA(split:1)])) and places its second,
-    read by nothing else: conv name -> concat name. The conv can read the first part where it is and the
-    concat's slice of the second as a second input, so the copy needs no launch."""
-    readers = _reader_counts(graph)
-    producer = {out: node for node in graph.nodes for out in node.outputs}
-    folds = {}
-    for conv in graph.nodes:
-        cat = producer.get(conv.inputs[0]) if conv.inputs else None
-        if (
-            cat is not None
-            and conv.name not in upsample_folds
-            and _two_input_conv(graph, conv, cat, readers)
-            and copies.get(cat.name) == [cat.inputs[0]]
-        ):
-            folds[conv.name] = cat.name
-    return folds
 
 
 def _set_lifetimes(

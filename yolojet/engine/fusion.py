@@ -1,0 +1,136 @@
+"""Which nodes share a launch, decided in one place: each fusion's pattern, found on the graph (and, for the folds,
+on which concat inputs the memory plan copies). The memory plan keeps the folds' inputs alive and lowering follows
+these decisions; `EngineOptions(fuse=False)` turns every one of them off.
+
+- upsample folds: a 1x1 conv reading Concat([Upsample(x), y]) reads x through the upsample (a neck's Upsample →
+  Concat → C2f/C3k2): no upsample launch;
+- concat folds: a 1x1 conv reading a concat that must copy its first part (C2PSA's) reads that part where it lies:
+  no copy launch;
+- pool chains: maxpools chained on each other's outputs with one stride-1 'same' window (SPPF's) in one launch;
+- pooled heads: a global average pool feeding only the linear layer after it is pooled inside the classifier's
+  head launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from yolojet.ir import Graph, Node, pair
+
+if TYPE_CHECKING:
+    from yolojet.engine.plan import MemoryPlan
+
+
+@dataclass(frozen=True)
+class Fusions:
+    """What lowering fuses: conv -> the upsample it reads through; conv -> the concat whose copy it reads in place;
+    first maxpool -> the chain's node names; the global average pools pooled in the classifier's head."""
+
+    upsample_folds: dict[str, str]
+    concat_folds: dict[str, str]
+    pool_chains: dict[str, list[str]]
+    pooled_heads: frozenset[str]
+
+
+def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool) -> Fusions:
+    if not fuse:
+        return Fusions({}, {}, {}, frozenset())
+    chains: dict[str, list[str]] = {}
+    for i, node in enumerate(graph.nodes):
+        chain = pool_chain(graph, i) if node.op == "maxpool" else []
+        if len(chain) > 1 and not any(node.name in c for c in chains.values()):
+            chains[node.name] = [n.name for n in chain]
+    heads = frozenset(n.name for i, n in enumerate(graph.nodes) if n.op == "global_avg_pool" and pooled_head(graph, i))
+    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads)
+
+
+def _reader_counts(graph: Graph) -> dict[str, int]:
+    """How many node inputs and graph outputs read each value."""
+    readers: dict[str, int] = {}
+    for name in [*(name for node in graph.nodes for name in node.inputs), *graph.outputs]:
+        readers[name] = readers.get(name, 0) + 1
+    return readers
+
+
+def _two_input_conv(graph: Graph, conv: Node, cat: Node, readers: dict[str, int]) -> bool:
+    """Whether `conv` is a 1x1 conv (stride 1, no padding) reading nothing but the two-part concat `cat`, which
+    nothing else reads: the shape of conv that can take the concat's parts as two inputs."""
+    a = conv.attrs
+    return (
+        conv.op == "conv"
+        and cat.op == "concat"
+        and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (0, 0), (1, 1)]
+        and a["groups"] == 1
+        and tuple(graph.values[conv.outputs[0]].shape[2:]) == tuple(graph.values[cat.outputs[0]].shape[2:])
+        and len(cat.inputs) == 2
+        and conv.inputs == cat.outputs
+        and readers.get(cat.outputs[0]) == 1
+    )
+
+
+def upsample_folds(graph: Graph, copies: dict[str, list[str]]) -> dict[str, str]:
+    """1x1 convs (stride 1, no padding) whose whole input is Concat([Upsample(x), y]) in consecutive nodes, with
+    the upsample's output and the concat's read by nothing else and the upsample's output placed in the concat:
+    conv name -> upsample name. The conv can read x through the upsample and y as a second input (a neck's
+    Upsample → Concat → C2f/C3k2), so the upsample needs no launch."""
+    readers = _reader_counts(graph)
+    folds = {}
+    for up, cat, conv in zip(graph.nodes, graph.nodes[1:], graph.nodes[2:], strict=False):
+        upsampled = up.outputs[0]
+        if (
+            up.op == "upsample"
+            and _two_input_conv(graph, conv, cat, readers)
+            and cat.inputs[0] == upsampled
+            and readers.get(upsampled) == 1
+            and upsampled not in copies.get(cat.name, [])
+        ):
+            folds[conv.name] = up.name
+    return folds
+
+
+def concat_folds(graph: Graph, copies: dict[str, list[str]], upsample_folds: dict[str, str]) -> dict[str, str]:
+    """1x1 convs (stride 1, no padding) whose whole input is a two-part concat that must copy its first part
+    (a split's view of another buffer, as in C2PSA: Concat([split:0, PSA(split:1)])) and places its second,
+    read by nothing else: conv name -> concat name. The conv can read the first part where it is and the
+    concat's slice of the second as a second input, so the copy needs no launch."""
+    readers = _reader_counts(graph)
+    producer = {out: node for node in graph.nodes for out in node.outputs}
+    folds = {}
+    for conv in graph.nodes:
+        cat = producer.get(conv.inputs[0]) if conv.inputs else None
+        if (
+            cat is not None
+            and conv.name not in upsample_folds
+            and _two_input_conv(graph, conv, cat, readers)
+            and copies.get(cat.name) == [cat.inputs[0]]
+        ):
+            folds[conv.name] = cat.name
+    return folds
+
+
+def pool_chain(graph: Graph, start: int) -> list[Node]:
+    """Maxpools chained on each other's outputs with the same stride-1 'same' window: SPPF's pools."""
+    first = graph.nodes[start]
+    chain = [first]
+    attrs = first.attrs
+    if pair(attrs["stride"]) != (1, 1) or pair(attrs["padding"]) != tuple(k // 2 for k in pair(attrs["kernel"])):
+        return chain
+    for node in graph.nodes[start + 1 :]:
+        if node.op == "maxpool" and node.attrs == attrs and node.inputs == chain[-1].outputs:
+            chain.append(node)
+    return chain
+
+
+def pooled_head(graph: Graph, i: int) -> bool:
+    """Whether node i, a global average pool, feeds only the linear layer right after it (so one classify-head
+    launch can pool too)."""
+    node = graph.nodes[i]
+    following = graph.nodes[i + 1] if i + 1 < len(graph.nodes) else None
+    return (
+        following is not None
+        and following.op == "linear"
+        and following.inputs == node.outputs
+        and node.outputs[0] not in graph.outputs
+        and sum(node.outputs[0] in other.inputs for other in graph.nodes) == 1
+    )
