@@ -9,8 +9,10 @@ yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped pho
   label    `yolojet label FOLDER --server` over --files copies of bus.jpg (file reads and the JSONL written
            included), then `yolojet label FOLDER --local`; each as a user runs it, a fresh process: its own rate
            (from its summary line) and the wall time of the whole command
-  workers  with --devices D: the same unary calls against `yolojet serve --devices D` (an engine worker process a
-           device behind one front), and `yolojet label FOLDER --local --devices D`
+  workers  with --devices D: the same unary calls and `label --server` against `yolojet serve --devices D` (an engine
+           worker process a device behind one front), and `yolojet label FOLDER --local --devices D`
+  processes with --processes N: the same unary calls and `label --server` against `yolojet serve --processes N`
+           (N whole servers sharing the port)
 
     python3 bench/bench_serve.py --out results/
 """
@@ -36,11 +38,10 @@ PORT = 50611
 
 
 def start_server(
-    model_dir: Path, log: Path, slo_ms: float, samples: Path | None, devices: str | None = None
+    model_dir: Path, log: Path, slo_ms: float, samples: Path | None, scale: list[str] | None = None
 ) -> subprocess.Popen:
-    model = ["--model", f"{model_dir}:64", "--shapes", "640x480", "--slo-ms", str(slo_ms)]
-    if devices is not None:  # worker processes behind one front (the scale room) instead of the engine in-process
-        model += ["--devices", devices]
+    """`scale`: --devices D (worker processes behind one front) or --processes N (whole servers sharing the port)."""
+    model = ["--model", f"{model_dir}:64", "--shapes", "640x480", "--slo-ms", str(slo_ms), *(scale or [])]
     command = [sys.executable, "-m", "yolojet", "serve", *model, "--port", str(PORT)]
     if samples is not None:  # where the server's threads spend their time (bench/sampler.py)
         command[1:1] = [str(Path(__file__).with_name("sampler.py")), "--out", str(samples), "--"]
@@ -106,25 +107,25 @@ def unary_calls(found: dict, key: str, bus: Path, requests: int, profile: tuple[
               f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}", flush=True)  # fmt: skip
 
 
-def workers_stage(found: dict, args: argparse.Namespace, model_dir: Path, bus: Path, files: Path, work: Path) -> None:
-    """The same calls against `serve --devices`, then `label --local --devices`."""
+def scaled_stage(found: dict, args: argparse.Namespace, key: str, scale: list[str], model_dir: Path, bus: Path,
+                 files: Path, work: Path) -> None:  # fmt: skip
+    """The same calls against `serve` with `scale`'s flags, then `yolojet label --server` against it."""
     server = None
     try:
         start = time.perf_counter()
-        server = start_server(model_dir, args.out / "serve-workers.log", args.slo_ms, None, args.devices)
-        found["workers_server_start_s"] = time.perf_counter() - start
-        profile = (server.pid, args.out / "pyspy-workers.txt") if args.py_spy else None
-        unary_calls(found, "workers", bus, args.requests, profile)
+        server = start_server(model_dir, args.out / f"serve-{key}.log", args.slo_ms, None, scale)
+        found[f"{key}_server_start_s"] = time.perf_counter() - start
+        profile = (server.pid, args.out / f"pyspy-{key}.txt") if args.py_spy else None
+        unary_calls(found, key, bus, args.requests, profile)
+        if not args.no_label:
+            found[f"label_server_{key}"] = label(files, work / f"server-{key}.jsonl", ["--server", f"127.0.0.1:{PORT}"])
+            print(f"label --server ({key}): {found[f'label_server_{key}']}", flush=True)
     except Exception:
         found.setdefault("failures", []).append(traceback.format_exc())
         print(traceback.format_exc(), flush=True)
     finally:
         if server is not None:
-            found["workers_server_exit"] = stop(server)
-    if not args.no_label:
-        where = ["--local", "--model", str(model_dir), "--devices", args.devices]
-        found["label_local_workers"] = label(files, work / "local-workers.jsonl", where)
-        print(f"label --local --devices: {found['label_local_workers']}", flush=True)
+            found[f"{key}_server_exit"] = stop(server)
 
 
 def main() -> int:
@@ -136,6 +137,7 @@ def main() -> int:
     parser.add_argument("--py-spy", action="store_true", help="py-spy records each server at 64 in flight (5 s)")
     parser.add_argument("--no-label", action="store_true", help="the unary calls only")
     parser.add_argument("--devices", default=None, help="also measure the worker-process server and labeler on these")
+    parser.add_argument("--processes", type=int, default=None, help="also measure `serve --processes N`")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
@@ -181,7 +183,14 @@ def main() -> int:
         found.setdefault("failures", []).append(traceback.format_exc())
     out_file.write_text(json.dumps(found, indent=1))
     if args.devices is not None:
-        workers_stage(found, args, model_dir, bus, files, work)
+        scaled_stage(found, args, "workers", ["--devices", args.devices], model_dir, bus, files, work)
+        if not args.no_label:
+            where = ["--local", "--model", str(model_dir), "--devices", args.devices]
+            found["label_local_workers"] = label(files, work / "local-workers.jsonl", where)
+            print(f"label --local --devices: {found['label_local_workers']}", flush=True)
+        out_file.write_text(json.dumps(found, indent=1))
+    if args.processes is not None:
+        scaled_stage(found, args, "processes", ["--processes", str(args.processes)], model_dir, bus, files, work)
         out_file.write_text(json.dumps(found, indent=1))
     print_table(found, args.files)
     return 1 if found.get("failures") else 0
@@ -189,14 +198,19 @@ def main() -> int:
 
 def print_table(found: dict, files: int) -> None:
     print("\n| measure | value |\n|---|---|")
-    for key, name in (("unary", "Infer"), ("workers", "Infer, serve --devices")):
+    for key, name in (
+        ("unary", "Infer"),
+        ("workers", "Infer, serve --devices"),
+        ("processes", "Infer, serve --processes"),
+    ):
         for concurrency in (64, 8):
             row = found.get(f"{key}_{concurrency}")
             if row:
                 print(f"| {name}, {concurrency} in flight | {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
                       f"p99 {row['p99_ms']:.2f} ms, {row['codes']} |")  # fmt: skip
     labels = (("label_server", "label --server"), ("label_local", "label --local"),
-              ("label_local_workers", "label --local --devices"))  # fmt: skip
+              ("label_local_workers", "label --local --devices"), ("label_server_workers", "label --server, --devices"),
+              ("label_server_processes", "label --server, --processes"))  # fmt: skip
     for key, name in labels:
         row = found.get(key)
         if row:

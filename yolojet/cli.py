@@ -594,10 +594,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                     "--devices a worker process a device of this machine)")  # fmt: skip
         if args.device is not None:
             raise EngineConfigError("--device and --ray: give one (the replicas take the devices Ray gives them)")
+        if args.processes > 1:
+            raise EngineConfigError("--ray and --processes: give one (Ray Serve runs its replicas as processes)")
         serve_on_ray(specs, options, args.ray, args.ray_replicas)
         return 0
     if args.ray_replicas is not None:
         raise EngineConfigError("--ray-replicas goes with --ray (the most Ray Serve replicas)")
+    if args.processes > 1:
+        from yolojet.scale.server_processes import serve_processes
+
+        if args.devices is not None:
+            raise EngineConfigError("--processes and --devices: give one (--processes runs whole servers sharing the "
+                                    "port, --devices one front with a worker process a device)")  # fmt: skip
+        serve_processes(specs, options, args.processes)
+        return 0
     if args.devices is None:
         asyncio.run(serve_forever(build_models(specs, options), options))
         return 0
@@ -907,6 +917,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", default=None, metavar="all|0,1|cpu,...", help="one engine worker process a device "
                    "behind this one front end: every GPU (all), GPU indices, or device names; a worker that dies is "
                    "restarted and its batches sent to another")  # fmt: skip
+    p.add_argument("--processes", type=_positive_int, default=1, metavar="N", help="N whole servers (front, batcher, "
+                   "engines) in processes of their own sharing --port, each new connection to one of them, so that "
+                   "more than one interpreter's worth of calls is served (default 1); metrics on --metrics-port + "
+                   "the process's index")  # fmt: skip
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="deploy on a Ray cluster with "
                    "Ray Serve (pip install 'yolojet[ray]'): a replica a GPU (CPU replicas on a cluster without GPUs), "
                    "scaled on queue depth, behind Ray Serve's gRPC proxy on --port of each node (every interface); "

@@ -198,6 +198,9 @@ class RemoteLabeler:
 # -- the bench mode --------------------------------------------------------------------------------------------
 
 
+BENCH_CONNECTIONS = 4  # a bench process's connections, its calls spread over them
+
+
 def bench(connection: Connection, image: Path, requests: int, concurrency: int, processes: int,
           options: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """`requests` unary calls with one image, `concurrency` in flight over `processes` processes: img/s, latency
@@ -240,20 +243,25 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
     data = Path(job["image"]).read_bytes()
     connection = Connection(job["address"], job["model"], Path(job["ca_file"]) if job["ca_file"] else None,
                             job["token"])  # fmt: skip
-    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-    if connection.ca_file is not None:
-        credentials = grpc.ssl_channel_credentials(connection.ca_file.read_bytes())
-        channel = grpc.aio.secure_channel(connection.address, credentials, options=options)
-    else:
-        channel = grpc.aio.insecure_channel(connection.address, options=options)
-    stub = pb_grpc.InferenceStub(channel)
+    # Connections of their own (gRPC shares one between a process's channels otherwise): a server of several
+    # processes (`serve --processes`) gets each connection to one of them.
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
+               ("grpc.use_local_subchannel_pool", 1)]  # fmt: skip
+    channels = []
+    for _ in range(max(1, min(job["concurrency"], BENCH_CONNECTIONS))):
+        if connection.ca_file is not None:
+            credentials = grpc.ssl_channel_credentials(connection.ca_file.read_bytes())
+            channels.append(grpc.aio.secure_channel(connection.address, credentials, options=options))
+        else:
+            channels.append(grpc.aio.insecure_channel(connection.address, options=options))
+    stubs = [pb_grpc.InferenceStub(channel) for channel in channels]
     request = pb.InferRequest(model=connection.model, image=data, **job["options"])
     latencies: list[float] = []
     timings: list[tuple[float, float, float]] = []
     codes: dict[str, int] = {}
     left = job["requests"]
 
-    async def caller() -> None:
+    async def caller(stub: pb_grpc.InferenceStub) -> None:
         nonlocal left
         refused_in_a_row = 0
         while left > 0:
@@ -272,11 +280,13 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
             timings.append((reply.timings.queue_ms, reply.timings.decode_ms, reply.timings.run_ms))
             codes["OK"] = codes.get("OK", 0) + 1
 
-    await stub.ListModels(pb.ListModelsRequest(), metadata=connection.metadata(), timeout=60)  # connected
+    for stub in stubs:  # every connection up before the timing
+        await stub.ListModels(pb.ListModelsRequest(), metadata=connection.metadata(), timeout=60)
     started = time.time()
-    await asyncio.gather(*(caller() for _ in range(job["concurrency"])))
+    await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(job["concurrency"])))
     finished = time.time()
-    await channel.close()
+    for channel in channels:
+        await channel.close()
     return {"latencies": latencies, "timings": timings, "codes": codes, "started": started, "finished": finished}
 
 

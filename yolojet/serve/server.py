@@ -54,6 +54,9 @@ class ServeOptions:
     metrics_port: int | None = None
     grace_s: float = 30.0
     engine: dict[str, Any] = field(default_factory=dict)  # further Engine.load arguments (the engine switches)
+    # Share the port with other servers (`serve --processes`: SO_REUSEPORT). Off, a port in use is an error rather
+    # than silently shared (gRPC's own default on Linux is to share).
+    reuse_port: bool = False
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):  # a key alone would serve in the clear
@@ -112,6 +115,7 @@ class Server:
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", o.max_message_bytes),
             ("grpc.max_send_message_length", o.max_message_bytes),
+            ("grpc.so_reuseport", int(o.reuse_port)),
         ])  # fmt: skip
         service = InferenceService(self.models, self.runner, self.metrics, o.slo_ms / 1000)
         pb_grpc.add_InferenceServicer_to_server(service, server)
@@ -198,14 +202,19 @@ async def serve_forever(
     models: dict[str, ServedModel],
     options: ServeOptions,
     runner: Callable[[dict[str, ServedModel], Scheduler, ServerMetrics], Runner] = Runner,
+    started: Callable[[int], None] | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    """Serve until SIGTERM or SIGINT, then shut down gracefully. `started` is told the port once the server listens
+    (one of `serve --processes`); without it the server says so on stderr."""
     server = Server(models, options, runner)
     await server.start()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    print(f"yolojet serve: listening on {options.host}:{server.port}", file=sys.stderr, flush=True)
+    if started is not None:
+        started(server.port)
+    else:
+        print(f"yolojet serve: listening on {options.host}:{server.port}", file=sys.stderr, flush=True)
     await stopping.wait()
     await server.stop()

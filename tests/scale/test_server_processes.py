@@ -1,0 +1,106 @@
+"""`yolojet serve --processes 2` as a user runs it: two whole servers share one port, connections reach both (their
+metrics say so), each answers as the engine in this process does, one killed is started again, and SIGTERM stops
+them all."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+from support import calibrated_model, run_cli
+from ultralytics.utils import ASSETS
+
+import yolojet
+from yolojet.engine.engine import Engine
+from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
+
+BUS = (ASSETS / "bus.jpg").read_bytes()
+CONF = 0.001
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(log: Path, pattern: str, process: subprocess.Popen, seconds: float = 300) -> re.Match:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = re.search(pattern, log.read_text())
+        if found:
+            return found
+        assert process.poll() is None, f"the server exited with {process.returncode}: {log.read_text()[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"no {pattern!r} in the server's log within {seconds} s: {log.read_text()[-3000:]}")
+
+
+def answered(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("yolojet_requests_total{"))
+
+
+def server_children(parent: int) -> list[int]:
+    """The parent's server processes (spawned children), not multiprocessing's resource tracker."""
+    found = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in found if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def rows(reply: pb.InferReply) -> np.ndarray:
+    return np.array([[d.box.x1, d.box.y1, d.box.x2, d.box.y2, d.confidence, d.class_id] for d in reply.detections],
+                    dtype=np.float32).reshape(-1, 6)  # fmt: skip
+
+
+def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_path):
+    model_dir = yolojet.export(calibrated_model("yolo11n.yaml", 64), out=tmp_path / "m", imgsz=64)
+    with Engine.load(model_dir, device="cpu", backend="reference") as engine:
+        want = engine([BUS], conf=CONF)[0].boxes.data
+    metrics, log = free_port(), tmp_path / "serve.log"
+    command = [sys.executable, "-m", "yolojet", "serve", "--model", f"{model_dir}:2", "--port", "0", "--processes",
+               "2", "--metrics-port", str(metrics), "--slo-ms", "120000", "--device", "cpu"]  # fmt: skip
+    # Without Triton's interpreter a CPU server runs the reference executor, as the engine above does.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    server = subprocess.Popen(command, stderr=log.open("w"), stdout=subprocess.DEVNULL, env=env)
+    try:
+        port = wait_for(log, r"listening on 127\.0\.0\.1:(\d+) \(2 processes\)", server)[1]
+
+        def call() -> pb.InferReply:  # a connection of its own each time: the kernel picks a process for it
+            with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as c:
+                return pb_grpc.InferenceStub(c).Infer(pb.InferRequest(image=BUS, conf=CONF), timeout=120)
+
+        for _ in range(16):
+            np.testing.assert_allclose(rows(call()), want, rtol=1e-5, atol=0.02)
+        counts = [answered(metrics), answered(metrics + 1)]
+        assert sum(counts) == 16 and min(counts) > 0, counts  # both took connections (2 * 2**-16 odds otherwise)
+
+        children = server_children(server.pid)
+        assert len(children) == 2
+        os.kill(children[0], signal.SIGKILL)
+        wait_for(log, r'"event": "server process restarted"', server)
+        assert len(server_children(server.pid)) == 2
+        for _ in range(4):
+            np.testing.assert_allclose(rows(call()), want, rtol=1e-5, atol=0.02)
+
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=120) == 0
+        assert all(not Path(f"/proc/{pid}").exists() for pid in server_children(server.pid))
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_processes_go_with_neither_devices_nor_ray(capsys, tmp_path):
+    for extra in (["--devices", "cpu,cpu"], ["--ray"]):
+        code, _, stderr = run_cli(capsys, "serve", "--model", str(tmp_path / "m"), "--processes", "2", *extra)
+        assert code == 2 and "--processes" in stderr, stderr
