@@ -108,8 +108,8 @@ def unary_calls(found: dict, key: str, bus: Path, requests: int, profile: tuple[
 
 
 def scaled_stage(found: dict, args: argparse.Namespace, key: str, scale: list[str], model_dir: Path, bus: Path,
-                 files: Path, work: Path) -> None:  # fmt: skip
-    """The same calls against `serve` with `scale`'s flags, then `yolojet label --server` against it."""
+                 files: Path, work: Path, streams: int = 1) -> None:  # fmt: skip
+    """The same calls against `serve` with `scale`'s flags, then `yolojet label --server --streams` against it."""
     server = None
     try:
         start = time.perf_counter()
@@ -118,7 +118,8 @@ def scaled_stage(found: dict, args: argparse.Namespace, key: str, scale: list[st
         profile = (server.pid, args.out / f"pyspy-{key}.txt") if args.py_spy else None
         unary_calls(found, key, bus, args.requests, profile)
         if not args.no_label:
-            found[f"label_server_{key}"] = label(files, work / f"server-{key}.jsonl", ["--server", f"127.0.0.1:{PORT}"])
+            where = ["--server", f"127.0.0.1:{PORT}", "--streams", str(streams)]
+            found[f"label_server_{key}"] = label(files, work / f"server-{key}.jsonl", where)
             print(f"label --server ({key}): {found[f'label_server_{key}']}", flush=True)
     except Exception:
         found.setdefault("failures", []).append(traceback.format_exc())
@@ -190,7 +191,8 @@ def main() -> int:
             print(f"label --local --devices: {found['label_local_workers']}", flush=True)
         out_file.write_text(json.dumps(found, indent=1))
     if args.processes is not None:
-        scaled_stage(found, args, "processes", ["--processes", str(args.processes)], model_dir, bus, files, work)
+        scale = ["--processes", str(args.processes)]
+        scaled_stage(found, args, "processes", scale, model_dir, bus, files, work, streams=args.processes)
         out_file.write_text(json.dumps(found, indent=1))
     print_table(found, args.files)
     return 1 if found.get("failures") else 0

@@ -639,6 +639,11 @@ def _cmd_label(args: argparse.Namespace) -> int:
                                 "--ray [ADDRESS] (a Ray cluster)")  # fmt: skip
     if args.ray_actors is not None and args.ray is None:
         raise EngineConfigError("--ray-actors sizes the engine actors of a Ray run: give it with --ray")
+    if args.streams != 1 and args.server is None:
+        raise EngineConfigError("--streams spreads the requests to a server over connections: give it with --server")
+    if args.streams > args.concurrency:
+        raise EngineConfigError(f"--streams {args.streams}: between 1 and the requests in flight (-c "
+                                f"{args.concurrency})")  # fmt: skip
     if args.ray and Path(args.ray).exists():  # nargs='?' takes the word after --ray, even an image folder
         raise EngineConfigError(f"--ray {args.ray}: an image source, not a cluster address; give --ray after the "
                                 "sources, or --ray= for a cluster started here")  # fmt: skip
@@ -705,7 +710,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
     else:
         connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
         facts = model_facts(connection)
-        remote = RemoteLabeler(connection, args.concurrency, options)
+        remote = RemoteLabeler(connection, args.concurrency, options, streams=args.streams)
 
         def label(paths: list[str], on_record: Callable[[dict], None], on_error: Callable[[str, str], None]) -> None:
             remote.run(paths, lambda path, reply: on_record(records.from_reply(path, reply)), on_error)
@@ -958,6 +963,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "several); with --local or --ray: a model directory, .pt checkpoint, name or .yaml")  # fmt: skip
     p.add_argument("-c", "--concurrency", type=_positive_int, default=64, help="requests in flight (--server), or "
                    "the batch (--local, --ray); default 64")  # fmt: skip
+    p.add_argument("--streams", type=_positive_int, default=1, metavar="N", help="--server: N streams, each on a "
+                   "connection of its own, sharing the requests in flight: give at least the server's --processes "
+                   "(default 1)")  # fmt: skip
     p.add_argument("--ray-actors", type=_positive_int, default=None, metavar="N", help="--ray: most engine actors at "
                    "once (default: one a GPU of the cluster, or one a CPU where it has no GPU)")  # fmt: skip
     p.add_argument("--coco", type=Path, default=None, help="also write COCO annotations here (at the end, atomically)")

@@ -1,9 +1,10 @@
 """`yolojet serve --processes 2` as a user runs it: two whole servers share one port, connections reach both (their
-metrics say so), each answers as the engine in this process does, one killed is started again, and SIGTERM stops
-them all."""
+metrics say so), each answers as the engine in this process does, `yolojet label --streams 4` labels every image once
+through them, one killed is started again, and SIGTERM stops them all."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -83,6 +84,28 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
         counts = [answered(metrics), answered(metrics + 1)]
         assert sum(counts) == 16 and min(counts) > 0, counts  # both took connections (2 * 2**-16 odds otherwise)
 
+        # The labeling client over four streams, each a connection of its own: every image once, and the same
+        # records as one stream gives.
+        photos = tmp_path / "photos"
+        photos.mkdir()
+        for i in range(12):
+            (photos / f"{i:02d}.jpg").write_bytes(BUS)
+        outputs = {}
+        for streams in (1, 4):
+            out = tmp_path / f"labels-{streams}.jsonl"
+            done = subprocess.run([sys.executable, "-m", "yolojet", "label", str(photos), "--server",
+                                   f"127.0.0.1:{port}", "--streams", str(streams), "-c", "8", "--conf", str(CONF),
+                                   "--out", str(out), "--quiet"], capture_output=True, text=True, env=env,
+                                  timeout=300)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            records = [json.loads(line) for line in out.read_text().splitlines()]
+            assert sorted(Path(r["path"]).name for r in records) == [f"{i:02d}.jpg" for i in range(12)]
+            outputs[streams] = {Path(r["path"]).name: r["detections"] for r in records}
+        assert outputs[1].keys() == outputs[4].keys()
+        for name, detections in outputs[4].items():
+            assert len(detections) == len(outputs[1][name])
+        assert answered(metrics) + answered(metrics + 1) == 16 + 24
+
         children = server_children(server.pid)
         assert len(children) == 2
         os.kill(children[0], signal.SIGKILL)
@@ -100,7 +123,13 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
             server.wait()
 
 
-def test_processes_go_with_neither_devices_nor_ray(capsys, tmp_path):
+def test_processes_go_with_neither_devices_nor_ray_and_streams_only_with_a_server(capsys, tmp_path):
     for extra in (["--devices", "cpu,cpu"], ["--ray"]):
         code, _, stderr = run_cli(capsys, "serve", "--model", str(tmp_path / "m"), "--processes", "2", *extra)
         assert code == 2 and "--processes" in stderr, stderr
+    out = str(tmp_path / "out.jsonl")
+    refusals = ((["--local", "--model", "m"], "give it with --server"),
+                (["--server", "127.0.0.1:1", "-c", "2"], "between 1 and the requests in flight"))  # fmt: skip
+    for where, message in refusals:
+        code, _, stderr = run_cli(capsys, "label", str(ASSETS / "bus.jpg"), "--out", out, "--streams", "3", *where)
+        assert code == 2 and message in stderr, stderr
