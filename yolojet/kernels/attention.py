@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.launch import launcher
-from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+from yolojet.kernels.launch import network_launcher
+from yolojet.kernels.pdl import wait_for_previous_kernel
 from yolojet.kernels.views import check_tile, check_view, nhwc_offsets
 
 
@@ -183,7 +183,7 @@ def psa_attention(
     kd, hd, t = qc // num_heads, v.shape[3] // num_heads, h * w
     tile = tile or default_attention_tile(t, q.dtype)
     grid = (triton.cdiv(t, tile.block_m), n * num_heads)
-    kernel = launcher(_psa_attention_kernel, grid, compile_only)
+    kernel = network_launcher(_psa_attention_kernel, grid, pdl, compile_only)
     kernel(
         out,
         *out.stride()[:3],
@@ -203,7 +203,5 @@ def psa_attention(
         BLOCK_HD=max(16, triton.next_power_of_2(hd)),
         BLOCK_M=tile.block_m,
         BLOCK_N=tile.block_n,
-        PDL=pdl,
         num_warps=tile.num_warps,
-        **launch_options(pdl),
     )

@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.launch import launcher
-from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+from yolojet.kernels.launch import network_launcher
+from yolojet.kernels.pdl import wait_for_previous_kernel
 from yolojet.kernels.views import check_view, nhwc_blocks, nhwc_offsets
 
 _FLOATS = (torch.float16, torch.float32)
@@ -157,9 +157,8 @@ def global_avg_pool_nhwc(out: torch.Tensor, x: torch.Tensor, *, pdl: bool = Fals
     check_view("out", out, (n, c), torch.float32, x.device)
     block_p, block_c = nhwc_blocks(c)
     block_p = min(block_p, triton.next_power_of_2(h * w))
-    launcher(_global_avg_pool_kernel, (n, triton.cdiv(c, block_c)), compile_only)(
-        out, out.stride(0), x, *x.stride()[:3], w, c, h * w, BLOCK_P=block_p, BLOCK_C=block_c, PDL=pdl,
-        **launch_options(pdl),
+    network_launcher(_global_avg_pool_kernel, (n, triton.cdiv(c, block_c)), pdl, compile_only)(
+        out, out.stride(0), x, *x.stride()[:3], w, c, h * w, BLOCK_P=block_p, BLOCK_C=block_c,
     )  # fmt: skip
 
 
@@ -227,14 +226,13 @@ def classify_head(
             raise ValueError(f"{name}: expected contiguous {dtype} with >= {need} elements on {features.device}, "
                              f"got {tuple(t.shape)} {t.dtype} on {t.device}")  # fmt: skip
     copy = out_probs if copy_to is None else copy_to  # unused unless COPY
-    launcher(_classify_head_kernel, (channel_blocks, class_blocks, n), compile_only)(
+    network_launcher(_classify_head_kernel, (channel_blocks, class_blocks, n), pdl, compile_only)(
         out_probs, out_probs.stride(0), copy, copy.stride(0), features, *features.stride()[:3], w, h * w, weight,
         weight.stride(0), bias,
         partials, arrivals, c, k,
         BLOCK_P=min(triton.next_power_of_2(h * w), max(1, 4096 // block_c)), BLOCK_C=block_c, BLOCK_K=block_k,
         CHANNEL_BLOCKS=channel_blocks, CHANNEL_BLOCKS_P2=triton.next_power_of_2(channel_blocks),
         SOFTMAX_BLOCK=min(_SOFTMAX_BLOCK, triton.next_power_of_2(k)), COPY=copy_to is not None,
-        PDL=pdl, **launch_options(pdl),
     )  # fmt: skip
 
 

@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.launch import launcher
-from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+from yolojet.kernels.launch import network_launcher
+from yolojet.kernels.pdl import wait_for_previous_kernel
 
 DETECT, SEGMENT, OBB, POSE = 0, 1, 2, 3
 TASK_CODES = {"detect": DETECT, "segment": SEGMENT, "obb": OBB, "pose": POSE}
@@ -338,7 +338,7 @@ def _launch(
         h, w = level[12], level[13]
         end += triton.cdiv(h * w, _BLOCK_A) if slot < len(level_args) else 0
         args += [*level, end] if slot < MAX_LEVELS_PER_LAUNCH - 1 else list(level)
-    launcher(_decode_kernel, (end, batch), compile_only)(
+    network_launcher(_decode_kernel, (end, batch), pdl, compile_only)(
         out, out.stride(0), out.stride(1),
         *args,
         spec.nc, extra, nc_map, extra_map,
@@ -352,6 +352,4 @@ def _launch(
         KPT_V26=spec.kpt_v26,
         BLOCK_A=_BLOCK_A,
         BLOCK_C=_BLOCK_C,
-        PDL=pdl,
-        **launch_options(pdl),
     )  # fmt: skip

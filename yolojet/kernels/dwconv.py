@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
-from yolojet.kernels.launch import launcher
-from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+from yolojet.kernels.launch import network_launcher
+from yolojet.kernels.pdl import wait_for_previous_kernel
 from yolojet.kernels.views import check_tile, check_view, nhwc_blocks, nhwc_offsets, pixel_coords
 
 
@@ -283,15 +283,15 @@ def dwconv2d_nhwc(
         if (kh, kw, stride) != (3, 3, 1):
             raise ValueError(f"tile {tile} walks rows of a 3x3 stride-1 conv, got a {kh}x{kw} kernel, stride {stride}")
         grid = (n * triton.cdiv(oh, tile.rows) * triton.cdiv(ow, tile.block_p), triton.cdiv(c, tile.block_c))
-        kernel = launcher(_dwconv3x3_rows_kernel, grid, compile_only)
+        kernel = network_launcher(_dwconv3x3_rows_kernel, grid, pdl, compile_only)
         kernel(
             out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3], h, w, c, oh, ow,
             PAD=padding, ACT=ACTIVATIONS[activation], HAS_RES=residual is not None, BLOCK_W=tile.block_p,
-            BLOCK_C=tile.block_c, ROWS=tile.rows, PDL=pdl, num_warps=tile.num_warps, **launch_options(pdl),
+            BLOCK_C=tile.block_c, ROWS=tile.rows, num_warps=tile.num_warps,
         )  # fmt: skip
         return
     grid = (triton.cdiv(n * oh * ow, tile.block_p), triton.cdiv(c, tile.block_c))
-    kernel = launcher(_dwconv2d_kernel, grid, compile_only)
+    kernel = network_launcher(_dwconv2d_kernel, grid, pdl, compile_only)
     kernel(
         out,
         *out.stride()[:3],
@@ -315,7 +315,5 @@ def dwconv2d_nhwc(
         HAS_RES=residual is not None,
         BLOCK_P=tile.block_p,
         BLOCK_C=tile.block_c,
-        PDL=pdl,
         num_warps=tile.num_warps,
-        **launch_options(pdl),
     )

@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.launch import launcher
-from yolojet.kernels.pdl import launch_options, wait_for_previous_kernel
+from yolojet.kernels.launch import network_launcher
+from yolojet.kernels.pdl import wait_for_previous_kernel
 from yolojet.kernels.views import check_view, nhwc_blocks, nhwc_offsets, pixel_coords
 
 
@@ -60,7 +60,7 @@ def _launch(
     block_p, block_c = nhwc_blocks(c)
     grid = (triton.cdiv(n * oh * ow, block_p), triton.cdiv(c, block_c))
     bb = out if b is None else b  # unused when HAS_B is false; any valid pointer will do
-    launcher(_gather_add_kernel, grid, compile_only)(
+    network_launcher(_gather_add_kernel, grid, pdl, compile_only)(
         out,
         *out.stride()[:3],
         x,
@@ -75,8 +75,6 @@ def _launch(
         HAS_B=b is not None,
         BLOCK_P=block_p,
         BLOCK_C=block_c,
-        PDL=pdl,
-        **launch_options(pdl),
     )
 
 

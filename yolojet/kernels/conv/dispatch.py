@@ -23,8 +23,7 @@ from yolojet.kernels.conv.direct import _conv2d_direct_kernel
 from yolojet.kernels.conv.feasibility import pixels_are_words, tma_loadable, tma_patch_loadable, tma_storable
 from yolojet.kernels.conv.gemm import _conv2d_nhwc_kernel
 from yolojet.kernels.conv.tma import _conv1x1_tma_kernel, _conv_tma_kernel
-from yolojet.kernels.launch import launcher
-from yolojet.kernels.pdl import launch_options
+from yolojet.kernels.launch import network_launcher
 
 # Launching programs in groups of GROUP_M M-tiles keeps the input rows a group shares resident in L2 while
 # the group sweeps all C_out tiles.
@@ -197,14 +196,14 @@ def conv2d_nhwc(
                 "hold 8-byte-aligned pixels of at most 8 fp16 channels"
             )
         grid: tuple[int, ...] = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
-        kernel = launcher(_conv2d_direct_kernel, grid, compile_only)
+        kernel = network_launcher(_conv2d_direct_kernel, grid, pdl, compile_only)
         kernel(
             out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3],
             height, width, oh, ow, c_out, m, sy, sx, py, px, dy, dx,
             C_IN=c_in, KH=kh, KW=kw, UPSAMPLE=upsample, ACTIVATION=ACTIVATIONS[activation],
             HAS_RESIDUAL=residual is not None, WHOLE_PIXELS=cfg.whole_pixels, BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, PDL=pdl,
-            num_warps=cfg.num_warps, **launch_options(pdl),
+            BLOCK_N=cfg.block_n,
+            num_warps=cfg.num_warps,
         )  # fmt: skip
         return
     if cfg.tma and cfg.tile_w:
@@ -224,13 +223,13 @@ def conv2d_nhwc(
                                       [1, tile_h, 1, cfg.tile_w, cfg.block_k])  # fmt: skip
         w_desc = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [cfg.block_n, 1, 1, cfg.block_k])
         grid = (batch * triton.cdiv(oh, tile_h) * triton.cdiv(ow, cfg.tile_w) * triton.cdiv(c_out, cfg.block_n),)
-        kernel = launcher(_conv_tma_kernel, grid, compile_only)
+        kernel = network_launcher(_conv_tma_kernel, grid, pdl, compile_only)
         kernel(
             out, *out.stride()[:3], out_desc, x_desc, x.stride(2), w_desc, bias, res, *res.stride()[:3], oh, ow, c_in,
             c_out, py, px, dy, dx, KH=kh, KW=kw, STRIDE=sy, ACTIVATION=ACTIVATIONS[activation],
             HAS_RESIDUAL=residual is not None, TILE_H=tile_h, TILE_W=cfg.tile_w, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, TMA_STORE=cfg.tma_store, PDL=pdl,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
+            BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, TMA_STORE=cfg.tma_store,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return
     if cfg.tma:
@@ -245,13 +244,13 @@ def conv2d_nhwc(
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n)
         programs = min(tiles, _persistent_programs(x.device)) if cfg.persistent else tiles
         kernel = _conv1x1_tma_kernel
-        launch = launcher(kernel, (programs,), compile_only)
+        launch = network_launcher(kernel, (programs,), pdl, compile_only)
         launch(
             out, *out.stride()[:3], out_desc, x_desc, w_desc, bias, res, *res.stride()[:3], oh, ow, c_in, c_out, m,
             programs, ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=residual is not None, BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, TMA_STORE=cfg.tma_store, PDL=pdl,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, TMA_STORE=cfg.tma_store,
             num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **launch_options(pdl),
+            num_stages=cfg.num_stages,
         )  # fmt: skip
         return
     if cfg.whole_pixels:
@@ -264,7 +263,7 @@ def conv2d_nhwc(
             )
     partials, arrivals = _split_scratch(cfg, m, c_out, partials, arrivals, bias)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)
-    kernel = launcher(_conv2d_nhwc_kernel, grid, compile_only)
+    kernel = network_launcher(_conv2d_nhwc_kernel, grid, pdl, compile_only)
     two = x if second is None else second  # never read without TWO_INPUTS; any valid pointer will do
     kernel(
         out,
@@ -308,8 +307,6 @@ def conv2d_nhwc(
         GROUP_M=_GROUP_M,
         SPLIT_K=cfg.split_k,
         TMA_STORE=cfg.tma_store,
-        PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **launch_options(pdl),
     )
