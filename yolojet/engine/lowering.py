@@ -66,6 +66,39 @@ class Launch:
     copy_output: Callable[[torch.Tensor | None], None] | None = None
 
 
+class _TunedTile:
+    """The tile a tuned launch runs now and how to launch any tile: `run` launches the current one, `configure`
+    replaces it (after `fit` adapts a remembered pick to today's views), `compile` compiles a candidate without
+    launching it (`compile_tile`, where compiling needs other arguments than launching)."""
+
+    def __init__(self, launch_tile: Callable[[Any, bool], None], tile: Any, fit: Callable[[Any], Any] | None = None,
+                 compile_tile: Callable[[Any], None] | None = None) -> None:  # fmt: skip
+        self.launch_tile, self.tile, self.fit = launch_tile, tile, fit
+        self.compile_tile = compile_tile
+
+    def run(self, compile_only: bool = False) -> None:
+        self.launch_tile(self.tile, compile_only)
+
+    def configure(self, tile: Any) -> None:
+        self.tile = self.fit(tile) if self.fit is not None else tile
+
+    def compile(self, tile: Any) -> None:
+        if self.compile_tile is not None:
+            self.compile_tile(tile)
+        else:
+            self.launch_tile(tile, True)
+
+
+class _CopyTarget:
+    """Where a launch also writes its output (the classifier's probabilities into pinned host memory), or None."""
+
+    def __init__(self) -> None:
+        self.target: torch.Tensor | None = None
+
+    def set(self, target: torch.Tensor | None) -> None:
+        self.target = target
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -208,7 +241,6 @@ def _lower_conv(
     batch, oh, ow, c_out = out.shape
     m, k = batch * oh * ow, weight.shape[1] * weight.shape[2] * weight.shape[3]
     is_1x1 = weight.shape[1] == weight.shape[2] == 1
-    chosen = [default_config(m, c_out, k, is_1x1, x.dtype)]
     whole_pixels = pixels_are_words(x)
     c_in = x.shape[3] + (0 if second is None else second.shape[3])
     if second is None:
@@ -233,15 +265,15 @@ def _lower_conv(
         scratch.reserve(*config.split_scratch(m, c_out))
     slot = scratch.new_slot()
 
-    def run(compile_only: bool = False) -> None:
+    def launch_tile(config: ConvConfig, compile_only: bool) -> None:
         partials, arrivals = scratch.views(slot)
         conv2d_nhwc(
             out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
-            residual=residual, upsample=scale, second=second, config=chosen[0], pdl=pdl, partials=partials,
+            residual=residual, upsample=scale, second=second, config=config, pdl=pdl, partials=partials,
             arrivals=arrivals, compile_only=compile_only,
         )  # fmt: skip
 
-    def configure(config: ConvConfig) -> None:
+    def fit(config: ConvConfig) -> ConvConfig:
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
             config = replace(config, whole_pixels=False)
@@ -249,26 +281,27 @@ def _lower_conv(
             config = replace(config, tma_store=False)
         if not tma_fits(config):  # nor TMA-load today's operands: the same tile, gathered
             config = replace(config, tma=False, persistent=False, tile_w=0)
-        chosen[0] = config
+        return config
 
-    def compile_config(config: ConvConfig) -> None:
+    def compile_config(config: ConvConfig) -> None:  # before the scratch is laid out: its whole buffers
         conv2d_nhwc(
             out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
             residual=residual, upsample=scale, second=second, config=config, pdl=pdl, compile_only=True,
             partials=scratch.partials, arrivals=scratch.arrivals,
         )  # fmt: skip
 
+    tuned = _TunedTile(launch_tile, default_config(m, c_out, k, is_1x1, x.dtype), fit, compile_config)
     return Launch(
         "conv",
         nodes,
         list(node.outputs),
-        run,
+        tuned.run,
         tune_key=_conv_tune_key("conv", x, out, weight, node, residual is not None) + key_suffix,
-        configure=configure,
-        compile=compile_config,
+        configure=tuned.configure,
+        compile=tuned.compile,
         candidates=candidates,
         split_slot=slot,
-        split_need=lambda: chosen[0].split_scratch(m, c_out),
+        split_need=lambda: tuned.tile.split_scratch(m, c_out),
     )
 
 
@@ -285,25 +318,22 @@ def _lower_depthwise(
 ) -> Launch:
     """A depthwise conv, its blocking tuned like a conv's tile."""
     activation = node.attrs["activation"]
-    chosen = [default_dwconv_tile(x.shape[3])]
 
-    def launch(tile: DwConvTile, compile_only: bool = False) -> None:
+    def launch_tile(tile: DwConvTile, compile_only: bool) -> None:
         dwconv2d_nhwc(
             out, x, weight, bias, stride=stride, padding=padding, activation=activation, residual=residual,
             tile=tile, pdl=pdl, compile_only=compile_only,
         )  # fmt: skip
 
-    def configure(tile: DwConvTile) -> None:
-        chosen[0] = tile
-
+    tuned = _TunedTile(launch_tile, default_dwconv_tile(x.shape[3]))
     return Launch(
         "dwconv",
         [node.name],
         list(node.outputs),
-        lambda compile_only=False: launch(chosen[0], compile_only),
+        tuned.run,
         tune_key=_conv_tune_key("dwconv", x, out, weight, node, residual is not None),
-        configure=configure,
-        compile=lambda tile: launch(tile, compile_only=True),
+        configure=tuned.configure,
+        compile=tuned.compile,
         candidates=dwconv_candidate_tiles(
             x.shape[3],
             x.dtype,
@@ -361,17 +391,11 @@ def _lower_attention(node: Node, out: torch.Tensor, ins: list[torch.Tensor], pdl
     q, k, v = ins
     heads, scale = node.attrs["num_heads"], node.attrs["scale"]
     tokens = q.shape[1] * q.shape[2]
-    chosen = [default_attention_tile(tokens, q.dtype)]
 
-    def run(compile_only: bool = False) -> None:
-        psa_attention(out, q, k, v, num_heads=heads, scale=scale, tile=chosen[0], pdl=pdl, compile_only=compile_only)
+    def launch_tile(tile: AttentionTile, compile_only: bool) -> None:
+        psa_attention(out, q, k, v, num_heads=heads, scale=scale, tile=tile, pdl=pdl, compile_only=compile_only)
 
-    def configure(tile: AttentionTile) -> None:
-        chosen[0] = tile
-
-    def compile_tile(tile: AttentionTile) -> None:
-        psa_attention(out, q, k, v, num_heads=heads, scale=scale, tile=tile, pdl=pdl, compile_only=True)
-
+    tuned = _TunedTile(launch_tile, default_attention_tile(tokens, q.dtype))
     views = "".join(
         f"|{name}{tuple(t.shape)}s{tuple(t.stride())}" for name, t in zip("qkvo", (q, k, v, out), strict=True)
     )
@@ -379,10 +403,10 @@ def _lower_attention(node: Node, out: torch.Tensor, ins: list[torch.Tensor], pdl
         "attention",
         [node.name],
         list(node.outputs),
-        run,
+        tuned.run,
         tune_key=f"attention|{q.dtype}{views}|h{heads}",
-        configure=configure,
-        compile=compile_tile,
+        configure=tuned.configure,
+        compile=tuned.compile,
         candidates=attention_candidate_tiles(tokens, q.dtype),
     )
 
@@ -522,14 +546,11 @@ def _lower_classify_head(graph: Graph, i: int, view: ViewFn, weights: PackedWeig
     probs = view(following.outputs[0])
     weight, bias = weights.get(linear, "weight"), weights.get(linear, "bias")
     partials, arrivals = classify_head_scratch(features.shape[0], features.shape[3], weight.shape[0], features.device)
-    copy_to: list[torch.Tensor | None] = [None]
+    copy = _CopyTarget()
 
     def run(compile_only: bool = False) -> None:
         classify_head(
-            probs, features, weight, bias, partials, arrivals, copy_to=copy_to[0], pdl=pdl, compile_only=compile_only
+            probs, features, weight, bias, partials, arrivals, copy_to=copy.target, pdl=pdl, compile_only=compile_only
         )
 
-    def copy_output(target: torch.Tensor | None) -> None:
-        copy_to[0] = target
-
-    return Launch("classify", [n.name for n in head], list(following.outputs), run, copy_output=copy_output)
+    return Launch("classify", [n.name for n in head], list(following.outputs), run, copy_output=copy.set)
