@@ -55,6 +55,9 @@ def test_json_lines_are_whole_and_on_disk_as_they_come(tmp_path):
     with JsonLines(path) as fresh:
         fresh.write({"d": 0})
     assert path.read_text() == '{"d": 0}\n'
+    fresh.write({"e": 1})  # a late writer after close (a reply thread still running) adds, never replaces
+    fresh.close()
+    assert path.read_text() == '{"d": 0}\n{"e": 1}\n'
 
 
 def test_json_lines_from_many_threads_keep_every_record(tmp_path):

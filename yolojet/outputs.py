@@ -126,19 +126,23 @@ class JsonLines:
         self.sync_every, self.sync_seconds = sync_every, sync_seconds
         self.written = 0
         self._file: IO[str] | None = None
+        self._opened = False
         self._unsynced = 0
         self._synced_at = time.monotonic()
         self._lock = threading.Lock()
 
     def _open(self) -> IO[str]:
+        # Replaced once, by the first record: a write after close (a late reply thread) appends to what was written.
+        mode = "a" if self.append or self._opened else "w"
+        self._opened = True
         if is_stdout(self.path):
             return sys.stdout
         if is_special(self.path):
-            return open(self.path, "a" if self.append else "w", encoding="utf-8")
+            return open(self.path, mode, encoding="utf-8")
         target = resolved(self.path)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            return open(target, "a" if self.append else "w", encoding="utf-8")
+            return open(target, mode, encoding="utf-8")
         except OSError as e:
             raise OutputPathError(f"{self.path}: cannot write there ({e.strerror})") from e
 

@@ -1,6 +1,6 @@
 """`yolojet serve --processes 2` as a user runs it: two whole servers share one port, connections reach both (their
 metrics say so), each answers as the engine in this process does, `yolojet label --streams 4` labels every image once
-through them, one killed is started again, and SIGTERM stops them all."""
+through them, one killed is started again, SIGTERM stops them all, and a parent killed outright leaves no orphan."""
 
 from __future__ import annotations
 
@@ -114,9 +114,22 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
         for _ in range(4):
             np.testing.assert_allclose(rows(call()), want, rtol=1e-5, atol=0.02)
 
+        children = server_children(server.pid)
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=120) == 0
-        assert all(not Path(f"/proc/{pid}").exists() for pid in server_children(server.pid))
+        assert children and all(not Path(f"/proc/{pid}").exists() for pid in children)
+
+        # A parent killed outright leaves no orphan serving the port: each process sees its pipe end and stops.
+        orphaned = subprocess.Popen(command, stderr=(tmp_path / "killed.log").open("w"), stdout=subprocess.DEVNULL,
+                                    env=env)  # fmt: skip
+        wait_for(tmp_path / "killed.log", r"listening on 127\.0\.0\.1:\d+ \(2 processes\)", orphaned)
+        children = server_children(orphaned.pid)
+        orphaned.kill()
+        orphaned.wait()
+        deadline = time.monotonic() + 60
+        while any(Path(f"/proc/{pid}").exists() for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(children) == 2 and not any(Path(f"/proc/{pid}").exists() for pid in children)
     finally:
         if server.poll() is None:
             server.kill()

@@ -118,6 +118,7 @@ class RemoteLabeler:
         self.reconnects = 0
         self._first_refused: dict[str, float] = {}  # request id -> when the server first refused it
         self._counting = threading.Lock()  # the counts above, from every stream's thread
+        self._calls: set[Any] = set()  # the streams' calls under way (cancelled on Ctrl-C)
 
     def run(self, paths: Iterable[str], on_reply: Callable[[str, Any], None],
             on_error: Callable[[str, str], None]) -> None:  # fmt: skip
@@ -142,8 +143,14 @@ class RemoteLabeler:
         try:
             for thread in threads:
                 thread.join()
-        except BaseException:  # Ctrl-C: no more images; each stream's call ends with its channel
+        except BaseException:  # Ctrl-C: no more images, every call cancelled, and no stream left writing records
             source.stop()
+            with self._counting:
+                calls = list(self._calls)
+            for call in calls:
+                call.cancel()
+            for thread in threads:
+                thread.join(timeout=30)
             raise
         if failed:
             raise failed[0]
@@ -157,9 +164,12 @@ class RemoteLabeler:
             channel = self.connection.channel(own_connection)
             stub = pb_grpc.InferenceStub(channel)
             window.ended = False
+            replies = None
             try:
                 replies = stub.InferStream(self._requests(window, source, on_error),
                                            metadata=self.connection.metadata())  # fmt: skip
+                with self._counting:
+                    self._calls.add(replies)
                 for reply in replies:
                     failures = 0
                     self._answered(window, reply, on_reply, on_error)
@@ -179,6 +189,8 @@ class RemoteLabeler:
                 with self._counting:
                     self.reconnects += 1
             finally:
+                with self._counting:
+                    self._calls.discard(replies)
                 with window.lock:
                     window.ended = True
                     window.lock.notify_all()

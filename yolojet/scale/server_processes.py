@@ -11,8 +11,10 @@ opening several connections (the labeling client's bench mode opens one a proces
 The first process loads alone, so that it alone tunes what the tuning cache lacks (timing tiles while another
 process runs kernels on the same GPU would time them wrong); the others then load from the caches, together. The
 first reports the port it bound (`--port 0` picks one), which the others bind too. Each serves its Prometheus metrics
-on `--metrics-port` plus its index. SIGTERM or SIGINT stops them all gracefully (each answers what it accepted). A
-process that dies is started again; the calls it held fail with UNAVAILABLE, which clients retry.
+on `--metrics-port` plus its index (with `--metrics-port 0`, each on a free port of its own). SIGTERM or SIGINT stops
+them all gracefully (each answers what it accepted). A process that dies is started again; the calls it held fail
+with UNAVAILABLE, which clients retry. Each process watches its pipe to the parent: a parent that is gone (killed, not
+stopped) stops them too, so no orphan keeps serving the port.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
@@ -35,8 +39,12 @@ log = logging.getLogger("yolojet.serve")
 START_TIMEOUT_S = 900.0  # a cold start tunes every model's tiles: minutes on a GPU
 
 
+class _Stopped(Exception):
+    """SIGTERM or SIGINT came while a process was loading."""
+
+
 def _process_main(connection: Connection, specs: list[ModelSpec], options: ServeOptions) -> None:
-    """One of the servers: load, serve, report the port bound, stop on SIGTERM or SIGINT."""
+    """One of the servers: load, serve, report the port bound, stop on SIGTERM or SIGINT or when the parent is gone."""
     from yolojet.serve.server import build_models, configure_logging, serve_forever
 
     configure_logging()
@@ -45,10 +53,24 @@ def _process_main(connection: Connection, specs: list[ModelSpec], options: Serve
     except BaseException as e:  # reported to the parent, which says which process failed
         connection.send(("failed", f"{type(e).__name__}: {e}"))
         return
+
+    def started(port: int) -> None:
+        connection.send(("ready", port))
+        threading.Thread(target=_stop_when_orphaned, args=(connection,), daemon=True).start()
+
     try:
-        asyncio.run(serve_forever(models, options, started=lambda port: connection.send(("ready", port))))
+        asyncio.run(serve_forever(models, options, started=started))
     except EngineConfigError as e:  # the port could not be bound
         connection.send(("failed", str(e)))
+
+
+def _stop_when_orphaned(connection: Connection) -> None:
+    """The parent never writes after the start: the pipe's end means it is gone, and this server stops gracefully."""
+    try:
+        connection.recv()
+    except (EOFError, OSError):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class ServerProcesses:
@@ -60,12 +82,15 @@ class ServerProcesses:
         self.specs, self.options, self.count = specs, replace(options, reuse_port=True), processes
         self._context = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
         self.processes: list[Any] = [None] * processes
+        self.pipes: list[Connection | None] = [None] * processes  # kept open: a child sees the parent go by its end
         self.restarts = 0
         self.port = options.port
         self._stopping = False
 
     def _options_of(self, index: int) -> ServeOptions:
-        metrics = None if self.options.metrics_port is None else self.options.metrics_port + index
+        metrics = self.options.metrics_port
+        if metrics:  # 0 (a free port) stays 0 for each
+            metrics += index
         return replace(self.options, port=self.port, metrics_port=metrics)
 
     def _spawn(self, index: int) -> Connection:
@@ -74,24 +99,33 @@ class ServerProcesses:
                                         name=f"yolojet-serve-{index}", daemon=True)  # fmt: skip
         process.start()
         theirs.close()  # ours sees the end of the pipe if the child dies before it reports
-        self.processes[index] = process
+        old = self.pipes[index]
+        if old is not None:
+            old.close()
+        self.processes[index], self.pipes[index] = process, ours
         return ours
 
     def _ready(self, index: int, connection: Connection) -> int:
-        if not connection.poll(START_TIMEOUT_S):
-            raise EngineConfigError(f"server process {index} did not load its models in {START_TIMEOUT_S:.0f} s")
+        """The port the process listens on, once it reports; in one-second waits, so that a signal ends the wait."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not connection.poll(1.0):
+            if self._stopping:
+                raise _Stopped
+            if time.monotonic() > deadline:
+                raise EngineConfigError(f"server process {index} did not load its models in {START_TIMEOUT_S:.0f} s")
         try:
             kind, body = connection.recv()
         except EOFError:
             code = self.processes[index].exitcode
             raise EngineConfigError(f"server process {index} exited while loading (exit code {code})") from None
-        finally:
-            connection.close()
         if kind == "failed":
             raise EngineConfigError(f"server process {index}: {body}")
         return int(body)
 
     def start(self) -> None:
+        """Start every process; returns once all listen (raises _Stopped on SIGTERM or SIGINT meanwhile)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._request_stop())
         try:
             self.port = self._ready(0, self._spawn(0))  # alone: it tunes; its port is everyone's
             pending = [(i, self._spawn(i)) for i in range(1, self.count)]
@@ -103,8 +137,6 @@ class ServerProcesses:
 
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT; a process that dies is started again."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._request_stop())
         try:
             while not self._stopping:
                 sentinels = {p.sentinel: i for i, p in enumerate(self.processes) if p is not None}
@@ -124,6 +156,8 @@ class ServerProcesses:
                 self._ready(index, self._spawn(index))
                 self.restarts += 1
                 log.info('{"event": "server process restarted", "index": %d}', index)
+                return
+            except _Stopped:
                 return
             except EngineConfigError as e:
                 log.error('{"event": "server process restart failed", "index": %d, "error": "%s"}', index, e)
@@ -145,11 +179,17 @@ class ServerProcesses:
                 if process.is_alive():
                     process.kill()
                     process.join()
+        for pipe in self.pipes:
+            if pipe is not None:
+                pipe.close()
 
 
 def serve_processes(specs: list[ModelSpec], options: ServeOptions, processes: int) -> None:
     servers = ServerProcesses(specs, options, processes)
-    servers.start()
+    try:
+        servers.start()
+    except _Stopped:  # stopped while loading: every process is stopped already
+        return
     print(f"yolojet serve: listening on {options.host}:{servers.port} ({processes} processes)", file=sys.stderr,
           flush=True)  # fmt: skip
     servers.run()

@@ -266,16 +266,24 @@ class PoolRunner(Runner):
 
     def _send(self, worker: _Worker) -> None:
         """A worker's sending thread: its batches into its pipe, in order. A batch no longer in its hands (retried
-        elsewhere after it died) is skipped; a broken pipe marks it down (its receiver restarts it)."""
+        elsewhere after it died) is skipped. A send that fails, however, kills the worker: its receiver then sees the
+        pipe end, retries its batches and starts it again (a worker left alive but unfed would hold its batches)."""
         while (item := worker.outbox.get()) is not None:
             batch, items = item
             with self._cond:
                 held = worker.in_flight.get(batch.ticket)
             if held is None or held is not batch:
                 continue
-            if not self.pool.send(worker, held, items):
+            try:
+                sent = self.pool.send(worker, held, items)
+            except Exception:  # a closed connection mid-send, a request that does not pickle: the same remedy
+                log.exception("sending a batch to the worker on %s failed", worker.device)
+                sent = False
+            if not sent:
                 with self._cond:
                     worker.live = False
+                if worker.process is not None and worker.process.is_alive():
+                    worker.process.kill()
 
     def _kill_hung(self) -> None:
         """Kill each live worker that has held a batch for HUNG_AFTER_S without answering (under the lock): its
@@ -350,7 +358,8 @@ class PoolRunner(Runner):
                     self.retried += 1
                     self._dispatch(batch)
         if worker.connection is not None:
-            worker.connection.close()
+            with worker.send_lock:  # not while its sending thread is inside a send
+                worker.connection.close()
         while not self.pool.closing:
             try:
                 self.pool._spawn(worker)
