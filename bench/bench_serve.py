@@ -85,8 +85,8 @@ def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen | None:
     if found is None:
         print("--py-spy: no py-spy on PATH", flush=True)
         return None
-    command = [found, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "100", "--threads",
-               "--native", "--format", "raw", "--output", str(out)]  # fmt: skip
+    command = [found, "record", "--pid", str(pid), "--subprocesses", "--duration", str(seconds), "--rate", "100",
+               "--threads", "--native", "--format", "raw", "--output", str(out)]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 

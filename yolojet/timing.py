@@ -78,16 +78,17 @@ def time_calls(call: Callable[[], Any], repeats: int, warmup: int = 0,
     return Timing(tuple(samples))
 
 
-def time_on_device(call: Callable[[], Any], repeats: int, warmup: int = 0) -> Timing:
+def time_on_device(call: Callable[[], Any], repeats: int, warmup: int = 0, device: Any = None) -> Timing:
     """Device time of each of `repeats` calls after `warmup` untimed ones, between CUDA events recorded on the current
-    stream around each call: the GPU's work without the host's launch and sync."""
+    stream around each call: the GPU's work without the host's launch and sync. `device`: the one to wait for before
+    the first (default the current one)."""
     import torch
 
     if repeats < 1:
         raise ValueError(f"repeats: {repeats}, at least one timed call is needed")
     for _ in range(warmup):
         call()
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(device)
     samples = []
     for _ in range(repeats):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -215,7 +215,8 @@ class Engine:
         programmatic dependent launch where the GPU supports it (Hopper and later) unless YOLOJET_PDL=0.
         `branches=None` runs independent launches, such as the head's per-level chains, on parallel streams inside
         the captured graph on a CUDA device unless YOLOJET_BRANCHES=0; `branches=False` runs them in order.
-        `switches` gives these four as one `EngineOptions` (the fronts' way); keywords given beside it win.
+        `switches` gives these four as one `EngineOptions` (the fronts' way); a keyword beside it that differs
+        from its default wins.
         `decoder` decodes files and bytes: "auto" (the GPU's hardware JPEG decoders where there are some, else CPU
         threads), "nvimgcodec", "cpu" or "nvjpeg" (yolojet/images/decoders.py); an image of more than `max_pixels`
         pixels is an error rather than a decode. `rect=True` (ultralytics' predict's default) letterboxes each image to

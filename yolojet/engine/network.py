@@ -381,7 +381,7 @@ class TritonNetwork:
     def time_replay(self, batch: int, repeats: int = 200, warmup: int = 20) -> Timing:
         """Device time of each of `repeats` graph replays at `batch` images."""
         bucket = self.bucket_for(batch)
-        return time_on_device(partial(self.execute, bucket), repeats, warmup)
+        return time_on_device(partial(self.execute, bucket), repeats, warmup, self.device)
 
     def launch_times(self, batch: int = 1) -> list[tuple[Launch, float]]:
         """Each launch of the bucket for `batch` with its device milliseconds, timed alone, in network order."""
