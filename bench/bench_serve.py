@@ -107,13 +107,14 @@ def unary_calls(found: dict, key: str, bus: Path, requests: int, profile: tuple[
               f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}", flush=True)  # fmt: skip
 
 
-def scaled_stage(found: dict, args: argparse.Namespace, key: str, scale: list[str], model_dir: Path, bus: Path,
-                 files: Path, work: Path, streams: int = 1) -> None:  # fmt: skip
-    """The same calls against `serve` with `scale`'s flags, then `yolojet label --server --streams` against it."""
+def server_stage(found: dict, args: argparse.Namespace, key: str, scale: list[str], model_dir: Path, bus: Path,
+                 files: Path, work: Path, streams: int = 1, samples: Path | None = None) -> None:  # fmt: skip
+    """`yolojet serve` with `scale`'s flags: the unary calls, then `yolojet label --server --streams` against it; its
+    results under `key` in `found`."""
     server = None
     try:
         start = time.perf_counter()
-        server = start_server(model_dir, args.out / f"serve-{key}.log", args.slo_ms, None, scale)
+        server = start_server(model_dir, args.out / f"serve-{key}.log", args.slo_ms, samples, scale)
         found[f"{key}_server_start_s"] = time.perf_counter() - start
         profile = (server.pid, args.out / f"pyspy-{key}.txt") if args.py_spy else None
         unary_calls(found, key, bus, args.requests, profile)
@@ -158,23 +159,8 @@ def main() -> int:
     files.mkdir()
     for i in range(args.files):
         shutil.copyfile(bus, files / f"{i:06d}.jpg")
-    server = None
-    try:
-        start = time.perf_counter()
-        samples = args.out / "server-samples.json" if args.sample else None
-        server = start_server(model_dir, args.out / "serve.log", args.slo_ms, samples)
-        found["server_start_s"] = time.perf_counter() - start
-        profile = (server.pid, args.out / "pyspy-unary.txt") if args.py_spy else None
-        unary_calls(found, "unary", bus, args.requests, profile)
-        if not args.no_label:
-            found["label_server"] = label(files, work / "server.jsonl", ["--server", f"127.0.0.1:{PORT}"])
-            print(f"label --server: {found['label_server']}", flush=True)
-    except Exception:
-        found.setdefault("failures", []).append(traceback.format_exc())
-        print(traceback.format_exc(), flush=True)
-    finally:
-        if server is not None:
-            found["server_exit"] = stop(server)
+    samples = args.out / "server-samples.json" if args.sample else None
+    server_stage(found, args, "unary", [], model_dir, bus, files, work, samples=samples)
     out_file.write_text(json.dumps(found, indent=1))
     try:
         if not args.no_label:
@@ -184,7 +170,7 @@ def main() -> int:
         found.setdefault("failures", []).append(traceback.format_exc())
     out_file.write_text(json.dumps(found, indent=1))
     if args.devices is not None:
-        scaled_stage(found, args, "workers", ["--devices", args.devices], model_dir, bus, files, work)
+        server_stage(found, args, "workers", ["--devices", args.devices], model_dir, bus, files, work)
         if not args.no_label:
             where = ["--local", "--model", str(model_dir), "--devices", args.devices]
             found["label_local_workers"] = label(files, work / "local-workers.jsonl", where)
@@ -192,7 +178,7 @@ def main() -> int:
         out_file.write_text(json.dumps(found, indent=1))
     if args.processes is not None:
         scale = ["--processes", str(args.processes)]
-        scaled_stage(found, args, "processes", scale, model_dir, bus, files, work, streams=args.processes)
+        server_stage(found, args, "processes", scale, model_dir, bus, files, work, streams=args.processes)
         out_file.write_text(json.dumps(found, indent=1))
     print_table(found, args.files)
     return 1 if found.get("failures") else 0
@@ -210,7 +196,7 @@ def print_table(found: dict, files: int) -> None:
             if row:
                 print(f"| {name}, {concurrency} in flight | {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
                       f"p99 {row['p99_ms']:.2f} ms, {row['codes']} |")  # fmt: skip
-    labels = (("label_server", "label --server"), ("label_local", "label --local"),
+    labels = (("label_server_unary", "label --server"), ("label_local", "label --local"),
               ("label_local_workers", "label --local --devices"), ("label_server_workers", "label --server, --devices"),
               ("label_server_processes", "label --server, --processes"))  # fmt: skip
     for key, name in labels:
