@@ -21,7 +21,7 @@ from yolojet.engine.engine import Engine
 from yolojet.engine.lowering import Launch
 from yolojet.errors import EngineConfigError
 from yolojet.kernels.attention import AttentionTile
-from yolojet.kernels.conv import ConvConfig
+from yolojet.kernels.conv import ConvConfig, ConvKind
 from yolojet.kernels.dwconv import DwConvTile
 
 needs_cuda = pytest.mark.gpu(reason="tuning times kernels on a CUDA GPU")
@@ -52,7 +52,7 @@ def test_candidates_that_cannot_run_are_left_out_with_a_warning(tmp_path):
 
 def test_the_cache_keeps_every_kind_of_tile_and_skips_entries_it_cannot_read(tmp_path):
     cache = TuningCache(tmp_path / "autotune.json", device_name="GPU")
-    conv, attention = ConvConfig(64, 32, 16, 2, 1, direct=True, whole_pixels=True), AttentionTile(32, 256, 8)
+    conv, attention = ConvConfig(64, 32, 16, 2, 1, ConvKind.DIRECT, whole_pixels=True), AttentionTile(32, 256, 8)
     depthwise = DwConvTile(64, 16, 4)
     cache.put("conv|a", conv)
     cache.put("attention|b", attention)

@@ -13,7 +13,7 @@ from yolojet.engine.engine import Engine
 from yolojet.engine.network import batch_buckets
 from yolojet.errors import EngineConfigError
 from yolojet.kernels import dwconv as dwconv_kernels
-from yolojet.kernels.conv import ConvConfig
+from yolojet.kernels.conv import ConvConfig, ConvKind
 from yolojet.kernels.conv import dispatch as conv_dispatch
 from yolojet.kernels.dwconv import DwConvTile
 from yolojet.kernels.pdl import pdl_available
@@ -153,7 +153,8 @@ def test_split_k_and_direct_tiles_across_the_network(model_dirs):
     for bucket in engine.network.buckets:
         for launch in engine.network.launch_list(bucket):
             directs = sorted(
-                (c for c in launch.candidates if launch.family == "conv" and c.direct), key=lambda c: not c.whole_pixels
+                (c for c in launch.candidates if launch.family == "conv" and c.kind is ConvKind.DIRECT),
+                key=lambda c: not c.whole_pixels,
             )
             splits = [c for c in launch.candidates if launch.family == "conv" and c.split_k > 1]
             if directs:
@@ -181,7 +182,7 @@ def test_a_remembered_whole_pixel_tile_falls_back_to_gathers_where_pixels_are_no
     engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=1, tune=False)
     stem = engine.network.launch_list(1)[0]
     assert stem.nodes == ["model.0/conv"] and not any(c.whole_pixels for c in stem.candidates)
-    stem.configure(ConvConfig(64, 16, 16, 2, 1, direct=True, whole_pixels=True))
+    stem.configure(ConvConfig(64, 16, 16, 2, 1, ConvKind.DIRECT, whole_pixels=True))
     if DEVICE == "cuda":
         engine.network._capture()
     x = torch.rand(1, 3, 64, 64, device=DEVICE)
@@ -220,13 +221,13 @@ def test_tma_tiles_on_every_conv_of_a_network(model_dirs, monkeypatch):
                 continue
             store = i % 2 == 0
             if re.search(r"\|w\(\d+, 1, 1, \d+\)", launch.tune_key):
-                launch.configure(ConvConfig(32, 32, 32, 2, 2, tma=True, persistent=True, tma_store=store))
+                launch.configure(ConvConfig(32, 32, 32, 2, 2, ConvKind.TMA_1X1, persistent=True, tma_store=store))
                 one_by_one += bucket == 2
             elif "|st[1, 1]|" in launch.tune_key:
-                launch.configure(ConvConfig(32, 32, 32, 2, 2, tma=True, tile_w=8, tma_store=store))
+                launch.configure(ConvConfig(32, 32, 32, 2, 2, ConvKind.TMA_PATCH, tile_w=8, tma_store=store))
                 k_by_k += bucket == 2
             elif "|st[2, 2]|" in launch.tune_key and "|up" not in launch.tune_key:
-                launch.configure(ConvConfig(32, 32, 32, 2, 2, tma=True, tile_w=8, tma_store=store))
+                launch.configure(ConvConfig(32, 32, 32, 2, 2, ConvKind.TMA_PATCH, tile_w=8, tma_store=store))
                 c_in = int(re.match(r"conv\|[^|]*\|x\(\d+, \d+, \d+, (\d+)\)", launch.tune_key).group(1))
                 strided += bucket == 2 and c_in % 32 == 0
     if DEVICE == "cuda":

@@ -28,6 +28,7 @@ from yolojet.engine.lowering import PackedWeights, _lower_conv_transpose
 from yolojet.export.walker import export_graph
 from yolojet.kernels.conv import (
     ConvConfig,
+    ConvKind,
     conv2d_nhwc,
     conv_candidate_configs,
     default_config,
@@ -97,9 +98,11 @@ CASES = {
     "3x3_c5_sliced_residual_dilation": Case(3, 9, 7, 5, 16, 3, padding=2, dilation=2, residual=True, sliced=True),
     "3x3_c3_upsample_fp32": Case(1, 5, 6, 3, 7, 3, padding=1, upsample=2, dtype=F32),
     # The FMA kernel for few input channels.
-    "direct_stem_c3_s2": Case(1, 9, 7, 3, 16, 3, stride=2, padding=1, config=ConvConfig(64, 16, 16, 2, 1, direct=True)),
+    "direct_stem_c3_s2": Case(
+        1, 9, 7, 3, 16, 3, stride=2, padding=1, config=ConvConfig(64, 16, 16, 2, 1, ConvKind.DIRECT)
+    ),
     "direct_c8_residual_sliced": Case(
-        3, 9, 7, 8, 16, 3, padding=1, residual=True, sliced=True, config=ConvConfig(32, 16, 16, 2, 1, direct=True)
+        3, 9, 7, 8, 16, 3, padding=1, residual=True, sliced=True, config=ConvConfig(32, 16, 16, 2, 1, ConvKind.DIRECT)
     ),
     "direct_c5_c33_upsample_dilation_fp32": Case(
         1,
@@ -112,14 +115,16 @@ CASES = {
         dilation=2,
         upsample=2,
         dtype=F32,
-        config=ConvConfig(64, 16, 16, 4, 1, direct=True),
+        config=ConvConfig(64, 16, 16, 4, 1, ConvKind.DIRECT),
     ),
     "direct_1x3_stride_pairs": Case(
-        3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, direct=True)
+        3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, ConvKind.DIRECT)
     ),
     # Taps packed into K on tensor cores, for few input channels feeding many outputs; 16- and 64-deep K tiles
     # walk several K steps, a 32-deep one takes the stem's 27 at once.
-    "packed_stem_c3_s2": Case(1, 9, 7, 3, 33, 3, stride=2, padding=1, config=ConvConfig(64, 64, 32, 4, 2, packed=True)),
+    "packed_stem_c3_s2": Case(
+        1, 9, 7, 3, 33, 3, stride=2, padding=1, config=ConvConfig(64, 64, 32, 4, 2, ConvKind.PACKED)
+    ),
     "packed_c8_upsample_residual_sliced": Case(
         3,
         5,
@@ -131,13 +136,13 @@ CASES = {
         upsample=2,
         residual=True,
         sliced=True,
-        config=ConvConfig(32, 32, 64, 2, 2, packed=True),
+        config=ConvConfig(32, 32, 64, 2, 2, ConvKind.PACKED),
     ),
     "packed_c5_dilation_fp32": Case(
-        1, 9, 7, 5, 16, 3, padding=2, dilation=2, dtype=F32, config=ConvConfig(16, 16, 16, 1, 1, packed=True)
+        1, 9, 7, 5, 16, 3, padding=2, dilation=2, dtype=F32, config=ConvConfig(16, 16, 16, 1, 1, ConvKind.PACKED)
     ),
     "packed_1x3_stride_pairs": Case(
-        3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, packed=True)
+        3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, ConvKind.PACKED)
     ),
     "3x3_deep_k_tile": Case(1, 5, 6, 80, 33, 3, padding=1, config=ConvConfig(32, 64, 128, 4, 3)),
     "3x3_16_row_tile_fp32": Case(
@@ -284,53 +289,62 @@ def test_split_k_needs_its_scratch() -> None:
 
 def test_direct_kernel_offered_only_for_few_input_channels() -> None:
     stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False)
-    assert any(c.direct for c in stem) and not default_config(320 * 320, 16, 27, False).direct
-    assert not any(c.direct for c in conv_candidate_configs(160 * 160, 32, 9 * 16, kernel_is_1x1=False))
-    assert not any(c.direct for c in conv_candidate_configs(160 * 160, 32, 4, kernel_is_1x1=True))
+    assert (
+        any(c.kind is ConvKind.DIRECT for c in stem) and default_config(320 * 320, 16, 27, False).kind is ConvKind.GEMM
+    )
+    assert not any(
+        c.kind is ConvKind.DIRECT for c in conv_candidate_configs(160 * 160, 32, 9 * 16, kernel_is_1x1=False)
+    )
+    assert not any(c.kind is ConvKind.DIRECT for c in conv_candidate_configs(160 * 160, 32, 4, kernel_is_1x1=True))
     # A 2x2 kernel over 20 channels (K = 80) is not a 3x3 over 8 once the real channel count is given.
-    assert not any(c.direct for c in conv_candidate_configs(400, 32, 80, kernel_is_1x1=False, c_in=20))
-    with pytest.raises(ValueError, match="does not split"):
-        ConvConfig(64, 16, 16, 2, 1, split_k=2, direct=True)
+    assert not any(c.kind is ConvKind.DIRECT for c in conv_candidate_configs(400, 32, 80, kernel_is_1x1=False, c_in=20))
+    with pytest.raises(ValueError, match="a direct tile has no split_k"):
+        ConvConfig(64, 16, 16, 2, 1, ConvKind.DIRECT, split_k=2)
 
 
 def test_packed_taps_offered_only_for_few_input_channels_and_many_outputs() -> None:
     wide_stem = conv_candidate_configs(64 * 320 * 320, 64, 27, kernel_is_1x1=False)
-    packed = [c for c in wide_stem if c.packed]
+    packed = [c for c in wide_stem if c.kind is ConvKind.PACKED]
     assert packed and all(c.block_k == 32 and c.block_n == 64 for c in packed)
-    assert not default_config(64 * 320 * 320, 64, 27, False).packed
-    assert any(c.packed and c.block_k == 128 for c in conv_candidate_configs(6400, 32, 72, kernel_is_1x1=False))
-    assert not any(c.packed for c in conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False))
-    assert not any(c.packed for c in conv_candidate_configs(160 * 160, 64, 9 * 16, kernel_is_1x1=False))
-    assert not any(c.packed for c in conv_candidate_configs(160 * 160, 64, 4, kernel_is_1x1=True))
-    with pytest.raises(ValueError, match="packed"):
-        ConvConfig(64, 64, 32, 4, 2, split_k=2, packed=True)
-    with pytest.raises(ValueError, match="packed"):
-        ConvConfig(64, 64, 32, 4, 1, direct=True, packed=True)
+    assert default_config(64 * 320 * 320, 64, 27, False).kind is ConvKind.GEMM
+    assert any(
+        c.kind is ConvKind.PACKED and c.block_k == 128
+        for c in conv_candidate_configs(6400, 32, 72, kernel_is_1x1=False)
+    )
+    assert not any(c.kind is ConvKind.PACKED for c in conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False))
+    assert not any(
+        c.kind is ConvKind.PACKED for c in conv_candidate_configs(160 * 160, 64, 9 * 16, kernel_is_1x1=False)
+    )
+    assert not any(c.kind is ConvKind.PACKED for c in conv_candidate_configs(160 * 160, 64, 4, kernel_is_1x1=True))
+    with pytest.raises(ValueError, match="a packed tile has no split_k"):
+        ConvConfig(64, 64, 32, 4, 2, ConvKind.PACKED, split_k=2)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        ConvConfig(64, 64, 32, 4, 1, "packed_direct")  # type: ignore[arg-type]
 
 
 WHOLE_PIXEL_CASES = {
     # (case, row width of the input buffer, config): rows of 4 as the engine's graph input (one word), 8 (two
     # words, or one word and padding), 16 (a channel slice, as C3k2's bottleneck inputs)
-    "stem_c3_s2": (Case(1, 9, 7, 3, 16, 3, stride=2, padding=1), 4, ConvConfig(64, 16, 16, 2, 1, direct=True)),
+    "stem_c3_s2": (Case(1, 9, 7, 3, 16, 3, stride=2, padding=1), 4, ConvConfig(64, 16, 16, 2, 1, ConvKind.DIRECT)),
     "c4_b3_residual_upsample": (
         Case(3, 5, 6, 4, 33, 3, padding=1, upsample=2, residual=True),
         4,
-        ConvConfig(32, 32, 16, 2, 1, direct=True),
+        ConvConfig(32, 32, 16, 2, 1, ConvKind.DIRECT),
     ),
     "c8_two_words_residual": (
         Case(3, 9, 7, 8, 16, 3, padding=1, residual=True),
         16,
-        ConvConfig(64, 16, 16, 2, 1, direct=True),
+        ConvConfig(64, 16, 16, 2, 1, ConvKind.DIRECT),
     ),
     "c5_two_words_stride2": (
         Case(1, 9, 7, 5, 33, 3, stride=2, padding=1),
         8,
-        ConvConfig(32, 64, 16, 4, 1, direct=True),
+        ConvConfig(32, 64, 16, 4, 1, ConvKind.DIRECT),
     ),
     "c1_dilation_stride_pairs": (
         Case(2, 9, 7, 1, 7, 3, stride=(2, 1), padding=2, dilation=2),
         8,
-        ConvConfig(16, 16, 16, 1, 1, direct=True),
+        ConvConfig(16, 16, 16, 1, 1, ConvKind.DIRECT),
     ),
 }
 
@@ -374,7 +388,7 @@ def test_whole_pixel_loads(table: str, name: str) -> None:
     residual = _nhwc(shape, F16, False)[1] if case.residual else None
     ref = _reference(case, x, weight, bias, residual)
     out = torch.full(shape, float("nan"), dtype=F16, device=DEVICE)
-    config = replace(config, whole_pixels=True, packed=table == "packed")
+    config = replace(config, kind=ConvKind.PACKED if table == "packed" else ConvKind.DIRECT, whole_pixels=True)
     conv2d_nhwc(
         out, x, weight, bias, stride=case.stride, padding=case.padding, dilation=case.dilation, residual=residual,
         upsample=case.upsample, config=config,
@@ -387,14 +401,14 @@ def test_packed_whole_pixels_need_words_of_at_most_4_channels_and_a_k_tile_of_ev
     args = (torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE), x[..., :3], torch.zeros(16, 3, 3, 3, dtype=F16,
             device=DEVICE), torch.zeros(16, device=DEVICE))  # fmt: skip
     with pytest.raises(ValueError, match="block_k = 64 for a 3x3 kernel"):
-        conv2d_nhwc(*args, padding=1, config=ConvConfig(64, 16, 32, 4, 2, packed=True, whole_pixels=True))
+        conv2d_nhwc(*args, padding=1, config=ConvConfig(64, 16, 32, 4, 2, ConvKind.PACKED, whole_pixels=True))
     five = (args[0], x[..., :5], torch.zeros(16, 3, 3, 5, dtype=F16, device=DEVICE), args[3])
     with pytest.raises(ValueError, match="at most 4 fp16 channels"):
-        conv2d_nhwc(*five, padding=1, config=ConvConfig(64, 16, 64, 4, 2, packed=True, whole_pixels=True))
+        conv2d_nhwc(*five, padding=1, config=ConvConfig(64, 16, 64, 4, 2, ConvKind.PACKED, whole_pixels=True))
     stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False, whole_pixels=True)
-    assert {(c.block_k, c.block_n) for c in stem if c.packed and c.whole_pixels} == {(64, 16)}
+    assert {(c.block_k, c.block_n) for c in stem if c.kind is ConvKind.PACKED and c.whole_pixels} == {(64, 16)}
     eight = conv_candidate_configs(160 * 160, 16, 72, kernel_is_1x1=False, c_in=8, whole_pixels=True)
-    assert not any(c.packed and c.whole_pixels for c in eight)
+    assert not any(c.kind is ConvKind.PACKED and c.whole_pixels for c in eight)
 
 
 TWO_INPUT_CASES = {
@@ -463,8 +477,8 @@ def test_a_second_input_needs_a_plain_1x1_conv_on_gemm_tiles() -> None:
     with pytest.raises(ValueError, match=r"second must have shape \(1, 6, 8, 8\)"):
         conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second[:, :5])
     with pytest.raises(ValueError, match="GEMM tiles only"):
-        conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second, config=ConvConfig(16, 16, 16, 1, 1,
-                    tma=True))  # fmt: skip
+        tma_tile = ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_1X1)
+        conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second, config=tma_tile)
     with pytest.raises(ValueError, match="second must be a 4-D"):
         conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second[0])
 
@@ -473,7 +487,7 @@ def test_two_input_convs_are_offered_unsplit_gemm_tiles_wide_ones_only_when_larg
     small = two_input_candidates(40 * 40, 128, 384)  # yolo11n's 20x20 -> 40x40 fold at batch 1
     large = two_input_candidates(64 * 40 * 40, 512, 1024)  # yolo11m's at batch 64
     for configs in (small, large):
-        assert configs and all(c.split_k == 1 and not (c.tma or c.direct or c.packed) for c in configs)
+        assert configs and all(c.split_k == 1 and c.kind is ConvKind.GEMM for c in configs)
     assert not any(c.num_warps == 8 for c in small)
     assert (128, 256, 64, 8, 3) in {(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages) for c in large}
     assert all(c.block_n <= 128 for c in two_input_candidates(64 * 40 * 40, 128, 384))  # shrunk to N
@@ -490,12 +504,12 @@ def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_8_channels() -> None:
         conv2d_nhwc(
             torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE), torch.zeros(1, 5, 6, 3, dtype=F16, device=DEVICE),
             torch.zeros(16, 3, 3, 3, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE), padding=1,
-            config=ConvConfig(64, 16, 16, 2, 1, direct=True, whole_pixels=True),
+            config=ConvConfig(64, 16, 16, 2, 1, ConvKind.DIRECT, whole_pixels=True),
         )  # fmt: skip
-    with pytest.raises(ValueError, match="mode of the direct kernel and of packed taps"):
+    with pytest.raises(ValueError, match="a gemm tile has no whole_pixels"):
         ConvConfig(64, 16, 16, 2, 1, whole_pixels=True)
     stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False, whole_pixels=True)
-    assert {c.whole_pixels for c in stem if c.direct} == {False, True}
+    assert {c.whole_pixels for c in stem if c.kind is ConvKind.DIRECT} == {False, True}
     assert not any(c.whole_pixels for c in conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False))
 
 
@@ -521,10 +535,19 @@ def _channel_slice(n: int, h: int, w: int, c: int, dtype: torch.dtype, fill: flo
 # (batch, h, w, c_in, c_out, dtype, residual, config): K and N tails (TMA reads past C_in are zero), a spatially
 # sliced residual, programs one per tile or three walking 40-64 tiles.
 TMA_CASES = {
-    "fp16_residual_tails": (3, 9, 7, 40, 33, F16, True, ConvConfig(16, 16, 16, 1, 1, tma=True)),
-    "fp16_persistent": (3, 9, 7, 40, 33, F16, False, ConvConfig(16, 16, 16, 1, 2, tma=True, persistent=True)),
-    "fp32_persistent_residual": (2, 5, 6, 20, 16, F32, True, ConvConfig(16, 16, 16, 2, 2, tma=True, persistent=True)),
-    "fp16_wide_tile": (1, 9, 7, 64, 48, F16, False, ConvConfig(64, 32, 32, 2, 3, tma=True)),
+    "fp16_residual_tails": (3, 9, 7, 40, 33, F16, True, ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_1X1)),
+    "fp16_persistent": (3, 9, 7, 40, 33, F16, False, ConvConfig(16, 16, 16, 1, 2, ConvKind.TMA_1X1, persistent=True)),
+    "fp32_persistent_residual": (
+        2,
+        5,
+        6,
+        20,
+        16,
+        F32,
+        True,
+        ConvConfig(16, 16, 16, 2, 2, ConvKind.TMA_1X1, persistent=True),
+    ),
+    "fp16_wide_tile": (1, 9, 7, 64, 48, F16, False, ConvConfig(64, 32, 32, 2, 3, ConvKind.TMA_1X1)),
 }
 
 
@@ -553,34 +576,34 @@ def test_tma_1x1_matches_reference(name: str) -> None:
 TMA_PATCH_CASES = {
     "3x3_pad1_residual": (
         Case(3, 9, 7, 40, 33, 3, padding=1, residual=True),
-        ConvConfig(32, 16, 16, 1, 2, tma=True, tile_w=8),
+        ConvConfig(32, 16, 16, 1, 2, ConvKind.TMA_PATCH, tile_w=8),
     ),
     "3x3_dilation2_fp32": (
         Case(1, 9, 7, 20, 16, 3, padding=2, dilation=2, activation="relu", dtype=F32),
-        ConvConfig(16, 16, 16, 2, 2, tma=True, tile_w=4),
+        ConvConfig(16, 16, 16, 2, 2, ConvKind.TMA_PATCH, tile_w=4),
     ),
     "1x3_pad_pairs": (
         Case(2, 5, 6, 16, 7, (1, 3), padding=(0, 1), activation="identity"),
-        ConvConfig(32, 16, 16, 1, 3, tma=True, tile_w=16),
+        ConvConfig(32, 16, 16, 1, 3, ConvKind.TMA_PATCH, tile_w=16),
     ),
-    "3x3_pad0": (Case(2, 9, 7, 24, 40, 3), ConvConfig(64, 32, 32, 2, 2, tma=True, tile_w=8)),
+    "3x3_pad0": (Case(2, 9, 7, 24, 40, 3), ConvConfig(64, 32, 32, 2, 2, ConvKind.TMA_PATCH, tile_w=8)),
     # Stride 2 reads the input as pixel pairs: even maps, channels in whole K blocks; the input is a channel slice,
     # so a block crossing past a pixel's channels would read the buffer's NaN spare channels.
     "3x3_s2_pad1_residual": (
         Case(3, 10, 8, 32, 40, 3, stride=2, padding=1, residual=True),
-        ConvConfig(32, 16, 16, 1, 2, tma=True, tile_w=8),
+        ConvConfig(32, 16, 16, 1, 2, ConvKind.TMA_PATCH, tile_w=8),
     ),
     "3x3_s2_pad0_fp32": (
         Case(1, 8, 12, 16, 24, 3, stride=2, activation="relu", dtype=F32),
-        ConvConfig(16, 16, 16, 2, 2, tma=True, tile_w=4),
+        ConvConfig(16, 16, 16, 2, 2, ConvKind.TMA_PATCH, tile_w=4),
     ),
     "3x3_s2_wide_tile": (  # the 64 x 256 tile offered to wide stride-2 layers, with an N tail
         Case(1, 16, 16, 64, 264, 3, stride=2, padding=1),
-        ConvConfig(64, 256, 64, 4, 3, tma=True, tile_w=8),
+        ConvConfig(64, 256, 64, 4, 3, ConvKind.TMA_PATCH, tile_w=8),
     ),
     "1x3_s2_dilation2": (
         Case(2, 6, 10, 48, 16, (1, 3), stride=2, padding=(0, 2), dilation=2, activation="identity"),
-        ConvConfig(32, 16, 16, 1, 3, tma=True, tile_w=16),
+        ConvConfig(32, 16, 16, 1, 3, ConvKind.TMA_PATCH, tile_w=16),
     ),
 }
 
@@ -620,19 +643,19 @@ def test_tma_patch_conv_matches_reference(name: str) -> None:
 TMA_STORE_CASES = {
     "1x1_tma_residual": (
         Case(3, 9, 7, 40, 56, 1, residual=True),
-        ConvConfig(32, 16, 16, 1, 2, tma=True, tma_store=True),
+        ConvConfig(32, 16, 16, 1, 2, ConvKind.TMA_1X1, tma_store=True),
     ),
     "1x1_tma_persistent": (
         Case(2, 5, 6, 24, 40, 1),
-        ConvConfig(16, 16, 16, 1, 2, tma=True, persistent=True, tma_store=True),
+        ConvConfig(16, 16, 16, 1, 2, ConvKind.TMA_1X1, persistent=True, tma_store=True),
     ),
     "3x3_patch_s1_residual": (
         Case(2, 9, 7, 24, 40, 3, padding=1, residual=True),
-        ConvConfig(32, 32, 16, 1, 2, tma=True, tile_w=8, tma_store=True),
+        ConvConfig(32, 32, 16, 1, 2, ConvKind.TMA_PATCH, tile_w=8, tma_store=True),
     ),
     "3x3_patch_s2": (
         Case(1, 10, 8, 32, 24, 3, stride=2, padding=1),
-        ConvConfig(16, 16, 16, 1, 2, tma=True, tile_w=4, tma_store=True),
+        ConvConfig(16, 16, 16, 1, 2, ConvKind.TMA_PATCH, tile_w=4, tma_store=True),
     ),
     "3x3_gather_s2_residual": (
         Case(2, 9, 7, 20, 56, 3, stride=2, padding=1, residual=True),
@@ -640,7 +663,7 @@ TMA_STORE_CASES = {
     ),
     "stem_packed_words": (
         Case(2, 12, 10, 3, 40, 3, stride=2, padding=1),
-        ConvConfig(32, 32, 64, 2, 2, whole_pixels=True, packed=True, tma_store=True),
+        ConvConfig(32, 32, 64, 2, 2, ConvKind.PACKED, whole_pixels=True, tma_store=True),
     ),
 }
 
@@ -688,11 +711,11 @@ def test_tma_stores_offered_to_large_fp16_outputs_whose_views_allow_them() -> No
     stored = [c for c in conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True) if c.tma_store]
     assert [(c.block_n, c.persistent) for c in stored] == [(128, False), (256, False), (128, True)]
     stem = conv_candidate_configs(64 * 320 * 320, 64, 27, kernel_is_1x1=False, c_in=3, whole_pixels=True)
-    assert [c.block_m for c in stem if c.tma_store and c.packed and c.whole_pixels] == [128, 64]
+    assert [c.block_m for c in stem if c.tma_store and c.kind is ConvKind.PACKED and c.whole_pixels] == [128, 64]
     assert not any(c.tma_store for c in conv_candidate_configs(64 * 20 * 20, 512, 9 * 512, kernel_is_1x1=False))
     assert not any(c.tma_store for c in conv_candidate_configs(64 * 160 * 160, 256, 192, True, dtype=F32))
     assert sum(c.tma_store for c in two_input_candidates(64 * 80 * 80, 256, 768)) == 2
-    with pytest.raises(ValueError, match="TMA stores end the tensor-core tiles whose K is not split"):
+    with pytest.raises(ValueError, match="TMA stores end tiles whose K is not split"):
         ConvConfig(32, 32, 32, 2, 2, split_k=2, tma_store=True)
     # TMA stores write whole 16-byte chunks: 33 fp16 channels would end in a chunk reaching into the next channels.
     for spatial in (False, True):
@@ -706,23 +729,27 @@ def test_tma_stores_offered_to_large_fp16_outputs_whose_views_allow_them() -> No
 
 def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() -> None:
     large = conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True)
-    assert [(c.block_n, c.persistent) for c in large if c.tma and not c.tma_store] == [
+    assert [(c.block_n, c.persistent) for c in large if c.loads_by_tma and not c.tma_store] == [
         (128, False),
         (256, False),
         (128, True),
     ]
-    assert not default_config(64 * 160 * 160, 256, 192, True).tma
-    assert not any(c.tma for c in conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True, dtype=F32))
-    assert not any(c.tma for c in conv_candidate_configs(160 * 160, 256, 192, kernel_is_1x1=True))
-    patches = [c for c in conv_candidate_configs(64 * 40 * 40, 64, 9 * 64, kernel_is_1x1=False) if c.tma]
+    assert not default_config(64 * 160 * 160, 256, 192, True).loads_by_tma
+    assert not any(
+        c.loads_by_tma for c in conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True, dtype=F32)
+    )
+    assert not any(c.loads_by_tma for c in conv_candidate_configs(160 * 160, 256, 192, kernel_is_1x1=True))
+    patches = [c for c in conv_candidate_configs(64 * 40 * 40, 64, 9 * 64, kernel_is_1x1=False) if c.loads_by_tma]
     assert [(c.block_m, c.block_n, c.tile_w) for c in patches] == [(128, 64, 16), (128, 64, 8), (64, 64, 8)]
-    wide = [c for c in conv_candidate_configs(64 * 40 * 40, 512, 9 * 512, kernel_is_1x1=False) if c.tma]
+    wide = [c for c in conv_candidate_configs(64 * 40 * 40, 512, 9 * 512, kernel_is_1x1=False) if c.loads_by_tma]
     assert [(c.block_m, c.block_n, c.num_warps, c.tile_w) for c in wide][-2:] == [(64, 256, 4, 8), (128, 256, 8, 16)]
-    assert not any(c.tma for c in conv_candidate_configs(160 * 160, 32, 9 * 32, kernel_is_1x1=False))  # batch 1
+    assert not any(
+        c.loads_by_tma for c in conv_candidate_configs(160 * 160, 32, 9 * 32, kernel_is_1x1=False)
+    )  # batch 1
     assert not tma_loadable(torch.zeros(2, 5, 6, 36, dtype=F16, device=DEVICE)[..., :32],
                             torch.zeros(16, 3, 3, 32, dtype=F16, device=DEVICE))  # fmt: skip  # 72-byte pixels
-    with pytest.raises(ValueError, match="patch width of the non-persistent k x k TMA kernel"):
-        ConvConfig(64, 64, 64, 4, 3, tma=True, tile_w=48)
+    with pytest.raises(ValueError, match="patch width of a tma_patch tile"):
+        ConvConfig(64, 64, 64, 4, 3, ConvKind.TMA_PATCH, tile_w=48)
     weight = torch.zeros(16, 1, 1, 40, dtype=F16, device=DEVICE)
     buf, x = _channel_slice(2, 5, 6, 40, F16)
     assert tma_loadable(x, weight) and tma_loadable(buf[..., :40], weight)
@@ -730,14 +757,16 @@ def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() 
     assert not tma_loadable(buf[:, :, 1:, :40], torch.zeros(16, 1, 1, 40, dtype=F16, device=DEVICE))  # rows gapped
     rows_of_72_bytes = torch.zeros(2, 5, 6, 36, dtype=F16, device=DEVICE)
     assert not tma_loadable(rows_of_72_bytes, torch.zeros(16, 1, 1, 36, dtype=F16, device=DEVICE))
-    with pytest.raises(ValueError, match="TMA kernel is a 1x1 tensor-core tile"):
-        ConvConfig(64, 64, 64, 4, 3, split_k=2, tma=True)
-    with pytest.raises(ValueError, match="only the TMA kernel has a persistent grid"):
+    with pytest.raises(ValueError, match="a tma_1x1 tile has no split_k"):
+        ConvConfig(64, 64, 64, 4, 3, ConvKind.TMA_1X1, split_k=2)
+    with pytest.raises(ValueError, match="a gemm tile has no persistent"):
         ConvConfig(64, 64, 64, 4, 3, persistent=True)
+    with pytest.raises(ValueError, match="a tma_1x1 tile has no tile_w"):
+        ConvConfig(64, 64, 64, 4, 3, ConvKind.TMA_1X1, tile_w=8)
     with pytest.raises(ValueError, match="TMA-loads a conv's input patches: it needs stride 1"):  # 5 rows: odd
         conv2d_nhwc(torch.empty(2, 3, 3, 16, dtype=F16, device=DEVICE), x, torch.zeros(16, 3, 3, 40, dtype=F16,
                     device=DEVICE), torch.zeros(16, device=DEVICE), stride=2, padding=1,
-                    config=ConvConfig(16, 16, 16, 1, 1, tma=True, tile_w=4))  # fmt: skip
+                    config=ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_PATCH, tile_w=4))  # fmt: skip
     even = _channel_slice(2, 6, 6, 40, F16)[1]
     weight3 = torch.zeros(16, 3, 3, 40, dtype=F16, device=DEVICE)
     assert tma_patch_loadable(even, weight3, (2, 2), 8) and tma_patch_loadable(x, weight3, (1, 1), 64)
@@ -746,13 +775,13 @@ def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() 
     assert not tma_patch_loadable(even, weight3, (2, 1), 8)
     with pytest.raises(ValueError, match="stride 2 on an even-sized input whose channels are whole K blocks"):
         conv2d_nhwc(torch.empty(2, 3, 3, 16, dtype=F16, device=DEVICE), even, weight3, torch.zeros(16, device=DEVICE),
-                    stride=2, padding=1, config=ConvConfig(16, 16, 16, 1, 1, tma=True, tile_w=4))  # fmt: skip
+                    stride=2, padding=1, config=ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_PATCH, tile_w=4))  # fmt: skip
     for kernel, padding, view in ((3, 1, x), (1, 0, buf[..., 1:41])):
         with pytest.raises(ValueError, match="TMA-loads a 1x1 conv's operands"):  # a 3x3 weight: no tile_w
             conv2d_nhwc(
                 torch.empty(2, 5, 6, 16, dtype=F16, device=DEVICE), view,
                 torch.zeros(16, kernel, kernel, 40, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE),
-                padding=padding, config=ConvConfig(16, 16, 16, 1, 1, tma=True),
+                padding=padding, config=ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_1X1),
             )  # fmt: skip
 
 

@@ -7,9 +7,9 @@ split cost nothing in the engine.
 
 The modules, by what they hold:
 
-- `config`: `ConvConfig`, the candidate tiles the autotuner times (`conv_candidate_configs`,
-  `two_input_candidates`), the untimed `default_config` and `candidate_set_id`, with the tables and limits behind
-  them.
+- `config`: `ConvConfig` (a `ConvKind`, the kernel it launches, plus that kind's modifiers), the candidate tiles
+  the autotuner times (`conv_candidate_configs`, `two_input_candidates`), the untimed `default_config` and
+  `candidate_set_id`, with the tables and limits behind them.
 - `feasibility`: whether a layer's views allow TMA loads and stores and whole-pixel word loads (`tma_loadable`,
   `tma_patch_loadable`, `tma_storable`, `pixels_are_words`).
 - `epilogue`: the @triton.jit helpers several kernels call: output-pixel indices, the grouped tile order, and the
@@ -18,7 +18,7 @@ The modules, by what they hold:
   split-K).
 - `direct`: `_conv2d_direct_kernel`, FMA outer products for a handful of input channels.
 - `tma`: `_conv1x1_tma_kernel` and `_conv_tma_kernel`, whose operands the tensor memory accelerator loads.
-- `dispatch`: `conv2d_nhwc`, which checks its arguments and launches the kernel its config names.
+- `dispatch`: `conv2d_nhwc`, which checks its arguments and hands them to the launcher of its config's kind.
 
 The public names are re-exported here. A name is looked up in the module that uses it, so a test replacing one
 patches that module: the kernels and `pixels_are_words` as `conv2d_nhwc` sees them in `dispatch`, the candidate
@@ -27,6 +27,7 @@ tables in `config`.
 
 from yolojet.kernels.conv.config import (
     ConvConfig,
+    ConvKind,
     candidate_set_id,
     conv_candidate_configs,
     default_config,
@@ -37,6 +38,7 @@ from yolojet.kernels.conv.feasibility import pixels_are_words, tma_loadable, tma
 
 __all__ = [
     "ConvConfig",
+    "ConvKind",
     "candidate_set_id",
     "conv2d_nhwc",
     "conv_candidate_configs",

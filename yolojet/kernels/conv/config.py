@@ -5,6 +5,7 @@ shapes the offer. The limits `feasibility` and `dispatch` check against (`_HALVE
 `_TMA_PATCH_STRIDES`, the persistent grid's programs an SM) are defined here with the tables they shape.
 """
 
+import enum
 import functools
 import hashlib
 from dataclasses import dataclass, fields, replace
@@ -18,25 +19,56 @@ from yolojet.options import interpreting
 _TARGET_PROGRAMS = 100
 
 
+class ConvKind(str, enum.Enum):
+    """The kernel a tile launches (conv2d_nhwc's dispatch table is keyed by it)."""
+
+    GEMM = "gemm"  # _conv2d_nhwc_kernel: the implicit GEMM gathering one tap's channels a K step
+    PACKED = "packed"  # the same kernel with K tiles over all taps at once (PACK_TAPS), for a few input channels
+    DIRECT = "direct"  # _conv2d_direct_kernel: FMA outer products for a few input channels; no K tiles
+    TMA_1X1 = "tma_1x1"  # _conv1x1_tma_kernel: a 1x1 conv whose operands the tensor memory accelerator loads
+    TMA_PATCH = "tma_patch"  # _conv_tma_kernel: a k x k conv (stride 1 or 2) on TMA-loaded input patches
+
+    def __repr__(self) -> str:
+        return f"ConvKind.{self.name}"
+
+
+# The modifiers each kind takes; a kind leaves the others at their defaults (_MODIFIER_DEFAULTS).
+_MODIFIERS: dict[ConvKind, frozenset[str]] = {
+    ConvKind.GEMM: frozenset({"split_k", "tma_store"}),
+    ConvKind.PACKED: frozenset({"whole_pixels", "tma_store"}),
+    ConvKind.DIRECT: frozenset({"whole_pixels"}),
+    ConvKind.TMA_1X1: frozenset({"persistent", "tma_store"}),
+    ConvKind.TMA_PATCH: frozenset({"tile_w", "tma_store"}),
+}
+_MODIFIER_DEFAULTS = {"split_k": 1, "whole_pixels": False, "persistent": False, "tile_w": 0, "tma_store": False}
+_TMA_KINDS = (ConvKind.TMA_1X1, ConvKind.TMA_PATCH)
+
+
 @dataclass(frozen=True)
 class ConvConfig:
-    """Tile shape and launch parameters of one conv kernel specialization."""
+    """One conv kernel specialization: the tile's shape and launch parameters, the kernel `kind` it launches, and
+    that kind's modifiers."""
 
     block_m: int
     block_n: int
-    block_k: int
+    block_k: int  # unused by DIRECT
     num_warps: int
-    num_stages: int
-    split_k: int = 1  # programs sharing each output tile's K steps (see the kernel)
-    direct: bool = False  # the FMA kernel for a few input channels; block_k, num_stages and split_k unused
-    whole_pixels: bool = False  # direct or packed: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
-    packed: bool = False  # K tiles run over all taps at once (PACK_TAPS in the kernel), for a few input channels
-    tma: bool = False  # operands loaded by the tensor memory accelerator: _conv1x1_tma_kernel, or with tile_w
-    persistent: bool = False  # with tma: a fixed grid of programs walking the tiles, not a program per tile
-    tile_w: int = 0  # with tma: k x k convs (stride 1 or 2) on patches tile_w pixels wide (_conv_tma_kernel)
-    tma_store: bool = False  # the output tile stored by the tensor memory accelerator (TMA_STORE), K unsplit
+    num_stages: int  # unused by DIRECT
+    kind: ConvKind = ConvKind.GEMM
+    split_k: int = 1  # GEMM: programs sharing each output tile's K steps (see the kernel)
+    whole_pixels: bool = False  # DIRECT, PACKED: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
+    persistent: bool = False  # TMA_1X1: a fixed grid of programs walking the tiles, not a program per tile
+    tile_w: int = 0  # TMA_PATCH: the patches' width in pixels (a power of two dividing block_m)
+    tma_store: bool = False  # all but DIRECT: the output tile stored by the tensor memory accelerator, K unsplit
 
     def __post_init__(self) -> None:
+        # A tuning cache stores the kind by its value.
+        try:
+            object.__setattr__(self, "kind", ConvKind(self.kind))
+        except ValueError:
+            raise ValueError(
+                f"ConvConfig.kind must be one of {[k.value for k in ConvKind]}, got {self.kind!r}"
+            ) from None
         # tl.arange needs powers of two, and 16 is the smallest fp16 tensor-core K.
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
@@ -44,24 +76,31 @@ class ConvConfig:
                 raise ValueError(f"ConvConfig.{name} must be a power of two >= 16, got {value}")
         if not isinstance(self.split_k, int) or self.split_k < 1:
             raise ValueError(f"ConvConfig.split_k must be a positive int, got {self.split_k!r}")
-        if self.direct and self.split_k != 1:
-            raise ValueError("ConvConfig: the direct kernel does not split K")
-        if self.packed and (self.direct or self.split_k != 1):
-            raise ValueError("ConvConfig: packed taps are a tensor-core tile that does not split K")
-        if self.whole_pixels and not (self.direct or self.packed):
-            raise ValueError("ConvConfig: whole-pixel loads are a mode of the direct kernel and of packed taps")
-        if self.tma and (self.direct or self.packed or self.split_k != 1):
-            raise ValueError("ConvConfig: the TMA kernel is a 1x1 tensor-core tile that does not split K")
-        if self.tma_store and (self.direct or self.split_k != 1):
-            raise ValueError("ConvConfig: TMA stores end the tensor-core tiles whose K is not split")
-        if self.persistent and not self.tma:
-            raise ValueError("ConvConfig: only the TMA kernel has a persistent grid")
-        if self.tile_w and (not self.tma or self.persistent or self.tile_w & (self.tile_w - 1)
-                            or self.block_m % self.tile_w):  # fmt: skip
+        for name, default in _MODIFIER_DEFAULTS.items():
+            if name not in _MODIFIERS[self.kind] and getattr(self, name) != default:
+                takes = ", ".join(sorted(_MODIFIERS[self.kind]))
+                raise ValueError(f"ConvConfig: a {self.kind.value} tile has no {name} (it takes {takes})")
+        if self.tma_store and self.split_k != 1:
+            raise ValueError("ConvConfig: TMA stores end tiles whose K is not split")
+        tile_w = self.tile_w
+        if self.kind is ConvKind.TMA_PATCH and (tile_w < 1 or tile_w & (tile_w - 1) or self.block_m % tile_w):
             raise ValueError(
-                f"ConvConfig: tile_w={self.tile_w} is the patch width of the non-persistent k x k TMA kernel, a "
-                f"power of two dividing block_m={self.block_m}"
+                f"ConvConfig: tile_w={tile_w} is the patch width of a tma_patch tile, a power of two dividing "
+                f"block_m={self.block_m}"
             )
+
+    @property
+    def loads_by_tma(self) -> bool:
+        """Whether the tensor memory accelerator loads the operands (the TMA kinds)."""
+        return self.kind in _TMA_KINDS
+
+    def gathered(self) -> "ConvConfig":
+        """The same tile with its operands gathered by its threads: a TMA kind's on the GEMM kernel (for views the
+        tensor memory accelerator cannot load), any other kind unchanged."""
+        if not self.loads_by_tma:
+            return self
+        return ConvConfig(self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages,
+                          split_k=self.split_k, tma_store=self.tma_store)  # fmt: skip
 
     def split_scratch(self, m: int, n: int) -> tuple[int, int]:
         """(fp32 partial elements, arrival counters) a launch of this config needs for GEMM sizes M=m, N=n."""
@@ -108,25 +147,25 @@ _LARGE_M_TILES = (ConvConfig(256, 128, 64, 8, 3), ConvConfig(128, 256, 64, 8, 4)
 # TMA-loaded 1x1 tiles (where the layer's views allow, see tma_loadable): a program per tile, and the usual
 # winner's shape on a persistent grid of this many programs an SM.
 _TMA_TILES = (
-    ConvConfig(128, 128, 64, 4, 3, tma=True),
-    ConvConfig(128, 256, 64, 8, 3, tma=True),
-    ConvConfig(128, 128, 64, 4, 3, tma=True, persistent=True),
+    ConvConfig(128, 128, 64, 4, 3, ConvKind.TMA_1X1),
+    ConvConfig(128, 256, 64, 8, 3, ConvKind.TMA_1X1),
+    ConvConfig(128, 128, 64, 4, 3, ConvKind.TMA_1X1, persistent=True),
 )
 # The strides of the k x k convs the patch tiles are offered to (stride 2 through a view pairing rows and pixels).
 _TMA_PATCH_STRIDES = (1, 2)
 # Patch tiles of the k x k TMA kernel: 8x16 and 16x8 pixels (8 divides the 160-, 80- and 40-wide maps, 16 the
 # first two).
 _TMA_PATCH_TILES = (
-    ConvConfig(128, 64, 64, 4, 3, tma=True, tile_w=16),
-    ConvConfig(128, 128, 64, 4, 3, tma=True, tile_w=16),
-    ConvConfig(128, 64, 64, 4, 4, tma=True, tile_w=8),
-    ConvConfig(64, 64, 64, 4, 4, tma=True, tile_w=8),
+    ConvConfig(128, 64, 64, 4, 3, ConvKind.TMA_PATCH, tile_w=16),
+    ConvConfig(128, 128, 64, 4, 3, ConvKind.TMA_PATCH, tile_w=16),
+    ConvConfig(128, 64, 64, 4, 4, ConvKind.TMA_PATCH, tile_w=8),
+    ConvConfig(64, 64, 64, 4, 4, ConvKind.TMA_PATCH, tile_w=8),
 )
 # And to k x k convs of at least _TMA_PATCH_WIDE_MIN_N outputs (the stride-2 convs of s and m models at batch 64,
 # whose plain GEMMs run best 256 wide): 8x8 patches, which tile the 40-wide maps exactly, and 8x16.
 _TMA_PATCH_WIDE_TILES = (
-    ConvConfig(64, 256, 64, 4, 3, tma=True, tile_w=8),
-    ConvConfig(128, 256, 64, 8, 3, tma=True, tile_w=16),
+    ConvConfig(64, 256, 64, 4, 3, ConvKind.TMA_PATCH, tile_w=8),
+    ConvConfig(128, 256, 64, 8, 3, ConvKind.TMA_PATCH, tile_w=16),
 )
 _TMA_PATCH_WIDE_MIN_N = 256
 # Layers writing at least this many output bytes (the 160x160 and 80x80 maps at batch 64) are also offered their
@@ -203,22 +242,23 @@ def conv_candidate_configs(
     few_channels = []
     if not kernel_is_1x1 and c_in <= _DIRECT_MAX_C_IN:
         for block_m, block_n, warps in _DIRECT_TILES:
-            config = ConvConfig(_fit(block_m, m), _fit(block_n, n), 16, warps, 1, direct=True)
+            config = ConvConfig(_fit(block_m, m), _fit(block_n, n), 16, warps, 1, ConvKind.DIRECT)
             for variant in (config, replace(config, whole_pixels=True)) if whole_pixels else (config,):
                 if variant not in few_channels:
                     few_channels.append(variant)
         if n >= _PACKED_MIN_C_OUT:
             for block_m, block_n, warps, stages in _PACKED_TILES:
                 # One K tile holds every tap (k <= 72 here), so there is no K loop to pipeline.
-                config = ConvConfig(_fit(block_m, m), _fit(block_n, n), _fit(128, k), warps, stages, packed=True)
+                config = ConvConfig(_fit(block_m, m), _fit(block_n, n), _fit(128, k), warps, stages, ConvKind.PACKED)
                 if config not in few_channels:
                     few_channels.append(config)
         if whole_pixels and c_in <= _HALVES_PER_WORD:
             # A tap's channels in one word: K = 4 halves per tap, so the stem's tile reads 9 words a pixel.
             block_k = _HALVES_PER_WORD * max(4, 1 << (k // c_in - 1).bit_length())
             for block_m, block_n, warps, stages in _PACKED_TILES:
-                config = ConvConfig(_fit(block_m, m), _fit(block_n, n), block_k, warps, stages, whole_pixels=True,
-                                    packed=True)  # fmt: skip
+                config = ConvConfig(
+                    _fit(block_m, m), _fit(block_n, n), block_k, warps, stages, ConvKind.PACKED, whole_pixels=True
+                )
                 if config not in few_channels:
                     few_channels.append(config)
     tma = []
@@ -229,7 +269,9 @@ def conv_candidate_configs(
             smem = fitted.num_stages * (fitted.block_m + fitted.block_n) * fitted.block_k * dtype.itemsize
             if smem <= _SMEM_BUDGET and fitted not in tma:
                 tma.append(fitted)
-    stored = _tma_store_twins([c for c in few_channels if c.packed and c.whole_pixels] + tma, m, n, dtype)
+    stored = _tma_store_twins(
+        [c for c in few_channels if c.kind is ConvKind.PACKED and c.whole_pixels] + tma, m, n, dtype
+    )
     return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels + tma + stored
 
 
@@ -276,8 +318,8 @@ def default_config(m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dty
     configs = conv_candidate_configs(m, n, k, kernel_is_1x1, dtype)
     if interpreting():
         # The interpreter runs programs one after another, so the fewest, largest tiles are fastest.
-        return max((c for c in configs if c.split_k == 1 and not (c.direct or c.packed or c.tma)), key=_tile_area)
-    untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1 and not (c.direct or c.packed or c.tma)]
+        return max((c for c in configs if c.split_k == 1 and c.kind is ConvKind.GEMM), key=_tile_area)
+    untimed = [c for c in configs if c.num_warps <= 4 and c.split_k == 1 and c.kind is ConvKind.GEMM]
     filling = [c for c in untimed if _programs(c, m, n) >= _TARGET_PROGRAMS]
     if filling:
         return max(filling, key=_tile_area)

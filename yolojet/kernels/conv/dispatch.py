@@ -1,10 +1,14 @@
-"""`conv2d_nhwc`, the launcher: it checks the tensors and the config against each other (`_check_nhwc`, `_pair`, and
-`_split_scratch` for split-K's scratch), builds the TMA descriptors a config needs, and launches the kernel the
-config names: direct, TMA patches, TMA 1x1, or the gathering GEMM. The kernels and checks are looked up here when
-`conv2d_nhwc` runs, so tests that count or replace them patch this module.
+"""`conv2d_nhwc`, the launcher: it checks the tensors against each other (`_check_nhwc`, `_pair`), then hands the
+checked call (`_ConvCall`) to the launcher of its config's kind (`_LAUNCHERS`: the gathering GEMM for GEMM and
+packed tiles, direct, TMA 1x1, TMA patches), which checks what its kernel needs of the views, builds its TMA
+descriptors and split-K scratch (`_split_scratch`), and launches it. The kernels and checks are looked up here
+when `conv2d_nhwc` runs, so tests that count or replace them patch this module.
 """
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -17,6 +21,7 @@ from yolojet.kernels.conv.config import (
     _PERSISTENT_PROGRAMS_PER_SM,
     _TMA_ALIGN,
     ConvConfig,
+    ConvKind,
     default_config,
 )
 from yolojet.kernels.conv.direct import _conv2d_direct_kernel
@@ -171,88 +176,166 @@ def conv2d_nhwc(
     if m == 0 or c_out == 0:
         return
     cfg = config or default_config(m, c_out, kh * kw * w_c_in, kh == kw == 1, x.dtype)
-    res = out if residual is None else residual  # never read without HAS_RESIDUAL; any valid pointer will do
-    if second is not None and (cfg.direct or cfg.packed or cfg.tma):
+    if second is not None and cfg.kind is not ConvKind.GEMM:
         raise ValueError(f"config {cfg}: a second input is read by the GEMM tiles only")
-    patches = cfg.tma and cfg.tile_w > 0
-    out_desc = None  # unused unless TMA_STORE
-    if cfg.tma_store:
-        if not tma_storable(out, patches):
-            raise ValueError(
-                f"config {cfg} TMA-stores its output: out needs 16-byte aligned base and strides, unit channel "
-                f"stride, pixels of whole 16-byte chunks ({_TMA_ALIGN // out.element_size()} channels a chunk)"
-                f"{'' if patches else ', and evenly spaced pixel rows'} (out shape {tuple(out.shape)}, strides "
-                f"{out.stride()})"
-            )
-        if patches:
-            out_desc = TensorDescriptor(out, list(out.shape), list(out.stride()),
-                                        [1, cfg.block_m // cfg.tile_w, cfg.tile_w, cfg.block_n])  # fmt: skip
-        else:
-            out_desc = TensorDescriptor(out, [m, c_out], [out.stride(2), 1], [cfg.block_m, cfg.block_n])
-    if cfg.direct:
-        if cfg.whole_pixels and not pixels_are_words(x):
-            raise ValueError(
-                f"config {cfg} loads whole pixels, but x ({x.dtype}, {c_in} channels, strides {x.stride()}) does not "
-                "hold 8-byte-aligned pixels of at most 8 fp16 channels"
-            )
-        grid: tuple[int, ...] = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),)
-        kernel = network_launcher(_conv2d_direct_kernel, grid, pdl, compile_only)
-        kernel(
-            out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3],
-            height, width, oh, ow, c_out, m, sy, sx, py, px, dy, dx,
-            C_IN=c_in, KH=kh, KW=kw, UPSAMPLE=upsample, ACTIVATION=ACTIVATIONS[activation],
-            HAS_RESIDUAL=residual is not None, WHOLE_PIXELS=cfg.whole_pixels, BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            num_warps=cfg.num_warps,
-        )  # fmt: skip
-        return
-    if cfg.tma and cfg.tile_w:
-        if upsample != 1 or not tma_patch_loadable(x, weight, (sy, sx), cfg.block_k):
-            raise ValueError(
-                f"config {cfg} TMA-loads a conv's input patches: it needs stride 1, or stride 2 on an even-sized "
-                f"input whose channels are whole K blocks, no upsample, and x's and the weight's strides 16-byte "
-                f"aligned (stride {(sy, sx)}, upsample {upsample}, x shape {tuple(x.shape)} strides {x.stride()}, "
-                f"weight {tuple(weight.shape)})"
-            )
-        tile_h = cfg.block_m // cfg.tile_w
-        if sy == 1:
-            x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, tile_h, cfg.tile_w, cfg.block_k])
-        else:  # (N, H/2, 2, W/2, pixel stride + C_in): see _conv_tma_kernel
-            sn, sh, sw = x.stride()[:3]
-            x_desc = TensorDescriptor(x, [batch, height // 2, 2, width // 2, sw + c_in], [sn, 2 * sh, sh, 2 * sw, 1],
-                                      [1, tile_h, 1, cfg.tile_w, cfg.block_k])  # fmt: skip
-        w_desc = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [cfg.block_n, 1, 1, cfg.block_k])
-        grid = (batch * triton.cdiv(oh, tile_h) * triton.cdiv(ow, cfg.tile_w) * triton.cdiv(c_out, cfg.block_n),)
-        kernel = network_launcher(_conv_tma_kernel, grid, pdl, compile_only)
-        kernel(
-            out, *out.stride()[:3], out_desc, x_desc, x.stride(2), w_desc, bias, res, *res.stride()[:3], oh, ow, c_in,
-            c_out, py, px, dy, dx, KH=kh, KW=kw, STRIDE=sy, ACTIVATION=ACTIVATIONS[activation],
-            HAS_RESIDUAL=residual is not None, TILE_H=tile_h, TILE_W=cfg.tile_w, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, TMA_STORE=cfg.tma_store,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
-        return
-    if cfg.tma:
-        if (kh, kw, sy, sx, py, px, upsample) != (1, 1, 1, 1, 0, 0, 1) or not tma_loadable(x, weight):
-            raise ValueError(
-                f"config {cfg} TMA-loads a 1x1 conv's operands: it needs stride 1, no padding, no upsample, "
-                f"x's pixels evenly spaced and x and weight rows 16-byte aligned (weight {kh}x{kw}, stride "
-                f"{(sy, sx)}, padding {(py, px)}, upsample {upsample}, x strides {x.stride()})"
-            )
-        x_desc = TensorDescriptor(x, [m, c_in], [x.stride(2), 1], [cfg.block_m, cfg.block_k])
-        w_desc = TensorDescriptor(weight, [c_out, c_in], [c_in, 1], [cfg.block_n, cfg.block_k])
-        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n)
-        programs = min(tiles, _persistent_programs(x.device)) if cfg.persistent else tiles
-        kernel = _conv1x1_tma_kernel
-        launch = network_launcher(kernel, (programs,), pdl, compile_only)
-        launch(
-            out, *out.stride()[:3], out_desc, x_desc, w_desc, bias, res, *res.stride()[:3], oh, ow, c_in, c_out, m,
-            programs, ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=residual is not None, BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, TMA_STORE=cfg.tma_store,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )  # fmt: skip
-        return
+    call = _ConvCall(
+        out, x, weight, bias, residual, second, (sy, sx), (py, px), (dy, dx), upsample, ACTIVATIONS[activation], m,
+        pdl, compile_only,
+    )  # fmt: skip
+    _LAUNCHERS[cfg.kind](call, cfg, _output_descriptor(call, cfg), partials, arrivals)
+
+
+@dataclass(frozen=True)
+class _ConvCall:
+    """A checked call of conv2d_nhwc: what every kind's launcher reads."""
+
+    out: torch.Tensor
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor
+    residual: torch.Tensor | None
+    second: torch.Tensor | None
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    upsample: int
+    activation: int  # the kernels' ACTIVATION code
+    m: int  # output pixels: the GEMM's M
+    pdl: bool
+    compile_only: bool
+
+    @property
+    def res(self) -> torch.Tensor:
+        """The residual, or any valid pointer (never read without HAS_RESIDUAL)."""
+        return self.out if self.residual is None else self.residual
+
+    def launcher(self, kernel: Any, grid: tuple[int, ...]) -> Callable[..., Any]:
+        return network_launcher(kernel, grid, self.pdl, self.compile_only)
+
+
+def _output_descriptor(call: _ConvCall, cfg: ConvConfig) -> TensorDescriptor | None:
+    """The output's TMA descriptor for a config that TMA-stores, else None (unused without TMA_STORE)."""
+    if not cfg.tma_store:
+        return None
+    out = call.out
+    patches = cfg.kind is ConvKind.TMA_PATCH
+    if not tma_storable(out, patches):
+        raise ValueError(
+            f"config {cfg} TMA-stores its output: out needs 16-byte aligned base and strides, unit channel "
+            f"stride, pixels of whole 16-byte chunks ({_TMA_ALIGN // out.element_size()} channels a chunk)"
+            f"{'' if patches else ', and evenly spaced pixel rows'} (out shape {tuple(out.shape)}, strides "
+            f"{out.stride()})"
+        )
+    if patches:
+        block = [1, cfg.block_m // cfg.tile_w, cfg.tile_w, cfg.block_n]
+        return TensorDescriptor(out, list(out.shape), list(out.stride()), block)
+    return TensorDescriptor(out, [call.m, out.shape[3]], [out.stride(2), 1], [cfg.block_m, cfg.block_n])
+
+
+def _launch_direct(
+    call: _ConvCall,
+    cfg: ConvConfig,
+    out_desc: TensorDescriptor | None,
+    partials: torch.Tensor | None,
+    arrivals: torch.Tensor | None,
+) -> None:
+    out, x, weight, res = call.out, call.x, call.weight, call.res
+    _, height, width, c_in = x.shape
+    _, oh, ow, c_out = out.shape
+    if cfg.whole_pixels and not pixels_are_words(x):
+        raise ValueError(
+            f"config {cfg} loads whole pixels, but x ({x.dtype}, {c_in} channels, strides {x.stride()}) does not "
+            "hold 8-byte-aligned pixels of at most 8 fp16 channels"
+        )
+    (sy, sx), (py, px), (dy, dx) = call.stride, call.padding, call.dilation
+    kernel = call.launcher(_conv2d_direct_kernel, (triton.cdiv(call.m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n),))
+    kernel(
+        out, *out.stride()[:3], x, *x.stride()[:3], weight, call.bias, res, *res.stride()[:3],
+        height, width, oh, ow, c_out, call.m, sy, sx, py, px, dy, dx,
+        C_IN=c_in, KH=weight.shape[1], KW=weight.shape[2], UPSAMPLE=call.upsample, ACTIVATION=call.activation,
+        HAS_RESIDUAL=call.residual is not None, WHOLE_PIXELS=cfg.whole_pixels, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
+def _launch_tma_patch(
+    call: _ConvCall,
+    cfg: ConvConfig,
+    out_desc: TensorDescriptor | None,
+    partials: torch.Tensor | None,
+    arrivals: torch.Tensor | None,
+) -> None:
+    out, x, weight, res = call.out, call.x, call.weight, call.res
+    batch, height, width, c_in = x.shape
+    _, oh, ow, c_out = out.shape
+    (sy, _), (py, px), (dy, dx) = call.stride, call.padding, call.dilation
+    if call.upsample != 1 or not tma_patch_loadable(x, weight, call.stride, cfg.block_k):
+        raise ValueError(
+            f"config {cfg} TMA-loads a conv's input patches: it needs stride 1, or stride 2 on an even-sized "
+            f"input whose channels are whole K blocks, no upsample, and x's and the weight's strides 16-byte "
+            f"aligned (stride {call.stride}, upsample {call.upsample}, x shape {tuple(x.shape)} strides "
+            f"{x.stride()}, weight {tuple(weight.shape)})"
+        )
+    tile_h = cfg.block_m // cfg.tile_w
+    if sy == 1:
+        x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, tile_h, cfg.tile_w, cfg.block_k])
+    else:  # (N, H/2, 2, W/2, pixel stride + C_in): see _conv_tma_kernel
+        sn, sh, sw = x.stride()[:3]
+        x_desc = TensorDescriptor(x, [batch, height // 2, 2, width // 2, sw + c_in], [sn, 2 * sh, sh, 2 * sw, 1],
+                                  [1, tile_h, 1, cfg.tile_w, cfg.block_k])  # fmt: skip
+    w_desc = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [cfg.block_n, 1, 1, cfg.block_k])
+    grid = (batch * triton.cdiv(oh, tile_h) * triton.cdiv(ow, cfg.tile_w) * triton.cdiv(c_out, cfg.block_n),)
+    call.launcher(_conv_tma_kernel, grid)(
+        out, *out.stride()[:3], out_desc, x_desc, x.stride(2), w_desc, call.bias, res, *res.stride()[:3], oh, ow,
+        c_in, c_out, py, px, dy, dx, KH=weight.shape[1], KW=weight.shape[2], STRIDE=sy, ACTIVATION=call.activation,
+        HAS_RESIDUAL=call.residual is not None, TILE_H=tile_h, TILE_W=cfg.tile_w, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, TMA_STORE=cfg.tma_store, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _launch_tma_1x1(
+    call: _ConvCall,
+    cfg: ConvConfig,
+    out_desc: TensorDescriptor | None,
+    partials: torch.Tensor | None,
+    arrivals: torch.Tensor | None,
+) -> None:
+    out, x, weight, res = call.out, call.x, call.weight, call.res
+    c_in, (_, oh, ow, c_out) = x.shape[3], out.shape
+    kh, kw = weight.shape[1:3]
+    geometry = (kh, kw, *call.stride, *call.padding, call.upsample)
+    if geometry != (1, 1, 1, 1, 0, 0, 1) or not tma_loadable(x, weight):
+        raise ValueError(
+            f"config {cfg} TMA-loads a 1x1 conv's operands: it needs stride 1, no padding, no upsample, "
+            f"x's pixels evenly spaced and x and weight rows 16-byte aligned (weight {kh}x{kw}, stride "
+            f"{call.stride}, padding {call.padding}, upsample {call.upsample}, x strides {x.stride()})"
+        )
+    x_desc = TensorDescriptor(x, [call.m, c_in], [x.stride(2), 1], [cfg.block_m, cfg.block_k])
+    w_desc = TensorDescriptor(weight, [c_out, c_in], [c_in, 1], [cfg.block_n, cfg.block_k])
+    tiles = triton.cdiv(call.m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n)
+    programs = min(tiles, _persistent_programs(x.device)) if cfg.persistent else tiles
+    call.launcher(_conv1x1_tma_kernel, (programs,))(
+        out, *out.stride()[:3], out_desc, x_desc, w_desc, call.bias, res, *res.stride()[:3], oh, ow, c_in, c_out,
+        call.m, programs, ACTIVATION=call.activation, HAS_RESIDUAL=call.residual is not None, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, TMA_STORE=cfg.tma_store,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _launch_gemm(
+    call: _ConvCall,
+    cfg: ConvConfig,
+    out_desc: TensorDescriptor | None,
+    partials: torch.Tensor | None,
+    arrivals: torch.Tensor | None,
+) -> None:
+    """The gathering GEMM: GEMM tiles (one tap's channels a K step, optionally split) and PACKED ones."""
+    out, x, weight, second, res = call.out, call.x, call.weight, call.second, call.res
+    _, height, width, c_in = x.shape
+    _, oh, ow, c_out = out.shape
+    kh, kw = weight.shape[1:3]
+    (sy, sx), (py, px), (dy, dx) = call.stride, call.padding, call.dilation
     if cfg.whole_pixels:
         taps_block = _HALVES_PER_WORD * max(4, triton.next_power_of_2(kh * kw))
         if not pixels_are_words(x) or c_in > _HALVES_PER_WORD or cfg.block_k != taps_block:
@@ -261,52 +344,26 @@ def conv2d_nhwc(
                 f"{_HALVES_PER_WORD} fp16 channels (x: {x.dtype}, {c_in} channels, strides {x.stride()}) and "
                 f"block_k = {taps_block} for a {kh}x{kw} kernel"
             )
-    partials, arrivals = _split_scratch(cfg, m, c_out, partials, arrivals, bias)
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)
-    kernel = network_launcher(_conv2d_nhwc_kernel, grid, pdl, compile_only)
+    partials, arrivals = _split_scratch(cfg, call.m, c_out, partials, arrivals, call.bias)
+    grid = (triton.cdiv(call.m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)
     two = x if second is None else second  # never read without TWO_INPUTS; any valid pointer will do
-    kernel(
-        out,
-        *out.stride()[:3],
-        out_desc,
-        x,
-        *x.stride()[:3],
-        two,
-        *two.stride()[:3],
-        weight,
-        bias,
-        res,
-        *res.stride()[:3],
-        partials,
-        arrivals,
-        height,
-        width,
-        c_in,
-        c_second,
-        oh,
-        ow,
-        c_out,
-        m,
-        sy,
-        sx,
-        py,
-        px,
-        dy,
-        dx,
-        KH=kh,
-        KW=kw,
-        UPSAMPLE=upsample,
-        ACTIVATION=ACTIVATIONS[activation],
-        HAS_RESIDUAL=residual is not None,
-        PACK_TAPS=cfg.packed,
-        WHOLE_PIXELS=cfg.whole_pixels,
-        TWO_INPUTS=second is not None,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=_GROUP_M,
-        SPLIT_K=cfg.split_k,
-        TMA_STORE=cfg.tma_store,
-        num_warps=cfg.num_warps,
+    c_second = 0 if second is None else second.shape[3]
+    call.launcher(_conv2d_nhwc_kernel, grid)(
+        out, *out.stride()[:3], out_desc, x, *x.stride()[:3], two, *two.stride()[:3], weight, call.bias, res,
+        *res.stride()[:3], partials, arrivals, height, width, c_in, c_second, oh, ow, c_out, call.m,
+        sy, sx, py, px, dy, dx, KH=kh, KW=kw, UPSAMPLE=call.upsample, ACTIVATION=call.activation,
+        HAS_RESIDUAL=call.residual is not None, PACK_TAPS=cfg.kind is ConvKind.PACKED, WHOLE_PIXELS=cfg.whole_pixels,
+        TWO_INPUTS=second is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=_GROUP_M, SPLIT_K=cfg.split_k, TMA_STORE=cfg.tma_store, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-    )
+    )  # fmt: skip
+
+
+# The launcher of each kind of tile.
+_LAUNCHERS = {
+    ConvKind.GEMM: _launch_gemm,
+    ConvKind.PACKED: _launch_gemm,
+    ConvKind.DIRECT: _launch_direct,
+    ConvKind.TMA_1X1: _launch_tma_1x1,
+    ConvKind.TMA_PATCH: _launch_tma_patch,
+}
