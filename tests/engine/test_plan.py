@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support import random_model
 
-from yolojet.engine.fusion import concat_folds, decide_fusions, upsample_folds
+from yolojet.engine.fusion import concat_folds, decide_fusions, launch_groups, upsample_folds
 from yolojet.engine.plan import ARENA_ALIGN, _reads_widened, plan_memory
 from yolojet.export.walker import export_graph
 from yolojet.ir import Graph, ModelMeta, Node, Value
@@ -201,3 +201,35 @@ def test_fusions_are_decided_in_one_place_and_all_off_without_fuse(cfg):
         assert not fusions.pooled_heads
     off = decide_fusions(graph, plan, fuse=False)
     assert not (off.upsample_folds or off.concat_folds or off.pool_chains or off.pooled_heads)
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_launch_groups_cover_every_node_once_in_graph_order(fuse):
+    """The grouping pass: every node but splits, copy-free concats and folded upsamples is completed by exactly one
+    launch group, groups follow the graph's order, and each fusion decided shows up as its kind of group."""
+    graph = export_graph(random_model("yolo11n-cls.yaml"), 64)
+    detect = export_graph(random_model("yolo11n.yaml"), 64)
+    for g in (graph, detect):
+        plan = plan_memory(g)
+        fusions = decide_fusions(g, plan, fuse)
+        groups = launch_groups(g, plan, fusions)
+        position = {node.name: i for i, node in enumerate(g.nodes)}
+        completed = [n.name for group in groups if group.kind != "concat_copy" for n in group.nodes]
+        assert len(completed) == len(set(completed))
+        folded = set(fusions.upsample_folds.values())
+        launched = {n.name for n in g.nodes if n.op not in ("split", "concat") and n.name not in folded}
+        assert set(completed) == launched
+        firsts = [position[group.nodes[0].name] for group in groups]
+        assert firsts == sorted(firsts)
+        copies = [(group.nodes[0].name, group.value) for group in groups if group.kind == "concat_copy"]
+        read_in_place = set(fusions.concat_folds.values())
+        assert copies == [(c, v) for c, values in plan.copies.items() if c not in read_in_place for v in values]
+        kinds = {group.kind for group in groups}
+        if fuse and g is detect:  # SPPF's pools, both neck folds and C2PSA's concat
+            assert "pool_chain" in kinds
+            assert sum(group.fold is not None for group in groups) == 3
+        if g is graph:  # the pooled head in one launch with the linear layer and softmax, or the linear alone
+            (head,) = [group for group in groups if group.kind == "classify_head"]
+            assert [n.op for n in head.nodes] == (["global_avg_pool"] if fuse else []) + ["linear", "softmax"]
+        if not fuse:
+            assert "pool_chain" not in kinds and all(group.fold is None for group in groups)

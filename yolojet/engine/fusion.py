@@ -1,6 +1,7 @@
 """Which nodes share a launch, decided in one place: each fusion's pattern, found on the graph (and, for the folds,
-on which concat inputs the memory plan copies). The memory plan keeps the folds' inputs alive and lowering follows
-these decisions; `EngineOptions(fuse=False)` turns every one of them off.
+on which concat inputs the memory plan copies), then the graph cut into the launches that follow from them
+(`launch_groups`, which engine/lowering.py turns into kernel launches). The memory plan keeps the folds' inputs
+alive; `EngineOptions(fuse=False)` turns every fusion off.
 
 - upsample folds: a 1x1 conv reading Concat([Upsample(x), y]) reads x through the upsample (a neck's Upsample →
   Concat → C2f/C3k2): no upsample launch;
@@ -31,6 +32,55 @@ class Fusions:
     concat_folds: dict[str, str]
     pool_chains: dict[str, list[str]]
     pooled_heads: frozenset[str]
+
+
+@dataclass(frozen=True)
+class LaunchGroup:
+    """The nodes one launch completes (in graph order) and the lowering that builds it: `kind` names one of
+    engine/lowering.py's LOWERINGS. A "conv" group's `fold` is (upsample or None, concat) where the conv reads
+    through a fold; a "concat_copy" group copies the concat's input `value` into place."""
+
+    kind: str
+    nodes: tuple[Node, ...]
+    fold: tuple[Node | None, Node] | None = None
+    value: str | None = None
+
+
+# Ops lowered one node a launch by a lowering of their own name; the rest of the one-node ops are "simple".
+_OWN_LOWERINGS = frozenset({"conv", "conv_transpose", "maxpool"})
+
+
+def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[LaunchGroup]:
+    """The graph's launches in order, each as the nodes it completes. Splits get none (their outputs are views of
+    the input), nor do concats but for the copies the plan asks of them (none where a conv reads the part in place),
+    nor upsamples folded into their conv."""
+    by_name = {node.name: node for node in graph.nodes}
+    producer = {out: node for node in graph.nodes for out in node.outputs}
+    folded_upsamples = set(fusions.upsample_folds.values())
+    read_in_place = set(fusions.concat_folds.values())
+    groups: list[LaunchGroup] = []
+    covered: set[str] = set()
+    for i, node in enumerate(graph.nodes):
+        if node.name in covered or node.name in folded_upsamples or node.op == "split":
+            continue
+        if node.op == "concat":
+            copied = [] if node.name in read_in_place else plan.copies.get(node.name, [])
+            groups += [LaunchGroup("concat_copy", (node,), value=value) for value in copied]
+            continue
+        if node.name in fusions.upsample_folds:
+            fold = (by_name[fusions.upsample_folds[node.name]], producer[node.inputs[0]])
+            group = LaunchGroup("conv", (node,), fold=fold)
+        elif node.name in fusions.concat_folds:
+            group = LaunchGroup("conv", (node,), fold=(None, by_name[fusions.concat_folds[node.name]]))
+        elif node.name in fusions.pool_chains:
+            group = LaunchGroup("pool_chain", tuple(by_name[name] for name in fusions.pool_chains[node.name]))
+        elif node.op == "linear" or node.name in fusions.pooled_heads:  # [pool,] linear, softmax
+            group = LaunchGroup("classify_head", tuple(graph.nodes[i : i + (2 if node.op == "linear" else 3)]))
+        else:
+            group = LaunchGroup(node.op if node.op in _OWN_LOWERINGS else "simple", (node,))
+        groups.append(group)
+        covered.update(n.name for n in group.nodes)
+    return groups
 
 
 def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool) -> Fusions:

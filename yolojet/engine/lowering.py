@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from yolojet.engine.fusion import decide_fusions
+from yolojet.engine.fusion import LaunchGroup, decide_fusions, launch_groups
 from yolojet.engine.plan import MemoryPlan
 from yolojet.errors import GraphError
 from yolojet.ir import Graph, Node, pair
@@ -21,6 +21,7 @@ from yolojet.kernels.attention import AttentionTile, attention_candidate_tiles, 
 from yolojet.kernels.classify import classify_head, classify_head_scratch, global_avg_pool_nhwc
 from yolojet.kernels.conv import (
     ConvConfig,
+    ConvKind,
     conv2d_nhwc,
     conv_candidate_configs,
     default_config,
@@ -250,13 +251,13 @@ def _lower_conv(
 
     # The TMA kernels: a 1x1 conv as a plain GEMM, or a k x k conv (stride 1, or 2 in whole K blocks) on patches.
     def tma_fits(config: ConvConfig) -> bool:
-        if config.tma_store and not tma_storable(out, patches=config.tile_w > 0):
+        if config.tma_store and not tma_storable(out, patches=config.kind is ConvKind.TMA_PATCH):
             return False
-        if not config.tma:
+        if not config.loads_by_tma:
             return True
         if second is not None or scale != 1:
             return False
-        if config.tile_w:
+        if config.kind is ConvKind.TMA_PATCH:
             return not is_1x1 and tma_patch_loadable(x, weight, stride, config.block_k)
         return is_1x1 and stride == (1, 1) and padding == (0, 0) and tma_loadable(x, weight)
 
@@ -280,7 +281,7 @@ def _lower_conv(
         if not tma_fits(config):  # nor TMA-store today's output (alignment): the same tile, stored by its threads
             config = replace(config, tma_store=False)
         if not tma_fits(config):  # nor TMA-load today's operands: the same tile, gathered
-            config = replace(config, tma=False, persistent=False, tile_w=0)
+            config = config.gathered()
         return config
 
     def compile_config(config: ConvConfig) -> None:  # before the scratch is laid out: its whole buffers
@@ -458,6 +459,34 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
     return Launch(family, [node.name], list(node.outputs), run)
 
 
+@dataclass(frozen=True)
+class LoweringContext:
+    """What every lowering reads besides its nodes: the views at this batch size, the packed weights, the split-K
+    scratch, and whether launches use programmatic dependent launch."""
+
+    view: ViewFn
+    weights: PackedWeights
+    scratch: SplitKScratch
+    pdl: bool
+
+
+def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
+    fused = _lower_pools(list(chain), c.view, c.pdl)
+    return [fused] if fused is not None else [_lower_maxpool(node, c.view, c.pdl) for node in chain]
+
+
+# The lowering of each kind of launch group (engine/fusion.py's LaunchGroup): the group's launches, in order.
+LOWERINGS: dict[str, Callable[[LaunchGroup, LoweringContext], list[Launch]]] = {
+    "concat_copy": lambda g, c: [_copy_into_concat(g.nodes[0], str(g.value), c.view, c.pdl)],
+    "conv": lambda g, c: [_lower_conv(g.nodes[0], c.view, c.weights, c.scratch, c.pdl, g.fold)],
+    "conv_transpose": lambda g, c: [_lower_conv_transpose(g.nodes[0], c.view, c.weights, c.pdl)],
+    "maxpool": lambda g, c: [_lower_maxpool(g.nodes[0], c.view, c.pdl)],
+    "pool_chain": lambda g, c: _lower_pool_chain(g.nodes, c),
+    "classify_head": lambda g, c: [_lower_classify_head(g.nodes, c.view, c.weights, c.pdl)],
+    "simple": lambda g, c: [_lower_simple(g.nodes[0], c.view, c.pdl)],
+}
+
+
 def lower(
     graph: Graph,
     view: ViewFn,
@@ -468,47 +497,18 @@ def lower(
 ) -> list[Launch]:
     """The launch list for one batch size; `view(name)` gives each value's device view at that size.
 
-    `plan` names the concat inputs to copy; engine/fusion.py decides which nodes share a launch (none without
-    `options.fuse`); `scratch` serves the convs whose tuned tile splits K; `options.pdl` (resolved for the device:
-    True or False) launches every kernel with programmatic dependent launch (yolojet.kernels.pdl).
+    Three passes: engine/fusion.py decides which nodes share a launch (none without `options.fuse`; the plan names
+    the concat inputs to copy) and cuts the graph into launch groups; each group is lowered by its kind's entry in
+    LOWERINGS; each launch's reads and writes are set (what orders it against the others). `scratch` serves the
+    convs whose tuned tile splits K; `options.pdl` (resolved for the device: True or False) launches every kernel
+    with programmatic dependent launch (yolojet.kernels.pdl).
     """
-    pdl = bool(options.pdl)
-    fusions = decide_fusions(graph, plan, options.fuse)
-    launches: list[Launch] = []
-    done: set[str] = set()
+    groups = launch_groups(graph, plan, decide_fusions(graph, plan, options.fuse))
+    context = LoweringContext(view, weights, scratch, bool(options.pdl))
+    launches = [launch for group in groups for launch in LOWERINGS[group.kind](group, context)]
     by_name = {node.name: node for node in graph.nodes}
-    producer = {out: node for node in graph.nodes for out in node.outputs}
-    folds, cat_folds = fusions.upsample_folds, fusions.concat_folds
-    folded = set(folds.values())
-    uncopied = set(cat_folds.values())  # concats whose conv reads the part they would copy in place
-    for i, node in enumerate(graph.nodes):
-        if node.name in done or node.name in folded:  # a folded upsample is part of its conv's launch
-            continue
-        if node.op == "split":
-            continue  # outputs are views of the input
-        if node.op == "concat":
-            for value in plan.copies.get(node.name, []) if node.name not in uncopied else []:
-                launches.append(_copy_into_concat(node, value, view, pdl))
-            continue
-        if node.op == "conv":
-            fold: tuple[Node | None, Node] | None = None
-            if node.name in folds:
-                fold = (by_name[folds[node.name]], producer[node.inputs[0]])
-            elif node.name in cat_folds:
-                fold = (None, by_name[cat_folds[node.name]])
-            launches.append(_lower_conv(node, view, weights, scratch, pdl, fold))
-        elif node.op == "conv_transpose":
-            launches.append(_lower_conv_transpose(node, view, weights, pdl))
-        elif node.op == "maxpool":
-            chain = fusions.pool_chains.get(node.name)
-            fused = _lower_pools([by_name[name] for name in chain], view, pdl) if chain else None
-            launches.append(fused or _lower_maxpool(node, view, pdl))
-        elif node.op == "linear" or node.name in fusions.pooled_heads:
-            launches.append(_lower_classify_head(graph, i, view, weights, pdl))
-        else:
-            launches.append(_lower_simple(node, view, pdl))
-        _set_access(launches[-1], by_name)
-        done.update(launches[-1].nodes)
+    for launch in launches:
+        _set_access(launch, by_name)
     return launches
 
 
@@ -532,11 +532,13 @@ def _copy_into_concat(node: Node, value: str, view: ViewFn, pdl: bool) -> Launch
     return Launch("elementwise", [f"{node.name}<-{value}"], [], run, reads=[value], writes=[node.outputs[0]])
 
 
-def _lower_classify_head(graph: Graph, i: int, view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
-    """The classifier's linear layer and the softmax after it are one kernel, which also pools when node i is the
-    global average pool before them (else node i is the linear layer, reading pooled features)."""
-    pooling = graph.nodes[i].op == "global_avg_pool"
-    head = graph.nodes[i : i + 3] if pooling else graph.nodes[i : i + 2]
+def _lower_classify_head(head: Sequence[Node], view: ViewFn, weights: PackedWeights, pdl: bool) -> Launch:
+    """The classifier's linear layer and the softmax after it are one kernel, which also pools when the head's first
+    node is the global average pool before them (else the head is the linear layer, reading pooled features, and
+    what follows it)."""
+    pooling = head[0].op == "global_avg_pool"
+    if len(head) < 2:
+        raise GraphError(f"node {head[0].name}: a linear layer runs on the GPU only fused with the softmax after it")
     linear, following = head[-2], head[-1]
     if following.op != "softmax" or following.inputs != linear.outputs:
         raise GraphError(f"node {linear.name}: a linear layer runs on the GPU only fused with the softmax after it")
