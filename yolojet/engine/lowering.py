@@ -513,7 +513,10 @@ def lower(
 
 
 def _set_access(launch: Launch, by_name: dict[str, Node]) -> None:
-    """A launch reads its nodes' inputs that none of them produce, and writes all their outputs."""
+    """A launch reads its nodes' inputs that none of them produce, and writes all their outputs; a launch that
+    declares its own (a concat's copy, which completes no node) keeps them."""
+    if launch.reads or launch.writes:
+        return
     nodes = [by_name[name] for name in launch.nodes]
     produced = {out for node in nodes for out in node.outputs}
     launch.reads = list(dict.fromkeys(v for node in nodes for v in node.inputs if v not in produced))
