@@ -170,11 +170,19 @@ def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride) -> dict
         w_cl = weight.permute(0, 3, 1, 2)
         cudnn_ms = median_ms(lambda: F.conv2d(x_cl, w_cl, None, stride=stride, padding=pad))
     row.update(
-        conv_ms=conv_ms, conv_config=repr(conv_config), conv_candidates=conv_times, conv_errors=conv_errors,
-        gemm_ms=gemm_ms, gemm_config=repr(gemm_config), gemm_candidates=gemm_times, gemm_errors=gemm_errors,
+        conv_ms=conv_ms,
+        conv_config=repr(conv_config),
+        conv_candidates=conv_times,
+        conv_errors=conv_errors,
+        gemm_ms=gemm_ms,
+        gemm_config=repr(gemm_config),
+        gemm_candidates=gemm_times,
+        gemm_errors=gemm_errors,
         worst_rel_l2=_worst([*conv_errors.values(), *gemm_errors.values()]),
-        cublas_ms=cublas_ms, cudnn_ms=cudnn_ms, clocks=clocks.summary(),
-    )  # fmt: skip
+        cublas_ms=cublas_ms,
+        cudnn_ms=cudnn_ms,
+        clocks=clocks.summary(),
+    )
     for key in ("conv", "gemm", "cublas", "cudnn"):
         row[f"{key}_tflops"] = flops / row[f"{key}_ms"] / 1e9
     return row

@@ -217,10 +217,19 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
         seconds = time.perf_counter() - start
         rate = count / seconds
         busy = rate / rows["engine_alone_img_per_s"]
-        rows[name] = {"img_per_s": rate, "seconds": seconds, "errors": errors, "boxes": boxes,
-                      "decode_alone_img_per_s": decode_rate, "gpu_busy": busy}  # fmt: skip
-        print(f"stream over {count} files, {name}: {rate:,.0f} img/s (decode alone {decode_rate:,.0f} img/s, GPU "
-              f"busy ~{rows[name]['gpu_busy']:.0%}), {errors} errors, {boxes} boxes", flush=True)  # fmt: skip
+        rows[name] = {
+            "img_per_s": rate,
+            "seconds": seconds,
+            "errors": errors,
+            "boxes": boxes,
+            "decode_alone_img_per_s": decode_rate,
+            "gpu_busy": busy,
+        }
+        print(
+            f"stream over {count} files, {name}: {rate:,.0f} img/s (decode alone {decode_rate:,.0f} img/s, GPU "
+            f"busy ~{rows[name]['gpu_busy']:.0%}), {errors} errors, {boxes} boxes",
+            flush=True,
+        )
     found["stream"] = rows
 
 
@@ -238,8 +247,11 @@ def batch1_latency(engine, frame: torch.Tensor) -> dict:
             if i >= 20:
                 samples.append(time.perf_counter() - start)
         samples.sort()
-        rows[where] = {"p50_ms": samples[len(samples) // 2] * 1000, "p90_ms": samples[int(len(samples) * 0.9)] * 1000,
-                       "p99_ms": samples[int(len(samples) * 0.99)] * 1000}  # fmt: skip
+        rows[where] = {
+            "p50_ms": samples[len(samples) // 2] * 1000,
+            "p90_ms": samples[int(len(samples) * 0.9)] * 1000,
+            "p99_ms": samples[int(len(samples) * 0.99)] * 1000,
+        }
     engine.preprocess(frame, 0)
     samples = []
     for _ in range(500):
@@ -256,8 +268,11 @@ def stage_latency(found: dict, model_dir: Path) -> None:
 
     engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
     rows = batch1_latency(engine, load_frame(assets() / "bus.jpg").pixels.contiguous().cuda())
-    print(f"batch 1, frame on the GPU: p50 {rows['gpu']['p50_ms']:.3f} ms, host {rows['host']['p50_ms']:.3f} ms; "
-          f"run(1) alone {rows['run_only_gpu_p50_ms']:.3f} ms", flush=True)  # fmt: skip
+    print(
+        f"batch 1, frame on the GPU: p50 {rows['gpu']['p50_ms']:.3f} ms, host {rows['host']['p50_ms']:.3f} ms; "
+        f"run(1) alone {rows['run_only_gpu_p50_ms']:.3f} ms",
+        flush=True,
+    )
     found["latency"] = rows
     engine.close()
 
@@ -292,13 +307,20 @@ def stage_rect(found: dict, model_dir: Path, batch: int, buckets: list[int]) -> 
         row["batch1"] = batch1_latency(single, pixels)
         single.close()
         rows[name] = row
-        print(f"{name} letterbox ({row['input'][0]}x{row['input'][1]} for bus.jpg): run({batch}) "
-              f"{row['img_per_s']:,.0f} img/s; batch 1 from a GPU frame p50 {row['batch1']['gpu']['p50_ms']:.3f} ms, "
-              f"run(1) alone {row['batch1']['run_only_gpu_p50_ms']:.3f} ms", flush=True)  # fmt: skip
+        print(
+            f"{name} letterbox ({row['input'][0]}x{row['input'][1]} for bus.jpg): run({batch}) "
+            f"{row['img_per_s']:,.0f} img/s; batch 1 from a GPU frame p50 {row['batch1']['gpu']['p50_ms']:.3f} ms, "
+            f"run(1) alone {row['batch1']['run_only_gpu_p50_ms']:.3f} ms",
+            flush=True,
+        )
     images = [str(assets() / "bus.jpg"), str(assets() / "zidane.jpg")]
     for attempt in ("first", "again"):  # the first may still tune zidane's shape; the second finds it in the caches
-        done = subprocess.run([sys.executable, "-c", NEW_SHAPE_CHILD, str(model_dir), *images],
-                              capture_output=True, text=True, timeout=400)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", NEW_SHAPE_CHILD, str(model_dir), *images],
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         try:
             rows[f"new_shape_{attempt}"] = json.loads(done.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
@@ -318,13 +340,22 @@ def stage_agreement(found: dict, engine) -> None:
         if not with_decoder(engine, name):
             continue
         rows[name] = {}
-        for (photo, result), want in zip(zip(jpegs, engine(list(jpegs.values()), conf=0.05), strict=True),
-                                         truth.values(), strict=True):  # fmt: skip
+        for (photo, result), want in zip(
+            zip(jpegs, engine(list(jpegs.values()), conf=0.05), strict=True), truth.values(), strict=True
+        ):
             problems = match_detections(result.boxes.data, want.boxes.data) if result.error is None else [result.error]
-            rows[name][photo] = {"boxes": len(result), "cpu_boxes": len(want), "problems": problems[:3],
-                                 "shape": list(result.orig_shape), "cpu_shape": list(want.orig_shape)}  # fmt: skip
-        print(f"agreement {name}: " + ", ".join(f"{p} {'ok' if not r['problems'] else r['problems'][0]}"
-                                                for p, r in rows[name].items()), flush=True)  # fmt: skip
+            rows[name][photo] = {
+                "boxes": len(result),
+                "cpu_boxes": len(want),
+                "problems": problems[:3],
+                "shape": list(result.orig_shape),
+                "cpu_shape": list(want.orig_shape),
+            }
+        print(
+            f"agreement {name}: "
+            + ", ".join(f"{p} {'ok' if not r['problems'] else r['problems'][0]}" for p, r in rows[name].items()),
+            flush=True,
+        )
     found["agreement"] = rows
 
 
@@ -394,8 +425,13 @@ def stage_startup(found: dict, model_dir: Path, cold: bool) -> None:
             scratch = Path(tempfile.mkdtemp())
             env.update(YOLOJET_CACHE=str(scratch / "yolojet"), TRITON_CACHE_DIR=str(scratch / "triton"))
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", STARTUP_CHILD, str(model_dir), str(assets() / "bus.jpg")],
-                              capture_output=True, text=True, env=env, timeout=400)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", STARTUP_CHILD, str(model_dir), str(assets() / "bus.jpg")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=400,
+        )
         row = {"process_s": time.perf_counter() - start}
         try:
             row.update(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -472,8 +508,10 @@ def print_table(found: dict) -> None:
     print("\n| measure | value |\n|---|---|")
     for name, row in found.get("decoders", {}).items():
         bus, zidane = row["pixels"]["bus.jpg"], row["pixels"]["zidane.jpg"]
-        versus = (f"bus max {bus['max']} ({bus['percent_differ']:.1f} %), "
-                  f"zidane max {zidane['max']} ({zidane['percent_differ']:.1f} %)")  # fmt: skip
+        versus = (
+            f"bus max {bus['max']} ({bus['percent_differ']:.1f} %), "
+            f"zidane max {zidane['max']} ({zidane['percent_differ']:.1f} %)"
+        )
         print(f"| decode {name} | {row['img_per_s']:,.0f} img/s; vs cv2 {versus} |")
     for name, row in found.get("call", {}).items():
         print(f"| engine(64 paths) {name} | {row['img_per_s']:,.0f} img/s ({row['ms']:.2f} ms) |")
@@ -483,28 +521,38 @@ def print_table(found: dict) -> None:
     for name in ("nvimgcodec", "cpu"):
         if name in stream:
             r = stream[name]
-            print(f"| stream {stream['files']} files {name} | {r['img_per_s']:,.0f} img/s; decode alone "
-                  f"{r['decode_alone_img_per_s']:,.0f}; GPU busy ~{r['gpu_busy']:.0%} |")  # fmt: skip
+            print(
+                f"| stream {stream['files']} files {name} | {r['img_per_s']:,.0f} img/s; decode alone "
+                f"{r['decode_alone_img_per_s']:,.0f}; GPU busy ~{r['gpu_busy']:.0%} |"
+            )
     latency = found.get("latency", {})
     if latency:
         print(f"| batch 1, GPU frame, preprocess+run+get | p50 {latency['gpu']['p50_ms']:.3f} ms |")
         print(f"| batch 1, GPU frame staged, run(1) | p50 {latency['run_only_gpu_p50_ms']:.3f} ms |")
     for kind, row in found.get("startup", {}).items():
-        print(f"| start-up {kind} | loaded {row.get('loaded_s', float('nan')):.2f} s, first result "
-              f"{row.get('first_result_s', float('nan')):.2f} s |")  # fmt: skip
+        print(
+            f"| start-up {kind} | loaded {row.get('loaded_s', float('nan')):.2f} s, first result "
+            f"{row.get('first_result_s', float('nan')):.2f} s |"
+        )
     rect = found.get("rect", {})
     for name in ("square", "rect"):
         if name in rect:
             r = rect[name]
-            print(f"| {name} letterbox {r['input'][0]}x{r['input'][1]}, run({r['batch']}) staged | "
-                  f"{r['img_per_s']:,.0f} img/s |")  # fmt: skip
-            print(f"| {name} letterbox, batch 1 GPU frame | p50 {r['batch1']['gpu']['p50_ms']:.3f} ms (run(1) "
-                  f"{r['batch1']['run_only_gpu_p50_ms']:.3f} ms) |")  # fmt: skip
+            print(
+                f"| {name} letterbox {r['input'][0]}x{r['input'][1]}, run({r['batch']}) staged | "
+                f"{r['img_per_s']:,.0f} img/s |"
+            )
+            print(
+                f"| {name} letterbox, batch 1 GPU frame | p50 {r['batch1']['gpu']['p50_ms']:.3f} ms (run(1) "
+                f"{r['batch1']['run_only_gpu_p50_ms']:.3f} ms) |"
+            )
     for attempt in ("first", "again"):
         row = rect.get(f"new_shape_{attempt}", {})
         if "zidane.jpg" in row:
-            print(f"| first image of a new shape ({attempt} process) | bus {row['bus.jpg']['s']:.2f} s, zidane "
-                  f"{row['zidane.jpg']['s']:.2f} s |")  # fmt: skip
+            print(
+                f"| first image of a new shape ({attempt} process) | bus {row['bus.jpg']['s']:.2f} s, zidane "
+                f"{row['zidane.jpg']['s']:.2f} s |"
+            )
     for stage in found.get("failures", {}):
         print(f"| stage {stage} | FAILED |")
 

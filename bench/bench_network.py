@@ -203,8 +203,11 @@ def bench_model(
     row["over_gate"] = not row["max_rel_l2_vs_reference"] <= GATE  # NaN (an unwritten output) fails too
     if row["over_gate"]:
         # A wrong network's speed means nothing: recorded, not timed, and the run ends with a failure.
-        print(f"{name}: relative L2 error {row['max_rel_l2_vs_reference']:.2e} against the fp32 reference is over "
-              f"the gate {GATE:.0e}; not timed", flush=True)  # fmt: skip
+        print(
+            f"{name}: relative L2 error {row['max_rel_l2_vs_reference']:.2e} against the fp32 reference is over "
+            f"the gate {GATE:.0e}; not timed",
+            flush=True,
+        )
         return row
     row["launches"] = {b: len(engine.launch_list(b)) for b in batches}
     row["pdl"] = engine.pdl
@@ -232,12 +235,17 @@ def bench_model(
     picks = TuningCache()
     row["launch_times"] = {
         b: [
-            {"nodes": launch.nodes, "family": launch.family, "ms": ms, "shape": launch.tune_key,
-             "config": str(picks.get(launch.tune_key)) if launch.tune_key else None}
+            {
+                "nodes": launch.nodes,
+                "family": launch.family,
+                "ms": ms,
+                "shape": launch.tune_key,
+                "config": str(picks.get(launch.tune_key)) if launch.tune_key else None,
+            }
             for launch, ms in engine.launch_times(b)
         ]
         for b in batches
-    }  # fmt: skip
+    }
     return row
 
 
@@ -293,8 +301,10 @@ def main() -> None:
         report["models"].append(row)
         (args.out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
         if not args.peers_only:
-            print(f"{name}: built in {row['engine_build_s']:.1f}s, rel L2 {row['max_rel_l2_vs_reference']:.2e}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{name}: built in {row['engine_build_s']:.1f}s, rel L2 {row['max_rel_l2_vs_reference']:.2e}",
+                flush=True,
+            )
         if "sequential_identical" in row:
             print(f"{name}: streams {row['streams']}, identical to sequential: {row['sequential_identical']}")
 

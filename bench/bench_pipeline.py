@@ -90,8 +90,9 @@ def kernel_profile(run, iters: int = 20) -> list[dict]:
     totals: dict[str, list[float]] = {}
     for event in prof.events():
         if event.device_type.name == "CUDA":
-            totals.setdefault(event.name, []).append(event.device_time_total if hasattr(event, "device_time_total")
-                                                     else event.cuda_time_total)  # fmt: skip
+            totals.setdefault(event.name, []).append(
+                event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+            )
     rows = [{"name": k[:90], "per_run_us": sum(v) / iters, "calls_per_run": len(v) / iters} for k, v in totals.items()]
     return sorted(rows, key=lambda r: -r["per_run_us"])
 

@@ -75,8 +75,14 @@ def label(source: Path, out: Path, where: list[str]) -> dict:
     said = done.stdout + done.stderr
     rate = re.search(r"(\d+) images labeled \(([\d,.]+) img/s\)", said)
     records = sum(1 for _ in out.open()) if out.exists() else 0
-    return {"exit": done.returncode, "wall_s": wall, "records": records, "labeled": int(rate[1]) if rate else 0,
-            "img_per_s": float(rate[2].replace(",", "")) if rate else 0.0, "said": said[-1500:]}  # fmt: skip
+    return {
+        "exit": done.returncode,
+        "wall_s": wall,
+        "records": records,
+        "labeled": int(rate[1]) if rate else 0,
+        "img_per_s": float(rate[2].replace(",", "")) if rate else 0.0,
+        "said": said[-1500:],
+    }
 
 
 def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen | None:
@@ -85,8 +91,23 @@ def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen | None:
     if found is None:
         print("--py-spy: no py-spy on PATH", flush=True)
         return None
-    command = [found, "record", "--pid", str(pid), "--subprocesses", "--duration", str(seconds), "--rate", "100",
-               "--threads", "--native", "--format", "raw", "--output", str(out)]  # fmt: skip
+    command = [
+        found,
+        "record",
+        "--pid",
+        str(pid),
+        "--subprocesses",
+        "--duration",
+        str(seconds),
+        "--rate",
+        "100",
+        "--threads",
+        "--native",
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+    ]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
@@ -103,12 +124,25 @@ def unary_calls(found: dict, key: str, bus: Path, requests: int, profile: tuple[
         if spy is not None:
             spy.wait(timeout=60)
         found[f"{key}_{concurrency}"] = row
-        print(f"{key}, {concurrency} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
-              f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}", flush=True)  # fmt: skip
+        print(
+            f"{key}, {concurrency} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
+            f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}",
+            flush=True,
+        )
 
 
-def server_stage(found: dict, args: argparse.Namespace, key: str, scale: list[str], model_dir: Path, bus: Path,
-                 files: Path, work: Path, streams: int = 1, samples: Path | None = None) -> None:  # fmt: skip
+def server_stage(
+    found: dict,
+    args: argparse.Namespace,
+    key: str,
+    scale: list[str],
+    model_dir: Path,
+    bus: Path,
+    files: Path,
+    work: Path,
+    streams: int = 1,
+    samples: Path | None = None,
+) -> None:
     """`yolojet serve` with `scale`'s flags: the unary calls, then `yolojet label --server --streams` against it; its
     results under `key` in `found`."""
     server = None
@@ -194,16 +228,24 @@ def print_table(found: dict, files: int) -> None:
         for concurrency in (64, 8):
             row = found.get(f"{key}_{concurrency}")
             if row:
-                print(f"| {name}, {concurrency} in flight | {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
-                      f"p99 {row['p99_ms']:.2f} ms, {row['codes']} |")  # fmt: skip
-    labels = (("label_server_unary", "label --server"), ("label_local", "label --local"),
-              ("label_local_workers", "label --local --devices"), ("label_server_workers", "label --server, --devices"),
-              ("label_server_processes", "label --server, --processes"))  # fmt: skip
+                print(
+                    f"| {name}, {concurrency} in flight | {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
+                    f"p99 {row['p99_ms']:.2f} ms, {row['codes']} |"
+                )
+    labels = (
+        ("label_server_unary", "label --server"),
+        ("label_local", "label --local"),
+        ("label_local_workers", "label --local --devices"),
+        ("label_server_workers", "label --server, --devices"),
+        ("label_server_processes", "label --server, --processes"),
+    )
     for key, name in labels:
         row = found.get(key)
         if row:
-            print(f"| {name}, {files} files | {row['img_per_s']:,.0f} img/s ({row['records']} records, whole command "
-                  f"{row['wall_s']:.1f} s, exit {row['exit']}) |")  # fmt: skip
+            print(
+                f"| {name}, {files} files | {row['img_per_s']:,.0f} img/s ({row['records']} records, whole command "
+                f"{row['wall_s']:.1f} s, exit {row['exit']}) |"
+            )
     if found.get("failures"):
         print("| failures | see the JSON |")
 

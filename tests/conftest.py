@@ -44,9 +44,21 @@ def pytest_runtest_logreport(report):
 # The tests that build whole models, run kernels under the interpreter, or start servers: minutes each on two cores.
 # `make test-fast` (pytest -m "not slow") runs the rest: the file formats, outputs, CLI parsing and errors, the
 # protocols on hand-worked cases, the scheduler.
-SLOW = ("pipeline", "kernels", "engine", "export", "client", "serve/test_service.py", "serve/test_serve_command.py",
-        "eval/test_val_protocol.py", "eval/test_val.py", "eval/test_val_tasks.py", "eval/test_report.py",
-        "test_cli_detect.py", "scale")  # fmt: skip
+SLOW = (
+    "pipeline",
+    "kernels",
+    "engine",
+    "export",
+    "client",
+    "serve/test_service.py",
+    "serve/test_serve_command.py",
+    "eval/test_val_protocol.py",
+    "eval/test_val.py",
+    "eval/test_val_tasks.py",
+    "eval/test_report.py",
+    "test_cli_detect.py",
+    "scale",
+)
 
 
 def pytest_collection_modifyitems(config, items):

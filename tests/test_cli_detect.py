@@ -65,9 +65,13 @@ def ultralytics_detections(name: str, classes: tuple[int, ...] | None = None, ma
     wrapper = YOLO(CFG, verbose=False)
     wrapper.model = deepcopy(calibrated_model(CFG, 640))  # predict fuses the model it is given in place
     result = wrapper.predict(
-        str(ASSETS / name), imgsz=640, conf=float(CONF), verbose=False,
-        classes=list(classes) if classes is not None else None, max_det=max_det,
-    )[0]  # fmt: skip
+        str(ASSETS / name),
+        imgsz=640,
+        conf=float(CONF),
+        verbose=False,
+        classes=list(classes) if classes is not None else None,
+        max_det=max_det,
+    )[0]
     rows = torch.cat([result.boxes.xyxy, result.boxes.conf[:, None], result.boxes.cls[:, None]], 1)
     return rows, result.names
 
@@ -75,10 +79,12 @@ def ultralytics_detections(name: str, classes: tuple[int, ...] | None = None, ma
 def rows_of(detections: list[dict]) -> torch.Tensor:
     """JSON detections as rows [x1, y1, x2, y2, conf, cls]."""
     return torch.tensor(
-        [[d["box"]["x1"], d["box"]["y1"], d["box"]["x2"], d["box"]["y2"], d["confidence"], d["class"]]
-         for d in detections],
+        [
+            [d["box"]["x1"], d["box"]["y1"], d["box"]["x2"], d["box"]["y2"], d["confidence"], d["class"]]
+            for d in detections
+        ],
         dtype=torch.float32,
-    ).reshape(-1, 6)  # fmt: skip
+    ).reshape(-1, 6)
 
 
 def read_json_lines(path: Path) -> list[dict]:
@@ -179,9 +185,22 @@ def test_bad_images_are_reported_and_the_good_ones_still_detected(model_dir, pho
     good = photos / "bus.jpg"
     out_json, out_dir = tmp_path / "out.jsonl", tmp_path / "annotated"
     code, stdout, stderr = run_cli(
-        capsys, "detect", model_dir, missing, good, not_an_image, "--conf", CONF, "--json", out_json,
-        "--save", out_dir, "--fp32", "--batch", 2,  # the missing file and the good one share a batch
-    )  # fmt: skip
+        capsys,
+        "detect",
+        model_dir,
+        missing,
+        good,
+        not_an_image,
+        "--conf",
+        CONF,
+        "--json",
+        out_json,
+        "--save",
+        out_dir,
+        "--fp32",
+        "--batch",
+        2,  # the missing file and the good one share a batch
+    )
     assert code == 1, stderr
     errors = [line for line in stderr.splitlines() if ": error: " in line]
     assert len(errors) == 2, stderr
@@ -206,9 +225,18 @@ def test_classes_keeps_only_those_classes(model_dir, photos, tmp_path, capsys):
     assert counts[list(chosen)].sum() < len(everything), "the filter must have something to remove"
     out_json = tmp_path / "out.jsonl"
     code, _, stderr = run_cli(
-        capsys, "detect", model_dir, photos / "bus.jpg", "--conf", CONF, "--classes", *chosen, "--json", out_json,
+        capsys,
+        "detect",
+        model_dir,
+        photos / "bus.jpg",
+        "--conf",
+        CONF,
+        "--classes",
+        *chosen,
+        "--json",
+        out_json,
         "--fp32",
-    )  # fmt: skip
+    )
     assert code == 0, stderr
     (record,) = read_json_lines(out_json)
     found = {d["class"] for d in record["detections"]}
@@ -406,8 +434,17 @@ def test_interrupted_run_keeps_every_finished_record(model_dir, tmp_path):
     for i in range(1, 400):
         os.link(folder / "000.jpg", folder / f"{i:03d}.jpg")
     out_json = tmp_path / "out.jsonl"
-    command = [sys.executable, "-m", "yolojet.cli", "detect", str(model_dir), str(folder), "--json", str(out_json),
-               "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "yolojet.cli",
+        "detect",
+        str(model_dir),
+        str(folder),
+        "--json",
+        str(out_json),
+        "--quiet",
+    ]
     process = subprocess.Popen(command, env=_cli_env(tmp_path), stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while (not out_json.exists() or not out_json.read_text().count("\n")) and time.monotonic() < deadline:
@@ -452,8 +489,18 @@ def test_json_to_standard_output_by_another_name(model_dir, photos, tmp_path):
     link = tmp_path / "stdout"
     link.symlink_to("/proc/self/fd/1")
     out_txt = tmp_path / "out.txt"
-    command = [sys.executable, "-m", "yolojet", "detect", str(model_dir), str(photos), "--conf", CONF,
-               "--json", str(link)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "yolojet",
+        "detect",
+        str(model_dir),
+        str(photos),
+        "--conf",
+        CONF,
+        "--json",
+        str(link),
+    ]
     with open(out_txt, "w") as stdout:
         done = subprocess.run(command, env=_cli_env(tmp_path), stdout=stdout, stderr=subprocess.PIPE, text=True)
     assert done.returncode == 0, done.stderr

@@ -56,12 +56,28 @@ def test_a_batch_keeps_its_order_and_each_error_to_its_image(cpu_decoder, tmp_pa
     (tmp_path / "folder.jpg").mkdir()
     png = io.BytesIO()
     Image.open(BUS).save(png, format="PNG")
-    items = [BUS, tmp_path / "half.jpg", data, tmp_path / "head.jpg", tmp_path / "folder.jpg", png.getvalue(),
-             tmp_path / "missing.jpg", b"not an image at all"]  # fmt: skip
+    items = [
+        BUS,
+        tmp_path / "half.jpg",
+        data,
+        tmp_path / "head.jpg",
+        tmp_path / "folder.jpg",
+        png.getvalue(),
+        tmp_path / "missing.jpg",
+        b"not an image at all",
+    ]
     batch = cpu_decoder.decode([Encoded.of(i) for i in items])
     kinds = [type(o).__name__ for o in batch.items]
-    assert kinds == ["Frame", "ImageReadError", "Frame", "ImageReadError", "ImageReadError", "Frame",
-                     "ImageReadError", "ImageReadError"]  # fmt: skip
+    assert kinds == [
+        "Frame",
+        "ImageReadError",
+        "Frame",
+        "ImageReadError",
+        "ImageReadError",
+        "Frame",
+        "ImageReadError",
+        "ImageReadError",
+    ]
     messages = [str(o) for o in batch.items if isinstance(o, ImageReadError)]
     assert f"{tmp_path / 'half.jpg'}: cannot decode as an image (a JPEG cut short" in messages[0]
     assert f"{tmp_path / 'head.jpg'}: cannot decode" in messages[1]
@@ -152,8 +168,15 @@ def test_gpu_decoders_on_real_and_awkward_jpegs(name):
     photo = Image.open(BUS).convert("RGB")
     data = BUS.read_bytes()
     one_pixel = jpeg(Image.new("RGB", (1, 1), (10, 200, 30)))
-    items = [data, (ASSETS / "zidane.jpg").read_bytes(), jpeg(photo.convert("CMYK")), jpeg(photo, progressive=True),
-             with_orientation(photo, 6), one_pixel, data[: len(data) // 2]]  # fmt: skip
+    items = [
+        data,
+        (ASSETS / "zidane.jpg").read_bytes(),
+        jpeg(photo.convert("CMYK")),
+        jpeg(photo, progressive=True),
+        with_orientation(photo, 6),
+        one_pixel,
+        data[: len(data) // 2],
+    ]
     try:
         batch = decoder.decode([Encoded.of(i) for i in items])
         batch.wait_on(torch.cuda.current_stream())

@@ -134,8 +134,11 @@ def test_only_the_export_room_imports_ultralytics():
 
     package = Path(yolojet.__file__).parent
     imports = re.compile(r"^\s*(from|import) ultralytics\b", re.M)
-    outside = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
-                     if p.relative_to(package).parts[0] != "export" and imports.search(p.read_text()))  # fmt: skip
+    outside = sorted(
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if p.relative_to(package).parts[0] != "export" and imports.search(p.read_text())
+    )
     assert not outside, f"ultralytics imported outside yolojet/export/: {outside}"
 
 
@@ -174,8 +177,9 @@ def test_resized_graph_is_the_export_at_that_size(cfg, tmp_path):
     assert resized.values == exported.values
     x = torch.rand(2, 3, 64, 128)
     ours, theirs = ReferenceExecutor(resized, "cpu")(x), ReferenceExecutor(exported, "cpu")(x)
-    for a, b in zip(ours if isinstance(ours, tuple) else (ours,), theirs if isinstance(theirs, tuple) else (theirs,),
-                    strict=True):  # fmt: skip
+    for a, b in zip(
+        ours if isinstance(ours, tuple) else (ours,), theirs if isinstance(theirs, tuple) else (theirs,), strict=True
+    ):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert square.resized(96, 96) is square
     with pytest.raises(ImageSizeError, match="multiple of stride 32"):

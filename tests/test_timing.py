@@ -21,8 +21,12 @@ def test_quantiles_are_numpys_and_p50_is_the_median():
             assert got == pytest.approx(float(np.quantile(samples, q)), rel=1e-12)
         assert timing.p50 == pytest.approx(float(np.median(samples)))
     summary = Timing((0.001, 0.002, 0.003)).summary_ms()
-    assert summary == {"p20_ms": pytest.approx(1.4), "p50_ms": pytest.approx(2.0), "p80_ms": pytest.approx(2.6),
-                       "repeats": 3}  # fmt: skip
+    assert summary == {
+        "p20_ms": pytest.approx(1.4),
+        "p50_ms": pytest.approx(2.0),
+        "p80_ms": pytest.approx(2.6),
+        "repeats": 3,
+    }
     with pytest.raises(ValueError, match="at least one sample"):
         Timing(())
 

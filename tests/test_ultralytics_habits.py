@@ -44,15 +44,27 @@ def test_ultralytics_style_code_runs_unchanged_on_our_results():
     rng = np.random.default_rng(0)
     h, w = 48, 64
     xy1 = rng.uniform(0, 30, (5, 2))
-    rows = np.concatenate([xy1, xy1 + rng.uniform(5, 15, (5, 2)), rng.uniform(0.1, 1, (5, 1)),
-                           np.array([[0], [2], [2], [5], [0]])], 1).astype(np.float32)  # fmt: skip
+    rows = np.concatenate(
+        [xy1, xy1 + rng.uniform(5, 15, (5, 2)), rng.uniform(0.1, 1, (5, 1)), np.array([[0], [2], [2], [5], [0]])], 1
+    ).astype(np.float32)
     masks = rng.random((5, h, w)) > 0.7
     points = np.concatenate([rng.uniform(0, 40, (5, 17, 2)), rng.random((5, 17, 1))], 2).astype(np.float32)
     names = {i: f"class{i}" for i in range(8)}
-    ours = Results(names=names, orig_shape=(h, w), boxes=Boxes(rows, (h, w)), masks=Masks(masks),
-                   keypoints=Keypoints(points, (h, w)))  # fmt: skip
-    theirs = UltralyticsResults(np.zeros((h, w, 3), np.uint8), "x.jpg", names, boxes=torch.from_numpy(rows),
-                                masks=torch.from_numpy(masks), keypoints=torch.from_numpy(points))  # fmt: skip
+    ours = Results(
+        names=names,
+        orig_shape=(h, w),
+        boxes=Boxes(rows, (h, w)),
+        masks=Masks(masks),
+        keypoints=Keypoints(points, (h, w)),
+    )
+    theirs = UltralyticsResults(
+        np.zeros((h, w, 3), np.uint8),
+        "x.jpg",
+        names,
+        boxes=torch.from_numpy(rows),
+        masks=torch.from_numpy(masks),
+        keypoints=torch.from_numpy(points),
+    )
     mine, expected = docs_snippets(ours), docs_snippets(theirs)
     assert mine.keys() == expected.keys()
     for key in mine:
@@ -101,8 +113,11 @@ def test_predict_takes_what_ultralytics_predict_takes(engine, tmp_path, capsys):
         (folder / name).write_bytes((ASSETS / name).read_bytes())
     files = [str(folder / "bus.jpg"), str(folder / "zidane.jpg")]
     want = engine(files, conf=0.001)
-    for got in (engine.predict(folder, conf=0.001), engine.predict(str(folder / "*.jpg"), conf=0.001, imgsz=64),
-                list(engine.predict(files, stream=True, conf=0.001))):  # fmt: skip
+    for got in (
+        engine.predict(folder, conf=0.001),
+        engine.predict(str(folder / "*.jpg"), conf=0.001, imgsz=64),
+        list(engine.predict(files, stream=True, conf=0.001)),
+    ):
         assert [r.path for r in got] == files
         for a, b in zip(got, want, strict=True):
             np.testing.assert_array_equal(a.boxes.data, b.boxes.data)
@@ -136,8 +151,11 @@ def test_image_urls_are_fetched_and_other_sources_named(engine):
         server.server_close()
     with pytest.raises(ImageReadError, match="cannot fetch it"):
         read_image_file(base + "/bus.jpg")  # the server is gone: refused
-    for source, kind in (("clip.mp4", "a video file"), ("rtsp://camera.local/stream", "a video stream"),
-                         ("0", "a camera index")):  # fmt: skip
+    for source, kind in (
+        ("clip.mp4", "a video file"),
+        ("rtsp://camera.local/stream", "a video stream"),
+        ("0", "a camera index"),
+    ):
         with pytest.raises(ImageReadError, match=f"{kind}, which is not supported yet"):
             read_image_file(source)
     with pytest.raises(ImageReadError, match="a camera index, which is not supported yet"):
@@ -145,8 +163,10 @@ def test_image_urls_are_fetched_and_other_sources_named(engine):
 
 
 def test_help_answers_without_torch_and_lists_the_exit_codes():
-    probe = ("import sys, contextlib, io\nfrom yolojet.cli import main\nout = io.StringIO()\n"
-             "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n    main(['detect', '--help'])\n"
-             "print('torch' in sys.modules, 'exit status' in out.getvalue(), '130' in out.getvalue())")  # fmt: skip
+    probe = (
+        "import sys, contextlib, io\nfrom yolojet.cli import main\nout = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n    main(['detect', '--help'])\n"
+        "print('torch' in sys.modules, 'exit status' in out.getvalue(), '130' in out.getvalue())"
+    )
     said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert said == ["False", "True", "True"]

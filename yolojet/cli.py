@@ -94,8 +94,10 @@ def describe(model: str | Path) -> str:
         lines.append("preprocess    resize and centre crop to the input")
     else:
         (h, w), _ = rect_letterbox((1080, 810), tuple(meta.imgsz), max(meta.strides))  # type: ignore[arg-type]
-        lines.append(f"letterbox     each image to its own rectangle of stride multiples within the input (a 1080x810 "
-                     f"photo runs at {h}x{w}); --no-rect: every image to the input")  # fmt: skip
+        lines.append(
+            f"letterbox     each image to its own rectangle of stride multiples within the input (a 1080x810 "
+            f"photo runs at {h}x{w}); --no-rect: every image to the input"
+        )
     outputs = ", ".join(f"{tuple(graph.values[o].shape)}" for o in graph.outputs)
     lines += [
         f"outputs       {outputs}",
@@ -213,16 +215,27 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     _require_cuda("profile")
     engine = Engine.load(
-        args.model_dir, device="cuda", half=not args.fp32, max_batch=args.batch, buckets=[args.batch],
+        args.model_dir,
+        device="cuda",
+        half=not args.fp32,
+        max_batch=args.batch,
+        buckets=[args.batch],
         **_engine_switches(args),
-    )  # fmt: skip
+    )
     rows = engine.profile(args.batch)
     total = sum(r.total_ms for r in rows)
     table = [
-        (r.family, str(r.count), f"{r.total_ms:.4f}", f"{100 * r.total_ms / total:.1f}", f"{r.mean_ms:.4f}",
-         f"{r.min_ms:.4f}", f"{r.max_ms:.4f}")
+        (
+            r.family,
+            str(r.count),
+            f"{r.total_ms:.4f}",
+            f"{100 * r.total_ms / total:.1f}",
+            f"{r.mean_ms:.4f}",
+            f"{r.min_ms:.4f}",
+            f"{r.max_ms:.4f}",
+        )
         for r in rows
-    ]  # fmt: skip
+    ]
     print(f"batch {args.batch}, {'fp32' if args.fp32 else 'fp16'}, per-launch device time in ms")
     print(_format_table(table, ("family", "count", "total", "%", "mean", "min", "max")))
     print(f"whole graph replay: {engine.time_network(args.batch)}")
@@ -295,10 +308,15 @@ def _cmd_detect(args: argparse.Namespace) -> int:
         if clash is not None:
             raise OutputPathError(f"--save {args.save}: the annotated image would overwrite the input {clash}")
     engine = Engine.load(
-        args.model, imgsz=args.imgsz, max_batch=args.batch, half=not args.fp32, decoder=args.decoder,
+        args.model,
+        imgsz=args.imgsz,
+        max_batch=args.batch,
+        half=not args.fp32,
+        decoder=args.decoder,
         max_pixels=args.max_pixels,
-        **_letterbox(args), **_engine_switches(args),
-    )  # fmt: skip
+        **_letterbox(args),
+        **_engine_switches(args),
+    )
     options = {"conf": args.conf, "iou": args.iou, "max_det": args.max_det, "classes": args.classes}
     progress = Progress(len(sources), "detect", enabled=len(sources) > 1 and not args.quiet)
     # With --json - stdout carries nothing but the JSON lines: the readable ones go to stderr.
@@ -319,8 +337,14 @@ def _cmd_detect(args: argparse.Namespace) -> int:
                 progress.write(f"{source}: error: {reason}", file=sys.stderr)
                 continue
             if records is not None:
-                records.write({"path": source, "height": result.orig_shape[0], "width": result.orig_shape[1],
-                               "detections": result.summary()})  # fmt: skip
+                records.write(
+                    {
+                        "path": source,
+                        "height": result.orig_shape[0],
+                        "width": result.orig_shape[1],
+                        "detections": result.summary(),
+                    }
+                )
             if result.probs is None:
                 instances += len(result)
                 classes.update(result.class_counts())
@@ -352,15 +376,17 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _detect_summary(images: int, failed: int, instances: int, classes: Counter[str], seconds: float,
-                    args: argparse.Namespace) -> str:  # fmt: skip
+def _detect_summary(
+    images: int, failed: int, instances: int, classes: Counter[str], seconds: float, args: argparse.Namespace
+) -> str:
     """The closing lines of `yolojet detect`: images, detections by class, errors, time an image, outputs."""
     done = images - failed
     top = ", ".join(f"{n} {name}" for name, n in classes.most_common(5))
     more = f", and {len(classes) - 5} other classes" if len(classes) > 5 else ""
-    lines = [f"{done} images, {instances} detections" + (f" ({top}{more})" if top else "") + f", {failed} errors",
-             f"{seconds * 1000 / max(1, images):.1f} ms an image ({seconds:.2f} s for {images}, model load not "
-             "included)"]  # fmt: skip
+    lines = [
+        f"{done} images, {instances} detections" + (f" ({top}{more})" if top else "") + f", {failed} errors",
+        f"{seconds * 1000 / max(1, images):.1f} ms an image ({seconds:.2f} s for {images}, model load not included)",
+    ]
     if args.json is not None:
         lines.append(f"JSON lines: {args.json}")
     if args.save is not None:
@@ -382,13 +408,19 @@ def _add_decoder_flag(parser: argparse.ArgumentParser) -> None:
     from yolojet.options import DECODER_NAMES, DEFAULT_MAX_PIXELS
 
     parser.add_argument(
-        "--decoder", choices=DECODER_NAMES, default="auto",
+        "--decoder",
+        choices=DECODER_NAMES,
+        default="auto",
         help="how JPEGs are decoded: the GPU's hardware decoders where there are some, else CPU threads (auto, the "
         "default), nvimgcodec, cpu, or nvjpeg (on the GPU's SMs; pixels differ from OpenCV's)",
-    )  # fmt: skip
-    parser.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS,
-                        help=f"largest image, pixels; a larger one is an error in its place, read no further "
-                        f"(default {DEFAULT_MAX_PIXELS:,}, as Pillow's bomb check)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--max-pixels",
+        type=_positive_int,
+        default=DEFAULT_MAX_PIXELS,
+        help=f"largest image, pixels; a larger one is an error in its place, read no further "
+        f"(default {DEFAULT_MAX_PIXELS:,}, as Pillow's bomb check)",
+    )
 
 
 def _shape_list(text: str) -> list[tuple[int, int]]:
@@ -403,19 +435,27 @@ def _shape_list(text: str) -> list[tuple[int, int]]:
 def _add_letterbox_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("letterbox")
     group.add_argument(
-        "--rect", action=argparse.BooleanOptionalAction, default=True,
+        "--rect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="letterbox each image to the smallest rectangle of stride multiples that holds it, as yolo predict does "
         "(640x480 for a 4:3 photo at imgsz 640; the default), running the network derived for that shape; --no-rect "
         "letterboxes every image to the square imgsz",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--shapes", type=_shape_list, default=[], metavar="HxW,...",
+        "--shapes",
+        type=_shape_list,
+        default=[],
+        metavar="HxW,...",
         help="input shapes to build at load (e.g. 480x640,640x480), so their first images wait for nothing",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--max-shapes", type=_positive_int, default=4, metavar="N",
+        "--max-shapes",
+        type=_positive_int,
+        default=4,
+        metavar="N",
         help="networks of rectangles kept, least recently used dropped first (default 4)",
-    )  # fmt: skip
+    )
 
 
 def _letterbox(args: argparse.Namespace) -> dict[str, Any]:
@@ -472,9 +512,13 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
 
     _require_cuda("pipeline")
     engine = Engine.load(
-        args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch], **_letterbox(args),
+        args.model,
+        imgsz=args.imgsz,
+        max_batch=args.batch,
+        buckets=[args.batch],
+        **_letterbox(args),
         **_engine_switches(args),
-    )  # fmt: skip
+    )
     image = args.image or _bundled_photo()
     frame = _photo_pixels(image)
     shape = engine.input_shape(Frame(frame, bgr=False))[0]
@@ -488,8 +532,10 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
         rows.append((f"frame in {where} memory -> boxes in pinned memory", *_per_frame_ms(timing, args.batch)))
     network = engine.time_network(args.batch, repeats=args.iters, shape=shape)
     rows.append(("network only (graph replay)", *_per_frame_ms(network, args.batch)))
-    print(f"{image}: {tuple(frame.shape)} frames, input {shape[0]}x{shape[1]}, batch {args.batch}, "
-          f"{args.iters} runs, ms per frame")  # fmt: skip
+    print(
+        f"{image}: {tuple(frame.shape)} frames, input {shape[0]}x{shape[1]}, batch {args.batch}, "
+        f"{args.iters} runs, ms per frame"
+    )
     print(_format_table(rows, ("path", "p20", "p50", "p80")))
     torch.cuda.synchronize()
     return 0
@@ -530,8 +576,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         ("stream launches", engine.time_launches(args.batch, repeats=args.iters, warmup=args.warmup)),
         ("CUDA graph replay", engine.time_network(args.batch, repeats=args.iters, warmup=args.warmup)),
     ):
-        rows.append((mode, *(f"{q * 1000:.4f}" for q in (timing.p20, timing.p50, timing.p80)),
-                     f"{args.batch / timing.p50:,.0f}"))  # fmt: skip
+        rows.append(
+            (
+                mode,
+                *(f"{q * 1000:.4f}" for q in (timing.p20, timing.p50, timing.p80)),
+                f"{args.batch / timing.p50:,.0f}",
+            )
+        )
     print(f"network only, batch {args.batch}, {engine.launch_count(args.batch)} kernel launches, {args.iters} runs")
     print(_format_table(rows, ("mode", "p20 ms", "p50 ms", "p80 ms", "img/s at p50")))
     return 0
@@ -546,10 +597,20 @@ def _cmd_val(args: argparse.Namespace) -> int:
     if args.out is not None:
         check_output_folder(args.out, "--out")
     result = validate_model(
-        args.model, args.data, args.images, imgsz=args.imgsz, half=not args.fp32, batch=args.batch,
-        conf=args.conf, iou=args.iou, max_det=args.max_det, progress=not args.quiet, protocol=args.protocol,
-        rect=args.rect, **_engine_switches(args),
-    )  # fmt: skip
+        args.model,
+        args.data,
+        args.images,
+        imgsz=args.imgsz,
+        half=not args.fp32,
+        batch=args.batch,
+        conf=args.conf,
+        iou=args.iou,
+        max_det=args.max_det,
+        progress=not args.quiet,
+        protocol=args.protocol,
+        rect=args.rect,
+        **_engine_switches(args),
+    )
     print(f"{result.images} images, {len(result.predictions)} detections (conf {args.conf}, iou {args.iou})")
     rows = []
     for kind, scores in (("box", result.scores), ("mask", result.mask_scores), ("keypoints", result.keypoint_scores)):
@@ -581,18 +642,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise ModelDirError(f"{flag} {path}: no such file")
     token = args.token_file.read_text().strip() if args.token_file is not None else serve_token()
     options = ServeOptions(
-        host=args.host, port=args.port, slo_ms=args.slo_ms, max_queue=args.max_queue,
-        max_message_bytes=int(args.max_message_mb * (1 << 20)), max_pixels=args.max_pixels, device=args.device,
-        half=not args.fp32, decoder=args.decoder, tls_cert=args.tls_cert, tls_key=args.tls_key, token=token,
-        metrics_port=args.metrics_port, grace_s=args.grace_s, engine={**_letterbox(args), **_engine_switches(args)},
-    )  # fmt: skip
+        host=args.host,
+        port=args.port,
+        slo_ms=args.slo_ms,
+        max_queue=args.max_queue,
+        max_message_bytes=int(args.max_message_mb * (1 << 20)),
+        max_pixels=args.max_pixels,
+        device=args.device,
+        half=not args.fp32,
+        decoder=args.decoder,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        token=token,
+        metrics_port=args.metrics_port,
+        grace_s=args.grace_s,
+        engine={**_letterbox(args), **_engine_switches(args)},
+    )
     configure_logging()
     if args.ray is not None:
         from yolojet.scale.ray_serve import serve_on_ray
 
         if args.devices is not None:
-            raise EngineConfigError("--ray and --devices: give one (--ray runs a replica a GPU of a Ray cluster, "
-                                    "--devices a worker process a device of this machine)")  # fmt: skip
+            raise EngineConfigError(
+                "--ray and --devices: give one (--ray runs a replica a GPU of a Ray cluster, "
+                "--devices a worker process a device of this machine)"
+            )
         if args.device is not None:
             raise EngineConfigError("--device and --ray: give one (the replicas take the devices Ray gives them)")
         if args.processes > 1:
@@ -605,8 +679,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from yolojet.scale.server_processes import serve_processes
 
         if args.devices is not None:
-            raise EngineConfigError("--processes and --devices: give one (--processes runs whole servers sharing the "
-                                    "port, --devices one front with a worker process a device)")  # fmt: skip
+            raise EngineConfigError(
+                "--processes and --devices: give one (--processes runs whole servers sharing the "
+                "port, --devices one front with a worker process a device)"
+            )
         serve_processes(specs, options, args.processes)
         return 0
     if args.devices is None:
@@ -636,18 +712,23 @@ def _cmd_label(args: argparse.Namespace) -> int:
     from yolojet.options import serve_token
 
     if [args.server is not None, args.local, args.ray is not None].count(True) != 1:
-        raise EngineConfigError("give --server HOST:PORT (label through yolojet serve), --local (an engine here) or "
-                                "--ray [ADDRESS] (a Ray cluster)")  # fmt: skip
+        raise EngineConfigError(
+            "give --server HOST:PORT (label through yolojet serve), --local (an engine here) or "
+            "--ray [ADDRESS] (a Ray cluster)"
+        )
     if args.ray_actors is not None and args.ray is None:
         raise EngineConfigError("--ray-actors sizes the engine actors of a Ray run: give it with --ray")
     if args.streams != 1 and args.server is None:
         raise EngineConfigError("--streams spreads the requests to a server over connections: give it with --server")
     if args.streams > args.concurrency:
-        raise EngineConfigError(f"--streams {args.streams}: between 1 and the requests in flight (-c "
-                                f"{args.concurrency})")  # fmt: skip
+        raise EngineConfigError(
+            f"--streams {args.streams}: between 1 and the requests in flight (-c {args.concurrency})"
+        )
     if args.ray and Path(args.ray).exists():  # nargs='?' takes the word after --ray, even an image folder
-        raise EngineConfigError(f"--ray {args.ray}: an image source, not a cluster address; give --ray after the "
-                                "sources, or --ray= for a cluster started here")  # fmt: skip
+        raise EngineConfigError(
+            f"--ray {args.ray}: an image source, not a cluster address; give --ray after the "
+            "sources, or --ray= for a cluster started here"
+        )
     devices = None
     if args.devices is not None:  # checked before any work: a worker process a device is started only to label
         from yolojet.scale.devices import parse_devices
@@ -671,8 +752,18 @@ def _cmd_label(args: argparse.Namespace) -> int:
         return 0 if found["answered"] == found["requests"] else 1
     if args.out is None:
         raise OutputPathError("--out: give the JSON-lines file the records go to")
-    job = LabelJob(args.source, args.out, args.errors, args.coco, args.rle, args.yolo_txt, args.resume,
-                   args.overwrite, args.quiet, options)  # fmt: skip
+    job = LabelJob(
+        args.source,
+        args.out,
+        args.errors,
+        args.coco,
+        args.rle,
+        args.yolo_txt,
+        args.resume,
+        args.overwrite,
+        args.quiet,
+        options,
+    )
     check_outputs(job)
     summary = Summary()
     label: Callable[[list[str], Callable[[dict], None], Callable[[str, str], None]], None]
@@ -681,8 +772,13 @@ def _cmd_label(args: argparse.Namespace) -> int:
 
         if not args.model:
             raise EngineConfigError("--local needs --model: a model directory, .pt checkpoint, name or .yaml")
-        engine_options = {"half": not args.fp32, "decoder": args.decoder, "max_pixels": args.max_pixels,
-                          **_letterbox(args), **_engine_switches(args)}  # fmt: skip
+        engine_options = {
+            "half": not args.fp32,
+            "decoder": args.decoder,
+            "max_pixels": args.max_pixels,
+            **_letterbox(args),
+            **_engine_switches(args),
+        }
         if devices is None:
             labeler = LocalLabeler(args.model, args.concurrency, options, device=args.device, **engine_options)
             facts, label, close = labeler.facts, labeler, labeler.close
@@ -700,9 +796,19 @@ def _cmd_label(args: argparse.Namespace) -> int:
 
         if not args.model:
             raise EngineConfigError("--ray needs --model: a model directory, .pt checkpoint, name or .yaml")
-        cluster = RayLabeler(args.model, args.concurrency, options, address=args.ray or None, actors=args.ray_actors,
-                             device=args.device, half=not args.fp32, decoder=args.decoder, max_pixels=args.max_pixels,
-                             **_letterbox(args), **_engine_switches(args))  # fmt: skip
+        cluster = RayLabeler(
+            args.model,
+            args.concurrency,
+            options,
+            address=args.ray or None,
+            actors=args.ray_actors,
+            device=args.device,
+            half=not args.fp32,
+            decoder=args.decoder,
+            max_pixels=args.max_pixels,
+            **_letterbox(args),
+            **_engine_switches(args),
+        )
         facts, label = cluster.facts, cluster
 
         def close() -> None:
@@ -718,8 +824,10 @@ def _cmd_label(args: argparse.Namespace) -> int:
 
         def close() -> None:
             if remote.refusals or remote.reconnects:
-                summary.notes.append(f"the server refused {remote.refusals} requests for a while (sent again) and "
-                                     f"the connection was reopened {remote.reconnects} times")  # fmt: skip
+                summary.notes.append(
+                    f"the server refused {remote.refusals} requests for a while (sent again) and "
+                    f"the connection was reopened {remote.reconnects} times"
+                )
 
     try:
         run(job, label, facts, summary)
@@ -750,10 +858,12 @@ def _print_bench(found: dict) -> None:
         ("requests answered", f"{found['answered']} of {found['requests']} ({found['codes']})"),
         ("in flight", f"{found['concurrency']} over {found['processes']} processes"),
         ("img/s", f"{found['img_per_s']:,.0f}"),
-        ("latency p50 / p90 / p99 / max", f"{found['p50_ms']:.2f} / {found['p90_ms']:.2f} / {found['p99_ms']:.2f} / "
-                                          f"{found['max_ms']:.2f} ms"),
+        (
+            "latency p50 / p90 / p99 / max",
+            f"{found['p50_ms']:.2f} / {found['p90_ms']:.2f} / {found['p99_ms']:.2f} / {found['max_ms']:.2f} ms",
+        ),
         ("server: queue / decode / run", f"{s['queue']:.2f} / {s['decode']:.2f} / {s['run']:.2f} ms (mean)"),
-    ]  # fmt: skip
+    ]
     print(_format_table(rows, ("measure", "value")))
 
 
@@ -764,9 +874,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.out is not None:
         check_output_folder(args.out, "--out")
     report = run_report(
-        args.model, args.data, args.images, imgsz=args.imgsz, big_batch=args.big_batch, iters=args.iters,
+        args.model,
+        args.data,
+        args.images,
+        imgsz=args.imgsz,
+        big_batch=args.big_batch,
+        iters=args.iters,
         progress=sys.stderr.isatty(),
-    )  # fmt: skip
+    )
     if args.out is not None:
         files = report_files(report)  # every file rendered before any is written
         for name, write in files.items():
@@ -778,9 +893,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="yolojet", description="Run ultralytics YOLO models on NVIDIA GPUs through hand-written Triton kernels.",
-        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+        prog="yolojet",
+        description="Run ultralytics YOLO models on NVIDIA GPUs through hand-written Triton kernels.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"yolojet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -793,9 +910,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="input size, 640 or HEIGHTxWIDTH (default: the size the checkpoint was trained at, else 640)",
     )
     p.add_argument(
-        "--out", type=Path, default=None,
+        "--out",
+        type=Path,
+        default=None,
         help="output directory (default: <name>_yolojet at 640x640, else <name>_HxW_yolojet)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--head",
         choices=("auto", "one2one", "one2many"),
@@ -820,10 +939,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
     p.add_argument("--save", type=Path, default=None, help="write annotated images into this directory")
     p.add_argument(
-        "--json", type=Path, default=None,
+        "--json",
+        type=Path,
+        default=None,
         help="write detections as JSON lines to this file as they are found (- for stdout, which then carries only "
         "them; a link is written through to its target)",
-    )  # fmt: skip
+    )
     p.add_argument("--quiet", action="store_true", help="print nothing per image")
     _add_decoder_flag(p)
     _add_letterbox_flags(p)
@@ -835,23 +956,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, type=Path, help="a COCO instances .json or an ultralytics dataset .yaml")
     p.add_argument("--images", type=Path, default=None, help="folder the JSON's file_names are relative to")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
-    p.add_argument("--batch", type=_positive_int, default=16, help="images per batch (default 16, as yolo val; "
-                   "with --protocol val the batches' shapes depend on it)")  # fmt: skip
+    p.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=16,
+        help="images per batch (default 16, as yolo val; with --protocol val the batches' shapes depend on it)",
+    )
     p.add_argument("--conf", type=float, default=0.001, help="confidence threshold (default 0.001, as ultralytics val)")
     p.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold (default 0.7)")
     p.add_argument("--max-det", type=int, default=300, help="most detections per image, at most 300 (default 300)")
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
     p.add_argument("--out", type=Path, default=None, help="write metrics.json and predictions.json here")
     p.add_argument(
-        "--protocol", choices=("val", "predict"), default="val",
+        "--protocol",
+        choices=("val", "predict"),
+        default="val",
         help="val (the default): run the network as yolo val runs the model (batches of similar aspect ratio, one "
         "letterbox shape a batch, NMS keeping every class over conf per box), so the same weights give the same "
         "mAP; predict: score what the engine's predict path gives (each image its own rectangle, or with --no-rect "
         "the square imgsz; one class a box)",
-    )  # fmt: skip
-    p.add_argument("--rect", action=argparse.BooleanOptionalAction, default=True,
-                   help="--protocol predict: letterbox each image to its own rectangle (the default) or, with "
-                   "--no-rect, to the square imgsz")  # fmt: skip
+    )
+    p.add_argument(
+        "--rect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--protocol predict: letterbox each image to its own rectangle (the default) or, with "
+        "--no-rect, to the square imgsz",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_val)
@@ -889,9 +1020,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="per-op relative error of a dump, worst first; exit 1 over the gate")
     p.add_argument(
-        "dump_dir", type=Path, nargs="?", default=Path("yolojet_dump"),
+        "dump_dir",
+        type=Path,
+        nargs="?",
+        default=Path("yolojet_dump"),
         help="a folder written by `yolojet dump` (default yolojet_dump)",
-    )  # fmt: skip
+    )
     p.add_argument("--top", type=_positive_int, default=25, help="rows to print (default 25)")
     p.set_defaults(run=_cmd_compare)
 
@@ -906,95 +1040,196 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="a gRPC inference server (yolojet.v1.Inference, health, reflection) over one or more models"
     )
     p.add_argument(
-        "--model", action="append", required=True, metavar="NAME_OR_DIR[:MAX_BATCH]",
+        "--model",
+        action="append",
+        required=True,
+        metavar="NAME_OR_DIR[:MAX_BATCH]",
         help="a model directory, .pt checkpoint, ultralytics name or .yaml, and its largest batch; repeat for more "
         "models (requests name them by file or folder name without its suffix)",
-    )  # fmt: skip
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one)")
-    p.add_argument("--max-batch", type=_positive_int, default=64, help="largest batch of a model given without one "
-                   "(default 64)")  # fmt: skip
-    p.add_argument("--slo-ms", type=float, default=50.0, help="deadline of a request whose client sets none, ms after "
-                   "it arrives (default 50)")  # fmt: skip
-    p.add_argument("--max-queue", type=_positive_int, default=1024, help="requests a model queues before refusing "
-                   "more with RESOURCE_EXHAUSTED (default 1024)")  # fmt: skip
+    p.add_argument(
+        "--max-batch", type=_positive_int, default=64, help="largest batch of a model given without one (default 64)"
+    )
+    p.add_argument(
+        "--slo-ms",
+        type=float,
+        default=50.0,
+        help="deadline of a request whose client sets none, ms after it arrives (default 50)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=_positive_int,
+        default=1024,
+        help="requests a model queues before refusing more with RESOURCE_EXHAUSTED (default 1024)",
+    )
     p.add_argument("--max-message-mb", type=float, default=64.0, help="largest request, MB (default 64)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
-    p.add_argument("--devices", default=None, metavar="all|0,1|cpu,...", help="one engine worker process a device "
-                   "behind this one front end: every GPU (all), GPU indices, or device names; a worker that dies is "
-                   "restarted and its batches sent to another")  # fmt: skip
-    p.add_argument("--processes", type=_positive_int, default=1, metavar="N", help="N whole servers (front, batcher, "
-                   "engines) in processes of their own sharing --port, each new connection to one of them, so that "
-                   "more than one interpreter's worth of calls is served (default 1); metrics on --metrics-port + "
-                   "the process's index")  # fmt: skip
-    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="deploy on a Ray cluster with "
-                   "Ray Serve (pip install 'yolojet[ray]'): a replica a GPU (CPU replicas on a cluster without GPUs), "
-                   "scaled on queue depth, behind Ray Serve's gRPC proxy on --port of each node (every interface); "
-                   "ADDRESS is the head's HOST:6379 (`ray start --head`), none starts a local cluster; Infer, "
-                   "InferStream and ListModels; no TLS, token or --metrics-port")  # fmt: skip
-    p.add_argument("--ray-replicas", type=_positive_int, default=None, metavar="N", help="--ray: at most N replicas "
-                   "(default: a GPU each, one without GPUs)")  # fmt: skip
+    p.add_argument(
+        "--devices",
+        default=None,
+        metavar="all|0,1|cpu,...",
+        help="one engine worker process a device "
+        "behind this one front end: every GPU (all), GPU indices, or device names; a worker that dies is "
+        "restarted and its batches sent to another",
+    )
+    p.add_argument(
+        "--processes",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="N whole servers (front, batcher, "
+        "engines) in processes of their own sharing --port, each new connection to one of them, so that "
+        "more than one interpreter's worth of calls is served (default 1); metrics on --metrics-port + "
+        "the process's index",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="deploy on a Ray cluster with "
+        "Ray Serve (pip install 'yolojet[ray]'): a replica a GPU (CPU replicas on a cluster without GPUs), "
+        "scaled on queue depth, behind Ray Serve's gRPC proxy on --port of each node (every interface); "
+        "ADDRESS is the head's HOST:6379 (`ray start --head`), none starts a local cluster; Infer, "
+        "InferStream and ListModels; no TLS, token or --metrics-port",
+    )
+    p.add_argument(
+        "--ray-replicas",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="--ray: at most N replicas (default: a GPU each, one without GPUs)",
+    )
     p.add_argument("--fp32", action="store_true", help="run the GPU engines in fp32 instead of fp16")
     p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain: serve over TLS")
     p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
-    p.add_argument("--token-file", type=Path, default=None, help="require 'authorization: Bearer <token>' with the "
-                   "token in this file (or set YOLOJET_TOKEN); health checks and reflection stay open")  # fmt: skip
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any free "
-                   "one; default: none)")  # fmt: skip
-    p.add_argument("--grace-s", type=float, default=30.0, help="on SIGTERM, seconds to finish accepted requests "
-                   "(default 30)")  # fmt: skip
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help="require 'authorization: Bearer <token>' with the "
+        "token in this file (or set YOLOJET_TOKEN); health checks and reflection stay open",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (0: any free one; default: none)",
+    )
+    p.add_argument(
+        "--grace-s", type=float, default=30.0, help="on SIGTERM, seconds to finish accepted requests (default 30)"
+    )
     _add_decoder_flag(p)
     _add_letterbox_flags(p)
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_serve)
 
-    p = sub.add_parser("label", help="label images into JSON lines, COCO and YOLO label files, through a server or "
-                       "locally; resumable")  # fmt: skip
-    p.add_argument("source", nargs="+", help="image files, globs, directories (searched recursively) or .txt files of "
-                   "image paths")  # fmt: skip
+    p = sub.add_parser(
+        "label", help="label images into JSON lines, COCO and YOLO label files, through a server or locally; resumable"
+    )
+    p.add_argument(
+        "source", nargs="+", help="image files, globs, directories (searched recursively) or .txt files of image paths"
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON-lines file of one record an image (required to label)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--server", default=None, metavar="HOST:PORT", help="label through yolojet serve there")
     where.add_argument("--local", action="store_true", help="label on an engine in this process")
-    where.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="label on a Ray cluster, "
-                       "an engine actor a GPU (the CPU reference where it has none): ADDRESS is HOST:PORT of `ray "
-                       "start --head`, ray://HOST:PORT or auto; alone, a cluster started here. The workers read the "
-                       "image files themselves, by their absolute paths: a file system all machines share")  # fmt: skip
-    p.add_argument("--model", default=None, help="with --server: the served model's name (needed when it serves "
-                   "several); with --local or --ray: a model directory, .pt checkpoint, name or .yaml")  # fmt: skip
-    p.add_argument("-c", "--concurrency", type=_positive_int, default=64, help="requests in flight (--server), or "
-                   "the batch (--local, --ray); default 64")  # fmt: skip
-    p.add_argument("--streams", type=_positive_int, default=1, metavar="N", help="--server: N streams, each on a "
-                   "connection of its own, sharing the requests in flight: give at least the server's --processes "
-                   "(default 1)")  # fmt: skip
-    p.add_argument("--ray-actors", type=_positive_int, default=None, metavar="N", help="--ray: most engine actors at "
-                   "once (default: one a GPU of the cluster, or one a CPU where it has no GPU)")  # fmt: skip
+    where.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="label on a Ray cluster, "
+        "an engine actor a GPU (the CPU reference where it has none): ADDRESS is HOST:PORT of `ray "
+        "start --head`, ray://HOST:PORT or auto; alone, a cluster started here. The workers read the "
+        "image files themselves, by their absolute paths: a file system all machines share",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="with --server: the served model's name (needed when it serves "
+        "several); with --local or --ray: a model directory, .pt checkpoint, name or .yaml",
+    )
+    p.add_argument(
+        "-c",
+        "--concurrency",
+        type=_positive_int,
+        default=64,
+        help="requests in flight (--server), or the batch (--local, --ray); default 64",
+    )
+    p.add_argument(
+        "--streams",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="--server: N streams, each on a "
+        "connection of its own, sharing the requests in flight: give at least the server's --processes "
+        "(default 1)",
+    )
+    p.add_argument(
+        "--ray-actors",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="--ray: most engine actors at once (default: one a GPU of the cluster, or one a CPU where it has no GPU)",
+    )
     p.add_argument("--coco", type=Path, default=None, help="also write COCO annotations here (at the end, atomically)")
     p.add_argument("--rle", action="store_true", help="COCO segmentations as RLE, not polygons")
-    p.add_argument("--yolo-txt", type=Path, default=None, help="also make an ultralytics dataset here: label files, "
-                   "image links, data.yaml")  # fmt: skip
-    p.add_argument("--errors", type=Path, default=None, help="JSON lines of the images that failed and why (default: "
-                   "OUT.errors.jsonl)")  # fmt: skip
+    p.add_argument(
+        "--yolo-txt",
+        type=Path,
+        default=None,
+        help="also make an ultralytics dataset here: label files, image links, data.yaml",
+    )
+    p.add_argument(
+        "--errors",
+        type=Path,
+        default=None,
+        help="JSON lines of the images that failed and why (default: OUT.errors.jsonl)",
+    )
     p.add_argument("--resume", action="store_true", help="keep OUT's records and label only the images not in it")
     p.add_argument("--overwrite", action="store_true", help="replace OUT's records, if it has any")
     p.add_argument("--conf", type=float, default=None, help="confidence threshold (default 0.25)")
     p.add_argument("--iou", type=float, default=None, help="NMS IoU threshold (default 0.7)")
     p.add_argument("--max-det", type=int, default=None, help="most detections an image, 1..300 (default 300)")
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
-    p.add_argument("--bench", type=_positive_int, default=None, metavar="N", help="send N requests of SOURCE's first "
-                   "image as fast as -c allows and print img/s and latencies (with --server)")  # fmt: skip
+    p.add_argument(
+        "--bench",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="send N requests of SOURCE's first "
+        "image as fast as -c allows and print img/s and latencies (with --server)",
+    )
     p.add_argument("--processes", type=_positive_int, default=4, help="--bench: client processes (default 4)")
-    p.add_argument("--retries", type=int, default=8, help="--server: times an unreachable or lost server is tried "
-                   "again, 0.5 s, 1 s, 2 s, ... apart (default 8, about 4 minutes)")  # fmt: skip
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=8,
+        help="--server: times an unreachable or lost server is tried "
+        "again, 0.5 s, 1 s, 2 s, ... apart (default 8, about 4 minutes)",
+    )
     p.add_argument("--tls-ca", type=Path, default=None, help="--server over TLS, trusting this PEM certificate")
     p.add_argument("--token-file", type=Path, default=None, help="bearer token for the server (or YOLOJET_TOKEN)")
     p.add_argument("--quiet", action="store_true", help="no progress, no per-image errors on stderr")
     p.add_argument("--fp32", action="store_true", help="--local, --ray: the GPU engine in fp32")
-    p.add_argument("--device", default=None, help="--local: cuda, cuda:N or cpu; --ray: cuda or cpu (default: the "
-                   "cluster's GPUs where it has some)")  # fmt: skip
-    p.add_argument("--devices", default=None, metavar="all|0,1|cpu,...", help="--local: one worker process a device, "
-                   "each taking the next chunk of images as it is free: every GPU (all), GPU indices, or device names; "
-                   "a dead worker's images are labeled by another")  # fmt: skip
+    p.add_argument(
+        "--device",
+        default=None,
+        help="--local: cuda, cuda:N or cpu; --ray: cuda or cpu (default: the cluster's GPUs where it has some)",
+    )
+    p.add_argument(
+        "--devices",
+        default=None,
+        metavar="all|0,1|cpu,...",
+        help="--local: one worker process a device, "
+        "each taking the next chunk of images as it is free: every GPU (all), GPU indices, or device names; "
+        "a dead worker's images are labeled by another",
+    )
     _add_decoder_flag(p)
     _add_letterbox_flags(p)
     _add_engine_switches(p)

@@ -50,16 +50,23 @@ class Timing:
 
     def summary_ms(self) -> dict[str, float]:
         """p20 / p50 / p80 in milliseconds and the repeat count, for JSON results."""
-        return {"p20_ms": self.p20 * 1000, "p50_ms": self.p50 * 1000, "p80_ms": self.p80 * 1000,
-                "repeats": len(self.seconds)}  # fmt: skip
+        return {
+            "p20_ms": self.p20 * 1000,
+            "p50_ms": self.p50 * 1000,
+            "p80_ms": self.p80 * 1000,
+            "repeats": len(self.seconds),
+        }
 
     def __str__(self) -> str:
-        return (f"p50 {self.p50 * 1000:.4f} ms (p20 {self.p20 * 1000:.4f}, p80 {self.p80 * 1000:.4f}, "
-                f"{len(self.seconds)} repeats)")  # fmt: skip
+        return (
+            f"p50 {self.p50 * 1000:.4f} ms (p20 {self.p20 * 1000:.4f}, p80 {self.p80 * 1000:.4f}, "
+            f"{len(self.seconds)} repeats)"
+        )
 
 
-def time_calls(call: Callable[[], Any], repeats: int, warmup: int = 0,
-               synchronize: Callable[[], None] | None = None) -> Timing:  # fmt: skip
+def time_calls(
+    call: Callable[[], Any], repeats: int, warmup: int = 0, synchronize: Callable[[], None] | None = None
+) -> Timing:
     """Wall time of each of `repeats` calls after `warmup` untimed ones; `synchronize` (a device's) runs before each
     timed call starts and before it is counted as ended, so the time is the device's work, not its queueing."""
     if repeats < 1:

@@ -33,9 +33,13 @@ def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("label_models")
     return {
         task: yolojet.export(calibrated_model(cfg, 320), out=root / task, imgsz=320)
-        for task, cfg in {"detect": "yolov8n.yaml", "segment": "yolov8n-seg.yaml", "pose": "yolov8n-pose.yaml",
-                          "obb": "yolov8n-obb.yaml"}.items()
-    }  # fmt: skip
+        for task, cfg in {
+            "detect": "yolov8n.yaml",
+            "segment": "yolov8n-seg.yaml",
+            "pose": "yolov8n-pose.yaml",
+            "obb": "yolov8n-obb.yaml",
+        }.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +74,25 @@ def lines(path: Path) -> list[dict]:
 @pytest.mark.parametrize("task", ["detect", "segment", "pose", "obb"])
 def test_server_records_coco_and_yolo_files(server, photos, tmp_path, capsys, task):
     out, coco, dataset = tmp_path / "labels.jsonl", tmp_path / "coco.json", tmp_path / "dataset"
-    code, _, stderr = run_cli(capsys, "label", photos, "--server", server.address, "--model", task, "--out", out,
-                              "--coco", coco, "--yolo-txt", dataset, "--conf", CONF, "-c", "4")  # fmt: skip
+    code, _, stderr = run_cli(
+        capsys,
+        "label",
+        photos,
+        "--server",
+        server.address,
+        "--model",
+        task,
+        "--out",
+        out,
+        "--coco",
+        coco,
+        "--yolo-txt",
+        dataset,
+        "--conf",
+        CONF,
+        "-c",
+        "4",
+    )
     assert code == 0, stderr
     assert "3 images labeled" in stderr and "0 errors" in stderr
     records = lines(out)
@@ -129,8 +150,18 @@ def test_server_records_coco_and_yolo_files(server, photos, tmp_path, capsys, ta
         image, label = dataset / "images" / relative, (dataset / "labels" / relative).with_suffix(".txt")
         assert image.is_symlink() and label.is_file()
         keypoints = task == "pose"
-        checked_label = verify_image_label((str(image), str(label), "", keypoints, len(engine.names), 17 if keypoints
-                                            else 0, 3 if keypoints else 0, False))  # fmt: skip
+        checked_label = verify_image_label(
+            (
+                str(image),
+                str(label),
+                "",
+                keypoints,
+                len(engine.names),
+                17 if keypoints else 0,
+                3 if keypoints else 0,
+                False,
+            )
+        )
         assert checked_label[-1] == "" or "duplicate" in checked_label[-1], checked_label[-1]  # no error message
         ours = [line.split() for line in label.read_text().splitlines()]
         assert len(ours) <= len(record["detections"])
@@ -142,10 +173,15 @@ def test_server_records_coco_and_yolo_files(server, photos, tmp_path, capsys, ta
 
 def test_local_gives_the_records_the_server_does(server, model_dirs, photos, tmp_path, capsys):
     remote, local = tmp_path / "remote.jsonl", tmp_path / "local.jsonl"
-    assert run_cli(capsys, "label", photos, "--server", server.address, "--model", "detect", "--out", remote,
-                   "--conf", CONF)[0] == 0  # fmt: skip
-    code, _, stderr = run_cli(capsys, "label", photos, "--local", "--model", model_dirs["detect"], "--out", local,
-                              "--conf", CONF, "-c", "2")  # fmt: skip
+    assert (
+        run_cli(
+            capsys, "label", photos, "--server", server.address, "--model", "detect", "--out", remote, "--conf", CONF
+        )[0]
+        == 0
+    )
+    code, _, stderr = run_cli(
+        capsys, "label", photos, "--local", "--model", model_dirs["detect"], "--out", local, "--conf", CONF, "-c", "2"
+    )
     assert code == 0, stderr
     ours = {r["path"]: r for r in lines(local)}
     theirs = {r["path"]: r for r in lines(remote)}
@@ -157,12 +193,15 @@ def test_local_gives_the_records_the_server_does(server, model_dirs, photos, tmp
         }
         if not torch.cuda.is_available():  # fp32 torch ops both: the same detections in the same order
             assert [d["class"] for d in record["detections"]] == [d["class"] for d in other["detections"]]
-            np.testing.assert_allclose([d["box"] for d in record["detections"]],
-                                       [d["box"] for d in other["detections"]], atol=0.02)  # fmt: skip
+            np.testing.assert_allclose(
+                [d["box"] for d in record["detections"]], [d["box"] for d in other["detections"]], atol=0.02
+            )
         else:  # fp16 kernels at other batch sizes: a score near a threshold may fall either side of it, and boxes
             # spanning the image (random weights) move by a pixel
-            rows = [torch.tensor([[*d["box"], d["confidence"], d["class"]] for d in r["detections"]]).reshape(-1, 6)
-                    for r in (record, other)]  # fmt: skip
+            rows = [
+                torch.tensor([[*d["box"], d["confidence"], d["class"]] for d in r["detections"]]).reshape(-1, 6)
+                for r in (record, other)
+            ]
             for mine, them in (rows, rows[::-1]):  # each box clear of 0.003 has its twin above 0.002 on the other side
                 pairs = detection_pairs(mine[mine[:, 4] >= 0.002], them[them[:, 4] >= 0.003], iou_min=0.97, px_tol=1.0)
                 assert all(j is not None for j, _ in pairs), f"{path}: {pairs}"
@@ -177,8 +216,9 @@ def test_bad_files_go_to_the_error_log_and_the_rest_is_labeled(server, photos, t
     listed = tmp_path / "list.txt"  # a list naming an image the folder has already (labeled once) and a missing one
     listed.write_text("photos/images/zidane.jpg\n# a comment\n\nphotos/images/missing.jpg\n")
     out = tmp_path / "labels.jsonl"
-    code, _, stderr = run_cli(capsys, "label", photos, listed, "--server", server.address, "--model", "detect",
-                              "--out", out, "--quiet")  # fmt: skip
+    code, _, stderr = run_cli(
+        capsys, "label", photos, listed, "--server", server.address, "--model", "detect", "--out", out, "--quiet"
+    )
     assert code == 1
     labeled = sorted(Path(r["path"]).name for r in lines(out))
     assert labeled == ["bus.jpg", "bus_again.jpg", "inside.jpg", "zidane.jpg"]
@@ -197,8 +237,9 @@ def test_outputs_are_protected_and_resume_checks_the_model(server, model_dirs, p
     assert code == 2 and "holds records already; --resume continues it, --overwrite replaces it" in stderr
     code, _, stderr = run_cli(capsys, *base, "--resume")
     assert code == 0 and "0 images labeled" in stderr and "3 done before and skipped" in stderr
-    code, _, stderr = run_cli(capsys, "label", photos, "--server", server.address, "--model", "pose", "--out", out,
-                              "--resume")  # fmt: skip
+    code, _, stderr = run_cli(
+        capsys, "label", photos, "--server", server.address, "--model", "pose", "--out", out, "--resume"
+    )
     assert code == 2 and "its records come from model detect" in stderr
     assert len(lines(out)) == 3
     assert run_cli(capsys, *base, "--overwrite")[0] == 0 and len(lines(out)) == 3
@@ -206,8 +247,9 @@ def test_outputs_are_protected_and_resume_checks_the_model(server, model_dirs, p
 
 def test_an_unreachable_server_is_reported_with_what_was_done(photos, tmp_path, capsys):
     started = time.monotonic()
-    code, _, stderr = run_cli(capsys, "label", photos, "--server", "127.0.0.1:9", "--out", tmp_path / "o.jsonl",
-                              "--retries", "1")  # fmt: skip
+    code, _, stderr = run_cli(
+        capsys, "label", photos, "--server", "127.0.0.1:9", "--out", tmp_path / "o.jsonl", "--retries", "1"
+    )
     assert code == 2 and "server 127.0.0.1:9" in stderr and "UNAVAILABLE" in stderr
     assert time.monotonic() - started < 60
     assert not (tmp_path / "o.jsonl").exists()
@@ -222,8 +264,21 @@ def test_killed_and_resumed_each_image_exactly_once(model_dirs, tmp_path):
         shutil.copy(ASSETS / ("bus.jpg" if i % 2 else "zidane.jpg"), folder / f"{i:02d}.jpg")
     out = tmp_path / "labels.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "yolojet", "label", str(folder), "--local", "--model", str(model_dirs["detect"]),
-               "--out", str(out), "-c", "2", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "yolojet",
+        "label",
+        str(folder),
+        "--local",
+        "--model",
+        str(model_dirs["detect"]),
+        "--out",
+        str(out),
+        "-c",
+        "2",
+        "--quiet",
+    ]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while (not out.exists() or out.read_text().count("\n") < 5) and time.monotonic() < deadline:
@@ -241,8 +296,21 @@ def test_killed_and_resumed_each_image_exactly_once(model_dirs, tmp_path):
 
 
 def test_bench_mode(server, capsys):
-    code, stdout, stderr = run_cli(capsys, "label", ASSETS / "bus.jpg", "--server", server.address, "--model",
-                                   "detect", "--bench", "12", "-c", "4", "--processes", "2")  # fmt: skip
+    code, stdout, stderr = run_cli(
+        capsys,
+        "label",
+        ASSETS / "bus.jpg",
+        "--server",
+        server.address,
+        "--model",
+        "detect",
+        "--bench",
+        "12",
+        "-c",
+        "4",
+        "--processes",
+        "2",
+    )
     assert code == 0, stderr
     assert "12 of 12" in stdout and "img/s" in stdout and "p50" in stdout and "queue / decode / run" in stdout
 
@@ -251,8 +319,23 @@ def test_plot(server, photos, tmp_path, capsys):
     from PIL import Image
 
     out = tmp_path / "labels.jsonl"
-    assert run_cli(capsys, "label", photos, "--server", server.address, "--model", "segment", "--out", out,
-                   "--conf", CONF, "--quiet")[0] == 0  # fmt: skip
+    assert (
+        run_cli(
+            capsys,
+            "label",
+            photos,
+            "--server",
+            server.address,
+            "--model",
+            "segment",
+            "--out",
+            out,
+            "--conf",
+            CONF,
+            "--quiet",
+        )[0]
+        == 0
+    )
     code, stdout, stderr = run_cli(capsys, "plot", out, "--out", tmp_path / "plots")
     assert "grid.png" in stdout
     assert code == 0, stderr
@@ -266,15 +349,17 @@ def test_plot(server, photos, tmp_path, capsys):
     assert code == 2 and "no such file" in stderr and not (tmp_path / "p2").exists()
 
 
-def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(model_dirs, photos, tmp_path, capsys,
-                                                                          monkeypatch):  # fmt: skip
+def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(
+    model_dirs, photos, tmp_path, capsys, monkeypatch
+):
     """A server whose deadline no request can meet refuses every image for load; the client sends each again after
     a pause, and after `give_up_after_s` logs it as an error and finishes."""
     from yolojet.client.remote import RemoteLabeler
 
     monkeypatch.setattr(RemoteLabeler, "give_up_after_s", 1.0)
-    strict = RunningServer({"detect": served("detect", model_dirs["detect"])},
-                           replace(ServeOptions(), port=0, slo_ms=0.001))  # fmt: skip
+    strict = RunningServer(
+        {"detect": served("detect", model_dirs["detect"])}, replace(ServeOptions(), port=0, slo_ms=0.001)
+    )
     out = tmp_path / "labels.jsonl"
     try:
         start = time.monotonic()

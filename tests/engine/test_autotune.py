@@ -63,8 +63,14 @@ def test_the_cache_keeps_every_kind_of_tile_and_skips_entries_it_cannot_read(tmp
     assert again.get("dwconv|c") == depthwise
     assert TuningCache(tmp_path / "autotune.json", device_name="another GPU").get("conv|a") is None
     again.entries[again.prefix + "conv|old"] = {"block_m": 64, "tile_shape": "from another version"}
-    again.entries[again.prefix + "conv|bad"] = {"type": "ConvConfig", "block_m": 48, "block_n": 16, "block_k": 16,
-                                               "num_warps": 4, "num_stages": 3}  # fmt: skip
+    again.entries[again.prefix + "conv|bad"] = {
+        "type": "ConvConfig",
+        "block_m": 48,
+        "block_n": 16,
+        "block_k": 16,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     assert again.get("conv|old") is None and again.get("conv|bad") is None
 
 

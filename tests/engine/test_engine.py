@@ -260,8 +260,9 @@ def test_row_walking_depthwise_tiles_on_every_3x3_stride_1_dwconv(model_dirs, mo
             launch.configure(DwConvTile(16, 16, 2, 4))
             walking += launch.outputs
     launches: list = []
-    monkeypatch.setattr(dwconv_kernels, "_dwconv3x3_rows_kernel",
-                        _Counting(dwconv_kernels._dwconv3x3_rows_kernel, launches))  # fmt: skip
+    monkeypatch.setattr(
+        dwconv_kernels, "_dwconv3x3_rows_kernel", _Counting(dwconv_kernels._dwconv3x3_rows_kernel, launches)
+    )
     x = torch.rand(2, 3, 64, 64, device=DEVICE)
     ours, expected = engine.dump(x), yolojet.load_reference(model_dir, device=DEVICE).dump(x)
     assert len(walking) >= 6 and len(launches) == len(walking)
@@ -378,8 +379,9 @@ def test_imgsz_at_load_derives_the_network_and_rounds_up_to_the_stride(model_dir
     assert engine.meta.imgsz == (64, 96)
     assert "imgsz 33x96 is not a multiple of the model's stride 32; running at 64x96" in capsys.readouterr().err
     x = torch.rand(1, 3, 64, 96)
-    exported = yolojet.load_reference(yolojet.export(random_model("yolo11n.yaml"), out=model_dir.parent / "r",
-                                                      imgsz=(64, 96)), device="cpu")  # fmt: skip
+    exported = yolojet.load_reference(
+        yolojet.export(random_model("yolo11n.yaml"), out=model_dir.parent / "r", imgsz=(64, 96)), device="cpu"
+    )
     torch.testing.assert_close(engine.raw(x), exported(x), rtol=0, atol=0)
 
 

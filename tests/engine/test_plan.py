@@ -101,8 +101,14 @@ def _neck(*, first="up", kernel_out=8, reader=None, stride=(1, 1)):
     ]
     if reader:
         nodes.append(Node("r", "conv", [reader], ["z"], conv_attrs))
-    shapes = {"p5": (1, 8, 4, 4), "up": (1, 8, 8, 8), "p4": (1, 4, 8, 8), "cat": (1, 12, 8, 8),
-              "y": (1, 6, kernel_out, kernel_out), "z": (1, 6, 8, 8)}  # fmt: skip
+    shapes = {
+        "p5": (1, 8, 4, 4),
+        "up": (1, 8, 8, 8),
+        "p4": (1, 4, 8, 8),
+        "cat": (1, 12, 8, 8),
+        "y": (1, 6, kernel_out, kernel_out),
+        "z": (1, 6, 8, 8),
+    }
     values = {name: Value(name, shape) for name, shape in shapes.items()}
     return Graph(ModelMeta("detect", {0: "a"}, (8, 8)), ["p5", "p4"], ["y"], values, nodes, {})
 
@@ -157,8 +163,17 @@ def _psa(*, between: bool = True, reader: str | None = None, copied_second: bool
     nodes.append(Node("k", "conv", ["cat"], ["y"], conv_attrs))
     if reader:
         nodes.append(Node("r", "conv", [reader], ["v"], conv_attrs))
-    shapes = {"x": (1, 8, 8, 8), "a": (1, 4, 8, 8), "b": (1, 4, 8, 8), "b2": (1, 4, 8, 8), "cat": (1, 8, 8, 8),
-              "w": (1, 8, 8, 8), "z": (1, 8, 8, 8), "y": (1, 8, 8, 8), "v": (1, 8, 8, 8)}  # fmt: skip
+    shapes = {
+        "x": (1, 8, 8, 8),
+        "a": (1, 4, 8, 8),
+        "b": (1, 4, 8, 8),
+        "b2": (1, 4, 8, 8),
+        "cat": (1, 8, 8, 8),
+        "w": (1, 8, 8, 8),
+        "z": (1, 8, 8, 8),
+        "y": (1, 8, 8, 8),
+        "v": (1, 8, 8, 8),
+    }
     values = {name: Value(name, shape) for name, shape in shapes.items()}
     outputs = ["y", "z"] + (["v"] if reader else []) if between else ["y"] + (["v"] if reader else [])
     return Graph(ModelMeta("detect", {0: "a"}, (8, 8)), ["x", "w"], outputs, values, nodes, {})

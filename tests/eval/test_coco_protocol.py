@@ -13,8 +13,16 @@ def ground_truth(boxes_per_image: dict[int, list[tuple[list[float], int]]]) -> d
     annotations = []
     for image_id, boxes in boxes_per_image.items():
         for box, crowd in boxes:
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": 1, "bbox": box,
-                                "area": box[2] * box[3], "iscrowd": crowd})  # fmt: skip
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": 1,
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "iscrowd": crowd,
+                }
+            )
     return {"images": images, "annotations": annotations, "categories": [{"id": 1, "name": "thing"}]}
 
 

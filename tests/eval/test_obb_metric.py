@@ -22,8 +22,16 @@ from yolojet.reference.obb import batch_probiou
 
 
 def random_rboxes(rng, n: int) -> np.ndarray:
-    return np.stack([rng.uniform(50, 590, n), rng.uniform(50, 430, n), rng.uniform(10, 120, n),
-                     rng.uniform(10, 120, n), rng.uniform(-np.pi / 2, np.pi / 2, n)], 1)  # fmt: skip
+    return np.stack(
+        [
+            rng.uniform(50, 590, n),
+            rng.uniform(50, 430, n),
+            rng.uniform(10, 120, n),
+            rng.uniform(10, 120, n),
+            rng.uniform(-np.pi / 2, np.pi / 2, n),
+        ],
+        1,
+    )
 
 
 def corners(rboxes: np.ndarray) -> np.ndarray:
@@ -97,8 +105,9 @@ def test_perfect_and_empty():
     boxes, cls = random_rboxes(rng, 4), np.array([0, 1, 1, 2])
     perfect = evaluate_obb({1: (boxes, cls)}, {1: (boxes, np.linspace(0.9, 0.6, 4), cls)})
     # ultralytics' interpolation drops precision to 0 at the last of the 101 recall points: perfect is 0.995.
-    assert perfect.map50_95 == pytest.approx(0.995) and perfect.per_class_ap == pytest.approx({0: 0.995, 1: 0.995,
-                                                                                                2: 0.995})  # fmt: skip
+    assert perfect.map50_95 == pytest.approx(0.995) and perfect.per_class_ap == pytest.approx(
+        {0: 0.995, 1: 0.995, 2: 0.995}
+    )
     assert evaluate_obb({1: (boxes, cls)}, {}).map50_95 == 0.0
 
 
@@ -151,8 +160,11 @@ def test_val_of_an_obb_model_scores_like_ultralytics_predictions(obb_dataset):
     theirs = {}
     for image in dataset.images:
         obb = ultralytics_obb(model, cv2.imread(str(image.path)), 0.001)
-        theirs[image.id] = (obb.xywhr.cpu().numpy().astype(np.float64), obb.conf.cpu().numpy().astype(np.float64),
-                            np.array([to_category[int(c)] for c in obb.cls.cpu()], dtype=np.int64))  # fmt: skip
+        theirs[image.id] = (
+            obb.xywhr.cpu().numpy().astype(np.float64),
+            obb.conf.cpu().numpy().astype(np.float64),
+            np.array([to_category[int(c)] for c in obb.cls.cpu()], dtype=np.int64),
+        )
     from yolojet.eval.val import _obb_truth
 
     expected = evaluate_obb(_obb_truth(dataset), theirs)

@@ -122,8 +122,20 @@ def test_model_dir_without_checkpoint_reports_yolojet_alone(dataset, tmp_path, c
     root, model, _ = dataset
     model_dir = yolojet.export(model, out=tmp_path / "model", imgsz=640)
     out = tmp_path / "report"
-    code = main(["report", str(model_dir), "--data", str(root / "instances.json"), "--big-batch", "1",
-                 "--iters", "1", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "report",
+            str(model_dir),
+            "--data",
+            str(root / "instances.json"),
+            "--big-batch",
+            "1",
+            "--iters",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     (report,) = json.loads((out / "report.json").read_text())["models"]
     expected = ["yolojet-fp16", "yolojet-fp32"] if torch.cuda.is_available() else ["yolojet-fp32"]

@@ -49,11 +49,20 @@ def write_coco_dataset(root, model) -> int:
         for x1, y1, x2, y2, _, cls in ultralytics_boxes(model, bgr, GT_CONF).tolist():
             box = [x1, y1, x2 - x1, y2 - y1]
             category = COCO80_TO_COCO91[int(cls)]
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": category,
-                                "bbox": box, "area": box[2] * box[3], "iscrowd": 0})  # fmt: skip
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": category,
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "iscrowd": 0,
+                }
+            )
     categories = [{"id": COCO80_TO_COCO91[i], "name": name} for i, name in model.names.items()]
-    (root / "instances.json").write_text(json.dumps({"images": images, "annotations": annotations,
-                                                      "categories": categories}))  # fmt: skip
+    (root / "instances.json").write_text(
+        json.dumps({"images": images, "annotations": annotations, "categories": categories})
+    )
     return len(annotations)
 
 
@@ -82,8 +91,21 @@ def test_val_finds_ultralytics_objects_and_matches_pycocotools(dataset, tmp_path
     # fp32 on a GPU: the ground truth is random weights' low-confidence, near-tied boxes, which fp16 rounding
     # reorders and moves by pixels (measured 0.970 mAP50-95 on an H200 in fp16); fp16 agreement is a question
     # for trained weights (README: COCO val2017).
-    code = main(["val", str(model_dir), "--data", str(root / "instances.json"), "--out", str(out), "--quiet", "--fp32",
-                 "--protocol", "predict", "--no-rect"])  # fmt: skip
+    code = main(
+        [
+            "val",
+            str(model_dir),
+            "--data",
+            str(root / "instances.json"),
+            "--out",
+            str(out),
+            "--quiet",
+            "--fp32",
+            "--protocol",
+            "predict",
+            "--no-rect",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["mAP50-95"] >= 0.99
@@ -103,8 +125,14 @@ def test_val_finds_ultralytics_objects_and_matches_pycocotools(dataset, tmp_path
     theirs = []
     for image in dataset_.images:
         for x1, y1, x2, y2, conf, cls in ultralytics_boxes(model, cv2.imread(str(image.path)), 0.001).tolist():
-            theirs.append({"image_id": image.id, "category_id": COCO80_TO_COCO91[int(cls)], "score": conf,
-                           "bbox": [x1, y1, x2 - x1, y2 - y1]})  # fmt: skip
+            theirs.append(
+                {
+                    "image_id": image.id,
+                    "category_id": COCO80_TO_COCO91[int(cls)],
+                    "score": conf,
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                }
+            )
     assert abs(evaluate(dataset_.ground_truth, theirs).map50_95 - metrics["mAP50-95"]) <= 0.005
 
 
@@ -188,8 +216,11 @@ def test_a_dataset_with_a_subset_of_the_classes_is_scored_on_those(dataset):
     root, _, model_dir = dataset
     document = json.loads((root / "instances.json").read_text())
     kept = {cat for cat, _ in Counter(a["category_id"] for a in document["annotations"]).most_common(2)}
-    subset = {"images": document["images"], "annotations": [a for a in document["annotations"] if a["category_id"]
-              in kept], "categories": [c for c in document["categories"] if c["id"] in kept]}  # fmt: skip
+    subset = {
+        "images": document["images"],
+        "annotations": [a for a in document["annotations"] if a["category_id"] in kept],
+        "categories": [c for c in document["categories"] if c["id"] in kept],
+    }
     (root / "subset.json").write_text(json.dumps(subset))
     stranger = {**subset, "categories": [*subset["categories"], {"id": 999, "name": "unicorn"}]}
     (root / "stranger.json").write_text(json.dumps(stranger))

@@ -78,10 +78,20 @@ def ultralytics_predictions(model, cfg: str, end2end: bool | None, root, monkeyp
     unlimited = partial(ultralytics_nms.non_max_suppression, max_time_img=1e6)
     monkeypatch.setattr(ultralytics_nms, "non_max_suppression", unlimited)
     metrics = wrapper(model, cfg, end2end).val(
-        data=str(root / "data.yaml"), imgsz=IMGSZ, batch=2, conf=0.001, iou=0.7, save_json=True, plots=False,
+        data=str(root / "data.yaml"),
+        imgsz=IMGSZ,
+        batch=2,
+        conf=0.001,
+        iou=0.7,
+        save_json=True,
+        plots=False,
         nms=False if end2end else None,
-        device="cpu", workers=0, project=str(root / "runs"), name="val", verbose=False,
-    )  # fmt: skip
+        device="cpu",
+        workers=0,
+        project=str(root / "runs"),
+        name="val",
+        verbose=False,
+    )
     return json.loads((metrics.save_dir / "predictions.json").read_text())
 
 
@@ -99,8 +109,9 @@ def test_val_scores_as_ultralytics_validator(cfg, end2end, tmp_path, monkeypatch
     model = calibrated_model(cfg, IMGSZ)
     assert write_dataset(tmp_path, model, cfg, end2end) >= 10, "the comparison needs labels to mean something"
     model_dir = yolojet.export(model, out=tmp_path / "model", imgsz=IMGSZ, end2end=end2end)
-    ours = validate_model(model_dir, tmp_path / "data.yaml", imgsz=IMGSZ, batch=2, device="cpu", backend="reference",
-                          progress=False)  # fmt: skip
+    ours = validate_model(
+        model_dir, tmp_path / "data.yaml", imgsz=IMGSZ, batch=2, device="cpu", backend="reference", progress=False
+    )
     theirs = ultralytics_predictions(model, cfg, end2end, tmp_path, monkeypatch)
     assert theirs, "ultralytics' validator found nothing"
 
@@ -116,8 +127,10 @@ def test_val_scores_as_ultralytics_validator(cfg, end2end, tmp_path, monkeypatch
         for p in theirs:
             for part, value in zip(found[p["image_id"]], (p["rbox"], p["score"], p["category_id"]), strict=True):
                 part.append(value)
-        found = {k: (np.array(b, np.float64).reshape(-1, 5), np.array(s, np.float64), np.array(c, np.int64))
-                 for k, (b, s, c) in found.items()}  # fmt: skip
+        found = {
+            k: (np.array(b, np.float64).reshape(-1, 5), np.array(s, np.float64), np.array(c, np.int64))
+            for k, (b, s, c) in found.items()
+        }
         pairs = [(ours.scores, evaluate_obb(_obb_truth(dataset), found))]
     else:
         gt = dataset.ground_truth
@@ -176,8 +189,11 @@ def assert_same_predictions(ours: list[dict], theirs: list[dict], rotated: bool)
     for where, group in groups.items():
         left = sorted(group["theirs"], key=lambda p: -p["score"])
         for mine in sorted(group["ours"], key=lambda p: -p["score"]):
-            close = [p for p in left if abs(p["score"] - mine["score"]) <= 2e-4
-                     and np.abs(np.subtract(p[box], mine[box])).max() <= 0.1]  # fmt: skip
+            close = [
+                p
+                for p in left
+                if abs(p["score"] - mine["score"]) <= 2e-4 and np.abs(np.subtract(p[box], mine[box])).max() <= 0.1
+            ]
             if not close:
                 assert at_a_cut(mine, "theirs"), f"{where}: ours {mine} has no match in ultralytics' predictions"
                 continue

@@ -54,8 +54,14 @@ def write_dataset(root, model, cfg: str) -> dict:
             masks = scale_masks(result.masks.data[None].float().cpu(), (h, w))[0].numpy() > 0.5
         for i, (x1, y1, x2, y2) in enumerate(boxes.tolist()):
             box = [x1, y1, x2 - x1, y2 - y1]
-            annotation = {"id": len(annotations) + 1, "image_id": image_id, "category_id": int(result.boxes.cls[i]),
-                          "bbox": box, "area": box[2] * box[3], "iscrowd": 0}  # fmt: skip
+            annotation = {
+                "id": len(annotations) + 1,
+                "image_id": image_id,
+                "category_id": int(result.boxes.cls[i]),
+                "bbox": box,
+                "area": box[2] * box[3],
+                "iscrowd": 0,
+            }
             if masks is not None:
                 if not masks[i].any():
                     continue
@@ -80,8 +86,13 @@ def task_dataset(request, tmp_path_factory):
     model = calibrated_model(cfg, IMGSZ)
     document = write_dataset(root, model, cfg)
     assert len(document["annotations"]) >= 10, "the check needs objects to mean something"
-    engine = Engine.load(yolojet.export(model, out=root / "model", imgsz=IMGSZ), device="cpu", backend="reference",
-                         max_batch=5, rect=False)  # fmt: skip
+    engine = Engine.load(
+        yolojet.export(model, out=root / "model", imgsz=IMGSZ),
+        device="cpu",
+        backend="reference",
+        max_batch=5,
+        rect=False,
+    )
     return cfg, root, engine
 
 
@@ -131,8 +142,9 @@ def test_yolo_labels_convert_to_the_same_annotations(task_dataset, tmp_path):
             if "keypoints" in a:
                 x, y, bw, bh = a["bbox"]
                 values = [(x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h]
-                values += [v for px, py, vis in zip(*[iter(a["keypoints"])] * 3, strict=True)
-                           for v in (px / w, py / h, vis)]  # fmt: skip
+                values += [
+                    v for px, py, vis in zip(*[iter(a["keypoints"])] * 3, strict=True) for v in (px / w, py / h, vis)
+                ]
                 written.setdefault(image.path.stem, []).append(a)
             else:
                 from pycocotools import mask as mask_utils

@@ -263,9 +263,17 @@ def test_split_k_matches_reference_and_leaves_the_counts_at_zero(name: str) -> N
         out_buf, out = _nhwc(shape, case.dtype, case.sliced, fill=SENTINEL)
         out.fill_(float("nan"))
         conv2d_nhwc(
-            out, x, weight, bias, stride=case.stride, padding=case.padding, residual=residual, config=config,
-            partials=partials, arrivals=arrivals,
-        )  # fmt: skip
+            out,
+            x,
+            weight,
+            bias,
+            stride=case.stride,
+            padding=case.padding,
+            residual=residual,
+            config=config,
+            partials=partials,
+            arrivals=arrivals,
+        )
         assert_close(out, ref, TOLERANCE[case.dtype])
         assert int(arrivals.abs().sum()) == 0
         if case.sliced:
@@ -390,16 +398,28 @@ def test_whole_pixel_loads(table: str, name: str) -> None:
     out = torch.full(shape, float("nan"), dtype=F16, device=DEVICE)
     config = replace(config, kind=ConvKind.PACKED if table == "packed" else ConvKind.DIRECT, whole_pixels=True)
     conv2d_nhwc(
-        out, x, weight, bias, stride=case.stride, padding=case.padding, dilation=case.dilation, residual=residual,
-        upsample=case.upsample, config=config,
-    )  # fmt: skip
+        out,
+        x,
+        weight,
+        bias,
+        stride=case.stride,
+        padding=case.padding,
+        dilation=case.dilation,
+        residual=residual,
+        upsample=case.upsample,
+        config=config,
+    )
     assert_close(out, ref, TOLERANCE[F16])
 
 
 def test_packed_whole_pixels_need_words_of_at_most_4_channels_and_a_k_tile_of_every_tap() -> None:
     x = torch.randn(1, 5, 6, 8, device=DEVICE).to(F16)
-    args = (torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE), x[..., :3], torch.zeros(16, 3, 3, 3, dtype=F16,
-            device=DEVICE), torch.zeros(16, device=DEVICE))  # fmt: skip
+    args = (
+        torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE),
+        x[..., :3],
+        torch.zeros(16, 3, 3, 3, dtype=F16, device=DEVICE),
+        torch.zeros(16, device=DEVICE),
+    )
     with pytest.raises(ValueError, match="block_k = 64 for a 3x3 kernel"):
         conv2d_nhwc(*args, padding=1, config=ConvConfig(64, 16, 32, 4, 2, ConvKind.PACKED, whole_pixels=True))
     five = (args[0], x[..., :5], torch.zeros(16, 3, 3, 5, dtype=F16, device=DEVICE), args[3])
@@ -455,8 +475,10 @@ def test_two_inputs_read_as_one_upsampled_concat(name: str) -> None:
     scratch = {}
     if config is not None and config.split_k > 1:
         elements, tiles = config.split_scratch(batch * h * w, c_out)
-        scratch = {"partials": torch.empty(elements, device=DEVICE), "arrivals": torch.zeros(tiles, dtype=torch.int32,
-                   device=DEVICE)}  # fmt: skip
+        scratch = {
+            "partials": torch.empty(elements, device=DEVICE),
+            "arrivals": torch.zeros(tiles, dtype=torch.int32, device=DEVICE),
+        }
     conv2d_nhwc(out, x, weight, bias, upsample=up, second=second, residual=residual, config=config, **scratch)
     assert_close(out, ref, TOLERANCE[dtype])
     out.fill_(SENTINEL)
@@ -472,8 +494,9 @@ def test_a_second_input_needs_a_plain_1x1_conv_on_gemm_tiles() -> None:
     with pytest.raises(ValueError, match="weight expects C_in=8 but x has 8 channels and second 8"):
         conv2d_nhwc(out, x, one_by_one[..., :8].contiguous(), bias, upsample=2, second=second)
     with pytest.raises(ValueError, match="needs a 1x1 conv with stride 1 and no padding"):
-        conv2d_nhwc(out, x, torch.zeros(16, 3, 3, 16, dtype=F16, device=DEVICE), bias, upsample=2, padding=1,
-                    second=second)  # fmt: skip
+        conv2d_nhwc(
+            out, x, torch.zeros(16, 3, 3, 16, dtype=F16, device=DEVICE), bias, upsample=2, padding=1, second=second
+        )
     with pytest.raises(ValueError, match=r"second must have shape \(1, 6, 8, 8\)"):
         conv2d_nhwc(out, x, one_by_one, bias, upsample=2, second=second[:, :5])
     with pytest.raises(ValueError, match="GEMM tiles only"):
@@ -502,10 +525,13 @@ def test_whole_pixels_need_aligned_fp16_pixels_of_at_most_8_channels() -> None:
     assert not pixels_are_words(torch.zeros(1, 5, 6, 4, dtype=F32, device=DEVICE))
     with pytest.raises(ValueError, match="loads whole pixels"):
         conv2d_nhwc(
-            torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE), torch.zeros(1, 5, 6, 3, dtype=F16, device=DEVICE),
-            torch.zeros(16, 3, 3, 3, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE), padding=1,
+            torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE),
+            torch.zeros(1, 5, 6, 3, dtype=F16, device=DEVICE),
+            torch.zeros(16, 3, 3, 3, dtype=F16, device=DEVICE),
+            torch.zeros(16, device=DEVICE),
+            padding=1,
             config=ConvConfig(64, 16, 16, 2, 1, ConvKind.DIRECT, whole_pixels=True),
-        )  # fmt: skip
+        )
     with pytest.raises(ValueError, match="a gemm tile has no whole_pixels"):
         ConvConfig(64, 16, 16, 2, 1, whole_pixels=True)
     stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False, whole_pixels=True)
@@ -630,8 +656,18 @@ def test_tma_patch_conv_matches_reference(name: str) -> None:
     ref = _reference(case, x, weight, bias, residual)
     out_buf, out = _nhwc(shape, case.dtype, True, fill=SENTINEL)
     out.fill_(float("nan"))
-    conv2d_nhwc(out, x, weight, bias, stride=case.stride, padding=case.padding, dilation=case.dilation,
-                activation=case.activation, residual=residual, config=config)  # fmt: skip
+    conv2d_nhwc(
+        out,
+        x,
+        weight,
+        bias,
+        stride=case.stride,
+        padding=case.padding,
+        dilation=case.dilation,
+        activation=case.activation,
+        residual=residual,
+        config=config,
+    )
     assert_close(out, ref, TOLERANCE[case.dtype])
     out.fill_(SENTINEL)
     assert bool((out_buf == SENTINEL).all()), "the conv wrote outside its output slice"
@@ -702,8 +738,9 @@ def _aligned_slice(shape: tuple[int, ...], dtype: torch.dtype, spatial: bool):
     rows [1, H + 1) and pixels [2, W + 2), so its pixels are not evenly spaced rows of a matrix."""
     n, h, w, c = shape
     channels = -(-(c + 16) // 8) * 8
-    buf = torch.full((n, h + 2, w + 3, channels) if spatial else (n, h, w, channels), SENTINEL, dtype=dtype,
-                     device=DEVICE)  # fmt: skip
+    buf = torch.full(
+        (n, h + 2, w + 3, channels) if spatial else (n, h, w, channels), SENTINEL, dtype=dtype, device=DEVICE
+    )
     return buf, (buf[:, 1 : h + 1, 2 : w + 2] if spatial else buf)[..., 8 : 8 + c]
 
 
@@ -723,8 +760,13 @@ def test_tma_stores_offered_to_large_fp16_outputs_whose_views_allow_them() -> No
         assert tma_storable(_aligned_slice((1, 4, 4, 40), F16, spatial)[1], spatial)
     out = _aligned_slice((1, 4, 4, 16), F16, spatial=True)[1]  # patches only
     with pytest.raises(ValueError, match=r"TMA-stores its output: .* evenly spaced pixel rows"):
-        conv2d_nhwc(out, _channel_slice(1, 4, 4, 16, F16)[1], torch.zeros(16, 1, 1, 16, dtype=F16, device=DEVICE),
-                    torch.zeros(16, device=DEVICE), config=ConvConfig(16, 16, 16, 1, 1, tma_store=True))  # fmt: skip
+        conv2d_nhwc(
+            out,
+            _channel_slice(1, 4, 4, 16, F16)[1],
+            torch.zeros(16, 1, 1, 16, dtype=F16, device=DEVICE),
+            torch.zeros(16, device=DEVICE),
+            config=ConvConfig(16, 16, 16, 1, 1, tma_store=True),
+        )
 
 
 def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() -> None:
@@ -746,8 +788,10 @@ def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() 
     assert not any(
         c.loads_by_tma for c in conv_candidate_configs(160 * 160, 32, 9 * 32, kernel_is_1x1=False)
     )  # batch 1
-    assert not tma_loadable(torch.zeros(2, 5, 6, 36, dtype=F16, device=DEVICE)[..., :32],
-                            torch.zeros(16, 3, 3, 32, dtype=F16, device=DEVICE))  # fmt: skip  # 72-byte pixels
+    assert not tma_loadable(
+        torch.zeros(2, 5, 6, 36, dtype=F16, device=DEVICE)[..., :32],
+        torch.zeros(16, 3, 3, 32, dtype=F16, device=DEVICE),
+    )  # 72-byte pixels
     with pytest.raises(ValueError, match="patch width of a tma_patch tile"):
         ConvConfig(64, 64, 64, 4, 3, ConvKind.TMA_PATCH, tile_w=48)
     weight = torch.zeros(16, 1, 1, 40, dtype=F16, device=DEVICE)
@@ -764,9 +808,15 @@ def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() 
     with pytest.raises(ValueError, match="a tma_1x1 tile has no tile_w"):
         ConvConfig(64, 64, 64, 4, 3, ConvKind.TMA_1X1, tile_w=8)
     with pytest.raises(ValueError, match="TMA-loads a conv's input patches: it needs stride 1"):  # 5 rows: odd
-        conv2d_nhwc(torch.empty(2, 3, 3, 16, dtype=F16, device=DEVICE), x, torch.zeros(16, 3, 3, 40, dtype=F16,
-                    device=DEVICE), torch.zeros(16, device=DEVICE), stride=2, padding=1,
-                    config=ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_PATCH, tile_w=4))  # fmt: skip
+        conv2d_nhwc(
+            torch.empty(2, 3, 3, 16, dtype=F16, device=DEVICE),
+            x,
+            torch.zeros(16, 3, 3, 40, dtype=F16, device=DEVICE),
+            torch.zeros(16, device=DEVICE),
+            stride=2,
+            padding=1,
+            config=ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_PATCH, tile_w=4),
+        )
     even = _channel_slice(2, 6, 6, 40, F16)[1]
     weight3 = torch.zeros(16, 3, 3, 40, dtype=F16, device=DEVICE)
     assert tma_patch_loadable(even, weight3, (2, 2), 8) and tma_patch_loadable(x, weight3, (1, 1), 64)
@@ -774,15 +824,25 @@ def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() 
     assert not tma_patch_loadable(x, weight3, (2, 2), 8)  # 5 rows
     assert not tma_patch_loadable(even, weight3, (2, 1), 8)
     with pytest.raises(ValueError, match="stride 2 on an even-sized input whose channels are whole K blocks"):
-        conv2d_nhwc(torch.empty(2, 3, 3, 16, dtype=F16, device=DEVICE), even, weight3, torch.zeros(16, device=DEVICE),
-                    stride=2, padding=1, config=ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_PATCH, tile_w=4))  # fmt: skip
+        conv2d_nhwc(
+            torch.empty(2, 3, 3, 16, dtype=F16, device=DEVICE),
+            even,
+            weight3,
+            torch.zeros(16, device=DEVICE),
+            stride=2,
+            padding=1,
+            config=ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_PATCH, tile_w=4),
+        )
     for kernel, padding, view in ((3, 1, x), (1, 0, buf[..., 1:41])):
         with pytest.raises(ValueError, match="TMA-loads a 1x1 conv's operands"):  # a 3x3 weight: no tile_w
             conv2d_nhwc(
-                torch.empty(2, 5, 6, 16, dtype=F16, device=DEVICE), view,
-                torch.zeros(16, kernel, kernel, 40, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE),
-                padding=padding, config=ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_1X1),
-            )  # fmt: skip
+                torch.empty(2, 5, 6, 16, dtype=F16, device=DEVICE),
+                view,
+                torch.zeros(16, kernel, kernel, 40, dtype=F16, device=DEVICE),
+                torch.zeros(16, device=DEVICE),
+                padding=padding,
+                config=ConvConfig(16, 16, 16, 1, 1, ConvKind.TMA_1X1),
+            )
 
 
 def test_split_k_offered_only_to_sparse_layers_with_long_k() -> None:

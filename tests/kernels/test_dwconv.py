@@ -102,9 +102,16 @@ def _check_tile(case, ref, x, weight, bias, residual, tile):
     out_buf, out = _nhwc(ref.shape, case.dtype, case.sliced, fill=SENTINEL)
     out.fill_(float("nan"))
     dwconv2d_nhwc(
-        out, x, weight, bias, stride=case.stride, padding=case.padding, activation=case.activation,
-        residual=residual, tile=tile,
-    )  # fmt: skip
+        out,
+        x,
+        weight,
+        bias,
+        stride=case.stride,
+        padding=case.padding,
+        activation=case.activation,
+        residual=residual,
+        tile=tile,
+    )
     assert_close(out, ref, TOLERANCE[case.dtype])
     out.fill_(SENTINEL)
     assert bool((out_buf == SENTINEL).all()), f"dwconv with {tile} wrote outside its output slice"
@@ -154,8 +161,15 @@ def test_row_walking_tiles_are_offered_to_large_3x3_stride_1_layers_only():
     assert not any(t.rows for t in dwconv_candidate_tiles(256, walks_rows=False, pixels=64 * 80 * 80))
     assert dwconv_candidate_tiles(256, F32, walks_rows=True, pixels=64 * 80 * 80) == [default_dwconv_tile(256)]
     with pytest.raises(ValueError, match="walks rows of a 3x3 stride-1 conv"):
-        dwconv2d_nhwc(_t(1, 3, 3, 8), _t(1, 6, 6, 8), _t(8, 3, 3), _t(8, dtype=F32), stride=2, padding=1,
-                      tile=DwConvTile(4, 8, 1, 2))  # fmt: skip
+        dwconv2d_nhwc(
+            _t(1, 3, 3, 8),
+            _t(1, 6, 6, 8),
+            _t(8, 3, 3),
+            _t(8, dtype=F32),
+            stride=2,
+            padding=1,
+            tile=DwConvTile(4, 8, 1, 2),
+        )
     with pytest.raises(ValueError, match="rows must be >= 0"):
         DwConvTile(4, 8, 1, -1)
 

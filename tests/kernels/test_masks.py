@@ -272,9 +272,12 @@ def test_end_to_end_matches_masks_upsampled(proto_dtype):
     for n, ((buffer, _), size) in enumerate(zip(pairs, sizes, strict=True)):
         c = counts[n]
         keep, expected = masks_upsampled(
-            proto[n].permute(2, 0, 1).cpu(), rows[n, :c, 6:].cpu(), rows[n, :c, :4].cpu(), (H, W),
+            proto[n].permute(2, 0, 1).cpu(),
+            rows[n, :c, 6:].cpu(),
+            rows[n, :c, :4].cpu(),
+            (H, W),
             Letterbox.fit(size, (H, W)),
-        )  # fmt: skip
+        )
         nonempty = masks[n, :c].flatten(1).amax(1).cpu() > 0
         assert torch.equal(nonempty, keep), f"image {n}: empty masks differ"
         differ = int((buffer[:c][keep].cpu().bool() != expected).sum())

@@ -253,11 +253,15 @@ def test_rotated_nms_max_det_clamped_to_capacity():
     out = wide[:, :20]
     count = torch.zeros(2, dtype=torch.int32, device=DEVICE)
     rotated_non_max_suppression(
-        out, count, preds.to(DEVICE), nc=3,
+        out,
+        count,
+        preds.to(DEVICE),
+        nc=3,
         thresholds=torch.tensor([0.25, 0.45], device=DEVICE),
         limits=torch.tensor([300, 30000, 0], dtype=torch.int32, device=DEVICE),
-        class_mask=None, scratch=poisoned_scratch(2, 500),
-    )  # fmt: skip
+        class_mask=None,
+        scratch=poisoned_scratch(2, 500),
+    )
     expected = reference(preds, 3, 0.25, 0.45, max_det=20)
     assert count.tolist() == [20, 20] and all(len(e) == 20 for e in expected)
     assert torch.equal(out.cpu(), torch.stack(expected))
@@ -434,11 +438,15 @@ def test_scale_rotated_boxes_after_nms_on_a_column_slice():
     out = wide[..., 1:8]
     count = torch.zeros(2, dtype=torch.int32, device=DEVICE)
     rotated_non_max_suppression(
-        out, count, preds.to(DEVICE), nc=3,
+        out,
+        count,
+        preds.to(DEVICE),
+        nc=3,
         thresholds=torch.tensor([0.25, 0.45], device=DEVICE),
         limits=torch.tensor([300, 30000, 0], dtype=torch.int32, device=DEVICE),
-        class_mask=None, scratch=poisoned_scratch(2, 500),
-    )  # fmt: skip
+        class_mask=None,
+        scratch=poisoned_scratch(2, 500),
+    )
     params = torch.tensor([b.box_params() for b in boxes], device=DEVICE)
     scale_rotated_boxes(out, count, params)
     found = reference(preds, 3, 0.25, 0.45, max_det=300)

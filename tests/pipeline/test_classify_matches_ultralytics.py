@@ -111,9 +111,22 @@ def pil_reference(image_bgr: np.ndarray, imgsz) -> torch.Tensor:
 # half-pixel centre-crop offsets (303 - 224 = 79: Python's round(39.5) = 40), shrinks where Pillow 13 runs the
 # vertical pass first (900x17, 1200x500) and where it does not (17x900, 1080x810), and odd sizes in between.
 AWKWARD_SIZES = [
-    (1, 1), (3, 5), (37, 41), (17, 900), (900, 17), (224, 303), (303, 224), (224, 224), (225, 225),
-    (1080, 810), (720, 1280), (1200, 500), (223, 500), (301, 449), (512, 512),
-]  # fmt: skip
+    (1, 1),
+    (3, 5),
+    (37, 41),
+    (17, 900),
+    (900, 17),
+    (224, 303),
+    (303, 224),
+    (224, 224),
+    (225, 225),
+    (1080, 810),
+    (720, 1280),
+    (1200, 500),
+    (223, 500),
+    (301, 449),
+    (512, 512),
+]
 
 
 @pytest.mark.parametrize("imgsz", [224, 96, 7])
@@ -152,9 +165,13 @@ def test_preprocess_colour_layouts_and_rectangular_size():
 @pytest.mark.parametrize(
     ("cfg", "nc", "seed"),
     # yolo26-cls.yaml is layer for layer yolo11-cls.yaml: another seed, so that it is not the same test twice.
-    [("yolov8n-cls.yaml", 1000, 0), ("yolo11n-cls.yaml", 1000, 0), ("yolo26n-cls.yaml", 1000, 1),
-     ("yolo11n-cls.yaml", 7, 0)],
-)  # fmt: skip
+    [
+        ("yolov8n-cls.yaml", 1000, 0),
+        ("yolo11n-cls.yaml", 1000, 0),
+        ("yolo26n-cls.yaml", 1000, 1),
+        ("yolo11n-cls.yaml", 7, 0),
+    ],
+)
 def test_reference_backend_matches_ultralytics_predict(cfg, nc, seed, tmp_path, monkeypatch):
     model = peaked(seven_class_model() if nc == 7 else calibrated_model(cfg, IMGSZ, seed))
     model_dir = yolojet.export(model, out=tmp_path / "model", imgsz=IMGSZ)

@@ -57,9 +57,7 @@ def test_obb_matches_ultralytics_predict(cfg, end2end, tmp_path):
     assert meta.task == "obb" and meta.end2end == bool(end2end)
     photos = real_photos()
     x, boxes = letterboxed(photos, IMGSZ)
-    ours = obb_postprocess(
-        reference(x), boxes, nc=meta.nc, conf=CONF, iou=0.7, max_det=300, end2end=meta.end2end
-    )  # fmt: skip
+    ours = obb_postprocess(reference(x), boxes, nc=meta.nc, conf=CONF, iou=0.7, max_det=300, end2end=meta.end2end)
     expected = ultralytics_results(model, cfg, list(photos.values()), IMGSZ, bool(end2end), CONF)
     total = 0
     for (name, image), rows, result in zip(photos.items(), ours, expected, strict=True):
@@ -114,12 +112,10 @@ def test_rotated_nms_and_scaling_match_ultralytics(seed, options, orig):
     conf, iou, max_det = 0.2, options.get("iou", 0.7), options.get("max_det", 300)
     classes, agnostic = options.get("classes"), options.get("agnostic", False)
     boxes = [Letterbox.fit(hw, imgsz) for hw in orig]
-    ours = obb_postprocess(
-        preds, boxes, nc=nc, conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic
-    )  # fmt: skip
+    ours = obb_postprocess(preds, boxes, nc=nc, conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic)
     theirs = non_max_suppression(
         preds.clone(), conf, iou, classes, agnostic, max_det=max_det, nc=nc, rotated=True, max_time_img=math.inf
-    )  # fmt: skip
+    )
     for rows, pred, hw in zip(ours, theirs, orig, strict=True):
         rboxes = torch.cat([pred[:, :4], pred[:, -1:]], -1)
         rboxes[:, :4] = scale_boxes(imgsz, rboxes[:, :4], hw, xywh=True)

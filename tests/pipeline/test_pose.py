@@ -46,7 +46,7 @@ def compare_with_ultralytics(model, cfg: str, model_dir, end2end: bool, conf: fl
     x, boxes = letterboxed(photos, IMGSZ)
     ours = pose_postprocess(
         reference(x), boxes, nc=meta.nc, kpt_shape=meta.kpt_shape, conf=conf, iou=0.7, max_det=300, end2end=end2end
-    )  # fmt: skip
+    )
     expected = ultralytics_results(model, cfg, list(photos.values()), IMGSZ, end2end, conf)
     stats = {"instances": 0, "xy": 0.0, "visibility": 0.0}
     for (name, image), (rows, keypoints), result in zip(photos.items(), ours, expected, strict=True):
@@ -144,9 +144,16 @@ def test_nms_and_keypoint_scaling_match_ultralytics(seed, kpt_shape, options, or
     classes, agnostic = options.get("classes"), options.get("agnostic", False)
     boxes = [Letterbox.fit(hw, imgsz) for hw in orig]
     ours = pose_postprocess(
-        preds, boxes, nc=nc, kpt_shape=kpt_shape, conf=conf, iou=iou, max_det=max_det, classes=classes,
+        preds,
+        boxes,
+        nc=nc,
+        kpt_shape=kpt_shape,
+        conf=conf,
+        iou=iou,
+        max_det=max_det,
+        classes=classes,
         agnostic=agnostic,
-    )  # fmt: skip
+    )
     theirs = non_max_suppression(
         preds.clone(), conf, iou, classes, agnostic, max_det=max_det, nc=nc, max_time_img=math.inf
     )
@@ -184,7 +191,7 @@ def test_end2end_rows_filtered_like_ultralytics():
     boxes = [Letterbox.fit((427, 640), (640, 640)), Letterbox.fit((640, 360), (640, 640))]
     ours = pose_postprocess(
         rows, boxes, nc=4, kpt_shape=(17, 3), conf=0.3, iou=0.7, max_det=40, classes=[1, 3], end2end=True
-    )  # fmt: skip
+    )
     theirs = non_max_suppression(rows.clone(), 0.3, 0.7, [1, 3], max_det=40, nc=4, end2end=True, max_time_img=math.inf)
     for (mine, keypoints), pred, box in zip(ours, theirs, boxes, strict=True):
         assert len(mine) == len(pred) > 0

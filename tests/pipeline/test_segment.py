@@ -96,9 +96,15 @@ def ultralytics_results(model, cfg, images, end2end, retina_masks):
     wrapper.model.end2end = bool(end2end)
     nms = False if end2end else None
     results = wrapper.predict(
-        images, imgsz=IMGSZ, conf=CONF[cfg], verbose=False, nms=nms, rect=False, retina_masks=retina_masks,
+        images,
+        imgsz=IMGSZ,
+        conf=CONF[cfg],
+        verbose=False,
+        nms=nms,
+        rect=False,
+        retina_masks=retina_masks,
         batch=len(images),
-    )  # fmt: skip
+    )
     results = [r.cpu() for r in results]  # predict leaves them on its device
     found = []
     for image, r in zip(images, results, strict=True):

@@ -73,13 +73,43 @@ def test_two_workers_give_the_records_of_one_engine(model_dir, tmp_path, capsys)
     folder = photos(tmp_path / "photos", 8)
     (folder / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     ours, theirs = tmp_path / "workers.jsonl", tmp_path / "local.jsonl"
-    code, _, stderr = run_cli(capsys, "label", folder, "--local", "--devices", "cpu,cpu", "--model", model_dir,
-                              "--out", ours, "--conf", CONF, "-c", "2")  # fmt: skip
+    code, _, stderr = run_cli(
+        capsys,
+        "label",
+        folder,
+        "--local",
+        "--devices",
+        "cpu,cpu",
+        "--model",
+        model_dir,
+        "--out",
+        ours,
+        "--conf",
+        CONF,
+        "-c",
+        "2",
+    )
     assert code == 1, stderr  # the broken file
     assert "8 images labeled" in stderr and "1 errors" in stderr and "re-run" not in stderr
     assert not workers_alive()
-    assert run_cli(capsys, "label", folder, "--local", "--model", model_dir, "--out", theirs, "--conf", CONF,
-                   "-c", "2", "--quiet")[0] == 1  # fmt: skip
+    assert (
+        run_cli(
+            capsys,
+            "label",
+            folder,
+            "--local",
+            "--model",
+            model_dir,
+            "--out",
+            theirs,
+            "--conf",
+            CONF,
+            "-c",
+            "2",
+            "--quiet",
+        )[0]
+        == 1
+    )
     records = lines(ours)
     paths = [r["path"] for r in records]
     assert len(paths) == len(set(paths)) == 8
@@ -118,8 +148,21 @@ def test_a_killed_worker_loses_no_image_and_writes_none_twice(model_dir, tmp_pat
 
     killer = threading.Thread(target=kill_a_worker_once_records_flow, daemon=True)
     killer.start()
-    code, _, stderr = run_cli(capsys, "label", folder, "--local", "--devices", "cpu,cpu", "--model", model_dir,
-                              "--out", out, "-c", "2", "--quiet")  # fmt: skip
+    code, _, stderr = run_cli(
+        capsys,
+        "label",
+        folder,
+        "--local",
+        "--devices",
+        "cpu,cpu",
+        "--model",
+        model_dir,
+        "--out",
+        out,
+        "-c",
+        "2",
+        "--quiet",
+    )
     killer.join(timeout=5)
     assert killed, stderr
     assert code == 0, stderr
@@ -127,8 +170,11 @@ def test_a_killed_worker_loses_no_image_and_writes_none_twice(model_dir, tmp_pat
     assert sorted(paths) == sorted(str(p) for p in folder.iterdir())
     assert len(paths) == len(set(paths)) == 16
     assert "16 images labeled" in stderr and "0 errors" in stderr
-    (reruns,) = re.findall(r"worker deaths: 1 \(cpu: killed by SIGKILL\); chunks they held, re-run on the other "
-                           r"workers or those started again: (\d+)", stderr)  # fmt: skip
+    (reruns,) = re.findall(
+        r"worker deaths: 1 \(cpu: killed by SIGKILL\); chunks they held, re-run on the other "
+        r"workers or those started again: (\d+)",
+        stderr,
+    )
     assert int(reruns) >= 1
     assert not workers_alive()
 
@@ -146,15 +192,25 @@ def test_a_killed_worker_loses_no_image_and_writes_none_twice(model_dir, tmp_pat
 def test_bad_devices_are_clear_errors_before_any_work(model_dir, tmp_path, capsys, flags, message):
     out = tmp_path / "labels.jsonl"
     started = time.monotonic()
-    code, _, stderr = run_cli(capsys, "label", ASSETS / "bus.jpg", "--local", "--model", model_dir, "--out", out,
-                              *flags)  # fmt: skip
+    code, _, stderr = run_cli(
+        capsys, "label", ASSETS / "bus.jpg", "--local", "--model", model_dir, "--out", out, *flags
+    )
     assert code == 2 and message in stderr, stderr
     assert time.monotonic() - started < 5 and not out.exists() and not workers_alive()
 
 
 def test_devices_only_with_local(tmp_path, capsys):
-    code, _, stderr = run_cli(capsys, "label", ASSETS / "bus.jpg", "--server", "127.0.0.1:9", "--devices", "cpu",
-                              "--out", tmp_path / "o.jsonl")  # fmt: skip
+    code, _, stderr = run_cli(
+        capsys,
+        "label",
+        ASSETS / "bus.jpg",
+        "--server",
+        "127.0.0.1:9",
+        "--devices",
+        "cpu",
+        "--out",
+        tmp_path / "o.jsonl",
+    )
     assert code == 2 and "--devices runs worker processes on this machine's devices: give it with --local" in stderr
 
 
@@ -175,8 +231,9 @@ def test_a_model_the_workers_cannot_load_names_the_device_and_stops_them(tmp_pat
     (broken / "graph.json").write_text("{ not json")
     (broken / "weights.safetensors").write_bytes(b"")
     out = tmp_path / "labels.jsonl"
-    code, _, stderr = run_cli(capsys, "label", ASSETS / "bus.jpg", "--local", "--devices", "cpu,cpu", "--model",
-                              broken, "--out", out)  # fmt: skip
+    code, _, stderr = run_cli(
+        capsys, "label", ASSETS / "bus.jpg", "--local", "--devices", "cpu,cpu", "--model", broken, "--out", out
+    )
     assert code == 2 and "the worker on cpu could not load the model" in stderr and "not valid JSON" in stderr, stderr
     assert not out.exists() and not workers_alive()
 
@@ -191,8 +248,23 @@ def test_ctrl_c_ends_the_workers_with_the_command(model_dir, tmp_path):
         os.link(folder / f"{i % 2:02d}.jpg", folder / f"{i:03d}.jpg")
     out = tmp_path / "labels.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "yolojet", "label", str(folder), "--local", "--devices", "cpu,cpu", "--model",
-               str(model_dir), "--out", str(out), "-c", "2", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "yolojet",
+        "label",
+        str(folder),
+        "--local",
+        "--devices",
+        "cpu,cpu",
+        "--model",
+        str(model_dir),
+        "--out",
+        str(out),
+        "-c",
+        "2",
+        "--quiet",
+    ]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 120

@@ -28,8 +28,9 @@ CONF = "0.001"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    return yolojet.export(calibrated_model("yolov8n.yaml", 320), out=tmp_path_factory.mktemp("ray_label") / "detect",
-                          imgsz=320)  # fmt: skip
+    return yolojet.export(
+        calibrated_model("yolov8n.yaml", 320), out=tmp_path_factory.mktemp("ray_label") / "detect", imgsz=320
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +78,14 @@ def assert_same_records(ours: list[dict], theirs: list[dict]) -> None:
         }
         assert [d["class"] for d in record["detections"]] == [d["class"] for d in them["detections"]], path
         if record["detections"]:
-            np.testing.assert_allclose([d["box"] for d in record["detections"]], [d["box"] for d in them["detections"]],
-                                       atol=0.02)  # fmt: skip
-            np.testing.assert_allclose([d["confidence"] for d in record["detections"]],
-                                       [d["confidence"] for d in them["detections"]], atol=2e-5)  # fmt: skip
+            np.testing.assert_allclose(
+                [d["box"] for d in record["detections"]], [d["box"] for d in them["detections"]], atol=0.02
+            )
+            np.testing.assert_allclose(
+                [d["confidence"] for d in record["detections"]],
+                [d["confidence"] for d in them["detections"]],
+                atol=2e-5,
+            )
 
 
 # -- without a cluster ------------------------------------------------------------------------------------------------
@@ -105,8 +110,9 @@ def test_flags_that_do_not_go_together(model_dir, photos, tmp_path, capsys):
 
 def test_an_unreachable_cluster_and_a_missing_ray_are_clear_errors(model_dir, photos, tmp_path, capsys, monkeypatch):
     started = time.monotonic()
-    code, _, stderr = run_cli(capsys, "label", photos, "--model", model_dir, "--out", tmp_path / "o.jsonl", "--ray",
-                              "127.0.0.1:9")  # fmt: skip
+    code, _, stderr = run_cli(
+        capsys, "label", photos, "--model", model_dir, "--out", tmp_path / "o.jsonl", "--ray", "127.0.0.1:9"
+    )
     assert code == 2 and "--ray 127.0.0.1:9: cannot reach the Ray cluster there" in stderr, stderr
     assert time.monotonic() - started < 30  # not ray.init's minutes of retrying
     monkeypatch.setitem(sys.modules, "ray.data", None)  # as if Ray Data were not installed
@@ -133,8 +139,17 @@ def test_a_path_is_delivered_once_and_one_without_an_answer_is_an_error():
         n = len(paths)
         records = [json.dumps({"path": p}) if not p.endswith("bad") else "" for p in paths]
         errors = [f"{p}: cannot decode" if p.endswith("bad") else "" for p in paths]
-        return {k: np.array(v, dtype=object) for k, v in {"path": paths, "record": records, "error": errors,
-                "failure": [""] * n, "actor": [actor] * n, "worker": [worker] * n}.items()}  # fmt: skip
+        return {
+            k: np.array(v, dtype=object)
+            for k, v in {
+                "path": paths,
+                "record": records,
+                "error": errors,
+                "failure": [""] * n,
+                "actor": [actor] * n,
+                "worker": [worker] * n,
+            }.items()
+        }
 
     answers = [batch(["a", "bad"], "A", "node:1"), batch(["c"], "B", "node:2"), batch(["a", "bad"], "A", "node:3")]
     delivery, records, errors = Delivery(), [], []

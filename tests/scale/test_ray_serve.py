@@ -32,8 +32,9 @@ ROUTE = (("application", APP),)  # what Ray's proxy routes by when the cluster r
 
 
 def rows(reply: pb.InferReply) -> np.ndarray:
-    return np.array([[d.box.x1, d.box.y1, d.box.x2, d.box.y2, d.confidence, d.class_id] for d in reply.detections],
-                    dtype=np.float32).reshape(-1, 6)  # fmt: skip
+    return np.array(
+        [[d.box.x1, d.box.y1, d.box.x2, d.box.y2, d.confidence, d.class_id] for d in reply.detections], dtype=np.float32
+    ).reshape(-1, 6)
 
 
 def free_port() -> int:
@@ -46,8 +47,9 @@ def free_port() -> int:
 def deployed(tmp_path_factory):
     """The model, and a stub on the proxy of the deployment on a local two-CPU cluster (started once: about a minute
     here, most of it Ray's and the replica's start-up)."""
-    model_dir = yolojet.export(calibrated_model("yolo11n.yaml", 64), out=tmp_path_factory.mktemp("ray_serve") / "m",
-                               imgsz=64)  # fmt: skip
+    model_dir = yolojet.export(
+        calibrated_model("yolo11n.yaml", 64), out=tmp_path_factory.mktemp("ray_serve") / "m", imgsz=64
+    )
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False)
@@ -73,9 +75,17 @@ def test_an_unreachable_head_and_flags_that_do_not_go_together_are_refused(capsy
             service.start()
     with pytest.raises(EngineConfigError, match="not available with --ray"):
         RayService([ModelSpec(str(tmp_path), 2)], replace(ServeOptions(), token="secret"))
-    for argv, reason in ((("--ray", "--devices", "cpu"), "--ray and --devices"),
-                         (("--ray", "--device", "cpu"), "--device and --ray"),
-                         (("--ray-replicas", "2",), "--ray-replicas goes with --ray")):  # fmt: skip
+    for argv, reason in (
+        (("--ray", "--devices", "cpu"), "--ray and --devices"),
+        (("--ray", "--device", "cpu"), "--device and --ray"),
+        (
+            (
+                "--ray-replicas",
+                "2",
+            ),
+            "--ray-replicas goes with --ray",
+        ),
+    ):
         code, _, err = run_cli(capsys, "serve", "--model", str(tmp_path), *argv)
         assert code != 0 and reason in err, err
 

@@ -58,8 +58,9 @@ def server_children(parent: int) -> list[int]:
 
 
 def rows(reply: pb.InferReply) -> np.ndarray:
-    return np.array([[d.box.x1, d.box.y1, d.box.x2, d.box.y2, d.confidence, d.class_id] for d in reply.detections],
-                    dtype=np.float32).reshape(-1, 6)  # fmt: skip
+    return np.array(
+        [[d.box.x1, d.box.y1, d.box.x2, d.box.y2, d.confidence, d.class_id] for d in reply.detections], dtype=np.float32
+    ).reshape(-1, 6)
 
 
 def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_path):
@@ -67,8 +68,24 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
     with Engine.load(model_dir, device="cpu", backend="reference") as engine:
         want = engine([BUS], conf=CONF)[0].boxes.data
     metrics, log = free_port(), tmp_path / "serve.log"
-    command = [sys.executable, "-m", "yolojet", "serve", "--model", f"{model_dir}:2", "--port", "0", "--processes",
-               "2", "--metrics-port", str(metrics), "--slo-ms", "120000", "--device", "cpu"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "yolojet",
+        "serve",
+        "--model",
+        f"{model_dir}:2",
+        "--port",
+        "0",
+        "--processes",
+        "2",
+        "--metrics-port",
+        str(metrics),
+        "--slo-ms",
+        "120000",
+        "--device",
+        "cpu",
+    ]
     # Without Triton's interpreter a CPU server runs the reference executor, as the engine above does.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     server = subprocess.Popen(command, stderr=log.open("w"), stdout=subprocess.DEVNULL, env=env)
@@ -93,10 +110,30 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
         outputs = {}
         for streams in (1, 4):
             out = tmp_path / f"labels-{streams}.jsonl"
-            done = subprocess.run([sys.executable, "-m", "yolojet", "label", str(photos), "--server",
-                                   f"127.0.0.1:{port}", "--streams", str(streams), "-c", "8", "--conf", str(CONF),
-                                   "--out", str(out), "--quiet"], capture_output=True, text=True, env=env,
-                                  timeout=300)  # fmt: skip
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "yolojet",
+                    "label",
+                    str(photos),
+                    "--server",
+                    f"127.0.0.1:{port}",
+                    "--streams",
+                    str(streams),
+                    "-c",
+                    "8",
+                    "--conf",
+                    str(CONF),
+                    "--out",
+                    str(out),
+                    "--quiet",
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=300,
+            )
             assert done.returncode == 0, done.stderr
             records = [json.loads(line) for line in out.read_text().splitlines()]
             assert sorted(Path(r["path"]).name for r in records) == [f"{i:02d}.jpg" for i in range(12)]
@@ -120,8 +157,9 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
         assert children and all(not Path(f"/proc/{pid}").exists() for pid in children)
 
         # A parent killed outright leaves no orphan serving the port: each process sees its pipe end and stops.
-        orphaned = subprocess.Popen(command, stderr=(tmp_path / "killed.log").open("w"), stdout=subprocess.DEVNULL,
-                                    env=env)  # fmt: skip
+        orphaned = subprocess.Popen(
+            command, stderr=(tmp_path / "killed.log").open("w"), stdout=subprocess.DEVNULL, env=env
+        )
         wait_for(tmp_path / "killed.log", r"listening on 127\.0\.0\.1:\d+ \(2 processes\)", orphaned)
         children = server_children(orphaned.pid)
         orphaned.kill()
@@ -141,8 +179,10 @@ def test_processes_go_with_neither_devices_nor_ray_and_streams_only_with_a_serve
         code, _, stderr = run_cli(capsys, "serve", "--model", str(tmp_path / "m"), "--processes", "2", *extra)
         assert code == 2 and "--processes" in stderr, stderr
     out = str(tmp_path / "out.jsonl")
-    refusals = ((["--local", "--model", "m"], "give it with --server"),
-                (["--server", "127.0.0.1:1", "-c", "2"], "between 1 and the requests in flight"))  # fmt: skip
+    refusals = (
+        (["--local", "--model", "m"], "give it with --server"),
+        (["--server", "127.0.0.1:1", "-c", "2"], "between 1 and the requests in flight"),
+    )
     for where, message in refusals:
         code, _, stderr = run_cli(capsys, "label", str(ASSETS / "bus.jpg"), "--out", out, "--streams", "3", *where)
         assert code == 2 and message in stderr, stderr

@@ -33,8 +33,9 @@ CONF = 0.001
 
 
 def rows(reply: pb.InferReply) -> np.ndarray:
-    return np.array([[d.box.x1, d.box.y1, d.box.x2, d.box.y2, d.confidence, d.class_id] for d in reply.detections],
-                    dtype=np.float32).reshape(-1, 6)  # fmt: skip
+    return np.array(
+        [[d.box.x1, d.box.y1, d.box.x2, d.box.y2, d.confidence, d.class_id] for d in reply.detections], dtype=np.float32
+    ).reshape(-1, 6)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,9 @@ def model_dir(tmp_path_factory):
 
 
 def test_two_workers_answer_as_the_engine_and_a_killed_or_hung_one_loses_no_request(model_dir, monkeypatch):
-    pool = WorkerPool([ModelSpec(str(model_dir), 2)], parse_devices("cpu,cpu"),
-                      {"backend": "reference", "decoder": "cpu"})  # fmt: skip
+    pool = WorkerPool(
+        [ModelSpec(str(model_dir), 2)], parse_devices("cpu,cpu"), {"backend": "reference", "decoder": "cpu"}
+    )
     models = pool.start()
     runner = partial(PoolRunner, pool=pool)
     running = RunningServer(models, replace(ServeOptions(), port=0, slo_ms=120_000, decoder="cpu"), runner=runner)

@@ -26,8 +26,10 @@ TASK_MODELS = {
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
-    return {task: yolojet.export(calibrated_model(cfg, size), out=root / task, imgsz=size)
-            for task, (cfg, size) in TASK_MODELS.items()}  # fmt: skip
+    return {
+        task: yolojet.export(calibrated_model(cfg, size), out=root / task, imgsz=size)
+        for task, (cfg, size) in TASK_MODELS.items()
+    }
 
 
 @pytest.fixture(scope="module")

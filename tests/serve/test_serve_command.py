@@ -29,8 +29,10 @@ def start(model_dir, *flags) -> tuple[subprocess.Popen, str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     process = subprocess.Popen(
         [sys.executable, "-m", "yolojet", "serve", "--model", f"{model_dir}:1", "--port", "0", *flags],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + 120
     lines = []
     while time.monotonic() < deadline:
@@ -96,10 +98,20 @@ def test_generated_code_is_what_the_proto_gives(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{root}", f"--python_out={out}", f"--grpc_python_out={out}",
-         f"--pyi_out={out}", str(relative / "inference.proto")],
-        cwd=root, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{root}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            f"--pyi_out={out}",
+            str(relative / "inference.proto"),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     for name in ("inference_pb2.py", "inference_pb2_grpc.py", "inference_pb2.pyi"):
         assert (out / relative / name).read_text() == (PROTO_DIR / name).read_text(), name

@@ -36,8 +36,9 @@ def png(width: int, height: int) -> bytes:
 
 
 def rows_of(reply: pb.InferReply) -> np.ndarray:
-    return np.array([[d.box.x1, d.box.y1, d.box.x2, d.box.y2, d.confidence, d.class_id] for d in reply.detections],
-                    dtype=np.float32).reshape(-1, 6)  # fmt: skip
+    return np.array(
+        [[d.box.x1, d.box.y1, d.box.x2, d.box.y2, d.confidence, d.class_id] for d in reply.detections], dtype=np.float32
+    ).reshape(-1, 6)
 
 
 def assert_same_rows_across_batches(got: np.ndarray, want: np.ndarray) -> None:
@@ -68,8 +69,20 @@ def test_infer_answers_as_the_engine_does(server, task):
             np.testing.assert_allclose([c.confidence for c in reply.top5], want.probs.top5conf, rtol=1e-6)
             continue
         if task == "obb":
-            got = np.array([[d.rotated_box.cx, d.rotated_box.cy, d.rotated_box.width, d.rotated_box.height,
-                             d.rotated_box.angle, d.confidence, d.class_id] for d in reply.detections])  # fmt: skip
+            got = np.array(
+                [
+                    [
+                        d.rotated_box.cx,
+                        d.rotated_box.cy,
+                        d.rotated_box.width,
+                        d.rotated_box.height,
+                        d.rotated_box.angle,
+                        d.confidence,
+                        d.class_id,
+                    ]
+                    for d in reply.detections
+                ]
+            )
             assert len(got) == len(want.obb)
             found += len(got)
             if len(got):
@@ -167,8 +180,10 @@ def test_bad_requests_get_a_clear_status_and_the_server_keeps_serving(server, re
 
 
 def test_an_image_over_the_pixel_limit(model_dirs):
-    running = RunningServer({"detect": served("detect", model_dirs["detect"], max_pixels=100 * 100)},
-                            replace(ServeOptions(), port=0, slo_ms=60_000))  # fmt: skip
+    running = RunningServer(
+        {"detect": served("detect", model_dirs["detect"], max_pixels=100 * 100)},
+        replace(ServeOptions(), port=0, slo_ms=60_000),
+    )
     try:
         stub = running.stub()
         with pytest.raises(grpc.RpcError) as info:
@@ -183,13 +198,16 @@ def test_an_image_over_the_pixel_limit(model_dirs):
 def test_overload_is_refused_at_once_then_the_server_recovers(model_dirs):
     """A queue of two: of many requests sent at once, those beyond what can wait are refused with
     RESOURCE_EXHAUSTED without waiting, the rest answered; afterwards requests are served again."""
-    running = RunningServer({"detect": served("detect", model_dirs["detect"], max_batch=1)},
-                            replace(ServeOptions(), port=0, slo_ms=60_000, max_queue=2))  # fmt: skip
+    running = RunningServer(
+        {"detect": served("detect", model_dirs["detect"], max_batch=1)},
+        replace(ServeOptions(), port=0, slo_ms=60_000, max_queue=2),
+    )
     try:
         stub = running.stub()
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            futures = [pool.submit(stub.Infer.future(pb.InferRequest(image=BUS), timeout=120).exception)
-                       for _ in range(16)]  # fmt: skip
+            futures = [
+                pool.submit(stub.Infer.future(pb.InferRequest(image=BUS), timeout=120).exception) for _ in range(16)
+            ]
             errors = [f.result() for f in futures]
         refused = [e for e in errors if e is not None]
         assert refused and all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
@@ -201,8 +219,9 @@ def test_overload_is_refused_at_once_then_the_server_recovers(model_dirs):
 
 
 def test_a_deadline_the_work_ahead_would_miss_is_refused_at_once(model_dirs):
-    running = RunningServer({"detect": served("detect", model_dirs["detect"], max_batch=1)},
-                            replace(ServeOptions(), port=0, slo_ms=60_000))  # fmt: skip
+    running = RunningServer(
+        {"detect": served("detect", model_dirs["detect"], max_batch=1)}, replace(ServeOptions(), port=0, slo_ms=60_000)
+    )
     try:
         stub = running.stub()
         run_s = running.server.models["detect"].latency.run_seconds[1]
@@ -218,8 +237,10 @@ def test_a_deadline_the_work_ahead_would_miss_is_refused_at_once(model_dirs):
 def test_a_bearer_token_is_required_where_set_but_not_for_health(model_dirs):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    running = RunningServer({"detect": served("detect", model_dirs["detect"])},
-                            replace(ServeOptions(), port=0, slo_ms=60_000, token="s3cret"))  # fmt: skip
+    running = RunningServer(
+        {"detect": served("detect", model_dirs["detect"])},
+        replace(ServeOptions(), port=0, slo_ms=60_000, token="s3cret"),
+    )
     try:
         stub = running.stub()
         for metadata in (None, (("authorization", "Bearer wrong"),)):
@@ -245,19 +266,28 @@ def test_tls(model_dirs, tmp_path):
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-            .sign(key, hashes.SHA256()))  # fmt: skip
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     cert_pem = cert.public_bytes(serialization.Encoding.PEM)
     (tmp_path / "cert.pem").write_bytes(cert_pem)
-    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                         serialization.NoEncryption()))  # fmt: skip
+    (tmp_path / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     for alone in ({"tls_key": tmp_path / "key.pem"}, {"tls_cert": tmp_path / "cert.pem"}):  # never in the clear
         with pytest.raises(EngineConfigError, match="go together"):
             ServeOptions(**alone)
-    options = replace(ServeOptions(), port=0, slo_ms=60_000, tls_cert=tmp_path / "cert.pem",
-                      tls_key=tmp_path / "key.pem")  # fmt: skip
+    options = replace(
+        ServeOptions(), port=0, slo_ms=60_000, tls_cert=tmp_path / "cert.pem", tls_key=tmp_path / "key.pem"
+    )
     running = RunningServer({"detect": served("detect", model_dirs["detect"])}, options)
     try:
         channel = grpc.secure_channel(f"localhost:{running.server.port}", grpc.ssl_channel_credentials(cert_pem))

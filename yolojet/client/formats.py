@@ -58,14 +58,20 @@ def coco_document(records: Iterable[dict], names: dict[int, str], rle: bool = Fa
     images: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
     for image_id, record in enumerate(records, start=1):
-        images.append({"id": image_id, "file_name": record["path"], "width": record["width"],
-                       "height": record["height"]})  # fmt: skip
+        images.append(
+            {"id": image_id, "file_name": record["path"], "width": record["width"], "height": record["height"]}
+        )
         for d in record.get("detections", []):
             x1, y1, x2, y2 = _extent(d)
-            ann: dict[str, Any] = {"id": len(annotations) + 1, "image_id": image_id, "category_id": d["class"],
-                                   "bbox": [round(x1, 2), round(y1, 2), round(x2 - x1, 2), round(y2 - y1, 2)],
-                                   "area": round((x2 - x1) * (y2 - y1), 2), "score": d["confidence"],
-                                   "iscrowd": 0}  # fmt: skip
+            ann: dict[str, Any] = {
+                "id": len(annotations) + 1,
+                "image_id": image_id,
+                "category_id": d["class"],
+                "bbox": [round(x1, 2), round(y1, 2), round(x2 - x1, 2), round(y2 - y1, 2)],
+                "area": round((x2 - x1) * (y2 - y1), 2),
+                "score": d["confidence"],
+                "iscrowd": 0,
+            }
             if "mask" in d:
                 mask = decode_rle(d["mask"])
                 ann["area"] = int(mask.sum())
@@ -120,8 +126,9 @@ def _common_root(paths: list[str]) -> Path:
     return Path(os.path.commonpath(folders)) if folders else Path.cwd()
 
 
-def write_yolo_dataset(folder: Path, records: list[dict], names: dict[int, str], task: str,
-                       kpt_shape: list[int] | None = None) -> int:  # fmt: skip
+def write_yolo_dataset(
+    folder: Path, records: list[dict], names: dict[int, str], task: str, kpt_shape: list[int] | None = None
+) -> int:
     """Label files (each written atomically) and image links for the records, then data.yaml; returns the number
     of label files written."""
     if task == "classify":

@@ -63,8 +63,10 @@ class Summary:
     def lines(self, job: LabelJob) -> list[str]:
         rate = self.labeled / self.seconds if self.seconds > 0 else 0.0
         skipped = f", {self.skipped} done before and skipped" if self.skipped else ""
-        done = [f"{self.labeled} images labeled ({rate:,.1f} img/s), {self.detections} detections, "
-                f"{self.failed} errors{skipped}"]  # fmt: skip
+        done = [
+            f"{self.labeled} images labeled ({rate:,.1f} img/s), {self.detections} detections, "
+            f"{self.failed} errors{skipped}"
+        ]
         done.append(f"records: {job.out}")
         if self.failed:
             done.append(f"errors: {error_log(job)}")
@@ -111,8 +113,10 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary) -> Summa
         other = {(r.get("model"), r.get("model_version")) for r in earlier} - {(facts.name, facts.version)}
         if other:
             model, version = sorted(other, key=str)[0]
-            raise OutputPathError(f"--resume {job.out}: its records come from model {model} {version}, this run "
-                                  f"labels with {facts.name} {facts.version}; --overwrite to start again")  # fmt: skip
+            raise OutputPathError(
+                f"--resume {job.out}: its records come from model {model} {version}, this run "
+                f"labels with {facts.name} {facts.version}; --overwrite to start again"
+            )
     todo, seen = [], set(done)
     for path in sources:
         key = _key(path)

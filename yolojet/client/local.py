@@ -19,11 +19,17 @@ class LocalLabeler:
         meta = self.engine.meta
         path = Path(str(model).rstrip("/"))
         name = path.stem if path.suffix.lower() in (".pt", ".yaml", ".yml") else path.name
-        self.facts = ModelFacts(name, self.engine.graph.version(), meta.task, dict(meta.names),
-                                list(meta.kpt_shape) if meta.kpt_shape else None)  # fmt: skip
+        self.facts = ModelFacts(
+            name,
+            self.engine.graph.version(),
+            meta.task,
+            dict(meta.names),
+            list(meta.kpt_shape) if meta.kpt_shape else None,
+        )
 
-    def __call__(self, paths: list[str], on_record: Callable[[dict], None],
-                 on_error: Callable[[str, str], None]) -> None:  # fmt: skip
+    def __call__(
+        self, paths: list[str], on_record: Callable[[dict], None], on_error: Callable[[str, str], None]
+    ) -> None:
         f = self.facts
         for path, result in zip(paths, self.engine.stream(paths, **self.options), strict=True):
             if result.error:

@@ -31,8 +31,9 @@ def results_of(record: dict) -> Results:
     detections = record.get("detections", [])
     parts: dict = {}
     if detections and "rotated_box" in detections[0]:
-        parts["obb"] = OBB(np.array([[*d["rotated_box"], d["confidence"], d["class"]] for d in detections],
-                                    np.float32), shape)  # fmt: skip
+        parts["obb"] = OBB(
+            np.array([[*d["rotated_box"], d["confidence"], d["class"]] for d in detections], np.float32), shape
+        )
     elif detections or record.get("task") not in ("classify", "obb"):
         rows = np.array([[*d["box"], d["confidence"], d["class"]] for d in detections], np.float32).reshape(-1, 6)
         parts["boxes"] = Boxes(rows, shape)
@@ -95,8 +96,10 @@ def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:30]
     figure, axis = plt.subplots(figsize=(10, 4))
     axis.bar([name for name, _ in top], [n for _, n in top], color="#3b7dd8")
-    axis.set_title(f"{len(found)} {'detections' if records[0].get('detections') is not None else 'top-1 classes'} "
-                   f"in {len(records)} images, by class")  # fmt: skip
+    axis.set_title(
+        f"{len(found)} {'detections' if records[0].get('detections') is not None else 'top-1 classes'} "
+        f"in {len(records)} images, by class"
+    )
     axis.tick_params(axis="x", rotation=60)
     figure.tight_layout()
     write_atomically(out / "classes.png", lambda p: figure.savefig(p, format="png", dpi=100))

@@ -30,8 +30,14 @@ def _round(values: Any, decimals: int) -> list:
 
 
 def from_results(path: str, result: Results, model: str, version: str, task: str) -> dict:
-    record: dict[str, Any] = {"path": path, "width": result.orig_shape[1], "height": result.orig_shape[0],
-                              "model": model, "model_version": version, "task": task}  # fmt: skip
+    record: dict[str, Any] = {
+        "path": path,
+        "width": result.orig_shape[1],
+        "height": result.orig_shape[0],
+        "model": model,
+        "model_version": version,
+        "task": task,
+    }
     names = result.names
     if result.probs is not None:
         record["top5"] = [_head(names, c, p) for c, p in zip(result.probs.top5, result.probs.top5conf, strict=True)]
@@ -64,11 +70,18 @@ def _head(names: dict[int, str], cls: Any, conf: Any) -> dict:
 
 def from_reply(path: str, reply: Any) -> dict:
     """A yolojet.v1.InferReply as the same record."""
-    record: dict[str, Any] = {"path": path, "width": reply.width, "height": reply.height, "model": reply.model,
-                              "model_version": reply.model_version, "task": reply.task}  # fmt: skip
+    record: dict[str, Any] = {
+        "path": path,
+        "width": reply.width,
+        "height": reply.height,
+        "model": reply.model,
+        "model_version": reply.model_version,
+        "task": reply.task,
+    }
     if reply.task == "classify":
-        record["top5"] = [{"class": c.class_id, "name": c.class_name, "confidence": round(c.confidence, SCORE)}
-                          for c in reply.top5]  # fmt: skip
+        record["top5"] = [
+            {"class": c.class_id, "name": c.class_name, "confidence": round(c.confidence, SCORE)} for c in reply.top5
+        ]
         return record
     detections = []
     for d in reply.detections:

@@ -49,8 +49,11 @@ class Connection:
     def channel(self, own_connection: bool = False) -> grpc.Channel:
         """A channel to the server; `own_connection`: on a TCP connection of its own (gRPC shares one between a
         process's channels otherwise), which a server of several processes (`serve --processes`) gives one of them."""
-        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
-                   ("grpc.use_local_subchannel_pool", int(own_connection))]  # fmt: skip
+        options = [
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.use_local_subchannel_pool", int(own_connection)),
+        ]
         if self.ca_file is not None:
             credentials = grpc.ssl_channel_credentials(Path(self.ca_file).read_bytes())
             return grpc.secure_channel(self.address, credentials, options=options)
@@ -120,8 +123,9 @@ class RemoteLabeler:
         self._counting = threading.Lock()  # the counts above, from every stream's thread
         self._calls: set[Any] = set()  # the streams' calls under way (cancelled on Ctrl-C)
 
-    def run(self, paths: Iterable[str], on_reply: Callable[[str, Any], None],
-            on_error: Callable[[str, str], None]) -> None:  # fmt: skip
+    def run(
+        self, paths: Iterable[str], on_reply: Callable[[str, Any], None], on_error: Callable[[str, str], None]
+    ) -> None:
         source = _SharedPaths(paths)
         if self.streams == 1:
             self._stream(source, self.window_size, on_reply, on_error, own_connection=False)
@@ -136,8 +140,10 @@ class RemoteLabeler:
                 failed.append(e)
                 source.stop()
 
-        threads = [threading.Thread(target=stream, args=(size,), name=f"yolojet-label-stream-{i}", daemon=True)
-                   for i, size in enumerate(sizes)]  # fmt: skip
+        threads = [
+            threading.Thread(target=stream, args=(size,), name=f"yolojet-label-stream-{i}", daemon=True)
+            for i, size in enumerate(sizes)
+        ]
         for thread in threads:
             thread.start()
         try:
@@ -155,8 +161,14 @@ class RemoteLabeler:
         if failed:
             raise failed[0]
 
-    def _stream(self, source: Iterator[str], size: int, on_reply: Callable[[str, Any], None],
-                on_error: Callable[[str, str], None], own_connection: bool) -> None:  # fmt: skip
+    def _stream(
+        self,
+        source: Iterator[str],
+        size: int,
+        on_reply: Callable[[str, Any], None],
+        on_error: Callable[[str, str], None],
+        own_connection: bool,
+    ) -> None:
         """One stream: images from `source`, `size` in flight, reconnecting after a broken connection."""
         window = _Window(size)
         failures = 0
@@ -166,8 +178,9 @@ class RemoteLabeler:
             window.ended = False
             replies = None
             try:
-                replies = stub.InferStream(self._requests(window, source, on_error),
-                                           metadata=self.connection.metadata())  # fmt: skip
+                replies = stub.InferStream(
+                    self._requests(window, source, on_error), metadata=self.connection.metadata()
+                )
                 with self._counting:
                     self._calls.add(replies)
                 for reply in replies:
@@ -177,8 +190,9 @@ class RemoteLabeler:
             except grpc.RpcError as e:
                 if e.code() not in RETRYABLE or failures >= self.connection.retries:
                     done = "" if e.code() not in RETRYABLE else f" after {failures + 1} attempts"
-                    raise ServerUnavailable(f"server {self.connection.address}{done}: {e.code().name}: "
-                                            f"{e.details()}") from None  # fmt: skip
+                    raise ServerUnavailable(
+                        f"server {self.connection.address}{done}: {e.code().name}: {e.details()}"
+                    ) from None
                 with window.lock:  # what was sent and not answered goes again, first, in order
                     window.ended = True
                     window.again.extendleft(reversed([(i, p, d) for i, (p, d) in window.sent.items()]))
@@ -196,8 +210,9 @@ class RemoteLabeler:
                     window.lock.notify_all()
                 channel.close()
 
-    def _requests(self, window: _Window, source: Iterator[str], on_error: Callable[[str, str], None]
-                  ) -> Iterator[pb.InferRequest]:  # fmt: skip
+    def _requests(
+        self, window: _Window, source: Iterator[str], on_error: Callable[[str, str], None]
+    ) -> Iterator[pb.InferRequest]:
         """The stream's requests: what must go again first, then new images, never more than the window in flight;
         ends once everything is answered."""
         counter = 0
@@ -235,8 +250,13 @@ class RemoteLabeler:
                 window.sent[request_id] = (path, data)
             yield pb.InferRequest(id=request_id, model=self.connection.model, image=data, **self.options)
 
-    def _answered(self, window: _Window, reply: pb.InferReply, on_reply: Callable[[str, Any], None],
-                  on_error: Callable[[str, str], None]) -> None:  # fmt: skip
+    def _answered(
+        self,
+        window: _Window,
+        reply: pb.InferReply,
+        on_reply: Callable[[str, Any], None],
+        on_error: Callable[[str, str], None],
+    ) -> None:
         code = reply.error.code if reply.HasField("error") else grpc.StatusCode.OK.value[0]
         refused = code in LOAD_REFUSALS
         given_up = refused and time.monotonic() - self._first_refused.setdefault(reply.id, time.monotonic()) > (
@@ -258,8 +278,9 @@ class RemoteLabeler:
             return
         self._first_refused.pop(reply.id, None)
         if given_up:
-            on_error(path, f"the server refused it for load for over {self.give_up_after_s:.0f} s "
-                           f"({reply.error.message})")  # fmt: skip
+            on_error(
+                path, f"the server refused it for load for over {self.give_up_after_s:.0f} s ({reply.error.message})"
+            )
         elif reply.HasField("error"):
             on_error(path, reply.error.message)
         else:
@@ -272,16 +293,22 @@ class RemoteLabeler:
 BENCH_CONNECTIONS = 4  # a bench process's connections, its calls spread over them
 
 
-def bench(connection: Connection, image: Path, requests: int, concurrency: int, processes: int,
-          options: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def bench(
+    connection: Connection, image: Path, requests: int, concurrency: int, processes: int, options: dict[str, Any]
+) -> dict[str, Any]:
     """`requests` unary calls with one image, `concurrency` in flight over `processes` processes: img/s, latency
     quantiles, and the server's own queue / decode / run split (its reply's timings, averaged)."""
     processes = max(1, min(processes, concurrency))
     share = [requests // processes + (i < requests % processes) for i in range(processes)]
     inflight = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    job = {"address": connection.address, "model": connection.model, "token": connection.token,
-           "ca_file": str(connection.ca_file) if connection.ca_file else None, "image": str(image),
-           "options": options}  # fmt: skip
+    job = {
+        "address": connection.address,
+        "model": connection.model,
+        "token": connection.token,
+        "ca_file": str(connection.ca_file) if connection.ca_file else None,
+        "image": str(image),
+        "options": options,
+    }
     workers = []
     for n, c in zip(share, inflight, strict=True):
         command = [sys.executable, "-m", "yolojet.client.remote", json.dumps({**job, "requests": n, "concurrency": c})]
@@ -302,22 +329,35 @@ def bench(connection: Connection, image: Path, requests: int, concurrency: int, 
 
     timings = [t for o in outputs for t in o["timings"]]
     split = {k: sum(t[i] for t in timings) / max(1, len(timings)) for i, k in enumerate(("queue", "decode", "run"))}
-    return {"requests": requests, "concurrency": concurrency, "processes": processes, "answered": len(latencies),
-            "codes": codes, "img_per_s": len(latencies) / (finished - started), "p50_ms": quantile(0.5),
-            "p90_ms": quantile(0.9), "p99_ms": quantile(0.99), "max_ms": latencies[-1] * 1000 if latencies else 0,
-            "server_ms": split}  # fmt: skip
+    return {
+        "requests": requests,
+        "concurrency": concurrency,
+        "processes": processes,
+        "answered": len(latencies),
+        "codes": codes,
+        "img_per_s": len(latencies) / (finished - started),
+        "p50_ms": quantile(0.5),
+        "p90_ms": quantile(0.9),
+        "p99_ms": quantile(0.99),
+        "max_ms": latencies[-1] * 1000 if latencies else 0,
+        "server_ms": split,
+    }
 
 
 async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
     import asyncio
 
     data = Path(job["image"]).read_bytes()
-    connection = Connection(job["address"], job["model"], Path(job["ca_file"]) if job["ca_file"] else None,
-                            job["token"])  # fmt: skip
+    connection = Connection(
+        job["address"], job["model"], Path(job["ca_file"]) if job["ca_file"] else None, job["token"]
+    )
     # Connections of their own (gRPC shares one between a process's channels otherwise): a server of several
     # processes (`serve --processes`) gets each connection to one of them.
-    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
-               ("grpc.use_local_subchannel_pool", 1)]  # fmt: skip
+    options = [
+        ("grpc.max_receive_message_length", 64 << 20),
+        ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
     channels = []
     for _ in range(max(1, min(job["concurrency"], BENCH_CONNECTIONS))):
         if connection.ca_file is not None:
@@ -377,8 +417,9 @@ def model_facts(connection: Connection) -> Any:
     for attempt in range(connection.retries + 1):
         channel = connection.channel()
         try:
-            reply = pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=30,
-                                                              metadata=connection.metadata())  # fmt: skip
+            reply = pb_grpc.InferenceStub(channel).ListModels(
+                pb.ListModelsRequest(), timeout=30, metadata=connection.metadata()
+            )
             break
         except grpc.RpcError as e:
             if e.code() not in RETRYABLE | {grpc.StatusCode.DEADLINE_EXCEEDED} or attempt == connection.retries:
@@ -389,8 +430,9 @@ def model_facts(connection: Connection) -> Any:
     served = {m.name: m for m in reply.models}
     if connection.model:
         if connection.model not in served:
-            raise ServerUnavailable(f"server {connection.address} has no model {connection.model!r} "
-                                    f"(it serves {', '.join(sorted(served))})")  # fmt: skip
+            raise ServerUnavailable(
+                f"server {connection.address} has no model {connection.model!r} (it serves {', '.join(sorted(served))})"
+            )
         info = served[connection.model]
     elif len(served) == 1:
         info = next(iter(served.values()))

@@ -127,9 +127,15 @@ def check_options(options: PredictOptions, nc: int, capacity: int) -> PredictOpt
         if any(not _integral(c) or not 0 <= c < nc for c in asked):
             raise EngineConfigError(f"classes {list(asked)}: class ids are ints from 0 to {nc - 1}")
         classes = tuple(int(c) for c in asked)
-    return replace(options, conf=float(options.conf), iou=float(options.iou), max_det=int(options.max_det),
-                   classes=classes, agnostic=bool(options.agnostic),
-                   retina_masks=bool(options.retina_masks))  # fmt: skip
+    return replace(
+        options,
+        conf=float(options.conf),
+        iou=float(options.iou),
+        max_det=int(options.max_det),
+        classes=classes,
+        agnostic=bool(options.agnostic),
+        retina_masks=bool(options.retina_masks),
+    )
 
 
 @dataclass
@@ -164,8 +170,15 @@ class _Staged:
 class Engine:
     """A model ready to run. Build with `Engine.load`."""
 
-    def __init__(self, network: TritonNetwork | ReferenceExecutor, max_batch: int, decoder: Decoder | None = None,
-                 rect: bool = True, max_shapes: int = 4, verbose: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        network: TritonNetwork | ReferenceExecutor,
+        max_batch: int,
+        decoder: Decoder | None = None,
+        rect: bool = True,
+        max_shapes: int = 4,
+        verbose: bool = False,
+    ) -> None:
         self.network = network
         self.max_batch = max_batch
         self.device = network.device
@@ -254,8 +267,15 @@ class Engine:
                 if backend == "reference":
                     network: TritonNetwork | ReferenceExecutor = ReferenceExecutor(graph, device)
                 else:
-                    network = TritonNetwork(graph, device, half=half, max_batch=max_batch, options=switches,
-                                            verbose=verbose, buckets=buckets)  # fmt: skip
+                    network = TritonNetwork(
+                        graph,
+                        device,
+                        half=half,
+                        max_batch=max_batch,
+                        options=switches,
+                        verbose=verbose,
+                        buckets=buckets,
+                    )
             except BaseException:
                 _close_when_started(starting)
                 raise
@@ -355,8 +375,11 @@ class Engine:
             path = self._shapes[shape] = predict_path(network)
             if self.verbose:
                 h, w = shape
-                print(f"yolojet: built the network for input {h}x{w} in {time.perf_counter() - started:.1f} s "
-                      f"({len(self._shapes)} of {self.max_shapes} rectangles kept)", file=sys.stderr)  # fmt: skip
+                print(
+                    f"yolojet: built the network for input {h}x{w} in {time.perf_counter() - started:.1f} s "
+                    f"({len(self._shapes)} of {self.max_shapes} rectangles kept)",
+                    file=sys.stderr,
+                )
             while len(self._shapes) > self.max_shapes:
                 oldest = next(iter(self._shapes))
                 if any(part.path is self._shapes[oldest] for part in self._in_flight):
@@ -386,12 +409,14 @@ class Engine:
 
     def _kernel_network(self, shape: tuple[int, int] | None = None) -> TritonNetwork:
         if not isinstance(self.network, TritonNetwork):
-            raise EngineConfigError("timing the network needs the triton backend, on a CUDA device; this engine runs "
-                                    "the reference executor")  # fmt: skip
+            raise EngineConfigError(
+                "timing the network needs the triton backend, on a CUDA device; this engine runs the reference executor"
+            )
         return self.network if shape is None else self.shape_path(shape).network
 
-    def time_network(self, batch: int = 1, repeats: int = 200, warmup: int = 20,
-                     shape: tuple[int, int] | None = None) -> Timing:  # fmt: skip
+    def time_network(
+        self, batch: int = 1, repeats: int = 200, warmup: int = 20, shape: tuple[int, int] | None = None
+    ) -> Timing:
         """The network alone at `batch` images, as replays of its captured graph (CUDA events), for the model's
         input shape or `shape`."""
         with self._lock:
@@ -519,15 +544,19 @@ class Engine:
             wanted = _image_size(options.pop("imgsz"))
             wanted = (wanted, wanted) if isinstance(wanted, int) else wanted
             if tuple(wanted) != tuple(self.meta.imgsz):
-                raise EngineConfigError(f"predict(imgsz={wanted}): this engine was loaded for "
-                                        f"{self.meta.imgsz}; give imgsz to Engine.load")  # fmt: skip
+                raise EngineConfigError(
+                    f"predict(imgsz={wanted}): this engine was loaded for {self.meta.imgsz}; give imgsz to Engine.load"
+                )
         if "rect" in options and bool(options.pop("rect")) != self.rect:
-            raise EngineConfigError(f"predict(rect=...): this engine was loaded with rect={self.rect}; give rect to "
-                                    "Engine.load")  # fmt: skip
+            raise EngineConfigError(
+                f"predict(rect=...): this engine was loaded with rect={self.rect}; give rect to Engine.load"
+            )
         elsewhere = sorted(set(options) & PREDICT_ELSEWHERE)
         if elsewhere:
-            raise EngineConfigError(f"predict({', '.join(elsewhere)}=...): set when the engine is loaded or done by "
-                                    "`yolojet detect` (--save, --json); not an option of predict here")  # fmt: skip
+            raise EngineConfigError(
+                f"predict({', '.join(elsewhere)}=...): set when the engine is loaded or done by "
+                "`yolojet detect` (--save, --json); not an option of predict here"
+            )
         if isinstance(source, (str, Path)) and not is_url(str(source)):
             from yolojet.images import expand_sources
 
@@ -580,13 +609,27 @@ class Engine:
         for shape, slots in groups.items():
             path = self.shape_path(shape)
             placed = [placements[i] for i in slots]  # every frame placed, or none (fitted to the input)
-            run.parts.append(self._launch(path, slots, [frames[i] for i in slots], options,
-                                          None if placed[0] is None else cast(list[Letterbox], placed),
-                                          ready))  # fmt: skip
+            run.parts.append(
+                self._launch(
+                    path,
+                    slots,
+                    [frames[i] for i in slots],
+                    options,
+                    None if placed[0] is None else cast(list[Letterbox], placed),
+                    ready,
+                )
+            )
         return run
 
-    def _launch(self, path: PredictPath, slots: list[int], frames: list[Frame], options: PredictOptions,
-                placements: list[Letterbox] | None, ready: Sequence[torch.cuda.Event]) -> _Part:  # fmt: skip
+    def _launch(
+        self,
+        path: PredictPath,
+        slots: list[int],
+        frames: list[Frame],
+        options: PredictOptions,
+        placements: list[Letterbox] | None,
+        ready: Sequence[torch.cuda.Event],
+    ) -> _Part:
         # A part whose collection still needs the path's device buffers (segment masks, shared by every shape) is
         # collected before anything else runs; at most two parts are in flight, each path's on its own parity.
         if path.depth == 1 or any(part.path.depth == 1 for part in self._in_flight):
@@ -704,8 +747,9 @@ class Engine:
                 found[slot] = one
         return found  # type: ignore[return-value]
 
-    def _torch_group(self, shape: tuple[int, int], frames: list[Frame], placements: list[Letterbox | None],
-                     o: PredictOptions) -> list[dict[str, Any]]:  # fmt: skip
+    def _torch_group(
+        self, shape: tuple[int, int], frames: list[Frame], placements: list[Letterbox | None], o: PredictOptions
+    ) -> list[dict[str, Any]]:
         """Frames of one input shape through the network (the reference executor, or the Triton network of that shape)
         and the torch post-processing."""
         boxes, inputs = [], []
@@ -715,14 +759,21 @@ class Engine:
             boxes.append(box)
         raw = self.raw(torch.stack(inputs))
         classes = list(o.classes) if o.classes is not None else None
-        common: dict[str, Any] = {"conf": o.conf, "iou": o.iou, "max_det": o.max_det, "classes": classes,
-                                  "agnostic": o.agnostic, "end2end": self.meta.end2end}  # fmt: skip
+        common: dict[str, Any] = {
+            "conf": o.conf,
+            "iou": o.iou,
+            "max_det": o.max_det,
+            "classes": classes,
+            "agnostic": o.agnostic,
+            "end2end": self.meta.end2end,
+        }
         task = self.meta.task
         if task == "segment":
             from yolojet.reference.segment import segment_postprocess
 
-            with_masks = segment_postprocess(raw[0], raw[1], boxes, shape, nc=self.meta.nc,
-                                             retina_masks=o.retina_masks, **common)  # fmt: skip
+            with_masks = segment_postprocess(
+                raw[0], raw[1], boxes, shape, nc=self.meta.nc, retina_masks=o.retina_masks, **common
+            )
             return [{"boxes": rows.cpu(), "masks": masks.cpu()} for rows, masks in with_masks]
         if task == "pose":
             from yolojet.reference.pose import pose_postprocess
@@ -749,8 +800,9 @@ class Engine:
 class Submitted:
     """A batch handed to `Engine.submit`: `results()` waits for it and gives one `Results` per frame, in order."""
 
-    def __init__(self, engine: Engine, run: _Run, each: list[PredictOptions], merged: PredictOptions,
-                 sources: list[Any]) -> None:  # fmt: skip
+    def __init__(
+        self, engine: Engine, run: _Run, each: list[PredictOptions], merged: PredictOptions, sources: list[Any]
+    ) -> None:
         self._engine, self._run, self._each, self._merged, self._sources = engine, run, each, merged, sources
 
     def results(self) -> list[Results]:
@@ -767,8 +819,24 @@ class Submitted:
 
 
 # ultralytics predict options that are the engine's load-time choices or `yolojet detect`'s outputs.
-PREDICT_ELSEWHERE = {"device", "half", "batch", "save", "save_txt", "save_conf", "save_crop", "show", "project",
-                     "name", "augment", "visualize", "embed", "vid_stride", "stream_buffer", "line_width"}  # fmt: skip
+PREDICT_ELSEWHERE = {
+    "device",
+    "half",
+    "batch",
+    "save",
+    "save_txt",
+    "save_conf",
+    "save_crop",
+    "show",
+    "project",
+    "name",
+    "augment",
+    "visualize",
+    "embed",
+    "vid_stride",
+    "stream_buffer",
+    "line_width",
+}
 
 
 def _printed(results: Iterator[Results]) -> Iterator[Results]:
@@ -863,5 +931,6 @@ def make_results(meta: ModelMeta, found: dict[str, Any], frame: Frame, source: A
         keep = None
     elif frame.encoded is not None:
         keep = Frame(torch.empty(0, 0, 3, dtype=torch.uint8), frame.bgr, frame.path, frame.encoded)
-    return Results(names=meta.names, path=frame.path, image=partial(_original_image, keep, source),
-                   orig_shape=shape, **parts)  # fmt: skip
+    return Results(
+        names=meta.names, path=frame.path, image=partial(_original_image, keep, source), orig_shape=shape, **parts
+    )

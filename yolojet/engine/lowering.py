@@ -72,8 +72,13 @@ class _TunedTile:
     replaces it (after `fit` adapts a remembered pick to today's views), `compile` compiles a candidate without
     launching it (`compile_tile`, where compiling needs other arguments than launching)."""
 
-    def __init__(self, launch_tile: Callable[[Any, bool], None], tile: Any, fit: Callable[[Any], Any] | None = None,
-                 compile_tile: Callable[[Any], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        launch_tile: Callable[[Any, bool], None],
+        tile: Any,
+        fit: Callable[[Any], Any] | None = None,
+        compile_tile: Callable[[Any], None] | None = None,
+    ) -> None:
         self.launch_tile, self.tile, self.fit = launch_tile, tile, fit
         self.compile_tile = compile_tile
 
@@ -269,10 +274,23 @@ def _lower_conv(
     def launch_tile(config: ConvConfig, compile_only: bool) -> None:
         partials, arrivals = scratch.views(slot)
         conv2d_nhwc(
-            out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
-            residual=residual, upsample=scale, second=second, config=config, pdl=pdl, partials=partials,
-            arrivals=arrivals, compile_only=compile_only,
-        )  # fmt: skip
+            out,
+            x,
+            weight,
+            bias,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            activation=a["activation"],
+            residual=residual,
+            upsample=scale,
+            second=second,
+            config=config,
+            pdl=pdl,
+            partials=partials,
+            arrivals=arrivals,
+            compile_only=compile_only,
+        )
 
     def fit(config: ConvConfig) -> ConvConfig:
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
@@ -286,10 +304,23 @@ def _lower_conv(
 
     def compile_config(config: ConvConfig) -> None:  # before the scratch is laid out: its whole buffers
         conv2d_nhwc(
-            out, x, weight, bias, stride=stride, padding=padding, dilation=dilation, activation=a["activation"],
-            residual=residual, upsample=scale, second=second, config=config, pdl=pdl, compile_only=True,
-            partials=scratch.partials, arrivals=scratch.arrivals,
-        )  # fmt: skip
+            out,
+            x,
+            weight,
+            bias,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            activation=a["activation"],
+            residual=residual,
+            upsample=scale,
+            second=second,
+            config=config,
+            pdl=pdl,
+            compile_only=True,
+            partials=scratch.partials,
+            arrivals=scratch.arrivals,
+        )
 
     tuned = _TunedTile(launch_tile, default_config(m, c_out, k, is_1x1, x.dtype), fit, compile_config)
     return Launch(
@@ -322,9 +353,18 @@ def _lower_depthwise(
 
     def launch_tile(tile: DwConvTile, compile_only: bool) -> None:
         dwconv2d_nhwc(
-            out, x, weight, bias, stride=stride, padding=padding, activation=activation, residual=residual,
-            tile=tile, pdl=pdl, compile_only=compile_only,
-        )  # fmt: skip
+            out,
+            x,
+            weight,
+            bias,
+            stride=stride,
+            padding=padding,
+            activation=activation,
+            residual=residual,
+            tile=tile,
+            pdl=pdl,
+            compile_only=compile_only,
+        )
 
     tuned = _TunedTile(launch_tile, default_dwconv_tile(x.shape[3]))
     return Launch(

@@ -114,8 +114,13 @@ class TritonNetwork:
         self.heads = self.arenas.take("head", self.plan.arena_elements("head", max_batch), torch.float32)
         self.weights = weights if weights is not None else PackedWeights(graph, device, self.dtype, self.plan.widened)
         # What a network of the same model for another input size is built with (`sibling`).
-        self._siblings: dict[str, Any] = {"half": half, "max_batch": max_batch, "options": options, "verbose": verbose,
-                                          "buckets": buckets}  # fmt: skip
+        self._siblings: dict[str, Any] = {
+            "half": half,
+            "max_batch": max_batch,
+            "options": options,
+            "verbose": verbose,
+            "buckets": buckets,
+        }
         self.buckets = buckets
         pdl, branches = options.pdl, options.branches
         # None: wherever the GPU and Triton support it (off under the interpreter and with YOLOJET_PDL=0).
@@ -314,8 +319,10 @@ class TritonNetwork:
             yield False
             return
         if target.shape != self.value_view(name, bucket).shape:
-            raise EngineConfigError(f"copy of output {name}: shape {tuple(target.shape)}, "
-                                    f"expected {tuple(self.value_view(name, bucket).shape)}")  # fmt: skip
+            raise EngineConfigError(
+                f"copy of output {name}: shape {tuple(target.shape)}, "
+                f"expected {tuple(self.value_view(name, bucket).shape)}"
+            )
         writer.copy_output(target)
         try:
             yield True

@@ -249,16 +249,25 @@ class DetectionHead(CapturedPath):
 
     # -- staging and results ------------------------------------------------------------------
 
-    def stage(self, parity: int, frames: Sequence[Frame], options: PredictOptions,
-              placements: Sequence[Letterbox] | None = None) -> None:  # fmt: skip
+    def stage(
+        self,
+        parity: int,
+        frames: Sequence[Frame],
+        options: PredictOptions,
+        placements: Sequence[Letterbox] | None = None,
+    ) -> None:
         """Write a batch's options and frame table into the parity's pinned inputs. Frames must lie on the engine's
         device, and stay there unchanged until the batch is collected. `placements`: where each frame goes in the
         input (default: fitted to it, centred); boxes map back as ultralytics' scale_boxes does, from the sizes."""
         if not 1 <= len(frames) <= self.network.max_batch:
             raise EngineConfigError(f"run({len(frames)}): this engine runs 1..{self.network.max_batch} frames")
         # A table row holds where a frame lies and how it is laid out: the same rows for frames at the same address.
-        held = (tuple((f.pixels.data_ptr(), f.pixels.shape, f.pixels.stride(), f.bgr) for f in frames), options,
-                tuple(placements) if placements is not None else None, self.run_size(len(frames)))  # fmt: skip
+        held = (
+            tuple((f.pixels.data_ptr(), f.pixels.shape, f.pixels.stride(), f.bgr) for f in frames),
+            options,
+            tuple(placements) if placements is not None else None,
+            self.run_size(len(frames)),
+        )
         self.filtered[parity] = options.classes is not None
         self.staged[parity] = list(frames)
         if self.written[parity] == held:
@@ -317,8 +326,9 @@ class DetectionHead(CapturedPath):
         box_params = self.inputs.views(self.inputs.device)["box_params"][slot : slot + 1]
         count = torch.tensor([n], dtype=torch.int32, device=device)
         out = torch.empty(n, h0, w0, dtype=torch.uint8, device=device)
-        masks_to_original([out], self.masks_input[slot : slot + 1, :n], count, box_params,
-                          rows=self.boxes_input[slot : slot + 1, :n])  # fmt: skip
+        masks_to_original(
+            [out], self.masks_input[slot : slot + 1, :n], count, box_params, rows=self.boxes_input[slot : slot + 1, :n]
+        )
         masks = out.bool().cpu().numpy()
         keep = masks.reshape(n, -1).any(1)
         return {"boxes": kept[keep], "masks": masks[keep]}
@@ -351,11 +361,27 @@ class DetectionHead(CapturedPath):
             if self.end2end:
                 select_rows(rows, count, preds, thresholds, limits, mask)
             elif self.task == "obb":
-                rotated_non_max_suppression(rows, count, preds, nc=self.meta.nc, thresholds=thresholds, limits=limits,
-                                            class_mask=mask, scratch=cast(RotatedNmsScratch, scratch))  # fmt: skip
+                rotated_non_max_suppression(
+                    rows,
+                    count,
+                    preds,
+                    nc=self.meta.nc,
+                    thresholds=thresholds,
+                    limits=limits,
+                    class_mask=mask,
+                    scratch=cast(RotatedNmsScratch, scratch),
+                )
             else:
-                non_max_suppression(rows, count, preds, nc=self.meta.nc, thresholds=thresholds, limits=limits,
-                                    class_mask=mask, scratch=cast(NmsScratch, scratch))  # fmt: skip
+                non_max_suppression(
+                    rows,
+                    count,
+                    preds,
+                    nc=self.meta.nc,
+                    thresholds=thresholds,
+                    limits=limits,
+                    class_mask=mask,
+                    scratch=cast(NmsScratch, scratch),
+                )
             if self.segment:  # masks from the boxes in input pixels, so before they are mapped back
                 assemble_masks(masks_input, rows, count, proto, input_hw=self.meta.imgsz)
                 boxes_input.copy_(rows[..., :4])

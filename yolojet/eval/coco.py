@@ -21,8 +21,13 @@ class CocoScores:
     max_dets: int = 100  # pycocotools' last maxDets: 100 for boxes and masks, 20 for keypoints
 
     def to_json(self) -> dict[str, Any]:
-        return {"mAP50-95": self.map50_95, "mAP50": self.map50, "mAP75": self.map75, f"AR{self.max_dets}": self.ar100,
-                "per_class_AP50-95": {str(k): v for k, v in self.per_class_ap.items()}}  # fmt: skip
+        return {
+            "mAP50-95": self.map50_95,
+            "mAP50": self.map50,
+            "mAP75": self.map75,
+            f"AR{self.max_dets}": self.ar100,
+            "per_class_AP50-95": {str(k): v for k, v in self.per_class_ap.items()},
+        }
 
 
 def keypoint_sigmas(keypoints: int) -> np.ndarray | None:
@@ -80,10 +85,14 @@ def evaluate(
 def box_predictions(image_id: int, xyxy: np.ndarray, conf: np.ndarray, categories: list[int]) -> list[dict[str, Any]]:
     """COCO detection results for one image: boxes as [x, y, w, h] in original pixels."""
     return [
-        {"image_id": image_id, "category_id": int(cat), "score": round(float(s), 5),
-         "bbox": [round(float(x1), 3), round(float(y1), 3), round(float(x2 - x1), 3), round(float(y2 - y1), 3)]}
+        {
+            "image_id": image_id,
+            "category_id": int(cat),
+            "score": round(float(s), 5),
+            "bbox": [round(float(x1), 3), round(float(y1), 3), round(float(x2 - x1), 3), round(float(y2 - y1), 3)],
+        }
         for (x1, y1, x2, y2), s, cat in zip(xyxy, conf, categories, strict=True)
-    ]  # fmt: skip
+    ]
 
 
 def attach_masks(predictions: list[dict[str, Any]], rles: list[dict[str, Any]]) -> None:

@@ -16,10 +16,87 @@ from yolojet.errors import DatasetError
 from yolojet.images import IMAGE_SUFFIXES
 
 COCO80_TO_COCO91 = [
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32, 33, 34,
-    35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63,
-    64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88, 89, 90,
-]  # fmt: skip
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+    20,
+    21,
+    22,
+    23,
+    24,
+    25,
+    27,
+    28,
+    31,
+    32,
+    33,
+    34,
+    35,
+    36,
+    37,
+    38,
+    39,
+    40,
+    41,
+    42,
+    43,
+    44,
+    46,
+    47,
+    48,
+    49,
+    50,
+    51,
+    52,
+    53,
+    54,
+    55,
+    56,
+    57,
+    58,
+    59,
+    60,
+    61,
+    62,
+    63,
+    64,
+    65,
+    67,
+    70,
+    72,
+    73,
+    74,
+    75,
+    76,
+    77,
+    78,
+    79,
+    80,
+    81,
+    82,
+    84,
+    85,
+    86,
+    87,
+    88,
+    89,
+    90,
+]
 COCO80_FIRST_NAMES = ("person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck")
 
 
@@ -176,8 +253,9 @@ def _load_yolo_yaml(path: Path) -> Dataset:
                 continue
             where = f"{label}:{line_no}"
             annotation = _label_annotation(where, line, names, kpt_shape, width, height)
-            annotation.update(id=len(annotations) + 1, image_id=image_id,
-                              category_id=category_of(annotation["category_id"]))  # fmt: skip
+            annotation.update(
+                id=len(annotations) + 1, image_id=image_id, category_id=category_of(annotation["category_id"])
+            )
             annotations.append(annotation)
     categories = {category_of(c): n for c, n in names.items()}
     gt = {

@@ -31,8 +31,12 @@ class ObbScores:
     per_class_ap: dict[int, float] = field(default_factory=dict)  # category id -> AP50-95
 
     def to_json(self) -> dict[str, Any]:
-        return {"mAP50-95": self.map50_95, "mAP50": self.map50, "mAP75": self.map75,
-                "per_class_AP50-95": {str(k): v for k, v in self.per_class_ap.items()}}  # fmt: skip
+        return {
+            "mAP50-95": self.map50_95,
+            "mAP50": self.map50,
+            "mAP75": self.map75,
+            "per_class_AP50-95": {str(k): v for k, v in self.per_class_ap.items()},
+        }
 
 
 def quad_to_xywhr(quads: np.ndarray) -> np.ndarray:
@@ -136,8 +140,9 @@ def evaluate_obb(truth: dict[int, tuple[np.ndarray, np.ndarray]], found: dict[in
         if len(pred_boxes) == 0:
             continue
         if len(boxes):
-            iou = batch_probiou(torch.as_tensor(boxes, dtype=torch.float64),
-                                torch.as_tensor(pred_boxes, dtype=torch.float64)).numpy()  # fmt: skip
+            iou = batch_probiou(
+                torch.as_tensor(boxes, dtype=torch.float64), torch.as_tensor(pred_boxes, dtype=torch.float64)
+            ).numpy()
             tps.append(match_predictions(np.asarray(pred_cls), np.asarray(classes), iou))
         else:
             tps.append(np.zeros((len(pred_boxes), len(IOU_THRESHOLDS)), dtype=bool))
@@ -146,8 +151,13 @@ def evaluate_obb(truth: dict[int, tuple[np.ndarray, np.ndarray]], found: dict[in
     targets = np.concatenate(true_classes) if true_classes else np.zeros(0, np.int64)
     if not tps or targets.size == 0:
         return ObbScores(0.0, 0.0, 0.0, {int(c): 0.0 for c in np.unique(targets)})
-    ap = ap_per_class(np.concatenate(tps).astype(np.float64), np.concatenate(confs), np.concatenate(pred_classes),
-                      targets)  # fmt: skip
+    ap = ap_per_class(
+        np.concatenate(tps).astype(np.float64), np.concatenate(confs), np.concatenate(pred_classes), targets
+    )
     table = np.stack(list(ap.values()))
-    return ObbScores(float(table.mean()), float(table[:, 0].mean()), float(table[:, 5].mean()),
-                     {int(c): float(v.mean()) for c, v in ap.items()})  # fmt: skip
+    return ObbScores(
+        float(table.mean()),
+        float(table[:, 0].mean()),
+        float(table[:, 5].mean()),
+        {int(c): float(v.mean()) for c, v in ap.items()},
+    )

@@ -108,22 +108,33 @@ def val_masks(proto: torch.Tensor, rows: torch.Tensor, input_hw: tuple[int, int]
     return F.interpolate(content.float(), (box.orig_h, box.orig_w), mode="bilinear")[0].byte().bool().cpu().numpy()
 
 
-def _postprocess(engine: Any, raw: Any, boxes: list[Letterbox], input_hw: tuple[int, int], conf: float, iou: float,
-                 max_det: int) -> list[dict[str, Any]]:  # fmt: skip
+def _postprocess(
+    engine: Any, raw: Any, boxes: list[Letterbox], input_hw: tuple[int, int], conf: float, iou: float, max_det: int
+) -> list[dict[str, Any]]:
     """Each image's results from a batch's raw outputs, as the task's validator finds them."""
     meta = engine.meta
     task = meta.task
     if task == "obb":
         from yolojet.reference.obb import obb_postprocess
 
-        rows = obb_postprocess(raw, boxes, nc=meta.nc, conf=conf, iou=iou, max_det=max_det, end2end=meta.end2end,
-                               multi_label=True)  # fmt: skip
+        rows = obb_postprocess(
+            raw, boxes, nc=meta.nc, conf=conf, iou=iou, max_det=max_det, end2end=meta.end2end, multi_label=True
+        )
         return [{"obb": r.cpu().numpy()} for r in rows]
     if task == "pose":
         from yolojet.reference.pose import pose_postprocess
 
-        found = pose_postprocess(raw, boxes, nc=meta.nc, kpt_shape=meta.kpt_shape, conf=conf, iou=iou,
-                                 max_det=max_det, end2end=meta.end2end, multi_label=True)  # fmt: skip
+        found = pose_postprocess(
+            raw,
+            boxes,
+            nc=meta.nc,
+            kpt_shape=meta.kpt_shape,
+            conf=conf,
+            iou=iou,
+            max_det=max_det,
+            end2end=meta.end2end,
+            multi_label=True,
+        )
         return [{"boxes": r.cpu().numpy(), "keypoints": k.cpu().numpy()} for r, k in found]
     preds, proto = (raw[0], raw[1]) if task == "segment" else (raw if isinstance(raw, torch.Tensor) else raw[0], None)
     if meta.end2end:
@@ -177,8 +188,10 @@ def validation_results(
                 except ImageReadError as e:
                     return e
                 if bgr.shape[:2] != (image.height, image.width):
-                    raise DatasetError(f"{image.path}: the annotation says {image.width}x{image.height}, the file "
-                                       f"is {bgr.shape[1]}x{bgr.shape[0]}")  # fmt: skip
+                    raise DatasetError(
+                        f"{image.path}: the annotation says {image.width}x{image.height}, the file "
+                        f"is {bgr.shape[1]}x{bgr.shape[0]}"
+                    )
                 return letterboxed(bgr, imgsz, group.shape)
 
             return list(pool.map(one, group.images))

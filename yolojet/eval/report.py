@@ -65,8 +65,9 @@ def _first(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def postprocess(raw: torch.Tensor, boxes: list[torch_pipeline.Letterbox], meta: ModelMeta, conf: float, iou: float,
-                max_det: int) -> list[torch.Tensor]:  # fmt: skip
+def postprocess(
+    raw: torch.Tensor, boxes: list[torch_pipeline.Letterbox], meta: ModelMeta, conf: float, iou: float, max_det: int
+) -> list[torch.Tensor]:
     """Rows [x1, y1, x2, y2, conf, cls] in original pixels, on the CPU: the engine's torch path, for any runtime."""
     raw = raw.float()
     if meta.end2end:
@@ -134,8 +135,9 @@ class YolojetRuntime(Runtime):
 
     def predict(self, frames: list[Frame], conf: float, iou: float, max_det: int) -> list[Detections]:
         found = []
-        for frame, result in zip(frames, self.engine([f.pixels for f in frames], conf=conf, iou=iou, max_det=max_det),
-                                 strict=True):  # fmt: skip
+        for frame, result in zip(
+            frames, self.engine([f.pixels for f in frames], conf=conf, iou=iou, max_det=max_det), strict=True
+        ):
             if result.error:
                 raise ImageReadError(f"{frame.path}: {result.error}")
             found.append((result.boxes.xyxy, result.boxes.conf, result.boxes.cls))
@@ -243,11 +245,18 @@ class _ValidateView:
                 results[i] = Results(names=self.names, path=str(source), error=str(e))
         found = self.runtime.predict(frames, conf, iou, max_det) if frames else []
         for i, frame, (xyxy, scores, cls) in zip(where, frames, found, strict=True):
-            data = np.concatenate([np.asarray(xyxy, np.float32).reshape(-1, 4), np.asarray(scores, np.float32)[:, None],
-                                   np.asarray(cls, np.float32)[:, None]], 1)  # fmt: skip
+            data = np.concatenate(
+                [
+                    np.asarray(xyxy, np.float32).reshape(-1, 4),
+                    np.asarray(scores, np.float32)[:, None],
+                    np.asarray(cls, np.float32)[:, None],
+                ],
+                1,
+            )
             self.detections += len(data)
-            results[i] = Results(names=self.names, orig_shape=frame.shape, boxes=Boxes(data, frame.shape),
-                                 path=frame.path)  # fmt: skip
+            results[i] = Results(
+                names=self.names, orig_shape=frame.shape, boxes=Boxes(data, frame.shape), path=frame.path
+            )
         return results
 
 
@@ -275,12 +284,20 @@ class Row:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "runtime": self.runtime, "label": self.label, "precision": self.precision, "device": self.device,
-            "ms_per_img_batch1": self.ms_per_img_batch1, "big_batch": self.big_batch,
-            "img_per_s_big_batch": self.img_per_s, "mAP50-95": self.scores.map50_95, "mAP50": self.scores.map50,
-            "mAP75": self.scores.map75, "AR100": self.scores.ar100, "detections": self.detections,
+            "runtime": self.runtime,
+            "label": self.label,
+            "precision": self.precision,
+            "device": self.device,
+            "ms_per_img_batch1": self.ms_per_img_batch1,
+            "big_batch": self.big_batch,
+            "img_per_s_big_batch": self.img_per_s,
+            "mAP50-95": self.scores.map50_95,
+            "mAP50": self.scores.map50,
+            "mAP75": self.scores.map75,
+            "AR100": self.scores.ar100,
+            "detections": self.detections,
             "latency_ms": {str(b): ms for b, ms in sorted(self.latency_ms.items())},
-        }  # fmt: skip
+        }
 
 
 @dataclass
@@ -305,24 +322,42 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "data": self.data, "images": self.images, "device": self.device, "big_batch": self.big_batch,
-            "iters": self.iters, "warmup": self.warmup, "batches": self.batches,
+            "data": self.data,
+            "images": self.images,
+            "device": self.device,
+            "big_batch": self.big_batch,
+            "iters": self.iters,
+            "warmup": self.warmup,
+            "batches": self.batches,
             "accuracy": {"evaluator": "pycocotools bbox", **VAL_OPTIONS},
-            "timing": {"covers": "decoded frames in host memory -> boxes in original pixels in host memory "
-                                 "(letterbox, network, post-processing)", "statistic": "median wall clock",
-                       **TIMING_OPTIONS},
+            "timing": {
+                "covers": "decoded frames in host memory -> boxes in original pixels in host memory "
+                "(letterbox, network, post-processing)",
+                "statistic": "median wall clock",
+                **TIMING_OPTIONS,
+            },
             "notes": self.notes,
-            "models": [{"model": m.model, "imgsz": list(m.imgsz), "rows": [r.to_json() for r in m.rows],
-                        "notes": m.notes} for m in self.models],
-        }  # fmt: skip
+            "models": [
+                {"model": m.model, "imgsz": list(m.imgsz), "rows": [r.to_json() for r in m.rows], "notes": m.notes}
+                for m in self.models
+            ],
+        }
 
     def tables(self) -> str:
         """One markdown table per model, with its notes."""
         parts = []
         for m in self.models:
             header = ("runtime", "ms/img batch 1", f"img/s at batch {self.big_batch}", "mAP50-95", "mAP50")
-            rows = [(r.label, f"{r.ms_per_img_batch1:.2f}", f"{r.img_per_s:,.1f}", f"{r.scores.map50_95:.4f}",
-                     f"{r.scores.map50:.4f}") for r in m.rows]  # fmt: skip
+            rows = [
+                (
+                    r.label,
+                    f"{r.ms_per_img_batch1:.2f}",
+                    f"{r.img_per_s:,.1f}",
+                    f"{r.scores.map50_95:.4f}",
+                    f"{r.scores.map50:.4f}",
+                )
+                for r in m.rows
+            ]
             text = f"### {m.model} ({m.imgsz[0]}x{m.imgsz[1]})\n\n" + markdown_table(rows, header)
             if m.notes:
                 text += "\n\n" + "\n".join(f"- {n}" for n in m.notes)
@@ -380,8 +415,13 @@ def markdown_table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> 
     rule = ["-" * w if i == 0 else "-" * (w - 1) + ":" for i, w in enumerate(widths)]
 
     def line(cells: tuple[str, ...] | list[str]) -> str:
-        return "| " + " | ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in
-                                 enumerate(zip(cells, widths, strict=True))) + " |"  # fmt: skip
+        return (
+            "| "
+            + " | ".join(
+                f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+            + " |"
+        )
 
     return "\n".join([line(header), line(rule), *(line(r) for r in rows)])
 
@@ -405,17 +445,21 @@ def _device_label(device: torch.device) -> str:
 def _ultralytics_checkpoint(model_dir: Path, meta: ModelMeta) -> tuple[str | None, str | None]:
     """The checkpoint a model directory was exported from, or None and why it cannot be used."""
     if meta.random_weights:
-        return None, (f"no PyTorch or ONNX Runtime rows: {model_dir} was exported from the architecture "
-                      f"{meta.source} with random weights, which cannot be rebuilt; pass that .yaml (or a .pt) "
-                      "to `report` instead, so that every runtime runs the same weights")  # fmt: skip
+        return None, (
+            f"no PyTorch or ONNX Runtime rows: {model_dir} was exported from the architecture "
+            f"{meta.source} with random weights, which cannot be rebuilt; pass that .yaml (or a .pt) "
+            "to `report` instead, so that every runtime runs the same weights"
+        )
     if meta.source:
         source = Path(meta.source)
         for candidate in (source, model_dir.parent / source.name):
             if candidate.suffix.lower() == ".pt" and candidate.is_file():
                 return str(candidate), None
-    return None, (f"no PyTorch or ONNX Runtime rows: {model_dir} was exported from "
-                  f"{meta.source or 'an unknown source'}, not a checkpoint file found here; pass the .pt to compare "
-                  "with PyTorch")  # fmt: skip
+    return None, (
+        f"no PyTorch or ONNX Runtime rows: {model_dir} was exported from "
+        f"{meta.source or 'an unknown source'}, not a checkpoint file found here; pass the .pt to compare "
+        "with PyTorch"
+    )
 
 
 def _mismatch(ours: torch.Tensor, ref: torch.Tensor, end2end: bool) -> float:
@@ -456,14 +500,14 @@ def _onnx_session(module: torch.nn.Module, meta: ModelMeta, device: torch.device
 
 def _score(runtime: Runtime, dataset: Dataset, batch: int, progress: bool) -> tuple[CocoScores, int]:
     view = _ValidateView(runtime)
-    result = validate(view, dataset, batch=batch, progress=progress, boxes_only=True, protocol="predict",
-                      **VAL_OPTIONS)  # fmt: skip
+    result = validate(view, dataset, batch=batch, progress=progress, boxes_only=True, protocol="predict", **VAL_OPTIONS)
     assert isinstance(result.scores, CocoScores)  # boxes_only: scored as boxes, never with the OBB metric
     return result.scores, view.detections
 
 
-def _measure(runtime: Runtime, dataset: Dataset, sample: list[Frame], batches: list[int], iters: int, warmup: int,
-             progress: bool) -> Row:  # fmt: skip
+def _measure(
+    runtime: Runtime, dataset: Dataset, sample: list[Frame], batches: list[int], iters: int, warmup: int, progress: bool
+) -> Row:
     big = batches[-1]
     _log(f"{runtime.label}: accuracy on {len(dataset.images)} images")
     scores, detections = _score(runtime, dataset, min(big, VAL_BATCH), progress)
@@ -547,8 +591,13 @@ def report_model(
         if cuda:
             measure(YolojetRuntime(first, "fp16", "yolojet-fp16"))
             del first
-            measure(YolojetRuntime(Engine.load(source, device=device, half=False, max_batch=big, imgsz=imgsz,
-                                               rect=False), "fp32", "yolojet-fp32"))  # fmt: skip
+            measure(
+                YolojetRuntime(
+                    Engine.load(source, device=device, half=False, max_batch=big, imgsz=imgsz, rect=False),
+                    "fp32",
+                    "yolojet-fp32",
+                )
+            )
         else:
             measure(YolojetRuntime(first, "fp32", "yolojet-fp32 (reference, cpu)"))
             del first
@@ -568,9 +617,11 @@ def report_model(
             error = _mismatch(fp32.raw(check), reference, meta.end2end)
             if error > SOURCE_TOLERANCE:
                 fp32.close()
-                notes.append(f"no PyTorch or ONNX Runtime rows: the ultralytics model from {checkpoint} differs "
-                             f"from the exported model by {error:.2e} (relative): not the weights it was exported "
-                             "from")  # fmt: skip
+                notes.append(
+                    f"no PyTorch or ONNX Runtime rows: the ultralytics model from {checkpoint} differs "
+                    f"from the exported model by {error:.2e} (relative): not the weights it was exported "
+                    "from"
+                )
             else:
                 measure(fp32)
                 if cuda:
@@ -591,8 +642,14 @@ def _reference(graph: Graph, device: torch.device) -> Callable[[torch.Tensor], A
     return ReferenceExecutor(graph, device)
 
 
-def _onnx_runtime(module: torch.nn.Module, meta: ModelMeta, device: torch.device, workdir: Path,
-                  check: torch.Tensor, reference: torch.Tensor) -> tuple[OnnxRuntime | None, str | None]:  # fmt: skip
+def _onnx_runtime(
+    module: torch.nn.Module,
+    meta: ModelMeta,
+    device: torch.device,
+    workdir: Path,
+    check: torch.Tensor,
+    reference: torch.Tensor,
+) -> tuple[OnnxRuntime | None, str | None]:
     """ONNX Runtime on the model where its export runs and agrees with the exported model; else None and why not."""
     try:
         session, provider = _onnx_session(module, meta, device, workdir)
@@ -648,11 +705,14 @@ def run_report(
     why_no_onnx = onnx_unavailable()
     report = Report(str(data), len(dataset.images), _device_label(device), big, iters, warmup, batches)
     if device.type == "cuda":
-        report.notes.append(f"PyTorch runs with torch's defaults (cuDNN TF32 convolutions allowed: "
-                            f"{torch.backends.cudnn.allow_tf32})")  # fmt: skip
+        report.notes.append(
+            f"PyTorch runs with torch's defaults (cuDNN TF32 convolutions allowed: {torch.backends.cudnn.allow_tf32})"
+        )
     else:
-        report.notes.append("no CUDA GPU: yolojet runs its float32 reference executor on the CPU, and the fp16 rows "
-                            "(yolojet and PyTorch) are left out")  # fmt: skip
+        report.notes.append(
+            "no CUDA GPU: yolojet runs its float32 reference executor on the CPU, and the fp16 rows "
+            "(yolojet and PyTorch) are left out"
+        )
     if why_no_onnx is not None:
         report.notes.append(why_no_onnx)
     for model in models:

@@ -56,8 +56,10 @@ def category_map(model_names: dict[int, str], dataset: Dataset) -> list[int | No
         return list(ids)
     strangers = sorted(set(by_name) - set(names))
     listed = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more" if len(strangers) > 5 else "")
-    raise DatasetError(f"{dataset.source}: {len(ids)} categories for the model's {len(names)} classes, and {listed} "
-                       "not among its class names, so they cannot be matched by name or by order")  # fmt: skip
+    raise DatasetError(
+        f"{dataset.source}: {len(ids)} categories for the model's {len(names)} classes, and {listed} "
+        "not among its class names, so they cannot be matched by name or by order"
+    )
 
 
 def _without_category(model_names: dict[int, str], categories: list[int | None]) -> list[str]:
@@ -214,7 +216,13 @@ def _validate_obb(dataset: Dataset, categories: list[int | None], results: Itera
         cats = np.array([categories[int(c)] for c in obb.cls], dtype=np.int64)
         found[image.id] = (obb.xywhr.astype(np.float64), obb.conf.astype(np.float64), cats)
         for box, corners, score, cat in zip(obb.xywhr, obb.xyxyxyxy, obb.conf, cats, strict=True):
-            predictions.append({"image_id": image.id, "category_id": int(cat), "score": round(float(score), 5),
-                                "rbox": [round(float(v), 3) for v in box],
-                                "poly": [round(float(v), 3) for v in np.asarray(corners).reshape(-1)]})  # fmt: skip
+            predictions.append(
+                {
+                    "image_id": image.id,
+                    "category_id": int(cat),
+                    "score": round(float(score), 5),
+                    "rbox": [round(float(v), 3) for v in box],
+                    "poly": [round(float(v), 3) for v in np.asarray(corners).reshape(-1)],
+                }
+            )
     return ValResult(evaluate_obb(truth, found), predictions, len(dataset.images))

@@ -25,9 +25,17 @@ def export_onnx(module: nn.Module, meta: ModelMeta, workdir: Path) -> Path:
     if not hasattr(exported, "task"):
         exported.task = meta.task
     # nms=False keeps the one-to-one head where the model directory runs it; None, the raw one-to-many output.
-    overrides = {"format": "onnx", "imgsz": list(meta.imgsz), "dynamic": True, "simplify": False, "batch": 1,
-                 "device": "cpu", "verbose": False, "mode": "export",
-                 "nms": False if meta.end2end else None}  # fmt: skip
+    overrides = {
+        "format": "onnx",
+        "imgsz": list(meta.imgsz),
+        "dynamic": True,
+        "simplify": False,
+        "batch": 1,
+        "device": "cpu",
+        "verbose": False,
+        "mode": "export",
+        "nms": False if meta.end2end else None,
+    }
     level = LOGGER.level
     LOGGER.setLevel(logging.WARNING)  # its export log goes to stdout, where the report's tables go
     try:

@@ -60,9 +60,10 @@ def export_graph(model: nn.Module, imgsz: int | tuple[int, int] = 640, end2end: 
         end2end = bool(getattr(model, "end2end", False)) and is_end2end_capable(head)
     if end2end and not is_end2end_capable(head):
         raise UnsupportedModuleError(
-            type(head).__name__, len(layers) - 1,
+            type(head).__name__,
+            len(layers) - 1,
             "no one-to-one (end2end) branch: --head one2one (end2end=True) needs a head that has one, as YOLO26's",
-        )  # fmt: skip
+        )
 
     channels = int(getattr(model, "yaml", {}).get("channels", 3))
     builder = GraphBuilder("images", batch_shape(channels, height, width))

@@ -15,8 +15,16 @@ from yolojet.images.codecs import DEFAULT_MAX_PIXELS, check_encoded, decode_cpu
 from yolojet.images.frames import Frame, describe, frame_from_pixels, is_encoded
 from yolojet.images.sources import IMAGE_SUFFIXES, expand_sources, read_image_file
 
-__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_SUFFIXES", "Frame", "describe", "expand_sources", "is_encoded", "load_frame",
-           "read_image_file"]  # fmt: skip
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "IMAGE_SUFFIXES",
+    "Frame",
+    "describe",
+    "expand_sources",
+    "is_encoded",
+    "load_frame",
+    "read_image_file",
+]
 
 
 def load_frame(source: Any, max_pixels: int = DEFAULT_MAX_PIXELS) -> Frame:

@@ -309,8 +309,10 @@ class NvjpegDecoder(_GpuJpegDecoder):
                         images.append(decode_jpeg(one, mode=ImageReadMode.RGB, device=self.device))
                     except RuntimeError:
                         images.append(None)
-            return [None if im is None else _upright(im.permute(1, 2, 0), o)
-                    for im, o in zip(images, orientations, strict=True)]  # fmt: skip
+            return [
+                None if im is None else _upright(im.permute(1, 2, 0), o)
+                for im, o in zip(images, orientations, strict=True)
+            ]
 
 
 def _upright(pixels: torch.Tensor, orientation: int) -> torch.Tensor:

@@ -95,8 +95,9 @@ def _resample_axis(pixels: torch.Tensor, axis: int, index: np.ndarray, weights: 
     source = source.reshape(source.shape[0], -1)
     index_t = torch.from_numpy(index).to(source.device)
     weights_t = torch.from_numpy(weights).to(source.device)
-    acc = torch.full((index.shape[0], source.shape[1]), 1 << (PRECISION_BITS - 1), dtype=torch.int32,
-                     device=source.device)  # fmt: skip
+    acc = torch.full(
+        (index.shape[0], source.shape[1]), 1 << (PRECISION_BITS - 1), dtype=torch.int32, device=source.device
+    )
     for j in range(index.shape[1]):
         acc += source.index_select(0, index_t[:, j]).to(torch.int32).mul_(weights_t[:, j : j + 1])
     out = (acc >> PRECISION_BITS).clamp_(0, 255).to(torch.uint8)

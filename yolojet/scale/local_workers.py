@@ -62,8 +62,15 @@ MESSAGES_A_TURN = 64  # read from one worker before looking at the others, so th
 # -- the worker process ----------------------------------------------------------------------------------------
 
 
-def _worker_main(connection: Connection, device: str, model: str, batch: int, options: dict[str, Any],
-                 engine_options: dict[str, Any], threads: int | None) -> None:  # fmt: skip
+def _worker_main(
+    connection: Connection,
+    device: str,
+    model: str,
+    batch: int,
+    options: dict[str, Any],
+    engine_options: dict[str, Any],
+    threads: int | None,
+) -> None:
     """A worker: a `LocalLabeler` on `device`, then streams of the chunks the parent hands out until told to stop."""
     # Ctrl-C reaches the whole process group; the parent alone decides what it means, and ends the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -160,8 +167,9 @@ class MultiDeviceLabeler:
     The workers are spawned, so a script that makes one runs it under `if __name__ == "__main__":` (a spawned
     process imports the script's main module again); the `yolojet` command needs nothing."""
 
-    def __init__(self, model: str, batch: int, options: dict[str, Any], devices: Sequence[str],
-                 **engine_options: Any) -> None:  # fmt: skip
+    def __init__(
+        self, model: str, batch: int, options: dict[str, Any], devices: Sequence[str], **engine_options: Any
+    ) -> None:
         if not devices:
             raise EngineConfigError("--devices: name at least one device")
         if "device" in engine_options:
@@ -194,8 +202,9 @@ class MultiDeviceLabeler:
 
     # -- the interface -----------------------------------------------------------------------------------------
 
-    def __call__(self, paths: list[str], on_record: Callable[[dict], None],
-                 on_error: Callable[[str, str], None]) -> None:  # fmt: skip
+    def __call__(
+        self, paths: list[str], on_record: Callable[[dict], None], on_error: Callable[[str, str], None]
+    ) -> None:
         if self._closed:
             raise EngineConfigError("the labeler's workers are stopped (closed, or a call failed)")
         todo = list(dict.fromkeys(paths))  # a path named twice is labeled once
@@ -223,8 +232,10 @@ class MultiDeviceLabeler:
         notes = []
         if self.deaths:
             deaths = "; ".join(why if n == 1 else f"{why} ({n} times)" for why, n in Counter(self.deaths).items())
-            notes.append(f"worker deaths: {len(self.deaths)} ({deaths}); chunks they held, re-run on the other "
-                         f"workers or those started again: {self.reruns}")  # fmt: skip
+            notes.append(
+                f"worker deaths: {len(self.deaths)} ({deaths}); chunks they held, re-run on the other "
+                f"workers or those started again: {self.reruns}"
+            )
         if self.died_twice:
             notes.append(f"{self.died_twice} images went to the error log: two workers died on their chunk")
         if self.given_up:
@@ -256,8 +267,12 @@ class MultiDeviceLabeler:
     def _spawn(self, slot: int, device: str) -> _Worker:
         ours, theirs = self._context.Pipe()
         threads = self._cpu_threads if device == "cpu" else None
-        process = self._context.Process(target=_worker_main, args=(theirs, device, *self._spec, threads),
-                                        name=f"yolojet-label-worker-{device}", daemon=True)  # fmt: skip
+        process = self._context.Process(
+            target=_worker_main,
+            args=(theirs, device, *self._spec, threads),
+            name=f"yolojet-label-worker-{device}",
+            daemon=True,
+        )
         process.start()
         theirs.close()  # the child holds its end: ours reads the end of the pipe when the child dies
         return _Worker(slot, device, process, ours)
@@ -273,8 +288,10 @@ class MultiDeviceLabeler:
                     message = worker.connection.recv()
                 except (EOFError, OSError):
                     worker.process.join()
-                    raise EngineConfigError(f"the worker on {worker.device} exited while loading the model "
-                                            f"({_exit_reason(worker.process.exitcode, '')})") from None  # fmt: skip
+                    raise EngineConfigError(
+                        f"the worker on {worker.device} exited while loading the model "
+                        f"({_exit_reason(worker.process.exitcode, '')})"
+                    ) from None
                 if message[0] == "failed":
                     raise _start_error(worker.device, message[1], message[2])
                 worker.ready = True
@@ -407,8 +424,10 @@ class MultiDeviceLabeler:
             else:
                 self.given_up.append(f"{worker.device} (died {MAX_RESTARTS + 1} times)")
         if not self.workers and self._pending:
-            raise EngineConfigError(f"every worker died ({'; '.join(self.deaths + self.given_up)}); "
-                                    f"{len(self._pending)} images were not labeled")  # fmt: skip
+            raise EngineConfigError(
+                f"every worker died ({'; '.join(self.deaths + self.given_up)}); "
+                f"{len(self._pending)} images were not labeled"
+            )
         self._hand_out()
 
     def _give_back(self, worker: _Worker) -> None:

@@ -27,8 +27,10 @@ def head_of(address: str) -> tuple[str, int] | None:
         host, port = rest, str(CLIENT_PORT if client else GCS_PORT)
     host = host.strip("[]")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise EngineConfigError(f"--ray {address}: expected HOST:PORT (the head of `ray start --head`), "
-                                "ray://HOST:PORT (Ray Client) or auto")  # fmt: skip
+        raise EngineConfigError(
+            f"--ray {address}: expected HOST:PORT (the head of `ray start --head`), "
+            "ray://HOST:PORT (Ray Client) or auto"
+        )
     return host, int(port)
 
 

@@ -60,8 +60,9 @@ def _column(values: list[str]) -> np.ndarray:
 class LabelActor:
     """One engine in a Ray worker process, labeling the batches Ray Data hands it."""
 
-    def __init__(self, graph: list[Any], facts: ModelFacts, options: dict[str, Any],
-                 engine_options: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self, graph: list[Any], facts: ModelFacts, options: dict[str, Any], engine_options: dict[str, Any]
+    ) -> None:
         import ray
 
         from yolojet.engine.engine import Engine
@@ -91,9 +92,14 @@ class LabelActor:
                 answers = self.label(paths, [str(f) for f in batch["file"]])
             except YolojetError as e:  # an option or model the engine cannot take: the run fails, as with --local
                 failure = f"{type(e).__name__}: {e}"
-        return {"path": _column(paths), "record": _column([r for r, _ in answers]),
-                "error": _column([e for _, e in answers]), "failure": _column([failure] * len(paths)),
-                "actor": _column([self.actor] * len(paths)), "worker": _column([self.worker] * len(paths))}  # fmt: skip
+        return {
+            "path": _column(paths),
+            "record": _column([r for r, _ in answers]),
+            "error": _column([e for _, e in answers]),
+            "failure": _column([failure] * len(paths)),
+            "actor": _column([self.actor] * len(paths)),
+            "worker": _column([self.worker] * len(paths)),
+        }
 
     def label(self, paths: list[str], files: list[str]) -> list[tuple[str, str]]:
         """(record as JSON, "") or ("", why it failed) for each image; `files` are the paths as this worker reads
@@ -133,8 +139,13 @@ class Delivery:
     repeats: int = 0  # answers dropped: their path had had one
     missing: int = 0  # paths no answer came for
 
-    def deliver(self, batches: Iterable[Batch], paths: list[str], on_record: Callable[[dict], None],
-                on_error: Callable[[str, str], None]) -> None:  # fmt: skip
+    def deliver(
+        self,
+        batches: Iterable[Batch],
+        paths: list[str],
+        on_record: Callable[[dict], None],
+        on_error: Callable[[str, str], None],
+    ) -> None:
         """Hand each path's first answer in `batches` to the callbacks and drop the later ones; then each of `paths`
         that had none goes to the error log. A batch that carries a worker's failure raises it."""
         delivered: set[str] = set()
@@ -168,8 +179,10 @@ class Delivery:
         if self.repeats:
             notes.append(f"{self.repeats} answers for images answered already (a batch run again) were dropped")
         if self.missing:
-            notes.append(f"{self.missing} images got no answer from the Ray workers (in the error log; --resume "
-                         "tries them again)")  # fmt: skip
+            notes.append(
+                f"{self.missing} images got no answer from the Ray workers (in the error log; --resume "
+                "tries them again)"
+            )
         return notes
 
 
@@ -179,9 +192,17 @@ class RayLabeler:
     where it has none); `device` None (the cluster's GPUs where it has some), "cuda" or "cpu"; `actor` the class that
     runs in the workers (a `LabelActor`)."""
 
-    def __init__(self, model: str, batch: int, options: dict[str, Any], address: str | None = None,
-                 actors: int | None = None, device: str | None = None, actor: type[LabelActor] = LabelActor,
-                 **engine_options: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: str,
+        batch: int,
+        options: dict[str, Any],
+        address: str | None = None,
+        actors: int | None = None,
+        device: str | None = None,
+        actor: type[LabelActor] = LabelActor,
+        **engine_options: Any,
+    ) -> None:
         from yolojet.engine.models import resolve_graph
 
         _require_ray()
@@ -189,8 +210,13 @@ class RayLabeler:
             raise EngineConfigError(f"--ray --device {device}: expected cuda or cpu (Ray gives each worker its GPU)")
         graph = resolve_graph(model)  # a model that cannot load fails here, before a cluster is joined
         meta = graph.meta
-        self.facts = ModelFacts(model_name(model), graph.version(), meta.task, dict(meta.names),
-                                list(meta.kpt_shape) if meta.kpt_shape else None)  # fmt: skip
+        self.facts = ModelFacts(
+            model_name(model),
+            graph.version(),
+            meta.task,
+            dict(meta.names),
+            list(meta.kpt_shape) if meta.kpt_shape else None,
+        )
         self.batch = batch
         self.options = options
         self.actor = actor
@@ -213,8 +239,9 @@ class RayLabeler:
         where = {"device": "cuda"} if self.gpu else {"device": "cpu", "backend": "reference"}
         self.engine_options = {**engine_options, **where, "max_batch": batch}
 
-    def __call__(self, paths: list[str], on_record: Callable[[dict], None],
-                 on_error: Callable[[str, str], None]) -> None:  # fmt: skip
+    def __call__(
+        self, paths: list[str], on_record: Callable[[dict], None], on_error: Callable[[str, str], None]
+    ) -> None:
         import ray.data
 
         # The run's own progress bar counts the images; Ray Data's would draw over it on the same terminal, and its
@@ -224,12 +251,19 @@ class RayLabeler:
         context.print_on_execution_start = False
         items = [{"path": path, "file": os.path.abspath(path)} for path in paths]
         dataset = ray.data.from_items(items).map_batches(
-            self.actor, batch_size=self.batch, batch_format="numpy",
+            self.actor,
+            batch_size=self.batch,
+            batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(min_size=1, max_size=self.actors),
-            fn_constructor_kwargs={"graph": [self._graph], "facts": self.facts, "options": self.options,
-                                   "engine_options": self.engine_options},
-            num_cpus=1, num_gpus=1 if self.gpu else 0,
-        )  # fmt: skip
+            fn_constructor_kwargs={
+                "graph": [self._graph],
+                "facts": self.facts,
+                "options": self.options,
+                "engine_options": self.engine_options,
+            },
+            num_cpus=1,
+            num_gpus=1 if self.gpu else 0,
+        )
         batches = iter(dataset.iter_batches(batch_size=None, batch_format="numpy"))
         try:
             self.delivery.deliver(_failures_typed(batches), paths, on_record, on_error)

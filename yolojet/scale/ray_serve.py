@@ -71,8 +71,9 @@ class InferenceReplica:
             grpc_context.set_details(p.message)
             return pb.InferReply()
 
-    async def InferStream(self, request_stream: AsyncIterator[pb.InferRequest], grpc_context: Any
-                          ) -> AsyncIterator[pb.InferReply]:  # fmt: skip
+    async def InferStream(
+        self, request_stream: AsyncIterator[pb.InferRequest], grpc_context: Any
+    ) -> AsyncIterator[pb.InferReply]:
         async with aclosing(self.service.replies(request_stream)) as replies:
             async for reply in replies:
                 yield reply
@@ -104,8 +105,14 @@ class RayService:
     """The deployment on a Ray cluster: `start()` joins the cluster (or starts a local one), starts Serve with its gRPC
     proxy on `options.port` and deploys the replicas; `stop()` shuts Serve down (and the local cluster it started)."""
 
-    def __init__(self, specs: list[ModelSpec], options: ServeOptions, address: str = "", replicas: int | None = None,
-                 http_port: int = 8000) -> None:  # fmt: skip
+    def __init__(
+        self,
+        specs: list[ModelSpec],
+        options: ServeOptions,
+        address: str = "",
+        replicas: int | None = None,
+        http_port: int = 8000,
+    ) -> None:
         """`address`: a Ray head's HOST:PORT, `auto` (the one running on this machine), or '' (RAY_ADDRESS's cluster,
         else a new local one); a process already connected to Ray deploys on its cluster. `replicas`: the most replicas
         (default: a GPU each, one on a cluster without GPUs). `http_port`: Ray Serve's HTTP proxy, which it always
@@ -114,8 +121,11 @@ class RayService:
             raise EngineConfigError("--model: give at least one model to serve")
         if replicas is not None and replicas < 1:
             raise EngineConfigError(f"--ray-replicas {replicas}: at least 1")
-        for flag, given in (("--tls-cert", options.tls_cert), ("--token-file or YOLOJET_TOKEN", options.token),
-                            ("--metrics-port", options.metrics_port)):  # fmt: skip
+        for flag, given in (
+            ("--tls-cert", options.tls_cert),
+            ("--token-file or YOLOJET_TOKEN", options.token),
+            ("--metrics-port", options.metrics_port),
+        ):
             if given is not None:
                 why = "Ray Serve's own gRPC proxy takes the calls (plain gRPC, no bearer token; metrics of its own)"
                 raise EngineConfigError(f"{flag} is not available with --ray: {why}")
@@ -145,8 +155,10 @@ class RayService:
                 raise EngineConfigError(f"Ray Serve already runs on this cluster (applications: {apps}): {why}")
             self.gpus = int(ray.cluster_resources().get("GPU", 0))
             self._serve = serve  # from here on, stop() shuts down the Serve this started
-            serve.start(http_options={"port": self.http_port},
-                        grpc_options=gRPCOptions(port=self.port, grpc_servicer_functions=[SERVICER]))  # fmt: skip
+            serve.start(
+                http_options={"port": self.http_port},
+                grpc_options=gRPCOptions(port=self.port, grpc_servicer_functions=[SERVICER]),
+            )
             try:  # a route prefix: Serve's proxies route only to applications that have one
                 serve.run(self._application(serve), name=APP, route_prefix=f"/{APP}")
             except RuntimeError:
@@ -154,24 +166,42 @@ class RayService:
         except BaseException:
             self.stop()
             raise
-        log.info(json.dumps({"event": "serving on ray", "port": self.port, "gpus": self.gpus,
-                             "models": sorted(s.name for s in self.specs)}))  # fmt: skip
+        log.info(
+            json.dumps(
+                {
+                    "event": "serving on ray",
+                    "port": self.port,
+                    "gpus": self.gpus,
+                    "models": sorted(s.name for s in self.specs),
+                }
+            )
+        )
 
     def _application(self, serve: Any) -> Any:
         o = self.options
         largest = max(s.max_batch for s in self.specs)
         most = self.replicas or max(1, self.gpus)
-        engine_options = {"device": "cuda" if self.gpus else "cpu", "half": o.half, "decoder": o.decoder,
-                          "max_pixels": o.max_pixels, **o.engine}  # fmt: skip
+        engine_options = {
+            "device": "cuda" if self.gpus else "cpu",
+            "half": o.half,
+            "decoder": o.decoder,
+            "max_pixels": o.max_pixels,
+            **o.engine,
+        }
         deployment = serve.deployment(
-            InferenceReplica, name="InferenceReplica",
+            InferenceReplica,
+            name="InferenceReplica",
             ray_actor_options={"num_gpus": 1} if self.gpus else {"num_cpus": 1},
-            autoscaling_config={"min_replicas": 1, "initial_replicas": 1, "max_replicas": most,
-                                "target_ongoing_requests": SCALE_UP_AT_BATCHES * largest},
+            autoscaling_config={
+                "min_replicas": 1,
+                "initial_replicas": 1,
+                "max_replicas": most,
+                "target_ongoing_requests": SCALE_UP_AT_BATCHES * largest,
+            },
             max_ongoing_requests=HOLD_AT_MOST_BATCHES * largest,
             graceful_shutdown_timeout_s=o.grace_s,
             max_constructor_retry_count=1,  # a model that cannot load fails the same way again: say so at once
-        )  # fmt: skip
+        )
         return deployment.bind(self.specs, engine_options, o.slo_ms / 1000, o.max_queue)
 
     def stop(self) -> None:
@@ -191,8 +221,12 @@ def serve_on_ray(specs: list[ModelSpec], options: ServeOptions, address: str, re
         stopping = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stopping.set())
-        print(f"yolojet serve: Ray Serve's gRPC proxy listening on port {service.port} of each node with a replica "
-              f"(every interface), application {APP!r}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"yolojet serve: Ray Serve's gRPC proxy listening on port {service.port} of each node with a replica "
+            f"(every interface), application {APP!r}",
+            file=sys.stderr,
+            flush=True,
+        )
         while not stopping.wait(1.0):
             pass
     finally:

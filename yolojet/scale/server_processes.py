@@ -95,8 +95,12 @@ class ServerProcesses:
 
     def _spawn(self, index: int) -> Connection:
         ours, theirs = self._context.Pipe()
-        process = self._context.Process(target=_process_main, args=(theirs, self.specs, self._options_of(index)),
-                                        name=f"yolojet-serve-{index}", daemon=True)  # fmt: skip
+        process = self._context.Process(
+            target=_process_main,
+            args=(theirs, self.specs, self._options_of(index)),
+            name=f"yolojet-serve-{index}",
+            daemon=True,
+        )
         process.start()
         theirs.close()  # ours sees the end of the pipe if the child dies before it reports
         old = self.pipes[index]
@@ -190,6 +194,9 @@ def serve_processes(specs: list[ModelSpec], options: ServeOptions, processes: in
         servers.start()
     except _Stopped:  # stopped while loading: every process is stopped already
         return
-    print(f"yolojet serve: listening on {options.host}:{servers.port} ({processes} processes)", file=sys.stderr,
-          flush=True)  # fmt: skip
+    print(
+        f"yolojet serve: listening on {options.host}:{servers.port} ({processes} processes)",
+        file=sys.stderr,
+        flush=True,
+    )
     servers.run()

@@ -72,8 +72,13 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
                 decode_s = time.perf_counter() - started
                 frames = [(i, item) for i, item in enumerate(decoded.items) if not isinstance(item, ImageReadError)]
                 ran = time.perf_counter()
-                results = engine.submit([f for _, f in frames], [items[i][2] for i, _ in frames],
-                                        ready=decoded.ready).results() if frames else []  # fmt: skip
+                results = (
+                    engine.submit(
+                        [f for _, f in frames], [items[i][2] for i, _ in frames], ready=decoded.ready
+                    ).results()
+                    if frames
+                    else []
+                )
                 run_s = time.perf_counter() - ran
                 by_slot = {i: r for (i, _), r in zip(frames, results, strict=True)}
                 for i, item in enumerate(decoded.items):
@@ -150,9 +155,11 @@ class WorkerPool:
     def _spawn(self, worker: _Worker) -> None:
         ours, theirs = self._context.Pipe()
         worker.process = self._context.Process(
-            target=_worker_main, args=(theirs, self.specs, worker.device, self.engine_options),
-            name=f"yolojet-serve-worker-{worker.index}", daemon=True,
-        )  # fmt: skip
+            target=_worker_main,
+            args=(theirs, self.specs, worker.device, self.engine_options),
+            name=f"yolojet-serve-worker-{worker.index}",
+            daemon=True,
+        )
         worker.process.start()
         theirs.close()  # the child holds its end: ours sees EOF when the child dies
         worker.connection = ours
@@ -164,8 +171,9 @@ class WorkerPool:
         try:
             kind, body = worker.connection.recv()
         except EOFError:
-            raise EngineConfigError(f"the worker on {worker.device} exited while loading its models "
-                                    f"(exit code {worker.process.exitcode})") from None  # fmt: skip
+            raise EngineConfigError(
+                f"the worker on {worker.device} exited while loading its models (exit code {worker.process.exitcode})"
+            ) from None
         if kind == "failed":
             raise EngineConfigError(f"the worker on {worker.device} could not load its models: {body}")
         worker.live = True
@@ -206,16 +214,26 @@ class PoolRunner(Runner):
     """The server's runner when the engines are worker processes: the scheduler's batches go to the least-loaded
     live worker; a thread a worker takes its answers; a worker that dies is restarted and its batches retried."""
 
-    def __init__(self, models: dict[str, ServedModel], scheduler: Scheduler, metrics: ServerMetrics, pool: WorkerPool,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        models: dict[str, ServedModel],
+        scheduler: Scheduler,
+        metrics: ServerMetrics,
+        pool: WorkerPool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(models, scheduler, metrics, clock)
         self.pool = pool
         scheduler.engines = sum(w.live for w in pool.workers)
         self.retried = 0  # batches sent again after their worker died
-        self._receivers = [threading.Thread(target=self._receive, args=(w,), name=f"yolojet-serve-receive-{w.index}",
-                                            daemon=True) for w in pool.workers]  # fmt: skip
-        self._senders = [threading.Thread(target=self._send, args=(w,), name=f"yolojet-serve-send-{w.index}",
-                                          daemon=True) for w in pool.workers]  # fmt: skip
+        self._receivers = [
+            threading.Thread(target=self._receive, args=(w,), name=f"yolojet-serve-receive-{w.index}", daemon=True)
+            for w in pool.workers
+        ]
+        self._senders = [
+            threading.Thread(target=self._send, args=(w,), name=f"yolojet-serve-send-{w.index}", daemon=True)
+            for w in pool.workers
+        ]
 
     def start(self) -> None:
         for thread in self._receivers + self._senders:
@@ -255,8 +273,9 @@ class PoolRunner(Runner):
         batch.tries += 1
         live = [w for w in self.pool.workers if w.live]
         if not live:
-            self._settle_batch(batch, Outcome(code=grpc.StatusCode.UNAVAILABLE,
-                                              message="no engine worker is running (restarting)"))  # fmt: skip
+            self._settle_batch(
+                batch, Outcome(code=grpc.StatusCode.UNAVAILABLE, message="no engine worker is running (restarting)")
+            )
             return
         worker = min(live, key=lambda w: len(w.in_flight))
         worker.in_flight[batch.ticket] = batch
@@ -292,8 +311,11 @@ class PoolRunner(Runner):
         for worker in self.pool.workers:
             oldest = min((b.dispatched for b in worker.in_flight.values()), default=now)
             if worker.live and now - oldest > HUNG_AFTER_S and worker.process is not None:
-                log.error('{"event": "worker hung", "device": "%s", "seconds_without_answer": %.0f}',
-                          worker.device, now - oldest)  # fmt: skip
+                log.error(
+                    '{"event": "worker hung", "device": "%s", "seconds_without_answer": %.0f}',
+                    worker.device,
+                    now - oldest,
+                )
                 worker.live = False
                 worker.process.kill()
 
@@ -333,8 +355,9 @@ class PoolRunner(Runner):
             if code == "OK":
                 self._answer(request, Outcome(body, queue_s=queue_s, decode_s=decode_s, run_s=run_s))
             else:
-                self._answer(request, Outcome(code=grpc.StatusCode[code], message=body, queue_s=queue_s,
-                                              decode_s=decode_s))  # fmt: skip
+                self._answer(
+                    request, Outcome(code=grpc.StatusCode[code], message=body, queue_s=queue_s, decode_s=decode_s)
+                )
         with self._cond:
             self.scheduler.finished(batch.ticket)
             self._cond.notify()
@@ -343,8 +366,12 @@ class PoolRunner(Runner):
         """Retry the dead worker's batches elsewhere (once each), then start it again (outside the lock: loading
         takes seconds to minutes)."""
         code = worker.process.exitcode if worker.process is not None else None
-        log.error('{"event": "worker died", "device": "%s", "exit_code": %s, "batches_in_flight": %d}',
-                  worker.device, code, len(worker.in_flight))  # fmt: skip
+        log.error(
+            '{"event": "worker died", "device": "%s", "exit_code": %s, "batches_in_flight": %d}',
+            worker.device,
+            code,
+            len(worker.in_flight),
+        )
         with self._cond:
             worker.live = False
             self.scheduler.engines = sum(w.live for w in self.pool.workers)
@@ -352,8 +379,13 @@ class PoolRunner(Runner):
             worker.in_flight.clear()
             for batch in orphans:
                 if batch.tries >= 2:
-                    self._settle_batch(batch, Outcome(code=grpc.StatusCode.UNAVAILABLE, message=(
-                        f"the engine workers running it died twice (last on {worker.device})")))  # fmt: skip
+                    self._settle_batch(
+                        batch,
+                        Outcome(
+                            code=grpc.StatusCode.UNAVAILABLE,
+                            message=(f"the engine workers running it died twice (last on {worker.device})"),
+                        ),
+                    )
                 else:
                     self.retried += 1
                     self._dispatch(batch)

@@ -11,9 +11,14 @@ def reply(result: Results, model: ServedModel, request_id: str, timings: pb.Timi
     """One image's results: detections (boxes, rotated boxes, keypoints, COCO RLE masks) or the top-5 classes."""
     meta = model.meta
     out = pb.InferReply(
-        id=request_id, model=model.name, model_version=model.version, width=result.orig_shape[1],
-        height=result.orig_shape[0], task=meta.task, timings=timings,
-    )  # fmt: skip
+        id=request_id,
+        model=model.name,
+        model_version=model.version,
+        width=result.orig_shape[1],
+        height=result.orig_shape[0],
+        task=meta.task,
+        timings=timings,
+    )
     names = result.names
 
     def detection(conf: float, cls: float) -> pb.Detection:
@@ -50,7 +55,14 @@ def model_info(model: ServedModel) -> pb.ModelInfo:
     meta = model.meta
     h, w = meta.imgsz
     return pb.ModelInfo(
-        name=model.name, version=model.version, task=meta.task, max_batch=model.max_batch, height=h, width=w,
-        class_names=[meta.names[i] for i in sorted(meta.names)], backend=model.card.backend,
-        decoder=model.card.decoder, keypoint_shape=list(meta.kpt_shape or ()),
-    )  # fmt: skip
+        name=model.name,
+        version=model.version,
+        task=meta.task,
+        max_batch=model.max_batch,
+        height=h,
+        width=w,
+        class_names=[meta.names[i] for i in sorted(meta.names)],
+        backend=model.card.backend,
+        decoder=model.card.decoder,
+        keypoint_shape=list(meta.kpt_shape or ()),
+    )

@@ -14,16 +14,35 @@ _STAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("yolojet_requests", "Requests answered, by model and gRPC status code",
-                                ["model", "code"], registry=self.registry)  # fmt: skip
-        self.batch_size = Histogram("yolojet_batch_size", "Images a batch", ["model"],
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry)  # fmt: skip
-        self.queue_depth = Gauge("yolojet_queue_depth", "Requests waiting for a batch", ["model"],
-                                 registry=self.registry)  # fmt: skip
-        self.stage_seconds = Histogram("yolojet_stage_seconds", "Seconds a request spent in each stage",
-                                       ["model", "stage"], buckets=_STAGE_BUCKETS, registry=self.registry)  # fmt: skip
-        self.gpu_memory = Gauge("yolojet_gpu_memory_bytes", "GPU memory held by the process's allocator",
-                                ["device", "kind"], registry=self.registry)  # fmt: skip
+        self.requests = Counter(
+            "yolojet_requests",
+            "Requests answered, by model and gRPC status code",
+            ["model", "code"],
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "yolojet_batch_size",
+            "Images a batch",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "yolojet_queue_depth", "Requests waiting for a batch", ["model"], registry=self.registry
+        )
+        self.stage_seconds = Histogram(
+            "yolojet_stage_seconds",
+            "Seconds a request spent in each stage",
+            ["model", "stage"],
+            buckets=_STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.gpu_memory = Gauge(
+            "yolojet_gpu_memory_bytes",
+            "GPU memory held by the process's allocator",
+            ["device", "kind"],
+            registry=self.registry,
+        )
 
     def watch_gpu_memory(self, devices: list[Any]) -> None:
         """GPU memory read when scraped: allocated and reserved by torch's allocator, per CUDA device."""

@@ -61,8 +61,9 @@ class ModelCard:
 
     @classmethod
     def of(cls, engine: Engine) -> ModelCard:
-        return cls(engine.meta, engine.max_batch, engine.capacity, engine.backend, engine.decoder.name,
-                   str(engine.device))  # fmt: skip
+        return cls(
+            engine.meta, engine.max_batch, engine.capacity, engine.backend, engine.decoder.name, str(engine.device)
+        )
 
 
 @dataclass

@@ -65,8 +65,13 @@ class _Launched:
 
 
 class Runner:
-    def __init__(self, models: dict[str, ServedModel], scheduler: Scheduler, metrics: ServerMetrics,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        models: dict[str, ServedModel],
+        scheduler: Scheduler,
+        metrics: ServerMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.models, self.scheduler, self.metrics, self.clock = models, scheduler, metrics, clock
         self._cond = threading.Condition()
         self._stopping = False
@@ -143,8 +148,15 @@ class Runner:
         kept, frames = [], []
         for request, item in zip(requests, decoded.items, strict=True):
             if isinstance(item, ImageReadError):
-                self._answer(request, Outcome(code=grpc.StatusCode.INVALID_ARGUMENT, message=str(item),
-                                              queue_s=started - request.arrival, decode_s=decode_s))  # fmt: skip
+                self._answer(
+                    request,
+                    Outcome(
+                        code=grpc.StatusCode.INVALID_ARGUMENT,
+                        message=str(item),
+                        queue_s=started - request.arrival,
+                        decode_s=decode_s,
+                    ),
+                )
             else:
                 kept.append(request)
                 frames.append(item)
@@ -159,8 +171,9 @@ class Runner:
                 return self._failed(ticket, model, kept, started, f"the engine failed: {e}")
         return _Launched(ticket, model, kept, submitted, started, decode_s, run_started)
 
-    def _failed(self, ticket: int, model: ServedModel, requests: list[Request], started: float,
-                message: str) -> _Launched:  # fmt: skip
+    def _failed(
+        self, ticket: int, model: ServedModel, requests: list[Request], started: float, message: str
+    ) -> _Launched:
         for request in requests:
             self._answer(request, Outcome(code=grpc.StatusCode.INTERNAL, message=message))
         return _Launched(ticket, model, [], None, started, 0.0, started)

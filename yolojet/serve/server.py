@@ -77,8 +77,9 @@ class _BearerToken(grpc.aio.ServerInterceptor):
         self._refuse = grpc.unary_unary_rpc_method_handler(refuse)
         self._refuse_stream = grpc.stream_stream_rpc_method_handler(refuse)
 
-    async def intercept_service(self, continuation: Callable[..., Awaitable[Any]],
-                                details: grpc.HandlerCallDetails) -> Any:  # fmt: skip
+    async def intercept_service(
+        self, continuation: Callable[..., Awaitable[Any]], details: grpc.HandlerCallDetails
+    ) -> Any:
         if details.method.startswith(self.OPEN):
             return await continuation(details)
         if dict(details.invocation_metadata or ()).get("authorization") == self._expected:
@@ -112,11 +113,14 @@ class Server:
     async def start(self) -> None:
         o = self.options
         interceptors = [_BearerToken(o.token)] if o.token else []
-        server = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.max_receive_message_length", o.max_message_bytes),
-            ("grpc.max_send_message_length", o.max_message_bytes),
-            ("grpc.so_reuseport", int(o.reuse_port)),
-        ])  # fmt: skip
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", o.max_message_bytes),
+                ("grpc.max_send_message_length", o.max_message_bytes),
+                ("grpc.so_reuseport", int(o.reuse_port)),
+            ],
+        )
         service = InferenceService(self.models, self.runner, self.metrics, o.slo_ms / 1000)
         pb_grpc.add_InferenceServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -139,8 +143,17 @@ class Server:
         if o.metrics_port is not None:
             self._http = self.metrics.serve_http(o.host, o.metrics_port)
             self.metrics_port = self._http.server_port
-        log.info(json.dumps({"event": "serving", "address": f"{o.host}:{self.port}", "tls": o.tls_cert is not None,
-                             "metrics_port": self.metrics_port, "models": sorted(self.models)}))  # fmt: skip
+        log.info(
+            json.dumps(
+                {
+                    "event": "serving",
+                    "address": f"{o.host}:{self.port}",
+                    "tls": o.tls_cert is not None,
+                    "metrics_port": self.metrics_port,
+                    "models": sorted(self.models),
+                }
+            )
+        )
 
     async def stop(self) -> None:
         """Stop taking calls (health says NOT_SERVING first), answer every accepted request, close the engines."""
@@ -187,14 +200,30 @@ def configure_logging() -> None:
 
 
 def build_models(specs: list[ModelSpec], options: ServeOptions) -> dict[str, ServedModel]:
-    models = load_models(specs, device=options.device, half=options.half, decoder=options.decoder,
-                         max_pixels=options.max_pixels, **options.engine)  # fmt: skip
+    models = load_models(
+        specs,
+        device=options.device,
+        half=options.half,
+        decoder=options.decoder,
+        max_pixels=options.max_pixels,
+        **options.engine,
+    )
     for model in models.values():
         latency = {b: round(s * 1000, 3) for b, s in model.latency.run_seconds.items()}
-        log.info(json.dumps({"event": "model loaded", "name": model.name, "version": model.version,
-                             "task": model.meta.task, "max_batch": model.max_batch,
-                             "backend": model.card.backend, "decoder": model.card.decoder,
-                             "run_ms_by_batch": latency}))  # fmt: skip
+        log.info(
+            json.dumps(
+                {
+                    "event": "model loaded",
+                    "name": model.name,
+                    "version": model.version,
+                    "task": model.meta.task,
+                    "max_batch": model.max_batch,
+                    "backend": model.card.backend,
+                    "decoder": model.card.decoder,
+                    "run_ms_by_batch": latency,
+                }
+            )
+        )
     return models
 
 

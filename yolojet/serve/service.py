@@ -38,8 +38,14 @@ class Problem(Exception):
 
 
 class InferenceService(pb_grpc.InferenceServicer):
-    def __init__(self, models: dict[str, ServedModel], runner: Runner, metrics: ServerMetrics, slo_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        models: dict[str, ServedModel],
+        runner: Runner,
+        metrics: ServerMetrics,
+        slo_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.models, self.runner, self.metrics, self.slo_s, self.clock = models, runner, metrics, slo_s, clock
 
     # -- one request --------------------------------------------------------------------------
@@ -54,8 +60,9 @@ class InferenceService(pb_grpc.InferenceServicer):
             raise Problem(grpc.StatusCode.NOT_FOUND, f"a model name is needed: this server runs {served}")
         return self.models[name]
 
-    def _submit(self, request: pb.InferRequest, deadline: float, loop: asyncio.AbstractEventLoop
-                ) -> tuple[ServedModel, asyncio.Future]:  # fmt: skip
+    def _submit(
+        self, request: pb.InferRequest, deadline: float, loop: asyncio.AbstractEventLoop
+    ) -> tuple[ServedModel, asyncio.Future]:
         """Check the request and queue it; the future gets its `Outcome`."""
         model = self._model(request.model)
         if not request.image:
@@ -155,8 +162,7 @@ class InferenceService(pb_grpc.InferenceServicer):
             async for reply in replies:
                 yield reply
 
-    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
-                         ) -> pb.ListModelsReply:  # fmt: skip
+    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ListModelsReply:
         return self.model_list()
 
 
@@ -166,8 +172,9 @@ def _settle(future: asyncio.Future, outcome: Outcome) -> None:
 
 
 def _reply(outcome: Outcome, model: ServedModel, request_id: str) -> pb.InferReply:
-    timings = pb.Timings(queue_ms=outcome.queue_s * 1000, decode_ms=outcome.decode_s * 1000,
-                         run_ms=outcome.run_s * 1000)  # fmt: skip
+    timings = pb.Timings(
+        queue_ms=outcome.queue_s * 1000, decode_ms=outcome.decode_s * 1000, run_ms=outcome.run_s * 1000
+    )
     assert outcome.result is not None
     return convert.reply(outcome.result, model, request_id, timings)
 

@@ -120,10 +120,15 @@ class Results:
             for xywhr, corners, conf, cls in zip(
                 self.obb.xywhr, self.obb.xyxyxyxy, self.obb.conf, self.obb.cls, strict=True
             ):
-                rows.append({"name": self._name(cls), "class": int(cls), "confidence": round(float(conf), 5),
-                             "box": dict(zip(("x", "y", "w", "h", "r"), (round(float(v), 4) for v in xywhr),
-                                             strict=True)),
-                             "corners": _rounded(corners, 2)})  # fmt: skip
+                rows.append(
+                    {
+                        "name": self._name(cls),
+                        "class": int(cls),
+                        "confidence": round(float(conf), 5),
+                        "box": dict(zip(("x", "y", "w", "h", "r"), (round(float(v), 4) for v in xywhr), strict=True)),
+                        "corners": _rounded(corners, 2),
+                    }
+                )
             return rows
         if self.boxes is None:
             return rows
@@ -165,8 +170,9 @@ class Results:
         """What ultralytics' `Results.verbose()` says: "4 persons, 1 bus, " (by class id), "(no detections), ",
         or a classifier's top five "bus 0.92, ...", each part followed by ", "."""
         if self.probs is not None:
-            return "".join(f"{self._name(c)} {p:.2f}, " for c, p in zip(self.probs.top5, self.probs.top5conf,
-                                                                        strict=True))  # fmt: skip
+            return "".join(
+                f"{self._name(c)} {p:.2f}, " for c, p in zip(self.probs.top5, self.probs.top5conf, strict=True)
+            )
         counts = self._counts_by_id()
         if not counts:
             return "(no detections), "
@@ -225,7 +231,24 @@ def _font(size: int) -> Any:
 
 
 _PALETTE = [
-    (255, 56, 56), (255, 157, 151), (255, 112, 31), (255, 178, 29), (207, 210, 49), (72, 249, 10), (146, 204, 23),
-    (61, 219, 134), (26, 147, 52), (0, 212, 187), (44, 153, 168), (0, 194, 255), (52, 69, 147), (100, 115, 255),
-    (0, 24, 236), (132, 56, 255), (82, 0, 133), (203, 56, 255), (255, 149, 200), (255, 55, 199),
-]  # fmt: skip
+    (255, 56, 56),
+    (255, 157, 151),
+    (255, 112, 31),
+    (255, 178, 29),
+    (207, 210, 49),
+    (72, 249, 10),
+    (146, 204, 23),
+    (61, 219, 134),
+    (26, 147, 52),
+    (0, 212, 187),
+    (44, 153, 168),
+    (0, 194, 255),
+    (52, 69, 147),
+    (100, 115, 255),
+    (0, 24, 236),
+    (132, 56, 255),
+    (82, 0, 133),
+    (203, 56, 255),
+    (255, 149, 200),
+    (255, 55, 199),
+]
