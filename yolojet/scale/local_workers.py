@@ -10,6 +10,7 @@ overlaps running across chunk boundaries, and a faster device simply asks more o
 pipe:
 
     worker → parent   ("ready", facts) | ("failed", error class, message)     once, after loading the model
+                      ("counts", {name: n})  what it counted since it last said (a server's refusals, reconnects)
                       ("want", fresh)       its stream wants more paths; `fresh`: nothing of it is in flight
                       ("record", path, record) | ("error", path, message)   one an image, in the stream's order
                       ("crashed", "Error: message")                         before it exits on an engine failure
@@ -107,6 +108,20 @@ def _worker_main(
         labeler.close()
 
 
+def chunked_paths(connection: Connection, send: Callable[[tuple], None], told: list[str]) -> Iterator[str]:
+    """The paths of the chunks the parent hands out, asked for as they are walked, until it says `end` or `stop`
+    (appended to `told`)."""
+    fresh = True
+    while True:
+        send(("want", fresh))
+        fresh = False
+        message = connection.recv()
+        if message[0] != "chunk":
+            told.append(message[0])
+            return
+        yield from message[1]
+
+
 def _label_stream(labeler: Any, connection: Connection, send: Callable[[tuple], None]) -> bool:
     """One engine stream over the chunks handed out until the parent says `end` (True: more may come) or `stop`."""
     from yolojet.client import records
@@ -115,17 +130,9 @@ def _label_stream(labeler: Any, connection: Connection, send: Callable[[tuple], 
     told: list[str] = []
 
     def paths() -> Iterator[str]:  # walked by the stream's source thread, ahead of the results
-        fresh = True
-        while True:
-            send(("want", fresh))
-            fresh = False
-            message = connection.recv()
-            if message[0] != "chunk":
-                told.append(message[0])
-                return
-            for path in message[1]:
-                fed.append(path)
-                yield path
+        for path in chunked_paths(connection, send, told):
+            fed.append(path)
+            yield path
 
     f = labeler.facts
     # The engine's stream directly, not `LocalLabeler.__call__`, which takes a list: one stream across the chunks
@@ -167,6 +174,8 @@ class MultiDeviceLabeler:
     The workers are spawned, so a script that makes one runs it under `if __name__ == "__main__":` (a spawned
     process imports the script's main module again); the `yolojet` command needs nothing."""
 
+    workers: list[_Worker]
+
     def __init__(
         self, model: str, batch: int, options: dict[str, Any], devices: Sequence[str], **engine_options: Any
     ) -> None:
@@ -174,20 +183,7 @@ class MultiDeviceLabeler:
             raise EngineConfigError("--devices: name at least one device")
         if "device" in engine_options:
             raise EngineConfigError("device and devices: give one (devices runs a worker process a device)")
-        self.batch = batch
-        self.workers: list[_Worker] = []
-        self.deaths: list[str] = []  # "cuda:1: killed by SIGKILL", one a worker that died while labeling
-        self.given_up: list[str] = []  # devices no longer started again, and why
-        self.reruns = 0  # chunks put back in the queue after their worker died
-        self.died_twice = 0  # images sent to the error log because two workers died on their chunk
-        self._restarts: Counter[int] = Counter()  # by slot
-        self._queue: deque[_Chunk] = deque()
-        self._pending: set[str] = set()  # paths of the current call not yet delivered
-        self._on_record: Callable[[dict], None] | None = None
-        self._on_error: Callable[[str, str], None] | None = None
-        self._closed = False
-        self._tmp: Path | None = None
-        self._context = get_context("spawn")
+        self._start_state(batch)
         try:
             model = self._shared_model(model)
             cpus = sum(d == "cpu" for d in devices)
@@ -199,6 +195,25 @@ class MultiDeviceLabeler:
         except BaseException:
             self._shutdown(graceful=False)
             raise
+
+    def _start_state(self, batch: int) -> None:
+        """What the parent keeps, before any worker starts; `batch`: images a worker runs at once (chunks are a few
+        batches)."""
+        self.batch = batch
+        self.workers = []
+        self.deaths: list[str] = []  # "cuda:1: killed by SIGKILL", one a worker that died while labeling
+        self.given_up: list[str] = []  # devices no longer started again, and why
+        self.reruns = 0  # chunks put back in the queue after their worker died
+        self.died_twice = 0  # images sent to the error log because two workers died on their chunk
+        self._restarts: Counter[int] = Counter()  # by slot
+        self.counts: Counter[str] = Counter()  # what the workers counted and sent ("counts" messages)
+        self._queue: deque[_Chunk] = deque()
+        self._pending: set[str] = set()  # paths of the current call not yet delivered
+        self._on_record: Callable[[dict], None] | None = None
+        self._on_error: Callable[[str, str], None] | None = None
+        self._closed = False
+        self._tmp: Path | None = None
+        self._context = get_context("spawn")
 
     # -- the interface -----------------------------------------------------------------------------------------
 
@@ -367,6 +382,8 @@ class MultiDeviceLabeler:
             if self._deliver(message[1]):
                 assert self._on_error is not None
                 self._on_error(message[1], message[2])
+        elif kind == "counts":  # what the worker counted since its last counts (refusals, reconnects: by name)
+            self.counts.update(message[1])
         elif kind == "ready":  # a worker started again
             worker.ready = True
         elif kind in ("failed", "crashed"):
