@@ -347,3 +347,24 @@ def test_unwritable_output_folders_fail_before_any_work(tmp_path, capsys):
         code, _, stderr = run_cli(capsys, *argv)
         assert code == 2 and f"{blocker} exists and is not a directory" in stderr, stderr
         assert "Traceback" not in stderr
+
+
+def test_labeling_through_a_server_never_imports_torch(tmp_path):
+    """`yolojet label --server` reads files and sends bytes: torch (seconds of every client process's start) stays
+    unimported, through the command line to the server's refusal, and in the modules its streams run."""
+    import subprocess
+    import sys
+
+    from ultralytics.utils import ASSETS
+
+    code = (
+        "import sys\nfrom yolojet import cli\n"
+        "import yolojet.client.remote, yolojet.client.records, yolojet.client.label, yolojet.scale.stream_workers\n"
+        f"code = cli.main(['label', {str(ASSETS)!r}, '--server', '127.0.0.1:1', '--retries', '0', '--out', "
+        f"{str(tmp_path / 'labels.jsonl')!r}])\n"
+        "assert code == 2, code\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'torch')\nassert not bad, bad"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "UNAVAILABLE" in done.stderr  # it got as far as asking the server

@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from yolojet.tasks import Results
+if TYPE_CHECKING:
+    from yolojet.tasks import Results
 
 COORD = 2
 SCORE = 5

@@ -8,12 +8,23 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from yolojet.images.codecs import DEFAULT_MAX_PIXELS, check_encoded, decode_cpu
-from yolojet.images.frames import Frame, describe, frame_from_pixels, is_encoded
 from yolojet.images.sources import IMAGE_SUFFIXES, expand_sources, read_image_file
+from yolojet.options import DEFAULT_MAX_PIXELS
+
+if TYPE_CHECKING:
+    from yolojet.images.frames import Frame, describe, is_encoded
+
+# Loaded on first use: `frames` (and `codecs`) import torch, which a labeling client (files in, requests out) never
+# needs, and which costs each of its processes seconds to start.
+_LAZY = {
+    "Frame": "frames",
+    "describe": "frames",
+    "is_encoded": "frames",
+}
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -30,6 +41,9 @@ __all__ = [
 def load_frame(source: Any, max_pixels: int = DEFAULT_MAX_PIXELS) -> Frame:
     """One image as a `Frame` on the CPU: a file or bytes decoded (as OpenCV decodes them), pixels in memory as
     they are."""
+    from yolojet.images.codecs import check_encoded, decode_cpu
+    from yolojet.images.frames import Frame, describe, frame_from_pixels, is_encoded
+
     if not is_encoded(source):
         return frame_from_pixels(source)
     name = describe(source)
@@ -37,3 +51,9 @@ def load_frame(source: Any, max_pixels: int = DEFAULT_MAX_PIXELS) -> Frame:
     check_encoded(data, name, max_pixels)
     path = str(source) if isinstance(source, (str, Path)) else ""
     return Frame(decode_cpu(data, name), bgr=False, path=path, encoded=data)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"yolojet.images.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'yolojet.images' has no attribute {name!r}")
