@@ -43,25 +43,40 @@ def from_results(path: str, result: Results, model: str, version: str, task: str
     if result.probs is not None:
         record["top5"] = [_head(names, c, p) for c, p in zip(result.probs.top5, result.probs.top5conf, strict=True)]
         return record
+    # Whole arrays rounded at once, then lists walked: the same values as rounding each row (np.round works element by
+    # element), without a numpy call an instance (about 25 us a box before).
     detections = []
     if result.obb is not None:
-        for xywhr, conf, cls in zip(result.obb.xywhr, result.obb.conf, result.obb.cls, strict=True):
-            box = _round(xywhr[:4], COORD) + _round(xywhr[4:], 5)
+        obb = result.obb
+        xywhr = np.asarray(obb.xywhr, np.float64)
+        boxes = [c + r for c, r in zip(_round(xywhr[:, :4], COORD), _round(xywhr[:, 4:], 5), strict=True)]
+        for box, conf, cls in zip(boxes, _floats(obb.conf), _floats(obb.cls), strict=True):
             detections.append({**_head(names, cls, conf), "rotated_box": box})
     elif result.boxes is not None:
+        b = result.boxes
         rles = result.masks.to_rle() if result.masks is not None else None
-        rows = zip(result.boxes.xyxy, result.boxes.conf, result.boxes.cls, strict=True)
-        for i, (xyxy, conf, cls) in enumerate(rows):
-            d = {**_head(names, cls, conf), "box": _round(xyxy, COORD)}
+        points = None
+        if result.keypoints is not None:
+            data = np.asarray(result.keypoints.data, np.float64)
+            xy, visible = _round(data[..., :2], COORD), _round(data[..., 2:], SCORE)
+            # x, y and visibility: 1 for a model that predicts none, as the server's replies say it
+            points = [
+                [p + (v or [1.0]) for p, v in zip(pp, vv, strict=True)] for pp, vv in zip(xy, visible, strict=True)
+            ]
+        rows = zip(_round(b.xyxy, COORD), _floats(b.conf), _floats(b.cls), strict=True)
+        for i, (box, conf, cls) in enumerate(rows):
+            d = {**_head(names, cls, conf), "box": box}
             if rles is not None:
                 d["mask"] = rles[i]
-            if result.keypoints is not None:
-                points = result.keypoints.data[i]
-                # x, y and visibility: 1 for a model that predicts none, as the server's replies say it
-                d["keypoints"] = [_round(p[:2], COORD) + (_round(p[2:], SCORE) or [1.0]) for p in points]
+            if points is not None:
+                d["keypoints"] = points[i]
             detections.append(d)
     record["detections"] = detections
     return record
+
+
+def _floats(values: Any) -> list[float]:
+    return np.asarray(values).tolist()
 
 
 def _head(names: dict[int, str], cls: Any, conf: Any) -> dict:
