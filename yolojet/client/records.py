@@ -99,19 +99,37 @@ def from_reply(path: str, reply: Any) -> dict:
             {"class": c.class_id, "name": c.class_name, "confidence": round(c.confidence, SCORE)} for c in reply.top5
         ]
         return record
+    # Each kind of coordinate gathered over the reply and rounded at once, as from_results does.
+    found = list(reply.detections)
+    rotated = [d.HasField("rotated_box") for d in found]
+    boxes = _round(
+        [[d.box.x1, d.box.y1, d.box.x2, d.box.y2] for d, r in zip(found, rotated, strict=True) if not r], COORD
+    )
+    turned = [d.rotated_box for d, r in zip(found, rotated, strict=True) if r]
+    rotated_boxes = [
+        c + a
+        for c, a in zip(
+            _round([[t.cx, t.cy, t.width, t.height] for t in turned], COORD),
+            _round([[t.angle] for t in turned], 5),
+            strict=True,
+        )
+    ]
+    points = [(k.x, k.y, k.visibility) for d in found for k in d.keypoints]
+    xy, visible = _round([p[:2] for p in points], COORD), _round([p[2:] for p in points], SCORE)
+    plain, turned_at, point_at = iter(boxes), iter(rotated_boxes), 0
     detections = []
-    for d in reply.detections:
+    for d, r in zip(found, rotated, strict=True):
         out: dict[str, Any] = {"class": d.class_id, "name": d.class_name, "confidence": round(d.confidence, SCORE)}
-        if d.HasField("rotated_box"):
-            r = d.rotated_box
-            out["rotated_box"] = _round([r.cx, r.cy, r.width, r.height], COORD) + _round([r.angle], 5)
+        if r:
+            out["rotated_box"] = next(turned_at)
         else:
-            b = d.box
-            out["box"] = _round([b.x1, b.y1, b.x2, b.y2], COORD)
+            out["box"] = next(plain)
         if d.HasField("mask"):
             out["mask"] = {"size": [d.mask.height, d.mask.width], "counts": d.mask.counts}
-        if len(d.keypoints):
-            out["keypoints"] = [_round([k.x, k.y], COORD) + _round([k.visibility], SCORE) for k in d.keypoints]
+        if count := len(d.keypoints):
+            end = point_at + count
+            out["keypoints"] = [p + v for p, v in zip(xy[point_at:end], visible[point_at:end], strict=True)]
+            point_at = end
         detections.append(out)
     record["detections"] = detections
     return record
