@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from yolojet.serve.models import ServedModel
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.tasks import Results
@@ -30,25 +34,35 @@ def reply(result: Results, model: ServedModel, request_id: str, timings: pb.Timi
             out.top5.add(class_id=int(c), class_name=names.get(int(c), str(int(c))), confidence=float(p))
         return out
     if result.obb is not None:
-        for (cx, cy, w, h, angle), conf, cls in zip(result.obb.xywhr, result.obb.conf, result.obb.cls, strict=True):
+        obb = result.obb
+        for (cx, cy, w, h, angle), conf, cls in zip(
+            _listed(obb.xywhr), _listed(obb.conf), _listed(obb.cls), strict=True
+        ):
             d = detection(conf, cls)
             d.rotated_box.CopyFrom(pb.RotatedBox(cx=cx, cy=cy, width=w, height=h, angle=angle))
         return out
     if result.boxes is None:
         return out
     rles = result.masks.to_rle() if result.masks is not None else None
+    boxes = result.boxes
+    points = _listed(result.keypoints.data) if result.keypoints is not None else None
     for i, ((x1, y1, x2, y2), conf, cls) in enumerate(
-        zip(result.boxes.xyxy, result.boxes.conf, result.boxes.cls, strict=True)
+        zip(_listed(boxes.xyxy), _listed(boxes.conf), _listed(boxes.cls), strict=True)
     ):
         d = detection(conf, cls)
         d.box.CopyFrom(pb.Box(x1=x1, y1=y1, x2=x2, y2=y2))
-        if result.keypoints is not None:
-            for point in result.keypoints.data[i]:
+        if points is not None:
+            for point in points[i]:
                 d.keypoints.add(x=point[0], y=point[1], visibility=point[2] if len(point) > 2 else 1.0)
         if rles is not None:
             h, w = rles[i]["size"]
             d.mask.CopyFrom(pb.Mask(height=h, width=w, counts=rles[i]["counts"]))
     return out
+
+
+def _listed(values: Any) -> list:
+    """An array as Python numbers: protobuf takes them several times faster than numpy scalars, one at a time."""
+    return np.asarray(values).tolist()
 
 
 def model_info(model: ServedModel) -> pb.ModelInfo:
