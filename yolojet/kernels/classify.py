@@ -223,8 +223,10 @@ def classify_head(
         ("arrivals", arrivals, torch.int32, n * (class_blocks + 1)),
     ):
         if t.dtype != dtype or t.device != features.device or not t.is_contiguous() or t.numel() < need:
-            raise ValueError(f"{name}: expected contiguous {dtype} with >= {need} elements on {features.device}, "
-                             f"got {tuple(t.shape)} {t.dtype} on {t.device}")  # fmt: skip
+            raise ValueError(
+                f"{name}: expected contiguous {dtype} with >= {need} elements on {features.device}, "
+                f"got {tuple(t.shape)} {t.dtype} on {t.device}"
+            )
     copy = out_probs if copy_to is None else copy_to  # unused unless COPY
     network_launcher(_classify_head_kernel, (channel_blocks, class_blocks, n), pdl, compile_only)(
         out_probs, out_probs.stride(0), copy, copy.stride(0), features, *features.stride()[:3], w, h * w, weight,

@@ -308,8 +308,10 @@ def decode_heads(
             widths = {channels, _round_up(channels, 16)} if widens else {channels}
             same = t.shape[3] == maps[0].shape[3]
             if t.shape[:3] != boxes[i].shape[:3] or t.stride(3) != 1 or t.shape[3] not in widths or not same:
-                raise ValueError(f"decode: level {i} {name} map has shape {tuple(t.shape)} / strides {t.stride()}, "
-                                 f"expected {' or '.join(map(str, sorted(widths)))} channels like level 0")  # fmt: skip
+                raise ValueError(
+                    f"decode: level {i} {name} map has shape {tuple(t.shape)} / strides {t.stride()}, "
+                    f"expected {' or '.join(map(str, sorted(widths)))} channels like level 0"
+                )
         box, cls = boxes[i], scores[i]
         ext = extras[i] if extras else box
         _, h, w, _ = box.shape

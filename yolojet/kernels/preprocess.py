@@ -55,8 +55,20 @@ def frame_row(pixels: torch.Tensor, *, bgr: bool, placement: Letterbox) -> list[
     if min(placement.new_h, placement.new_w, placement.pad_top + 1, placement.pad_left + 1) < 1:
         raise ValueError(f"placement: {placement} does not place the frame")
     row_stride, pixel_stride, channel_stride = pixels.stride()
-    values = [pixels.data_ptr(), row_stride, pixel_stride, channel_stride, h0, w0, c, int(bgr),
-              placement.pad_top, placement.pad_left, placement.new_h, placement.new_w]  # fmt: skip
+    values = [
+        pixels.data_ptr(),
+        row_stride,
+        pixel_stride,
+        channel_stride,
+        h0,
+        w0,
+        c,
+        int(bgr),
+        placement.pad_top,
+        placement.pad_left,
+        placement.new_h,
+        placement.new_w,
+    ]
     return values + [0] * (FRAME_FIELDS - len(values))
 
 
@@ -290,8 +302,10 @@ def resample_pass(
     if not (index.is_contiguous() and weights.is_contiguous()) or {index.device, weights.device} != {out.device}:
         raise ValueError("index and weights must be contiguous and on out's device")
     if out.shape[axis] != index.shape[0] or out.shape[other] != src.shape[other]:
-        raise ValueError(f"out {tuple(out.shape)}: expected {index.shape[0]} along axis {axis} and src's "
-                         f"{src.shape[other]} along the other")  # fmt: skip
+        raise ValueError(
+            f"out {tuple(out.shape)}: expected {index.shape[0]} along axis {axis} and src's "
+            f"{src.shape[other]} along the other"
+        )
     count, length = out.shape[axis], out.shape[other]
     if count * length == 0:
         return

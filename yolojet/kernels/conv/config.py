@@ -99,8 +99,15 @@ class ConvConfig:
         tensor memory accelerator cannot load), any other kind unchanged."""
         if not self.loads_by_tma:
             return self
-        return ConvConfig(self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages,
-                          split_k=self.split_k, tma_store=self.tma_store)  # fmt: skip
+        return ConvConfig(
+            self.block_m,
+            self.block_n,
+            self.block_k,
+            self.num_warps,
+            self.num_stages,
+            split_k=self.split_k,
+            tma_store=self.tma_store,
+        )
 
     def split_scratch(self, m: int, n: int) -> tuple[int, int]:
         """(fp32 partial elements, arrival counters) a launch of this config needs for GEMM sizes M=m, N=n."""
@@ -200,12 +207,29 @@ def candidate_set_id() -> str:
     """A short digest of the candidate tiles: tuning results remembered for another set are not reused, so a
     new candidate gets timed."""
     offer = (
-        _CANDIDATES, _SPLITS, _TARGET_PROGRAMS, _DIRECT_TILES, _DIRECT_MAX_C_IN, _PACKED_TILES, _PACKED_MIN_C_OUT,
-        _SMEM_BUDGET, _LARGE_M, _LARGE_M_TILES, _TMA_TILES, _TMA_PATCH_TILES, _TMA_PATCH_STRIDES, _TMA_MIN_M,
-        _TMA_PATCH_WIDE_TILES, _TMA_PATCH_WIDE_MIN_N, _TMA_STORE_MIN_BYTES,
-        _PERSISTENT_PROGRAMS_PER_SM, _TWO_INPUT_TILES, _TWO_INPUT_WIDE_TILES, _TWO_INPUT_WIDE_MIN_M,
+        _CANDIDATES,
+        _SPLITS,
+        _TARGET_PROGRAMS,
+        _DIRECT_TILES,
+        _DIRECT_MAX_C_IN,
+        _PACKED_TILES,
+        _PACKED_MIN_C_OUT,
+        _SMEM_BUDGET,
+        _LARGE_M,
+        _LARGE_M_TILES,
+        _TMA_TILES,
+        _TMA_PATCH_TILES,
+        _TMA_PATCH_STRIDES,
+        _TMA_MIN_M,
+        _TMA_PATCH_WIDE_TILES,
+        _TMA_PATCH_WIDE_MIN_N,
+        _TMA_STORE_MIN_BYTES,
+        _PERSISTENT_PROGRAMS_PER_SM,
+        _TWO_INPUT_TILES,
+        _TWO_INPUT_WIDE_TILES,
+        _TWO_INPUT_WIDE_MIN_M,
         [f.name for f in fields(ConvConfig)],  # a new kind of tile is a new field
-    )  # fmt: skip
+    )
     return hashlib.sha1(repr(offer).encode()).hexdigest()[:8]
 
 

@@ -179,9 +179,21 @@ def conv2d_nhwc(
     if second is not None and cfg.kind is not ConvKind.GEMM:
         raise ValueError(f"config {cfg}: a second input is read by the GEMM tiles only")
     call = _ConvCall(
-        out, x, weight, bias, residual, second, (sy, sx), (py, px), (dy, dx), upsample, ACTIVATIONS[activation], m,
-        pdl, compile_only,
-    )  # fmt: skip
+        out,
+        x,
+        weight,
+        bias,
+        residual,
+        second,
+        (sy, sx),
+        (py, px),
+        (dy, dx),
+        upsample,
+        ACTIVATIONS[activation],
+        m,
+        pdl,
+        compile_only,
+    )
     _LAUNCHERS[cfg.kind](call, cfg, _output_descriptor(call, cfg), partials, arrivals)
 
 
@@ -281,8 +293,12 @@ def _launch_tma_patch(
         x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, tile_h, cfg.tile_w, cfg.block_k])
     else:  # (N, H/2, 2, W/2, pixel stride + C_in): see _conv_tma_kernel
         sn, sh, sw = x.stride()[:3]
-        x_desc = TensorDescriptor(x, [batch, height // 2, 2, width // 2, sw + c_in], [sn, 2 * sh, sh, 2 * sw, 1],
-                                  [1, tile_h, 1, cfg.tile_w, cfg.block_k])  # fmt: skip
+        x_desc = TensorDescriptor(
+            x,
+            [batch, height // 2, 2, width // 2, sw + c_in],
+            [sn, 2 * sh, sh, 2 * sw, 1],
+            [1, tile_h, 1, cfg.tile_w, cfg.block_k],
+        )
     w_desc = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [cfg.block_n, 1, 1, cfg.block_k])
     grid = (batch * triton.cdiv(oh, tile_h) * triton.cdiv(ow, cfg.tile_w) * triton.cdiv(c_out, cfg.block_n),)
     call.launcher(_conv_tma_kernel, grid)(
