@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from yolojet.errors import EngineConfigError, ImageReadError, YolojetError
+from yolojet.errors import ImageReadError, YolojetError
 from yolojet.images import read_image_file
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
@@ -46,14 +46,8 @@ class Connection:
     token: str | None = None
     retries: int = 8  # a broken connection is reopened this many times, 0.5 s, 1 s, 2 s, ... apart (4 min in all)
 
-    def channel(self, own_connection: bool = False) -> grpc.Channel:
-        """A channel to the server; `own_connection`: on a TCP connection of its own (gRPC shares one between a
-        process's channels otherwise), which a server of several processes (`serve --processes`) gives one of them."""
-        options = [
-            ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20),
-            ("grpc.use_local_subchannel_pool", int(own_connection)),
-        ]
+    def channel(self) -> grpc.Channel:
+        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
         if self.ca_file is not None:
             credentials = grpc.ssl_channel_credentials(Path(self.ca_file).read_bytes())
             return grpc.secure_channel(self.address, credentials, options=options)
@@ -77,26 +71,6 @@ class _Window:
     refused_in_a_row: int = 0
 
 
-class _SharedPaths:
-    """The images to label, taken by several streams at once; `stop()` ends it for all of them."""
-
-    def __init__(self, paths: Iterable[str]) -> None:
-        self._paths, self._lock, self._stopped = iter(paths), threading.Lock(), False
-
-    def __iter__(self) -> _SharedPaths:
-        return self
-
-    def __next__(self) -> str:
-        with self._lock:
-            if self._stopped:
-                raise StopIteration
-            return next(self._paths)
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-
-
 def refusal_pause(refused_in_a_row: int) -> float:
     """Seconds to wait before sending to a server that refused for load that many times in a row: 5 ms (about one
     batch of a small model) doubling to 200 ms, so that a full server is not kept busy refusing."""
@@ -111,78 +85,29 @@ class RemoteLabeler:
 
     give_up_after_s = 300.0
 
-    def __init__(self, connection: Connection, window: int, options: dict[str, Any], streams: int = 1) -> None:
-        """`window` requests in flight in all, over `streams` streams each on a connection of its own (one per
-        process of a `serve --processes` server, at least)."""
-        if streams < 1 or streams > window:
-            raise EngineConfigError(f"--streams {streams}: between 1 and the requests in flight (-c {window})")
-        self.connection, self.window_size, self.options, self.streams = connection, window, options, streams
+    def __init__(self, connection: Connection, window: int, options: dict[str, Any]) -> None:
+        """`window` requests in flight on one stream (`label --server --streams N` runs N of these, a process each:
+        scale/stream_workers.py)."""
+        self.connection, self.window_size, self.options = connection, window, options
         self.refusals = 0  # answers refusing for load (RESOURCE_EXHAUSTED, or a deadline that passed), sent again
         self.reconnects = 0
         self._first_refused: dict[str, float] = {}  # request id -> when the server first refused it
-        self._counting = threading.Lock()  # the counts above, from every stream's thread
-        self._calls: set[Any] = set()  # the streams' calls under way (cancelled on Ctrl-C)
 
     def run(
         self, paths: Iterable[str], on_reply: Callable[[str, Any], None], on_error: Callable[[str, str], None]
     ) -> None:
-        source = _SharedPaths(paths)
-        if self.streams == 1:
-            self._stream(source, self.window_size, on_reply, on_error, own_connection=False)
-            return
-        sizes = [self.window_size // self.streams + (i < self.window_size % self.streams) for i in range(self.streams)]
-        failed: list[BaseException] = []
-
-        def stream(size: int) -> None:
-            try:
-                self._stream(source, size, on_reply, on_error, own_connection=True)
-            except BaseException as e:  # the others finish what they sent, then the run fails with it
-                failed.append(e)
-                source.stop()
-
-        threads = [
-            threading.Thread(target=stream, args=(size,), name=f"yolojet-label-stream-{i}", daemon=True)
-            for i, size in enumerate(sizes)
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            for thread in threads:
-                thread.join()
-        except BaseException:  # Ctrl-C: no more images, every call cancelled, and no stream left writing records
-            source.stop()
-            with self._counting:
-                calls = list(self._calls)
-            for call in calls:
-                call.cancel()
-            for thread in threads:
-                thread.join(timeout=30)
-            raise
-        if failed:
-            raise failed[0]
-
-    def _stream(
-        self,
-        source: Iterator[str],
-        size: int,
-        on_reply: Callable[[str, Any], None],
-        on_error: Callable[[str, str], None],
-        own_connection: bool,
-    ) -> None:
-        """One stream: images from `source`, `size` in flight, reconnecting after a broken connection."""
-        window = _Window(size)
+        """One stream: the images of `paths`, the window in flight, reconnecting after a broken connection."""
+        source = iter(paths)
+        window = _Window(self.window_size)
         failures = 0
         while True:
-            channel = self.connection.channel(own_connection)
+            channel = self.connection.channel()
             stub = pb_grpc.InferenceStub(channel)
             window.ended = False
-            replies = None
             try:
                 replies = stub.InferStream(
                     self._requests(window, source, on_error), metadata=self.connection.metadata()
                 )
-                with self._counting:
-                    self._calls.add(replies)
                 for reply in replies:
                     failures = 0
                     self._answered(window, reply, on_reply, on_error)
@@ -200,11 +125,8 @@ class RemoteLabeler:
                     window.lock.notify_all()
                 time.sleep(0.5 * 2**failures)
                 failures += 1
-                with self._counting:
-                    self.reconnects += 1
+                self.reconnects += 1
             finally:
-                with self._counting:
-                    self._calls.discard(replies)
                 with window.lock:
                     window.ended = True
                     window.lock.notify_all()
@@ -273,8 +195,7 @@ class RemoteLabeler:
                 window.refused_in_a_row = 0
             window.lock.notify_all()
         if refused and not given_up:
-            with self._counting:
-                self.refusals += 1
+            self.refusals += 1
             return
         self._first_refused.pop(reply.id, None)
         if given_up:

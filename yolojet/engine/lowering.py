@@ -271,8 +271,7 @@ def _lower_conv(
         scratch.reserve(*config.split_scratch(m, c_out))
     slot = scratch.new_slot()
 
-    def launch_tile(config: ConvConfig, compile_only: bool) -> None:
-        partials, arrivals = scratch.views(slot)
+    def conv(config: ConvConfig, compile_only: bool, partials: torch.Tensor, arrivals: torch.Tensor) -> None:
         conv2d_nhwc(
             out,
             x,
@@ -292,6 +291,9 @@ def _lower_conv(
             compile_only=compile_only,
         )
 
+    def launch_tile(config: ConvConfig, compile_only: bool) -> None:
+        conv(config, compile_only, *scratch.views(slot))
+
     def fit(config: ConvConfig) -> ConvConfig:
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
@@ -303,24 +305,7 @@ def _lower_conv(
         return config
 
     def compile_config(config: ConvConfig) -> None:  # before the scratch is laid out: its whole buffers
-        conv2d_nhwc(
-            out,
-            x,
-            weight,
-            bias,
-            stride=stride,
-            padding=padding,
-            dilation=dilation,
-            activation=a["activation"],
-            residual=residual,
-            upsample=scale,
-            second=second,
-            config=config,
-            pdl=pdl,
-            compile_only=True,
-            partials=scratch.partials,
-            arrivals=scratch.arrivals,
-        )
+        conv(config, True, scratch.partials, scratch.arrivals)
 
     tuned = _TunedTile(launch_tile, default_config(m, c_out, k, is_1x1, x.dtype), fit, compile_config)
     return Launch(

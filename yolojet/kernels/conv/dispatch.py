@@ -185,16 +185,18 @@ def conv2d_nhwc(
         bias,
         residual,
         second,
-        (sy, sx),
-        (py, px),
-        (dy, dx),
-        upsample,
-        ACTIVATIONS[activation],
-        m,
-        pdl,
-        compile_only,
+        stride=(sy, sx),
+        padding=(py, px),
+        dilation=(dy, dx),
+        upsample=upsample,
+        activation=ACTIVATIONS[activation],
+        m=m,
+        pdl=pdl,
+        compile_only=compile_only,
+        partials=partials,
+        arrivals=arrivals,
     )
-    _LAUNCHERS[cfg.kind](call, cfg, _output_descriptor(call, cfg), partials, arrivals)
+    _LAUNCHERS[cfg.kind](call, cfg)
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,8 @@ class _ConvCall:
     m: int  # output pixels: the GEMM's M
     pdl: bool
     compile_only: bool
+    partials: torch.Tensor | None  # split-K's scratch, checked by the GEMM's launcher
+    arrivals: torch.Tensor | None
 
     @property
     def res(self) -> torch.Tensor:
@@ -244,13 +248,7 @@ def _output_descriptor(call: _ConvCall, cfg: ConvConfig) -> TensorDescriptor | N
     return TensorDescriptor(out, [call.m, out.shape[3]], [out.stride(2), 1], [cfg.block_m, cfg.block_n])
 
 
-def _launch_direct(
-    call: _ConvCall,
-    cfg: ConvConfig,
-    out_desc: TensorDescriptor | None,
-    partials: torch.Tensor | None,
-    arrivals: torch.Tensor | None,
-) -> None:
+def _launch_direct(call: _ConvCall, cfg: ConvConfig) -> None:
     out, x, weight, res = call.out, call.x, call.weight, call.res
     _, height, width, c_in = x.shape
     _, oh, ow, c_out = out.shape
@@ -270,13 +268,7 @@ def _launch_direct(
     )  # fmt: skip
 
 
-def _launch_tma_patch(
-    call: _ConvCall,
-    cfg: ConvConfig,
-    out_desc: TensorDescriptor | None,
-    partials: torch.Tensor | None,
-    arrivals: torch.Tensor | None,
-) -> None:
+def _launch_tma_patch(call: _ConvCall, cfg: ConvConfig) -> None:
     out, x, weight, res = call.out, call.x, call.weight, call.res
     batch, height, width, c_in = x.shape
     _, oh, ow, c_out = out.shape
@@ -301,6 +293,7 @@ def _launch_tma_patch(
         )
     w_desc = TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [cfg.block_n, 1, 1, cfg.block_k])
     grid = (batch * triton.cdiv(oh, tile_h) * triton.cdiv(ow, cfg.tile_w) * triton.cdiv(c_out, cfg.block_n),)
+    out_desc = _output_descriptor(call, cfg)
     call.launcher(_conv_tma_kernel, grid)(
         out, *out.stride()[:3], out_desc, x_desc, x.stride(2), w_desc, call.bias, res, *res.stride()[:3], oh, ow,
         c_in, c_out, py, px, dy, dx, KH=weight.shape[1], KW=weight.shape[2], STRIDE=sy, ACTIVATION=call.activation,
@@ -310,13 +303,7 @@ def _launch_tma_patch(
     )  # fmt: skip
 
 
-def _launch_tma_1x1(
-    call: _ConvCall,
-    cfg: ConvConfig,
-    out_desc: TensorDescriptor | None,
-    partials: torch.Tensor | None,
-    arrivals: torch.Tensor | None,
-) -> None:
+def _launch_tma_1x1(call: _ConvCall, cfg: ConvConfig) -> None:
     out, x, weight, res = call.out, call.x, call.weight, call.res
     c_in, (_, oh, ow, c_out) = x.shape[3], out.shape
     kh, kw = weight.shape[1:3]
@@ -331,6 +318,7 @@ def _launch_tma_1x1(
     w_desc = TensorDescriptor(weight, [c_out, c_in], [c_in, 1], [cfg.block_n, cfg.block_k])
     tiles = triton.cdiv(call.m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n)
     programs = min(tiles, _persistent_programs(x.device)) if cfg.persistent else tiles
+    out_desc = _output_descriptor(call, cfg)
     call.launcher(_conv1x1_tma_kernel, (programs,))(
         out, *out.stride()[:3], out_desc, x_desc, w_desc, call.bias, res, *res.stride()[:3], oh, ow, c_in, c_out,
         call.m, programs, ACTIVATION=call.activation, HAS_RESIDUAL=call.residual is not None, BLOCK_M=cfg.block_m,
@@ -339,13 +327,7 @@ def _launch_tma_1x1(
     )  # fmt: skip
 
 
-def _launch_gemm(
-    call: _ConvCall,
-    cfg: ConvConfig,
-    out_desc: TensorDescriptor | None,
-    partials: torch.Tensor | None,
-    arrivals: torch.Tensor | None,
-) -> None:
+def _launch_gemm(call: _ConvCall, cfg: ConvConfig) -> None:
     """The gathering GEMM: GEMM tiles (one tap's channels a K step, optionally split) and PACKED ones."""
     out, x, weight, second, res = call.out, call.x, call.weight, call.second, call.res
     _, height, width, c_in = x.shape
@@ -360,10 +342,11 @@ def _launch_gemm(
                 f"{_HALVES_PER_WORD} fp16 channels (x: {x.dtype}, {c_in} channels, strides {x.stride()}) and "
                 f"block_k = {taps_block} for a {kh}x{kw} kernel"
             )
-    partials, arrivals = _split_scratch(cfg, call.m, c_out, partials, arrivals, call.bias)
+    partials, arrivals = _split_scratch(cfg, call.m, c_out, call.partials, call.arrivals, call.bias)
     grid = (triton.cdiv(call.m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)
     two = x if second is None else second  # never read without TWO_INPUTS; any valid pointer will do
     c_second = 0 if second is None else second.shape[3]
+    out_desc = _output_descriptor(call, cfg)
     call.launcher(_conv2d_nhwc_kernel, grid)(
         out, *out.stride()[:3], out_desc, x, *x.stride()[:3], two, *two.stride()[:3], weight, call.bias, res,
         *res.stride()[:3], partials, arrivals, height, width, c_in, c_second, oh, ow, c_out, call.m,
