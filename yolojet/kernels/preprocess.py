@@ -31,6 +31,10 @@ _RESAMPLE_MAX_PIXELS = 512
 # A letterbox program: 4 rows of 256 output elements (85 pixels), 1,280 programs a slot for a 640x640 input.
 _LETTERBOX_ROWS = 4
 _LETTERBOX_ELEMENTS = 256
+# Triton's interpreter (CPU tensors) runs programs one after another and pays per operation rather than per element:
+# there the largest tiles, 32 to 64 times fewer programs (a classify resample of a photo takes seconds, not a minute).
+_INTERPRETER_RESAMPLE = (1 << 18, 1 << 14)  # elements, pixels
+_INTERPRETER_LETTERBOX = (32, 4096)  # rows, elements
 # One frame's row of a letterbox table, int64: address, row / pixel / channel strides (elements), height, width,
 # channels, BGR, pad top, pad left, resized height, resized width; the rest is padding to 128 bytes.
 FRAME_FIELDS = 16
@@ -181,10 +185,11 @@ def letterbox_frames(out: torch.Tensor, table: torch.Tensor, *, compile_only: bo
         raise ValueError("table: expected a contiguous tensor on out's device")
     if n == 0:
         return
-    grid = (triton.cdiv(h, _LETTERBOX_ROWS), triton.cdiv(3 * w, _LETTERBOX_ELEMENTS), n)
+    rows, elements = (_LETTERBOX_ROWS, _LETTERBOX_ELEMENTS) if out.is_cuda else _INTERPRETER_LETTERBOX
+    grid = (triton.cdiv(h, rows), triton.cdiv(3 * w, elements), n)
     launcher(_letterbox_kernel, grid, compile_only)(
         out, *out.stride()[:3], table, h, w,
-        FIELDS=FRAME_FIELDS, BLOCK_Y=_LETTERBOX_ROWS, BLOCK_E=_LETTERBOX_ELEMENTS, enable_fp_fusion=False,
+        FIELDS=FRAME_FIELDS, BLOCK_Y=rows, BLOCK_E=elements, enable_fp_fusion=False,
     )  # fmt: skip
 
 
@@ -312,8 +317,9 @@ def resample_pass(
     taps = index.shape[1]
     head = 1 << (taps.bit_length() - 1)  # the largest power of two <= taps
     tail = 0 if taps == head else triton.next_power_of_2(taps - head)
-    fit = max(1, _RESAMPLE_ELEMENTS // (4 * (head + tail)))
-    block = min(_RESAMPLE_MAX_PIXELS, 1 << (fit.bit_length() - 1))  # a power of two
+    elements, max_pixels = (_RESAMPLE_ELEMENTS, _RESAMPLE_MAX_PIXELS) if out.is_cuda else _INTERPRETER_RESAMPLE
+    fit = max(1, elements // (4 * (head + tail)))
+    block = min(max_pixels, 1 << (fit.bit_length() - 1))  # a power of two
     _resample_pass_kernel[(triton.cdiv(count * length, block),)](
         out,
         out.stride(axis),
