@@ -36,18 +36,19 @@ for stage in $STAGES; do
     # SIGINT at the limit: pytest still prints its summary of what failed so far. A test whose code turns
     # SIGINT into an exit status (the CLI's) swallows it, so a KILL follows 30 s later; failures are printed
     # as they happen, so the log keeps them either way. Compiling kernels on a bare machine is most of a test
-    # run, one process at a time: with pytest-xdist in .whl, TEST_WORKERS processes (8 by default) share the
-    # files, each keeping a file's tests together so its fixtures are built once.
+    # run: with pytest-xdist in .whl, TEST_WORKERS processes (16 by default, a core each) take tests as they
+    # free up (worksteal: one file's tests were 500 s of a 543 s run when each file stayed on one worker), and
+    # Triton's cache on disk lets a kernel compiled by one serve the others. Each process compiles its own kernels
+    # (YOLOJET_COMPILE_WORKERS=0) on one thread: sixteen processes each starting a pool of sixteen compile workers
+    # ran the machine at 16 times its cores (a pooling kernel's test took 177 s).
     workers=()
-    if python3 -c "import xdist" 2>/dev/null; then workers=(-n "${TEST_WORKERS:-12}" --dist loadfile); fi
-    # The default is the GPU tier's first half (make test-gpu): every kernel test at full shapes, the engine's tests,
-    # and the whole-model tests for the yolo11n family of each task (the other families' runs repeat the same
-    # kernels); TEST_TIER=serve is its second half (make test-gpu-serve), the server and labeling client on the GPU.
-    # Together they ran past one 10-minute call (537 tests in 527 s, cut short, on an H200 at 566f498). TESTS and
-    # TEST_K replace them.
-    tier="tests/kernels tests/engine tests/pipeline tests/test_decoders.py"
-    if [ "${TEST_TIER:-}" = serve ]; then tier="tests/serve tests/client"; fi
-    YOLOJET_NOTUNE=1 YOLOJET_LIVE_FAILURES=1 timeout -s INT -k 30 "${TEST_SECONDS:-540}" python3 -m pytest ${TESTS:-$tier} \
+    if python3 -c "import xdist" 2>/dev/null; then workers=(-n "${TEST_WORKERS:-16}" --dist worksteal); fi
+    # The GPU tier (make test-gpu): every kernel test at full shapes, the engine's tests, the whole-model tests for
+    # the yolo11n family of each task (the other families' runs repeat the same kernels), the server and the
+    # labeling client on the GPU. TESTS and TEST_K replace them.
+    tier="tests/kernels tests/engine tests/pipeline tests/test_decoders.py tests/serve tests/client"
+    YOLOJET_COMPILE_WORKERS=${YOLOJET_COMPILE_WORKERS:-0} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} \
+      YOLOJET_NOTUNE=1 YOLOJET_LIVE_FAILURES=1 timeout -s INT -k 30 "${TEST_SECONDS:-540}" python3 -m pytest ${TESTS:-$tier} \
       -k "${TEST_K:-not yolov8n and not yolo26n and not yolo11s and not yolo11m}" \
       "${workers[@]}" -q -p no:cacheprovider --tb=short -rfE --junitxml "$OUT/tests.xml" ${TEST_FLAGS:-} > "$OUT/tests.log" 2>&1
     # Which tests ran before the limit, a line a file: a stage cut short says where to pick up.

@@ -299,7 +299,7 @@ def test_predict_graphs_follow_a_new_network_capture(tmp_path):
     from support import real_photos
 
     model_dir = yolojet.export(random_model("yolo11n.yaml"), out=tmp_path / "m", imgsz=320)
-    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=1, tune=False)
+    engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=1, tune=False, rect=False)  # engine.network's
     photo = real_photos()["bus.jpg"]
     before = engine(photo, conf=0.01)[0].to_json()
     old_graphs = [graph for graph, _ in engine._path.graphs.values()]
