@@ -31,12 +31,12 @@ from yolojet.kernels.conv import (
     ConvKind,
     conv2d_nhwc,
     conv_candidate_configs,
-    default_config,
     pixels_are_words,
     tma_loadable,
     tma_patch_loadable,
     tma_storable,
     two_input_candidates,
+    untimed_gpu_config,
 )
 from yolojet.reference.executor import OPS as REFERENCE_OPS
 
@@ -298,7 +298,8 @@ def test_split_k_needs_its_scratch() -> None:
 def test_direct_kernel_offered_only_for_few_input_channels() -> None:
     stem = conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False)
     assert (
-        any(c.kind is ConvKind.DIRECT for c in stem) and default_config(320 * 320, 16, 27, False).kind is ConvKind.GEMM
+        any(c.kind is ConvKind.DIRECT for c in stem)
+        and untimed_gpu_config(320 * 320, 16, 27, False).kind is ConvKind.GEMM
     )
     assert not any(
         c.kind is ConvKind.DIRECT for c in conv_candidate_configs(160 * 160, 32, 9 * 16, kernel_is_1x1=False)
@@ -314,7 +315,7 @@ def test_packed_taps_offered_only_for_few_input_channels_and_many_outputs() -> N
     wide_stem = conv_candidate_configs(64 * 320 * 320, 64, 27, kernel_is_1x1=False)
     packed = [c for c in wide_stem if c.kind is ConvKind.PACKED]
     assert packed and all(c.block_k == 32 and c.block_n == 64 for c in packed)
-    assert default_config(64 * 320 * 320, 64, 27, False).kind is ConvKind.GEMM
+    assert untimed_gpu_config(64 * 320 * 320, 64, 27, False).kind is ConvKind.GEMM
     assert any(
         c.kind is ConvKind.PACKED and c.block_k == 128
         for c in conv_candidate_configs(6400, 32, 72, kernel_is_1x1=False)
@@ -776,7 +777,7 @@ def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() 
         (256, False),
         (128, True),
     ]
-    assert not default_config(64 * 160 * 160, 256, 192, True).loads_by_tma
+    assert not untimed_gpu_config(64 * 160 * 160, 256, 192, True).loads_by_tma
     assert not any(
         c.loads_by_tma for c in conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True, dtype=F32)
     )
@@ -853,7 +854,7 @@ def test_split_k_offered_only_to_sparse_layers_with_long_k() -> None:
         assert steps >= 2 * c.split_k
     large = conv_candidate_configs(64 * 80 * 80, 256, 9 * 128, kernel_is_1x1=False)
     assert all(c.split_k == 1 for c in large)
-    assert default_config(400, 64, 9 * 256, False).split_k == 1  # untimed picks never split
+    assert untimed_gpu_config(400, 64, 9 * 256, False).split_k == 1  # untimed picks never split
 
 
 def test_candidate_configs_cover_tiny_and_large_layers() -> None:
@@ -866,7 +867,7 @@ def test_candidate_configs_cover_tiny_and_large_layers() -> None:
     for dtype in (F16, F32):
         configs = conv_candidate_configs(64 * 80 * 80, 256, 9 * 128, kernel_is_1x1=False, dtype=dtype)
         assert all(c.num_stages * (c.block_m + c.block_n) * c.block_k * dtype.itemsize <= 200 * 1024 for c in configs)
-        assert default_config(64 * 80 * 80, 256, 9 * 128, False, dtype) in configs
+        assert untimed_gpu_config(64 * 80 * 80, 256, 9 * 128, False, dtype) in configs
 
 
 # Each entry replaces some arguments of a valid call (fp16, 8 -> 4 channels, 3x3, padding 1) to break one rule.

@@ -8,8 +8,9 @@ split cost nothing in the engine.
 The modules, by what they hold:
 
 - `config`: `ConvConfig` (a `ConvKind`, the kernel it launches, plus that kind's modifiers), the candidate tiles
-  the autotuner times (`conv_candidate_configs`, `two_input_candidates`), the untimed `default_config` and
-  `candidate_set_id`, with the tables and limits behind them.
+  the autotuner times (`conv_candidate_configs`, `two_input_candidates`), the untimed `default_config`
+  (`untimed_gpu_config` on a GPU, the interpreter's own largest tile under it) and `candidate_set_id`, with the
+  tables and limits behind them.
 - `feasibility`: whether a layer's views allow TMA loads and stores and whole-pixel word loads (`tma_loadable`,
   `tma_patch_loadable`, `tma_storable`, `pixels_are_words`).
 - `epilogue`: the @triton.jit helpers several kernels call: output-pixel indices, the grouped tile order, and the
@@ -32,6 +33,7 @@ from yolojet.kernels.conv.config import (
     conv_candidate_configs,
     default_config,
     two_input_candidates,
+    untimed_gpu_config,
 )
 from yolojet.kernels.conv.dispatch import conv2d_nhwc
 from yolojet.kernels.conv.feasibility import pixels_are_words, tma_loadable, tma_patch_loadable, tma_storable
@@ -48,4 +50,5 @@ __all__ = [
     "tma_patch_loadable",
     "tma_storable",
     "two_input_candidates",
+    "untimed_gpu_config",
 ]
