@@ -246,6 +246,16 @@ def assert_identical_replays(first, second, batch: int, imgsz: int, replays: int
             assert torch.equal(a, b)
 
 
+def sigint_as_in_a_terminal() -> None:
+    """A `preexec_fn` for a command the test interrupts: SIGINT to its default, as a terminal's job has it. A shell
+    starts background jobs (`pytest ... &`, nohup) with SIGINT ignored, which their children inherit, and Python
+    then installs no KeyboardInterrupt handler: the command would run to its end and the test fail for the way the
+    suite was started."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
     """`yolojet ARGV...` in this process: (exit status, stdout, stderr). argparse's usage errors exit through
     SystemExit, which a user sees as the status it carries."""

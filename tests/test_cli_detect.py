@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from support import calibrated_model, match_detections, run_cli
+from support import calibrated_model, match_detections, run_cli, sigint_as_in_a_terminal
 from ultralytics.utils import ASSETS
 
 import yolojet
@@ -445,7 +445,9 @@ def test_interrupted_run_keeps_every_finished_record(model_dir, tmp_path):
         str(out_json),
         "--quiet",
     ]
-    process = subprocess.Popen(command, env=_cli_env(tmp_path), stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command, env=_cli_env(tmp_path), stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal
+    )
     deadline = time.monotonic() + 300
     while (not out_json.exists() or not out_json.read_text().count("\n")) and time.monotonic() < deadline:
         assert process.poll() is None, process.stderr.read()

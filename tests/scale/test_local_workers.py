@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import calibrated_model, run_cli
+from support import calibrated_model, run_cli, sigint_as_in_a_terminal
 from ultralytics.utils import ASSETS
 
 import yolojet
@@ -265,7 +265,9 @@ def test_ctrl_c_ends_the_workers_with_the_command(model_dir, tmp_path):
         "2",
         "--quiet",
     ]
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, start_new_session=True)
+    process = subprocess.Popen(
+        command, env=env, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=sigint_as_in_a_terminal
+    )
     try:
         deadline = time.monotonic() + 120
         while (not out.exists() or out.read_text().count("\n") < 1) and time.monotonic() < deadline:
