@@ -222,8 +222,10 @@ def test_triton_engine_matches_ultralytics_predict(tmp_path, monkeypatch):
     engine.preprocess(torch.from_numpy(bus[..., ::-1].copy()).to(engine.device), 1)  # RGB tensor on the device
     engine.preprocess(bus, 0)
     engine.run(2)
-    # The same image in two slots; the batch position may move the last bits of a GEMM's sums.
-    assert np.allclose(engine.get(0).probs.data, engine.get(1).probs.data, rtol=0, atol=1e-6)
+    # The same image in two slots: the batch position moves the last bits of a GEMM's sums (under the interpreter
+    # numpy's matmul, whose blocking follows the row; 7.7e-7 at most seen on a probability of 0.94, more with other
+    # BLAS threads); the channels swapped moved them by 0.03.
+    assert np.allclose(engine.get(0).probs.data, engine.get(1).probs.data, rtol=0, atol=1e-5)
     assert engine.get(0).probs.top5 == ours[0].probs.top5
 
 
