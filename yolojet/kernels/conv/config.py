@@ -239,6 +239,12 @@ def _fit(block: int, size: int) -> int:
     return min(block, max(16, 1 << (size - 1).bit_length()))
 
 
+def _tap_channels(k: int, kernel_is_1x1: bool) -> int:
+    """A tap's input channels when only K = kh·kw·C_in is known: K itself for 1x1 kernels, else K / 9, as if 3x3
+    (all of YOLO's), which for other sizes only mis-sizes a tile, never breaks a launch."""
+    return k if kernel_is_1x1 else max(1, k // 9)
+
+
 def conv_candidate_configs(
     m: int,
     n: int,
@@ -257,7 +263,7 @@ def conv_candidate_configs(
     input's pixels are 8-byte words (see `pixels_are_words`), so the direct tiles also come in that mode.
     """
     if c_in is None:
-        c_in = k if kernel_is_1x1 else max(1, k // 9)
+        c_in = _tap_channels(k, kernel_is_1x1)
     configs = []
     for c in _CANDIDATES + (_LARGE_M_TILES if m >= _LARGE_M else ()):
         fitted = ConvConfig(_fit(c.block_m, m), _fit(c.block_n, n), _fit(c.block_k, c_in), c.num_warps, c.num_stages)
@@ -343,9 +349,8 @@ def default_config(m: int, n: int, k: int, kernel_is_1x1: bool, dtype: torch.dty
     Cached per layer shape because the launcher calls it on every launch without an explicit config.
     """
     if interpreting():
-        c_in = k if kernel_is_1x1 else max(1, k // 9)
         block_m, block_n, block_k = _INTERPRETER_TILE
-        return ConvConfig(_fit(block_m, m), _fit(block_n, n), _fit(block_k, c_in), 4, 1)
+        return ConvConfig(_fit(block_m, m), _fit(block_n, n), _fit(block_k, _tap_channels(k, kernel_is_1x1)), 4, 1)
     return untimed_gpu_config(m, n, k, kernel_is_1x1, dtype)
 
 
