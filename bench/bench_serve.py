@@ -4,7 +4,7 @@ yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped pho
   unary    `yolojet serve` in its own process, bus.jpg's rectangle (640x480) built at load (`--shapes`: on a machine
            whose tuning cache has not seen a shape, its first batches would wait for tuning); the labeling client's
            bench mode (`yolojet label --bench`):
-           --requests unary calls of bus.jpg's bytes with 64 in flight over 4 client processes, then 8 in flight:
+           --requests unary calls of bus.jpg's bytes with 64 in flight over --client-processes, then 8 in flight:
            img/s and latency quantiles, and the server's own queue / decode / run split
   label    `yolojet label FOLDER --server` over --files copies of bus.jpg (file reads and the JSONL written
            included), then `yolojet label FOLDER --local`; each as a user runs it, a fresh process: its own rate
@@ -102,7 +102,7 @@ def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen | None:
         "--rate",
         "100",
         "--threads",
-        "--native",
+        "--nonblocking",  # pausing the server to unwind native frames starved it (its decode average blew up)
         "--format",
         "raw",
         "--output",
@@ -111,14 +111,17 @@ def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen | None:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
-def unary_calls(found: dict, key: str, bus: Path, requests: int, profile: tuple[int, Path] | None = None) -> None:
-    """Unary calls of bus.jpg's bytes, 64 then 8 in flight, after a warm-up that reaches every bucket; `profile`
-    (the server's pid, a file): py-spy records the server for the first seconds of the 64 in flight."""
+def unary_calls(
+    found: dict, key: str, bus: Path, requests: int, clients: int, profile: tuple[int, Path] | None = None
+) -> None:
+    """Unary calls of bus.jpg's bytes, 64 in flight over `clients` processes then 8 over 2, after a warm-up that
+    reaches every bucket; `profile` (the server's pid, a file): py-spy records the server for the first seconds of
+    the 64 in flight."""
     from yolojet.client.remote import Connection, bench
 
     connection = Connection(f"127.0.0.1:{PORT}")
-    bench(connection, bus, min(2000, requests // 10), 64, 4, {})
-    for concurrency, processes in ((64, 4), (8, 2)):
+    bench(connection, bus, min(2000, requests // 10), 64, clients, {})
+    for concurrency, processes in ((64, clients), (8, 2)):
         spy = py_spy(profile[0], profile[1], 5) if profile is not None and concurrency == 64 else None
         row = bench(connection, bus, requests if concurrency == 64 else requests // 4, concurrency, processes, {})
         if spy is not None:
@@ -151,7 +154,7 @@ def server_stage(
         server = start_server(model_dir, args.out / f"serve-{key}.log", args.slo_ms, samples, scale)
         found[f"{key}_server_start_s"] = time.perf_counter() - start
         profile = (server.pid, args.out / f"pyspy-{key}.txt") if args.py_spy else None
-        unary_calls(found, key, bus, args.requests, profile)
+        unary_calls(found, key, bus, args.requests, args.client_processes, profile)
         if not args.no_label:
             where = ["--server", f"127.0.0.1:{PORT}", "--streams", str(streams)]
             found[f"label_server_{key}"] = label(files, work / f"server-{key}.jsonl", where)
@@ -171,9 +174,14 @@ def main() -> int:
     parser.add_argument("--slo-ms", type=float, default=50.0, help="the server's deadline for requests without one")
     parser.add_argument("--sample", action="store_true", help="run the server under bench/sampler.py")
     parser.add_argument("--py-spy", action="store_true", help="py-spy records each server at 64 in flight (5 s)")
+    parser.add_argument(
+        "--client-processes", type=int, default=4, help="the bench client's processes for the 64 calls in flight"
+    )
     parser.add_argument("--no-label", action="store_true", help="the unary calls only")
     parser.add_argument("--devices", default=None, help="also measure the worker-process server and labeler on these")
-    parser.add_argument("--processes", type=int, default=None, help="also measure `serve --processes N`")
+    parser.add_argument(
+        "--processes", type=int, nargs="+", default=[], help="also measure `serve --processes N` for each N given"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
@@ -210,21 +218,18 @@ def main() -> int:
             found["label_local_workers"] = label(files, work / "local-workers.jsonl", where)
             print(f"label --local --devices: {found['label_local_workers']}", flush=True)
         out_file.write_text(json.dumps(found, indent=1))
-    if args.processes is not None:
-        scale = ["--processes", str(args.processes)]
-        server_stage(found, args, "processes", scale, model_dir, bus, files, work, streams=args.processes)
+    for processes in args.processes:
+        scale = ["--processes", str(processes)]
+        server_stage(found, args, f"processes{processes}", scale, model_dir, bus, files, work, streams=processes)
         out_file.write_text(json.dumps(found, indent=1))
-    print_table(found, args.files)
+    print_table(found, args.files, args.processes)
     return 1 if found.get("failures") else 0
 
 
-def print_table(found: dict, files: int) -> None:
+def print_table(found: dict, files: int, processes: list[int]) -> None:
     print("\n| measure | value |\n|---|---|")
-    for key, name in (
-        ("unary", "Infer"),
-        ("workers", "Infer, serve --devices"),
-        ("processes", "Infer, serve --processes"),
-    ):
+    fronts = [(f"processes{n}", f"Infer, serve --processes {n}") for n in processes]
+    for key, name in (("unary", "Infer"), ("workers", "Infer, serve --devices"), *fronts):
         for concurrency in (64, 8):
             row = found.get(f"{key}_{concurrency}")
             if row:
@@ -237,7 +242,7 @@ def print_table(found: dict, files: int) -> None:
         ("label_local", "label --local"),
         ("label_local_workers", "label --local --devices"),
         ("label_server_workers", "label --server, --devices"),
-        ("label_server_processes", "label --server, --processes"),
+        *((f"label_server_processes{n}", f"label --server --streams {n}, --processes {n}") for n in processes),
     )
     for key, name in labels:
         row = found.get(key)

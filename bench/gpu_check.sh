@@ -23,7 +23,7 @@ if [ "$(ls .whl 2>/dev/null)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   ls .whl > /tmp/site/.wheels
 fi
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH  # py-spy
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 for stage in $STAGES; do
   case $stage in
