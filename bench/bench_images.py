@@ -8,6 +8,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   stream     engine.stream over --files JPEG files on disk (copies of bus.jpg, 1080x810), per decoder: img/s; beside
              it the decode alone (the same files through the feed, no engine) and the engine alone (staged GPU
              frames, run(--batch) repeated), whose ratio to the stream says how busy the GPU was
+  overlap    decode beside the network: bus.jpg's bytes decoded in calls of 32 on one thread or two (the hardware
+             decoder's two lanes) for 2 s, alone and while another thread runs run(--batch) on staged frames back to
+             back: decode img/s, and the network's img/s beside it
   latency    batch 1 from a frame already on the GPU: preprocess + run + get, wall ms, median of 500
   agreement  each decoder's detections against the CPU decoder's (OpenCV's pixels) on the shipped JPEGs and on
              awkward ones (EXIF-rotated, CMYK, progressive, grey)
@@ -46,7 +49,7 @@ from yolojet.timing import Timing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-STAGES = ("decoders", "call", "stream", "latency", "agreement", "profile", "startup", "rect")
+STAGES = ("decoders", "call", "stream", "overlap", "latency", "agreement", "profile", "startup", "rect")
 DECODERS = ("nvimgcodec", "cpu", "nvjpeg")
 
 
@@ -190,6 +193,65 @@ def engine_alone(engine, batch: int, repeats: int = 50) -> float:
         engine.run_async(batch)
     engine.sync()
     return batch * repeats / (time.perf_counter() - start)
+
+
+def stage_overlap(found: dict, engine, batch: int, seconds: float = 2.0) -> None:
+    """Whether decoding overlaps the network, and what a second call in flight adds: the hardware JPEG decoders are
+    engines of their own, but each call also has host work (parsing, allocating, waiting for its last image)."""
+    import threading
+
+    from yolojet.images import load_frame
+    from yolojet.images.decoders import Encoded
+
+    chunk = [Encoded.of((assets() / "bus.jpg").read_bytes())] * 32
+    frame = load_frame(assets() / "bus.jpg").pixels.contiguous().cuda()
+    for slot in range(batch):
+        engine.preprocess(frame, slot)
+    engine.run(batch)
+    decoder = decoder_or_none("nvimgcodec", engine.device)
+    if decoder is None:
+        return
+
+    def decoding(stop: threading.Event, done: list[int]) -> None:
+        while not stop.is_set():  # finish, not decode: a call of 32 on one lane, as the feed's threads make them
+            decoded = decoder.finish([decoder.prepare(item) for item in chunk])
+            for event in decoded.ready:
+                event.synchronize()
+            done[0] += len(chunk)
+
+    def running(stop: threading.Event, done: list[int]) -> None:
+        while not stop.is_set():
+            engine.run(batch)
+            done[0] += batch
+
+    rows: dict = {"lanes": decoder.lanes}
+    for threads in (1, 2):
+        for beside in (False, True):
+            stop = threading.Event()
+            decoded = [[0] for _ in range(threads)]
+            ran = [0]
+            workers = [threading.Thread(target=decoding, args=(stop, decoded[i])) for i in range(threads)]
+            if beside:
+                workers.append(threading.Thread(target=running, args=(stop, ran)))
+            start = time.perf_counter()
+            for w in workers:
+                w.start()
+            time.sleep(seconds)
+            stop.set()
+            for w in workers:
+                w.join()
+            torch.cuda.synchronize()
+            elapsed = time.perf_counter() - start
+            key = f"{threads}thread{'s' if threads > 1 else ''}_{'beside' if beside else 'alone'}"
+            rows[key] = {
+                "decode_img_per_s": sum(d[0] for d in decoded) / elapsed,
+                "network_img_per_s": ran[0] / elapsed if beside else None,
+            }
+            network = f", network {rows[key]['network_img_per_s']:,.0f} img/s" if beside else ""
+            print(f"overlap {key}: decode {rows[key]['decode_img_per_s']:,.0f} img/s{network}", flush=True)
+    rows["network_alone_img_per_s"] = engine_alone(engine, batch)
+    decoder.close()
+    found["overlap"] = rows
 
 
 def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
@@ -477,13 +539,15 @@ def main() -> int:
         try:
             if stage == "decoders":
                 stage_decoders(found, args.batch, args.repeats)
-            elif stage in ("call", "stream", "agreement"):
+            elif stage in ("call", "stream", "overlap", "agreement"):
                 if engine is None:
                     engine = build_engine(model_dir, args.batch, buckets)
                 if stage == "call":
                     stage_call(found, engine, files, args.batch, args.repeats)
                 elif stage == "stream":
                     stage_stream(found, engine, files, args.batch)
+                elif stage == "overlap":
+                    stage_overlap(found, engine, args.batch)
                 else:
                     stage_agreement(found, engine)
             elif stage == "latency":
@@ -525,6 +589,12 @@ def print_table(found: dict) -> None:
                 f"| stream {stream['files']} files {name} | {r['img_per_s']:,.0f} img/s; decode alone "
                 f"{r['decode_alone_img_per_s']:,.0f}; GPU busy ~{r['gpu_busy']:.0%} |"
             )
+    for key, row in found.get("overlap", {}).items():
+        if isinstance(row, dict):
+            network = f"; network beside it {row['network_img_per_s']:,.0f} img/s" if row["network_img_per_s"] else ""
+            print(f"| decode {key.replace('_', ', ')} | {row['decode_img_per_s']:,.0f} img/s{network} |")
+    if "overlap" in found:
+        print(f"| network alone, staged GPU frames | {found['overlap']['network_alone_img_per_s']:,.0f} img/s |")
     latency = found.get("latency", {})
     if latency:
         print(f"| batch 1, GPU frame, preprocess+run+get | p50 {latency['gpu']['p50_ms']:.3f} ms |")

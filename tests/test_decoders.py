@@ -190,3 +190,53 @@ def test_gpu_decoders_on_real_and_awkward_jpegs(name):
             assert np.abs(ours - reference).max() <= limit, f"item {i}"
     finally:
         decoder.close()
+
+
+@pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
+def test_the_hardware_decoder_s_lanes_decode_side_by_side():
+    """A batch large enough is cut into a call a lane, and two threads decode through one decoder at once: every
+    image gets the pixels a call of its own gives it, in its place, and a cut-short JPEG stays an error in its
+    place."""
+    import threading
+
+    device = torch.device("cuda")
+    try:
+        decoder = make_decoder("nvimgcodec", device)
+    except EngineConfigError as e:
+        pytest.skip(str(e))
+    try:
+        assert decoder.lanes > 1
+        photo = Image.open(BUS).convert("RGB")
+        kinds = [BUS.read_bytes(), (ASSETS / "zidane.jpg").read_bytes(), with_orientation(photo, 6)]
+
+        def pixels(items: list) -> list:
+            batch = decoder.decode([Encoded.of(i) for i in items])
+            batch.wait_on(torch.cuda.current_stream())
+            return [rgb(f) if isinstance(f, Frame) else "error" for f in batch.items]
+
+        alone = [pixels([k])[0] for k in kinds]
+        items = [kinds[i % 3] for i in range(40)]
+        items[17] = kinds[0][:5000]
+        got = pixels(items)
+        assert got[17] == "error"
+        for i, image in enumerate(got):
+            if i != 17:
+                assert np.array_equal(image, alone[i % 3]), f"image {i}"
+
+        failures: list = []
+
+        def decode_in_a_thread(offset: int) -> None:
+            for _ in range(4):
+                order = [(offset + i) % 3 for i in range(16)]
+                for i, image in zip(order, pixels([kinds[i] for i in order]), strict=True):
+                    if not np.array_equal(image, alone[i]):
+                        failures.append((offset, i))
+
+        threads = [threading.Thread(target=decode_in_a_thread, args=(offset,)) for offset in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == []
+    finally:
+        decoder.close()

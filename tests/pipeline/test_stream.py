@@ -185,3 +185,45 @@ def test_the_feed_hands_over_ready_chunks_as_full_batches_and_a_slow_source_at_o
         feed.close()
     finally:
         decoder.close()
+
+
+def test_the_feed_s_decode_threads_hand_chunks_on_in_order():
+    """Several decode threads (the hardware decoder's lanes) decode chunks side by side; chunks that finish early
+    wait for the ones taken before them, errors stay in their place, and a failing iterable still raises after
+    every image before it."""
+    from yolojet.engine.feed import FrameFeed
+    from yolojet.images.decoders import CpuDecoder
+
+    def jpeg_of(value: int, side: int) -> bytes:
+        out = io.BytesIO()
+        Image.new("RGB", (side, side), (value, value, value)).save(out, format="JPEG", quality=100)
+        return out.getvalue()
+
+    # Chunks of large JPEGs before chunks of tiny arrays: the later chunks finish first.
+    images: list = []
+    for i in range(60):
+        if i % 13 == 5:
+            images.append(b"not an image %d" % i)
+        elif (i // 4) % 2 == 0:
+            images.append(jpeg_of(i, 640))
+        else:
+            images.append(np.full((4, 6, 3), i, np.uint8))
+    decoder = CpuDecoder(torch.device("cpu"), threads=2)
+    try:
+        seen: list = []
+        for fed in FrameFeed(images, decoder, batch=8, chunk=4, decode_threads=3):
+            for item in fed.decoded.items:
+                seen.append(int(item.pixels[0, 0, 0]) if hasattr(item, "pixels") else "error")
+        assert seen == ["error" if i % 13 == 5 else i for i in range(60)]
+
+        def failing():
+            yield from images[:10]
+            raise OSError("the camera went away")
+
+        got = 0
+        with pytest.raises(OSError, match="the camera went away"):
+            for fed in FrameFeed(failing(), decoder, batch=8, chunk=4, decode_threads=3):
+                got += len(fed.sources)
+        assert got == 10
+    finally:
+        decoder.close()
