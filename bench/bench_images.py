@@ -8,9 +8,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   stream     engine.stream over --files JPEG files on disk (copies of bus.jpg, 1080x810), per decoder: img/s; beside
              it the decode alone (the same files through the feed, no engine) and the engine alone (staged GPU
              frames, run(--batch) repeated), whose ratio to the stream says how busy the GPU was
-  overlap    decode beside the network: bus.jpg's bytes decoded in calls of 32 on one thread or two (the hardware
-             decoder's two lanes) for 2 s, alone and while another thread runs run(--batch) on staged frames back to
-             back: decode img/s, and the network's img/s beside it
+  overlap    decode beside the network: bus.jpg's bytes decoded in calls of 32 for 2 s on one thread, or on two
+             with a decoder each, alone and while another thread runs run(--batch) on staged frames back to back:
+             decode img/s, and the network's img/s beside it
   latency    batch 1 from a frame already on the GPU: preprocess + run + get, wall ms, median of 500
   agreement  each decoder's detections against the CPU decoder's (OpenCV's pixels) on the shipped JPEGs and on
              awkward ones (EXIF-rotated, CMYK, progressive, grey)
@@ -208,15 +208,14 @@ def stage_overlap(found: dict, engine, batch: int, seconds: float = 2.0) -> None
     for slot in range(batch):
         engine.preprocess(frame, slot)
     engine.run(batch)
-    decoder = decoder_or_none("nvimgcodec", engine.device)
-    if decoder is None:
+    decoders = [decoder_or_none("nvimgcodec", engine.device) for _ in range(2)]
+    if decoders[0] is None or decoders[1] is None:
         return
 
-    def decoding(stop: threading.Event, done: list[int]) -> None:
-        while not stop.is_set():  # finish, not decode: a call of 32 on one lane, as the feed's threads make them
-            decoded = decoder.finish([decoder.prepare(item) for item in chunk])
-            for event in decoded.ready:
-                event.synchronize()
+    def decoding(decoder, stop: threading.Event, done: list[int]) -> None:
+        while not stop.is_set():
+            decoder.decode(chunk)
+            decoder.stream.synchronize()
             done[0] += len(chunk)
 
     def running(stop: threading.Event, done: list[int]) -> None:
@@ -224,13 +223,13 @@ def stage_overlap(found: dict, engine, batch: int, seconds: float = 2.0) -> None
             engine.run(batch)
             done[0] += batch
 
-    rows: dict = {"lanes": decoder.lanes}
+    rows: dict = {}
     for threads in (1, 2):
         for beside in (False, True):
             stop = threading.Event()
             decoded = [[0] for _ in range(threads)]
             ran = [0]
-            workers = [threading.Thread(target=decoding, args=(stop, decoded[i])) for i in range(threads)]
+            workers = [threading.Thread(target=decoding, args=(decoders[i], stop, decoded[i])) for i in range(threads)]
             if beside:
                 workers.append(threading.Thread(target=running, args=(stop, ran)))
             start = time.perf_counter()
@@ -250,7 +249,8 @@ def stage_overlap(found: dict, engine, batch: int, seconds: float = 2.0) -> None
             network = f", network {rows[key]['network_img_per_s']:,.0f} img/s" if beside else ""
             print(f"overlap {key}: decode {rows[key]['decode_img_per_s']:,.0f} img/s{network}", flush=True)
     rows["network_alone_img_per_s"] = engine_alone(engine, batch)
-    decoder.close()
+    for decoder in decoders:
+        decoder.close()
     found["overlap"] = rows
 
 

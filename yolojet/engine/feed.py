@@ -1,16 +1,15 @@
 """A stream of images in, batches of decoded frames out: files read and decoded ahead of the engine, on threads of
 their own, so that decoding the next images overlaps running the ones before.
 
-A source thread and a decode thread a lane of the decoder. The source thread walks the caller's iterable (so a slow
-source, a camera or a network, does not hold up decoding) and hands each image to the decoder at once (`prepare`:
-the CPU pool starts decoding it, or the file is read and its header checked for the GPU decoder). Each decode
-thread cuts the next chunk of up to `chunk` images (`finish`: one GPU decode call a chunk, then the CPU pool's
-results) and hands it on in its turn, so chunks decode side by side (the hardware decoder takes two calls at once)
-and still come out in order; a chunk of an iterable of unknown length is cut short when no next image is ready, so
-a slow source gets small chunks and low latency, while a list is cut into full chunks. The engine takes the chunks
-ready when it is free, as many as fit one batch of `batch` images: a long stream runs full batches while the next
-ones decode, and even one call of `batch` files overlaps decoding its later chunks with running its first. At most
-two batches of images are on their way at once, which bounds the memory a fast source can take.
+Two threads a stream. The source thread walks the caller's iterable (so a slow source, a camera or a network, does
+not hold up decoding) and hands each image to the decoder at once (`prepare`: the CPU pool starts decoding it, or
+the file is read and its header checked for the GPU decoder). The decode thread cuts chunks of up to `chunk`
+images (`finish`: one GPU decode call a chunk, then the CPU pool's results); a chunk of an iterable of unknown
+length is cut short when no next image is ready, so a slow source gets small chunks and low latency, while a list
+is cut into full chunks. The engine takes the chunks ready when it is free, as many as fit
+one batch of `batch` images: a long stream runs full batches while the next ones decode, and even one call of
+`batch` files overlaps decoding its later chunks with running its first. At most two batches of images are on
+their way at once, which bounds the memory a fast source can take.
 """
 
 from __future__ import annotations
@@ -46,10 +45,7 @@ class FrameFeed:
     """`next_batch` (or iterating) gives `FedBatch`es of the images of `images`, in order; `close` stops the threads
     (reaching the end closes too)."""
 
-    def __init__(
-        self, images: Iterable[Any], decoder: Decoder, batch: int, chunk: int = CHUNK, decode_threads: int = 0
-    ) -> None:
-        """`decode_threads`: the decoder's lanes unless given."""
+    def __init__(self, images: Iterable[Any], decoder: Decoder, batch: int, chunk: int = CHUNK) -> None:
         self.decoder, self.batch, self.chunk = decoder, batch, max(1, min(chunk, batch))
         # A sized collection (a list of paths) is cut into full chunks: nothing of it is on its way slowly.
         self._whole_chunks = isinstance(images, Sized)
@@ -58,18 +54,9 @@ class FrameFeed:
         self._stop = threading.Event()
         self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
         self._done = False
-        # Decode threads take chunks in turn (under `_taking`, numbering them) and hand them on in that order.
-        self._taking = threading.Lock()
-        self._taken = self._handed = 0
-        self._taken_last = False
-        self._turn = threading.Condition()
-        threads = decode_threads or decoder.lanes
         self._threads = [
             threading.Thread(target=self._walk, args=(images,), name="yolojet-feed-source", daemon=True),
-            *(
-                threading.Thread(target=self._decode, name=f"yolojet-feed-decode-{i}", daemon=True)
-                for i in range(threads)
-            ),
+            threading.Thread(target=self._decode, name="yolojet-feed-decode", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -175,41 +162,16 @@ class FrameFeed:
     def _decode(self) -> None:
         try:
             while not self._stop.is_set():
-                with self._taking:
-                    if self._taken_last:
-                        return
-                    items, last = self._take()
-                    turn = self._taken
-                    self._taken += 1
-                    self._taken_last = last is not None
-                fed = None
+                items, last = self._take()
                 if items:
                     decoded = self.decoder.finish([pending for _, pending in items])
-                    fed = FedBatch([image for image, _ in items], decoded)
-                if not self._hand_on(turn, fed, last):
+                    if not self._put(self._chunks, FedBatch([image for image, _ in items], decoded)):
+                        return
+                if last is not None:
+                    self._put(self._chunks, last.error if isinstance(last, _Failure) else _END)
                     return
         except BaseException as e:
             self._put(self._chunks, e)
-            self._stop.set()
-
-    def _hand_on(self, turn: int, fed: FedBatch | None, last: object | None) -> bool:
-        """The chunk taken `turn`-th, then the end marker or failure that followed it, once every chunk taken before
-        it is handed on; False when the feed stopped."""
-        with self._turn:
-            while self._handed != turn:
-                if self._stop.is_set():
-                    return False
-                self._turn.wait(timeout=0.1)
-        try:
-            if fed is not None and not self._put(self._chunks, fed):
-                return False
-            if last is not None:
-                return self._put(self._chunks, last.error if isinstance(last, _Failure) else _END)
-            return True
-        finally:
-            with self._turn:
-                self._handed += 1
-                self._turn.notify_all()
 
 
 @dataclass

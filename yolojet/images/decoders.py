@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import io
 import os
-import queue
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +37,6 @@ from yolojet.images.sources import read_image_file
 from yolojet.options import DECODER_NAMES
 
 _MAX_THREADS = 32  # more threads than this gain nothing on one process's file reads and decodes
-# A GPU decoder's `decode` cuts a batch into a call a lane only when each call keeps this many images: on the H200 the
-# hardware decoders took calls of 8 / 16 / 32 at 5,206 / 7,365 / 9,190 img/s (bench/NOTES.md).
-_SPLIT_AT_LEAST = 16
 
 
 def cpu_threads() -> int:
@@ -109,7 +105,6 @@ class CpuDecoder:
     batch of them; `decode` is both."""
 
     name = "cpu"
-    lanes = 1  # a feed's one decode thread waits for the pool, which decodes on every core already
 
     def __init__(self, device: torch.device, max_pixels: int = DEFAULT_MAX_PIXELS, threads: int | None = None):
         self.device = device
@@ -191,42 +186,25 @@ def _probe_jpeg() -> bytes:
     return out.getvalue()
 
 
-@dataclass
-class _Lane:
-    """One decode call's own resources: its stream, and the backend's handle (nvImageCodec's decoder) where it has
-    one; a lane runs one call at a time."""
-
-    stream: torch.cuda.Stream
-    backend: object = None
-
-
 class _GpuJpegDecoder:
     """What the two GPU decoders share: `prepare` (on the feed's source thread) reads an image and checks its header;
     JPEGs the GPU takes wait for their batch, the rest go to the CPU pool at once; `finish` decodes a batch's JPEGs
-    in one call on a free lane's stream and sends its refusals to the CPU pool. `lanes` calls may run at once, from
-    as many threads; a further caller waits for a lane."""
+    in one call on the decoder's stream and sends its refusals to the CPU pool."""
 
     name = ""
-    lanes = 1
 
     def __init__(self, cpu: CpuDecoder) -> None:
         self.cpu, self.device = cpu, cpu.device
-        self._free: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
-        self._helpers: ThreadPoolExecutor | None = None  # `decode`'s threads for its other lanes, made when needed
+        self.stream = torch.cuda.Stream(self.device)
 
     def close(self) -> None:
-        if self._helpers is not None:
-            self._helpers.shutdown(wait=True)
         self.cpu.close()
-
-    def _add_lane(self, backend: object = None) -> None:
-        self._free.put(_Lane(torch.cuda.Stream(self.device), backend))
 
     def _takes(self, info: EncodedInfo) -> bool:
         """Whether this JPEG goes to the GPU decoder."""
         return info.jpeg is not None
 
-    def _decode_jpegs(self, lane: _Lane, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
+    def _decode_jpegs(self, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
         raise NotImplementedError
 
     def prepare(self, item: Encoded) -> Pending:
@@ -241,15 +219,8 @@ class _GpuJpegDecoder:
 
     def finish(self, pending: list[Pending]) -> DecodedBatch:
         gpu = [p for p in pending if p.data is not None and p.outcome is None and p.future is None]
-        done: torch.cuda.Event | None = None
         if gpu:
-            lane = self._free.get()
-            try:
-                decoded = self._decode_jpegs(lane, [p.data for p in gpu], [p.orientation for p in gpu])  # type: ignore[misc]
-                done = torch.cuda.Event()
-                done.record(lane.stream)
-            finally:
-                self._free.put(lane)
+            decoded = self._decode_jpegs([p.data for p in gpu], [p.orientation for p in gpu])  # type: ignore[misc]
             for p, pixels in zip(gpu, decoded, strict=True):
                 if pixels is None:  # refused by the GPU decoder: the CPU pool instead
                     p.future = self.cpu.submit(p.item, p.data, checked=True).future
@@ -257,22 +228,14 @@ class _GpuJpegDecoder:
                     p.outcome = Frame(pixels, bgr=False, path=p.item.path, encoded=p.data)
         outcomes = [p.result() for p in pending]
         ready = self.cpu.ready_events()
-        if done is not None:
-            ready.append(done)
+        if gpu:
+            event = torch.cuda.Event()
+            event.record(self.stream)
+            ready.append(event)
         return DecodedBatch(outcomes, ready)
 
     def decode(self, items: list[Encoded]) -> DecodedBatch:
-        """A batch at once; one large enough is cut into a call a lane, decoded side by side."""
-        pending = [self.prepare(item) for item in items]
-        if self.lanes == 1 or len(pending) < self.lanes * _SPLIT_AT_LEAST:
-            return self.finish(pending)
-        if self._helpers is None:
-            self._helpers = ThreadPoolExecutor(self.lanes - 1, thread_name_prefix="yolojet-decode-lane")
-        step = -(-len(pending) // self.lanes)
-        parts = [pending[i : i + step] for i in range(0, len(pending), step)]
-        others = [self._helpers.submit(self.finish, part) for part in parts[1:]]
-        decoded = [self.finish(parts[0]), *(other.result() for other in others)]
-        return DecodedBatch([i for d in decoded for i in d.items], [e for d in decoded for e in d.ready])
+        return self.finish([self.prepare(item) for item in items])
 
 
 class HardwareJpegDecoder(_GpuJpegDecoder):
@@ -280,11 +243,6 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
     pool (`cpu`)."""
 
     name = "nvimgcodec"
-    # Two calls in flight, each with its own nvImageCodec decoder: one call's host work (parsing the streams,
-    # allocating the images, waiting for the last of them) leaves the hardware decoders idle. On the H200, 32-image
-    # calls of 1080x810 JPEGs decoded 6,699 img/s on one thread and 9,836 on two beside the running network
-    # (bench/NOTES.md, "Decode beside the network").
-    lanes = 2
 
     def __init__(self, cpu: CpuDecoder) -> None:
         # nvImageCodec logs a warning for every image it refuses (which the CPU pool then decodes) unless told
@@ -300,16 +258,12 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
         self._nv = nvimgcodec
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         try:
-            for _ in range(self.lanes):
-                backend = nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)
-                self._add_lane(nvimgcodec.Decoder(device_id=index, backends=[backend]))
+            self._decoder = nvimgcodec.Decoder(
+                device_id=index, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)]
+            )
             # Interleaved RGB, turned upright by EXIF orientation, 8 bits (cv2.imread's IMREAD_COLOR, in RGB order).
             self._params = nvimgcodec.DecodeParams(apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.SRGB)
-            lane = self._free.get()
-            try:
-                decodes = self._decode_jpegs(lane, [_probe_jpeg()], [1])[0] is not None
-            finally:
-                self._free.put(lane)
+            decodes = self._decode_jpegs([_probe_jpeg()], [1])[0] is not None
         except Exception as e:  # a driver too old for this build, a library that fails to load: no hardware path
             raise EngineConfigError(f"decoder 'nvimgcodec': nvImageCodec could not start here ({e})") from e
         if not decodes:
@@ -319,38 +273,33 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
             )
 
     def describe(self) -> str:
-        return f"nvimgcodec (hardware JPEG decoders, {self.lanes} calls at once; other images on {self.cpu.describe()})"
+        return f"nvimgcodec (hardware JPEG decoders; other images on {self.cpu.describe()})"
 
     def _takes(self, info: EncodedInfo) -> bool:
         """Baseline JPEGs of 1 or 3 components: what the hardware decoders take (others go straight to the CPU rather
         than through a refusal)."""
         return info.jpeg is not None and not info.jpeg.progressive and info.jpeg.components in (1, 3)
 
-    def _decode_jpegs(self, lane: _Lane, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
+    def _decode_jpegs(self, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
         streams = [self._nv.CodeStream(d) for d in datas]
-        images = lane.backend.decode(streams, params=self._params, cuda_stream=lane.stream.cuda_stream)  # type: ignore[attr-defined]
+        images = self._decoder.decode(streams, params=self._params, cuda_stream=self.stream.cuda_stream)
         return [None if im is None else torch.as_tensor(im, device=self.device) for im in images]
 
 
 class NvjpegDecoder(_GpuJpegDecoder):
     """torchvision's nvJPEG on the SMs, one batched call a batch (by name only: its pixels are not OpenCV's); EXIF
-    orientation applied after decoding; refusals and other formats on the CPU pool. One lane: torchvision's decoder
-    is one handle a process."""
+    orientation applied after decoding; refusals and other formats on the CPU pool."""
 
     name = "nvjpeg"
-
-    def __init__(self, cpu: CpuDecoder) -> None:
-        super().__init__(cpu)
-        self._add_lane()
 
     def describe(self) -> str:
         return f"nvjpeg (torchvision's nvJPEG on the GPU's SMs; other images on {self.cpu.describe()})"
 
-    def _decode_jpegs(self, lane: _Lane, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
+    def _decode_jpegs(self, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
-        with torch.cuda.stream(lane.stream):
+        with torch.cuda.stream(self.stream):
             try:
                 images = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
             except RuntimeError:  # one bad image fails the batched call: decode one by one to find it
