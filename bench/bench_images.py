@@ -7,7 +7,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   call       engine(list of --batch JPEG paths), yolo11n at 640, per decoder: img/s, median of --repeats calls
   stream     engine.stream over --files JPEG files on disk (copies of bus.jpg, 1080x810), per decoder: img/s; beside
              it the decode alone (the same files through the feed, no engine) and the engine alone (staged GPU
-             frames, run(--batch) repeated), whose ratio to the stream says how busy the GPU was
+             frames, run(--batch) repeated), whose ratio to the stream says how busy the GPU was; then the stream
+             again with its steps timed by thread (waiting for chunks, submitting, collecting, making results,
+             reading and checking files, the decoder's call)
   overlap    decode beside the network: bus.jpg's bytes decoded in calls of 32 for 2 s on one thread, or on two
              with a decoder each, alone and while another thread runs run(--batch) on staged frames back to back:
              decode img/s, and the network's img/s beside it
@@ -31,13 +33,17 @@ has real work; conf 0.25 as predict's default.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -198,7 +204,6 @@ def engine_alone(engine, batch: int, repeats: int = 50) -> float:
 def stage_overlap(found: dict, engine, batch: int, seconds: float = 2.0) -> None:
     """Whether decoding overlaps the network, and what a second call in flight adds: the hardware JPEG decoders are
     engines of their own, but each call also has host work (parsing, allocating, waiting for its last image)."""
-    import threading
 
     from yolojet.images import load_frame
     from yolojet.images.decoders import Encoded
@@ -254,7 +259,37 @@ def stage_overlap(found: dict, engine, batch: int, seconds: float = 2.0) -> None
     found["overlap"] = rows
 
 
+@contextlib.contextmanager
+def timed_calls(targets: list[tuple[object, str]]):
+    """Each (class or module, name) wrapped, while the block runs, to add the wall time of its calls to a total by
+    the calling thread's name (pool threads' numbers dropped) and its own name."""
+    totals: collections.Counter = collections.Counter()
+    saved = []
+    for owner, name in targets:
+        original = getattr(owner, name)
+        saved.append((owner, name, owner.__dict__.get(name)))
+
+        def wrapped(*args, _original=original, _name=name, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                thread = re.sub(r"[_-]\d+$", "", threading.current_thread().name)
+                totals[f"{thread}: {_name}"] += time.perf_counter() - start
+
+        setattr(owner, name, wrapped)
+    try:
+        yield totals
+    finally:
+        for owner, name, own in reversed(saved):
+            if own is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
+
+
 def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
+    import yolojet.engine.engine as engine_module
     from yolojet.engine.feed import FrameFeed
 
     paths = [str(f) for f in files]
@@ -279,6 +314,19 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
         seconds = time.perf_counter() - start
         rate = count / seconds
         busy = rate / rows["engine_alone_img_per_s"]
+        # The same stream again with its steps timed, thread by thread: where each thread spends the stream's time
+        # (the caller's thread waiting for decoded chunks, submitting, collecting, making results; the feed's threads
+        # reading and checking files, in the decoder's call, or waiting).
+        decoder_type = type(engine.decoder)
+        steps = [(FrameFeed, "next_batch"), (type(engine), "_submit_fed"), (type(engine), "_collect")]
+        steps += [(engine_module, "make_results"), (decoder_type, "prepare"), (decoder_type, "finish")]
+        if hasattr(decoder_type, "_decode_jpegs"):
+            steps.append((decoder_type, "_decode_jpegs"))
+        with timed_calls(steps) as totals:
+            timed_start = time.perf_counter()
+            for _ in engine.stream(paths):
+                pass
+            timed_seconds = time.perf_counter() - timed_start
         rows[name] = {
             "img_per_s": rate,
             "seconds": seconds,
@@ -286,10 +334,13 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
             "boxes": boxes,
             "decode_alone_img_per_s": decode_rate,
             "gpu_busy": busy,
+            "timed_seconds": timed_seconds,
+            "steps_s": dict(totals.most_common()),
         }
         print(
             f"stream over {count} files, {name}: {rate:,.0f} img/s (decode alone {decode_rate:,.0f} img/s, GPU "
-            f"busy ~{rows[name]['gpu_busy']:.0%}), {errors} errors, {boxes} boxes",
+            f"busy ~{rows[name]['gpu_busy']:.0%}), {errors} errors, {boxes} boxes; timed again in "
+            f"{timed_seconds:.2f} s: " + ", ".join(f"{k} {v:.2f} s" for k, v in totals.most_common()),
             flush=True,
         )
     found["stream"] = rows
