@@ -8,6 +8,7 @@ and its `scale_boxes`, which maps boxes back with the per-axis gains new_w/w0, n
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -26,16 +27,23 @@ class Letterbox:
     def fit(cls, orig_hw: tuple[int, int], target_hw: tuple[int, int]) -> Letterbox:
         """ultralytics LetterBox.get_params with auto=False, center=True, scaleup=True."""
         (h0, w0), (h, w) = orig_hw, target_hw
-        if min(h0, w0, h, w) < 1:
-            raise ValueError(f"letterbox: sizes must be positive, got frame {orig_hw} and target {target_hw}")
-        r = min(h / h0, w / w0)
-        new_h, new_w = max(round(h0 * r), 1), max(round(w0 * r), 1)
-        return cls(h0, w0, new_h, new_w, round((h - new_h) / 2 - 0.1), round((w - new_w) / 2 - 0.1))
+        return _fitted(int(h0), int(w0), int(h), int(w))
 
     def box_params(self) -> list[float]:
         """[pad_x, pad_y, gain_x, gain_y, w0, h0]: what mapping boxes back needs, as scale_boxes computes it."""
         gain_x, gain_y = self.new_w / self.orig_w, self.new_h / self.orig_h
         return [self.pad_left, self.pad_top, gain_x, gain_y, self.orig_w, self.orig_h]
+
+
+@functools.lru_cache(maxsize=4096)
+def _fitted(h0: int, w0: int, h: int, w: int) -> Letterbox:
+    """`Letterbox.fit`, once a size: a batch of photos from one camera asks for the same few sizes, and working one
+    out was about a third of staging a frame's table row."""
+    if min(h0, w0, h, w) < 1:
+        raise ValueError(f"letterbox: sizes must be positive, got frame {(h0, w0)} and target {(h, w)}")
+    r = min(h / h0, w / w0)
+    new_h, new_w = max(round(h0 * r), 1), max(round(w0 * r), 1)
+    return Letterbox(h0, w0, new_h, new_w, round((h - new_h) / 2 - 0.1), round((w - new_w) / 2 - 0.1))
 
 
 def rect_letterbox(orig_hw: tuple[int, int], imgsz: tuple[int, int], stride: int) -> tuple[tuple[int, int], Letterbox]:
@@ -48,8 +56,14 @@ def rect_letterbox(orig_hw: tuple[int, int], imgsz: tuple[int, int], stride: int
     a pixel of resized size on under 1 % of image sizes, where ultralytics differs from itself the same way).
     """
     (h0, w0), (h, w) = orig_hw, imgsz
+    return _rect_fitted(int(h0), int(w0), int(h), int(w), int(stride))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rect_fitted(h0: int, w0: int, h: int, w: int, stride: int) -> tuple[tuple[int, int], Letterbox]:
+    """`rect_letterbox`, once a size (as `_fitted`)."""
     if min(h0, w0) < 1:
-        raise ValueError(f"letterbox: sizes must be positive, got frame {orig_hw}")
+        raise ValueError(f"letterbox: sizes must be positive, got frame {(h0, w0)}")
     r = min(h / h0, w / w0)
     new_h, new_w = max(round(h0 * r), 1), max(round(w0 * r), 1)
     pad_h, pad_w = (h - new_h) % stride, (w - new_w) % stride

@@ -389,3 +389,40 @@ def test_batch_buckets():
     assert batch_buckets(1) == [1]
     assert batch_buckets(6) == [1, 2, 4, 6]
     assert batch_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_staging_writes_the_options_and_frame_table_the_kernels_read(model_dirs):
+    """What `stage` writes into a parity's pinned inputs, read back through the torch views the captured path copies
+    from: thresholds, limits, the class mask, each frame's table row and box parameters, the spare slots repeating
+    the last frame; and a later batch with other options and frames rewrites every field."""
+    import numpy as np
+
+    from yolojet.engine.predict_path import MAX_NMS, PredictOptions
+    from yolojet.geometry import Letterbox
+    from yolojet.images.frames import Frame
+    from yolojet.kernels.preprocess import frame_row
+
+    engine = Engine.load(model_dirs("yolo11n.yaml", None), device="cpu", max_batch=4, tune=False, rect=False)
+    path = engine.shape_path(64)
+    path.fill_bucket = True  # as on a GPU: a batch of 3 runs its bucket of 4
+    rng = np.random.default_rng(3)
+    for options, sizes in (
+        (
+            PredictOptions(conf=0.31, iou=0.55, max_det=500, classes=(2, 7), agnostic=True),
+            [(48, 80), (90, 30), (64, 64)],
+        ),
+        (PredictOptions(conf=0.05, iou=0.7, max_det=20), [(100, 20), (33, 71), (64, 65)]),
+    ):
+        frames = [Frame(torch.from_numpy(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)), bgr=True) for h, w in sizes]
+        path.stage(1, frames, options)
+        host = path.inputs.views(path.inputs.host[1])
+        assert host["thresholds"].tolist() == torch.tensor([options.conf, options.iou], dtype=torch.float32).tolist()
+        assert host["limits"].tolist() == [min(options.max_det, path.capacity), MAX_NMS, int(options.agnostic)]
+        mask = host["class_mask"].tolist()
+        assert mask == [int(options.classes is None or c in options.classes) for c in range(len(mask))]
+        placed = [Letterbox.fit(f.shape, (64, 64)) for f in frames]
+        rows = [frame_row(f.pixels, bgr=True, placement=p) for f, p in zip(frames, placed, strict=True)]
+        assert host["table"][:4].tolist() == rows + rows[-1:]
+        params = torch.tensor([p.box_params() for p in placed + placed[-1:]], dtype=torch.float32)
+        assert torch.equal(host["box_params"][:4], params)
+    engine.close()
