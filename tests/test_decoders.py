@@ -190,3 +190,81 @@ def test_gpu_decoders_on_real_and_awkward_jpegs(name):
             assert np.abs(ours - reference).max() <= limit, f"item {i}"
     finally:
         decoder.close()
+
+
+def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypatch):
+    """`auto` on a GPU: images decode on the CPU pool (OpenCV's pixels) until the hardware decoder has started, then
+    on it, an image prepared before the switch included; a start that fails leaves the CPU pool. The hardware decoder
+    is stood in for by a CPU one whose start waits for the test (this machine has no hardware decoder; the GPU test
+    below starts the real one)."""
+    import threading
+
+    from yolojet.images import decoders
+
+    release, outcome = threading.Event(), {}
+
+    class SlowToStart:
+        name = "hardware stand-in"
+
+        def __init__(self, cpu: CpuDecoder) -> None:
+            assert release.wait(30)
+            if outcome.get("fail"):
+                raise EngineConfigError("decoder 'nvimgcodec': no hardware JPEG decoder here")
+            self.cpu, self.finished = cpu, 0
+
+        def describe(self) -> str:
+            return "the stand-in"
+
+        def prepare(self, item):
+            return self.cpu.prepare(item)
+
+        def finish(self, pending):
+            self.finished += len(pending)
+            return self.cpu.finish(pending)
+
+        def close(self) -> None:
+            self.cpu.close()
+
+    monkeypatch.setattr(decoders, "HardwareJpegDecoder", SlowToStart)
+    data = BUS.read_bytes()
+    for fail in (False, True):
+        outcome["fail"] = fail
+        release.clear()
+        decoder = decoders.StartingHardwareDecoder(CpuDecoder(torch.device("cpu"), threads=2))
+        try:
+            assert decoder.name == "cpu" and "starting" in decoder.describe()
+            first = decoder.decode([Encoded.of(data)]).items[0]
+            assert np.array_equal(rgb(first), cv2_rgb(data))
+            early = decoder.prepare(Encoded.of(data))  # on the pool, finished after the switch
+            release.set()
+            started = decoder.wait_started(timeout=30)
+            if fail:
+                assert started is decoder.cpu and decoder.name == "cpu"
+            else:
+                assert decoder.name == "hardware stand-in" and decoder.describe() == "the stand-in"
+            frames = decoder.finish([early, decoder.prepare(Encoded.of(data))]).items
+            assert all(np.array_equal(rgb(f), cv2_rgb(data)) for f in frames)
+            if not fail:
+                assert started.finished == 2
+        finally:
+            release.set()
+            decoder.close()
+
+
+@pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
+def test_auto_starts_the_hardware_decoder_beside_the_first_images():
+    device = torch.device("cuda")
+    decoder = make_decoder("auto", device)
+    try:
+        data = BUS.read_bytes()
+        batch = decoder.decode([Encoded.of(data)])  # at once, whichever decoder takes it
+        batch.wait_on(torch.cuda.current_stream())
+        assert np.abs(rgb(batch.items[0]).astype(int) - cv2_rgb(data).astype(int)).max() <= 1
+        decoder.wait_started(timeout=60)
+        if decoder.name != "nvimgcodec":
+            pytest.skip(f"no hardware JPEG decoder here: {decoder.describe()}")
+        batch = decoder.decode([Encoded.of(data)] * 3)
+        batch.wait_on(torch.cuda.current_stream())
+        assert all(np.abs(rgb(f).astype(int) - cv2_rgb(data).astype(int)).max() <= 1 for f in batch.items)
+    finally:
+        decoder.close()

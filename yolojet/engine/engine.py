@@ -231,7 +231,8 @@ class Engine:
         `switches` gives these four as one `EngineOptions` (the fronts' way); a keyword beside it that differs
         from its default wins.
         `decoder` decodes files and bytes: "auto" (the GPU's hardware JPEG decoders where there are some, else CPU
-        threads), "nvimgcodec", "cpu" or "nvjpeg" (yolojet/images/decoders.py); an image of more than `max_pixels`
+        threads, which also take the first images while the hardware decoder starts), "nvimgcodec", "cpu" or
+        "nvjpeg" (yolojet/images/decoders.py); an image of more than `max_pixels`
         pixels is an error rather than a decode. `rect=True` (ultralytics' predict's default) letterboxes each image to
         the smallest rectangle of stride multiples that holds it scaled to imgsz (640x480 for a 4:3 photo), running
         the network built for that rectangle from the same model; `rect=False` letterboxes every image to the square

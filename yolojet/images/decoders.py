@@ -13,6 +13,8 @@ read the file and check its header) and `finish(pending)` (a batch: the GPU deco
 - `nvjpeg`: torchvision's nvJPEG on the SMs, batched; only when asked for by name, since its pixels differ from
   OpenCV's by up to tens of levels on some photos.
 - `auto` (the default): `nvimgcodec` where the GPU has hardware decoders and the package is installed, else `cpu`.
+  The hardware decoder starts on a thread of its own (about 2 s) while the CPU pool decodes, so the first images need
+  not wait for it (`StartingHardwareDecoder`).
 
 Every decoder checks the bytes first (`codecs.check_encoded`): empty, unknown, cut-short JPEGs and images over the
 pixel limit are errors naming the input, whichever decoder would have run. Errors are per image: a batch's other
@@ -24,7 +26,7 @@ from __future__ import annotations
 import functools
 import io
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -328,7 +330,58 @@ def _upright(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
     return pixels
 
 
-Decoder = CpuDecoder | HardwareJpegDecoder | NvjpegDecoder
+class StartingHardwareDecoder:
+    """`auto` on a GPU: nvImageCodec's hardware decoder starts on a thread of its own (its library, the hardware's
+    resources and a probe decode took 2.1 s on an H200, longer than loading a cached engine: bench/NOTES.md), and
+    until it has started the CPU pool decodes, with OpenCV's pixels; then the hardware decoder takes every batch. Where
+    it cannot start (no hardware decoders, no package), the CPU pool stays. Never back: an image prepared on the CPU
+    pool may be finished by the hardware decoder, which waits for the pool's images, but not the other way."""
+
+    def __init__(self, cpu: CpuDecoder) -> None:
+        self.cpu, self.device = cpu, cpu.device
+        self._starter = ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start")
+        self._starting: Future = self._starter.submit(HardwareJpegDecoder, cpu)
+        self._started: CpuDecoder | HardwareJpegDecoder | None = None
+
+    def current(self) -> CpuDecoder | HardwareJpegDecoder:
+        """The decoder that takes work now."""
+        if self._started is None and self._starting.done():
+            try:
+                self._started = self._starting.result()
+            except Exception:  # cannot start here: EngineConfigError says why; the CPU pool for good
+                self._started = self.cpu
+        return self._started if self._started is not None else self.cpu
+
+    def wait_started(self, timeout: float | None = None) -> CpuDecoder | HardwareJpegDecoder:
+        """The decoder once the start has ended either way (a start's own exception is not raised here)."""
+        wait([self._starting], timeout)
+        return self.current()
+
+    @property
+    def name(self) -> str:
+        return self.current().name
+
+    def describe(self) -> str:
+        if not self._starting.done():
+            return f"nvimgcodec starting (hardware JPEG decoders), meanwhile {self.cpu.describe()}"
+        return self.current().describe()
+
+    def prepare(self, item: Encoded) -> Pending:
+        return self.current().prepare(item)
+
+    def finish(self, pending: list[Pending]) -> DecodedBatch:
+        return self.current().finish(pending)
+
+    def decode(self, items: list[Encoded]) -> DecodedBatch:
+        return self.finish([self.prepare(item) for item in items])
+
+    def close(self) -> None:
+        started = self.wait_started()  # a start cannot be cut short: its resources are released once it ends
+        self._starter.shutdown(wait=True)
+        started.close()  # the hardware decoder's CPU pool is this one: closing either closes the pool
+
+
+Decoder = CpuDecoder | HardwareJpegDecoder | NvjpegDecoder | StartingHardwareDecoder
 
 
 def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decoder:
@@ -347,10 +400,10 @@ def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_
         raise EngineConfigError(f"decoder {name!r} decodes on a CUDA GPU, and this engine runs on {device}")
     if name == "nvjpeg":
         return NvjpegDecoder(cpu)
+    if name == "auto":
+        return StartingHardwareDecoder(cpu)
     try:
         return HardwareJpegDecoder(cpu)
     except EngineConfigError:
-        if name == "auto":
-            return cpu
         cpu.close()
         raise
