@@ -160,6 +160,8 @@ def with_decoder(engine, name: str) -> bool:
     decoder = decoder_or_none(name, engine.device)
     if decoder is None:
         return False
+    if hasattr(decoder, "wait_started"):  # auto: timed once the hardware decoder has started
+        decoder.wait_started(60)
     engine.decoder.close()
     engine.decoder = decoder
     return True
@@ -168,7 +170,7 @@ def with_decoder(engine, name: str) -> bool:
 def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int) -> None:
     paths = [str(f) for f in files[:batch]]
     rows = {}
-    for name in DECODERS:
+    for name in ("auto", *DECODERS):
         if not with_decoder(engine, name):
             continue
         engine(paths)  # warm: graphs captured, decoder started
@@ -290,14 +292,25 @@ def timed_calls(targets: list[tuple[object, str]]):
 
 def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
     import yolojet.engine.engine as engine_module
+    import yolojet.engine.feed as feed_module
     from yolojet.engine.feed import FrameFeed
+    from yolojet.images.decoders import CpuDecoder
+
+    default_readers = feed_module.READERS
 
     paths = [str(f) for f in files]
     rows: dict = {"files": len(paths), "engine_alone_img_per_s": engine_alone(engine, batch)}
     print(f"engine alone (staged GPU frames, batch {batch}): {rows['engine_alone_img_per_s']:,.0f} img/s", flush=True)
-    for name in ("nvimgcodec", "cpu"):
-        if not with_decoder(engine, name):
+    # (row, decoder, reader threads): "auto, source reads" is auto with the source thread reading every file itself.
+    for name, decoder_name, readers in (
+        ("auto", "auto", feed_module.READERS),
+        ("auto, source reads", "auto", 0),
+        ("nvimgcodec", "nvimgcodec", feed_module.READERS),
+        ("cpu", "cpu", feed_module.READERS),
+    ):
+        if not with_decoder(engine, decoder_name):
             continue
+        feed_module.READERS = readers
         feed_start = time.perf_counter()
         decoded = 0
         for fed in FrameFeed(paths, engine.decoder, batch):
@@ -317,11 +330,14 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
         # The same stream again with its steps timed, thread by thread: where each thread spends the stream's time
         # (the caller's thread waiting for decoded chunks, submitting, collecting, making results; the feed's threads
         # reading and checking files, in the decoder's call, or waiting).
-        decoder_type = type(engine.decoder)
+        decoder_type = type(engine.decoder.current() if hasattr(engine.decoder, "current") else engine.decoder)
         steps = [(FrameFeed, "next_batch"), (type(engine), "_submit_fed"), (type(engine), "_collect")]
         steps += [(engine_module, "make_results"), (decoder_type, "prepare"), (decoder_type, "finish")]
+        steps += [(CpuDecoder, "decode_bytes")] if decoder_type is not CpuDecoder else []
         if hasattr(decoder_type, "_decode_jpegs"):
             steps.append((decoder_type, "_decode_jpegs"))
+        overflow = getattr(engine.decoder.current(), "overflow", None) if hasattr(engine.decoder, "current") else None
+        routed_before = dict(overflow.routed) if overflow is not None else {}
         with timed_calls(steps) as totals:
             timed_start = time.perf_counter()
             for _ in engine.stream(paths):
@@ -337,12 +353,17 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
             "timed_seconds": timed_seconds,
             "steps_s": dict(totals.most_common()),
         }
+        if overflow is not None:  # of the timed stream's JPEGs, how many the pool took from the hardware decoders
+            routed = {k: overflow.routed[k] - routed_before[k] for k in routed_before}
+            rows[name]["routed"] = routed
+            print(f"{name}: {routed['cpu']} of {sum(routed.values())} JPEGs on the CPU pool", flush=True)
         print(
             f"stream over {count} files, {name}: {rate:,.0f} img/s (decode alone {decode_rate:,.0f} img/s, GPU "
             f"busy ~{rows[name]['gpu_busy']:.0%}), {errors} errors, {boxes} boxes; timed again in "
             f"{timed_seconds:.2f} s: " + ", ".join(f"{k} {v:.2f} s" for k, v in totals.most_common()),
             flush=True,
         )
+    feed_module.READERS = default_readers
     found["stream"] = rows
 
 
@@ -531,17 +552,34 @@ print(json.dumps({"imported_s": imported, "loaded_s": loaded, "first_result_s": 
 """
 
 
-def stage_startup(found: dict, model_dir: Path, cold: bool) -> None:
+def stage_startup(found: dict, model_dir: Path, cold: bool, out: Path) -> None:
+    """Fresh processes, warm and cold; where py-spy is on PATH, one more warm one recorded by it (every thread,
+    waiting included, 500 samples a second) into `out`/pyspy-startup.txt as collapsed stacks."""
     rows = {}
-    kinds = ["warm", "warm again"] + (["cold"] if cold else [])
+    kinds = ["warm", "warm again"] + (["cold"] if cold else []) + (["warm, py-spy"] if shutil.which("py-spy") else [])
     for kind in kinds:
         env = dict(os.environ)
         if kind == "cold":
             scratch = Path(tempfile.mkdtemp())
             env.update(YOLOJET_CACHE=str(scratch / "yolojet"), TRITON_CACHE_DIR=str(scratch / "triton"))
+        spy = []
+        if kind == "warm, py-spy":
+            spy = [
+                "py-spy",
+                "record",
+                "-r",
+                "500",
+                "--threads",
+                "--idle",
+                "-f",
+                "raw",
+                "-o",
+                str(out / "pyspy-startup.txt"),
+                "--",
+            ]
         start = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-c", STARTUP_CHILD, str(model_dir), str(assets() / "bus.jpg")],
+            [*spy, sys.executable, "-c", STARTUP_CHILD, str(model_dir), str(assets() / "bus.jpg")],
             capture_output=True,
             text=True,
             env=env,
@@ -610,7 +648,7 @@ def main() -> int:
                     engine = build_engine(model_dir, args.batch, buckets)
                 stage_profile(found, model_dir, engine, files, args.batch)
             elif stage == "startup":
-                stage_startup(found, model_dir, args.cold)
+                stage_startup(found, model_dir, args.cold, args.out)
             elif stage == "rect":
                 stage_rect(found, model_dir, args.batch, buckets)
         except Exception:
@@ -635,7 +673,7 @@ def print_table(found: dict) -> None:
     stream = found.get("stream", {})
     if stream:
         print(f"| engine alone, staged GPU frames | {stream['engine_alone_img_per_s']:,.0f} img/s |")
-    for name in ("nvimgcodec", "cpu"):
+    for name in ("auto", "auto, source reads", "nvimgcodec", "cpu"):
         if name in stream:
             r = stream[name]
             print(
