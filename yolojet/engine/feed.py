@@ -1,11 +1,9 @@
 """A stream of images in, batches of decoded frames out: files read and decoded ahead of the engine, on threads of
 their own, so that decoding the next images overlaps running the ones before.
 
-Two threads a stream, and a few to read files. The source thread walks the caller's iterable (so a slow source, a
-camera or a network, does not hold up decoding) and hands each file or image's bytes to a reader thread at once
-(`prepare`: the CPU pool starts decoding it, or the file is read and its header checked for the GPU decoder; on an
-H200 host one thread read and checked ~7,200 1080x810 JPEG files a second, less than the decoders take). The decode
-thread cuts chunks of up to `chunk`
+Two threads a stream. The source thread walks the caller's iterable (so a slow source, a camera or a network, does
+not hold up decoding) and hands each image to the decoder at once (`prepare`: the CPU pool starts decoding it, or
+the file is read and its header checked for the GPU decoder). The decode thread cuts chunks of up to `chunk`
 images (`finish`: one GPU decode call a chunk, then the CPU pool's results); a chunk of an iterable of unknown
 length is cut short when no next image is ready, so a slow source gets small chunks and low latency, while a list
 is cut into full chunks. The engine takes the chunks ready when it is free, as many as fit
@@ -19,7 +17,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sized
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +26,6 @@ from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, Pending
 from yolojet.images.frames import frame_from_pixels
 
 _END = object()
-# Threads a stream reads and checks files on (`prepare`), in order of the caller's images; 0: the source thread does.
-READERS = 4
 _LINGER_S = 0.002  # how long a cut waits for a next image that is on its way (a list's next path is, at once)
 # Images a decode call. On the H200 the hardware decoders took 1080x810 JPEGs at 5,206 / 7,365 / 9,190 / 9,684
 # img/s in calls of 8 / 16 / 32 / 64 (bench/NOTES.md): 32 is near full speed and still lets a call of 64 images
@@ -57,9 +52,6 @@ class FrameFeed:
         self._items: queue.Queue = queue.Queue(maxsize=2 * batch)
         self._chunks: queue.Queue = queue.Queue(maxsize=max(2, 2 * batch // self.chunk))
         self._stop = threading.Event()
-        # One image (a camera's frame, a single path) is read on the source thread: a reader would only add a hop.
-        readers = READERS if not (self._whole_chunks and len(images) < 2) else 0  # type: ignore[arg-type]
-        self._readers = ThreadPoolExecutor(readers, thread_name_prefix="yolojet-feed-read") if readers else None
         self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
         self._done = False
         self._threads = [
@@ -126,8 +118,6 @@ class FrameFeed:
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=30)
-        if self._readers is not None:
-            self._readers.shutdown(wait=False, cancel_futures=True)
 
     def _put(self, q: queue.Queue, item: object) -> bool:
         while not self._stop.is_set():
@@ -141,11 +131,7 @@ class FrameFeed:
     def _walk(self, images: Iterable[Any]) -> None:
         try:
             for image in images:
-                if self._readers is not None and is_encoded(image):
-                    prepared: Pending | Future = self._readers.submit(self._prepare, image)
-                else:
-                    prepared = self._prepare(image)
-                if self._stop.is_set() or not self._put(self._items, (image, prepared)):
+                if self._stop.is_set() or not self._put(self._items, (image, self._prepare(image))):
                     return
         except BaseException as e:  # the caller's iterable failed: report it after the images before it
             self._put(self._items, _Failure(e))
@@ -157,10 +143,9 @@ class FrameFeed:
             return self.decoder.prepare(Encoded.of(image))
         return Pending(Encoded(b"", ""), outcome=_in_memory(image, self.decoder))
 
-    def _take(self) -> tuple[list[tuple[Any, Pending | Future]], object | None]:
-        """Up to `chunk` images (waiting for the first; a reader's may still be on its way), and the end marker or
-        failure that followed, if any."""
-        items: list[tuple[Any, Pending | Future]] = []
+    def _take(self) -> tuple[list[tuple[Any, Pending]], object | None]:
+        """Up to `chunk` images (waiting for the first), and the end marker or failure that followed, if any."""
+        items: list[tuple[Any, Pending]] = []
         whole = self._whole_chunks
         while not self._stop.is_set() and len(items) < self.chunk:
             try:
@@ -179,8 +164,7 @@ class FrameFeed:
             while not self._stop.is_set():
                 items, last = self._take()
                 if items:
-                    pending = [p.result() if isinstance(p, Future) else p for _, p in items]
-                    decoded = self.decoder.finish(pending)
+                    decoded = self.decoder.finish([pending for _, pending in items])
                     if not self._put(self._chunks, FedBatch([image for image, _ in items], decoded)):
                         return
                 if last is not None:

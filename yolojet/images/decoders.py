@@ -14,8 +14,7 @@ read the file and check its header) and `finish(pending)` (a batch: the GPU deco
   OpenCV's by up to tens of levels on some photos.
 - `auto` (the default): `nvimgcodec` where the GPU has hardware decoders and the package is installed, else `cpu`.
   The hardware decoder starts on a thread of its own (about 2 s) while the CPU pool decodes, so the first images need
-  not wait for it (`StartingHardwareDecoder`); then free pool threads take JPEGs too whenever the hardware decoders
-  are behind (`overflow.CpuOverflow`: a long stream or a big batch runs on both).
+  not wait for it (`StartingHardwareDecoder`).
 
 Every decoder checks the bytes first (`codecs.check_encoded`): empty, unknown, cut-short JPEGs and images over the
 pixel limit are errors naming the input, whichever decoder would have run. Errors are per image: a batch's other
@@ -27,19 +26,15 @@ from __future__ import annotations
 import functools
 import io
 import os
-import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.images.codecs import DEFAULT_MAX_PIXELS, EncodedInfo, check_encoded, decode_cpu
 from yolojet.images.frames import Frame, describe
-from yolojet.images.overflow import CpuOverflow, Queued
 from yolojet.images.sources import read_image_file
 from yolojet.options import DECODER_NAMES
 
@@ -97,7 +92,6 @@ class Pending:
     future: Future | None = None
     data: bytes | None = None
     orientation: int = 1
-    queued: Queued | None = None  # its place in the hardware decoders' queue, where `auto` shares them with the pool
 
     def result(self) -> Frame | ImageReadError:
         if self.outcome is None and self.future is not None:
@@ -148,24 +142,15 @@ class CpuDecoder:
         # Through pinned memory of the same strides (a straight memcpy, not a transpose), asynchronously on the copy
         # stream; the batch's `ready` event covers it.
         pinned = torch.empty_strided(pixels.size(), pixels.stride(), dtype=torch.uint8, pin_memory=True)
-        # numpy's copy, on this thread alone and without the GIL: torch's copy_ splits a frame over OpenMP threads,
-        # and each pool thread doing so at once starts a team of its own (16 teams of 16 on a 16-core machine).
-        np.copyto(pinned.numpy(), pixels.numpy())
+        pinned.copy_(pixels)
         with torch.cuda.stream(self.copy_stream):
             return pinned.to(self.device, non_blocking=True)
 
-    def submit(
-        self,
-        item: Encoded,
-        data: bytes | None = None,
-        checked: bool = False,
-        timer: Callable[[float], None] | None = None,
-    ) -> Pending:
-        """The image decoded on the pool: from its bytes where they are read already, else read there too; `timer` is
-        called with the seconds the pool thread took."""
+    def submit(self, item: Encoded, data: bytes | None = None, checked: bool = False) -> Pending:
+        """The image decoded on the pool: from its bytes where they are read already, else read there too."""
         if data is None:
-            return Pending(item, future=self.pool.submit(_outcome, timer, self.decode_one, item))
-        return Pending(item, future=self.pool.submit(_outcome, timer, self.decode_bytes, data, item, checked))
+            return Pending(item, future=self.pool.submit(_outcome, self.decode_one, item))
+        return Pending(item, future=self.pool.submit(_outcome, self.decode_bytes, data, item, checked))
 
     def prepare(self, item: Encoded) -> Pending:
         return self.submit(item)
@@ -186,15 +171,11 @@ class CpuDecoder:
         return self.finish([self.prepare(item) for item in items])
 
 
-def _outcome(timer: Callable[[float], None] | None, fn, *args):
-    start = time.perf_counter()
+def _outcome(fn, *args):
     try:
         return fn(*args)
     except ImageReadError as e:
         return e
-    finally:
-        if timer is not None:
-            timer(time.perf_counter() - start)
 
 
 @functools.cache
@@ -236,19 +217,12 @@ class _GpuJpegDecoder:
             return Pending(item, outcome=e)
         if not self._takes(info):
             return self.cpu.submit(item, data, checked=True)
-        return self._queue(item, data, info)
-
-    def _queue(self, item: Encoded, data: bytes, info: EncodedInfo) -> Pending:
-        """A JPEG this decoder takes, waiting for its batch's call."""
         return Pending(item, data=data, orientation=info.jpeg.orientation if info.jpeg else 1)
-
-    def _decode_pending(self, gpu: list[Pending]) -> list[torch.Tensor | None]:
-        return self._decode_jpegs([p.data for p in gpu], [p.orientation for p in gpu])  # type: ignore[misc]
 
     def finish(self, pending: list[Pending]) -> DecodedBatch:
         gpu = [p for p in pending if p.data is not None and p.outcome is None and p.future is None]
         if gpu:
-            decoded = self._decode_pending(gpu)
+            decoded = self._decode_jpegs([p.data for p in gpu], [p.orientation for p in gpu])  # type: ignore[misc]
             for p, pixels in zip(gpu, decoded, strict=True):
                 if pixels is None:  # refused by the GPU decoder: the CPU pool instead
                     p.future = self.cpu.submit(p.item, p.data, checked=True).future
@@ -272,10 +246,7 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
 
     name = "nvimgcodec"
 
-    def __init__(self, cpu: CpuDecoder, share_with_cpu: bool = False) -> None:
-        """`share_with_cpu`: free pool threads also take JPEGs when the hardware decoders are behind (`CpuOverflow`);
-        off, every JPEG they take waits for them (the same pixels whatever the load)."""
-        self.overflow = CpuOverflow(cpu.threads) if share_with_cpu else None
+    def __init__(self, cpu: CpuDecoder) -> None:
         # nvImageCodec logs a warning for every image it refuses (which the CPU pool then decodes) unless told
         # otherwise; a user's own setting wins.
         os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
@@ -304,34 +275,7 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
             )
 
     def describe(self) -> str:
-        if self.overflow is not None:
-            cpu = self.cpu.describe()
-            return f"nvimgcodec (hardware JPEG decoders, and {cpu} for the rest and when they are behind)"
         return f"nvimgcodec (hardware JPEG decoders; other images on {self.cpu.describe()})"
-
-    def _queue(self, item: Encoded, data: bytes, info: EncodedInfo) -> Pending:
-        if self.overflow is None:
-            return super()._queue(item, data, info)
-        megapixels = info.height * info.width / 1e6
-        queued = self.overflow.route(megapixels)
-        if queued is None:
-            return self.cpu.submit(item, data, checked=True, timer=self.overflow.cpu_timer(megapixels))
-        pending = super()._queue(item, data, info)
-        pending.queued = queued
-        return pending
-
-    def _decode_pending(self, gpu: list[Pending]) -> list[torch.Tensor | None]:
-        if self.overflow is None:
-            return super()._decode_pending(gpu)
-        start = time.perf_counter()
-        try:
-            return super()._decode_pending(gpu)
-        finally:
-            megapixels = sum(p.queued.megapixels for p in gpu if p.queued is not None)
-            self.overflow.hardware_decoded(time.perf_counter() - start, megapixels)
-            for p in gpu:
-                if p.queued is not None:
-                    p.queued.release()
 
     def _takes(self, info: EncodedInfo) -> bool:
         """Baseline JPEGs of 1 or 3 components: what the hardware decoders take (others go straight to the CPU rather
@@ -396,7 +340,7 @@ class StartingHardwareDecoder:
     def __init__(self, cpu: CpuDecoder) -> None:
         self.cpu, self.device = cpu, cpu.device
         self._starter = ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start")
-        self._starting: Future = self._starter.submit(HardwareJpegDecoder, cpu, share_with_cpu=True)
+        self._starting: Future = self._starter.submit(HardwareJpegDecoder, cpu)
         self._started: CpuDecoder | HardwareJpegDecoder | None = None
 
     def current(self) -> CpuDecoder | HardwareJpegDecoder:
