@@ -292,25 +292,15 @@ def timed_calls(targets: list[tuple[object, str]]):
 
 def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
     import yolojet.engine.engine as engine_module
-    import yolojet.engine.feed as feed_module
     from yolojet.engine.feed import FrameFeed
     from yolojet.images.decoders import CpuDecoder
-
-    default_readers = feed_module.READERS
 
     paths = [str(f) for f in files]
     rows: dict = {"files": len(paths), "engine_alone_img_per_s": engine_alone(engine, batch)}
     print(f"engine alone (staged GPU frames, batch {batch}): {rows['engine_alone_img_per_s']:,.0f} img/s", flush=True)
-    # (row, decoder, reader threads): "auto, source reads" is auto with the source thread reading every file itself.
-    for name, decoder_name, readers in (
-        ("auto", "auto", feed_module.READERS),
-        ("auto, source reads", "auto", 0),
-        ("nvimgcodec", "nvimgcodec", feed_module.READERS),
-        ("cpu", "cpu", feed_module.READERS),
-    ):
-        if not with_decoder(engine, decoder_name):
+    for name in ("auto", "nvimgcodec", "cpu"):
+        if not with_decoder(engine, name):
             continue
-        feed_module.READERS = readers
         feed_start = time.perf_counter()
         decoded = 0
         for fed in FrameFeed(paths, engine.decoder, batch):
@@ -336,8 +326,6 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
         steps += [(CpuDecoder, "decode_bytes")] if decoder_type is not CpuDecoder else []
         if hasattr(decoder_type, "_decode_jpegs"):
             steps.append((decoder_type, "_decode_jpegs"))
-        overflow = getattr(engine.decoder.current(), "overflow", None) if hasattr(engine.decoder, "current") else None
-        routed_before = dict(overflow.routed) if overflow is not None else {}
         with timed_calls(steps) as totals:
             timed_start = time.perf_counter()
             for _ in engine.stream(paths):
@@ -353,17 +341,12 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
             "timed_seconds": timed_seconds,
             "steps_s": dict(totals.most_common()),
         }
-        if overflow is not None:  # of the timed stream's JPEGs, how many the pool took from the hardware decoders
-            routed = {k: overflow.routed[k] - routed_before[k] for k in routed_before}
-            rows[name]["routed"] = routed
-            print(f"{name}: {routed['cpu']} of {sum(routed.values())} JPEGs on the CPU pool", flush=True)
         print(
             f"stream over {count} files, {name}: {rate:,.0f} img/s (decode alone {decode_rate:,.0f} img/s, GPU "
             f"busy ~{rows[name]['gpu_busy']:.0%}), {errors} errors, {boxes} boxes; timed again in "
             f"{timed_seconds:.2f} s: " + ", ".join(f"{k} {v:.2f} s" for k, v in totals.most_common()),
             flush=True,
         )
-    feed_module.READERS = default_readers
     found["stream"] = rows
 
 
@@ -587,7 +570,8 @@ def stage_startup(found: dict, model_dir: Path, cold: bool, out: Path) -> None:
         )
         row = {"process_s": time.perf_counter() - start}
         try:
-            row.update(json.loads(done.stdout.strip().splitlines()[-1]))
+            # The child's own line (py-spy adds lines of its own to the output).
+            row.update(json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1]))
         except (IndexError, json.JSONDecodeError):
             row["failed"] = done.stderr[-2000:]
         rows[kind] = row
@@ -673,7 +657,7 @@ def print_table(found: dict) -> None:
     stream = found.get("stream", {})
     if stream:
         print(f"| engine alone, staged GPU frames | {stream['engine_alone_img_per_s']:,.0f} img/s |")
-    for name in ("auto", "auto, source reads", "nvimgcodec", "cpu"):
+    for name in ("auto", "nvimgcodec", "cpu"):
         if name in stream:
             r = stream[name]
             print(
