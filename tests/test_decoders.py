@@ -232,9 +232,15 @@ def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypa
         release.clear()
         decoder = decoders.StartingHardwareDecoder(CpuDecoder(torch.device("cpu"), threads=2))
         try:
-            assert decoder.name == "cpu" and "starting" in decoder.describe()
+            # One image at a time never starts it: a camera or a script's first call does not pay for the start.
+            assert decoder.name == "cpu" and "first batch" in decoder.describe()
             first = decoder.decode([Encoded.of(data)]).items[0]
             assert np.array_equal(rgb(first), cv2_rgb(data))
+            assert "first batch" in decoder.describe()
+            # A batch starts it on its own thread and is decoded on the pool meanwhile.
+            pair = decoder.decode([Encoded.of(data)] * 2).items
+            assert all(np.array_equal(rgb(f), cv2_rgb(data)) for f in pair)
+            assert decoder.name == "cpu" and "starting" in decoder.describe()
             early = decoder.prepare(Encoded.of(data))  # on the pool, finished after the switch
             release.set()
             started = decoder.wait_started(timeout=30)
@@ -249,6 +255,9 @@ def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypa
         finally:
             release.set()
             decoder.close()
+    never_started = decoders.StartingHardwareDecoder(CpuDecoder(torch.device("cpu"), threads=1))
+    never_started.close()  # closes its pool without starting the hardware decoder
+    assert "first batch" in never_started.describe()
 
 
 @pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")

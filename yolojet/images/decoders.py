@@ -13,8 +13,8 @@ read the file and check its header) and `finish(pending)` (a batch: the GPU deco
 - `nvjpeg`: torchvision's nvJPEG on the SMs, batched; only when asked for by name, since its pixels differ from
   OpenCV's by up to tens of levels on some photos.
 - `auto` (the default): `nvimgcodec` where the GPU has hardware decoders and the package is installed, else `cpu`.
-  The hardware decoder starts on a thread of its own (about 2 s) while the CPU pool decodes, so the first images need
-  not wait for it (`StartingHardwareDecoder`).
+  The hardware decoder starts on a thread of its own at the first batch of images (about 2 s) while the CPU pool
+  decodes, so neither the engine's load nor one image at a time waits for it (`StartingHardwareDecoder`).
 
 Every decoder checks the bytes first (`codecs.check_encoded`): empty, unknown, cut-short JPEGs and images over the
 pixel limit are errors naming the input, whichever decoder would have run. Errors are per image: a batch's other
@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -331,21 +332,33 @@ def _upright(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
 
 
 class StartingHardwareDecoder:
-    """`auto` on a GPU: nvImageCodec's hardware decoder starts on a thread of its own (its library, the hardware's
-    resources and a probe decode took 2.1 s on an H200, longer than loading a cached engine: bench/NOTES.md), and
-    until it has started the CPU pool decodes, with OpenCV's pixels; then the hardware decoder takes every batch. Where
-    it cannot start (no hardware decoders, no package), the CPU pool stays. Never back: an image prepared on the CPU
-    pool may be finished by the hardware decoder, which waits for the pool's images, but not the other way."""
+    """`auto` on a GPU: nvImageCodec's hardware decoder starts on a thread of its own at the first batch of images (two
+    or more in one call or chunk, or `wait_started`), and until it has started the CPU pool decodes, with OpenCV's
+    pixels; then the hardware decoder takes every batch. Where it cannot start (no hardware decoders, no package), the
+    CPU pool stays. Never back: an image prepared on the CPU pool may be finished by the hardware decoder, which waits
+    for the pool's images, but not the other way.
+
+    Not at load: its start (loading its library, then a first decode) holds the GIL for ~2.3 s on an H200 host, which
+    stalls every other thread of the process, and so an engine's load and first result, by as much (bench/NOTES.md).
+    One image at a time (a camera, a script's first call) never waits for it."""
 
     def __init__(self, cpu: CpuDecoder) -> None:
         self.cpu, self.device = cpu, cpu.device
-        self._starter = ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start")
-        self._starting: Future = self._starter.submit(HardwareJpegDecoder, cpu)
+        self._lock = threading.Lock()
+        self._starter: ThreadPoolExecutor | None = None
+        self._starting: Future | None = None
         self._started: CpuDecoder | HardwareJpegDecoder | None = None
+
+    def start(self) -> None:
+        """Begin the hardware decoder's start on its own thread (once; later calls return at once)."""
+        with self._lock:
+            if self._starting is None:
+                self._starter = ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start")
+                self._starting = self._starter.submit(HardwareJpegDecoder, self.cpu)
 
     def current(self) -> CpuDecoder | HardwareJpegDecoder:
         """The decoder that takes work now."""
-        if self._started is None and self._starting.done():
+        if self._started is None and self._starting is not None and self._starting.done():
             try:
                 self._started = self._starting.result()
             except Exception:  # cannot start here: EngineConfigError says why; the CPU pool for good
@@ -353,7 +366,10 @@ class StartingHardwareDecoder:
         return self._started if self._started is not None else self.cpu
 
     def wait_started(self, timeout: float | None = None) -> CpuDecoder | HardwareJpegDecoder:
-        """The decoder once the start has ended either way (a start's own exception is not raised here)."""
+        """The decoder once the start (begun here if it had not been) has ended either way (a start's own exception is
+        not raised here)."""
+        self.start()
+        assert self._starting is not None
         wait([self._starting], timeout)
         return self.current()
 
@@ -362,21 +378,30 @@ class StartingHardwareDecoder:
         return self.current().name
 
     def describe(self) -> str:
+        cpu = self.cpu.describe()
+        if self._starting is None:
+            return f"nvimgcodec (hardware JPEG decoders) from the first batch of images, until then {cpu}"
         if not self._starting.done():
-            return f"nvimgcodec starting (hardware JPEG decoders), meanwhile {self.cpu.describe()}"
+            return f"nvimgcodec starting (hardware JPEG decoders), meanwhile {cpu}"
         return self.current().describe()
 
     def prepare(self, item: Encoded) -> Pending:
         return self.current().prepare(item)
 
     def finish(self, pending: list[Pending]) -> DecodedBatch:
+        if self._starting is None and sum(p.outcome is None for p in pending) > 1:  # images still to decode
+            self.start()
         return self.current().finish(pending)
 
     def decode(self, items: list[Encoded]) -> DecodedBatch:
         return self.finish([self.prepare(item) for item in items])
 
     def close(self) -> None:
+        if self._starting is None:
+            self.cpu.close()
+            return
         started = self.wait_started()  # a start cannot be cut short: its resources are released once it ends
+        assert self._starter is not None
         self._starter.shutdown(wait=True)
         started.close()  # the hardware decoder's CPU pool is this one: closing either closes the pool
 
