@@ -4,6 +4,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   decoders   each decoder's pixels against OpenCV's (cv2.imdecode, what ultralytics reads with) on the shipped
              JPEGs: largest level difference and share of pixels that differ; img/s decoding --batch copies of
              bus.jpg in one call (frames on the GPU, synchronized)
+  contention the hardware decoder's call (--batch copies of bus.jpg's bytes, 2 s of calls) alone, beside a thread
+             running Python code, the same with a 0.1 ms switch interval, and in a process of its own beside that
+             thread; and its parts alone (code streams, the decode call, the tensors), us an image
   call       engine(list of --batch JPEG paths), yolo11n at 640, per decoder: img/s, median of --repeats calls
   stream     engine.stream over --files JPEG files on disk (copies of bus.jpg, 1080x810), per decoder: img/s; beside
              it the decode alone (the same files through the feed, no engine) and the engine alone (staged GPU
@@ -55,7 +58,7 @@ from yolojet.timing import Timing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-STAGES = ("decoders", "call", "stream", "overlap", "latency", "agreement", "profile", "startup", "rect")
+STAGES = ("decoders", "contention", "call", "stream", "overlap", "latency", "agreement", "profile", "startup", "rect")
 DECODERS = ("nvimgcodec", "cpu", "nvjpeg")
 
 
@@ -144,6 +147,98 @@ def stage_decoders(found: dict, batch: int, repeats: int) -> None:
         by_batch = ", ".join(f"{k}: {v:,.0f}" for k, v in row["img_per_s_by_batch"].items())
         print(f"decoder {name}: img/s by batch {by_batch}; pixels {row['pixels']}", flush=True)
     found["decoders"] = rows
+
+
+CONTENDED_DECODE = """
+import sys, time, torch
+from yolojet.images.decoders import CpuDecoder, Encoded, HardwareJpegDecoder
+decoder = HardwareJpegDecoder(CpuDecoder(torch.device("cuda")))
+chunk = [Encoded.of(open(sys.argv[1], "rb").read())] * int(sys.argv[2])
+decoder.decode(chunk); decoder.stream.synchronize()
+done, start = 0, time.perf_counter()
+while time.perf_counter() - start < float(sys.argv[3]):
+    decoder.decode(chunk); decoder.stream.synchronize(); done += len(chunk)
+print(done / (time.perf_counter() - start))
+"""
+
+
+def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
+    """Whether the hardware decoder's call waits for the GIL: nvImageCodec lets go of it and takes it back twice an
+    image inside one batched call (reading the image's header, allocating its output), and each time back waits while
+    another thread runs Python code, up to the interpreter's switch interval (5 ms). A process of its own has no other
+    thread to wait for."""
+    from yolojet.images.decoders import Encoded
+
+    decoder = decoder_or_none("nvimgcodec", torch.device("cuda"))
+    if decoder is None:
+        return
+    data = (assets() / "bus.jpg").read_bytes()
+    chunk = [Encoded.of(data)] * batch
+
+    def decode_for(duration: float) -> float:
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < duration:
+            decoder.decode(chunk)
+            decoder.stream.synchronize()
+            done += len(chunk)
+        return done / (time.perf_counter() - start)
+
+    @contextlib.contextmanager
+    def python_thread():
+        stop = threading.Event()
+
+        def spin() -> None:
+            while not stop.is_set():
+                sum(i * i for i in range(2000))
+
+        thread = threading.Thread(target=spin, name="python-load")
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    decode_for(0.3)
+    rows: dict = {"alone_img_per_s": decode_for(seconds)}
+    with python_thread():
+        rows["beside_python_thread_img_per_s"] = decode_for(seconds)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    try:
+        with python_thread():
+            rows["beside_python_thread_switch_0.1ms_img_per_s"] = decode_for(seconds)
+    finally:
+        sys.setswitchinterval(interval)
+    with python_thread():
+        child = subprocess.run(
+            [sys.executable, "-c", CONTENDED_DECODE, str(assets() / "bus.jpg"), str(batch), str(seconds)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    if child.returncode == 0:
+        rows["own_process_beside_python_thread_img_per_s"] = float(child.stdout.split()[-1])
+    else:
+        rows["own_process_error"] = child.stderr[-2000:]
+    parts: dict[str, list[float]] = {"code_streams": [], "decode_call": [], "tensors": []}
+    nv, hw = decoder._nv, decoder._decoder
+    for _ in range(20):
+        start = time.perf_counter()
+        streams = [nv.CodeStream(data) for _ in range(batch)]
+        made = time.perf_counter()
+        images = hw.decode(streams, params=decoder._params, cuda_stream=decoder.stream.cuda_stream)
+        decoder.stream.synchronize()
+        decoded = time.perf_counter()
+        [torch.as_tensor(im, device=decoder.device) for im in images]
+        done = time.perf_counter()
+        parts["code_streams"].append(made - start)
+        parts["decode_call"].append(decoded - made)
+        parts["tensors"].append(done - decoded)
+    rows["parts_us_per_image"] = {k: Timing(tuple(v)).p50 * 1e6 / batch for k, v in parts.items()}
+    decoder.close()
+    print(f"contention: {json.dumps(rows)}", flush=True)
+    found["contention"] = rows
 
 
 def build_engine(model_dir: Path, batch: int, buckets: list[int]):
@@ -614,6 +709,8 @@ def main() -> int:
         try:
             if stage == "decoders":
                 stage_decoders(found, args.batch, args.repeats)
+            elif stage == "contention":
+                stage_contention(found, args.batch)
             elif stage in ("call", "stream", "overlap", "agreement"):
                 if engine is None:
                     engine = build_engine(model_dir, args.batch, buckets)
@@ -652,6 +749,12 @@ def print_table(found: dict) -> None:
             f"zidane max {zidane['max']} ({zidane['percent_differ']:.1f} %)"
         )
         print(f"| decode {name} | {row['img_per_s']:,.0f} img/s; vs cv2 {versus} |")
+    for key, value in found.get("contention", {}).items():
+        if key.endswith("img_per_s"):
+            print(f"| hardware decode, {key.removesuffix('_img_per_s').replace('_', ' ')} | {value:,.0f} img/s |")
+        elif key == "parts_us_per_image":
+            parts = ", ".join(f"{k} {v:.1f} us" for k, v in value.items())
+            print(f"| hardware decode call's parts | {parts} an image |")
     for name, row in found.get("call", {}).items():
         print(f"| engine(64 paths) {name} | {row['img_per_s']:,.0f} img/s ({row['ms']:.2f} ms) |")
     stream = found.get("stream", {})
