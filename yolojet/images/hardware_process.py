@@ -1,0 +1,308 @@
+"""The hardware JPEG decoder in a process of its own (`nvimgcodec`, and `auto` where it starts).
+
+nvImageCodec's batched decode call lets go of the GIL and takes it back twice an image (reading the image's header,
+allocating its output). Each time back it waits while any other thread of the process runs Python code, up to the
+interpreter's switch interval (5 ms): on an H200 host its calls of 64 JPEGs decoded 7,646 img/s alone and 53 img/s
+beside one thread running Python code, 7,684 in a process of its own beside the same thread (bench/NOTES.md). A
+stream, a server or a labeling run always has such threads (reading files, making results, answering calls), so the
+hardware decoder runs in a child process whose only Python is its own loop; its start (its library, a first decode,
+~2 s) is off this process's GIL too.
+
+This process reads each file and checks its header (`prepare`, on the caller's or the feed's source thread) and sends
+the JPEGs the hardware takes to the child at once, so the child decodes while a batch is still being gathered. The
+child decodes what has arrived, up to `MAX_BATCH` images a call, packs the frames into one buffer on the GPU and
+sends it back through CUDA's inter-process memory; a thread here copies it into this process's own memory (a result
+may outlive the child) and completes each image's future. What the hardware refuses goes to this process's CPU pool.
+If the child dies, its images in flight and every later one go to the CPU pool, with one line on stderr saying so.
+
+    python -m yolojet.images.hardware_process FD DEVICE KIND   # the child; started by `HardwareJpegProcess`
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+
+import numpy as np
+import torch
+
+from yolojet.errors import EngineConfigError
+from yolojet.images.codecs import EncodedInfo
+from yolojet.images.decoders import (
+    NOT_INSTALLED,
+    CpuDecoder,
+    DecodedBatch,
+    Encoded,
+    HardwareJpegDecoder,
+    Pending,
+    _GpuJpegDecoder,
+    hardware_takes,
+)
+from yolojet.images.frames import Frame
+
+MAX_BATCH = 64  # images a decode call in the child: the batch the hardware decoder was measured fastest at
+START_SECONDS = 120.0  # for the child to import torch and nvImageCodec and decode its probe image (~3 s on an H200)
+_HEADER = struct.Struct("<q")  # a request's id, sent before its bytes
+
+
+class HardwareJpegProcess(_GpuJpegDecoder):
+    """JPEGs on the GPU's hardware JPEG decoders, decoded by a child process (the module says why); the rest, and
+    whatever the child refuses, on the CPU pool (`cpu`). `kind` is the child's decoder: `nvimgcodec`, or `cpu`
+    (the same process machinery with OpenCV's pixels, where there is no GPU)."""
+
+    name = "nvimgcodec"
+
+    def __init__(self, cpu: CpuDecoder, kind: str = "nvimgcodec") -> None:
+        if kind == "nvimgcodec" and importlib.util.find_spec("nvidia.nvimgcodec") is None:
+            raise EngineConfigError(NOT_INSTALLED)  # said before a process is started for nothing
+        self.cpu, self.device, self.kind = cpu, cpu.device, kind
+        # The copies out of the child's buffers (none for a CPU engine, whose child sends its pixels in the reply).
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None  # type: ignore[assignment]
+        self._ids = itertools.count()
+        self._waiting: dict[int, tuple[Future, Encoded, bytes]] = {}
+        self._lock = threading.Lock()  # `_waiting` and `_alive`
+        self._sending = threading.Lock()  # a request's two messages together
+        self._alive = False
+        self._socket, theirs = socket.socketpair()
+        index = 0
+        if self.device.type == "cuda":
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        env = dict(os.environ)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # CUDA cannot share memory of expandable segments between processes
+        env.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+        with theirs:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "yolojet.images.hardware_process", str(theirs.fileno()), str(index), kind],
+                pass_fds=(theirs.fileno(),),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        self._conn = Connection(os.dup(self._socket.fileno()))
+        cannot = self._started()
+        if cannot is not None:
+            self._end_child()
+            raise EngineConfigError(cannot)
+        self._alive = True
+        self._receiver = threading.Thread(target=self._receive, name="yolojet-decoder-receive", daemon=True)
+        self._receiver.start()
+
+    def _started(self) -> str | None:
+        """None once the child says it is ready, else why it cannot start (the child's own EngineConfigError)."""
+        try:
+            if not self._conn.poll(START_SECONDS):
+                self._child.kill()
+                said = ("failed", f"its process did not start within {START_SECONDS:.0f} s")
+            else:
+                said = self._conn.recv()
+        except (EOFError, OSError):
+            said = ("failed", f"its process ended (exit code {self._child.wait()})")
+        if said[0] == "ready":
+            return None
+        reason = str(said[1])
+        return reason if reason.startswith("decoder ") else f"decoder 'nvimgcodec': could not start here ({reason})"
+
+    def describe(self) -> str:
+        if not self._alive:
+            return f"nvimgcodec, whose process has ended: every image on {self.cpu.describe()}"
+        if self.kind == "cpu":
+            return f"cpu in a process of its own for JPEGs (other images on {self.cpu.describe()})"
+        return f"nvimgcodec (hardware JPEG decoders, in a process of its own; other images on {self.cpu.describe()})"
+
+    def _takes(self, info: EncodedInfo) -> bool:
+        return hardware_takes(info)
+
+    def prepare(self, item: Encoded) -> Pending:
+        pending = super().prepare(item)
+        if pending.data is None or pending.outcome is not None or pending.future is not None:
+            return pending  # an error already, or on the CPU pool
+        future: Future = Future()
+        with self._lock:
+            alive = self._alive
+            if alive:
+                request = next(self._ids)
+                self._waiting[request] = (future, item, pending.data)
+        if alive:
+            try:
+                with self._sending:
+                    self._conn.send_bytes(_HEADER.pack(request))
+                    self._conn.send_bytes(pending.data)
+                return Pending(item, future=future)
+            except OSError:  # the child has gone: its receiver sends what it had to the CPU pool
+                with self._lock:
+                    if self._waiting.pop(request, None) is None:
+                        return Pending(item, future=future)
+        return self.cpu.submit(item, pending.data, checked=True)
+
+    def finish(self, pending: list[Pending]) -> DecodedBatch:
+        outcomes = [p.result() for p in pending]
+        return DecodedBatch(outcomes, self.cpu.ready_events())
+
+    def _receive(self) -> None:
+        """Replies from the child, on a thread of this process: each batch's frames copied into this process's memory,
+        then each image's future completed (refusals sent to the CPU pool)."""
+        try:
+            while True:
+                requests, shapes, packed = self._conn.recv()
+                pixels = self._own_copy(packed)
+                offset = 0
+                for request, shape in zip(requests, shapes, strict=True):
+                    with self._lock:
+                        future, item, data = self._waiting.pop(request)
+                    if shape is None:
+                        self._to_cpu_pool(future, item, data)
+                        continue
+                    size = int(np.prod(shape))
+                    frame = pixels[offset : offset + size].view(*shape)
+                    offset += size
+                    future.set_result(Frame(frame, bgr=False, path=item.path, encoded=data))
+        except (EOFError, OSError):
+            pass
+        with self._lock:
+            was_alive, self._alive = self._alive, False
+            orphans = list(self._waiting.values())
+            self._waiting.clear()
+        if was_alive:
+            print(
+                f"yolojet: the hardware JPEG decoder's process ended (exit code {self._child.wait()}); JPEGs are "
+                "decoded on the CPU from here",
+                file=sys.stderr,
+            )
+        for future, item, data in orphans:
+            self._to_cpu_pool(future, item, data)
+
+    def _own_copy(self, packed: torch.Tensor | np.ndarray | None) -> torch.Tensor:
+        if packed is None:
+            return torch.empty(0, dtype=torch.uint8, device=self.device)
+        if isinstance(packed, np.ndarray):
+            return self.cpu.to_device(torch.from_numpy(packed))
+        assert self.stream is not None
+        with torch.cuda.stream(self.stream):
+            own = torch.empty_like(packed)
+            own.copy_(packed)
+        # The child may reuse its buffer once the copy has run: waited for here, off the callers' threads.
+        self.stream.synchronize()
+        return own
+
+    def _to_cpu_pool(self, future: Future, item: Encoded, data: bytes) -> None:
+        on_pool = self.cpu.submit(item, data, checked=True).future
+        assert on_pool is not None
+
+        def forward(done: Future) -> None:
+            error = done.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(done.result())
+
+        on_pool.add_done_callback(forward)
+
+    def _end_child(self) -> None:
+        try:
+            self._child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.wait()
+
+    def close(self) -> None:
+        """The child decodes what it has, answers and ends at the end of its input; then the CPU pool closes."""
+        with self._lock:
+            self._alive = False
+        try:
+            self._socket.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self._end_child()
+        if hasattr(self, "_receiver"):
+            self._receiver.join(timeout=30)
+        self._conn.close()
+        self._socket.close()
+        self.cpu.close()
+
+
+def _child_decoder(kind: str, device_index: int):
+    """The child's decoder: `images(datas)` → a tensor (H, W, 3) RGB or None (refused) an image."""
+    if kind == "cpu":
+        from yolojet.errors import ImageReadError
+        from yolojet.images.codecs import decode_cpu
+
+        def on_cpu(datas: list[bytes]) -> list[torch.Tensor | None]:
+            out: list[torch.Tensor | None] = []
+            for data in datas:
+                try:
+                    out.append(decode_cpu(data, "image"))
+                except ImageReadError:
+                    out.append(None)
+            return out
+
+        return on_cpu, None
+    torch.cuda.set_device(device_index)
+    decoder = HardwareJpegDecoder(CpuDecoder(torch.device("cuda", device_index), threads=1))
+    return (lambda datas: decoder._decode_jpegs(datas, [1] * len(datas))), decoder.stream
+
+
+def _child(fd: int, device_index: int, kind: str) -> None:
+    """The child's loop: requests read on a thread (so that the parent's sends never wait for a decode), decoded a
+    batch of what has arrived at a time on the main thread, one reply a batch."""
+    import queue
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C ends the parent; this ends with its input
+    conn = Connection(fd)
+    try:
+        decode, stream = _child_decoder(kind, device_index)
+    except Exception as e:  # every reason it cannot start is the parent's error message
+        conn.send(("failed", str(e)))
+        return
+    conn.send(("ready", kind))
+    arrived: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            while True:
+                (request,) = _HEADER.unpack(conn.recv_bytes())
+                arrived.put((request, conn.recv_bytes()))
+        except (EOFError, OSError):
+            arrived.put(None)
+
+    threading.Thread(target=read, name="requests", daemon=True).start()
+    ended = False
+    while not ended:
+        batch = [arrived.get()]
+        while len(batch) < MAX_BATCH and not arrived.empty():
+            batch.append(arrived.get())
+        if batch[-1] is None:
+            ended = True
+            batch.pop()
+        if not batch:
+            continue
+        images = decode([data for _, data in batch])
+        shapes = [None if im is None else tuple(im.shape) for im in images]
+        kept = [im.reshape(-1) for im in images if im is not None]
+        packed: torch.Tensor | np.ndarray | None = None
+        if kept:
+            if stream is not None:
+                with torch.cuda.stream(stream):
+                    packed = torch.cat(kept)
+                stream.synchronize()
+            else:
+                packed = torch.cat(kept).numpy()
+        try:
+            conn.send(([request for request, _ in batch], shapes, packed))
+        except OSError:  # the parent has gone
+            return
+        del packed, kept, images
+        if stream is not None:
+            torch.cuda.ipc_collect()  # buffers the parent has finished with, back to this process's allocator
+    conn.close()
+
+
+if __name__ == "__main__":
+    _child(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
