@@ -621,7 +621,7 @@ print(json.dumps({"imported_s": imported, "loaded_s": loaded, "first_result_s": 
 
 def stage_startup(found: dict, model_dir: Path, cold: bool, out: Path) -> None:
     """Fresh processes, warm and cold; where py-spy is on PATH, one more warm one recorded by it (every thread,
-    waiting included, 500 samples a second) into `out`/pyspy-startup.txt as collapsed stacks."""
+    waiting included, 100 samples a second) into `out`/pyspy-startup.txt as collapsed stacks."""
     rows = {}
     kinds = ["warm", "warm again"] + (["cold"] if cold else []) + (["warm, py-spy"] if shutil.which("py-spy") else [])
     for kind in kinds:
@@ -635,7 +635,7 @@ def stage_startup(found: dict, model_dir: Path, cold: bool, out: Path) -> None:
                 "py-spy",
                 "record",
                 "-r",
-                "500",
+                "100",
                 "--threads",
                 "--idle",
                 "-f",

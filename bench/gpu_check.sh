@@ -100,6 +100,7 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
   images)
     # Decoders, engine(list of paths), the stream over files on disk, batch-1 latency, agreement, start-up.
     timeout "${IMAGES_SECONDS:-400}" python3 bench/bench_images.py --out "$OUT" ${IMAGES_FLAGS:-} > "$OUT/images.log" 2>&1
+    [ -f "$OUT/pyspy-startup.txt" ] && gzip -f "$OUT/pyspy-startup.txt"  # collapsed stacks: tens of MB unpacked
     tail -22 "$OUT/images.log" ;;
   serve)
     # The gRPC server and the labeling client end to end (bench/bench_serve.py; SERVE_FLAGS="--devices 0" adds the

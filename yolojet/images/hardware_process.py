@@ -11,8 +11,9 @@ hardware decoder runs in a child process whose only Python is its own loop; its 
 This process reads each file and checks its header (`prepare`, on the caller's or the feed's source thread) and sends
 the JPEGs the hardware takes to the child at once, so the child decodes while a batch is still being gathered. The
 child decodes what has arrived, up to `MAX_BATCH` images a call, packs the frames into one buffer on the GPU and
-sends it back through CUDA's inter-process memory; a thread here copies it into this process's own memory (a result
-may outlive the child) and completes each image's future. What the hardware refuses goes to this process's CPU pool.
+sends it back through CUDA's inter-process memory; a thread here queues its copy into this process's own memory (a
+result may outlive the child) and completes each image's future; a batch's frames are ready once `finish`'s event
+has passed. What the hardware refuses goes to this process's CPU pool.
 If the child dies, its images in flight and every later one go to the CPU pool, with one line on stderr saying so.
 
     python -m yolojet.images.hardware_process FD DEVICE KIND   # the child; started by `HardwareJpegProcess`
@@ -20,6 +21,7 @@ If the child dies, its images in flight and every later one go to the CPU pool, 
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import itertools
 import os
@@ -72,6 +74,7 @@ class HardwareJpegProcess(_GpuJpegDecoder):
         self._lock = threading.Lock()  # `_waiting` and `_alive`
         self._sending = threading.Lock()  # a request's two messages together
         self._alive = False
+        self._copying: collections.deque[tuple[torch.cuda.Event, torch.Tensor]] = collections.deque()
         self._socket, theirs = socket.socketpair()
         index = 0
         if self.device.type == "cuda":
@@ -144,7 +147,12 @@ class HardwareJpegProcess(_GpuJpegDecoder):
 
     def finish(self, pending: list[Pending]) -> DecodedBatch:
         outcomes = [p.result() for p in pending]
-        return DecodedBatch(outcomes, self.cpu.ready_events())
+        ready = self.cpu.ready_events()
+        if self.stream is not None:  # after every copy out of the child's buffers queued so far
+            event = torch.cuda.Event()
+            event.record(self.stream)
+            ready.append(event)
+        return DecodedBatch(outcomes, ready)
 
     def _receive(self) -> None:
         """Replies from the child, on a thread of this process: each batch's frames copied into this process's memory,
@@ -153,6 +161,7 @@ class HardwareJpegProcess(_GpuJpegDecoder):
             while True:
                 requests, shapes, packed = self._conn.recv()
                 pixels = self._own_copy(packed)
+                del packed
                 offset = 0
                 for request, shape in zip(requests, shapes, strict=True):
                     with self._lock:
@@ -180,6 +189,8 @@ class HardwareJpegProcess(_GpuJpegDecoder):
             self._to_cpu_pool(future, item, data)
 
     def _own_copy(self, packed: torch.Tensor | np.ndarray | None) -> torch.Tensor:
+        """The child's buffer copied into this process's memory on `stream` (a batch waits for it through `finish`'s
+        event). The child's buffer is held until its copy has run, then given back to the child."""
         if packed is None:
             return torch.empty(0, dtype=torch.uint8, device=self.device)
         if isinstance(packed, np.ndarray):
@@ -188,8 +199,13 @@ class HardwareJpegProcess(_GpuJpegDecoder):
         with torch.cuda.stream(self.stream):
             own = torch.empty_like(packed)
             own.copy_(packed)
-        # The child may reuse its buffer once the copy has run: waited for here, off the callers' threads.
-        self.stream.synchronize()
+            copied = torch.cuda.Event()
+            copied.record(self.stream)
+        # Not a wait for the copy here: a thread that lets go of the GIL to wait must take it back after, behind
+        # whichever thread runs Python code meanwhile (the module's docstring).
+        while self._copying and self._copying[0][0].query():
+            self._copying.popleft()
+        self._copying.append((copied, packed))
         return own
 
     def _to_cpu_pool(self, future: Future, item: Encoded, data: bytes) -> None:
@@ -223,6 +239,9 @@ class HardwareJpegProcess(_GpuJpegDecoder):
         self._end_child()
         if hasattr(self, "_receiver"):
             self._receiver.join(timeout=30)
+        if self.stream is not None:
+            self.stream.synchronize()
+        self._copying.clear()
         self._conn.close()
         self._socket.close()
         self.cpu.close()
