@@ -79,6 +79,10 @@ def test_the_process_decodes_a_batch_in_order_with_each_error_to_its_image(proce
     assert "in a process of its own" in process_decoder.describe()
     decoded = process_decoder.decode([Encoded.of(sources[n]) for n in names])
     check(decoded, names, good)
+    # The child read the file: its original image is that file read again here, as OpenCV reads it.
+    from_path = decoded.items[names.index("bus path")]
+    assert from_path.from_file and from_path.encoded is None
+    assert np.array_equal(from_path.original_bgr(), cv2.imread(str(BUS)))
     # Later batches through the same child, prepared one by one as a feed does.
     for _ in range(2):
         pending = [process_decoder.prepare(Encoded.of(sources[n])) for n in names]

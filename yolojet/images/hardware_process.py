@@ -1,22 +1,23 @@
 """The hardware JPEG decoder in a process of its own (`nvimgcodec`, and `auto` where it starts).
 
-nvImageCodec's batched decode call lets go of the GIL and takes it back twice an image (reading the image's header,
-allocating its output). Each time back it waits while any other thread of the process runs Python code, up to the
-interpreter's switch interval (5 ms): on an H200 host its calls of 64 JPEGs decoded 7,646 img/s alone and 53 img/s
-beside one thread running Python code, 7,684 in a process of its own beside the same thread (bench/NOTES.md). A
-stream, a server or a labeling run always has such threads (reading files, making results, answering calls), so the
-hardware decoder runs in a child process whose only Python is its own loop; its start (its library, a first decode,
-~2 s) is off this process's GIL too.
+Every call that lets go of the GIL (a file read, a socket write, nvImageCodec's decode, most torch ops) must take it
+back after, and waits then while any other thread runs Python code, up to the interpreter's switch interval (5 ms).
+nvImageCodec's batched call does so twice an image: on an H200 host its calls of 64 JPEGs decoded 7,646 img/s alone
+and 53 img/s beside one thread running Python code (bench/NOTES.md). A stream, a server or a labeling run always has
+such threads (making results, answering calls), so everything done an image at a time (reading the file, checking
+its header, the decode call) runs in a child process whose only threads are its own, and this process does a few such
+calls a batch: one message out (the files' paths, or the bytes given), one back (the frames of what has arrived,
+packed into one GPU buffer shared through CUDA's inter-process memory), one copy of that buffer into this process's
+memory (a result may outlive the child). The child's start (its library, a first decode, ~2 s) is off this process's
+GIL too.
 
-This process reads each file and checks its header (`prepare`, on the caller's or the feed's source thread) and sends
-the JPEGs the hardware takes to the child at once, so the child decodes while a batch is still being gathered. The
-child decodes what has arrived, up to `MAX_BATCH` images a call, packs the frames into one buffer on the GPU and
-sends it back through CUDA's inter-process memory; a thread here queues its copy into this process's own memory (a
-result may outlive the child) and completes each image's future; a batch's frames are ready once `finish`'s event
-has passed. What the hardware refuses goes to this process's CPU pool.
-If the child dies, its images in flight and every later one go to the CPU pool, with one line on stderr saying so.
+Requests go out at each batch's `finish`, or every `FLUSH` images while a batch is still being gathered, so the child
+reads and decodes while the caller gathers; the child decodes up to `MAX_BATCH` of what has arrived in one call. What
+the hardware does not take (other formats, progressive or CMYK JPEGs, its refusals) comes back to this process's CPU
+pool; an image the child cannot read or check comes back as its error. If the child dies, its images in flight and
+every later one go to the CPU pool, with one line on stderr saying so.
 
-    python -m yolojet.images.hardware_process FD DEVICE KIND   # the child; started by `HardwareJpegProcess`
+    python -m yolojet.images.hardware_process FD DEVICE KIND MAX_PIXELS   # the child, started by HardwareJpegProcess
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import collections
 import importlib.util
 import itertools
 import os
+import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -37,8 +38,8 @@ from multiprocessing.connection import Connection
 import numpy as np
 import torch
 
-from yolojet.errors import EngineConfigError
-from yolojet.images.codecs import EncodedInfo
+from yolojet.errors import EngineConfigError, ImageReadError
+from yolojet.images.codecs import EncodedInfo, check_encoded
 from yolojet.images.decoders import (
     NOT_INSTALLED,
     CpuDecoder,
@@ -50,16 +51,17 @@ from yolojet.images.decoders import (
     hardware_takes,
 )
 from yolojet.images.frames import Frame
+from yolojet.images.sources import read_image_file
 
 MAX_BATCH = 64  # images a decode call in the child: the batch the hardware decoder was measured fastest at
 START_SECONDS = 120.0  # for the child to import torch and nvImageCodec and decode its probe image (~3 s on an H200)
-_HEADER = struct.Struct("<q")  # a request's id, sent before its bytes
+FLUSH = 16  # requests gathered before they go to the child, while a batch is still being gathered
 
 
 class HardwareJpegProcess(_GpuJpegDecoder):
-    """JPEGs on the GPU's hardware JPEG decoders, decoded by a child process (the module says why); the rest, and
-    whatever the child refuses, on the CPU pool (`cpu`). `kind` is the child's decoder: `nvimgcodec`, or `cpu`
-    (the same process machinery with OpenCV's pixels, where there is no GPU)."""
+    """JPEGs on the GPU's hardware JPEG decoders, read, checked and decoded by a child process (the module says why);
+    the rest on the CPU pool (`cpu`). `kind` is the child's decoder: `nvimgcodec`, or `cpu` (the same process
+    machinery with OpenCV's pixels, where there is no GPU)."""
 
     name = "nvimgcodec"
 
@@ -70,9 +72,10 @@ class HardwareJpegProcess(_GpuJpegDecoder):
         # The copies out of the child's buffers (none for a CPU engine, whose child sends its pixels in the reply).
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None  # type: ignore[assignment]
         self._ids = itertools.count()
-        self._waiting: dict[int, tuple[Future, Encoded, bytes]] = {}
-        self._lock = threading.Lock()  # `_waiting` and `_alive`
-        self._sending = threading.Lock()  # a request's two messages together
+        self._waiting: dict[int, tuple[Future, Encoded]] = {}
+        self._outbox: list[tuple[int, str | bytes]] = []
+        self._lock = threading.Lock()  # `_waiting`, `_outbox` and `_alive`
+        self._sending = threading.Lock()  # one message at a time on the socket
         self._alive = False
         self._copying: collections.deque[tuple[torch.cuda.Event, torch.Tensor]] = collections.deque()
         self._socket, theirs = socket.socketpair()
@@ -82,12 +85,10 @@ class HardwareJpegProcess(_GpuJpegDecoder):
         env = dict(os.environ)
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # CUDA cannot share memory of expandable segments between processes
         env.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+        command = [sys.executable, "-m", "yolojet.images.hardware_process", str(theirs.fileno()), str(index), kind]
         with theirs:
             self._child = subprocess.Popen(
-                [sys.executable, "-m", "yolojet.images.hardware_process", str(theirs.fileno()), str(index), kind],
-                pass_fds=(theirs.fileno(),),
-                env=env,
-                stdin=subprocess.DEVNULL,
+                [*command, str(cpu.max_pixels)], pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL
             )
         self._conn = Connection(os.dup(self._socket.fileno()))
         cannot = self._started()
@@ -124,28 +125,40 @@ class HardwareJpegProcess(_GpuJpegDecoder):
         return hardware_takes(info)
 
     def prepare(self, item: Encoded) -> Pending:
-        pending = super().prepare(item)
-        if pending.data is None or pending.outcome is not None or pending.future is not None:
-            return pending  # an error already, or on the CPU pool
+        """A file goes to the child as its path (read there); bytes are checked here, and go to the child if they are
+        a JPEG the hardware takes."""
+        if isinstance(item.source, (str, os.PathLike)):
+            request: str | bytes = str(item.source)
+        else:
+            pending = super().prepare(item)
+            if pending.data is None or pending.outcome is not None or pending.future is not None:
+                return pending  # an error already, or on the CPU pool
+            request = pending.data
         future: Future = Future()
         with self._lock:
-            alive = self._alive
-            if alive:
-                request = next(self._ids)
-                self._waiting[request] = (future, item, pending.data)
-        if alive:
-            try:
-                with self._sending:
-                    self._conn.send_bytes(_HEADER.pack(request))
-                    self._conn.send_bytes(pending.data)
-                return Pending(item, future=future)
-            except OSError:  # the child has gone: its receiver sends what it had to the CPU pool
-                with self._lock:
-                    if self._waiting.pop(request, None) is None:
-                        return Pending(item, future=future)
-        return self.cpu.submit(item, pending.data, checked=True)
+            if not self._alive:
+                return self.cpu.submit(item)
+            number = next(self._ids)
+            self._waiting[number] = (future, item)
+            self._outbox.append((number, request))
+            full = len(self._outbox) >= FLUSH
+        if full:
+            self._flush()
+        return Pending(item, future=future)
+
+    def _flush(self) -> None:
+        with self._lock:
+            requests, self._outbox = self._outbox, []
+        if not requests:
+            return
+        try:
+            with self._sending:
+                self._conn.send_bytes(pickle.dumps(requests, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:  # the child has gone: its receiver sends what was waiting to the CPU pool
+            pass
 
     def finish(self, pending: list[Pending]) -> DecodedBatch:
+        self._flush()
         outcomes = [p.result() for p in pending]
         ready = self.cpu.ready_events()
         if self.stream is not None:  # after every copy out of the child's buffers queued so far
@@ -156,23 +169,28 @@ class HardwareJpegProcess(_GpuJpegDecoder):
 
     def _receive(self) -> None:
         """Replies from the child, on a thread of this process: each batch's frames copied into this process's memory,
-        then each image's future completed (refusals sent to the CPU pool)."""
+        then each image's future completed (what the child leaves to the CPU pool sent there)."""
         try:
             while True:
-                requests, shapes, packed = self._conn.recv()
+                replies, packed = self._conn.recv()
                 pixels = self._own_copy(packed)
                 del packed
                 offset = 0
-                for request, shape in zip(requests, shapes, strict=True):
+                for number, kind, value in replies:
                     with self._lock:
-                        future, item, data = self._waiting.pop(request)
-                    if shape is None:
-                        self._to_cpu_pool(future, item, data)
-                        continue
-                    size = int(np.prod(shape))
-                    frame = pixels[offset : offset + size].view(*shape)
-                    offset += size
-                    future.set_result(Frame(frame, bgr=False, path=item.path, encoded=data))
+                        future, item = self._waiting.pop(number)
+                    if kind == "frame":
+                        size = int(np.prod(value))
+                        frame = pixels[offset : offset + size].view(*value)
+                        offset += size
+                        if isinstance(item.source, bytes):
+                            future.set_result(Frame(frame, bgr=False, path=item.path, encoded=item.source))
+                        else:  # the child read the file: read again for the original image, if asked for
+                            future.set_result(Frame(frame, bgr=False, path=item.path, from_file=True))
+                    elif kind == "error":
+                        future.set_result(ImageReadError(value))
+                    else:
+                        self._to_cpu_pool(future, item)
         except (EOFError, OSError):
             pass
         with self._lock:
@@ -185,8 +203,8 @@ class HardwareJpegProcess(_GpuJpegDecoder):
                 "decoded on the CPU from here",
                 file=sys.stderr,
             )
-        for future, item, data in orphans:
-            self._to_cpu_pool(future, item, data)
+        for future, item in orphans:
+            self._to_cpu_pool(future, item)
 
     def _own_copy(self, packed: torch.Tensor | np.ndarray | None) -> torch.Tensor:
         """The child's buffer copied into this process's memory on `stream` (a batch waits for it through `finish`'s
@@ -201,15 +219,15 @@ class HardwareJpegProcess(_GpuJpegDecoder):
             own.copy_(packed)
             copied = torch.cuda.Event()
             copied.record(self.stream)
-        # Not a wait for the copy here: a thread that lets go of the GIL to wait must take it back after, behind
-        # whichever thread runs Python code meanwhile (the module's docstring).
+        # Not a wait for the copy here: a thread that lets go of the GIL to wait must take it back after (the module's
+        # docstring).
         while self._copying and self._copying[0][0].query():
             self._copying.popleft()
         self._copying.append((copied, packed))
         return own
 
-    def _to_cpu_pool(self, future: Future, item: Encoded, data: bytes) -> None:
-        on_pool = self.cpu.submit(item, data, checked=True).future
+    def _to_cpu_pool(self, future: Future, item: Encoded) -> None:
+        on_pool = self.cpu.submit(item).future
         assert on_pool is not None
 
         def forward(done: Future) -> None:
@@ -230,6 +248,7 @@ class HardwareJpegProcess(_GpuJpegDecoder):
 
     def close(self) -> None:
         """The child decodes what it has, answers and ends at the end of its input; then the CPU pool closes."""
+        self._flush()
         with self._lock:
             self._alive = False
         try:
@@ -248,9 +267,9 @@ class HardwareJpegProcess(_GpuJpegDecoder):
 
 
 def _child_decoder(kind: str, device_index: int):
-    """The child's decoder: `images(datas)` → a tensor (H, W, 3) RGB or None (refused) an image."""
+    """The child's decoder: `decode(datas)` → a tensor (H, W, 3) RGB or None (refused) an image, and its CUDA stream
+    (None on the CPU)."""
     if kind == "cpu":
-        from yolojet.errors import ImageReadError
         from yolojet.images.codecs import decode_cpu
 
         def on_cpu(datas: list[bytes]) -> list[torch.Tensor | None]:
@@ -268,9 +287,25 @@ def _child_decoder(kind: str, device_index: int):
     return (lambda datas: decoder._decode_jpegs(datas, [1] * len(datas))), decoder.stream
 
 
-def _child(fd: int, device_index: int, kind: str) -> None:
-    """The child's loop: requests read on a thread (so that the parent's sends never wait for a decode), decoded a
-    batch of what has arrived at a time on the main thread, one reply a batch."""
+def _checked(request: tuple[int, str | bytes], max_pixels: int) -> tuple[int, str, object]:
+    """A request read (a path) and checked: (number, "jpeg", bytes) for the hardware, else (number, "error", why) or
+    (number, "cpu", None) for the parent's CPU pool."""
+    number, source = request
+    try:
+        if isinstance(source, str):
+            data, name = read_image_file(source), source
+        else:
+            data, name = source, f"<{len(source)} bytes>"
+        info = check_encoded(data, name, max_pixels)
+    except ImageReadError as e:
+        return number, "error", str(e)
+    return (number, "jpeg", data) if hardware_takes(info) else (number, "cpu", None)
+
+
+def _child(fd: int, device_index: int, kind: str, max_pixels: int) -> None:
+    """The child's loop: requests read and checked on a thread (so that the parent's sends never wait for a decode,
+    and the next files are read during the decode call), decoded a batch of what has arrived at a time on the main
+    thread, one reply a batch."""
     import queue
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C ends the parent; this ends with its input
@@ -286,8 +321,8 @@ def _child(fd: int, device_index: int, kind: str) -> None:
     def read() -> None:
         try:
             while True:
-                (request,) = _HEADER.unpack(conn.recv_bytes())
-                arrived.put((request, conn.recv_bytes()))
+                for request in pickle.loads(conn.recv_bytes()):
+                    arrived.put(_checked(request, max_pixels))
         except (EOFError, OSError):
             arrived.put(None)
 
@@ -302,9 +337,17 @@ def _child(fd: int, device_index: int, kind: str) -> None:
             batch.pop()
         if not batch:
             continue
-        images = decode([data for _, data in batch])
-        shapes = [None if im is None else tuple(im.shape) for im in images]
-        kept = [im.reshape(-1) for im in images if im is not None]
+        jpegs = [entry for entry in batch if entry[1] == "jpeg"]
+        decoded = dict(zip([n for n, _, _ in jpegs], decode([d for _, _, d in jpegs]), strict=True))
+        replies = []
+        for number, what, value in batch:
+            if what != "jpeg":
+                replies.append((number, what, value))
+            elif decoded[number] is None:
+                replies.append((number, "cpu", None))
+            else:
+                replies.append((number, "frame", tuple(decoded[number].shape)))
+        kept = [decoded[n].reshape(-1) for n, what, _ in replies if what == "frame"]
         packed: torch.Tensor | np.ndarray | None = None
         if kept:
             if stream is not None:
@@ -314,14 +357,14 @@ def _child(fd: int, device_index: int, kind: str) -> None:
             else:
                 packed = torch.cat(kept).numpy()
         try:
-            conn.send(([request for request, _ in batch], shapes, packed))
+            conn.send((replies, packed))
         except OSError:  # the parent has gone
             return
-        del packed, kept, images
+        del packed, kept, decoded
         if stream is not None:
             torch.cuda.ipc_collect()  # buffers the parent has finished with, back to this process's allocator
     conn.close()
 
 
 if __name__ == "__main__":
-    _child(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    _child(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
