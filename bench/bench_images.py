@@ -4,10 +4,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   decoders   each decoder's pixels against OpenCV's (cv2.imdecode, what ultralytics reads with) on the shipped
              JPEGs: largest level difference and share of pixels that differ; img/s decoding --batch copies of
              bus.jpg in one call (frames on the GPU, synchronized)
-  contention the hardware decoder's call in this process (--batch copies of bus.jpg's bytes, 2 s of calls) alone,
-             beside a thread running Python code, the same with a 0.1 ms switch interval; its parts alone (code
-             streams, the decode call, the tensors), us an image; then the decoder `nvimgcodec` (in its own process)
-             alone and beside that thread
+  contention the hardware decoder's call (--batch copies of bus.jpg's bytes, 2 s of calls) alone, beside a thread
+             running Python code, and the same with a 0.1 ms switch interval; its parts alone (code streams, the
+             decode call, the tensors), us an image
   call       engine(list of --batch JPEG paths), yolo11n at 640, per decoder: img/s, median of --repeats calls
   stream     engine.stream over --files JPEG files on disk (copies of bus.jpg, 1080x810), per decoder: img/s; beside
              it the decode alone (the same files through the feed, no engine) and the engine alone (staged GPU
@@ -154,7 +153,7 @@ def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
     """Whether the hardware decoder's call waits for the GIL: nvImageCodec lets go of it and takes it back twice an
     image inside one batched call (reading the image's header, allocating its output), and each time back waits while
     another thread runs Python code, up to the interpreter's switch interval (5 ms). A process of its own has no other
-    thread to wait for: the in-process decoder's call against the decoder `nvimgcodec` is (its process)."""
+    thread to wait for."""
     from yolojet.errors import EngineConfigError
     from yolojet.images.decoders import CpuDecoder, Encoded, HardwareJpegDecoder
 
@@ -217,13 +216,6 @@ def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
         parts["tensors"].append(done - decoded)
     rows["parts_us_per_image"] = {k: Timing(tuple(v)).p50 * 1e6 / batch for k, v in parts.items()}
     decoder.close()
-    decoder = decoder_or_none("nvimgcodec", torch.device("cuda"))  # in its process
-    if decoder is not None:
-        decode_for(0.3)
-        rows["process_alone_img_per_s"] = decode_for(seconds)
-        with python_thread():
-            rows["process_beside_python_thread_img_per_s"] = decode_for(seconds)
-        decoder.close()
     print(f"contention: {json.dumps(rows)}", flush=True)
     found["contention"] = rows
 
@@ -406,9 +398,7 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
         steps = [(FrameFeed, "next_batch"), (type(engine), "_submit_fed"), (type(engine), "_collect")]
         steps += [(engine_module, "make_results"), (decoder_type, "prepare"), (decoder_type, "finish")]
         steps += [(CpuDecoder, "decode_bytes")] if decoder_type is not CpuDecoder else []
-        if hasattr(decoder_type, "_own_copy"):  # the hardware decoder's process: copying its frames out
-            steps.append((decoder_type, "_own_copy"))
-        elif hasattr(decoder_type, "_decode_jpegs"):
+        if hasattr(decoder_type, "_decode_jpegs"):
             steps.append((decoder_type, "_decode_jpegs"))
         with timed_calls(steps) as totals:
             timed_start = time.perf_counter()
@@ -618,7 +608,7 @@ first = time.perf_counter() - start
 phases = {k: round(v, 3) for k, v in engine.network.startup_seconds.items()}
 print(json.dumps({"imported_s": imported, "loaded_s": loaded, "first_result_s": first, "error": result.error,
                   "boxes": len(result), "decoder": engine.decoder.name, "phases": phases,
-                  "torchvision_import_s": torchvision_s, "shapes": engine.shapes}))
+                  "torchvision_import_s": torchvision_s, "shapes": engine.shapes()}))
 """
 
 

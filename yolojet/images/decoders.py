@@ -7,15 +7,14 @@
 Each decoder works in two steps, so that a stream's images are read and handed on as they come and the GPU decodes
 them a batch at a time: `prepare(item)` (on the feed's source thread: the CPU pool starts at once; the GPU decoders
 read the file and check its header) and `finish(pending)` (a batch: the GPU decode, then waiting for the pool).
-- `nvimgcodec`: JPEGs in batched calls to the GPU's hardware JPEG decoders (nvImageCodec, A100 / H100 / H200
-  class GPUs), which leave the SMs to the network; their pixels are within one level of OpenCV's. The calls run in a
-  process of their own (`hardware_process.py` says why: beside other Python threads they ran 144 times slower). What
-  they refuse (progressive, CMYK, arithmetic-coded or lossless JPEGs) and other formats go to the CPU pool.
+- `nvimgcodec`: JPEGs in one batched call to the GPU's hardware JPEG decoders (nvImageCodec, A100 / H100 / H200
+  class GPUs), which leave the SMs to the network; their pixels are within one level of OpenCV's. What they refuse
+  (progressive, CMYK, arithmetic-coded or lossless JPEGs) and other formats go to the CPU pool.
 - `nvjpeg`: torchvision's nvJPEG on the SMs, batched; only when asked for by name, since its pixels differ from
   OpenCV's by up to tens of levels on some photos.
 - `auto` (the default): `nvimgcodec` where the GPU has hardware decoders and the package is installed, else `cpu`.
-  The hardware decoder starts on a thread of its own at the first batch of images (about 2 s) while the CPU pool
-  decodes, so neither the engine's load nor one image at a time waits for it (`StartingHardwareDecoder`).
+  The hardware decoder starts on a thread of its own (about 2 s) while the CPU pool decodes, so the first images need
+  not wait for it (`StartingHardwareDecoder`).
 
 Every decoder checks the bytes first (`codecs.check_encoded`): empty, unknown, cut-short JPEGs and images over the
 pixel limit are errors naming the input, whichever decoder would have run. Errors are per image: a batch's other
@@ -27,7 +26,6 @@ from __future__ import annotations
 import functools
 import io
 import os
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,9 +202,6 @@ class _GpuJpegDecoder:
     def close(self) -> None:
         self.cpu.close()
 
-    def describe(self) -> str:
-        raise NotImplementedError
-
     def _takes(self, info: EncodedInfo) -> bool:
         """Whether this JPEG goes to the GPU decoder."""
         return info.jpeg is not None
@@ -245,19 +240,9 @@ class _GpuJpegDecoder:
         return self.finish([self.prepare(item) for item in items])
 
 
-NOT_INSTALLED = "decoder 'nvimgcodec': nvImageCodec is not installed (pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg)"
-
-
-def hardware_takes(info: EncodedInfo) -> bool:
-    """Baseline JPEGs of 1 or 3 components: what the hardware decoders take (others go straight to the CPU rather than
-    through a refusal)."""
-    return info.jpeg is not None and not info.jpeg.progressive and info.jpeg.components in (1, 3)
-
-
 class HardwareJpegDecoder(_GpuJpegDecoder):
     """JPEGs on the GPU's hardware JPEG decoders through nvImageCodec, one batched call a batch; the rest on the CPU
-    pool (`cpu`). In this process only where no other thread runs Python code: the decoder `nvimgcodec` runs it in
-    a process of its own (hardware_process.py)."""
+    pool (`cpu`)."""
 
     name = "nvimgcodec"
 
@@ -268,7 +253,9 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
         try:
             from nvidia import nvimgcodec
         except ImportError as e:
-            raise EngineConfigError(NOT_INSTALLED) from e
+            raise EngineConfigError(
+                "decoder 'nvimgcodec': nvImageCodec is not installed (pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg)"
+            ) from e
         super().__init__(cpu)
         self._nv = nvimgcodec
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -291,7 +278,9 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
         return f"nvimgcodec (hardware JPEG decoders; other images on {self.cpu.describe()})"
 
     def _takes(self, info: EncodedInfo) -> bool:
-        return hardware_takes(info)
+        """Baseline JPEGs of 1 or 3 components: what the hardware decoders take (others go straight to the CPU rather
+        than through a refusal)."""
+        return info.jpeg is not None and not info.jpeg.progressive and info.jpeg.components in (1, 3)
 
     def _decode_jpegs(self, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
         streams = [self._nv.CodeStream(d) for d in datas]
@@ -342,46 +331,29 @@ def _upright(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
 
 
 class StartingHardwareDecoder:
-    """`auto` on a GPU: nvImageCodec's hardware decoder starts on a thread of its own at the first batch of images (two
-    or more in one call or chunk, or `wait_started`), and until it has started the CPU pool decodes, with OpenCV's
-    pixels; then the hardware decoder takes every batch. Where it cannot start (no hardware decoders, no package), the
-    CPU pool stays. Never back: an image prepared on the CPU pool may be finished by the hardware decoder, which waits
-    for the pool's images, but not the other way.
-
-    Not at load: its start (loading its library, then a first decode) holds the GIL for ~2.3 s on an H200 host, which
-    stalls every other thread of the process, and so an engine's load and first result, by as much (bench/NOTES.md).
-    One image at a time (a camera, a script's first call) never waits for it."""
+    """`auto` on a GPU: nvImageCodec's hardware decoder starts on a thread of its own (its library, the hardware's
+    resources and a probe decode took 2.1 s on an H200, longer than loading a cached engine: bench/NOTES.md), and
+    until it has started the CPU pool decodes, with OpenCV's pixels; then the hardware decoder takes every batch. Where
+    it cannot start (no hardware decoders, no package), the CPU pool stays. Never back: an image prepared on the CPU
+    pool may be finished by the hardware decoder, which waits for the pool's images, but not the other way."""
 
     def __init__(self, cpu: CpuDecoder) -> None:
         self.cpu, self.device = cpu, cpu.device
-        self._lock = threading.Lock()
-        self._starter: ThreadPoolExecutor | None = None
-        self._starting: Future | None = None
-        self._started: CpuDecoder | _GpuJpegDecoder | None = None
+        self._starter = ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start")
+        self._starting: Future = self._starter.submit(HardwareJpegDecoder, cpu)
+        self._started: CpuDecoder | HardwareJpegDecoder | None = None
 
-    def start(self) -> None:
-        """Begin the hardware decoder's start on its own thread (once; later calls return at once)."""
-        with self._lock:
-            if self._starting is None:
-                from yolojet.images.hardware_process import HardwareJpegProcess
-
-                self._starter = ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start")
-                self._starting = self._starter.submit(HardwareJpegProcess, self.cpu)
-
-    def current(self) -> CpuDecoder | _GpuJpegDecoder:
+    def current(self) -> CpuDecoder | HardwareJpegDecoder:
         """The decoder that takes work now."""
-        if self._started is None and self._starting is not None and self._starting.done():
+        if self._started is None and self._starting.done():
             try:
                 self._started = self._starting.result()
             except Exception:  # cannot start here: EngineConfigError says why; the CPU pool for good
                 self._started = self.cpu
         return self._started if self._started is not None else self.cpu
 
-    def wait_started(self, timeout: float | None = None) -> CpuDecoder | _GpuJpegDecoder:
-        """The decoder once the start (begun here if it had not been) has ended either way (a start's own exception is
-        not raised here)."""
-        self.start()
-        assert self._starting is not None
+    def wait_started(self, timeout: float | None = None) -> CpuDecoder | HardwareJpegDecoder:
+        """The decoder once the start has ended either way (a start's own exception is not raised here)."""
         wait([self._starting], timeout)
         return self.current()
 
@@ -390,35 +362,26 @@ class StartingHardwareDecoder:
         return self.current().name
 
     def describe(self) -> str:
-        cpu = self.cpu.describe()
-        if self._starting is None:
-            return f"nvimgcodec (hardware JPEG decoders) from the first batch of images, until then {cpu}"
         if not self._starting.done():
-            return f"nvimgcodec starting (hardware JPEG decoders), meanwhile {cpu}"
+            return f"nvimgcodec starting (hardware JPEG decoders), meanwhile {self.cpu.describe()}"
         return self.current().describe()
 
     def prepare(self, item: Encoded) -> Pending:
         return self.current().prepare(item)
 
     def finish(self, pending: list[Pending]) -> DecodedBatch:
-        if self._starting is None and sum(p.outcome is None for p in pending) > 1:  # images still to decode
-            self.start()
         return self.current().finish(pending)
 
     def decode(self, items: list[Encoded]) -> DecodedBatch:
         return self.finish([self.prepare(item) for item in items])
 
     def close(self) -> None:
-        if self._starting is None:
-            self.cpu.close()
-            return
         started = self.wait_started()  # a start cannot be cut short: its resources are released once it ends
-        assert self._starter is not None
         self._starter.shutdown(wait=True)
         started.close()  # the hardware decoder's CPU pool is this one: closing either closes the pool
 
 
-Decoder = CpuDecoder | _GpuJpegDecoder | StartingHardwareDecoder  # _GpuJpegDecoder: nvjpeg, nvimgcodec in its process
+Decoder = CpuDecoder | HardwareJpegDecoder | NvjpegDecoder | StartingHardwareDecoder
 
 
 def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decoder:
@@ -439,10 +402,8 @@ def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_
         return NvjpegDecoder(cpu)
     if name == "auto":
         return StartingHardwareDecoder(cpu)
-    from yolojet.images.hardware_process import HardwareJpegProcess
-
     try:
-        return HardwareJpegProcess(cpu)
+        return HardwareJpegDecoder(cpu)
     except EngineConfigError:
         cpu.close()
         raise
