@@ -421,6 +421,19 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
             f"{timed_seconds:.2f} s: " + ", ".join(f"{k} {v:.2f} s" for k, v in totals.most_common()),
             flush=True,
         )
+    # The same stream with a shorter switch interval: a thread taking the GIL back after a call that let go of it
+    # (a file read, a decode call, a torch op) waits behind a thread running Python code up to this interval.
+    if with_decoder(engine, "nvimgcodec"):
+        interval = sys.getswitchinterval()
+        for shorter in (1e-3, 2e-4):
+            sys.setswitchinterval(shorter)
+            key = f"nvimgcodec_switch_{shorter * 1e3:g}ms_img_per_s"
+            try:
+                start = time.perf_counter()
+                rows[key] = sum(1 for _ in engine.stream(paths)) / (time.perf_counter() - start)
+            finally:
+                sys.setswitchinterval(interval)
+            print(f"stream, nvimgcodec, switch interval {shorter * 1e3:g} ms: {rows[key]:,.0f} img/s", flush=True)
     found["stream"] = rows
 
 
@@ -749,6 +762,10 @@ def print_table(found: dict) -> None:
                 f"| stream {stream['files']} files {name} | {r['img_per_s']:,.0f} img/s; decode alone "
                 f"{r['decode_alone_img_per_s']:,.0f}; GPU busy ~{r['gpu_busy']:.0%} |"
             )
+    for key, value in stream.items():
+        if key.startswith("nvimgcodec_switch_"):
+            interval = key.removeprefix("nvimgcodec_switch_").removesuffix("_img_per_s")
+            print(f"| stream {stream['files']} files nvimgcodec, switch interval {interval} | {value:,.0f} img/s |")
     for key, row in found.get("overlap", {}).items():
         if isinstance(row, dict):
             network = f"; network beside it {row['network_img_per_s']:,.0f} img/s" if row["network_img_per_s"] else ""
