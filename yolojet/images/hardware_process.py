@@ -391,6 +391,8 @@ def _child(fd: int, ring_fd: int, ring_size: int, device_index: int, kind: str, 
             arrived.put(None)
 
     def decode_batches(decode, stream) -> None:
+        if stream is not None:
+            torch.cuda.set_device(device_index)  # a thread's current device is its own
         while True:
             batch = [arrived.get()]
             while len(batch) < MAX_BATCH and batch[-1] is not None and not arrived.empty():
