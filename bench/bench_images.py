@@ -4,9 +4,10 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   decoders   each decoder's pixels against OpenCV's (cv2.imdecode, what ultralytics reads with) on the shipped
              JPEGs: largest level difference and share of pixels that differ; img/s decoding --batch copies of
              bus.jpg in one call (frames on the GPU, synchronized)
-  contention the hardware decoder's call (--batch copies of bus.jpg's bytes, 2 s of calls) alone, beside a thread
-             running Python code, and the same with a 0.1 ms switch interval; its parts alone (code streams, the
-             decode call, the tensors), us an image
+  contention the hardware decoder's call in this process (--batch copies of bus.jpg's bytes, 2 s of calls) alone,
+             beside a thread running Python code, and the same with a 0.1 ms switch interval; its parts alone
+             (code streams, the decode call, the tensors), us an image; then the decoder `nvimgcodec` (its
+             process) on those bytes and on --batch files, alone and beside that thread
   call       engine(list of --batch JPEG paths), yolo11n at 640, per decoder: img/s, median of --repeats calls
   stream     engine.stream over --files JPEG files on disk (copies of bus.jpg, 1080x810), per decoder: img/s; beside
              it the decode alone (the same files through the feed, no engine) and the engine alone (staged GPU
@@ -153,7 +154,7 @@ def stage_decoders(found: dict, batch: int, repeats: int) -> None:
     found["decoders"] = rows
 
 
-def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
+def stage_contention(found: dict, batch: int, files: list[Path], seconds: float = 2.0) -> None:
     """Whether the hardware decoder's call waits for the GIL: nvImageCodec lets go of it and takes it back twice an
     image inside one batched call (reading the image's header, allocating its output), and each time back waits while
     another thread runs Python code, up to the interpreter's switch interval (5 ms). A process of its own has no other
@@ -220,6 +221,16 @@ def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
         parts["tensors"].append(done - decoded)
     rows["parts_us_per_image"] = {k: Timing(tuple(v)).p50 * 1e6 / batch for k, v in parts.items()}
     decoder.close()
+    # The decoder `nvimgcodec` (its process) on the same bytes, and on files, alone and beside that thread.
+    decoder = decoder_or_none("nvimgcodec", torch.device("cuda"))
+    if decoder is not None:
+        for given, items in (("bytes", [Encoded.of(data)] * batch), ("files", [Encoded.of(f) for f in files[:batch]])):
+            chunk = items
+            decode_for(0.3)
+            rows[f"process_{given}_alone_img_per_s"] = decode_for(seconds)
+            with python_thread():
+                rows[f"process_{given}_beside_python_thread_img_per_s"] = decode_for(seconds)
+        decoder.close()
     print(f"contention: {json.dumps(rows)}", flush=True)
     found["contention"] = rows
 
@@ -714,7 +725,7 @@ def main() -> int:
             if stage == "decoders":
                 stage_decoders(found, args.batch, args.repeats)
             elif stage == "contention":
-                stage_contention(found, args.batch)
+                stage_contention(found, args.batch, files)
             elif stage in ("call", "stream", "overlap", "agreement"):
                 if engine is None:
                     engine = build_engine(model_dir, args.batch, buckets)
