@@ -4,10 +4,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   decoders   each decoder's pixels against OpenCV's (cv2.imdecode, what ultralytics reads with) on the shipped
              JPEGs: largest level difference and share of pixels that differ; img/s decoding --batch copies of
              bus.jpg in one call (frames on the GPU, synchronized)
-  contention the hardware decoder's call in this process (--batch copies of bus.jpg's bytes, 2 s of calls) alone,
-             beside a thread running Python code, and the same with a 0.1 ms switch interval; its parts alone
-             (code streams, the decode call, the tensors), us an image; then the decoder `nvimgcodec` (its
-             process) on those bytes and on --batch files, alone and beside that thread
+  contention the hardware decoder's call (--batch copies of bus.jpg's bytes, 2 s of calls) alone, beside a thread
+             running Python code, and the same with a 0.1 ms switch interval; its parts alone (code streams, the
+             decode call, the tensors), us an image
   call       engine(list of --batch JPEG paths), yolo11n at 640, per decoder: img/s, median of --repeats calls
   stream     engine.stream over --files JPEG files on disk (copies of bus.jpg, 1080x810), per decoder: img/s; beside
              it the decode alone (the same files through the feed, no engine) and the engine alone (staged GPU
@@ -100,14 +99,10 @@ def awkward_jpegs() -> dict[str, bytes]:
 
 
 def decoder_or_none(name: str, device: torch.device):
-    """The decoder `name`, or None where it cannot run here; `nvimgcodec-in-process` is the hardware decoder in this
-    process (the decoder `nvimgcodec` runs it in a process of its own), to compare."""
     from yolojet.errors import EngineConfigError
-    from yolojet.images.decoders import CpuDecoder, HardwareJpegDecoder, make_decoder
+    from yolojet.images.decoders import make_decoder
 
     try:
-        if name == "nvimgcodec-in-process":
-            return HardwareJpegDecoder(CpuDecoder(device))
         return make_decoder(name, device)
     except EngineConfigError as e:
         print(f"decoder {name}: not available ({e})", flush=True)
@@ -154,7 +149,7 @@ def stage_decoders(found: dict, batch: int, repeats: int) -> None:
     found["decoders"] = rows
 
 
-def stage_contention(found: dict, batch: int, files: list[Path], seconds: float = 2.0) -> None:
+def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
     """Whether the hardware decoder's call waits for the GIL: nvImageCodec lets go of it and takes it back twice an
     image inside one batched call (reading the image's header, allocating its output), and each time back waits while
     another thread runs Python code, up to the interpreter's switch interval (5 ms). A process of its own has no other
@@ -221,16 +216,6 @@ def stage_contention(found: dict, batch: int, files: list[Path], seconds: float 
         parts["tensors"].append(done - decoded)
     rows["parts_us_per_image"] = {k: Timing(tuple(v)).p50 * 1e6 / batch for k, v in parts.items()}
     decoder.close()
-    # The decoder `nvimgcodec` (its process) on the same bytes, and on files, alone and beside that thread.
-    decoder = decoder_or_none("nvimgcodec", torch.device("cuda"))
-    if decoder is not None:
-        for given, items in (("bytes", [Encoded.of(data)] * batch), ("files", [Encoded.of(f) for f in files[:batch]])):
-            chunk = items
-            decode_for(0.3)
-            rows[f"process_{given}_alone_img_per_s"] = decode_for(seconds)
-            with python_thread():
-                rows[f"process_{given}_beside_python_thread_img_per_s"] = decode_for(seconds)
-        decoder.close()
     print(f"contention: {json.dumps(rows)}", flush=True)
     found["contention"] = rows
 
@@ -259,7 +244,7 @@ def with_decoder(engine, name: str) -> bool:
 def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int) -> None:
     paths = [str(f) for f in files[:batch]]
     rows = {}
-    for name in ("auto", "nvimgcodec", "nvimgcodec-in-process", "cpu", "nvjpeg"):
+    for name in ("auto", *DECODERS):
         if not with_decoder(engine, name):
             continue
         engine(paths)  # warm: graphs captured, decoder started
@@ -387,7 +372,7 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
     paths = [str(f) for f in files]
     rows: dict = {"files": len(paths), "engine_alone_img_per_s": engine_alone(engine, batch)}
     print(f"engine alone (staged GPU frames, batch {batch}): {rows['engine_alone_img_per_s']:,.0f} img/s", flush=True)
-    for name in ("auto", "nvimgcodec", "nvimgcodec-in-process", "cpu"):
+    for name in ("auto", "nvimgcodec", "cpu"):
         if not with_decoder(engine, name):
             continue
         feed_start = time.perf_counter()
@@ -413,9 +398,7 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
         steps = [(FrameFeed, "next_batch"), (type(engine), "_submit_fed"), (type(engine), "_collect")]
         steps += [(engine_module, "make_results"), (decoder_type, "prepare"), (decoder_type, "finish")]
         steps += [(CpuDecoder, "decode_bytes")] if decoder_type is not CpuDecoder else []
-        if hasattr(decoder_type, "_own_copy"):  # the hardware decoder's process: its frames copied out here
-            steps.append((decoder_type, "_own_copy"))
-        elif hasattr(decoder_type, "_decode_jpegs"):
+        if hasattr(decoder_type, "_decode_jpegs"):
             steps.append((decoder_type, "_decode_jpegs"))
         with timed_calls(steps) as totals:
             timed_start = time.perf_counter()
@@ -440,20 +423,17 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
         )
     # The same stream with a shorter switch interval: a thread taking the GIL back after a call that let go of it
     # (a file read, a decode call, a torch op) waits behind a thread running Python code up to this interval.
-    if with_decoder(engine, "nvimgcodec-in-process"):
+    if with_decoder(engine, "nvimgcodec"):
         interval = sys.getswitchinterval()
         for shorter in (1e-3, 2e-4):
             sys.setswitchinterval(shorter)
-            key = f"in_process_switch_{shorter * 1e3:g}ms_img_per_s"
+            key = f"nvimgcodec_switch_{shorter * 1e3:g}ms_img_per_s"
             try:
                 start = time.perf_counter()
                 rows[key] = sum(1 for _ in engine.stream(paths)) / (time.perf_counter() - start)
             finally:
                 sys.setswitchinterval(interval)
-            print(
-                f"stream, nvimgcodec in-process, switch interval {shorter * 1e3:g} ms: {rows[key]:,.0f} img/s",
-                flush=True,
-            )
+            print(f"stream, nvimgcodec, switch interval {shorter * 1e3:g} ms: {rows[key]:,.0f} img/s", flush=True)
     found["stream"] = rows
 
 
@@ -725,7 +705,7 @@ def main() -> int:
             if stage == "decoders":
                 stage_decoders(found, args.batch, args.repeats)
             elif stage == "contention":
-                stage_contention(found, args.batch, files)
+                stage_contention(found, args.batch)
             elif stage in ("call", "stream", "overlap", "agreement"):
                 if engine is None:
                     engine = build_engine(model_dir, args.batch, buckets)
@@ -775,7 +755,7 @@ def print_table(found: dict) -> None:
     stream = found.get("stream", {})
     if stream:
         print(f"| engine alone, staged GPU frames | {stream['engine_alone_img_per_s']:,.0f} img/s |")
-    for name in ("auto", "nvimgcodec", "nvimgcodec-in-process", "cpu"):
+    for name in ("auto", "nvimgcodec", "cpu"):
         if name in stream:
             r = stream[name]
             print(
@@ -783,9 +763,9 @@ def print_table(found: dict) -> None:
                 f"{r['decode_alone_img_per_s']:,.0f}; GPU busy ~{r['gpu_busy']:.0%} |"
             )
     for key, value in stream.items():
-        if key.startswith("in_process_switch_"):
-            interval = key.removeprefix("in_process_switch_").removesuffix("_img_per_s")
-            print(f"| stream {stream['files']} files, nvimgcodec in-process, switch {interval} | {value:,.0f} img/s |")
+        if key.startswith("nvimgcodec_switch_"):
+            interval = key.removeprefix("nvimgcodec_switch_").removesuffix("_img_per_s")
+            print(f"| stream {stream['files']} files nvimgcodec, switch interval {interval} | {value:,.0f} img/s |")
     for key, row in found.get("overlap", {}).items():
         if isinstance(row, dict):
             network = f"; network beside it {row['network_img_per_s']:,.0f} img/s" if row["network_img_per_s"] else ""

@@ -199,7 +199,7 @@ def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypa
     below starts the real one)."""
     import threading
 
-    from yolojet.images import decoders, hardware_process
+    from yolojet.images import decoders
 
     release, outcome = threading.Event(), {}
 
@@ -225,7 +225,7 @@ def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypa
         def close(self) -> None:
             self.cpu.close()
 
-    monkeypatch.setattr(hardware_process, "HardwareJpegProcess", SlowToStart)
+    monkeypatch.setattr(decoders, "HardwareJpegDecoder", SlowToStart)
     data = BUS.read_bytes()
     for fail in (False, True):
         outcome["fail"] = fail

@@ -930,8 +930,8 @@ def make_results(meta: ModelMeta, found: dict[str, Any], frame: Frame, source: A
     keep: Frame | None = frame
     if source is not None and not is_encoded(source):
         keep = None
-    elif frame.encoded is not None or frame.from_file:
-        keep = replace(frame, pixels=torch.empty(0, 0, 3, dtype=torch.uint8))
+    elif frame.encoded is not None:
+        keep = Frame(torch.empty(0, 0, 3, dtype=torch.uint8), frame.bgr, frame.path, frame.encoded)
     return Results(
         names=meta.names, path=frame.path, image=partial(_original_image, keep, source), orig_shape=shape, **parts
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sized
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from yolojet.errors import ImageReadError
@@ -200,4 +200,4 @@ def to_device(frame: Frame, decoder: Decoder) -> Frame:
         pixels = pixels.to(device)
     else:
         pixels = decoder.cpu.to_device(pixels)
-    return replace(frame, pixels=pixels)
+    return Frame(pixels, frame.bgr, frame.path, frame.encoded)

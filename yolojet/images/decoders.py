@@ -7,15 +7,14 @@
 Each decoder works in two steps, so that a stream's images are read and handed on as they come and the GPU decodes
 them a batch at a time: `prepare(item)` (on the feed's source thread: the CPU pool starts at once; the GPU decoders
 read the file and check its header) and `finish(pending)` (a batch: the GPU decode, then waiting for the pool).
-- `nvimgcodec`: JPEGs in batched calls to the GPU's hardware JPEG decoders (nvImageCodec, A100 / H100 / H200
-  class GPUs), which leave the SMs to the network; their pixels are within one level of OpenCV's. The files are read
-  and decoded by a process of their own (`hardware_process.py` says why). What the hardware refuses (progressive,
-  CMYK, arithmetic-coded or lossless JPEGs) and other formats go to the CPU pool.
+- `nvimgcodec`: JPEGs in one batched call to the GPU's hardware JPEG decoders (nvImageCodec, A100 / H100 / H200
+  class GPUs), which leave the SMs to the network; their pixels are within one level of OpenCV's. What they refuse
+  (progressive, CMYK, arithmetic-coded or lossless JPEGs) and other formats go to the CPU pool.
 - `nvjpeg`: torchvision's nvJPEG on the SMs, batched; only when asked for by name, since its pixels differ from
   OpenCV's by up to tens of levels on some photos.
 - `auto` (the default): `nvimgcodec` where the GPU has hardware decoders and the package is installed, else `cpu`.
-  The hardware decoder's process starts (about 3 s) while the CPU pool decodes, so the first images need not wait
-  for it (`StartingHardwareDecoder`).
+  The hardware decoder starts on a thread of its own (about 2 s) while the CPU pool decodes, so the first images need
+  not wait for it (`StartingHardwareDecoder`).
 
 Every decoder checks the bytes first (`codecs.check_encoded`): empty, unknown, cut-short JPEGs and images over the
 pixel limit are errors naming the input, whichever decoder would have run. Errors are per image: a batch's other
@@ -203,9 +202,6 @@ class _GpuJpegDecoder:
     def close(self) -> None:
         self.cpu.close()
 
-    def describe(self) -> str:
-        raise NotImplementedError
-
     def _takes(self, info: EncodedInfo) -> bool:
         """Whether this JPEG goes to the GPU decoder."""
         return info.jpeg is not None
@@ -244,19 +240,9 @@ class _GpuJpegDecoder:
         return self.finish([self.prepare(item) for item in items])
 
 
-NOT_INSTALLED = "decoder 'nvimgcodec': nvImageCodec is not installed (pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg)"
-
-
-def hardware_takes(info: EncodedInfo) -> bool:
-    """Baseline JPEGs of 1 or 3 components: what the hardware decoders take (others go straight to the CPU rather than
-    through a refusal)."""
-    return info.jpeg is not None and not info.jpeg.progressive and info.jpeg.components in (1, 3)
-
-
 class HardwareJpegDecoder(_GpuJpegDecoder):
     """JPEGs on the GPU's hardware JPEG decoders through nvImageCodec, one batched call a batch; the rest on the CPU
-    pool (`cpu`). In a process where no other thread runs Python code: the decoder `nvimgcodec` runs it in a process
-    of its own (hardware_process.py)."""
+    pool (`cpu`)."""
 
     name = "nvimgcodec"
 
@@ -267,7 +253,9 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
         try:
             from nvidia import nvimgcodec
         except ImportError as e:
-            raise EngineConfigError(NOT_INSTALLED) from e
+            raise EngineConfigError(
+                "decoder 'nvimgcodec': nvImageCodec is not installed (pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg)"
+            ) from e
         super().__init__(cpu)
         self._nv = nvimgcodec
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -290,7 +278,9 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
         return f"nvimgcodec (hardware JPEG decoders; other images on {self.cpu.describe()})"
 
     def _takes(self, info: EncodedInfo) -> bool:
-        return hardware_takes(info)
+        """Baseline JPEGs of 1 or 3 components: what the hardware decoders take (others go straight to the CPU rather
+        than through a refusal)."""
+        return info.jpeg is not None and not info.jpeg.progressive and info.jpeg.components in (1, 3)
 
     def _decode_jpegs(self, datas: list[bytes], orientations: list[int]) -> list[torch.Tensor | None]:
         streams = [self._nv.CodeStream(d) for d in datas]
@@ -341,21 +331,19 @@ def _upright(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
 
 
 class StartingHardwareDecoder:
-    """`auto` on a GPU: the hardware decoder's process starts on a thread of its own (the process, its imports and a
-    probe decode; off this process's GIL), and until it has started the CPU pool decodes, with OpenCV's pixels; then
-    the hardware decoder takes every batch. Where
+    """`auto` on a GPU: nvImageCodec's hardware decoder starts on a thread of its own (its library, the hardware's
+    resources and a probe decode took 2.1 s on an H200, longer than loading a cached engine: bench/NOTES.md), and
+    until it has started the CPU pool decodes, with OpenCV's pixels; then the hardware decoder takes every batch. Where
     it cannot start (no hardware decoders, no package), the CPU pool stays. Never back: an image prepared on the CPU
     pool may be finished by the hardware decoder, which waits for the pool's images, but not the other way."""
 
     def __init__(self, cpu: CpuDecoder) -> None:
         self.cpu, self.device = cpu, cpu.device
         self._starter = ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start")
-        from yolojet.images.hardware_process import HardwareJpegProcess
+        self._starting: Future = self._starter.submit(HardwareJpegDecoder, cpu)
+        self._started: CpuDecoder | HardwareJpegDecoder | None = None
 
-        self._starting: Future = self._starter.submit(HardwareJpegProcess, cpu)
-        self._started: CpuDecoder | _GpuJpegDecoder | None = None
-
-    def current(self) -> CpuDecoder | _GpuJpegDecoder:
+    def current(self) -> CpuDecoder | HardwareJpegDecoder:
         """The decoder that takes work now."""
         if self._started is None and self._starting.done():
             try:
@@ -364,7 +352,7 @@ class StartingHardwareDecoder:
                 self._started = self.cpu
         return self._started if self._started is not None else self.cpu
 
-    def wait_started(self, timeout: float | None = None) -> CpuDecoder | _GpuJpegDecoder:
+    def wait_started(self, timeout: float | None = None) -> CpuDecoder | HardwareJpegDecoder:
         """The decoder once the start has ended either way (a start's own exception is not raised here)."""
         wait([self._starting], timeout)
         return self.current()
@@ -393,7 +381,7 @@ class StartingHardwareDecoder:
         started.close()  # the hardware decoder's CPU pool is this one: closing either closes the pool
 
 
-Decoder = CpuDecoder | _GpuJpegDecoder | StartingHardwareDecoder  # _GpuJpegDecoder: nvjpeg, nvimgcodec in its process
+Decoder = CpuDecoder | HardwareJpegDecoder | NvjpegDecoder | StartingHardwareDecoder
 
 
 def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decoder:
@@ -414,10 +402,8 @@ def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_
         return NvjpegDecoder(cpu)
     if name == "auto":
         return StartingHardwareDecoder(cpu)
-    from yolojet.images.hardware_process import HardwareJpegProcess
-
     try:
-        return HardwareJpegProcess(cpu)
+        return HardwareJpegDecoder(cpu)
     except EngineConfigError:
         cpu.close()
         raise

@@ -17,21 +17,19 @@ import torch
 
 from yolojet.errors import ImageReadError
 from yolojet.images.codecs import decode_cpu, pil_pixels
-from yolojet.images.sources import NOT_YET, read_image_file
+from yolojet.images.sources import NOT_YET
 
 
 @dataclass
 class Frame:
     """An image as uint8 (H, W, C), C in {1, 3, 4}, on the CPU or a GPU, any strides; `bgr` says the channel order
     of C = 3 or 4. `encoded` keeps the file's bytes where it was decoded from one, so that the original image can be
-    decoded again when someone asks for it rather than held decoded; `from_file` says the file at `path` is to be read
-    again for it instead (the hardware decoder's process read the file, and this process never held its bytes)."""
+    decoded again when someone asks for it rather than held decoded."""
 
     pixels: torch.Tensor
     bgr: bool
     path: str = ""
     encoded: bytes | None = None
-    from_file: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -40,9 +38,8 @@ class Frame:
     def original_bgr(self) -> np.ndarray:
         """The image as ultralytics' `orig_img`: uint8 (H, W, 3) BGR on the host (grey replicated, alpha dropped).
         From the file's bytes, decoded again on the CPU, where there are any: the pixels OpenCV would read."""
-        data = read_image_file(self.path) if self.encoded is None and self.from_file else self.encoded
-        pixels = decode_cpu(data, self.path or "image") if data is not None else self.pixels
-        bgr = self.bgr and data is None
+        pixels = decode_cpu(self.encoded, self.path or "image") if self.encoded is not None else self.pixels
+        bgr = self.bgr and self.encoded is None
         if pixels.shape[2] == 1:
             return pixels.expand(-1, -1, 3).cpu().numpy()
         if bgr and pixels.shape[2] == 3 and pixels.device.type == "cpu" and pixels.is_contiguous():
