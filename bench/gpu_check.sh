@@ -5,7 +5,7 @@
 # time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
 #   bash bench/gpu_check.sh   # for a GPU machine without network access: the cp312 wheels of ultralytics, ultralytics-thop
 #                             # and pycocotools in .whl/ beside the code (and pytest-xdist + execnet for parallel test workers)
-#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images serve network compile
+#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images switch serve network compile
 #   STAGES=images IMAGES_FLAGS="--stages decoders call --files 2000" bash bench/gpu_check.sh  # bench/bench_images.py
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
 #   STAGES=compile COMPILE_JOBS="a:1 b:64 c:1" COMPILE_DEADLINE=530 bash bench/gpu_check.sh  # a then c on GPU 0, b on GPU 1
@@ -102,6 +102,10 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     timeout "${IMAGES_SECONDS:-400}" python3 bench/bench_images.py --out "$OUT" ${IMAGES_FLAGS:-} > "$OUT/images.log" 2>&1
     [ -f "$OUT/pyspy-startup.txt" ] && gzip -f "$OUT/pyspy-startup.txt"  # collapsed stacks: tens of MB unpacked
     tail -22 "$OUT/images.log" ;;
+  switch)
+    # The feed beside a thread running Python code at several switch intervals (bench/bench_switch.py).
+    timeout "${SWITCH_SECONDS:-120}" python3 bench/bench_switch.py --files 2000 --out "$OUT/switch.json" > "$OUT/switch.log" 2>&1
+    tail -3 "$OUT/switch.log" ;;
   serve)
     # The gRPC server and the labeling client end to end (bench/bench_serve.py; SERVE_FLAGS="--devices 0" adds the
     # worker-process server and labeler).
