@@ -154,6 +154,8 @@ def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
     image inside one batched call (reading the image's header, allocating its output), and each time back waits while
     another thread runs Python code, up to the interpreter's switch interval (5 ms). A process of its own has no other
     thread to wait for."""
+    from bench_switch import python_thread
+
     from yolojet.errors import EngineConfigError
     from yolojet.images.decoders import CpuDecoder, Encoded, HardwareJpegDecoder
 
@@ -172,22 +174,6 @@ def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
             decoder.stream.synchronize()
             done += len(chunk)
         return done / (time.perf_counter() - start)
-
-    @contextlib.contextmanager
-    def python_thread():
-        stop = threading.Event()
-
-        def spin() -> None:
-            while not stop.is_set():
-                sum(i * i for i in range(2000))
-
-        thread = threading.Thread(target=spin, name="python-load")
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
 
     decode_for(0.3)
     rows: dict = {"alone_img_per_s": decode_for(seconds)}

@@ -38,6 +38,7 @@ def feed_rate(paths: list[str], decoder) -> float:
 
 @contextlib.contextmanager
 def python_thread():
+    """A thread computing in Python (never giving up the GIL of its own accord) while the block runs."""
     stop = threading.Event()
 
     def spin() -> None:
