@@ -74,6 +74,11 @@ def cv2_rgb(data: bytes) -> np.ndarray:
     return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
 
 
+def bus_rgb_cuda() -> torch.Tensor:
+    """bus.jpg as one contiguous uint8 (H, W, 3) RGB tensor on the GPU: a camera's frame already on the device."""
+    return torch.from_numpy(np.ascontiguousarray(cv2_rgb((assets() / "bus.jpg").read_bytes()))).cuda()
+
+
 def awkward_jpegs() -> dict[str, bytes]:
     """The shipped JPEGs, and bus.jpg as a phone or an old scanner might store it."""
     from PIL import Image
@@ -124,7 +129,8 @@ def stage_decoders(found: dict, batch: int, repeats: int) -> None:
             data = jpegs[photo]
             decoded = decoder.decode([Encoded.of(data)])
             decoded.wait_on(torch.cuda.current_stream())
-            ours = decoded.items[0].pixels.cpu().numpy().astype(int)
+            frame = decoded.items[0]
+            ours = (frame.pixels.flip(-1) if frame.bgr else frame.pixels).cpu().numpy().astype(int)
             diff = np.abs(ours - cv2_rgb(data).astype(int))
             row["pixels"][photo] = {"max": int(diff.max()), "percent_differ": float((diff.max(-1) > 0).mean() * 100)}
         row["img_per_s_by_batch"] = {}
@@ -248,9 +254,8 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
 
 def engine_alone(engine, batch: int, repeats: int = 50) -> float:
     """img/s of the whole path on `batch` staged GPU frames (no decode): run(batch) repeated."""
-    from yolojet.images import load_frame
 
-    frame = load_frame(assets() / "bus.jpg").pixels.contiguous().cuda()
+    frame = bus_rgb_cuda()
     for slot in range(batch):
         engine.preprocess(frame, slot)
     for _ in range(5):
@@ -267,11 +272,10 @@ def stage_overlap(found: dict, engine, batch: int, seconds: float = 2.0) -> None
     """Whether decoding overlaps the network, and what a second call in flight adds: the hardware JPEG decoders are
     engines of their own, but each call also has host work (parsing, allocating, waiting for its last image)."""
 
-    from yolojet.images import load_frame
     from yolojet.images.decoders import Encoded
 
     chunk = [Encoded.of((assets() / "bus.jpg").read_bytes())] * 32
-    frame = load_frame(assets() / "bus.jpg").pixels.contiguous().cuda()
+    frame = bus_rgb_cuda()
     for slot in range(batch):
         engine.preprocess(frame, slot)
     engine.run(batch)
@@ -455,10 +459,9 @@ def batch1_latency(engine, frame: torch.Tensor) -> dict:
 
 def stage_latency(found: dict, model_dir: Path) -> None:
     from yolojet.engine.engine import Engine
-    from yolojet.images import load_frame
 
     engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
-    rows = batch1_latency(engine, load_frame(assets() / "bus.jpg").pixels.contiguous().cuda())
+    rows = batch1_latency(engine, bus_rgb_cuda())
     print(
         f"batch 1, frame on the GPU: p50 {rows['gpu']['p50_ms']:.3f} ms, two GPU frames in turn "
         f"{rows['gpu_alternating']['p50_ms']:.3f} ms, host {rows['host']['p50_ms']:.3f} ms; "
@@ -567,10 +570,9 @@ def profiled(fn, top: int = 18) -> list[str]:
 
 def stage_profile(found: dict, model_dir: Path, engine, files: list[Path], batch: int) -> None:
     from yolojet.engine.engine import Engine
-    from yolojet.images import load_frame
 
     single = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
-    single.preprocess(load_frame(assets() / "bus.jpg").pixels.contiguous().cuda(), 0)
+    single.preprocess(bus_rgb_cuda(), 0)
     single.run(1)
 
     def runs() -> None:

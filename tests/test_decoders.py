@@ -46,7 +46,9 @@ def cpu_decoder():
 
 
 def rgb(frame: Frame) -> np.ndarray:
-    return frame.pixels.cpu().numpy()
+    """The frame's pixels in RGB order, from its own `bgr` flag (the CPU pool decodes to BGR, the GPU to RGB)."""
+    pixels = frame.pixels.cpu().numpy()
+    return pixels[..., ::-1] if frame.bgr else pixels
 
 
 def test_a_batch_keeps_its_order_and_each_error_to_its_image(cpu_decoder, tmp_path):
@@ -85,7 +87,7 @@ def test_a_batch_keeps_its_order_and_each_error_to_its_image(cpu_decoder, tmp_pa
     assert "<19 bytes>: cannot decode as an image (not a JPEG, PNG" in messages[4]
     reference = cv2_rgb(data)
     for frame in (batch.items[0], batch.items[2], batch.items[5]):
-        assert frame.pixels.shape == (1080, 810, 3) and not frame.bgr
+        assert frame.pixels.shape == (1080, 810, 3) and frame.bgr
         assert np.array_equal(rgb(frame), reference)
     assert batch.items[0].path == str(BUS) and batch.items[2].path == ""
     assert batch.items[0].encoded == data  # kept to decode the original image again on demand

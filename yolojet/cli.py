@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from yolojet import __version__
 from yolojet.errors import EngineConfigError, ImageReadError, ModelDirError, OutputPathError, YolojetError
+from yolojet.options import apply_switch_interval
 
 if TYPE_CHECKING:
     import torch
@@ -547,7 +548,7 @@ def _per_frame_ms(timing: Timing, batch: int) -> tuple[str, str, str]:
 
 
 def _bundled_photo() -> Path:
-    """A real photo to time with when none is given: the one torchvision-decodable JPEG this package can find."""
+    """A real photo to time with when none is given: bus.jpg, which ultralytics ships."""
     from importlib.util import find_spec
 
     spec = find_spec("ultralytics")
@@ -1281,6 +1282,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        apply_switch_interval()
         return args.run(args)
     except YolojetError as e:
         print(f"yolojet {args.command}: error: {e}", file=sys.stderr)

@@ -136,7 +136,7 @@ class YolojetRuntime(Runtime):
     def predict(self, frames: list[Frame], conf: float, iou: float, max_det: int) -> list[Detections]:
         found = []
         for frame, result in zip(
-            frames, self.engine([f.pixels for f in frames], conf=conf, iou=iou, max_det=max_det), strict=True
+            frames, self.engine(frames, conf=conf, iou=iou, max_det=max_det), strict=True
         ):
             if result.error:
                 raise ImageReadError(f"{frame.path}: {result.error}")
@@ -149,7 +149,7 @@ class YolojetRuntime(Runtime):
 
     def _timed(self, frames: list[Frame]) -> None:
         for slot, frame in enumerate(frames):
-            self.engine.preprocess(frame.pixels, slot)
+            self.engine.preprocess(frame, slot)
         self.engine.run(len(frames))
 
     def close(self) -> None:

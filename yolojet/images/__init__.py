@@ -50,7 +50,7 @@ def load_frame(source: Any, max_pixels: int = DEFAULT_MAX_PIXELS) -> Frame:
     data = read_image_file(source) if isinstance(source, (str, Path)) else bytes(source)
     check_encoded(data, name, max_pixels)
     path = str(source) if isinstance(source, (str, Path)) else ""
-    return Frame(decode_cpu(data, name), bgr=False, path=path, encoded=data)
+    return Frame(decode_cpu(data, name), bgr=True, path=path, encoded=data)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,8 @@
 """Decoders: encoded images (files or bytes) → `Frame`s, a batch at a time.
 
-- `cpu`: a pool of threads, one a core, each reading a file and decoding it with libjpeg-turbo / libpng / libwebp
-  (torchvision, which releases the GIL) or Pillow; for a GPU engine the pixels then go to the device from pinned
-  memory on a copy stream. The pixels are OpenCV's, and so ultralytics'.
+- `cpu`: a pool of threads, one a core, each reading a file and decoding it with OpenCV's `imdecode` (which releases
+  the GIL) or Pillow; for a GPU engine the pixels then go to the device from pinned memory on a copy stream. The
+  pixels are OpenCV's, and so ultralytics'.
 
 Each decoder works in two steps, so that a stream's images are read and handed on as they come and the GPU decodes
 them a batch at a time: `prepare(item)` (on the feed's source thread: the CPU pool starts at once; the GPU decoders
@@ -121,7 +121,7 @@ class CpuDecoder:
         return self
 
     def describe(self) -> str:
-        return f"cpu (libjpeg-turbo / libpng / libwebp on {self.threads} threads)"
+        return f"cpu (OpenCV's libjpeg-turbo / libpng / libwebp on {self.threads} threads)"
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -131,7 +131,7 @@ class CpuDecoder:
         its header has passed `check_encoded` already."""
         if not checked:
             check_encoded(data, item.name, self.max_pixels)
-        return Frame(self.to_device(decode_cpu(data, item.name)), bgr=False, path=item.path, encoded=data)
+        return Frame(self.to_device(decode_cpu(data, item.name)), bgr=True, path=item.path, encoded=data)
 
     def decode_one(self, item: Encoded) -> Frame:
         return self.decode_bytes(item.read(), item)

@@ -38,12 +38,14 @@ class Frame:
     def original_bgr(self) -> np.ndarray:
         """The image as ultralytics' `orig_img`: uint8 (H, W, 3) BGR on the host (grey replicated, alpha dropped).
         From the file's bytes, decoded again on the CPU, where there are any: the pixels OpenCV would read."""
-        pixels = decode_cpu(self.encoded, self.path or "image") if self.encoded is not None else self.pixels
-        bgr = self.bgr and self.encoded is None
+        if self.encoded is not None:
+            pixels, bgr = decode_cpu(self.encoded, self.path or "image"), True
+        else:
+            pixels, bgr = self.pixels, self.bgr
         if pixels.shape[2] == 1:
             return pixels.expand(-1, -1, 3).cpu().numpy()
         if bgr and pixels.shape[2] == 3 and pixels.device.type == "cpu" and pixels.is_contiguous():
-            return pixels.numpy()  # the caller's own array, as ultralytics keeps it
+            return pixels.numpy()  # the caller's own array (or the one just decoded), as ultralytics keeps it
         pixels = pixels[..., :3]
         return (pixels if bgr else pixels.flip(-1)).cpu().numpy()
 
@@ -87,7 +89,9 @@ def is_encoded(source: Any) -> bool:
 
 def frame_from_pixels(source: Any) -> Frame:
     """A numpy array, torch tensor or PIL image as a `Frame` (its pixels not copied where they can be used as they
-    are); anything else is an ImageReadError naming it."""
+    are), a `Frame` as it is; anything else is an ImageReadError naming it."""
+    if isinstance(source, Frame):  # decoded already (load_frame's), its channel order known
+        return source
     name = describe(source)
     if isinstance(source, np.ndarray):
         if source.dtype == np.uint16:  # 16-bit frames (cv2.IMREAD_UNCHANGED): the top 8 bits, as ultralytics
