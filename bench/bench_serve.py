@@ -182,8 +182,16 @@ def main() -> int:
     parser.add_argument(
         "--processes", type=int, nargs="+", default=[], help="also measure `serve --processes N` for each N given"
     )
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="YOLOJET_SWITCH_INTERVAL_MS for the servers and labelers started (default: the interpreter's 5 ms)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
+    if args.switch_interval_ms is not None:  # inherited by every server and labeler process started below
+        os.environ["YOLOJET_SWITCH_INTERVAL_MS"] = f"{args.switch_interval_ms:g}"
 
     from support import calibrated_model
     from ultralytics.utils import ASSETS
@@ -192,8 +200,9 @@ def main() -> int:
     from yolojet.timing import provenance
 
     args.out.mkdir(parents=True, exist_ok=True)
-    found: dict = {"provenance": provenance(), "slo_ms": args.slo_ms}
-    out_file = args.out / f"serve-{found['provenance']['commit']}.json"
+    found: dict = {"provenance": provenance(), "slo_ms": args.slo_ms, "switch_interval_ms": args.switch_interval_ms}
+    switch = "" if args.switch_interval_ms is None else f"-switch{args.switch_interval_ms:g}ms"
+    out_file = args.out / f"serve-{found['provenance']['commit']}{switch}.json"
     work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
     model_dir = yolojet.export(calibrated_model("yolo11n.yaml", 640), out=work / "yolo11n", imgsz=640)
     bus = Path(ASSETS) / "bus.jpg"
@@ -227,7 +236,9 @@ def main() -> int:
 
 
 def print_table(found: dict, files: int, processes: list[int]) -> None:
-    print("\n| measure | value |\n|---|---|")
+    interval = found.get("switch_interval_ms")
+    print(f"\nswitch interval: {'5 ms (the default)' if interval is None else f'{interval:g} ms'}")
+    print("| measure | value |\n|---|---|")
     fronts = [(f"processes{n}", f"Infer, serve --processes {n}") for n in processes]
     for key, name in (("unary", "Infer"), ("workers", "Infer, serve --devices"), *fronts):
         for concurrency in (64, 8):

@@ -45,3 +45,24 @@ def test_engine_options_resolve_tuning_and_take_keywords_that_differ_from_their_
     assert given.overridden(tune=None, fuse=True, pdl=True, branches=False) == options.EngineOptions(
         tune=False, fuse=False, pdl=True, branches=False
     )
+
+
+def test_the_switch_interval_is_set_by_yolojets_commands_and_a_bad_value_is_named(monkeypatch, tmp_path, capsys):
+    import sys
+
+    from yolojet.cli import main
+
+    before = sys.getswitchinterval()
+    try:
+        monkeypatch.setenv("YOLOJET_SWITCH_INTERVAL_MS", "0.25")
+        assert options.switch_interval_s() == 0.25e-3
+        main(["info", str(tmp_path / "no-such-model")])  # any command: the interval is set before it runs
+        assert abs(sys.getswitchinterval() - 0.25e-3) < 1e-9
+        for bad in ("fast", "0", "-1", "nan", "5000"):
+            monkeypatch.setenv("YOLOJET_SWITCH_INTERVAL_MS", bad)
+            assert main(["info", str(tmp_path / "no-such-model")]) == 2
+            assert f"YOLOJET_SWITCH_INTERVAL_MS='{bad}': expected milliseconds" in capsys.readouterr().err
+        monkeypatch.delenv("YOLOJET_SWITCH_INTERVAL_MS")
+        assert options.switch_interval_s() is None
+    finally:
+        sys.setswitchinterval(before)

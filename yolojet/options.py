@@ -8,15 +8,19 @@ place that reads the environment variables yolojet honours (each read when asked
   YOLOJET_COMPILE_WORKERS  compile worker processes: a count, or 0 to compile in this process
   YOLOJET_TOKEN            the bearer token `yolojet serve` requires
   YOLOJET_COMMIT           the commit timings name, where the code is a copy without .git (a benchmark machine)
+  YOLOJET_SWITCH_INTERVAL_MS  the interpreter's switch interval in the processes yolojet starts (`switch_interval_s`)
   TRITON_INTERPRET=1       Triton's own switch: kernels run on the CPU through its interpreter
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from yolojet.errors import EngineConfigError
 
 # How files and bytes are decoded (yolojet/images/decoders.py).
 DECODER_NAMES = ("auto", "nvimgcodec", "cpu", "nvjpeg")
@@ -78,6 +82,32 @@ def compile_workers_asked() -> int | None:
     """YOLOJET_COMPILE_WORKERS as a count (0: compile in this process), or None where unset or not a number."""
     asked = os.environ.get("YOLOJET_COMPILE_WORKERS", "").strip()
     return int(asked) if asked.isdigit() else None
+
+
+def switch_interval_s() -> float | None:
+    """YOLOJET_SWITCH_INTERVAL_MS in seconds, or None where unset: how long a thread running Python code may keep the
+    GIL while another waits to take it back (the interpreter's default is 5 ms). Every call that lets go of the GIL (a
+    decode, a file read, a socket write) waits up to that long to go on when another thread is busy in Python, so the
+    image path's threads hand work on faster with a shorter one (bench/NOTES.md, "The GIL, not the GPU")."""
+    asked = os.environ.get("YOLOJET_SWITCH_INTERVAL_MS", "").strip()
+    if not asked:
+        return None
+    try:
+        milliseconds = float(asked)
+    except ValueError:
+        milliseconds = float("nan")
+    if not 0 < milliseconds <= 1000:  # NaN fails too
+        raise EngineConfigError(f"YOLOJET_SWITCH_INTERVAL_MS={asked!r}: expected milliseconds in (0, 1000]")
+    return milliseconds / 1000
+
+
+def apply_switch_interval() -> None:
+    """This process's switch interval from YOLOJET_SWITCH_INTERVAL_MS where it is set: the processes yolojet starts
+    (its commands, and the worker processes of its servers and labelers) call it first. A library user's process is
+    the user's to set (`sys.setswitchinterval`)."""
+    seconds = switch_interval_s()
+    if seconds is not None:
+        sys.setswitchinterval(seconds)
 
 
 def interpreting() -> bool:

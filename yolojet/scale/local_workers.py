@@ -50,6 +50,7 @@ from typing import Any
 from yolojet import errors
 from yolojet.client.label import ModelFacts
 from yolojet.errors import EngineConfigError, YolojetError
+from yolojet.options import apply_switch_interval
 
 # Paths a chunk, in batches: small enough that the last chunks of a run spread over the devices (a worker's stream
 # asks for its next chunk two to three batches ahead of its results), large enough that the asking costs nothing
@@ -73,6 +74,7 @@ def _worker_main(
     threads: int | None,
 ) -> None:
     """A worker: a `LocalLabeler` on `device`, then streams of the chunks the parent hands out until told to stop."""
+    apply_switch_interval()
     # Ctrl-C reaches the whole process group; the parent alone decides what it means, and ends the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sending = threading.Lock()  # the stream's source thread asks for chunks while the main thread sends records

@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from yolojet.errors import EngineConfigError
+from yolojet.options import apply_switch_interval
 from yolojet.serve.models import ModelSpec
 from yolojet.serve.server import ServeOptions
 
@@ -47,6 +48,7 @@ def _process_main(connection: Connection, specs: list[ModelSpec], options: Serve
     """One of the servers: load, serve, report the port bound, stop on SIGTERM or SIGINT or when the parent is gone."""
     from yolojet.serve.server import build_models, configure_logging, serve_forever
 
+    apply_switch_interval()
     configure_logging()
     try:
         models = build_models(specs, options)

@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 
 from yolojet.errors import EngineConfigError, ImageReadError
+from yolojet.options import apply_switch_interval
 from yolojet.serve.batcher import LatencyModel, Request, Scheduler
 from yolojet.serve.metrics import ServerMetrics
 from yolojet.serve.models import ModelCard, ModelSpec, ServedModel
@@ -51,6 +52,7 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
     from yolojet.images.decoders import Encoded
     from yolojet.serve.models import load_models
 
+    apply_switch_interval()
     try:
         models = load_models(specs, device=device, **engine_options)
     except BaseException as e:  # reported to the front, which names the device

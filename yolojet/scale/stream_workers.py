@@ -18,12 +18,14 @@ from typing import Any
 
 from yolojet.client.label import ModelFacts
 from yolojet.errors import EngineConfigError
+from yolojet.options import apply_switch_interval
 from yolojet.scale.local_workers import MultiDeviceLabeler, _Worker, chunked_paths
 
 
 def _stream_worker_main(connection: Connection, server: dict[str, Any], window: int, options: dict[str, Any]) -> None:
     """A worker: a `RemoteLabeler` of `window` requests in flight to `server` (`Connection`'s fields), then one
     stream over the chunks the parent hands out until it says stop."""
+    apply_switch_interval()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     sending = threading.Lock()  # the stream's request thread asks for chunks while the reply loop sends records
 
