@@ -5,6 +5,10 @@ decoder on the machines it runs on. The references are OpenCV's `imdecode` and P
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -234,9 +238,15 @@ def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypa
         release.clear()
         decoder = decoders.StartingHardwareDecoder(CpuDecoder(torch.device("cpu"), threads=2))
         try:
-            assert decoder.name == "cpu" and "starting" in decoder.describe()
+            # One image at a time never starts it: a camera or a script's first call does not pay for the start.
+            assert decoder.name == "cpu" and "first batch" in decoder.describe()
             first = decoder.decode([Encoded.of(data)]).items[0]
             assert np.array_equal(rgb(first), cv2_rgb(data))
+            assert "first batch" in decoder.describe()
+            # A batch starts it on its own thread and is decoded on the pool meanwhile.
+            pair = decoder.decode([Encoded.of(data)] * 2).items
+            assert all(np.array_equal(rgb(f), cv2_rgb(data)) for f in pair)
+            assert decoder.name == "cpu" and "starting" in decoder.describe()
             early = decoder.prepare(Encoded.of(data))  # on the pool, finished after the switch
             release.set()
             started = decoder.wait_started(timeout=30)
@@ -251,6 +261,9 @@ def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypa
         finally:
             release.set()
             decoder.close()
+    never_started = decoders.StartingHardwareDecoder(CpuDecoder(torch.device("cpu"), threads=1))
+    never_started.close()  # closes its pool without starting the hardware decoder
+    assert "first batch" in never_started.describe()
 
 
 @pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
@@ -272,3 +285,32 @@ def test_auto_starts_the_hardware_decoder_beside_the_first_images():
         assert all(f.pixels.device.type == "cuda" for f in batch.items)
     finally:
         decoder.close()
+
+
+def test_nvimgcodec_loads_its_jpeg_extension_alone_and_keeps_a_users_folder(tmp_path):
+    """The hardware decoder's start points nvImageCodec at a folder holding its nvJPEG extension alone (a link into
+    the package), so that its import neither loads the other seven extensions nor prints their install hints; a
+    folder the user named is kept. Each case in a fresh process: the setting is read at nvImageCodec's import."""
+    pytest.importorskip("nvidia.nvimgcodec")
+    script = (
+        "import os, sys\n"
+        "from yolojet.images.decoders import _load_only_the_jpeg_extension\n"
+        "_load_only_the_jpeg_extension()\n"
+        "from nvidia import nvimgcodec\n"
+        "print(os.environ.get('NVIMGCODEC_EXTENSIONS_PATH', ''))\n"
+    )
+    env = {**os.environ, "YOLOJET_CACHE": str(tmp_path / "cache")}
+    env.pop("NVIMGCODEC_EXTENSIONS_PATH", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    folder = Path(done.stdout.strip())
+    assert folder.is_relative_to(tmp_path / "cache")
+    (link,) = folder.iterdir()
+    assert link.name.startswith("libnvjpeg_ext.so") and link.resolve().parent.name == "extensions"
+    assert "Failed to load" not in done.stderr, done.stderr  # no extension, nvJPEG's included, failed to load
+
+    users = tmp_path / "mine"
+    users.mkdir()
+    env["NVIMGCODEC_EXTENSIONS_PATH"] = str(users)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == str(users), done.stderr

@@ -10,6 +10,7 @@ place that reads the environment variables yolojet honours (each read when asked
   YOLOJET_COMMIT           the commit timings name, where the code is a copy without .git (a benchmark machine)
   YOLOJET_SWITCH_INTERVAL_MS  the interpreter's switch interval in the processes yolojet starts (`switch_interval_s`)
   TRITON_INTERPRET=1       Triton's own switch: kernels run on the CPU through its interpreter
+  NVIMGCODEC_EXTENSIONS_PATH  nvImageCodec's own: where a user's setting is kept, yolojet does not set its own
 """
 
 from __future__ import annotations
@@ -108,6 +109,16 @@ def apply_switch_interval() -> None:
     seconds = switch_interval_s()
     if seconds is not None:
         sys.setswitchinterval(seconds)
+
+
+def nvimgcodec_extensions_given() -> bool:
+    """Whether the user named nvImageCodec's extension folder (NVIMGCODEC_EXTENSIONS_PATH, nvImageCodec's variable)."""
+    return bool(os.environ.get("NVIMGCODEC_EXTENSIONS_PATH", "").strip())
+
+
+def name_nvimgcodec_extensions(folder: Path) -> None:
+    """Set NVIMGCODEC_EXTENSIONS_PATH for nvImageCodec's import in this process (and the processes it starts)."""
+    os.environ["NVIMGCODEC_EXTENSIONS_PATH"] = str(folder)
 
 
 def interpreting() -> bool:

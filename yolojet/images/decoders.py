@@ -13,8 +13,8 @@ read the file and check its header) and `finish(pending)` (a batch: the GPU deco
 - `nvjpeg`: torchvision's nvJPEG on the SMs, batched; only when asked for by name, since its pixels differ from
   OpenCV's by up to tens of levels on some photos.
 - `auto` (the default): `nvimgcodec` where the GPU has hardware decoders and the package is installed, else `cpu`.
-  The hardware decoder starts on a thread of its own (about 2 s) while the CPU pool decodes, so the first images need
-  not wait for it (`StartingHardwareDecoder`).
+  The hardware decoder starts on a thread of its own at the first batch of images (about 2 s) while the CPU pool
+  decodes, so neither the engine's load nor one image at a time waits for it (`StartingHardwareDecoder`).
 
 Every decoder checks the bytes first (`codecs.check_encoded`): empty, unknown, cut-short JPEGs and images over the
 pixel limit are errors naming the input, whichever decoder would have run. Errors are per image: a batch's other
@@ -23,9 +23,11 @@ images are still decoded. EXIF orientation is applied on every path, as cv2.imre
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import io
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,7 @@ from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.images.codecs import DEFAULT_MAX_PIXELS, EncodedInfo, check_encoded, decode_cpu
 from yolojet.images.frames import Frame, describe
 from yolojet.images.sources import read_image_file
-from yolojet.options import DECODER_NAMES
+from yolojet.options import DECODER_NAMES, cache_dir, name_nvimgcodec_extensions, nvimgcodec_extensions_given
 
 _MAX_THREADS = 32  # more threads than this gain nothing on one process's file reads and decodes
 
@@ -240,6 +242,52 @@ class _GpuJpegDecoder:
         return self.finish([self.prepare(item) for item in items])
 
 
+# Where the nvJPEG wheels put their library, relative to nvImageCodec's extensions (the extension's own RUNPATH).
+_NVJPEG_BESIDE_EXTENSIONS = ("../../cu13/lib", "../../nvjpeg/lib")
+
+
+def _load_only_the_jpeg_extension() -> None:
+    """Point nvImageCodec at a folder holding its nvJPEG extension alone, unless the user named one.
+
+    Its import loads every extension module its package ships (eight: JPEG 2000, TIFF, OpenCV's, ...) and creates
+    their codecs, all while holding the GIL, and those whose CUDA library is not installed print install hints on
+    stderr at every start. The hardware JPEG decoder is in the nvJPEG extension; the CPU pool decodes everything else.
+    The folder (a link to the package's file) lives in yolojet's cache, made atomically so that processes starting
+    side by side agree on it."""
+    from importlib.util import find_spec
+
+    if nvimgcodec_extensions_given():
+        return
+    spec = find_spec("nvidia.nvimgcodec")
+    if spec is None or not spec.submodule_search_locations:
+        return  # not installed: the import below says so
+    shipped = sorted((Path(spec.submodule_search_locations[0]) / "extensions").glob("libnvjpeg_ext.so*"))
+    if not shipped:
+        return  # a layout this code does not know: nvImageCodec's own default
+    folder = cache_dir() / "nvimgcodec-extensions" / shipped[-1].name
+    link = folder / shipped[-1].name
+    try:
+        if not link.exists() or link.resolve() != shipped[-1].resolve():
+            folder.mkdir(parents=True, exist_ok=True)
+            temporary = folder / f".{shipped[-1].name}.{os.getpid()}"
+            temporary.unlink(missing_ok=True)
+            temporary.symlink_to(shipped[-1])
+            os.replace(temporary, link)
+    except OSError:
+        return  # a read-only cache: every extension, as nvImageCodec loads them by default
+    # The extension finds nvJPEG's library through a path relative to its own folder ($ORIGIN in its RUNPATH), which
+    # the link's folder is not: load it here first, so that the extension's dlopen finds it loaded by its name.
+    real = shipped[-1].resolve().parent
+    libraries = [lib for where in _NVJPEG_BESIDE_EXTENSIONS for lib in sorted((real / where).glob("libnvjpeg.so.*"))]
+    if not libraries:
+        return  # where the extension would find it some other way (a CUDA toolkit): nvImageCodec's own default
+    try:
+        ctypes.CDLL(str(libraries[-1]), mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return
+    name_nvimgcodec_extensions(folder)
+
+
 class HardwareJpegDecoder(_GpuJpegDecoder):
     """JPEGs on the GPU's hardware JPEG decoders through nvImageCodec, one batched call a batch; the rest on the CPU
     pool (`cpu`)."""
@@ -250,6 +298,7 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
         # nvImageCodec logs a warning for every image it refuses (which the CPU pool then decodes) unless told
         # otherwise; a user's own setting wins.
         os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+        _load_only_the_jpeg_extension()
         try:
             from nvidia import nvimgcodec
         except ImportError as e:
@@ -331,21 +380,33 @@ def _upright(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
 
 
 class StartingHardwareDecoder:
-    """`auto` on a GPU: nvImageCodec's hardware decoder starts on a thread of its own (its library, the hardware's
-    resources and a probe decode took 2.1 s on an H200, longer than loading a cached engine: bench/NOTES.md), and
-    until it has started the CPU pool decodes, with OpenCV's pixels; then the hardware decoder takes every batch. Where
-    it cannot start (no hardware decoders, no package), the CPU pool stays. Never back: an image prepared on the CPU
-    pool may be finished by the hardware decoder, which waits for the pool's images, but not the other way."""
+    """`auto` on a GPU: nvImageCodec's hardware decoder starts on a thread of its own at the first batch of images (two
+    or more in one call or chunk, or `wait_started`), and until it has started the CPU pool decodes, with OpenCV's
+    pixels; then the hardware decoder takes every batch. Where it cannot start (no hardware decoders, no package), the
+    CPU pool stays. Never back: an image prepared on the CPU pool may be finished by the hardware decoder, which waits
+    for the pool's images, but not the other way.
+
+    Not at load: its start (loading its library, then a first decode) holds the GIL for ~2.3 s on an H200 host, which
+    stalls every other thread of the process, and so an engine's load and first result, by as much (bench/NOTES.md).
+    One image at a time (a camera, a script's first call) never waits for it."""
 
     def __init__(self, cpu: CpuDecoder) -> None:
         self.cpu, self.device = cpu, cpu.device
-        self._starter = ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start")
-        self._starting: Future = self._starter.submit(HardwareJpegDecoder, cpu)
+        self._lock = threading.Lock()
+        self._starter: ThreadPoolExecutor | None = None
+        self._starting: Future | None = None
         self._started: CpuDecoder | HardwareJpegDecoder | None = None
+
+    def start(self) -> None:
+        """Begin the hardware decoder's start on its own thread (once; later calls return at once)."""
+        with self._lock:
+            if self._starting is None:
+                self._starter = ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start")
+                self._starting = self._starter.submit(HardwareJpegDecoder, self.cpu)
 
     def current(self) -> CpuDecoder | HardwareJpegDecoder:
         """The decoder that takes work now."""
-        if self._started is None and self._starting.done():
+        if self._started is None and self._starting is not None and self._starting.done():
             try:
                 self._started = self._starting.result()
             except Exception:  # cannot start here: EngineConfigError says why; the CPU pool for good
@@ -353,7 +414,10 @@ class StartingHardwareDecoder:
         return self._started if self._started is not None else self.cpu
 
     def wait_started(self, timeout: float | None = None) -> CpuDecoder | HardwareJpegDecoder:
-        """The decoder once the start has ended either way (a start's own exception is not raised here)."""
+        """The decoder once the start (begun here if it had not been) has ended either way (a start's own exception is
+        not raised here)."""
+        self.start()
+        assert self._starting is not None
         wait([self._starting], timeout)
         return self.current()
 
@@ -362,21 +426,30 @@ class StartingHardwareDecoder:
         return self.current().name
 
     def describe(self) -> str:
+        cpu = self.cpu.describe()
+        if self._starting is None:
+            return f"nvimgcodec (hardware JPEG decoders) from the first batch of images, until then {cpu}"
         if not self._starting.done():
-            return f"nvimgcodec starting (hardware JPEG decoders), meanwhile {self.cpu.describe()}"
+            return f"nvimgcodec starting (hardware JPEG decoders), meanwhile {cpu}"
         return self.current().describe()
 
     def prepare(self, item: Encoded) -> Pending:
         return self.current().prepare(item)
 
     def finish(self, pending: list[Pending]) -> DecodedBatch:
+        if self._starting is None and sum(p.outcome is None for p in pending) > 1:  # images still to decode
+            self.start()
         return self.current().finish(pending)
 
     def decode(self, items: list[Encoded]) -> DecodedBatch:
         return self.finish([self.prepare(item) for item in items])
 
     def close(self) -> None:
+        if self._starting is None:
+            self.cpu.close()
+            return
         started = self.wait_started()  # a start cannot be cut short: its resources are released once it ends
+        assert self._starter is not None
         self._starter.shutdown(wait=True)
         started.close()  # the hardware decoder's CPU pool is this one: closing either closes the pool
 
