@@ -18,7 +18,15 @@ def bench_on_path(monkeypatch):
 
 @pytest.mark.parametrize(
     "script",
-    ["bench_network", "bench_pipeline", "bench_images", "bench_serve", "bench_conv_ceiling", "sampler"],
+    [
+        "bench_network",
+        "bench_pipeline",
+        "bench_images",
+        "bench_serve",
+        "bench_conv_ceiling",
+        "bench_one_to_one",
+        "sampler",
+    ],
 )
 def test_script_imports(script):
     module = importlib.import_module(script)
@@ -42,3 +50,18 @@ def test_conv_ceiling_checks_the_tile_it_picks_against_cudnn(monkeypatch):
     assert any("tile_w=" in name and "tile_w=0" not in name for name in row["conv_errors"])
     assert set(row["conv_errors"]) == set(row["conv_candidates"]) and row["conv_config"] in row["conv_errors"]
     assert row["worst_rel_l2"] < 1e-2, {**row["conv_errors"], **row["gemm_errors"]}
+
+
+def test_one_to_one_checks_its_kernels_against_the_torch_ops(monkeypatch):
+    """bench_one_to_one's case on a small head (under the interpreter without a GPU, one run standing in for the
+    timed replays): both selections run and select the same scores, for both kinds of scores."""
+    import bench_one_to_one
+
+    from yolojet.timing import Timing
+
+    if not torch.cuda.is_available():  # the kernels run under the interpreter (conftest)
+        monkeypatch.setattr(bench_one_to_one, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_one_to_one, "time_replays", lambda run, iters, warmup: (run(), Timing((1e-3,)))[1])
+    for scores in ("independent", "correlated"):
+        row = bench_one_to_one.bench_case("small", 400, 80, 2, 2, scores, iters=1, warmup=0, profile=False)
+        assert row["same_scores"] and row["kernels_ms"]["p50"] == 1.0, row

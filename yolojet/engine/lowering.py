@@ -34,9 +34,9 @@ from yolojet.kernels.conv import (
 from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
+from yolojet.kernels.one_to_one import OneToOneScratch, select_one_to_one
 from yolojet.kernels.pool import maxpool2d_nhwc, sppf_pools
 from yolojet.options import EngineOptions
-from yolojet.reference.executor import OPS as REFERENCE_OPS
 
 # view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
 ViewFn = Callable[..., torch.Tensor]
@@ -472,16 +472,23 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
 
         family = "decode"
     elif node.op == "topk":
-        select = REFERENCE_OPS["topk"]
-
-        def run(compile_only: bool = False) -> None:
-            if not compile_only:  # torch ops: nothing of ours to compile
-                outs[0].copy_(select(node, ins, {})[0])
-
-        family = "topk"
+        return _lower_one_to_one(node, ins[0], outs[0], pdl)
     else:
         raise GraphError(f"node {node.name}: op {node.op} has no GPU kernel")
     return Launch(family, [node.name], list(node.outputs), run)
+
+
+def _lower_one_to_one(node: Node, preds: torch.Tensor, out: torch.Tensor, pdl: bool) -> Launch:
+    """YOLO26's one-to-one selection, with its scratch for this batch size allocated here: kernels never allocate,
+    and the captured graphs hold the scratch's addresses."""
+    nc, max_det = node.attrs["nc"], node.attrs["max_det"]
+    batch, channels, anchors = preds.shape
+    scratch = OneToOneScratch.allocate(batch, anchors, nc, channels - 4 - nc, max_det, preds.device)
+
+    def run(compile_only: bool = False) -> None:
+        select_one_to_one(out, preds, nc=nc, max_det=max_det, scratch=scratch, pdl=pdl, compile_only=compile_only)
+
+    return Launch("one_to_one", [node.name], list(node.outputs), run)
 
 
 @dataclass(frozen=True)

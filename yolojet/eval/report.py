@@ -135,9 +135,7 @@ class YolojetRuntime(Runtime):
 
     def predict(self, frames: list[Frame], conf: float, iou: float, max_det: int) -> list[Detections]:
         found = []
-        for frame, result in zip(
-            frames, self.engine(frames, conf=conf, iou=iou, max_det=max_det), strict=True
-        ):
+        for frame, result in zip(frames, self.engine(frames, conf=conf, iou=iou, max_det=max_det), strict=True):
             if result.error:
                 raise ImageReadError(f"{frame.path}: {result.error}")
             found.append((result.boxes.xyxy, result.boxes.conf, result.boxes.cls))
