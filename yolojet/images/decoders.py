@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import io
 import os
 import threading
@@ -252,8 +253,9 @@ def _load_only_the_jpeg_extension() -> None:
     Its import loads every extension module its package ships (eight: JPEG 2000, TIFF, OpenCV's, ...) and creates
     their codecs, all while holding the GIL, and those whose CUDA library is not installed print install hints on
     stderr at every start. The hardware JPEG decoder is in the nvJPEG extension; the CPU pool decodes everything else.
-    The folder (a link to the package's file) lives in yolojet's cache, made atomically so that processes starting
-    side by side agree on it."""
+    The folder (a link to the package's file) lives in yolojet's cache, one for each installed copy of the package
+    (named by its path, so that two environments sharing the cache never swap each other's link), and is made
+    atomically so that processes starting side by side agree on it."""
     from importlib.util import find_spec
 
     if nvimgcodec_extensions_given():
@@ -264,7 +266,8 @@ def _load_only_the_jpeg_extension() -> None:
     shipped = sorted((Path(spec.submodule_search_locations[0]) / "extensions").glob("libnvjpeg_ext.so*"))
     if not shipped:
         return  # a layout this code does not know: nvImageCodec's own default
-    folder = cache_dir() / "nvimgcodec-extensions" / shipped[-1].name
+    installed = hashlib.sha1(str(shipped[-1].resolve()).encode()).hexdigest()[:16]
+    folder = cache_dir() / "nvimgcodec-extensions" / installed
     link = folder / shipped[-1].name
     try:
         if not link.exists() or link.resolve() != shipped[-1].resolve():
