@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import cv2
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from PIL import Image, ImageOps
 from ultralytics.utils import ASSETS
 
+from yolojet.engine.engine import Engine
 from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.images import Frame
 from yolojet.images.codecs import check_encoded, jpeg_info
@@ -264,6 +266,14 @@ def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypa
     never_started = decoders.StartingHardwareDecoder(CpuDecoder(torch.device("cpu"), threads=1))
     never_started.close()  # closes its pool without starting the hardware decoder
     assert "first batch" in never_started.describe()
+    # A server's or labeler's engine starts it before the first image and waits (Engine.start_decoder).
+    outcome["fail"] = False
+    ahead = decoders.StartingHardwareDecoder(CpuDecoder(torch.device("cpu"), threads=1))
+    try:
+        assert Engine.start_decoder(SimpleNamespace(decoder=ahead)) == "the stand-in"
+        assert ahead.name == "hardware stand-in"
+    finally:
+        ahead.close()
 
 
 @pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")

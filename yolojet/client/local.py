@@ -15,6 +15,8 @@ from yolojet.engine.engine import Engine
 class LocalLabeler:
     def __init__(self, model: str, batch: int, options: dict[str, Any], **engine_options: Any) -> None:
         self.engine = Engine.load(model, max_batch=batch, **engine_options)
+        # Many images follow: the hardware decoder's start (about 2 s) before the first, not inside the labeling.
+        self.engine.start_decoder()
         self.options = options
         meta = self.engine.meta
         path = Path(str(model).rstrip("/"))

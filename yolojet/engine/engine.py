@@ -37,7 +37,7 @@ from yolojet.engine.predict_path import PARITIES, PredictOptions, PredictPath, p
 from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.geometry import Letterbox, rect_letterbox
 from yolojet.images import DEFAULT_MAX_PIXELS, Frame, is_encoded
-from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, make_decoder
+from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, StartingHardwareDecoder, make_decoder
 from yolojet.images.frames import frame_from_pixels
 from yolojet.images.sources import is_url
 from yolojet.ir import Graph, ModelMeta
@@ -298,6 +298,14 @@ class Engine:
             kept = f"rectangular, networks of up to {engine.max_shapes} shapes kept" if engine.rect else "square"
             print(f"yolojet: letterbox {kept}", file=sys.stderr)
         return engine
+
+    def start_decoder(self) -> str:
+        """Have the decoder ready for many images, for a caller that knows many follow (a server, a labeler): where
+        `auto` would start the hardware decoder at the first batch (about 2 s, beside the first images on the CPU
+        pool), start it now and wait for it. Returns the decoder that takes the images, as `describe` says it."""
+        if isinstance(self.decoder, StartingHardwareDecoder):
+            self.decoder.wait_started()
+        return self.decoder.describe()
 
     def close(self) -> None:
         """Stop the decoder's threads (an engine left to the garbage collector stops them at exit)."""

@@ -19,7 +19,6 @@ from yolojet.engine.engine import Engine, check_options
 from yolojet.engine.predict_path import PredictOptions
 from yolojet.errors import EngineConfigError
 from yolojet.images import Frame
-from yolojet.images.decoders import StartingHardwareDecoder
 from yolojet.ir import ModelMeta
 from yolojet.serve.batcher import LatencyModel
 
@@ -126,10 +125,8 @@ def load_models(specs: list[ModelSpec], **engine_options: Any) -> dict[str, Serv
         for spec in specs:
             engine = Engine.load(spec.source, max_batch=spec.max_batch, **engine_options)
             latency = measure_latency(engine)
-            if isinstance(engine.decoder, StartingHardwareDecoder):
-                # Started beside the warm-up: a server decodes its first requests with, and reports, the decoder it
-                # keeps.
-                engine.decoder.wait_started()
+            # Started beside the warm-up: a server decodes its first requests with, and reports, the decoder it keeps.
+            engine.start_decoder()
             models[spec.name] = ServedModel.of(spec.name, engine, latency)
     except BaseException:
         for model in models.values():
