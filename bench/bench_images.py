@@ -14,10 +14,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
              again with its steps timed by thread (waiting for chunks, submitting, collecting, making results,
              reading and checking files, the decoder's call)
   feeds      ways of feeding the hardware decoder, each over --files JPEG files, the feed alone and under
-             engine.stream: the product's (a source thread reading and checking, a decode thread calling the
-             decoder); one thread reading and checking a chunk then decoding it; nvImageCodec reading the files
-             itself (code streams made from paths in C++, no Python file read; no end-of-image check); and its
-             output images reused from a ring rather than allocated a call
+             engine.stream: a list on one feed thread (the product's) or an iterator on two (source and decode
+             threads); files read by nvImageCodec itself or by Python; output images decoded into again once
+             released or allocated a call
   overlap    decode beside the network: bus.jpg's bytes decoded in calls of 32 for 2 s on one thread, or on two
              with a decoder each, alone and while another thread runs run(--batch) on staged frames back to back:
              decode img/s, and the network's img/s beside it
@@ -46,7 +45,6 @@ import contextlib
 import io
 import json
 import os
-import queue
 import re
 import shutil
 import subprocess
@@ -445,127 +443,51 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
     found["stream"] = rows
 
 
-def feed_variants():
-    """The feeds `stage_feeds` compares: FrameFeed subclasses and a hardware decoder whose file reading and output
-    images can be switched, for measuring designs before one goes into yolojet/engine/feed.py."""
-    import itertools
-
-    from yolojet.engine import feed as feed_module
-    from yolojet.images.decoders import HardwareJpegDecoder, Pending
-
-    class OneThreadFeed(feed_module.FrameFeed):
-        """A list with no source thread: the decode thread reads and checks a chunk, then decodes it."""
-
-        def __init__(self, images, decoder, batch, chunk=feed_module.CHUNK):
-            self.decoder, self.batch, self.chunk = decoder, batch, max(1, min(chunk, batch))
-            self._items = queue.Queue()
-            self._chunks = queue.Queue(maxsize=max(2, 2 * batch // self.chunk))
-            self._stop = threading.Event()
-            self._held = None
-            self._done = False
-            self._threads = [threading.Thread(target=self._read_and_decode, args=(images,), daemon=True)]
-            self._threads[0].start()
-
-        def _read_and_decode(self, images) -> None:
-            try:
-                source = iter(images)
-                while not self._stop.is_set():
-                    items = list(itertools.islice(source, self.chunk))
-                    if not items:
-                        self._put(self._chunks, feed_module._END)
-                        return
-                    decoded = self.decoder.finish([self._prepare(i) for i in items])
-                    if not self._put(self._chunks, feed_module.FedBatch(items, decoded)):
-                        return
-            except BaseException as e:
-                self._put(self._chunks, e)
-
-    class SwitchableHardwareDecoder(HardwareJpegDecoder):
-        """`from_paths`: code streams made from file paths by nvImageCodec (its C++ reads the file); `reuse`: output
-        images handed back to the decoder from a ring of 16 calls' worth (older frames have been consumed by then)."""
-
-        from_paths = False
-        reuse = False
-
-        def __init__(self, cpu) -> None:
-            super().__init__(cpu)
-            self._ring: collections.deque = collections.deque(maxlen=16)
-
-        def prepare(self, item):
-            if self.from_paths and isinstance(item.source, (str, Path)):
-                stream = self._nv.CodeStream(str(item.source))
-                return Pending(item, data=stream)
-            return super().prepare(item)
-
-        def _decode_jpegs(self, datas, orientations):
-            nv = self._nv
-            streams = [d if isinstance(d, nv.CodeStream) else nv.CodeStream(d) for d in datas]
-            reused = None
-            if self.reuse and len(self._ring) == self._ring.maxlen and len(self._ring[0]) == len(streams):
-                reused = self._ring.popleft()
-            if reused is not None:
-                images = self._decoder.decode(
-                    streams, images=reused, params=self._params, cuda_stream=self.stream.cuda_stream
-                )
-            else:
-                images = self._decoder.decode(streams, params=self._params, cuda_stream=self.stream.cuda_stream)
-            if self.reuse and all(im is not None for im in images):
-                self._ring.append(images)
-            return [None if im is None else torch.as_tensor(im, device=self.device) for im in images]
-
-    return feed_module.FrameFeed, OneThreadFeed, SwitchableHardwareDecoder
-
-
 def stage_feeds(found: dict, engine, files: list[Path], batch: int) -> None:
-    import yolojet.engine.engine as engine_module
-    from yolojet.errors import EngineConfigError
-    from yolojet.images.decoders import CpuDecoder
+    """The hardware decoder fed in the ways yolojet/engine/feed.py can: a list on one thread (the product's), an
+    iterator on two (a source thread beside the decode thread); files read by nvImageCodec or by Python; output
+    images decoded into again once released, or allocated a call. The feed alone and under engine.stream."""
+    import yolojet.engine.feed as feed_module
+    import yolojet.images.decoders as decoders_module
 
-    product_feed, one_thread, switchable = feed_variants()
-    try:
-        decoder = switchable(CpuDecoder(engine.device))
-    except EngineConfigError as e:
-        print(f"feeds: no hardware decoder ({e})", flush=True)
+    if not with_decoder(engine, "nvimgcodec"):
         return
-    engine.decoder.close()
-    engine.decoder = decoder
     paths = [str(f) for f in files]
     variants = [
-        ("two_threads", product_feed, False, False),
-        ("one_thread", one_thread, False, False),
-        ("two_threads_paths", product_feed, True, False),
-        ("one_thread_paths", one_thread, True, False),
-        ("two_threads_reuse", product_feed, False, True),
-        ("one_thread_paths_reuse", one_thread, True, True),
+        ("list", list, True, True),
+        ("list_no_reuse", list, True, False),
+        ("list_python_reads", list, False, True),
+        ("iterator", iter, True, True),
+        ("iterator_python_reads_no_reuse", iter, False, False),
     ]
+    file_stream, release = decoders_module.jpeg_file_stream, feed_module.FrameFeed.release
     rows: dict = {"files": len(paths)}
     try:
-        for name, feed_type, from_paths, reuse in variants:
-            decoder.from_paths, decoder.reuse = from_paths, reuse
+        for name, source, file_streams, reuse in variants:
+            decoders_module.jpeg_file_stream = file_stream if file_streams else (lambda *args: None)
+            feed_module.FrameFeed.release = release if reuse else (lambda self, fed: None)
             row = {}
             for attempt in range(2):
                 start = time.perf_counter()
                 decoded = 0
-                for fed in feed_type(paths, decoder, batch):
+                feed = feed_module.FrameFeed(source(paths), engine.decoder, batch)
+                for fed in feed:
                     fed.decoded.wait_on(torch.cuda.current_stream())
+                    torch.cuda.current_stream().synchronize()
                     decoded += len(fed.sources)
-                torch.cuda.synchronize()
+                    feed.release(fed)
                 row[f"feed_alone_img_per_s_{attempt}"] = decoded / (time.perf_counter() - start)
-                engine_module.FrameFeed = feed_type
-                try:
-                    start = time.perf_counter()
-                    count = errors = 0
-                    for result in engine.stream(paths):
-                        count += 1
-                        errors += result.error is not None
-                    row[f"stream_img_per_s_{attempt}"] = count / (time.perf_counter() - start)
-                    row["errors"] = errors
-                finally:
-                    engine_module.FrameFeed = product_feed
+                start = time.perf_counter()
+                count = errors = 0
+                for result in engine.stream(source(paths)):
+                    count += 1
+                    errors += result.error is not None
+                row[f"stream_img_per_s_{attempt}"] = count / (time.perf_counter() - start)
+                row["errors"] = errors
             rows[name] = row
             print(f"feeds {name}: {json.dumps(row)}", flush=True)
     finally:
-        decoder.from_paths = decoder.reuse = False
+        decoders_module.jpeg_file_stream, feed_module.FrameFeed.release = file_stream, release
     found["feeds"] = rows
 
 

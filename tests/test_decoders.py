@@ -226,9 +226,9 @@ def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypa
         def prepare(self, item):
             return self.cpu.prepare(item)
 
-        def finish(self, pending):
+        def finish(self, pending, reuse=()):
             self.finished += len(pending)
-            return self.cpu.finish(pending)
+            return self.cpu.finish(pending, reuse)
 
         def close(self) -> None:
             self.cpu.close()
@@ -295,6 +295,98 @@ def test_auto_starts_the_hardware_decoder_beside_the_first_images():
         assert all(f.pixels.device.type == "cuda" for f in batch.items)
     finally:
         decoder.close()
+
+
+def awkward_files(folder: Path) -> dict[str, Path]:
+    """JPEG files the hardware decoder's file route must take or leave to the ordinary path, and other odd files."""
+    photo = Image.open(BUS).convert("RGB")
+    data = BUS.read_bytes()
+    contents = {
+        "whole.jpg": data,
+        "zidane.jpg": (ASSETS / "zidane.jpg").read_bytes(),
+        "rotated.jpg": with_orientation(photo, 6),
+        "grey.jpg": jpeg(photo.convert("L")),
+        "trailer.jpg": data + b"\x00" * 200,  # data after the end marker, as some phones write
+        "progressive.jpg": jpeg(photo, progressive=True),
+        "cmyk.jpg": jpeg(photo.convert("CMYK")),
+        "half.jpg": data[: len(data) // 2],
+        "short.jpg": data[:600],
+        "empty.jpg": b"",
+        "junk.jpg": b"not an image " * 20,
+    }
+    files = {}
+    for name, content in contents.items():
+        files[name] = folder / name
+        files[name].write_bytes(content)
+    png = folder / "bus.png"
+    photo.save(png)
+    files["bus.png"] = png
+    (folder / "folder.jpg").mkdir()
+    files["folder.jpg"] = folder / "folder.jpg"
+    files["missing.jpg"] = folder / "missing.jpg"
+    return files
+
+
+def test_only_whole_jpeg_files_the_hardware_takes_are_read_by_nvimgcodec(tmp_path):
+    """The hardware decoder's file route (nvImageCodec reading the file itself) takes whole baseline-or-progressive
+    JPEGs of 1 or 3 components within the pixel limit; cut-short files, CMYK, other formats, odd paths and files
+    with data after their end marker take the ordinary path, which reads and checks them in Python."""
+    nvimgcodec = pytest.importorskip("nvidia.nvimgcodec")
+    from yolojet.images.decoders import jpeg_file_stream
+
+    files = awkward_files(tmp_path)
+    taken = {name for name, path in files.items() if jpeg_file_stream(nvimgcodec, str(path), 10**8) is not None}
+    assert taken == {"whole.jpg", "zidane.jpg", "rotated.jpg", "grey.jpg", "progressive.jpg"}
+    stream = jpeg_file_stream(nvimgcodec, str(files["whole.jpg"]), 10**8)
+    assert (stream.width, stream.height, stream.size) == (810, 1080, BUS.stat().st_size)
+    assert jpeg_file_stream(nvimgcodec, str(files["whole.jpg"]), 810 * 1080 - 1) is None  # over the limit
+    assert jpeg_file_stream(nvimgcodec, "https://example.com/bus.jpg", 10**8) is None
+    assert jpeg_file_stream(nvimgcodec, str(tmp_path / "clip.mp4"), 10**8) is None
+
+
+def test_an_original_image_read_again_from_its_file():
+    frame = Frame(torch.empty(0, 0, 3, dtype=torch.uint8), bgr=False, path=str(BUS), encoded_at_path=True)
+    assert frame.reads_again and np.array_equal(frame.original_bgr(), cv2.imread(str(BUS)))
+
+
+@pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
+def test_hardware_decoder_reads_files_itself_and_decodes_into_released_images(tmp_path):
+    """Files given by path: what nvImageCodec reads itself has the pixels the bytes route gives, the rest go the
+    ordinary way with the errors the CPU decoder gives; a batch decoded into an earlier batch's released images has
+    its own pixels."""
+    device = torch.device("cuda")
+    try:
+        decoder = make_decoder("nvimgcodec", device)
+    except EngineConfigError as e:
+        pytest.skip(str(e))
+    files = awkward_files(tmp_path)
+    cpu = CpuDecoder(torch.device("cpu"), threads=2)
+    try:
+        by_path = decoder.decode([Encoded.of(p) for p in files.values()])
+        by_bytes = decoder.decode([Encoded.of(p.read_bytes() if p.is_file() else p) for p in files.values()])
+        on_cpu = cpu.decode([Encoded.of(p) for p in files.values()])
+        for batch in (by_path, by_bytes):
+            batch.wait_on(torch.cuda.current_stream())
+        frames = {}
+        for name, ours, theirs, cpus in zip(files, by_path.items, by_bytes.items, on_cpu.items, strict=True):
+            if isinstance(cpus, ImageReadError):
+                assert isinstance(ours, ImageReadError) and str(ours) == str(cpus), name
+                continue
+            assert isinstance(ours, Frame) and isinstance(theirs, Frame), f"{name}: {ours}"
+            assert np.array_equal(rgb(ours), rgb(theirs)), name
+            assert ours.reads_again and np.array_equal(ours.original_bgr(), cv2.imread(str(files[name]))), name
+            frames[name] = rgb(ours)
+        assert by_path.outputs, "the file route's images are handed back for reuse"
+        # Released: the next batch (other images, another order) decodes into the same images.
+        again = ["zidane.jpg", "whole.jpg", "grey.jpg", "rotated.jpg", "whole.jpg"]
+        reused = decoder.finish([decoder.prepare(Encoded.of(files[n])) for n in again], by_path.outputs)
+        reused.wait_on(torch.cuda.current_stream())
+        for name, frame in zip(again, reused.items, strict=True):
+            assert isinstance(frame, Frame) and np.array_equal(rgb(frame), frames[name]), name
+        assert len(reused.outputs) == len(by_path.outputs)  # the same images cycle: none lost, none added
+    finally:
+        decoder.close()
+        cpu.close()
 
 
 def test_nvimgcodec_loads_its_jpeg_extension_alone_and_keeps_a_users_folder(tmp_path):

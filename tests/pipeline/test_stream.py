@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import threading
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -23,6 +24,7 @@ from ultralytics.utils import ASSETS
 
 import yolojet
 from yolojet.engine.engine import Engine
+from yolojet.errors import EngineConfigError
 
 CONF = 0.005
 
@@ -185,3 +187,103 @@ def test_the_feed_hands_over_ready_chunks_as_full_batches_and_a_slow_source_at_o
         feed.close()
     finally:
         decoder.close()
+
+
+class _LendingDecoder:
+    """The CPU decoder, whose batches also lend out a buffer an image (a token naming it) as the hardware decoder
+    lends its images: records, at each decode, the buffers handed back to it and which images had been fully
+    consumed (their results made) by then."""
+
+    def __init__(self) -> None:
+        from yolojet.images.decoders import CpuDecoder
+
+        self.inner = CpuDecoder(torch.device("cpu"), threads=2)
+        self.cpu, self.name = self.inner, "lending"
+        self.consumed: set[str] = set()
+        self.lock = threading.Lock()
+        self.early: list[str] = []  # buffers handed back before their image's results were made
+        self.reused = 0
+        self.threads: set[str] = set()
+
+    def prepare(self, item):
+        self.threads.add(threading.current_thread().name)
+        return self.inner.prepare(item)
+
+    def finish(self, pending, reuse=()):
+        from yolojet.images.decoders import DecodedBatch
+
+        self.threads.add(threading.current_thread().name)
+        with self.lock:
+            self.early += [token for token in reuse if token.split("#")[0] not in self.consumed]
+            self.reused += len(reuse)
+        decoded = self.inner.finish(pending)
+        return DecodedBatch(decoded.items, decoded.ready, [f"{p.item.path}#{id(p)}" for p in pending])
+
+    def describe(self) -> str:
+        return "lending"
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_list_feeds_on_one_thread_and_buffers_come_back_only_after_their_results(reference, tmp_path, monkeypatch):
+    """engine.stream over a list: one feed thread prepares and decodes; each batch's decoder buffers are handed back
+    (`release`) only once the batch's results have all been given to the caller, and later decodes get them."""
+    from yolojet.engine.feed import FrameFeed
+
+    bus = (ASSETS / "bus.jpg").read_bytes()
+    paths = []
+    for i in range(14):
+        paths.append(str(tmp_path / f"{i:02d}.jpg"))
+        Path(paths[-1]).write_bytes(bus)
+    lending = _LendingDecoder()
+    released_early: list[str] = []
+    release = FrameFeed.release
+
+    def checked_release(feed, fed):
+        with lending.lock:
+            released_early.extend(str(s) for s in fed.sources if str(s) not in lending.consumed)
+        release(feed, fed)
+
+    monkeypatch.setattr(FrameFeed, "release", checked_release)
+    kept, reference.decoder = reference.decoder, lending
+    try:
+        for result in reference.stream(paths, conf=CONF):
+            assert result.error is None
+            with lending.lock:
+                lending.consumed.add(result.path)
+        assert lending.threads == {"yolojet-feed"}
+        assert released_early == [] and lending.early == [] and lending.reused > 0
+        lending.threads.clear()
+        assert len(list(reference.stream(iter(paths[:4]), conf=CONF))) == 4  # unknown length: source + decode
+        assert lending.threads == {"yolojet-feed-source", "yolojet-feed-decode"}
+    finally:
+        reference.decoder = kept
+        lending.close()
+
+
+@pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
+def test_a_long_stream_of_files_on_the_hardware_decoder_gives_each_file_its_own_result(tmp_path):
+    """Files of two sizes in turn, many batches long: the hardware decoder reads them itself and decodes later
+    batches into earlier batches' released images, and every result equals the file's own run alone."""
+    model_dir = yolojet.export(calibrated_model("yolov8n.yaml", 640), out=tmp_path / "m", imgsz=640)
+    try:
+        engine = Engine.load(model_dir, max_batch=16, decoder="nvimgcodec")
+    except EngineConfigError as e:
+        pytest.skip(str(e))
+    originals = [ASSETS / "bus.jpg", ASSETS / "zidane.jpg"]
+    paths = []
+    for i in range(160):
+        paths.append(tmp_path / f"{i:03d}.jpg")
+        paths[-1].write_bytes(originals[i % 2].read_bytes())
+    try:
+        alone = [engine([path], conf=CONF)[0] for path in originals]
+        results = list(engine.stream([str(p) for p in paths], conf=CONF))
+        assert len(results) == len(paths)
+        for i, result in enumerate(results):
+            want = alone[i % 2]
+            assert result.error is None and result.orig_shape == want.orig_shape, i
+            assert not match_detections(result.boxes.data, want.boxes.data, iou_min=0.99, conf_tol=1e-3, px_tol=0.5), i
+        assert np.array_equal(results[3].orig_img, cv2.imread(str(paths[3])))
+    finally:
+        engine.close()

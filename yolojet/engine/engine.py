@@ -532,9 +532,11 @@ class Engine:
             while (fed := feed.next_batch()) is not None:
                 pending.append(self._submit_fed(fed, chosen))
                 while len(pending) > 1 or (pending and not self._overlaps(chosen)):
-                    yield from self._results_of(*pending.pop(0))
+                    yield from self._results_of(*pending[0])
+                    feed.release(pending.pop(0)[0])  # run and made into results: its frames are read no more
             while pending:
-                yield from self._results_of(*pending.pop(0))
+                yield from self._results_of(*pending[0])
+                feed.release(pending.pop(0)[0])
         finally:
             feed.close()
             for _, run, _ in pending:  # a stream given up early: its batches still release their buffers
@@ -938,8 +940,8 @@ def make_results(meta: ModelMeta, found: dict[str, Any], frame: Frame, source: A
     keep: Frame | None = frame
     if source is not None and not is_encoded(source):
         keep = None
-    elif frame.encoded is not None:
-        keep = Frame(torch.empty(0, 0, 3, dtype=torch.uint8), frame.bgr, frame.path, frame.encoded)
+    elif frame.reads_again:
+        keep = replace(frame, pixels=torch.empty(0, 0, 3, dtype=torch.uint8))
     return Results(
         names=meta.names, path=frame.path, image=partial(_original_image, keep, source), orig_shape=shape, **parts
     )

@@ -1,23 +1,33 @@
 """A stream of images in, batches of decoded frames out: files read and decoded ahead of the engine, on threads of
 their own, so that decoding the next images overlaps running the ones before.
 
-Two threads a stream. The source thread walks the caller's iterable (so a slow source, a camera or a network, does
-not hold up decoding) and hands each image to the decoder at once (`prepare`: the CPU pool starts decoding it, or
-the file is read and its header checked for the GPU decoder). The decode thread cuts chunks of up to `chunk`
-images (`finish`: one GPU decode call a chunk, then the CPU pool's results); a chunk of an iterable of unknown
-length is cut short when no next image is ready, so a slow source gets small chunks and low latency, while a list
-is cut into full chunks. The engine takes the chunks ready when it is free, as many as fit
-one batch of `batch` images: a long stream runs full batches while the next ones decode, and even one call of
-`batch` files overlaps decoding its later chunks with running its first. At most two batches of images are on
-their way at once, which bounds the memory a fast source can take.
+A list (any sized collection) has one feed thread: it prepares a chunk of up to `chunk` images (`prepare`: the CPU
+pool starts decoding them, the hardware decoder's nvImageCodec reads its JPEG files, other images are read and their
+header checked), then finishes the chunk before it (`finish`: one GPU decode call, then the CPU pool's results), so
+the pool always has the next chunk to work on. One thread, not two, because a decode call that lets go of the GIL
+and takes it back for each image waits behind any other thread running Python each time: on an H200 over 10,000
+files, the hardware decoder fed this way ran 7,488-7,660 img/s under the engine's stream against 6,948 with a
+thread reading the files beside it (bench/NOTES.md).
+
+An iterable of unknown length (a camera, a network) keeps a source thread that walks it and prepares each image at
+once, so a slow source does not hold up decoding, and the decode thread cuts its chunks short when no next image is
+ready: a slow source gets small chunks and low latency.
+
+The engine takes the chunks ready when it is free, as many as fit one batch of `batch` images: a long stream runs
+full batches while the next ones decode, and even one call of `batch` files overlaps decoding its later chunks with
+running its first. At most two batches of images are on their way at once, which bounds the memory a fast source
+can take. A consumer that is done with a batch's frames hands it back (`release`), and the decoder then decodes into
+its output buffers again instead of allocating new ones.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from yolojet.errors import ImageReadError
@@ -26,7 +36,7 @@ from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, Pending
 from yolojet.images.frames import frame_from_pixels
 
 _END = object()
-_LINGER_S = 0.002  # how long a cut waits for a next image that is on its way (a list's next path is, at once)
+_LINGER_S = 0.002  # how long a cut of an iterable's images waits for a next image that may be on its way
 # Images a decode call. On the H200 the hardware decoders took 1080x810 JPEGs at 5,206 / 7,365 / 9,190 / 9,684
 # img/s in calls of 8 / 16 / 32 / 64 (bench/NOTES.md): 32 is near full speed and still lets a call of 64 images
 # overlap decoding its second half with running its first.
@@ -47,17 +57,21 @@ class FrameFeed:
 
     def __init__(self, images: Iterable[Any], decoder: Decoder, batch: int, chunk: int = CHUNK) -> None:
         self.decoder, self.batch, self.chunk = decoder, batch, max(1, min(chunk, batch))
-        # A sized collection (a list of paths) is cut into full chunks: nothing of it is on its way slowly.
-        self._whole_chunks = isinstance(images, Sized)
         self._items: queue.Queue = queue.Queue(maxsize=2 * batch)
         self._chunks: queue.Queue = queue.Queue(maxsize=max(2, 2 * batch // self.chunk))
         self._stop = threading.Event()
         self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
         self._done = False
-        self._threads = [
-            threading.Thread(target=self._walk, args=(images,), name="yolojet-feed-source", daemon=True),
-            threading.Thread(target=self._decode, name="yolojet-feed-decode", daemon=True),
-        ]
+        self._spare: collections.deque = collections.deque()  # released batches' output buffers, to decode into
+        if isinstance(images, Sized):  # nothing of it is on its way slowly: one thread, full chunks
+            self._threads = [
+                threading.Thread(target=self._prepare_and_decode, args=(images,), name="yolojet-feed", daemon=True)
+            ]
+        else:
+            self._threads = [
+                threading.Thread(target=self._walk, args=(images,), name="yolojet-feed-source", daemon=True),
+                threading.Thread(target=self._decode, name="yolojet-feed-decode", daemon=True),
+            ]
         for thread in self._threads:
             thread.start()
 
@@ -91,7 +105,22 @@ class FrameFeed:
             return first
         items = [i for p in parts for i in p.decoded.items]
         ready = [e for p in parts for e in p.decoded.ready]
-        return FedBatch([s for p in parts for s in p.sources], DecodedBatch(items, ready))
+        outputs = [o for p in parts for o in p.decoded.outputs]
+        return FedBatch([s for p in parts for s in p.sources], DecodedBatch(items, ready, outputs))
+
+    def release(self, fed: FedBatch) -> None:
+        """`fed`'s frames are no longer read by anything (its batch has run and its results are made, and they keep
+        no decoded pixels): the decoder may decode later images into the same buffers."""
+        self._spare.extend(fed.decoded.outputs)
+        fed.decoded.outputs = []
+
+    def _spares(self) -> list[Any]:
+        taken = []
+        while True:
+            try:
+                taken.append(self._spare.popleft())
+            except IndexError:
+                return taken
 
     def _get(self, block: bool) -> object | None:
         """A chunk, the end marker or a failure from the decode thread; None when none is there (not blocking)."""
@@ -144,14 +173,14 @@ class FrameFeed:
         return Pending(Encoded(b"", ""), outcome=_in_memory(image, self.decoder))
 
     def _take(self) -> tuple[list[tuple[Any, Pending]], object | None]:
-        """Up to `chunk` images (waiting for the first), and the end marker or failure that followed, if any."""
+        """Up to `chunk` images (waiting for the first, not for later ones that are not on their way yet), and the end
+        marker or failure that followed, if any."""
         items: list[tuple[Any, Pending]] = []
-        whole = self._whole_chunks
         while not self._stop.is_set() and len(items) < self.chunk:
             try:
-                item = self._items.get(timeout=0.1 if not items or whole else _LINGER_S)
+                item = self._items.get(timeout=0.1 if not items else _LINGER_S)
             except queue.Empty:
-                if items and not whole:
+                if items:
                     break
                 continue
             if item is _END or isinstance(item, _Failure):
@@ -159,12 +188,30 @@ class FrameFeed:
             items.append(item)
         return items, None
 
+    def _prepare_and_decode(self, images: Iterable[Any]) -> None:
+        """A list's one thread: the next chunk prepared before this one is finished."""
+        try:
+            source = iter(images)
+            ahead = self._prepare_chunk(source)
+            while ahead and not self._stop.is_set():
+                items, ahead = ahead, self._prepare_chunk(source)
+                decoded = self.decoder.finish([pending for _, pending in items], self._spares())
+                if not self._put(self._chunks, FedBatch([image for image, _ in items], decoded)):
+                    return
+        except BaseException as e:  # a decoder's failure, or the collection's own iterator
+            self._put(self._chunks, e)
+            return
+        self._put(self._chunks, _END)
+
+    def _prepare_chunk(self, source: Iterator[Any]) -> list[tuple[Any, Pending]]:
+        return [(image, self._prepare(image)) for image in itertools.islice(source, self.chunk)]
+
     def _decode(self) -> None:
         try:
             while not self._stop.is_set():
                 items, last = self._take()
                 if items:
-                    decoded = self.decoder.finish([pending for _, pending in items])
+                    decoded = self.decoder.finish([pending for _, pending in items], self._spares())
                     if not self._put(self._chunks, FedBatch([image for image, _ in items], decoded)):
                         return
                 if last is not None:
@@ -200,4 +247,4 @@ def to_device(frame: Frame, decoder: Decoder) -> Frame:
         pixels = pixels.to(device)
     else:
         pixels = decoder.cpu.to_device(pixels)
-    return Frame(pixels, frame.bgr, frame.path, frame.encoded)
+    return replace(frame, pixels=pixels)

@@ -20,7 +20,7 @@ from yolojet.errors import ImageReadError
 from yolojet.options import DEFAULT_MAX_PIXELS  # noqa: F401 - where the images room names it
 
 _JPEG_SOI = b"\xff\xd8"
-_JPEG_EOI = b"\xff\xd9"
+JPEG_EOI = b"\xff\xd9"
 # Markers with no length field: TEM, RST0-7, SOI, EOI.
 _STANDALONE = {0x01, *range(0xD0, 0xD8), 0xD8, 0xD9}
 # Start-of-frame markers (size and coding); C4 (DHT), C8 (JPG) and CC (DAC) share the range but are not frames.
@@ -89,7 +89,7 @@ def jpeg_info(data: bytes) -> JpegInfo | None:
             if size is None:
                 return None
             # Searched from the end: a whole file ends with it (or with a little padding after it).
-            complete = data.rfind(_JPEG_EOI, pos + 2 + length) != -1
+            complete = data.rfind(JPEG_EOI, pos + 2 + length) != -1
             return JpegInfo(size[0], size[1], size[2], size[3], orientation, complete)
         pos += 2 + length
     return None

@@ -17,19 +17,26 @@ import torch
 
 from yolojet.errors import ImageReadError
 from yolojet.images.codecs import decode_cpu, pil_pixels
-from yolojet.images.sources import NOT_YET
+from yolojet.images.sources import NOT_YET, read_image_file
 
 
 @dataclass
 class Frame:
     """An image as uint8 (H, W, C), C in {1, 3, 4}, on the CPU or a GPU, any strides; `bgr` says the channel order
     of C = 3 or 4. `encoded` keeps the file's bytes where it was decoded from one, so that the original image can be
-    decoded again when someone asks for it rather than held decoded."""
+    decoded again when someone asks for it rather than held decoded; `encoded_at_path`: the decoder read the file
+    at `path` itself (the hardware decoder's files), so the original image is read from it again when asked for."""
 
     pixels: torch.Tensor
     bgr: bool
     path: str = ""
     encoded: bytes | None = None
+    encoded_at_path: bool = False
+
+    @property
+    def reads_again(self) -> bool:
+        """Whether the original image can be decoded again (from bytes or the file), so need not be kept decoded."""
+        return self.encoded is not None or self.encoded_at_path
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -38,8 +45,9 @@ class Frame:
     def original_bgr(self) -> np.ndarray:
         """The image as ultralytics' `orig_img`: uint8 (H, W, 3) BGR on the host (grey replicated, alpha dropped).
         From the file's bytes, decoded again on the CPU, where there are any: the pixels OpenCV would read."""
-        if self.encoded is not None:
-            pixels, bgr = decode_cpu(self.encoded, self.path or "image"), True
+        if self.reads_again:
+            data = self.encoded if self.encoded is not None else read_image_file(self.path)
+            pixels, bgr = decode_cpu(data, self.path or "image"), True
         else:
             pixels, bgr = self.pixels, self.bgr
         if pixels.shape[2] == 1:
