@@ -66,9 +66,14 @@ def stop(server: subprocess.Popen) -> int:
         return -9
 
 
-def label(source: Path, out: Path, where: list[str]) -> dict:
-    """One `yolojet label` command, timed as a whole; its own rate from its summary line."""
+def label(source: Path, out: Path, where: list[str], spy: Path | None = None) -> dict:
+    """One `yolojet label` command, timed as a whole; its own rate from its summary line. With `spy`, py-spy records
+    it from its start to its end, every thread with its idle time, as a speedscope timeline."""
     command = [sys.executable, "-m", "yolojet", "label", str(source), "--out", str(out), "--quiet", *where]
+    found = shutil.which("py-spy") if spy is not None else None
+    if found is not None:
+        record = [found, "record", "--rate", "100", "--idle", "--threads", "--nonblocking", "--format", "speedscope"]
+        command = [*record, "--output", str(spy), "--", *command]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=500)
     wall = time.perf_counter() - start
@@ -173,7 +178,11 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=10000)
     parser.add_argument("--slo-ms", type=float, default=50.0, help="the server's deadline for requests without one")
     parser.add_argument("--sample", action="store_true", help="run the server under bench/sampler.py")
-    parser.add_argument("--py-spy", action="store_true", help="py-spy records each server at 64 in flight (5 s)")
+    parser.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="py-spy records each server at 64 in flight (5 s), and a second `label --local` from start to end",
+    )
     parser.add_argument(
         "--client-processes", type=int, default=4, help="the bench client's processes for the 64 calls in flight"
     )
@@ -217,6 +226,12 @@ def main() -> int:
         if not args.no_label:
             found["label_local"] = label(files, work / "local.jsonl", ["--local", "--model", str(model_dir)])
             print(f"label --local: {found['label_local']}", flush=True)
+            if args.py_spy:  # once more under py-spy: where the whole command's time goes
+                spy = args.out / "pyspy-label-local.json"
+                found["label_local_py_spy"] = label(
+                    files, work / "local-spied.jsonl", ["--local", "--model", str(model_dir), "--overwrite"], spy
+                )
+                print(f"label --local under py-spy: {found['label_local_py_spy']}", flush=True)
     except Exception:
         found.setdefault("failures", []).append(traceback.format_exc())
     out_file.write_text(json.dumps(found, indent=1))

@@ -60,6 +60,25 @@ def test_json_lines_are_whole_and_on_disk_as_they_come(tmp_path):
     assert path.read_text() == '{"d": 0}\n{"e": 1}\n'
 
 
+def test_json_lines_flushed_in_batches_reach_the_file_within_their_bound(tmp_path):
+    """A labeling run writes its records 64 at a time: a reader of the file (or a kill) sees all but fewer than 64,
+    and the ones held back reach it within flush_seconds of the last flush, and at close."""
+    path = tmp_path / "out.jsonl"
+    records = JsonLines(path, flush_every=4, flush_seconds=3600)
+    for i in range(10):
+        records.write({"i": i})
+    assert [json.loads(line)["i"] for line in path.read_text().splitlines()] == list(range(8))
+    records.flush_seconds = 0.0  # the next record finds the time passed: it and those held back go out
+    records.write({"i": 10})
+    assert len(path.read_text().splitlines()) == 11
+    records.flush_seconds = 3600
+    records.write({"i": 11})
+    records.close()
+    assert [json.loads(line)["i"] for line in path.read_text().splitlines()] == list(range(12))
+    special = JsonLines(os.devnull, flush_every=64)
+    assert special.flush_every == 1  # standard output and special files are read as they come
+
+
 def test_json_lines_from_many_threads_keep_every_record(tmp_path):
     """A labeler writes its error log from the thread reading files and the one taking replies; the first writes
     may come at once, and each must still open the file once and keep every line."""

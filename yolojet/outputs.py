@@ -114,21 +114,36 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
 class JsonLines:
     """JSON records written one line each as they arrive, to a file (links followed), a special file or `-`.
 
-    Each line goes out in one write and is flushed; the file is synced to disk every `sync_every` lines or
-    `sync_seconds`, and when closed. `append` keeps what the file holds (a resumed run); otherwise the file is
+    Lines reach the file (one write for the lines gathered) every `flush_every` lines or `flush_seconds`, at once
+    by default, and at once always on standard output and special files, where someone reads them as they come; the
+    file is synced to disk every `sync_every` lines or `sync_seconds`, and when closed. A kill loses at most the
+    lines not yet flushed, which a resumed labeling run (`--resume`) labels again. `append` keeps what the file
+    holds (a resumed run); otherwise the file is
     replaced by the first record. Safe to write from several threads (a labeler's reader and its replies): the first
     two writes would otherwise both open the file, the second truncating what the first wrote.
     """
 
-    def __init__(self, path: Path | str, append: bool = False, sync_every: int = 256, sync_seconds: float = 2.0):
+    def __init__(
+        self,
+        path: Path | str,
+        append: bool = False,
+        sync_every: int = 256,
+        sync_seconds: float = 2.0,
+        flush_every: int = 1,
+        flush_seconds: float = 0.5,
+    ):
         self.path = Path(path)
         self.append = append
         self.sync_every, self.sync_seconds = sync_every, sync_seconds
+        if is_stdout(self.path) or is_special(self.path):
+            flush_every = 1
+        self.flush_every, self.flush_seconds = max(1, flush_every), flush_seconds
         self.written = 0
         self._file: IO[str] | None = None
         self._opened = False
+        self._lines: list[str] = []  # written but not yet flushed to the file
         self._unsynced = 0
-        self._synced_at = time.monotonic()
+        self._synced_at = self._flushed_at = time.monotonic()
         self._lock = threading.Lock()
 
     def _open(self) -> IO[str]:
@@ -151,12 +166,23 @@ class JsonLines:
         with self._lock:
             if self._file is None:
                 self._file = self._open()
-            self._file.write(line)
-            self._file.flush()
+            self._lines.append(line)
             self.written += 1
             self._unsynced += 1
-            if self._unsynced >= self.sync_every or time.monotonic() - self._synced_at >= self.sync_seconds:
+            now = time.monotonic()
+            if len(self._lines) >= self.flush_every or now - self._flushed_at >= self.flush_seconds:
+                self._flush()
+            if self._unsynced >= self.sync_every or now - self._synced_at >= self.sync_seconds:
                 self._sync()
+
+    def _flush(self) -> None:
+        if self._file is None:
+            return
+        if self._lines:
+            self._file.write("".join(self._lines))
+            self._lines.clear()
+        self._file.flush()
+        self._flushed_at = time.monotonic()
 
     def sync(self) -> None:
         """Everything written so far on disk (a no-op for standard output and special files)."""
@@ -166,7 +192,7 @@ class JsonLines:
     def _sync(self) -> None:
         if self._file is None or self._unsynced == 0:
             return
-        self._file.flush()
+        self._flush()
         if self._file is not sys.stdout and not is_special(self.path):
             os.fsync(self._file.fileno())
         self._unsynced = 0

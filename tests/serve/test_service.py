@@ -306,3 +306,90 @@ def test_metrics(server):
     assert 'yolojet_requests_total{code="OK",model="detect"}' in text
     assert 'yolojet_requests_total{code="INVALID_ARGUMENT",model="detect"}' in text
     assert "yolojet_batch_size_bucket" in text and 'stage="decode"' in text and "yolojet_queue_depth" in text
+
+
+class _LendingDecoder:
+    """The CPU decoder, whose batches also lend out a buffer an image (a token naming its request), as the hardware
+    decoder lends its output images; records the buffers handed back, and any handed back before their request was
+    answered."""
+
+    def __init__(self, inner, answered: set[str], lock) -> None:
+        self.inner, self.cpu, self.name = inner, inner.cpu, "lending"
+        self.answered, self.lock = answered, lock
+        self.reused: list[str] = []
+        self.early: list[str] = []
+
+    def decode(self, items, reuse=()):
+        from yolojet.images.decoders import DecodedBatch
+
+        with self.lock:
+            self.reused += reuse
+            self.early += [token for token in reuse if token.split("#")[0] not in self.answered]
+        decoded = self.inner.decode(items)
+        return DecodedBatch(decoded.items, decoded.ready, [f"{item.name}#{i}" for i, item in enumerate(items)])
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_answered_batches_lend_their_decoded_images_to_later_ones(model_dirs, monkeypatch):
+    """The runner hands a batch's decoded images back to the decoder only once every request of the batch is
+    answered, and later batches decode into them; the replies are still each image's own."""
+    import threading
+
+    from yolojet.serve.runner import Runner
+
+    answered: set[str] = set()
+    lock = threading.Lock()
+    answer = Runner._answer
+
+    def recording_answer(runner, request, outcome):
+        answer(runner, request, outcome)
+        with lock:
+            answered.add(f"image of request {request.payload.request_id!r}")
+
+    monkeypatch.setattr(Runner, "_answer", recording_answer)
+    running = RunningServer(
+        {"detect": served("detect", model_dirs["detect"])}, replace(ServeOptions(), port=0, slo_ms=60_000)
+    )
+    engine = running.server.models["detect"].engine
+    lending = _LendingDecoder(engine.decoder, answered, lock)
+    engine.decoder = lending
+    try:
+        images = [BUS, ZIDANE] * 6
+        requests = [pb.InferRequest(id=f"r{i}", model="detect", image=data, conf=CONF) for i, data in enumerate(images)]
+        replies = list(running.stub().InferStream(iter(requests), timeout=300))
+        assert [(r.width, r.height) for r in replies] == [(810, 1080), (1280, 720)] * 6
+        for reply in replies[2:]:
+            assert_same_rows_across_batches(rows_of(reply), rows_of(replies[int(reply.id[1:]) % 2]))
+        assert lending.reused and lending.early == []
+    finally:
+        engine.decoder = lending.inner
+        running.stop()
+
+
+@pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
+def test_the_hardware_decoder_decodes_requests_into_answered_batches_images(model_dirs):
+    """On the GPU: two photos of different sizes in turn over a stream, many batches long, each batch decoded into
+    the images of batches answered before it; every reply is its photo's own."""
+    from yolojet.engine.engine import Engine
+    from yolojet.serve.models import ServedModel, measure_latency
+
+    try:
+        engine = Engine.load(model_dirs["detect"], max_batch=8, decoder="nvimgcodec")
+    except EngineConfigError as e:
+        pytest.skip(str(e))
+    engine.start_decoder()
+    model = ServedModel.of("detect", engine, measure_latency(engine, repeats=1))
+    running = RunningServer({"detect": model}, replace(ServeOptions(), port=0, slo_ms=60_000, decoder="nvimgcodec"))
+    try:
+        alone = [rows_of(running.stub().Infer(pb.InferRequest(image=d, conf=CONF), timeout=60)) for d in (BUS, ZIDANE)]
+        images = [BUS, ZIDANE] * 40
+        requests = [pb.InferRequest(id=f"r{i}", model="detect", image=data, conf=CONF) for i, data in enumerate(images)]
+        replies = list(running.stub().InferStream(iter(requests), timeout=300))
+        assert [r.id for r in replies] == [f"r{i}" for i in range(len(images))]
+        for i, reply in enumerate(replies):
+            assert not reply.HasField("error"), reply.error.message
+            assert_same_rows_across_batches(rows_of(reply), alone[i % 2])
+    finally:
+        running.stop()

@@ -1,12 +1,13 @@
 """`yolojet label`: every image of the sources labeled once, into JSON lines as the results come, then COCO and YOLO
 label files; against a server (`--server`) or on a local engine (`--local`).
 
-Nothing lost, nothing twice: the JSON lines are appended and synced in batches, so an interrupted run (Ctrl-C, a
-kill, a crash) keeps every finished record; `--resume` reads them back (dropping a last line a kill cut short) and
-labels only the images not in them, so a run resumed any number of times ends with each image exactly once. The
-COCO file and the YOLO dataset are made from the whole output at the end, each file written atomically. Images that
-cannot be read or that the server refuses as bad go to the error log (JSON lines, `--errors`, by default beside the
-output) with the reason, and the run goes on; they are tried again by a resumed run.
+Nothing lost, nothing twice: the JSON lines are appended, flushed and synced in batches, so an interrupted run keeps
+every finished record (Ctrl-C) or all but the last few not yet flushed (a kill, a crash); `--resume` reads them back
+(dropping a last line a kill cut short) and labels only the images not in them, so a run resumed any number of times
+ends with each image exactly once. The COCO file and the YOLO dataset are made from the whole output at the end, each
+file written atomically. Images that cannot be read or that the server refuses as bad go to the error log (JSON lines,
+`--errors`, by default beside the output) with the reason, and the run goes on; they are tried again by a resumed
+run.
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary) -> Summa
         elif key not in seen:  # a path named twice among the sources is labeled once
             seen.add(key)
             todo.append(path)
-    records = JsonLines(job.out, append=job.resume)
+    # Records reach the file 64 at a time (or every half second): a write a record costs a GIL round trip beside the
+    # threads feeding the engine; a kill loses at most those not flushed, which --resume labels again.
+    records = JsonLines(job.out, append=job.resume, flush_every=64)
     errors = JsonLines(error_log(job), append=job.resume)
     progress = Progress(len(todo), "label", enabled=not job.quiet)
 

@@ -184,8 +184,8 @@ class CpuDecoder:
         outcomes = [p.result() for p in pending]
         return DecodedBatch(outcomes, self.ready_events(), list(reuse))
 
-    def decode(self, items: list[Encoded]) -> DecodedBatch:
-        return self.finish([self.prepare(item) for item in items])
+    def decode(self, items: list[Encoded], reuse: Sequence[Any] = ()) -> DecodedBatch:
+        return self.finish([self.prepare(item) for item in items], reuse)
 
 
 def _outcome(fn, *args):
@@ -294,8 +294,8 @@ class _GpuJpegDecoder:
             ready.append(event)
         return DecodedBatch(outcomes, ready, outputs)
 
-    def decode(self, items: list[Encoded]) -> DecodedBatch:
-        return self.finish([self.prepare(item) for item in items])
+    def decode(self, items: list[Encoded], reuse: Sequence[Any] = ()) -> DecodedBatch:
+        return self.finish([self.prepare(item) for item in items], reuse)
 
 
 # Where the nvJPEG wheels put their library, relative to nvImageCodec's extensions (the extension's own RUNPATH).
@@ -522,8 +522,8 @@ class StartingHardwareDecoder:
             self.start()
         return self.current().finish(pending, reuse)
 
-    def decode(self, items: list[Encoded]) -> DecodedBatch:
-        return self.finish([self.prepare(item) for item in items])
+    def decode(self, items: list[Encoded], reuse: Sequence[Any] = ()) -> DecodedBatch:
+        return self.finish([self.prepare(item) for item in items], reuse)
 
     def close(self) -> None:
         if self._starting is None:

@@ -59,6 +59,7 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
         connection.send(("failed", f"{type(e).__name__}: {e}"))
         return
     connection.send(("ready", {name: (m.version, m.card, m.latency.run_seconds) for name, m in models.items()}))
+    spare: dict[str, list[Any]] = {}  # a model's last batch's decoded images, decoded into again once it is answered
     try:
         while True:
             message = connection.recv()
@@ -70,7 +71,8 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
             outcomes: list[tuple[str, Any, float, float]] = []
             started = time.perf_counter()
             try:
-                decoded = engine.decoder.decode([Encoded(data, f"image of request {rid!r}") for rid, data, _ in items])
+                encoded = [Encoded(data, f"image of request {rid!r}") for rid, data, _ in items]
+                decoded = engine.decoder.decode(encoded, spare.pop(name, []))
                 decode_s = time.perf_counter() - started
                 frames = [(i, item) for i, item in enumerate(decoded.items) if not isinstance(item, ImageReadError)]
                 ran = time.perf_counter()
@@ -89,6 +91,7 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
                         outcomes.append(("OK", by_slot[i], decode_s, run_s))
                     else:
                         outcomes.append(("INVALID_ARGUMENT", str(item), decode_s, 0.0))
+                spare[name] = decoded.outputs
             except Exception as e:  # an engine failure, not a bad image: every request of the batch gets it
                 log.error("a batch of %s failed on %s: %s", name, device, traceback.format_exc())
                 outcomes = [("INTERNAL", f"the engine on {device} failed: {e}", 0.0, 0.0)] * len(items)

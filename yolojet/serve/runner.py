@@ -1,6 +1,8 @@
 """The thread that runs the server's batches: it asks the scheduler for the next batch, has it decoded with the model's
 decoder, hands it to the engine, and answers each request when the engine is done, with two batches in flight: batch
-k + 1 decodes on a thread of its own while the GPU runs batch k and this thread answers batch k's requests.
+k + 1 decodes on a thread of its own while the GPU runs batch k and this thread answers batch k's requests. Once a
+batch's requests are answered (their results keep the request's bytes, never the decoded pixels), the hardware decoder
+decodes a later batch of the same model into that batch's output images rather than allocating new ones.
 
 Requests reach it through `enqueue` (from the gRPC event loop's thread); each one's answer goes to its `done`
 callback, once, from this thread: a `Results` with its timings, or a status code and message (a bad image, a
@@ -15,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -76,6 +78,7 @@ class _Launched:
     started: float
     decode_s: float
     run_started: float
+    outputs: list[Any] = field(default_factory=list)  # the decoder's output images, free once answered
 
 
 class Runner:
@@ -89,6 +92,8 @@ class Runner:
         self.models, self.scheduler, self.metrics, self.clock = models, scheduler, metrics, clock
         self._cond = threading.Condition()
         self._stopping = False
+        # Each model's answered batches' output images, taken by its next decode (a thread of its own).
+        self._spare: dict[str, deque[Any]] = {name: deque() for name in models}
         self._thread = threading.Thread(target=self._loop, name="yolojet-serve-runner", daemon=True)
 
     def start(self) -> None:
@@ -161,8 +166,10 @@ class Runner:
         assert engine is not None  # this runner serves the engines of its own process
         started = self.clock()
         items = [Encoded(r.payload.data, f"image of request {r.payload.request_id!r}") for r in requests]
+        spare = self._spare[name]
+        reuse = [spare.popleft() for _ in range(len(spare))]
         try:
-            decoded = engine.decoder.decode(items)
+            decoded = engine.decoder.decode(items, reuse)
         except Exception as e:  # a decoder failure, not a bad image: every request of the batch gets it
             log.exception("decoding a batch of %s failed", name)
             return _Decoded(ticket, name, requests, started, None, f"decoding failed: {e}")
@@ -200,7 +207,9 @@ class Runner:
             except Exception as e:
                 log.exception("running a batch of %s failed", batch.name)
                 return self._failed(batch.ticket, model, kept, batch.started, f"the engine failed: {e}")
-        return _Launched(batch.ticket, model, kept, submitted, batch.started, batch.decode_s, run_started)
+        launched = _Launched(batch.ticket, model, kept, submitted, batch.started, batch.decode_s, run_started)
+        launched.outputs, batch.decoded.outputs = batch.decoded.outputs, []
+        return launched
 
     def _failed(
         self, ticket: int, model: ServedModel, requests: list[Request], started: float, message: str
@@ -224,6 +233,8 @@ class Runner:
             else:
                 outcome = Outcome(results[i], queue_s=queue_s, decode_s=launched.decode_s, run_s=run_s)
             self._answer(request, outcome)
+        if failure is None:  # a failed run may not be done with them
+            self._spare[launched.model.name].extend(launched.outputs)
         with self._cond:
             self.scheduler.finished(launched.ticket)
 
