@@ -5,9 +5,9 @@ A list (any sized collection) has one feed thread: it prepares a chunk of up to 
 pool starts decoding them, the hardware decoder's nvImageCodec reads its JPEG files, other images are read and their
 header checked), then finishes the chunk before it (`finish`: one GPU decode call, then the CPU pool's results), so
 the pool always has the next chunk to work on. One thread, not two, because a decode call that lets go of the GIL
-and takes it back for each image waits behind any other thread running Python each time: on an H200 over 10,000
-files, the hardware decoder fed this way ran 7,488-7,660 img/s under the engine's stream against 6,948 with a
-thread reading the files beside it (bench/NOTES.md).
+and takes it back for each image waits behind any other thread running Python each time; the hardware decoder fed
+this way ran the engine's stream over 10,000 files at 5,100-7,660 img/s on an H200, two threads 6,219-7,008, in two
+runs whose spread is larger than the difference (bench/NOTES.md): one thread is kept as the simpler.
 
 An iterable of unknown length (a camera, a network) keeps a source thread that walks it and prepares each image at
 once, so a slow source does not hold up decoding, and the decode thread cuts its chunks short when no next image is

@@ -11,8 +11,10 @@ read the file and check its header) and `finish(pending)` (a batch: the GPU deco
   class GPUs), which leave the SMs to the network; their pixels are within one level of OpenCV's. What they refuse
   (progressive, CMYK, arithmetic-coded or lossless JPEGs) and other formats go to the CPU pool. Local JPEG files are
   read by nvImageCodec itself (`jpeg_file_stream`), and a batch may be decoded into an earlier batch's output
-  images once its frames are consumed (`finish(pending, reuse=earlier.outputs)`): on an H200 the two took the
-  engine's stream over 10,000 files from 6,948 to 7,488-7,660 img/s (bench/NOTES.md).
+  images once its frames are consumed (`finish(pending, reuse=earlier.outputs)`): each saves the GIL round trips of
+  a Python file read and of allocating an output an image. On an H200 over 10,000 files the engine's stream ran
+  6,239-7,660 img/s with them against 5,100-6,948 without, two runs whose spread is as large as the gain
+  (bench/NOTES.md).
 - `nvjpeg`: torchvision's nvJPEG on the SMs, batched; only when asked for by name, since its pixels differ from
   OpenCV's by up to tens of levels on some photos.
 - `auto` (the default): `nvimgcodec` where the GPU has hardware decoders and the package is installed, else `cpu`.
