@@ -12,7 +12,10 @@ pipe:
     worker → parent   ("ready", facts) | ("failed", error class, message)     once, after loading the model
                       ("counts", {name: n})  what it counted since it last said (a server's refusals, reconnects)
                       ("want", fresh)       its stream wants more paths; `fresh`: nothing of it is in flight
-                      ("record", path, record) | ("error", path, message)   one an image, in the stream's order
+                      ("results", [("record", path, record) | ("error", path, message), ...])
+                                            in the stream's order, a batch's worth (or 50 ms of them) a message:
+                                            a message an image cost the worker a GIL round trip an image
+                      ("record", path, record) | ("error", path, message)   one an image (stream_workers.py)
                       ("crashed", "Error: message")                         before it exits on an engine failure
     parent → worker   ("chunk", paths)      the next chunk, to the worker that asked
                       ("end",)              none left now: finish the stream (its last batch runs short)
@@ -57,6 +60,7 @@ from yolojet.options import apply_switch_interval
 # beside the batches (one message a chunk against four batches of work).
 CHUNK_BATCHES = 4
 MAX_RESTARTS = 3  # a device's worker started again after this many deaths is given up: something is wrong there
+SEND_EVERY_S = 0.05  # a worker's records wait at most this long (or for a batch's worth) before going out
 STOP_TIMEOUT_S = 10.0  # for the workers to finish their last batch and exit when told, before they are terminated
 MESSAGES_A_TURN = 64  # read from one worker before looking at the others, so that a busy one starves none
 
@@ -137,14 +141,21 @@ def _label_stream(labeler: Any, connection: Connection, send: Callable[[tuple], 
             yield path
 
     f = labeler.facts
+    gathered: list[tuple[str, str, Any]] = []
+    sent_at = time.monotonic()
     # The engine's stream directly, not `LocalLabeler.__call__`, which takes a list: one stream across the chunks
     # keeps the next chunk's decoding overlapping this chunk's last batches. The records are made as it makes them.
     for result in labeler.engine.stream(paths(), **labeler.options):
         path = fed.popleft()
         if result.error:
-            send(("error", path, result.error))
+            gathered.append(("error", path, result.error))
         else:
-            send(("record", path, records.from_results(path, result, f.name, f.version, f.task)))
+            gathered.append(("record", path, records.from_results(path, result, f.name, f.version, f.task)))
+        if len(gathered) >= labeler.engine.max_batch or time.monotonic() - sent_at >= SEND_EVERY_S:
+            send(("results", gathered))
+            gathered, sent_at = [], time.monotonic()
+    if gathered:
+        send(("results", gathered))
     return told == ["end"]
 
 
@@ -376,20 +387,26 @@ class MultiDeviceLabeler:
         kind = message[0]
         if kind == "want":
             self._answer(worker, fresh=message[1])
-        elif kind == "record":
-            if self._deliver(message[1]):
-                assert self._on_record is not None
-                self._on_record(message[2])
-        elif kind == "error":
-            if self._deliver(message[1]):
-                assert self._on_error is not None
-                self._on_error(message[1], message[2])
+        elif kind == "results":
+            for outcome in message[1]:
+                self._outcome(outcome)
+        elif kind in ("record", "error"):  # a worker that sends one an image (stream_workers.py)
+            self._outcome(message)
         elif kind == "counts":  # what the worker counted since its last counts (refusals, reconnects: by name)
             self.counts.update(message[1])
         elif kind == "ready":  # a worker started again
             worker.ready = True
         elif kind in ("failed", "crashed"):
             worker.last_words = message[-1]
+
+    def _outcome(self, outcome: tuple[str, str, Any]) -> None:
+        kind, path, payload = outcome
+        if self._deliver(path):
+            assert self._on_record is not None and self._on_error is not None
+            if kind == "record":
+                self._on_record(payload)
+            else:
+                self._on_error(path, payload)
 
     def _deliver(self, path: str) -> bool:
         """True the first time a path of this call is delivered."""
