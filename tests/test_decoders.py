@@ -276,6 +276,46 @@ def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypa
         ahead.close()
 
 
+def test_a_load_for_many_images_starts_the_hardware_decoder_beside_the_build(monkeypatch):
+    """`Engine.load(start_decoder=True)` (a labeler's load) begins `auto`'s hardware decoder start on its own thread
+    while the network is built; a plain load leaves it for the first batch. A stand-in hardware decoder records
+    when it started (this machine has none)."""
+    import threading
+    import time
+
+    from yolojet.engine import engine as engine_module
+    from yolojet.images import decoders
+
+    started: list[tuple[str, float]] = []
+
+    class RecordsItsStart(CpuDecoder):
+        name = "hardware stand-in"
+
+        def __init__(self, cpu: CpuDecoder) -> None:
+            started.append((threading.current_thread().name, time.monotonic()))
+            super().__init__(cpu.device, threads=1)
+
+    monkeypatch.setattr(decoders, "HardwareJpegDecoder", RecordsItsStart)
+    monkeypatch.setattr(
+        engine_module,
+        "make_decoder",
+        lambda name, device, max_pixels: decoders.StartingHardwareDecoder(CpuDecoder(device, threads=1)),
+    )
+    for ahead in (False, True):
+        started.clear()
+        engine = Engine.load("yolov8n.yaml", device="cpu", backend="reference", imgsz=64, start_decoder=ahead)
+        try:
+            loaded = time.monotonic()
+            if ahead:
+                engine.start_decoder()
+                ((thread, when),) = started
+                assert thread.startswith("yolojet-decoder-start") and when < loaded
+            else:
+                assert started == [] and engine.decoder.name == "cpu"
+        finally:
+            engine.close()
+
+
 @pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
 def test_auto_starts_the_hardware_decoder_beside_the_first_images():
     device = torch.device("cuda")

@@ -55,6 +55,13 @@ def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
     return fn(*args), time.perf_counter() - start
 
 
+def _make_decoder(name: str, device: torch.device, max_pixels: int, start: bool) -> Decoder:
+    made = make_decoder(name, device, max_pixels)
+    if start and isinstance(made, StartingHardwareDecoder):
+        made.start()  # on a thread of its own: beside the build, whose Python it shares the GIL with
+    return made
+
+
 def _close_when_started(starting: Future) -> None:
     """Close a decoder that was being started for a load that failed (its start's own error is the lesser one)."""
     try:
@@ -218,6 +225,7 @@ class Engine:
         rect: bool = True,
         shapes: Sequence[tuple[int, int]] = (),
         max_shapes: int = 4,
+        start_decoder: bool = False,
     ) -> Engine:
         """Load a model directory, `.pt`, ultralytics name or `.yaml` (exported on first use and cached).
 
@@ -232,8 +240,10 @@ class Engine:
         from its default wins.
         `decoder` decodes files and bytes: "auto" (the GPU's hardware JPEG decoders where there are some, else CPU
         threads, which also take the first images while the hardware decoder starts), "nvimgcodec", "cpu" or
-        "nvjpeg" (yolojet/images/decoders.py); an image of more than `max_pixels`
-        pixels is an error rather than a decode. `rect=True` (ultralytics' predict's default) letterboxes each image to
+        "nvjpeg" (yolojet/images/decoders.py); `start_decoder=True` starts "auto"'s hardware decoder beside the
+        build rather than at the first batch, for a caller that knows many images follow (`Engine.start_decoder`
+        then waits for it); an image of more than `max_pixels` pixels is an error rather than a decode.
+        `rect=True` (ultralytics' predict's default) letterboxes each image to
         the smallest rectangle of stride multiples that holds it scaled to imgsz (640x480 for a 4:3 photo), running
         the network built for that rectangle from the same model; `rect=False` letterboxes every image to the square
         imgsz. Networks of up to `max_shapes` rectangles are kept (least recently used dropped); `shapes` lists
@@ -262,7 +272,7 @@ class Engine:
         # The decoder starts on a thread of its own while the network is built: a GPU decoder's start (its library,
         # the hardware's resources, a probe decode) takes seconds, mostly outside Python.
         with ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start") as starter:
-            starting = starter.submit(_timed, make_decoder, decoder, device, max_pixels)
+            starting = starter.submit(_timed, _make_decoder, decoder, device, max_pixels, start_decoder)
             try:
                 graph = resolve_graph(model, imgsz)
                 if backend == "reference":
