@@ -118,9 +118,9 @@ class JsonLines:
     by default, and at once always on standard output and special files, where someone reads them as they come; the
     file is synced to disk every `sync_every` lines or `sync_seconds`, and when closed. A kill loses at most the
     lines not yet flushed, which a resumed labeling run (`--resume`) labels again. `append` keeps what the file
-    holds (a resumed run); otherwise the file is
-    replaced by the first record. Safe to write from several threads (a labeler's reader and its replies): the first
-    two writes would otherwise both open the file, the second truncating what the first wrote.
+    holds (a resumed run); otherwise the file is replaced by the first record. Safe to write from several threads (a
+    labeler's reader and its replies): the first two writes would otherwise both open the file, the second
+    truncating what the first wrote.
     """
 
     def __init__(
