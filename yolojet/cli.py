@@ -708,7 +708,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_label(args: argparse.Namespace) -> int:
     from yolojet.client import records
-    from yolojet.client.label import LabelJob, Summary, check_outputs, run
+    from yolojet.client.label import LabelJob, Summary, check_outputs, job_paths, run
     from yolojet.client.remote import Connection, RemoteLabeler, bench, model_facts
     from yolojet.options import serve_token
 
@@ -766,6 +766,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
         options,
     )
     check_outputs(job)
+    paths = job_paths(job)  # before the model loads: no images is said at once, and the first ones shape the load
     summary = Summary()
     label: Callable[[list[str], Callable[[dict], None], Callable[[str, str], None]], None]
     if args.local:
@@ -781,12 +782,16 @@ def _cmd_label(args: argparse.Namespace) -> int:
             **_engine_switches(args),
         }
         if devices is None:
-            labeler = LocalLabeler(args.model, args.concurrency, options, device=args.device, **engine_options)
+            labeler = LocalLabeler(
+                args.model, args.concurrency, options, first_images=paths, device=args.device, **engine_options
+            )
             facts, label, close = labeler.facts, labeler, labeler.close
         else:
             from yolojet.scale.local_workers import MultiDeviceLabeler
 
-            workers = MultiDeviceLabeler(args.model, args.concurrency, options, devices, **engine_options)
+            workers = MultiDeviceLabeler(
+                args.model, args.concurrency, options, devices, first_images=paths, **engine_options
+            )
             facts, label = workers.facts, workers
 
             def close() -> None:
@@ -851,7 +856,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
                 server_notes(remote.refusals, remote.reconnects)
 
     try:
-        run(job, label, facts, summary)
+        run(job, label, facts, summary, paths)
     except KeyboardInterrupt:
         print(f"interrupted after {summary.labeled} images; run again with --resume to label the rest", file=sys.stderr)
         return 130

@@ -159,6 +159,61 @@ def test_a_batch_of_shapes_gives_each_image_its_result_alone(tmp_path):
         truth.close()
 
 
+def test_the_rectangles_images_to_come_need_are_built_at_load(tmp_path):
+    """`shapes_for`: the rectangles the files' headers call for (a JPEG's EXIF orientation turning it), the most
+    common first, within max_shapes; unreadable files, the model's own square and URLs passed over. A file then runs
+    on the network built for it. A local labeler builds its first files' rectangles so."""
+    import io
+
+    from PIL import Image
+
+    model_dir = yolojet.export(calibrated_model("yolov8n.yaml", 64), out=tmp_path / "m", imgsz=64)
+    rng = np.random.default_rng(3)
+
+    def picture(h: int, w: int) -> Image.Image:
+        return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+    wide = [tmp_path / f"wide{i}.png" for i in range(2)]
+    for path in wide:
+        picture(40, 90).save(path)  # 40x90: the 32x64 rectangle
+    turned = tmp_path / "turned.jpg"  # stored 40x90, EXIF orientation 6: upright 90x40, the 64x32 rectangle
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    picture(40, 90).save(out, format="JPEG", exif=exif.tobytes(), quality=95)
+    turned.write_bytes(out.getvalue())
+    square = tmp_path / "square.png"
+    picture(70, 70).save(square)
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(b"\xff\xd8 not a jpeg")
+    sources = [turned, *wide, square, corrupt, tmp_path / "missing.jpg", tmp_path, "https://example.invalid/a.jpg"]
+    engine = Engine.load(model_dir, backend="triton", half=False, tune=False, shapes_for=sources)
+    try:
+        assert engine.rectangles_for(sources) == [(32, 64), (64, 32)]
+        assert engine.shapes() == [(64, 64), (32, 64), (64, 32)]
+        (result,) = engine([turned])
+        assert result.orig_shape == (90, 40)
+        assert engine.shapes() == [(64, 64), (32, 64), (64, 32)]  # nothing new built: only the order of use
+    finally:
+        engine.close()
+    from yolojet.client.local import LocalLabeler  # a labeler passes its first files on
+
+    labeler = LocalLabeler(
+        str(model_dir),
+        2,
+        {},
+        first_images=[str(s) for s in sources],
+        backend="triton",
+        half=False,
+        tune=False,
+        max_shapes=1,
+    )
+    try:
+        assert labeler.engine.shapes() == [(64, 64), (32, 64)]
+    finally:
+        labeler.close()
+
+
 def test_shapes_are_built_at_load_and_kept_up_to_max_shapes(tmp_path):
     model_dir = yolojet.export(calibrated_model("yolov8n.yaml", 64), out=tmp_path / "m", imgsz=64)
     engine = Engine.load(model_dir, backend="triton", half=False, tune=False, shapes=[(32, 64), (64, 32)])

@@ -26,6 +26,10 @@ from yolojet.errors import ImageReadError, OutputPathError
 from yolojet.outputs import JsonLines, check_output_file, check_output_folder
 from yolojet.progress import Progress
 
+# The first images whose headers tell a local labeler which rectangles to build at its load: a batch's worth, the
+# headers read in a few ms.
+FIRST_IMAGES = 64
+
 
 @dataclass
 class LabelJob:
@@ -101,12 +105,20 @@ def check_outputs(job: LabelJob) -> None:
         raise OutputPathError(f"--out {job.out}: holds records already; --resume continues it, --overwrite replaces it")
 
 
-def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary) -> Summary:
-    """Label the job's images with `label(paths, on_record, on_error)` (a server's or a local engine's), write the
-    outputs; `summary` counts as it goes (so a run that fails still says what it did)."""
+def job_paths(job: LabelJob) -> list[str]:
+    """The image paths the job's sources name; an ImageReadError where they name none."""
     sources = label_sources(job.sources)
     if not sources:
         raise ImageReadError(f"{' '.join(job.sources)}: no images found")
+    return sources
+
+
+def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources: list[str] | None = None) -> Summary:
+    """Label the job's images (`sources`: its `job_paths`, found again where not given) with `label(paths,
+    on_record, on_error)` (a server's or a local engine's), write the outputs; `summary` counts as it goes (so a run
+    that fails still says what it did)."""
+    if sources is None:
+        sources = job_paths(job)
     done: set[str] = set()
     if job.resume:
         earlier = recs.read_records(job.out, repair=True)

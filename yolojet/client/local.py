@@ -3,20 +3,37 @@ images on threads of its own while the GPU runs the batch before."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from yolojet.client import records as recs
-from yolojet.client.label import ModelFacts
+from yolojet.client.label import FIRST_IMAGES, ModelFacts
 from yolojet.engine.engine import Engine
 
 
 class LocalLabeler:
-    def __init__(self, model: str, batch: int, options: dict[str, Any], **engine_options: Any) -> None:
+    """Labels on an engine in this process. `first_images`: the first of the images to come, whose rectangles are
+    built at load, beside the hardware decoder's start, rather than at their first batch (0.8 s for a 640x480
+    network on an H200, bench/NOTES.md)."""
+
+    def __init__(
+        self,
+        model: str,
+        batch: int,
+        options: dict[str, Any],
+        first_images: Sequence[str] = (),
+        **engine_options: Any,
+    ) -> None:
         # Many images follow: the hardware decoder's start (about 2 s) beside the load and before the first image,
         # not inside the labeling (on an H200 the main thread otherwise waited 2.2 s for it after the load).
-        self.engine = Engine.load(model, max_batch=batch, start_decoder=True, **engine_options)
+        self.engine = Engine.load(
+            model,
+            max_batch=batch,
+            start_decoder=True,
+            shapes_for=list(first_images[:FIRST_IMAGES]),
+            **engine_options,
+        )
         self.engine.start_decoder()
         self.options = options
         meta = self.engine.meta

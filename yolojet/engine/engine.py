@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -37,6 +37,7 @@ from yolojet.engine.predict_path import PARITIES, PredictOptions, PredictPath, p
 from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.geometry import Letterbox, rect_letterbox
 from yolojet.images import DEFAULT_MAX_PIXELS, Frame, is_encoded
+from yolojet.images.codecs import decoded_size
 from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, StartingHardwareDecoder, make_decoder
 from yolojet.images.frames import frame_from_pixels
 from yolojet.images.sources import is_url
@@ -226,6 +227,7 @@ class Engine:
         shapes: Sequence[tuple[int, int]] = (),
         max_shapes: int = 4,
         start_decoder: bool = False,
+        shapes_for: Sequence[str | Path | bytes] = (),
     ) -> Engine:
         """Load a model directory, `.pt`, ultralytics name or `.yaml` (exported on first use and cached).
 
@@ -247,7 +249,9 @@ class Engine:
         the smallest rectangle of stride multiples that holds it scaled to imgsz (640x480 for a 4:3 photo), running
         the network built for that rectangle from the same model; `rect=False` letterboxes every image to the square
         imgsz. Networks of up to `max_shapes` rectangles are kept (least recently used dropped); `shapes` lists
-        rectangles (h, w) to build at load, so that their first images wait for nothing.
+        rectangles (h, w) to build at load, so that their first images wait for nothing; `shapes_for` names images
+        like those to come (a labeler's first files, a sample of a folder): the rectangles their headers call for
+        are built at load too, the most common first (nothing is decoded; one that cannot be read is passed over).
         """
         device = _device(device)
         switches = (switches or EngineOptions()).overridden(tune=tune, fuse=fuse, pdl=pdl, branches=branches)
@@ -299,7 +303,9 @@ class Engine:
         engine = cls(network, max_batch, chosen, rect=rect, max_shapes=max(max_shapes, len(built)), verbose=verbose)
         try:
             if engine._path is not None:  # the reference runs any shape as it comes
-                for shape in built:
+                listed = {(s, s) if isinstance(s, int) else tuple(s) for s in built}
+                room = max(0, engine.max_shapes - len(listed))
+                for shape in [*built, *[s for s in engine.rectangles_for(shapes_for) if s not in listed][:room]]:
                     engine.shape_path(shape)
         except BaseException:
             engine.close()
@@ -356,9 +362,32 @@ class Engine:
 
     def input_shape(self, frame: Frame) -> tuple[tuple[int, int], Letterbox | None]:
         """The network input an image runs at, and where it goes in it (None: fitted, centred)."""
+        return self.input_shape_of(frame.shape)
+
+    def input_shape_of(self, size: tuple[int, int]) -> tuple[tuple[int, int], Letterbox | None]:
+        """`input_shape` of an image of `size` (height, width)."""
         if not self.rect:
             return tuple(self.meta.imgsz), None  # type: ignore[return-value]
-        return rect_letterbox(frame.shape, tuple(self.meta.imgsz), self.stride)  # type: ignore[arg-type]
+        return rect_letterbox(size, tuple(self.meta.imgsz), self.stride)  # type: ignore[arg-type]
+
+    def rectangles_for(self, images: Iterable[str | Path | bytes]) -> list[tuple[int, int]]:
+        """The rectangles other than the model's own input that these encoded images run at, by their headers (none
+        decoded, URLs not fetched; one that cannot be read is passed over, its error comes when it runs), the most
+        common first."""
+        if not self.rect:
+            return []
+        counts: Counter[tuple[int, int]] = Counter()
+        for image in images:
+            if isinstance(image, str) and is_url(image):
+                continue  # not fetched twice for a hint
+            try:
+                data = _header(image) if isinstance(image, (str, Path)) else bytes(image)
+                shape, _ = self.input_shape_of(decoded_size(data, "image"))
+            except (ImageReadError, OSError, ValueError):
+                continue
+            counts[shape] += 1
+        own = tuple(self.meta.imgsz)
+        return [shape for shape, _ in counts.most_common() if shape != own]
 
     def _group_by_shape(
         self, frames: Sequence[Frame]
@@ -917,6 +946,16 @@ def _original_image(frame: Frame | None, source: Any) -> np.ndarray:
         return frame_from_pixels(source).original_bgr()
     assert frame is not None
     return frame.original_bgr()
+
+
+# How much of a file `rectangles_for` reads: a JPEG's size comes after its EXIF and colour profile (64 KB each at
+# most, a phone's photo holding both), any other format's within its first bytes.
+HEADER_BYTES = 256 * 1024
+
+
+def _header(path: str | Path) -> bytes:
+    with open(path, "rb") as file:
+        return file.read(HEADER_BYTES)
 
 
 def _array(values: Any) -> np.ndarray:

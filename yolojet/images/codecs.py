@@ -166,6 +166,15 @@ def check_encoded(data: bytes, name: str, max_pixels: int) -> EncodedInfo:
     return info
 
 
+def decoded_size(data: bytes, name: str) -> tuple[int, int]:
+    """The (height, width) an encoded image decodes to, from its header alone: a JPEG's EXIF orientations 5-8 turn
+    it a quarter, as the decoders apply them. An ImageReadError where the header is not an image's."""
+    info = encoded_info(data, name)
+    if info.jpeg is not None and info.jpeg.orientation in (5, 6, 7, 8):
+        return info.width, info.height
+    return info.height, info.width
+
+
 def pil_pixels(image) -> np.ndarray:
     """A PIL image's pixels as uint8 RGB (RGBA where it has alpha); 16-bit images give their top 8 bits, as
     cv2.imread and ultralytics read them (PIL's convert() would clip them at 255)."""

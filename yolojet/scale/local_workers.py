@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from yolojet import errors
-from yolojet.client.label import ModelFacts
+from yolojet.client.label import FIRST_IMAGES, ModelFacts
 from yolojet.errors import EngineConfigError, YolojetError
 from yolojet.options import apply_switch_interval
 
@@ -190,7 +190,13 @@ class MultiDeviceLabeler:
     workers: list[_Worker]
 
     def __init__(
-        self, model: str, batch: int, options: dict[str, Any], devices: Sequence[str], **engine_options: Any
+        self,
+        model: str,
+        batch: int,
+        options: dict[str, Any],
+        devices: Sequence[str],
+        first_images: Sequence[str] = (),
+        **engine_options: Any,
     ) -> None:
         if not devices:
             raise EngineConfigError("--devices: name at least one device")
@@ -202,7 +208,9 @@ class MultiDeviceLabeler:
             cpus = sum(d == "cpu" for d in devices)
             # Workers on the CPU share its cores: each taking all of them (torch's default) would thrash.
             self._cpu_threads = max(1, (os.cpu_count() or 1) // cpus) if cpus else None
-            self._spec = (model, batch, options, engine_options)
+            # Each worker builds the first images' rectangles at its load, as `LocalLabeler` does (a worker started
+            # again too): not at its first batch, inside the labeling.
+            self._spec = (model, batch, options, {**engine_options, "first_images": list(first_images[:FIRST_IMAGES])})
             self.workers = [self._spawn(slot, device) for slot, device in enumerate(devices)]
             self.facts = self._wait_ready()
         except BaseException:
