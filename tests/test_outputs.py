@@ -44,20 +44,20 @@ def test_json_lines_are_whole_and_on_disk_as_they_come(tmp_path):
     records = JsonLines(path, sync_every=2)
     assert not path.exists()  # created by the first record
     records.write({"a": 1})
-    assert path.read_text() == '{"a": 1}\n'  # flushed at once
+    assert path.read_text() == '{"a":1}\n'  # flushed at once
     records.write({"b": [1, 2]})
     records.close()
     assert [json.loads(line) for line in path.read_text().splitlines()] == [{"a": 1}, {"b": [1, 2]}]
 
     with JsonLines(path, append=True) as more:  # a resumed run keeps what is there
         more.write({"c": None})
-    assert path.read_text().splitlines()[-1] == '{"c": null}'
+    assert path.read_text().splitlines()[-1] == '{"c":null}'
     with JsonLines(path) as fresh:
         fresh.write({"d": 0})
-    assert path.read_text() == '{"d": 0}\n'
+    assert path.read_text() == '{"d":0}\n'
     fresh.write({"e": 1})  # a late writer after close (a reply thread still running) adds, never replaces
     fresh.close()
-    assert path.read_text() == '{"d": 0}\n{"e": 1}\n'
+    assert path.read_text() == '{"d":0}\n{"e":1}\n'
 
 
 def test_json_lines_flushed_in_batches_reach_the_file_within_their_bound(tmp_path):
@@ -109,7 +109,7 @@ def test_json_lines_through_a_link(tmp_path):
     with JsonLines(link, append=True) as records:
         records.write({"new": True})
     assert link.is_symlink()
-    assert real.read_text() == '{"old": true}\n{"new": true}\n'
+    assert real.read_text() == '{"old": true}\n{"new":true}\n'
 
 
 def test_output_checks_name_what_is_wrong(tmp_path):

@@ -92,10 +92,10 @@ def coco_document(records: Iterable[dict], names: dict[int, str], rle: bool = Fa
 
 
 def write_coco(path: Path, records: list[dict], names: dict[int, str], rle: bool = False) -> None:
-    import json
+    import orjson
 
     document = coco_document(records, names, rle)
-    write_atomically(path, lambda p: p.write_text(json.dumps(document)))
+    write_atomically(path, lambda p: p.write_bytes(orjson.dumps(document, option=orjson.OPT_NON_STR_KEYS)))
 
 
 def _label_lines(record: dict) -> list[str]:
