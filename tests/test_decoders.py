@@ -384,22 +384,6 @@ def test_only_whole_jpeg_files_the_hardware_takes_are_read_by_nvimgcodec(tmp_pat
     assert jpeg_file_stream(nvimgcodec, str(tmp_path / "clip.mp4"), 10**8) is None
 
 
-@pytest.mark.parametrize("holding_the_gil", [True, False])
-def test_a_files_tail_is_its_last_bytes(tmp_path, monkeypatch, holding_the_gil):
-    """The end-of-image check's read of a file's last bytes: through the C library holding the GIL, or through os
-    where there is none; None for a file that cannot be opened."""
-    from yolojet.images import decoders
-
-    if not holding_the_gil:
-        monkeypatch.setattr(decoders, "_libc_holding_the_gil", lambda: None)
-    data = np.random.default_rng(5).integers(0, 256, 1000, dtype=np.uint8).tobytes()
-    path = tmp_path / "bytes.bin"
-    path.write_bytes(data)
-    assert decoders._file_tail(str(path), len(data), 64) == data[-64:]
-    assert decoders._file_tail(str(path), 10, 64) == data[:64]  # a file shorter than the tail: from its start
-    assert decoders._file_tail(str(tmp_path / "missing.jpg"), 1000, 64) is None
-
-
 def test_an_original_image_read_again_from_its_file():
     frame = Frame(torch.empty(0, 0, 3, dtype=torch.uint8), bgr=False, path=str(BUS), encoded_at_path=True)
     assert frame.reads_again and np.array_equal(frame.original_bgr(), cv2.imread(str(BUS)))

@@ -227,55 +227,15 @@ def jpeg_file_stream(nv: Any, path: str, max_pixels: int) -> Any | None:
         return None
     if not jpeg or channels not in (1, 3) or not 0 < pixels <= max_pixels:
         return None
-    tail = _file_tail(path, stream.size, _JPEG_TAIL)
-    return stream if tail is not None and JPEG_EOI in tail else None
-
-
-@functools.cache
-def _libc_holding_the_gil() -> Any | None:
-    """The C library's open, pread and close called without letting go of the GIL (ctypes.PyDLL), or None where
-    there is no such library (not Linux)."""
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None or os.name != "posix":
-        return None
     try:
-        libc = ctypes.PyDLL(name, use_errno=True)
+        handle = os.open(path, os.O_RDONLY)
+        try:
+            tail = os.pread(handle, _JPEG_TAIL, max(0, stream.size - _JPEG_TAIL))
+        finally:
+            os.close(handle)
     except OSError:
         return None
-    libc.open.argtypes, libc.open.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_int
-    libc.pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
-    libc.pread.restype = ctypes.c_ssize_t
-    libc.close.argtypes, libc.close.restype = [ctypes.c_int], ctypes.c_int
-    return libc
-
-
-def _file_tail(path: str, size: int, count: int) -> bytes | None:
-    """The last `count` bytes of a file of `size` bytes (None where it cannot be read), read holding the GIL: the
-    file was just read whole into its code stream, so this is a copy from the page cache of a few microseconds,
-    where os.open / os.pread / os.close would each let go of the GIL and wait to take it back behind the engine's
-    thread (three handoffs a file, in the thread that is the stream's limit)."""
-    offset = max(0, size - count)
-    libc = _libc_holding_the_gil()
-    if libc is None:
-        try:
-            handle = os.open(path, os.O_RDONLY)
-            try:
-                return os.pread(handle, count, offset)
-            finally:
-                os.close(handle)
-        except OSError:
-            return None
-    handle = libc.open(os.fsencode(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    if handle < 0:
-        return None
-    try:
-        buffer = ctypes.create_string_buffer(count)
-        read = libc.pread(handle, buffer, count, offset)
-        return buffer.raw[:read] if read >= 0 else None
-    finally:
-        libc.close(handle)
+    return stream if JPEG_EOI in tail else None
 
 
 class _GpuJpegDecoder:
