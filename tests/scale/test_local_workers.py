@@ -70,6 +70,8 @@ def workers_alive(parent: int | None = None) -> list[int]:
 
 
 def test_two_workers_give_the_records_of_one_engine(model_dir, tmp_path, capsys):
+    """Two labeling processes on one device (`--workers 2`; `--devices cpu,cpu` names the same two, as the
+    kill test below does)."""
     folder = photos(tmp_path / "photos", 8)
     (folder / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     ours, theirs = tmp_path / "workers.jsonl", tmp_path / "local.jsonl"
@@ -78,8 +80,10 @@ def test_two_workers_give_the_records_of_one_engine(model_dir, tmp_path, capsys)
         "label",
         folder,
         "--local",
-        "--devices",
-        "cpu,cpu",
+        "--device",
+        "cpu",
+        "--workers",
+        "2",
         "--model",
         model_dir,
         "--out",
@@ -91,6 +95,7 @@ def test_two_workers_give_the_records_of_one_engine(model_dir, tmp_path, capsys)
     )
     assert code == 1, stderr  # the broken file
     assert "8 images labeled" in stderr and "1 errors" in stderr and "re-run" not in stderr
+    assert "labeled by 2 worker processes: cpu, cpu" in stderr
     assert not workers_alive()
     assert (
         run_cli(
@@ -187,6 +192,7 @@ def test_a_killed_worker_loses_no_image_and_writes_none_twice(model_dir, tmp_pat
         (["--devices", "cpu,tpu"], "--devices cpu,tpu: 'tpu' is no device (expected all, CUDA indices"),
         (["--devices", "cpu,,cpu"], "--devices cpu,,cpu: '' is no device"),
         (["--devices", "cpu,cpu", "--device", "cpu"], "--device and --devices: give one"),
+        (["--workers", "0"], "argument --workers: '0': expected a positive integer"),
     ],
 )
 def test_bad_devices_are_clear_errors_before_any_work(model_dir, tmp_path, capsys, flags, message):
@@ -199,19 +205,18 @@ def test_bad_devices_are_clear_errors_before_any_work(model_dir, tmp_path, capsy
     assert time.monotonic() - started < 5 and not out.exists() and not workers_alive()
 
 
-def test_devices_only_with_local(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--devices", "cpu"], "--devices runs worker processes on this machine's devices: give it with --local"),
+        (["--workers", "2"], "--workers runs labeling processes on this machine: give it with --local"),
+    ],
+)
+def test_devices_and_workers_only_with_local(tmp_path, capsys, flags, message):
     code, _, stderr = run_cli(
-        capsys,
-        "label",
-        ASSETS / "bus.jpg",
-        "--server",
-        "127.0.0.1:9",
-        "--devices",
-        "cpu",
-        "--out",
-        tmp_path / "o.jsonl",
+        capsys, "label", ASSETS / "bus.jpg", "--server", "127.0.0.1:9", *flags, "--out", tmp_path / "o.jsonl"
     )
-    assert code == 2 and "--devices runs worker processes on this machine's devices: give it with --local" in stderr
+    assert code == 2 and message in stderr, stderr
 
 
 def test_parse_devices_against_a_count_of_gpus():

@@ -36,3 +36,10 @@ def parse_devices(text: str, cuda_count: int | None = None) -> list[str]:
             raise EngineConfigError(f"--devices {text}: no CUDA device {index} ({here})")
         devices.append(f"cuda:{index}")
     return devices
+
+
+def default_device() -> str:
+    """The device an engine loads on when none is named: the first GPU where there is one, else the CPU."""
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"

@@ -265,7 +265,8 @@ class MultiDeviceLabeler:
 
     def notes(self) -> list[str]:
         """Lines for the run's summary: workers that died, what was labeled again, devices given up."""
-        notes = []
+        started = [w.device for w in sorted(self.workers, key=lambda w: w.slot)]
+        notes = [f"labeled by {len(started)} worker processes: {', '.join(started)}"] if started else []
         if self.deaths:
             deaths = "; ".join(why if n == 1 else f"{why} ({n} times)" for why, n in Counter(self.deaths).items())
             notes.append(
