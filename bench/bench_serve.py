@@ -68,11 +68,13 @@ def stop(server: subprocess.Popen) -> int:
 
 def label(source: Path, out: Path, where: list[str], spy: Path | None = None) -> dict:
     """One `yolojet label` command, timed as a whole; its own rate from its summary line. With `spy`, py-spy records
-    it from its start to its end, every thread with its idle time, as a speedscope timeline."""
+    it from its start to its end, every thread with its idle time, as a speedscope timeline (its worker processes
+    too, where it starts some)."""
     command = [sys.executable, "-m", "yolojet", "label", str(source), "--out", str(out), "--quiet", *where]
     found = shutil.which("py-spy") if spy is not None else None
     if found is not None:
         record = [found, "record", "--rate", "100", "--idle", "--threads", "--nonblocking", "--format", "speedscope"]
+        record += ["--subprocesses"] if "--workers" in where or "--devices" in where else []
         command = [*record, "--output", str(spy), "--", *command]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=500)
@@ -192,6 +194,13 @@ def main() -> int:
         "--processes", type=int, nargs="+", default=[], help="also measure `serve --processes N` for each N given"
     )
     parser.add_argument(
+        "--label-workers",
+        type=int,
+        nargs="+",
+        default=[],
+        help="also measure `label --local --workers N` for each N given (with --py-spy, the last under py-spy too)",
+    )
+    parser.add_argument(
         "--switch-interval-ms",
         type=float,
         default=None,
@@ -242,15 +251,26 @@ def main() -> int:
             found["label_local_workers"] = label(files, work / "local-workers.jsonl", where)
             print(f"label --local --devices: {found['label_local_workers']}", flush=True)
         out_file.write_text(json.dumps(found, indent=1))
+    for workers in args.label_workers if not args.no_label else []:
+        where = ["--local", "--model", str(model_dir), "--workers", str(workers), "--overwrite"]
+        found[f"label_local_workers{workers}"] = label(files, work / f"local-workers{workers}.jsonl", where)
+        print(f"label --local --workers {workers}: {found[f'label_local_workers{workers}']}", flush=True)
+        out_file.write_text(json.dumps(found, indent=1))
+    if args.py_spy and args.label_workers and not args.no_label:
+        workers = args.label_workers[-1]
+        where = ["--local", "--model", str(model_dir), "--workers", str(workers), "--overwrite"]
+        spy = args.out / f"pyspy-label-workers{workers}.json"
+        found["label_local_workers_py_spy"] = label(files, work / "local-workers-spied.jsonl", where, spy)
+        print(f"label --local --workers {workers} under py-spy: {found['label_local_workers_py_spy']}", flush=True)
     for processes in args.processes:
         scale = ["--processes", str(processes)]
         server_stage(found, args, f"processes{processes}", scale, model_dir, bus, files, work, streams=processes)
         out_file.write_text(json.dumps(found, indent=1))
-    print_table(found, args.files, args.processes)
+    print_table(found, args.files, args.processes, args.label_workers)
     return 1 if found.get("failures") else 0
 
 
-def print_table(found: dict, files: int, processes: list[int]) -> None:
+def print_table(found: dict, files: int, processes: list[int], label_workers: list[int]) -> None:
     interval = found.get("switch_interval_ms")
     print(f"\nswitch interval: {'5 ms (the default)' if interval is None else f'{interval:g} ms'}")
     print("| measure | value |\n|---|---|")
@@ -267,6 +287,7 @@ def print_table(found: dict, files: int, processes: list[int]) -> None:
         ("label_server_unary", "label --server"),
         ("label_local", "label --local"),
         ("label_local_workers", "label --local --devices"),
+        *((f"label_local_workers{n}", f"label --local --workers {n}") for n in label_workers),
         ("label_server_workers", "label --server, --devices"),
         *((f"label_server_processes{n}", f"label --server --streams {n}, --processes {n}") for n in processes),
     )

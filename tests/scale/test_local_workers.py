@@ -219,6 +219,17 @@ def test_devices_and_workers_only_with_local(tmp_path, capsys, flags, message):
     assert code == 2 and message in stderr, stderr
 
 
+def test_the_drivers_count_of_gpus_is_torchs():
+    """The fronts count GPUs through the driver (no torch import before their workers start): the count torch
+    gives, on a machine with GPUs and without."""
+    import torch
+
+    from yolojet.scale.devices import cuda_device_count, default_device
+
+    assert cuda_device_count() == torch.cuda.device_count()
+    assert default_device() == ("cuda:0" if torch.cuda.is_available() else "cpu")
+
+
 def test_parse_devices_against_a_count_of_gpus():
     assert parse_devices("all", cuda_count=2) == ["cuda:0", "cuda:1"]
     assert parse_devices("0, 1", cuda_count=2) == ["cuda:0", "cuda:1"]

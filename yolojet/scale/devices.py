@@ -9,9 +9,7 @@ def parse_devices(text: str, cuda_count: int | None = None) -> list[str]:
     """`all` (every CUDA device), CUDA indices `0,1` or device names `cpu,cuda:1` (a device may be named twice) →
     torch device names; checked against the `cuda_count` devices here (default: torch's count)."""
     if cuda_count is None:
-        import torch
-
-        cuda_count = torch.cuda.device_count()
+        cuda_count = cuda_device_count()
     text = text.strip()
     if text == "all":
         if cuda_count == 0:
@@ -40,6 +38,25 @@ def parse_devices(text: str, cuda_count: int | None = None) -> list[str]:
 
 def default_device() -> str:
     """The device an engine loads on when none is named: the first GPU where there is one, else the CPU."""
-    import torch
+    return "cuda:0" if cuda_device_count() > 0 else "cpu"
 
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+def cuda_device_count() -> int:
+    """The CUDA devices this process may use (CUDA_VISIBLE_DEVICES honoured), asked of the driver itself: a front
+    that only starts worker processes then never imports torch, whose import (2-3 s) would come before every
+    worker's start. 0 where there is no driver."""
+    import ctypes
+    import sys
+
+    if sys.platform != "linux":  # the driver's library under another name: torch knows it
+        import torch
+
+        return torch.cuda.device_count()
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
