@@ -467,8 +467,6 @@ def stage_feeds(found: dict, engine, files: list[Path], batch: int) -> None:
     print(f"feeds: the hardware decoder on JPEGs cut short: {cut}", flush=True)
     variants = [
         ("list", list, True, True),
-        ("list_cpu_share_0.1", list, True, True),  # a tenth of the files decoded on the CPU pool beside the hardware
-        ("list_cpu_share_0.2", list, True, True),
         ("list_no_reuse", list, True, False),
         ("list_python_reads", list, False, True),
         ("iterator", iter, True, True),
@@ -479,7 +477,6 @@ def stage_feeds(found: dict, engine, files: list[Path], batch: int) -> None:
     try:
         for name, source, file_streams, reuse in variants:
             decoders_module.jpeg_file_stream = file_stream if file_streams else (lambda *args: None)
-            hardware.cpu_share = float(name.rsplit("_", 1)[1]) if "cpu_share" in name else 0.0
             feed_module.FrameFeed.release = release if reuse else (lambda self, fed: None)
             row = {}
             for attempt in range(2):
@@ -503,7 +500,6 @@ def stage_feeds(found: dict, engine, files: list[Path], batch: int) -> None:
             print(f"feeds {name}: {json.dumps(row)}", flush=True)
     finally:
         decoders_module.jpeg_file_stream, feed_module.FrameFeed.release = file_stream, release
-        hardware.cpu_share = decoders_module.CPU_SHARE
     found["feeds"] = rows
 
 

@@ -777,8 +777,6 @@ def _cmd_label(args: argparse.Namespace) -> int:
     summary = Summary()
     label: Callable[[list[str], Callable[[dict], None], Callable[[str, str], None]], None]
     if args.local:
-        from yolojet.client.local import LocalLabeler
-
         if not args.model:
             raise EngineConfigError("--local needs --model: a model directory, .pt checkpoint, name or .yaml")
         engine_options = {
@@ -789,6 +787,8 @@ def _cmd_label(args: argparse.Namespace) -> int:
             **_engine_switches(args),
         }
         if devices is None:
+            from yolojet.client.local import LocalLabeler  # not for worker processes: torch is theirs to import
+
             labeler = LocalLabeler(
                 args.model, args.concurrency, options, first_images=paths, device=args.device, **engine_options
             )

@@ -348,9 +348,6 @@ def _load_only_the_jpeg_extension() -> None:
     name_nvimgcodec_extensions(folder)
 
 
-CPU_SHARE = 0.0
-
-
 class HardwareJpegDecoder(_GpuJpegDecoder):
     """JPEGs on the GPU's hardware JPEG decoders through nvImageCodec, one batched call a batch; the rest on the CPU
     pool (`cpu`)."""
@@ -369,11 +366,6 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
                 "decoder 'nvimgcodec': nvImageCodec is not installed (pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg)"
             ) from e
         super().__init__(cpu)
-        # The share of images sent to the CPU pool rather than the hardware decoders, so that both decode at once:
-        # a decode call holds its thread until its last image is done, and the feed's one thread is what bounds the
-        # stream (bench/NOTES.md).
-        self.cpu_share = CPU_SHARE
-        self._credit = 0.0
         self._nv = nvimgcodec
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         try:
@@ -401,13 +393,7 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
 
     def prepare(self, item: Encoded) -> Pending:
         """A local JPEG file the hardware decoders take is read by nvImageCodec itself, during the decode call; any
-        other image is read and checked here, as the other decoders do. A `cpu_share` of the images goes to the CPU
-        pool instead, read and decoded there beside the hardware's call."""
-        if self.cpu_share > 0:
-            self._credit += self.cpu_share
-            if self._credit >= 1.0:
-                self._credit -= 1.0
-                return self.cpu.submit(item)
+        other image is read and checked here, as the other decoders do."""
         if isinstance(item.source, (str, Path)):
             stream = jpeg_file_stream(self._nv, str(item.source), self.cpu.max_pixels)
             if stream is not None:
