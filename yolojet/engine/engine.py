@@ -303,9 +303,11 @@ class Engine:
         engine = cls(network, max_batch, chosen, rect=rect, max_shapes=max(max_shapes, len(built)), verbose=verbose)
         try:
             if engine._path is not None:  # the reference runs any shape as it comes
-                listed = {(s, s) if isinstance(s, int) else tuple(s) for s in built}
-                room = max(0, engine.max_shapes - len(listed))
-                for shape in [*built, *[s for s in engine.rectangles_for(shapes_for) if s not in listed][:room]]:
+                for shape in built:
+                    engine.shape_path(shape)
+                for shape in engine.rectangles_for(shapes_for):  # what room the listed shapes leave
+                    if len(engine._shapes) >= engine.max_shapes:
+                        break
                     engine.shape_path(shape)
         except BaseException:
             engine.close()
