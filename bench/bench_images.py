@@ -4,9 +4,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   decoders   each decoder's pixels against OpenCV's (cv2.imdecode, what ultralytics reads with) on the shipped
              JPEGs: largest level difference and share of pixels that differ; img/s decoding --batch copies of
              bus.jpg in one call (frames on the GPU, synchronized)
-  contention the hardware decoder's call (--batch copies of bus.jpg's bytes, 2 s of calls) alone, beside a thread
-             running Python code, and the same with a 0.1 ms switch interval; its parts alone (code streams, the
-             decode call, the tensors), us an image
+  contention each hardware decoder's call (nvimgcodec, hardware; --batch copies of bus.jpg's bytes, 2 s of calls)
+             alone and beside a thread running Python code; how long a call holds its caller, and with the wait
+             for the decode
   call       engine(list of --batch JPEG paths), yolo11n at 640, per decoder: img/s, median of --repeats calls
   stream     engine.stream over --files JPEG files on disk (copies of bus.jpg, 1080x810), per decoder: img/s; beside
              it the decode alone (the same files through the feed, no engine) and the engine alone (staged GPU
@@ -75,7 +75,7 @@ STAGES = (
     "startup",
     "rect",
 )
-DECODERS = ("nvimgcodec", "cpu", "nvjpeg")
+DECODERS = ("nvimgcodec", "hardware", "cpu", "nvjpeg")
 
 
 def assets() -> Path:
@@ -172,59 +172,51 @@ def stage_decoders(found: dict, batch: int, repeats: int) -> None:
 
 
 def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
-    """Whether the hardware decoder's call waits for the GIL: nvImageCodec lets go of it and takes it back twice an
+    """Whether a hardware decoder's call waits for the GIL: nvImageCodec lets go of it and takes it back twice an
     image inside one batched call (reading the image's header, allocating its output), and each time back waits while
-    another thread runs Python code, up to the interpreter's switch interval (5 ms). A process of its own has no other
-    thread to wait for."""
+    another thread runs Python code, up to the interpreter's switch interval (5 ms); the `hardware` decoder (nvJPEG's
+    C API) lets go of it once a call. Also, for `hardware`: how long the call itself holds the caller against the
+    decode's whole time (whether nvJPEG returns before the hardware is done)."""
     from bench_switch import python_thread
 
     from yolojet.errors import EngineConfigError
-    from yolojet.images.decoders import CpuDecoder, Encoded, HardwareJpegDecoder
+    from yolojet.images.decoders import CpuDecoder, Encoded, HardwareJpegDecoder, NvjpegHardwareDecoder
 
-    try:
-        decoder = HardwareJpegDecoder(CpuDecoder(torch.device("cuda")))
-    except EngineConfigError as e:
-        print(f"contention: no hardware decoder ({e})", flush=True)
-        return
     data = (assets() / "bus.jpg").read_bytes()
     chunk = [Encoded.of(data)] * batch
+    rows: dict = {}
+    for name, kind in (("nvimgcodec", HardwareJpegDecoder), ("hardware", NvjpegHardwareDecoder)):
+        try:
+            decoder = kind(CpuDecoder(torch.device("cuda")))
+        except EngineConfigError as e:
+            print(f"contention: no {name} decoder ({e})", flush=True)
+            continue
 
-    def decode_for(duration: float) -> float:
-        done, start = 0, time.perf_counter()
-        while time.perf_counter() - start < duration:
-            decoder.decode(chunk)
-            decoder.stream.synchronize()
-            done += len(chunk)
-        return done / (time.perf_counter() - start)
+        def decode_for(duration: float, decoder=decoder) -> float:
+            done, start = 0, time.perf_counter()
+            while time.perf_counter() - start < duration:
+                decoder.decode(chunk)
+                decoder.stream.synchronize()
+                done += len(chunk)
+            return done / (time.perf_counter() - start)
 
-    decode_for(0.3)
-    rows: dict = {"alone_img_per_s": decode_for(seconds)}
-    with python_thread():
-        rows["beside_python_thread_img_per_s"] = decode_for(seconds)
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    try:
+        decode_for(0.3)
+        row: dict = {"describe": decoder.describe(), "alone_img_per_s": decode_for(seconds)}
         with python_thread():
-            rows["beside_python_thread_switch_0.1ms_img_per_s"] = decode_for(seconds)
-    finally:
-        sys.setswitchinterval(interval)
-    parts: dict[str, list[float]] = {"code_streams": [], "decode_call": [], "tensors": []}
-    nv, hw = decoder._nv, decoder._decoder
-    for _ in range(20):
-        start = time.perf_counter()
-        streams = [nv.CodeStream(data) for _ in range(batch)]
-        made = time.perf_counter()
-        images = hw.decode(streams, params=decoder._params, cuda_stream=decoder.stream.cuda_stream)
-        decoder.stream.synchronize()
-        decoded = time.perf_counter()
-        [torch.as_tensor(im, device=decoder.device) for im in images]
-        done = time.perf_counter()
-        parts["code_streams"].append(made - start)
-        parts["decode_call"].append(decoded - made)
-        parts["tensors"].append(done - decoded)
-    rows["parts_us_per_image"] = {k: Timing(tuple(v)).p50 * 1e6 / batch for k, v in parts.items()}
-    decoder.close()
-    print(f"contention: {json.dumps(rows)}", flush=True)
+            row["beside_python_thread_img_per_s"] = decode_for(seconds)
+        calls, wholes = [], []
+        for _ in range(20):
+            start = time.perf_counter()
+            decoder.decode(chunk)
+            returned = time.perf_counter()
+            decoder.stream.synchronize()
+            calls.append(returned - start)
+            wholes.append(time.perf_counter() - start)
+        row["call_us_per_image"] = Timing(tuple(calls)).p50 * 1e6 / batch
+        row["call_and_wait_us_per_image"] = Timing(tuple(wholes)).p50 * 1e6 / batch
+        decoder.close()
+        print(f"contention, {name}: {json.dumps(row)}", flush=True)
+        rows[name] = row
     found["contention"] = rows
 
 
@@ -378,7 +370,7 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
     paths = [str(f) for f in files]
     rows: dict = {"files": len(paths), "engine_alone_img_per_s": engine_alone(engine, batch)}
     print(f"engine alone (staged GPU frames, batch {batch}): {rows['engine_alone_img_per_s']:,.0f} img/s", flush=True)
-    for name in ("auto", "nvimgcodec", "cpu"):
+    for name in ("auto", "nvimgcodec", "hardware", "cpu"):
         if not with_decoder(engine, name):
             continue
         feed_start = time.perf_counter()
@@ -427,19 +419,6 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
             f"{timed_seconds:.2f} s: " + ", ".join(f"{k} {v:.2f} s" for k, v in totals.most_common()),
             flush=True,
         )
-    # The same stream with a shorter switch interval: a thread taking the GIL back after a call that let go of it
-    # (a file read, a decode call, a torch op) waits behind a thread running Python code up to this interval.
-    if with_decoder(engine, "nvimgcodec"):
-        interval = sys.getswitchinterval()
-        for shorter in (1e-3, 2e-4):
-            sys.setswitchinterval(shorter)
-            key = f"nvimgcodec_switch_{shorter * 1e3:g}ms_img_per_s"
-            try:
-                start = time.perf_counter()
-                rows[key] = sum(1 for _ in engine.stream(paths)) / (time.perf_counter() - start)
-            finally:
-                sys.setswitchinterval(interval)
-            print(f"stream, nvimgcodec, switch interval {shorter * 1e3:g} ms: {rows[key]:,.0f} img/s", flush=True)
     found["stream"] = rows
 
 
@@ -808,28 +787,24 @@ def print_table(found: dict) -> None:
             f"zidane max {zidane['max']} ({zidane['percent_differ']:.1f} %)"
         )
         print(f"| decode {name} | {row['img_per_s']:,.0f} img/s; vs cv2 {versus} |")
-    for key, value in found.get("contention", {}).items():
-        if key.endswith("img_per_s"):
-            print(f"| hardware decode, {key.removesuffix('_img_per_s').replace('_', ' ')} | {value:,.0f} img/s |")
-        elif key == "parts_us_per_image":
-            parts = ", ".join(f"{k} {v:.1f} us" for k, v in value.items())
-            print(f"| hardware decode call's parts | {parts} an image |")
+    for name, row in found.get("contention", {}).items():
+        print(
+            f"| {name} decode call of 64, alone / beside a Python thread | {row['alone_img_per_s']:,.0f} / "
+            f"{row['beside_python_thread_img_per_s']:,.0f} img/s; call {row['call_us_per_image']:.1f} us an image, "
+            f"with the wait {row['call_and_wait_us_per_image']:.1f} |"
+        )
     for name, row in found.get("call", {}).items():
         print(f"| engine(64 paths) {name} | {row['img_per_s']:,.0f} img/s ({row['ms']:.2f} ms) |")
     stream = found.get("stream", {})
     if stream:
         print(f"| engine alone, staged GPU frames | {stream['engine_alone_img_per_s']:,.0f} img/s |")
-    for name in ("auto", "nvimgcodec", "cpu"):
+    for name in ("auto", "nvimgcodec", "hardware", "cpu"):
         if name in stream:
             r = stream[name]
             print(
                 f"| stream {stream['files']} files {name} | {r['img_per_s']:,.0f} img/s; decode alone "
                 f"{r['decode_alone_img_per_s']:,.0f}; GPU busy ~{r['gpu_busy']:.0%} |"
             )
-    for key, value in stream.items():
-        if key.startswith("nvimgcodec_switch_"):
-            interval = key.removeprefix("nvimgcodec_switch_").removesuffix("_img_per_s")
-            print(f"| stream {stream['files']} files nvimgcodec, switch interval {interval} | {value:,.0f} img/s |")
     feeds = found.get("feeds", {})
     for key, row in feeds.items():
         if key == "cut_short_on_the_hardware":

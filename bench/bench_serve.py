@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 PORT = 50611
+DECODER: list[str] = []  # --decoder NAME for the servers and labelers, where the command line names one
 
 
 def start_server(
@@ -42,7 +43,7 @@ def start_server(
 ) -> subprocess.Popen:
     """`scale`: --devices D (worker processes behind one front) or --processes N (whole servers sharing the port)."""
     model = ["--model", f"{model_dir}:64", "--shapes", "640x480", "--slo-ms", str(slo_ms), *(scale or [])]
-    command = [sys.executable, "-m", "yolojet", "serve", *model, "--port", str(PORT)]
+    command = [sys.executable, "-m", "yolojet", "serve", *model, *DECODER, "--port", str(PORT)]
     if samples is not None:  # where the server's threads spend their time (bench/sampler.py)
         command[1:1] = [str(Path(__file__).with_name("sampler.py")), "--out", str(samples), "--"]
     server = subprocess.Popen(command, stderr=log.open("w"), stdout=subprocess.DEVNULL)
@@ -71,6 +72,7 @@ def label(source: Path, out: Path, where: list[str], spy: Path | None = None) ->
     it from its start to its end, every thread with its idle time, as a speedscope timeline (its worker processes
     too, where it starts some)."""
     command = [sys.executable, "-m", "yolojet", "label", str(source), "--out", str(out), "--quiet", *where]
+    command += DECODER if "--local" in where else []  # against a server, the server decodes
     found = shutil.which("py-spy") if spy is not None else None
     if found is not None:
         record = [found, "record", "--rate", "100", "--idle", "--threads", "--nonblocking", "--format", "speedscope"]
@@ -206,8 +208,13 @@ def main() -> int:
         default=None,
         help="YOLOJET_SWITCH_INTERVAL_MS for the servers and labelers started (default: the interpreter's 5 ms)",
     )
+    parser.add_argument(
+        "--decoder", default=None, help="--decoder for every server and labeler started (default: theirs, auto)"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
+    if args.decoder is not None:
+        DECODER[:] = ["--decoder", args.decoder]
     if args.switch_interval_ms is not None:  # inherited by every server and labeler process started below
         os.environ["YOLOJET_SWITCH_INTERVAL_MS"] = f"{args.switch_interval_ms:g}"
 

@@ -157,14 +157,29 @@ def test_decoder_choice(monkeypatch):
     decoder.close()
     with pytest.raises(EngineConfigError, match="decoder 'nvimgcodec' decodes on a CUDA GPU"):
         make_decoder("nvimgcodec", cpu)
-    with pytest.raises(EngineConfigError, match="decoder 'fast': expected one of auto, nvimgcodec, cpu, nvjpeg"):
+    expected = "decoder 'fast': expected one of auto, nvimgcodec, hardware, cpu, nvjpeg"
+    with pytest.raises(EngineConfigError, match=expected):
         make_decoder("fast", cpu)
     with pytest.raises(EngineConfigError, match="max_pixels 0"):
         make_decoder("cpu", cpu, max_pixels=0)
+    with pytest.raises(EngineConfigError, match="decoder 'hardware' decodes on a CUDA GPU"):
+        make_decoder("hardware", cpu)
+
+
+@pytest.mark.skipif(CUDA, reason="the error of a machine without a usable GPU")
+def test_nvjpeg_hardware_without_a_gpu_says_so():
+    """nvJPEG's library is installed with yolojet on Linux; without a GPU its handle cannot be made, and the error
+    says why in nvJPEG's words, not a ctypes crash."""
+    from yolojet.images.nvjpeg_hardware import NvjpegHardware, find_library
+
+    if find_library() is None:
+        pytest.skip("nvJPEG's library is not installed here")
+    with pytest.raises(EngineConfigError, match=r"decoder 'hardware': no hardware JPEG decoder here \(nvJPEG status"):
+        NvjpegHardware()
 
 
 @pytest.mark.gpu(reason="the GPU decoders need a CUDA GPU")
-@pytest.mark.parametrize("name", ["nvimgcodec", "nvjpeg", "cpu"])
+@pytest.mark.parametrize("name", ["nvimgcodec", "hardware", "nvjpeg", "cpu"])
 def test_gpu_decoders_on_real_and_awkward_jpegs(name):
     """Every decoder that can run here: frames on the GPU, within a level of OpenCV's pixels (nvimgcodec, cpu) or
     close (nvjpeg); CMYK, progressive, EXIF-rotated, one-pixel and cut-short JPEGs handled per image."""
@@ -427,6 +442,58 @@ def test_hardware_decoder_reads_files_itself_and_decodes_into_released_images(tm
     finally:
         decoder.close()
         cpu.close()
+
+
+@pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
+def test_nvjpeg_hardware_decoder_gives_nvimgcodecs_pixels_and_decodes_into_released_buffers(tmp_path):
+    """The `hardware` decoder (nvJPEG's C API): from files and from bytes, every image nvImageCodec's hardware decoder
+    decodes has the same pixels (the same nvJPEG call underneath), EXIF turned as cv2 turns it; the rest the CPU
+    decoder's pixels or errors; a later batch decoded into a released batch's buffer has its own pixels."""
+    device = torch.device("cuda")
+    try:
+        decoder = make_decoder("hardware", device)
+    except EngineConfigError as e:
+        pytest.skip(str(e))
+    files = awkward_files(tmp_path)
+    cpu = CpuDecoder(torch.device("cpu"), threads=2)
+    try:
+        reference = make_decoder("nvimgcodec", device)
+    except EngineConfigError:
+        reference = None
+    try:
+        by_path = decoder.decode([Encoded.of(p) for p in files.values()])
+        by_bytes = decoder.decode([Encoded.of(p.read_bytes() if p.is_file() else p) for p in files.values()])
+        on_cpu = cpu.decode([Encoded.of(p) for p in files.values()])
+        theirs = reference.decode([Encoded.of(p) for p in files.values()]) if reference is not None else None
+        for batch in (by_path, by_bytes, theirs):
+            if batch is not None:
+                batch.wait_on(torch.cuda.current_stream())
+        frames = {}
+        decoded = zip(files, by_path.items, by_bytes.items, on_cpu.items, strict=True)
+        for i, (name, ours, again, cpus) in enumerate(decoded):
+            if isinstance(cpus, ImageReadError):
+                assert isinstance(ours, ImageReadError) and str(ours) == str(cpus), name
+                continue
+            assert isinstance(ours, Frame) and isinstance(again, Frame), f"{name}: {ours}"
+            assert ours.pixels.device.type == "cuda", name
+            assert np.array_equal(rgb(ours), rgb(again)), name
+            assert np.abs(rgb(ours).astype(int) - rgb(cpus).astype(int)).max() <= 1, name
+            if theirs is not None and isinstance(theirs.items[i], Frame):
+                assert np.array_equal(rgb(ours), rgb(theirs.items[i])), name
+            frames[name] = rgb(ours)
+        assert {"whole.jpg", "rotated.jpg", "grey.jpg", "trailer.jpg", "cmyk.jpg", "bus.png"} <= set(frames)
+        assert by_path.outputs, "the batch's buffer is handed back for reuse"
+        again_names = ["zidane.jpg", "whole.jpg", "grey.jpg", "rotated.jpg", "whole.jpg"]
+        reused = decoder.finish([decoder.prepare(Encoded.of(files[n])) for n in again_names], by_path.outputs)
+        assert reused.outputs[0] is by_path.outputs[0], "decoded into the released buffer, which is large enough"
+        reused.wait_on(torch.cuda.current_stream())
+        for name, frame in zip(again_names, reused.items, strict=True):
+            assert isinstance(frame, Frame) and np.array_equal(rgb(frame), frames[name]), name
+    finally:
+        decoder.close()
+        cpu.close()
+        if reference is not None:
+            reference.close()
 
 
 def test_nvimgcodec_loads_its_jpeg_extension_alone_and_keeps_a_users_folder(tmp_path):

@@ -413,7 +413,8 @@ def _add_decoder_flag(parser: argparse.ArgumentParser) -> None:
         choices=DECODER_NAMES,
         default="auto",
         help="how JPEGs are decoded: the GPU's hardware decoders where there are some, else CPU threads (auto, the "
-        "default), nvimgcodec, cpu, or nvjpeg (on the GPU's SMs; pixels differ from OpenCV's)",
+        "default), nvimgcodec or hardware (the hardware decoders through nvImageCodec, or through nvJPEG's C API), "
+        "cpu, or nvjpeg (on the GPU's SMs; pixels differ from OpenCV's)",
     )
     parser.add_argument(
         "--max-pixels",

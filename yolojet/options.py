@@ -24,7 +24,7 @@ from typing import Any
 from yolojet.errors import EngineConfigError
 
 # How files and bytes are decoded (yolojet/images/decoders.py).
-DECODER_NAMES = ("auto", "nvimgcodec", "cpu", "nvjpeg")
+DECODER_NAMES = ("auto", "nvimgcodec", "hardware", "cpu", "nvjpeg")
 # Pillow's own decompression-bomb bound (PIL.Image.MAX_IMAGE_PIXELS): about 9,459 x 9,459.
 DEFAULT_MAX_PIXELS = 89_478_485
 

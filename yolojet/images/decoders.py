@@ -98,13 +98,15 @@ class DecodedBatch:
 class Pending:
     """An image on its way to a frame: known already (`outcome`, a frame or an error), being decoded on the CPU pool
     (`future`), or read and checked, waiting for its batch's GPU decode (`data`, with the orientation a decoder that
-    does not apply EXIF must apply itself; or `code_stream`, a file nvImageCodec has read itself)."""
+    does not apply EXIF must apply itself and the stored size; or `code_stream`, a file nvImageCodec has read
+    itself)."""
 
     item: Encoded
     outcome: Frame | ImageReadError | None = None
     future: Future | None = None
     data: bytes | None = None
     orientation: int = 1
+    size: tuple[int, int] = (0, 0)  # (height, width) as stored, from the header, for a decoder sizing its outputs
     code_stream: Any = None
 
     @property
@@ -197,13 +199,16 @@ def _outcome(fn, *args):
         return e
 
 
+_PROBE_RGB = (90, 140, 200)
+
+
 @functools.cache
 def _probe_jpeg() -> bytes:
     """A small baseline JPEG, to ask a hardware decoder whether it decodes at all."""
     from PIL import Image
 
     out = io.BytesIO()
-    Image.new("RGB", (64, 48), (90, 140, 200)).save(out, format="JPEG", quality=90)
+    Image.new("RGB", (64, 48), _PROBE_RGB).save(out, format="JPEG", quality=90)
     return out.getvalue()
 
 
@@ -256,12 +261,10 @@ class _GpuJpegDecoder:
         """Whether this JPEG goes to the GPU decoder."""
         return info.jpeg is not None
 
-    def _decode_jpegs(
-        self, sources: list[Any], orientations: list[int], reuse: Sequence[Any]
-    ) -> tuple[list[torch.Tensor | None], list[Any]]:
+    def _decode_jpegs(self, jpegs: list[Pending], reuse: Sequence[Any]) -> tuple[list[torch.Tensor | None], list[Any]]:
         """Each JPEG's (H, W, C) RGB pixels on the device, None where the GPU refused it; and the output buffers to
-        hand back once the frames are consumed (`reuse`'s among them). `sources`: bytes, or `prepare`'s code
-        streams."""
+        hand back once the frames are consumed (`reuse`'s among them). `jpegs`: `prepare`'s, each with its bytes or
+        its code stream."""
         raise NotImplementedError
 
     def prepare(self, item: Encoded) -> Pending:
@@ -272,7 +275,8 @@ class _GpuJpegDecoder:
             return Pending(item, outcome=e)
         if not self._takes(info):
             return self.cpu.submit(item, data, checked=True)
-        return Pending(item, data=data, orientation=info.jpeg.orientation if info.jpeg else 1)
+        orientation = info.jpeg.orientation if info.jpeg else 1
+        return Pending(item, data=data, orientation=orientation, size=(info.height, info.width))
 
     def finish(self, pending: list[Pending], reuse: Sequence[Any] = ()) -> DecodedBatch:
         """The batch's frames: its JPEGs in one GPU call, decoded into `reuse` (an earlier batch's `outputs`, whose
@@ -280,8 +284,7 @@ class _GpuJpegDecoder:
         gpu = [p for p in pending if p.for_the_gpu]
         outputs = list(reuse)
         if gpu:
-            sources = [p.code_stream if p.code_stream is not None else p.data for p in gpu]
-            decoded, outputs = self._decode_jpegs(sources, [p.orientation for p in gpu], reuse)
+            decoded, outputs = self._decode_jpegs(gpu, reuse)
             for p, pixels in zip(gpu, decoded, strict=True):
                 if pixels is None:  # refused by the GPU decoder: the CPU pool instead (reading the file if not read)
                     p.future = self.cpu.submit(p.item, p.data, checked=p.data is not None).future
@@ -374,7 +377,8 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
             )
             # Interleaved RGB, turned upright by EXIF orientation, 8 bits (cv2.imread's IMREAD_COLOR, in RGB order).
             self._params = nvimgcodec.DecodeParams(apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.SRGB)
-            decodes = self._decode_jpegs([_probe_jpeg()], [1], ())[0][0] is not None
+            probe = Pending(Encoded(_probe_jpeg(), "probe"), data=_probe_jpeg())
+            decodes = self._decode_jpegs([probe], ())[0][0] is not None
         except Exception as e:  # a driver too old for this build, a library that fails to load: no hardware path
             raise EngineConfigError(f"decoder 'nvimgcodec': nvImageCodec could not start here ({e})") from e
         if not decodes:
@@ -400,11 +404,9 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
                 return Pending(item, code_stream=stream)
         return super().prepare(item)
 
-    def _decode_jpegs(
-        self, sources: list[Any], orientations: list[int], reuse: Sequence[Any]
-    ) -> tuple[list[torch.Tensor | None], list[Any]]:
-        # nvImageCodec applies EXIF orientation itself (its params), so `orientations` is not needed here.
-        streams = [s if isinstance(s, self._nv.CodeStream) else self._nv.CodeStream(s) for s in sources]
+    def _decode_jpegs(self, jpegs: list[Pending], reuse: Sequence[Any]) -> tuple[list[torch.Tensor | None], list[Any]]:
+        # nvImageCodec applies EXIF orientation itself (its params).
+        streams = [p.code_stream if p.code_stream is not None else self._nv.CodeStream(p.data) for p in jpegs]
         spare = list(reuse)
         if len(spare) >= len(streams):  # its own images, of frames consumed: resized in place where they must grow
             into, spare = spare[: len(streams)], spare[len(streams) :]
@@ -417,6 +419,84 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
         return pixels, [im for im in images if im is not None] + spare
 
 
+# Each image's output starts on this boundary in its batch's buffer (nvJPEG's own allocations are aligned as much).
+_OUTPUT_ALIGN = 256
+
+
+class NvjpegHardwareDecoder(_GpuJpegDecoder):
+    """JPEGs on the GPU's hardware JPEG decoders through nvJPEG's C API (`images/nvjpeg_hardware.py`): each JPEG's
+    header checked by nvJPEG holding the GIL, a batch decoded in one call that lets go of it once, into one output
+    buffer for the batch (an earlier batch's, once released, where it is large enough). EXIF orientation is applied
+    after decoding; what the hardware does not take (progressive, CMYK, 4:1:1, other formats) goes to the CPU pool.
+    The pixels are nvImageCodec's hardware decoder's (the same nvJPEG call), within a level of OpenCV's."""
+
+    name = "hardware"
+
+    def __init__(self, cpu: CpuDecoder) -> None:
+        from yolojet.images.nvjpeg_hardware import NvjpegHardware
+
+        super().__init__(cpu)
+        with torch.cuda.device(self.device):
+            self._hardware = NvjpegHardware()
+        try:  # a first decode, checked: a GPU without hardware decoders may still make a handle
+            probe = Pending(Encoded(_probe_jpeg(), "probe"), data=_probe_jpeg(), size=(48, 64))
+            pixels = self._decode_jpegs([probe], ())[0][0] if self._hardware.takes(_probe_jpeg()) else None
+            self.stream.synchronize()
+            colour = torch.tensor(_PROBE_RGB, dtype=torch.int16)
+            decodes = pixels is not None and bool((pixels.cpu().to(torch.int16) - colour).abs().max() <= 2)
+        except Exception:
+            self._hardware.close()
+            raise
+        if not decodes:
+            self._hardware.close()
+            raise EngineConfigError(
+                f"decoder 'hardware': the hardware JPEG decoder of {torch.cuda.get_device_name(self.device)} did not "
+                "decode a test image; use decoder='cpu'"
+            )
+
+    def describe(self) -> str:
+        engines = f"{self._hardware.engines} engines of {self._hardware.cores}" if self._hardware.engines else "some"
+        return f"hardware (nvJPEG on {engines} hardware JPEG decoders; other images on {self.cpu.describe()})"
+
+    def close(self) -> None:
+        self._hardware.close()
+        super().close()
+
+    def _takes(self, info: EncodedInfo) -> bool:
+        return info.jpeg is not None and not info.jpeg.progressive and info.jpeg.components in (1, 3)
+
+    def prepare(self, item: Encoded) -> Pending:
+        pending = super().prepare(item)
+        if pending.for_the_gpu and pending.data is not None and not self._hardware.takes(pending.data):
+            return self.cpu.submit(item, pending.data, checked=True)
+        return pending
+
+    def _decode_jpegs(self, jpegs: list[Pending], reuse: Sequence[Any]) -> tuple[list[torch.Tensor | None], list[Any]]:
+        sizes = [p.size for p in jpegs]
+        starts, end = [], 0
+        for height, width in sizes:
+            starts.append(end)
+            end += -(-height * width * 3 // _OUTPUT_ALIGN) * _OUTPUT_ALIGN
+        spare = [b for b in reuse if isinstance(b, torch.Tensor)]
+        others = [b for b in reuse if not isinstance(b, torch.Tensor)]
+        fits = [i for i, b in enumerate(spare) if b.numel() >= end]
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            buffer = spare.pop(fits[0]) if fits else torch.empty(end, dtype=torch.uint8, device=self.device)
+            base = buffer.data_ptr()
+            datas = [p.data or b"" for p in jpegs]
+            outputs = [(base + start, width * 3) for start, (_, width) in zip(starts, sizes, strict=True)]
+            if self._hardware.decode(datas, outputs, self.stream.cuda_stream) == 0:
+                decoded = [True] * len(jpegs)
+            else:  # one image the header check let through failed the call: each alone, to find it
+                alone = zip(datas, outputs, strict=True)
+                decoded = [self._hardware.decode([d], [o], self.stream.cuda_stream) == 0 for d, o in alone]
+            pixels: list[torch.Tensor | None] = [
+                _upright(buffer[start : start + h * w * 3].view(h, w, 3), p.orientation) if ok else None
+                for p, ok, start, (h, w) in zip(jpegs, decoded, starts, sizes, strict=True)
+            ]
+        return pixels, [buffer, *spare, *others]
+
+
 class NvjpegDecoder(_GpuJpegDecoder):
     """torchvision's nvJPEG on the SMs, one batched call a batch (by name only: its pixels are not OpenCV's); EXIF
     orientation applied after decoding; refusals and other formats on the CPU pool."""
@@ -426,12 +506,11 @@ class NvjpegDecoder(_GpuJpegDecoder):
     def describe(self) -> str:
         return f"nvjpeg (torchvision's nvJPEG on the GPU's SMs; other images on {self.cpu.describe()})"
 
-    def _decode_jpegs(
-        self, sources: list[Any], orientations: list[int], reuse: Sequence[Any]
-    ) -> tuple[list[torch.Tensor | None], list[Any]]:
+    def _decode_jpegs(self, jpegs: list[Pending], reuse: Sequence[Any]) -> tuple[list[torch.Tensor | None], list[Any]]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in sources]
+        encoded = [torch.frombuffer(bytearray(p.data or b""), dtype=torch.uint8) for p in jpegs]
+        orientations = [p.orientation for p in jpegs]
         with torch.cuda.stream(self.stream):
             try:
                 images = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
@@ -537,7 +616,7 @@ class StartingHardwareDecoder:
         started.close()  # the hardware decoder's CPU pool is this one: closing either closes the pool
 
 
-Decoder = CpuDecoder | HardwareJpegDecoder | NvjpegDecoder | StartingHardwareDecoder
+Decoder = CpuDecoder | HardwareJpegDecoder | NvjpegHardwareDecoder | NvjpegDecoder | StartingHardwareDecoder
 
 
 def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decoder:
@@ -556,6 +635,12 @@ def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_
         raise EngineConfigError(f"decoder {name!r} decodes on a CUDA GPU, and this engine runs on {device}")
     if name == "nvjpeg":
         return NvjpegDecoder(cpu)
+    if name == "hardware":
+        try:
+            return NvjpegHardwareDecoder(cpu)
+        except EngineConfigError:
+            cpu.close()
+            raise
     if name == "auto":
         return StartingHardwareDecoder(cpu)
     try:
