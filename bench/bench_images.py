@@ -76,6 +76,7 @@ STAGES = (
     "rect",
 )
 DECODERS = ("nvimgcodec", "hardware", "cpu", "nvjpeg")
+STREAM_DECODERS = ["auto", "nvimgcodec", "hardware", "cpu"]  # --stream-decoders replaces them
 
 
 def assets() -> Path:
@@ -187,7 +188,9 @@ def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
     rows: dict = {}
     for name, kind in (("nvimgcodec", HardwareJpegDecoder), ("hardware", NvjpegHardwareDecoder)):
         try:
+            started = time.perf_counter()
             decoder = kind(CpuDecoder(torch.device("cuda")))
+            start_s = time.perf_counter() - started
         except EngineConfigError as e:
             print(f"contention: no {name} decoder ({e})", flush=True)
             continue
@@ -201,7 +204,7 @@ def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
             return done / (time.perf_counter() - start)
 
         decode_for(0.3)
-        row: dict = {"describe": decoder.describe(), "alone_img_per_s": decode_for(seconds)}
+        row: dict = {"describe": decoder.describe(), "start_s": start_s, "alone_img_per_s": decode_for(seconds)}
         with python_thread():
             row["beside_python_thread_img_per_s"] = decode_for(seconds)
         calls, wholes = [], []
@@ -370,7 +373,7 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
     paths = [str(f) for f in files]
     rows: dict = {"files": len(paths), "engine_alone_img_per_s": engine_alone(engine, batch)}
     print(f"engine alone (staged GPU frames, batch {batch}): {rows['engine_alone_img_per_s']:,.0f} img/s", flush=True)
-    for name in ("auto", "nvimgcodec", "hardware", "cpu"):
+    for name in STREAM_DECODERS:
         if not with_decoder(engine, name):
             continue
         feed_start = time.perf_counter()
@@ -717,8 +720,11 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--cold", action="store_true", help="also time a cold start-up (empty caches; ~40 s)")
+    parser.add_argument("--stream-decoders", nargs="+", default=None, help=f"default {STREAM_DECODERS}")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
+    if args.stream_decoders:
+        STREAM_DECODERS[:] = args.stream_decoders
 
     from support import calibrated_model
 
@@ -791,7 +797,7 @@ def print_table(found: dict) -> None:
         print(
             f"| {name} decode call of 64, alone / beside a Python thread | {row['alone_img_per_s']:,.0f} / "
             f"{row['beside_python_thread_img_per_s']:,.0f} img/s; call {row['call_us_per_image']:.1f} us an image, "
-            f"with the wait {row['call_and_wait_us_per_image']:.1f} |"
+            f"with the wait {row['call_and_wait_us_per_image']:.1f}; start {row['start_s']:.2f} s |"
         )
     for name, row in found.get("call", {}).items():
         print(f"| engine(64 paths) {name} | {row['img_per_s']:,.0f} img/s ({row['ms']:.2f} ms) |")

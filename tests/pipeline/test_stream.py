@@ -263,12 +263,14 @@ def test_a_list_feeds_on_one_thread_and_buffers_come_back_only_after_their_resul
 
 
 @pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
-def test_a_long_stream_of_files_on_the_hardware_decoder_gives_each_file_its_own_result(tmp_path):
-    """Files of two sizes in turn, many batches long: the hardware decoder reads them itself and decodes later
-    batches into earlier batches' released images, and every result equals the file's own run alone."""
+@pytest.mark.parametrize("decoder", ["nvimgcodec", "hardware"])
+def test_a_long_stream_of_files_on_the_hardware_decoder_gives_each_file_its_own_result(tmp_path, decoder):
+    """Files of two sizes in turn, many batches long: the hardware decoder (nvImageCodec reading the files itself, or
+    nvJPEG's C API fed by two threads) decodes later batches into earlier batches' released buffers, and every result
+    equals the file's own run alone."""
     model_dir = yolojet.export(calibrated_model("yolov8n.yaml", 640), out=tmp_path / "m", imgsz=640)
     try:
-        engine = Engine.load(model_dir, max_batch=16, decoder="nvimgcodec")
+        engine = Engine.load(model_dir, max_batch=16, decoder=decoder)
     except EngineConfigError as e:
         pytest.skip(str(e))
     originals = [ASSETS / "bus.jpg", ASSETS / "zidane.jpg"]

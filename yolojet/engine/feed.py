@@ -9,6 +9,10 @@ and takes it back for each image waits behind any other thread running Python ea
 this way ran the engine's stream over 10,000 files at 5,100-7,660 img/s on an H200, two threads 6,219-7,008, in two
 runs whose spread is larger than the difference (bench/NOTES.md): one thread is kept as the simpler.
 
+A decoder whose `finish` is one long call that lets go of the GIL while the GPU's hardware decodes (the `hardware`
+decoder: nvJPEG's batched call returns when the batch is decoded) is fed by two threads, as an iterable is below, so
+that the next images are read and checked while a batch decodes.
+
 An iterable of unknown length (a camera, a network) keeps a source thread that walks it and prepares each image at
 once, so a slow source does not hold up decoding, and the decode thread cuts its chunks short when no next image is
 ready: a slow source gets small chunks and low latency.
@@ -63,7 +67,9 @@ class FrameFeed:
         self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
         self._done = False
         self._spare: collections.deque = collections.deque()  # released batches' output buffers, to decode into
-        if isinstance(images, Sized):  # nothing of it is on its way slowly: one thread, full chunks
+        # A list (nothing of it on its way slowly) has one thread and full chunks, unless the decoder's `finish` is
+        # one long call that lets go of the GIL (the `hardware` decoder's), which preparing beside it overlaps.
+        if isinstance(images, Sized) and not getattr(decoder, "blocking_finish", False):
             self._threads = [
                 threading.Thread(target=self._prepare_and_decode, args=(images,), name="yolojet-feed", daemon=True)
             ]

@@ -431,6 +431,9 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
     The pixels are nvImageCodec's hardware decoder's (the same nvJPEG call), within a level of OpenCV's."""
 
     name = "hardware"
+    # Its `finish` is one long call that lets go of the GIL while the hardware decodes: a feed prepares the next
+    # images on another thread meanwhile (yolojet/engine/feed.py).
+    blocking_finish = True
 
     def __init__(self, cpu: CpuDecoder) -> None:
         from yolojet.images.nvjpeg_hardware import NvjpegHardware
@@ -472,28 +475,40 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
         return pending
 
     def _decode_jpegs(self, jpegs: list[Pending], reuse: Sequence[Any]) -> tuple[list[torch.Tensor | None], list[Any]]:
-        sizes = [p.size for p in jpegs]
-        starts, end = [], 0
-        for height, width in sizes:
-            starts.append(end)
-            end += -(-height * width * 3 // _OUTPUT_ALIGN) * _OUTPUT_ALIGN
+        # The images of one stored size lie one after another in the buffer, so that their frames are made by two
+        # tensor ops for the size rather than two an image (each lets go of the GIL and waits to take it back).
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, p in enumerate(jpegs):
+            groups.setdefault(p.size, []).append(i)
+        starts: dict[tuple[int, int], int] = {}
+        end = 0
+        for (height, width), members in groups.items():
+            starts[height, width] = end
+            end += -(-len(members) * height * width * 3 // _OUTPUT_ALIGN) * _OUTPUT_ALIGN
         spare = [b for b in reuse if isinstance(b, torch.Tensor)]
         others = [b for b in reuse if not isinstance(b, torch.Tensor)]
         fits = [i for i, b in enumerate(spare) if b.numel() >= end]
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             buffer = spare.pop(fits[0]) if fits else torch.empty(end, dtype=torch.uint8, device=self.device)
             base = buffer.data_ptr()
+            outputs: list[tuple[int, int]] = [(0, 0)] * len(jpegs)
+            for (height, width), members in groups.items():
+                for j, i in enumerate(members):
+                    outputs[i] = (base + starts[height, width] + j * height * width * 3, width * 3)
             datas = [p.data or b"" for p in jpegs]
-            outputs = [(base + start, width * 3) for start, (_, width) in zip(starts, sizes, strict=True)]
             if self._hardware.decode(datas, outputs, self.stream.cuda_stream) == 0:
                 decoded = [True] * len(jpegs)
             else:  # one image the header check let through failed the call: each alone, to find it
                 alone = zip(datas, outputs, strict=True)
                 decoded = [self._hardware.decode([d], [o], self.stream.cuda_stream) == 0 for d, o in alone]
-            pixels: list[torch.Tensor | None] = [
-                _upright(buffer[start : start + h * w * 3].view(h, w, 3), p.orientation) if ok else None
-                for p, ok, start, (h, w) in zip(jpegs, decoded, starts, sizes, strict=True)
-            ]
+            pixels: list[torch.Tensor | None] = [None] * len(jpegs)
+            for (height, width), members in groups.items():
+                size = len(members) * height * width * 3
+                at = starts[height, width]
+                frames = buffer[at : at + size].view(len(members), height, width, 3).unbind(0)
+                for i, frame in zip(members, frames, strict=True):
+                    if decoded[i]:
+                        pixels[i] = _upright(frame, jpegs[i].orientation)
         return pixels, [buffer, *spare, *others]
 
 
