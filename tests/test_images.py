@@ -7,6 +7,7 @@ wrote itself.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import cv2
@@ -350,3 +351,23 @@ def test_png_size_comes_from_its_header_so_max_pixels_can_exceed_pillows_bound()
     assert (info.height, info.width) == (20000, 20000)
     with pytest.raises(ImageReadError, match="20000x20000 is 400,000,000 pixels, over the limit of 89,478,485"):
         check_encoded(header, "huge.png", max_pixels=89_478_485)
+
+
+def test_files_in_the_page_cache_are_read_whole_and_anything_else_is_left_to_the_ordinary_read(tmp_path):
+    """`read_cached_file` (a read holding the GIL, for the hardware decoder's feed) gives a cached file's exact bytes,
+    and None for what `read_image_file` must read or name: empty, a folder, missing, a video, a pipe, a URL."""
+    from yolojet.images.sources import read_cached_file, read_image_file
+
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes((ASSETS / "bus.jpg").read_bytes() + os.urandom(1000))  # just written: in the page cache
+    grown = tmp_path / "big.png"
+    grown.write_bytes(os.urandom(3 << 20))
+    for path in (photo, grown):
+        assert read_cached_file(str(path)) == read_image_file(path)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "folder.jpg").mkdir()
+    (tmp_path / "clip.mp4").write_bytes(b"\x00" * 100)
+    os.mkfifo(tmp_path / "pipe.jpg")
+    for name in ("empty.jpg", "folder.jpg", "missing.jpg", "clip.mp4", "pipe.jpg"):
+        assert read_cached_file(str(tmp_path / name)) is None, name
+    assert read_cached_file("https://example.com/bus.jpg") is None

@@ -45,7 +45,7 @@ import torch
 from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.images.codecs import DEFAULT_MAX_PIXELS, JPEG_EOI, EncodedInfo, check_encoded, decode_cpu
 from yolojet.images.frames import Frame, describe
-from yolojet.images.sources import is_url, read_image_file, refused_source
+from yolojet.images.sources import is_url, read_cached_file, read_image_file, refused_source
 from yolojet.options import DECODER_NAMES, cache_dir, name_nvimgcodec_extensions, nvimgcodec_extensions_given
 
 _MAX_THREADS = 32  # more threads than this gain nothing on one process's file reads and decodes
@@ -267,9 +267,10 @@ class _GpuJpegDecoder:
         its code stream."""
         raise NotImplementedError
 
-    def prepare(self, item: Encoded) -> Pending:
+    def prepare(self, item: Encoded, data: bytes | None = None) -> Pending:
+        """`data`: the item's bytes where the caller has read them already."""
         try:
-            data = item.read()
+            data = item.read() if data is None else data
             info = check_encoded(data, item.name, self.cpu.max_pixels)
         except ImageReadError as e:
             return Pending(item, outcome=e)
@@ -395,14 +396,14 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
         than through a refusal)."""
         return info.jpeg is not None and not info.jpeg.progressive and info.jpeg.components in (1, 3)
 
-    def prepare(self, item: Encoded) -> Pending:
+    def prepare(self, item: Encoded, data: bytes | None = None) -> Pending:
         """A local JPEG file the hardware decoders take is read by nvImageCodec itself, during the decode call; any
         other image is read and checked here, as the other decoders do."""
-        if isinstance(item.source, (str, Path)):
+        if data is None and isinstance(item.source, (str, Path)):
             stream = jpeg_file_stream(self._nv, str(item.source), self.cpu.max_pixels)
             if stream is not None:
                 return Pending(item, code_stream=stream)
-        return super().prepare(item)
+        return super().prepare(item, data)
 
     def _decode_jpegs(self, jpegs: list[Pending], reuse: Sequence[Any]) -> tuple[list[torch.Tensor | None], list[Any]]:
         # nvImageCodec applies EXIF orientation itself (its params).
@@ -468,8 +469,12 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
     def _takes(self, info: EncodedInfo) -> bool:
         return info.jpeg is not None and not info.jpeg.progressive and info.jpeg.components in (1, 3)
 
-    def prepare(self, item: Encoded) -> Pending:
-        pending = super().prepare(item)
+    def prepare(self, item: Encoded, data: bytes | None = None) -> Pending:
+        """A local file wholly in the page cache is read holding the GIL (`read_cached_file`), any other the ordinary
+        way; nvJPEG then checks the header of a JPEG the hardware may take."""
+        if data is None and isinstance(item.source, (str, Path)):
+            data = read_cached_file(str(item.source))
+        pending = super().prepare(item, data)
         if pending.for_the_gpu and pending.data is not None and not self._hardware.takes(pending.data):
             return self.cpu.submit(item, pending.data, checked=True)
         return pending

@@ -3,6 +3,7 @@ memory; video files, streams and cameras refused with a message saying so."""
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 from pathlib import Path
@@ -87,6 +88,62 @@ def _read_whole(path: str) -> bytes:
         return parts[0] if len(parts) == 1 else b"".join(parts)
     finally:
         os.close(handle)
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+def _c_calls_holding_the_gil():
+    """The C library's calls, and CPython's for a new bytes object, called without letting go of the GIL (None off
+    Linux or where the C library lacks preadv2)."""
+    try:
+        libc = ctypes.PyDLL(None, use_errno=True)
+        preadv2 = libc.preadv2
+    except (OSError, AttributeError):
+        return None
+    preadv2.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_int, ctypes.c_long, ctypes.c_int]
+    preadv2.restype = ctypes.c_ssize_t
+    libc.lseek.argtypes, libc.lseek.restype = [ctypes.c_int, ctypes.c_long, ctypes.c_int], ctypes.c_long
+    libc.open.argtypes, libc.open.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_int
+    libc.close.argtypes, libc.close.restype = [ctypes.c_int], ctypes.c_int
+    new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+    new_bytes.argtypes, new_bytes.restype = [ctypes.c_void_p, ctypes.c_ssize_t], ctypes.py_object
+    buffer_of = ctypes.pythonapi.PyBytes_AsString
+    buffer_of.argtypes, buffer_of.restype = [ctypes.py_object], ctypes.c_void_p
+    return libc, new_bytes, buffer_of
+
+
+_HOLDING_THE_GIL = _c_calls_holding_the_gil()
+_RWF_NOWAIT = 0x8  # preadv2: fail with EAGAIN rather than wait for the disk
+_CACHED_READ_MAX = 64 << 20
+
+
+def read_cached_file(path: str) -> bytes | None:
+    """A local file's bytes when the whole file is in the page cache, read without letting go of the GIL (an open, a
+    seek and one preadv2 with RWF_NOWAIT, a few microseconds each); None when it is not all cached, is not a plain
+    readable file, or this system cannot say (then `read_image_file`, which lets go of the GIL for each call, reads it
+    and names what is wrong).
+
+    Why: every call that lets go of the GIL waits to take it back while another thread runs Python, and a feed thread
+    reading a file with Python's calls lets go of it four times. A read that would wait for a disk (an uncached file,
+    a network share) is refused here rather than made while holding the GIL."""
+    if _HOLDING_THE_GIL is None or is_url(path) or refused_source(path) is not None:
+        return None
+    libc, new_bytes, buffer_of = _HOLDING_THE_GIL
+    handle = libc.open(os.fsencode(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    if handle < 0:
+        return None
+    try:
+        size = libc.lseek(handle, 0, os.SEEK_END)
+        if not 0 < size <= _CACHED_READ_MAX:  # empty, special (a pipe, a directory), or large: the ordinary path
+            return None
+        data = new_bytes(None, size)  # a new bytes object nothing else holds yet: filled in place, as CPython does
+        vector = _IoVec(buffer_of(data), size)
+        read = libc.preadv2(handle, ctypes.byref(vector), 1, 0, _RWF_NOWAIT)
+        return data if read == size else None
+    finally:
+        libc.close(handle)
 
 
 def expand_sources(sources: list[str]) -> list[str]:
