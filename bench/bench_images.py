@@ -237,8 +237,6 @@ def with_decoder(engine, name: str) -> bool:
     decoder = decoder_or_none(name, engine.device)
     if decoder is None:
         return False
-    if hasattr(decoder, "wait_started"):  # auto: timed once the hardware decoder has started
-        decoder.wait_started(60)
     engine.decoder.close()
     engine.decoder = decoder
     return True
@@ -395,7 +393,7 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
         # The same stream again with its steps timed, thread by thread: where each thread spends the stream's time
         # (the caller's thread waiting for decoded chunks, submitting, collecting, making results; the feed's threads
         # reading and checking files, in the decoder's call, or waiting).
-        decoder_type = type(engine.decoder.current() if hasattr(engine.decoder, "current") else engine.decoder)
+        decoder_type = type(engine.decoder)
         steps = [(FrameFeed, "next_batch"), (type(engine), "_submit_fed"), (type(engine), "_collect")]
         steps += [(engine_module, "make_results"), (decoder_type, "prepare"), (decoder_type, "finish")]
         steps += [(CpuDecoder, "decode_bytes")] if decoder_type is not CpuDecoder else []

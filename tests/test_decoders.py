@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import cv2
 import numpy as np
@@ -18,7 +17,6 @@ import torch
 from PIL import Image, ImageOps
 from ultralytics.utils import ASSETS
 
-from yolojet.engine.engine import Engine
 from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.images import Frame
 from yolojet.images.codecs import check_encoded, jpeg_info
@@ -215,139 +213,26 @@ def test_gpu_decoders_on_real_and_awkward_jpegs(name):
         decoder.close()
 
 
-def test_auto_decodes_on_the_cpu_pool_while_the_hardware_decoder_starts(monkeypatch):
-    """`auto` on a GPU: images decode on the CPU pool (OpenCV's pixels) until the hardware decoder has started, then
-    on it, an image prepared before the switch included; a start that fails leaves the CPU pool. The hardware decoder
-    is stood in for by a CPU one whose start waits for the test (this machine has no hardware decoder; the GPU test
-    below starts the real one)."""
-    import threading
-
-    from yolojet.images import decoders
-
-    release, outcome = threading.Event(), {}
-
-    class SlowToStart:
-        name = "hardware stand-in"
-
-        def __init__(self, cpu: CpuDecoder) -> None:
-            assert release.wait(30)
-            if outcome.get("fail"):
-                raise EngineConfigError("decoder 'nvimgcodec': no hardware JPEG decoder here")
-            self.cpu, self.finished = cpu, 0
-
-        def describe(self) -> str:
-            return "the stand-in"
-
-        def prepare(self, item):
-            return self.cpu.prepare(item)
-
-        def finish(self, pending, reuse=()):
-            self.finished += len(pending)
-            return self.cpu.finish(pending, reuse)
-
-        def close(self) -> None:
-            self.cpu.close()
-
-    monkeypatch.setattr(decoders, "HardwareJpegDecoder", SlowToStart)
-    data = BUS.read_bytes()
-    for fail in (False, True):
-        outcome["fail"] = fail
-        release.clear()
-        decoder = decoders.StartingHardwareDecoder(CpuDecoder(torch.device("cpu"), threads=2))
-        try:
-            # One image at a time never starts it: a camera or a script's first call does not pay for the start.
-            assert decoder.name == "cpu" and "first batch" in decoder.describe()
-            first = decoder.decode([Encoded.of(data)]).items[0]
-            assert np.array_equal(rgb(first), cv2_rgb(data))
-            assert "first batch" in decoder.describe()
-            # A batch starts it on its own thread and is decoded on the pool meanwhile.
-            pair = decoder.decode([Encoded.of(data)] * 2).items
-            assert all(np.array_equal(rgb(f), cv2_rgb(data)) for f in pair)
-            assert decoder.name == "cpu" and "starting" in decoder.describe()
-            early = decoder.prepare(Encoded.of(data))  # on the pool, finished after the switch
-            release.set()
-            started = decoder.wait_started(timeout=30)
-            if fail:
-                assert started is decoder.cpu and decoder.name == "cpu"
-            else:
-                assert decoder.name == "hardware stand-in" and decoder.describe() == "the stand-in"
-            frames = decoder.finish([early, decoder.prepare(Encoded.of(data))]).items
-            assert all(np.array_equal(rgb(f), cv2_rgb(data)) for f in frames)
-            if not fail:
-                assert started.finished == 2
-        finally:
-            release.set()
-            decoder.close()
-    never_started = decoders.StartingHardwareDecoder(CpuDecoder(torch.device("cpu"), threads=1))
-    never_started.close()  # closes its pool without starting the hardware decoder
-    assert "first batch" in never_started.describe()
-    # A server's or labeler's engine starts it before the first image and waits (Engine.start_decoder).
-    outcome["fail"] = False
-    ahead = decoders.StartingHardwareDecoder(CpuDecoder(torch.device("cpu"), threads=1))
-    try:
-        assert Engine.start_decoder(SimpleNamespace(decoder=ahead)) == "the stand-in"
-        assert ahead.name == "hardware stand-in"
-    finally:
-        ahead.close()
-
-
-def test_a_load_for_many_images_starts_the_hardware_decoder_beside_the_build(monkeypatch):
-    """`Engine.load(start_decoder=True)` (a labeler's load) begins `auto`'s hardware decoder start on its own thread
-    while the network is built; a plain load leaves it for the first batch. A stand-in hardware decoder records
-    when it started (this machine has none)."""
-    import threading
-    import time
-
-    from yolojet.engine import engine as engine_module
-    from yolojet.images import decoders
-
-    started: list[tuple[str, float]] = []
-
-    class RecordsItsStart(CpuDecoder):
-        name = "hardware stand-in"
-
-        def __init__(self, cpu: CpuDecoder) -> None:
-            started.append((threading.current_thread().name, time.monotonic()))
-            super().__init__(cpu.device, threads=1)
-
-    monkeypatch.setattr(decoders, "HardwareJpegDecoder", RecordsItsStart)
-    monkeypatch.setattr(
-        engine_module,
-        "make_decoder",
-        lambda name, device, max_pixels: decoders.StartingHardwareDecoder(CpuDecoder(device, threads=1)),
-    )
-    for ahead in (False, True):
-        started.clear()
-        engine = Engine.load("yolov8n.yaml", device="cpu", backend="reference", imgsz=64, start_decoder=ahead)
-        try:
-            loaded = time.monotonic()
-            if ahead:
-                engine.start_decoder()
-                ((thread, when),) = started
-                assert thread.startswith("yolojet-decoder-start") and when < loaded
-            else:
-                assert started == [] and engine.decoder.name == "cpu"
-        finally:
-            engine.close()
-
-
 @pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
-def test_auto_starts_the_hardware_decoder_beside_the_first_images():
+def test_auto_is_the_hardware_decoder_through_nvjpeg_where_the_gpu_has_one():
+    """`auto` on a GPU: nvJPEG's hardware decoder where it starts (its pixels within a level of OpenCV's), else the CPU
+    pool (OpenCV's exactly); an image at once either way, frames on the GPU."""
     device = torch.device("cuda")
     decoder = make_decoder("auto", device)
     try:
+        assert decoder.name in ("hardware", "cpu")
+        try:
+            make_decoder("hardware", device).close()
+            assert decoder.name == "hardware", "the hardware decoder starts here, so auto must be it"
+        except EngineConfigError:
+            assert decoder.name == "cpu"
         data = BUS.read_bytes()
-        batch = decoder.decode([Encoded.of(data)])  # at once, whichever decoder takes it
-        batch.wait_on(torch.cuda.current_stream())
-        assert np.abs(rgb(batch.items[0]).astype(int) - cv2_rgb(data).astype(int)).max() <= 1
-        decoder.wait_started(timeout=60)
-        # Settled either way: the hardware decoder where the GPU has one, else the CPU pool (OpenCV's pixels exactly).
-        assert decoder.name in ("nvimgcodec", "cpu") and "starting" not in decoder.describe()
-        batch = decoder.decode([Encoded.of(data)] * 3)
-        batch.wait_on(torch.cuda.current_stream())
-        limit = 1 if decoder.name == "nvimgcodec" else 0
-        assert all(np.abs(rgb(f).astype(int) - cv2_rgb(data).astype(int)).max() <= limit for f in batch.items)
-        assert all(f.pixels.device.type == "cuda" for f in batch.items)
+        for count in (1, 3):
+            batch = decoder.decode([Encoded.of(data)] * count)
+            batch.wait_on(torch.cuda.current_stream())
+            limit = 1 if decoder.name == "hardware" else 0
+            assert all(np.abs(rgb(f).astype(int) - cv2_rgb(data).astype(int)).max() <= limit for f in batch.items)
+            assert all(f.pixels.device.type == "cuda" for f in batch.items)
     finally:
         decoder.close()
 

@@ -369,19 +369,19 @@ def test_answered_batches_lend_their_decoded_images_to_later_ones(model_dirs, mo
 
 
 @pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
-def test_the_hardware_decoder_decodes_requests_into_answered_batches_images(model_dirs):
+@pytest.mark.parametrize("decoder", ["nvimgcodec", "hardware"])
+def test_the_hardware_decoder_decodes_requests_into_answered_batches_images(model_dirs, decoder):
     """On the GPU: two photos of different sizes in turn over a stream, many batches long, each batch decoded into
     the images of batches answered before it; every reply is its photo's own."""
     from yolojet.engine.engine import Engine
     from yolojet.serve.models import ServedModel, measure_latency
 
     try:
-        engine = Engine.load(model_dirs["detect"], max_batch=8, decoder="nvimgcodec")
+        engine = Engine.load(model_dirs["detect"], max_batch=8, decoder=decoder)
     except EngineConfigError as e:
         pytest.skip(str(e))
-    engine.start_decoder()
     model = ServedModel.of("detect", engine, measure_latency(engine, repeats=1))
-    running = RunningServer({"detect": model}, replace(ServeOptions(), port=0, slo_ms=60_000, decoder="nvimgcodec"))
+    running = RunningServer({"detect": model}, replace(ServeOptions(), port=0, slo_ms=60_000, decoder=decoder))
     try:
         alone = [rows_of(running.stub().Infer(pb.InferRequest(image=d, conf=CONF), timeout=60)) for d in (BUS, ZIDANE)]
         images = [BUS, ZIDANE] * 40

@@ -14,8 +14,7 @@ from yolojet.engine.engine import Engine
 
 class LocalLabeler:
     """Labels on an engine in this process. `first_images`: the first of the images to come, whose rectangles are
-    built at load, beside the hardware decoder's start, rather than at their first batch (0.8 s for a 640x480
-    network on an H200, bench/NOTES.md)."""
+    built at load rather than at their first batch (0.8 s for a 640x480 network on an H200, bench/NOTES.md)."""
 
     def __init__(
         self,
@@ -25,16 +24,9 @@ class LocalLabeler:
         first_images: Sequence[str] = (),
         **engine_options: Any,
     ) -> None:
-        # Many images follow: the hardware decoder's start (about 2 s) beside the load and before the first image,
-        # not inside the labeling (on an H200 the main thread otherwise waited 2.2 s for it after the load).
         self.engine = Engine.load(
-            model,
-            max_batch=batch,
-            start_decoder=True,
-            shapes_for=list(first_images[:FIRST_IMAGES]),
-            **engine_options,
+            model, max_batch=batch, shapes_for=list(first_images[:FIRST_IMAGES]), **engine_options
         )
-        self.engine.start_decoder()
         self.options = options
         meta = self.engine.meta
         path = Path(str(model).rstrip("/"))

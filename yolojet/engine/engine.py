@@ -38,7 +38,7 @@ from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.geometry import Letterbox, rect_letterbox
 from yolojet.images import DEFAULT_MAX_PIXELS, Frame, is_encoded
 from yolojet.images.codecs import decoded_size
-from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, StartingHardwareDecoder, make_decoder
+from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, make_decoder
 from yolojet.images.frames import frame_from_pixels
 from yolojet.images.sources import is_url
 from yolojet.ir import Graph, ModelMeta
@@ -54,13 +54,6 @@ TASKS_WITH_BOXES = ("detect", "segment", "pose", "obb")
 def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
     start = time.perf_counter()
     return fn(*args), time.perf_counter() - start
-
-
-def _make_decoder(name: str, device: torch.device, max_pixels: int, start: bool) -> Decoder:
-    made = make_decoder(name, device, max_pixels)
-    if start and isinstance(made, StartingHardwareDecoder):
-        made.start()  # on a thread of its own: beside the build, whose Python it shares the GIL with
-    return made
 
 
 def _close_when_started(starting: Future) -> None:
@@ -226,7 +219,6 @@ class Engine:
         rect: bool = True,
         shapes: Sequence[tuple[int, int]] = (),
         max_shapes: int = 4,
-        start_decoder: bool = False,
         shapes_for: Sequence[str | Path | bytes] = (),
     ) -> Engine:
         """Load a model directory, `.pt`, ultralytics name or `.yaml` (exported on first use and cached).
@@ -240,11 +232,9 @@ class Engine:
         the captured graph on a CUDA device unless YOLOJET_BRANCHES=0; `branches=False` runs them in order.
         `switches` gives these four as one `EngineOptions` (the fronts' way); a keyword beside it that differs
         from its default wins.
-        `decoder` decodes files and bytes: "auto" (the GPU's hardware JPEG decoders where there are some, else CPU
-        threads, which also take the first images while the hardware decoder starts), "nvimgcodec", "cpu" or
-        "nvjpeg" (yolojet/images/decoders.py); `start_decoder=True` starts "auto"'s hardware decoder beside the
-        build rather than at the first batch, for a caller that knows many images follow (`Engine.start_decoder`
-        then waits for it); an image of more than `max_pixels` pixels is an error rather than a decode.
+        `decoder` decodes files and bytes: "auto" (the GPU's hardware JPEG decoders through nvJPEG where there are
+        some, else CPU threads), "hardware", "nvimgcodec", "cpu" or "nvjpeg" (yolojet/images/decoders.py); an image
+        of more than `max_pixels` pixels is an error rather than a decode.
         `rect=True` (ultralytics' predict's default) letterboxes each image to
         the smallest rectangle of stride multiples that holds it scaled to imgsz (640x480 for a 4:3 photo), running
         the network built for that rectangle from the same model; `rect=False` letterboxes every image to the square
@@ -276,7 +266,7 @@ class Engine:
         # The decoder starts on a thread of its own while the network is built: a GPU decoder's start (its library,
         # the hardware's resources, a probe decode) takes seconds, mostly outside Python.
         with ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start") as starter:
-            starting = starter.submit(_timed, _make_decoder, decoder, device, max_pixels, start_decoder)
+            starting = starter.submit(_timed, make_decoder, decoder, device, max_pixels)
             try:
                 graph = resolve_graph(model, imgsz)
                 if backend == "reference":
@@ -316,14 +306,6 @@ class Engine:
             kept = f"rectangular, networks of up to {engine.max_shapes} shapes kept" if engine.rect else "square"
             print(f"yolojet: letterbox {kept}", file=sys.stderr)
         return engine
-
-    def start_decoder(self) -> str:
-        """Have the decoder ready for many images, for a caller that knows many follow (a server, a labeler): where
-        `auto` would start the hardware decoder at the first batch (about 2 s, beside the first images on the CPU
-        pool), start it now and wait for it. Returns the decoder that takes the images, as `describe` says it."""
-        if isinstance(self.decoder, StartingHardwareDecoder):
-            self.decoder.wait_started()
-        return self.decoder.describe()
 
     def close(self) -> None:
         """Stop the decoder's threads (an engine left to the garbage collector stops them at exit)."""

@@ -17,9 +17,11 @@ read the file and check its header) and `finish(pending)` (a batch: the GPU deco
   (bench/NOTES.md).
 - `nvjpeg`: torchvision's nvJPEG on the SMs, batched; only when asked for by name, since its pixels differ from
   OpenCV's by up to tens of levels on some photos.
-- `auto` (the default): `nvimgcodec` where the GPU has hardware decoders and the package is installed, else `cpu`.
-  The hardware decoder starts on a thread of its own at the first batch of images (about 2 s) while the CPU pool
-  decodes, so neither the engine's load nor one image at a time waits for it (`StartingHardwareDecoder`).
+- `hardware`: the same hardware decoders through nvJPEG's C API (`NvjpegHardwareDecoder`): a file wholly in the page
+  cache read holding the GIL, nvJPEG's header check holding it, a batch's decode one call that lets go of it once.
+  It starts in 0.1 s where nvImageCodec takes 2.1 s holding the GIL, its call of 64 took 80-94 us an image against
+  98-121 (H200), and the engine's stream over 10,000 files ran as fast as through nvImageCodec (bench/NOTES.md).
+- `auto` (the default): `hardware` where the GPU has hardware decoders and nvJPEG is installed, else `cpu`.
 
 Every decoder checks the bytes first (`codecs.check_encoded`): empty, unknown, cut-short JPEGs and images over the
 pixel limit are errors naming the input, whichever decoder would have run. Errors are per image: a batch's other
@@ -33,9 +35,8 @@ import functools
 import hashlib
 import io
 import os
-import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -561,82 +562,7 @@ def _upright(pixels: torch.Tensor, orientation: int) -> torch.Tensor:
     return pixels
 
 
-class StartingHardwareDecoder:
-    """`auto` on a GPU: nvImageCodec's hardware decoder starts on a thread of its own at the first batch of images (two
-    or more in one call or chunk, or `wait_started`), and until it has started the CPU pool decodes, with OpenCV's
-    pixels; then the hardware decoder takes every batch. Where it cannot start (no hardware decoders, no package), the
-    CPU pool stays. Never back: an image prepared on the CPU pool may be finished by the hardware decoder, which waits
-    for the pool's images, but not the other way.
-
-    Not at load: its start (loading its library, then a first decode) holds the GIL for ~2.3 s on an H200 host, which
-    stalls every other thread of the process, and so an engine's load and first result, by as much (bench/NOTES.md).
-    One image at a time (a camera, a script's first call) never waits for it."""
-
-    def __init__(self, cpu: CpuDecoder) -> None:
-        self.cpu, self.device = cpu, cpu.device
-        self._lock = threading.Lock()
-        self._starter: ThreadPoolExecutor | None = None
-        self._starting: Future | None = None
-        self._started: CpuDecoder | HardwareJpegDecoder | None = None
-
-    def start(self) -> None:
-        """Begin the hardware decoder's start on its own thread (once; later calls return at once)."""
-        with self._lock:
-            if self._starting is None:
-                self._starter = ThreadPoolExecutor(1, thread_name_prefix="yolojet-decoder-start")
-                self._starting = self._starter.submit(HardwareJpegDecoder, self.cpu)
-
-    def current(self) -> CpuDecoder | HardwareJpegDecoder:
-        """The decoder that takes work now."""
-        if self._started is None and self._starting is not None and self._starting.done():
-            try:
-                self._started = self._starting.result()
-            except Exception:  # cannot start here: EngineConfigError says why; the CPU pool for good
-                self._started = self.cpu
-        return self._started if self._started is not None else self.cpu
-
-    def wait_started(self, timeout: float | None = None) -> CpuDecoder | HardwareJpegDecoder:
-        """The decoder once the start (begun here if it had not been) has ended either way (a start's own exception is
-        not raised here)."""
-        self.start()
-        assert self._starting is not None
-        wait([self._starting], timeout)
-        return self.current()
-
-    @property
-    def name(self) -> str:
-        return self.current().name
-
-    def describe(self) -> str:
-        cpu = self.cpu.describe()
-        if self._starting is None:
-            return f"nvimgcodec (hardware JPEG decoders) from the first batch of images, until then {cpu}"
-        if not self._starting.done():
-            return f"nvimgcodec starting (hardware JPEG decoders), meanwhile {cpu}"
-        return self.current().describe()
-
-    def prepare(self, item: Encoded) -> Pending:
-        return self.current().prepare(item)
-
-    def finish(self, pending: list[Pending], reuse: Sequence[Any] = ()) -> DecodedBatch:
-        if self._starting is None and sum(p.outcome is None for p in pending) > 1:  # images still to decode
-            self.start()
-        return self.current().finish(pending, reuse)
-
-    def decode(self, items: list[Encoded], reuse: Sequence[Any] = ()) -> DecodedBatch:
-        return self.finish([self.prepare(item) for item in items], reuse)
-
-    def close(self) -> None:
-        if self._starting is None:
-            self.cpu.close()
-            return
-        started = self.wait_started()  # a start cannot be cut short: its resources are released once it ends
-        assert self._starter is not None
-        self._starter.shutdown(wait=True)
-        started.close()  # the hardware decoder's CPU pool is this one: closing either closes the pool
-
-
-Decoder = CpuDecoder | HardwareJpegDecoder | NvjpegHardwareDecoder | NvjpegDecoder | StartingHardwareDecoder
+Decoder = CpuDecoder | HardwareJpegDecoder | NvjpegHardwareDecoder | NvjpegDecoder
 
 
 def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decoder:
@@ -655,14 +581,14 @@ def make_decoder(name: str, device: torch.device, max_pixels: int = DEFAULT_MAX_
         raise EngineConfigError(f"decoder {name!r} decodes on a CUDA GPU, and this engine runs on {device}")
     if name == "nvjpeg":
         return NvjpegDecoder(cpu)
-    if name == "hardware":
+    if name in ("hardware", "auto"):
         try:
             return NvjpegHardwareDecoder(cpu)
         except EngineConfigError:
+            if name == "auto":  # no hardware decoders here (or no nvJPEG): the CPU pool
+                return cpu
             cpu.close()
             raise
-    if name == "auto":
-        return StartingHardwareDecoder(cpu)
     try:
         return HardwareJpegDecoder(cpu)
     except EngineConfigError:

@@ -125,8 +125,6 @@ def load_models(specs: list[ModelSpec], **engine_options: Any) -> dict[str, Serv
         for spec in specs:
             engine = Engine.load(spec.source, max_batch=spec.max_batch, **engine_options)
             latency = measure_latency(engine)
-            # Started beside the warm-up: a server decodes its first requests with, and reports, the decoder it keeps.
-            engine.start_decoder()
             models[spec.name] = ServedModel.of(spec.name, engine, latency)
     except BaseException:
         for model in models.values():
