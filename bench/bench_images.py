@@ -121,10 +121,13 @@ def awkward_jpegs() -> dict[str, bytes]:
 
 
 def decoder_or_none(name: str, device: torch.device):
+    """`name` as make_decoder knows it, or "hardware-1lane": the hardware decoder with one nvJPEG state."""
     from yolojet.errors import EngineConfigError
-    from yolojet.images.decoders import make_decoder
+    from yolojet.images.decoders import CpuDecoder, NvjpegHardwareDecoder, make_decoder
 
     try:
+        if name == "hardware-1lane":
+            return NvjpegHardwareDecoder(CpuDecoder(device), lanes=1)
         return make_decoder(name, device)
     except EngineConfigError as e:
         print(f"decoder {name}: not available ({e})", flush=True)
@@ -186,7 +189,12 @@ def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
     data = (assets() / "bus.jpg").read_bytes()
     chunk = [Encoded.of(data)] * batch
     rows: dict = {}
-    for name, kind in (("nvimgcodec", HardwareJpegDecoder), ("hardware", NvjpegHardwareDecoder)):
+    kinds = {
+        "nvimgcodec": HardwareJpegDecoder,
+        "hardware": NvjpegHardwareDecoder,
+        "hardware-1lane": lambda cpu: NvjpegHardwareDecoder(cpu, lanes=1),
+    }
+    for name, kind in kinds.items():
         try:
             started = time.perf_counter()
             decoder = kind(CpuDecoder(torch.device("cuda")))
@@ -802,7 +810,7 @@ def print_table(found: dict) -> None:
     stream = found.get("stream", {})
     if stream:
         print(f"| engine alone, staged GPU frames | {stream['engine_alone_img_per_s']:,.0f} img/s |")
-    for name in ("auto", "nvimgcodec", "hardware", "cpu"):
+    for name in ("auto", "nvimgcodec", "hardware", "hardware-1lane", "cpu"):
         if name in stream:
             r = stream[name]
             print(

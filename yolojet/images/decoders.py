@@ -423,6 +423,10 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
 
 # Each image's output starts on this boundary in its batch's buffer (nvJPEG's own allocations are aligned as much).
 _OUTPUT_ALIGN = 256
+# nvJPEG states decoding a batch side by side, each on its own thread (its call blocks until its images are done), and
+# the fewest images a lane is given.
+HARDWARE_LANES = 2
+_LANE_MIN = 8
 
 
 class NvjpegHardwareDecoder(_GpuJpegDecoder):
@@ -437,12 +441,27 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
     # images on another thread meanwhile (yolojet/engine/feed.py).
     blocking_finish = True
 
-    def __init__(self, cpu: CpuDecoder) -> None:
+    def __init__(self, cpu: CpuDecoder, lanes: int = HARDWARE_LANES) -> None:
         from yolojet.images.nvjpeg_hardware import NvjpegHardware
 
         super().__init__(cpu)
-        with torch.cuda.device(self.device):
-            self._hardware = NvjpegHardware()
+        self._lanes: list[NvjpegHardware] = []
+        self._helpers: ThreadPoolExecutor | None = None
+        try:
+            with torch.cuda.device(self.device):
+                for _ in range(lanes):
+                    self._lanes.append(NvjpegHardware())
+        except EngineConfigError:
+            self.close_lanes()
+            raise
+        self._hardware = self._lanes[0]
+        if lanes > 1:  # the other lanes' calls, each on a thread of its own set to this device
+            self._helpers = ThreadPoolExecutor(
+                lanes - 1,
+                thread_name_prefix="yolojet-hardware-lane",
+                initializer=torch.cuda.set_device,
+                initargs=(self.device,),
+            )
         try:  # a first decode, checked: a GPU without hardware decoders may still make a handle
             probe = Pending(Encoded(_probe_jpeg(), "probe"), data=_probe_jpeg(), size=(48, 64))
             pixels = self._decode_jpegs([probe], ())[0][0] if self._hardware.takes(_probe_jpeg()) else None
@@ -450,10 +469,10 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
             colour = torch.tensor(_PROBE_RGB, dtype=torch.int16)
             decodes = pixels is not None and bool((pixels.cpu().to(torch.int16) - colour).abs().max() <= 2)
         except Exception:
-            self._hardware.close()
+            self.close_lanes()
             raise
         if not decodes:
-            self._hardware.close()
+            self.close_lanes()
             raise EngineConfigError(
                 f"decoder 'hardware': the hardware JPEG decoder of {torch.cuda.get_device_name(self.device)} did not "
                 "decode a test image; use decoder='cpu'"
@@ -463,12 +482,35 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
         engines = f"{self._hardware.engines} engines of {self._hardware.cores}" if self._hardware.engines else "some"
         return f"hardware (nvJPEG on {engines} hardware JPEG decoders; other images on {self.cpu.describe()})"
 
+    def close_lanes(self) -> None:
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=True)
+        for lane in self._lanes:
+            lane.close()
+
     def close(self) -> None:
-        self._hardware.close()
+        self.close_lanes()
         super().close()
 
     def _takes(self, info: EncodedInfo) -> bool:
         return info.jpeg is not None and not info.jpeg.progressive and info.jpeg.components in (1, 3)
+
+    def _decode_call(self, datas: list[bytes], outputs: list[tuple[int, int]]) -> int:
+        """The batch decoded, split between the lanes (nvJPEG states decoding side by side) when each gets at least
+        `_LANE_MIN` images; nvJPEG's status, 0 where every lane's call succeeded."""
+        stream = self.stream.cuda_stream
+        count = len(datas)
+        if self._helpers is None or count < 2 * _LANE_MIN:
+            return self._hardware.decode(datas, outputs, stream)
+        share = max(_LANE_MIN, -(-count // len(self._lanes)))
+        parts = [(i, i + share) for i in range(0, count, share)]
+        others = [
+            self._helpers.submit(lane.decode, datas[a:b], outputs[a:b], stream)
+            for lane, (a, b) in zip(self._lanes[1:], parts[1:], strict=False)
+        ]
+        first = self._hardware.decode(datas[parts[0][0] : parts[0][1]], outputs[parts[0][0] : parts[0][1]], stream)
+        statuses = [first, *(f.result() for f in others)]
+        return next((status for status in statuses if status != 0), 0)
 
     def prepare(self, item: Encoded, data: bytes | None = None) -> Pending:
         """A local file wholly in the page cache is read holding the GIL (`read_cached_file`), any other the ordinary
@@ -502,7 +544,7 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
                 for j, i in enumerate(members):
                     outputs[i] = (base + starts[height, width] + j * height * width * 3, width * 3)
             datas = [p.data or b"" for p in jpegs]
-            if self._hardware.decode(datas, outputs, self.stream.cuda_stream) == 0:
+            if self._decode_call(datas, outputs) == 0:
                 decoded = [True] * len(jpegs)
             else:  # one image the header check let through failed the call: each alone, to find it
                 alone = zip(datas, outputs, strict=True)

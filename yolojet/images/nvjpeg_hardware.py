@@ -96,7 +96,8 @@ class NvjpegHardware:
     """One nvJPEG handle on the hardware backend, for the current CUDA device of the thread that creates it (the
     caller sets it); `takes(data)` says whether the hardware decodes a JPEG, `decode(...)` decodes a batch.
 
-    Safe to share between threads: each method holds the object's lock (nvJPEG's state and parsed stream are not)."""
+    Safe to share between threads: nvJPEG's handle is, and its parsed stream (`takes`) and decoding state (`decode`)
+    each have a lock of their own, so that a header check never waits for a batch's decode."""
 
     def __init__(self) -> None:
         path = find_library()
@@ -109,7 +110,8 @@ class NvjpegHardware:
             self._long = _declared(ctypes.CDLL(path))
         except (OSError, AttributeError) as e:  # not loadable, or too old a release for these calls
             raise EngineConfigError(f"decoder 'hardware': cannot load {path} ({e})") from e
-        self._lock = threading.Lock()
+        self._parsing = threading.Lock()
+        self._decoding = threading.Lock()
         self._handle = ctypes.c_void_p()
         self._state = ctypes.c_void_p()
         self._stream = ctypes.c_void_p()
@@ -141,7 +143,7 @@ class NvjpegHardware:
     def takes(self, data: bytes) -> bool:
         """Whether the hardware decodes this JPEG (baseline, one scan, a sampling it knows), by nvJPEG's own check of
         its header."""
-        with self._lock:
+        with self._parsing:
             if self._quick.nvjpegJpegStreamParseHeader(self._handle, data, len(data), self._stream) != 0:
                 return False
             supported = ctypes.c_int(-1)
@@ -159,14 +161,14 @@ class NvjpegHardware:
             image.pitch[0] = pitch
         data = (ctypes.c_char_p * n)(*datas)
         lengths = (ctypes.c_size_t * n)(*(len(d) for d in datas))
-        with self._lock:
+        with self._decoding:
             status = self._quick.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, _OUTPUT_RGBI)
             if status != 0:
                 return status
             return self._long.nvjpegDecodeBatched(self._handle, self._state, data, lengths, images, cuda_stream)
 
     def close(self) -> None:
-        with self._lock:
+        with self._parsing, self._decoding:
             if self._stream:
                 self._quick.nvjpegJpegStreamDestroy(self._stream)
                 self._stream = ctypes.c_void_p()
