@@ -121,13 +121,13 @@ def awkward_jpegs() -> dict[str, bytes]:
 
 
 def decoder_or_none(name: str, device: torch.device):
-    """`name` as make_decoder knows it, or "hardware-1lane": the hardware decoder with one nvJPEG state."""
+    """`name` as make_decoder knows it, or "hardware-2lanes": the hardware decoder with two nvJPEG states."""
     from yolojet.errors import EngineConfigError
     from yolojet.images.decoders import CpuDecoder, NvjpegHardwareDecoder, make_decoder
 
     try:
-        if name == "hardware-1lane":
-            return NvjpegHardwareDecoder(CpuDecoder(device), lanes=1)
+        if name == "hardware-2lanes":
+            return NvjpegHardwareDecoder(CpuDecoder(device), lanes=2)
         return make_decoder(name, device)
     except EngineConfigError as e:
         print(f"decoder {name}: not available ({e})", flush=True)
@@ -192,7 +192,7 @@ def stage_contention(found: dict, batch: int, seconds: float = 2.0) -> None:
     kinds = {
         "nvimgcodec": HardwareJpegDecoder,
         "hardware": NvjpegHardwareDecoder,
-        "hardware-1lane": lambda cpu: NvjpegHardwareDecoder(cpu, lanes=1),
+        "hardware-2lanes": lambda cpu: NvjpegHardwareDecoder(cpu, lanes=2),
     }
     for name, kind in kinds.items():
         try:
@@ -810,7 +810,7 @@ def print_table(found: dict) -> None:
     stream = found.get("stream", {})
     if stream:
         print(f"| engine alone, staged GPU frames | {stream['engine_alone_img_per_s']:,.0f} img/s |")
-    for name in ("auto", "nvimgcodec", "hardware", "hardware-1lane", "cpu"):
+    for name in ("auto", "nvimgcodec", "hardware", "hardware-2lanes", "cpu"):
         if name in stream:
             r = stream[name]
             print(

@@ -381,6 +381,31 @@ def test_nvjpeg_hardware_decoder_gives_nvimgcodecs_pixels_and_decodes_into_relea
             reference.close()
 
 
+@pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
+def test_two_nvjpeg_lanes_decode_a_batch_as_one_does():
+    """The hardware decoder with two nvJPEG states, each decoding part of a batch on its own thread: every image as
+    one state decodes it, two sizes in turn over a batch long enough to split. The device is named without an index,
+    which the second lane's thread must find for itself."""
+    from yolojet.images.decoders import NvjpegHardwareDecoder
+
+    device = torch.device("cuda")
+    try:
+        one = NvjpegHardwareDecoder(CpuDecoder(device, threads=2), lanes=1)
+    except EngineConfigError as e:
+        pytest.skip(str(e))
+    two = NvjpegHardwareDecoder(CpuDecoder(device, threads=2), lanes=2)
+    try:
+        items = [Encoded.of(BUS.read_bytes()), Encoded.of((ASSETS / "zidane.jpg").read_bytes())] * 20
+        alone, split = one.decode(items), two.decode(items)
+        for batch in (alone, split):
+            batch.wait_on(torch.cuda.current_stream())
+        for i, (a, b) in enumerate(zip(alone.items, split.items, strict=True)):
+            assert isinstance(a, Frame) and isinstance(b, Frame) and np.array_equal(rgb(a), rgb(b)), i
+    finally:
+        one.close()
+        two.close()
+
+
 def test_nvimgcodec_loads_its_jpeg_extension_alone_and_keeps_a_users_folder(tmp_path):
     """The hardware decoder's start points nvImageCodec at a folder holding its nvJPEG extension alone (a link into
     the package), so that its import neither loads the other seven extensions nor prints their install hints; a

@@ -423,9 +423,10 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
 
 # Each image's output starts on this boundary in its batch's buffer (nvJPEG's own allocations are aligned as much).
 _OUTPUT_ALIGN = 256
-# nvJPEG states decoding a batch side by side, each on its own thread (its call blocks until its images are done), and
-# the fewest images a lane is given.
-HARDWARE_LANES = 2
+# nvJPEG states that may decode a batch side by side, each on its own thread (a call blocks until its images are
+# done), and the fewest images a lane is given. Two lanes ran the engine's stream over 10,000 files at 6,595 img/s
+# against one's 6,194 in one H200 run (bench/NOTES.md); one stays the default until the GPU tests pass with two.
+HARDWARE_LANES = 1
 _LANE_MIN = 8
 
 
@@ -456,11 +457,12 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
             raise
         self._hardware = self._lanes[0]
         if lanes > 1:  # the other lanes' calls, each on a thread of its own set to this device
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             self._helpers = ThreadPoolExecutor(
                 lanes - 1,
                 thread_name_prefix="yolojet-hardware-lane",
                 initializer=torch.cuda.set_device,
-                initargs=(self.device,),
+                initargs=(index,),
             )
         try:  # a first decode, checked: a GPU without hardware decoders may still make a handle
             probe = Pending(Encoded(_probe_jpeg(), "probe"), data=_probe_jpeg(), size=(48, 64))
