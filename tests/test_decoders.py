@@ -49,6 +49,14 @@ def cpu_decoder():
     decoder.close()
 
 
+def gpu_decoder_or_skip(name: str):
+    """The decoder `name` on the GPU, or the test skipped with the reason it cannot run here."""
+    try:
+        return make_decoder(name, torch.device("cuda"))
+    except EngineConfigError as e:
+        pytest.skip(str(e))
+
+
 def rgb(frame: Frame) -> np.ndarray:
     """The frame's pixels in RGB order, from its own `bgr` flag (the CPU pool decodes to BGR, the GPU to RGB)."""
     pixels = frame.pixels.cpu().numpy()
@@ -181,11 +189,7 @@ def test_nvjpeg_hardware_without_a_gpu_says_so():
 def test_gpu_decoders_on_real_and_awkward_jpegs(name):
     """Every decoder that can run here: frames on the GPU, within a level of OpenCV's pixels (nvimgcodec, cpu) or
     close (nvjpeg); CMYK, progressive, EXIF-rotated, one-pixel and cut-short JPEGs handled per image."""
-    device = torch.device("cuda")
-    try:
-        decoder = make_decoder(name, device)
-    except EngineConfigError as e:
-        pytest.skip(str(e))
+    decoder = gpu_decoder_or_skip(name)
     photo = Image.open(BUS).convert("RGB")
     data = BUS.read_bytes()
     one_pixel = jpeg(Image.new("RGB", (1, 1), (10, 200, 30)))
@@ -294,11 +298,7 @@ def test_hardware_decoder_reads_files_itself_and_decodes_into_released_images(tm
     """Files given by path: what nvImageCodec reads itself has the pixels the bytes route gives, the rest go the
     ordinary way with the errors the CPU decoder gives; a batch decoded into an earlier batch's released images has
     its own pixels."""
-    device = torch.device("cuda")
-    try:
-        decoder = make_decoder("nvimgcodec", device)
-    except EngineConfigError as e:
-        pytest.skip(str(e))
+    decoder = gpu_decoder_or_skip("nvimgcodec")
     files = awkward_files(tmp_path)
     cpu = CpuDecoder(torch.device("cpu"), threads=2)
     try:
@@ -334,15 +334,11 @@ def test_nvjpeg_hardware_decoder_gives_nvimgcodecs_pixels_and_decodes_into_relea
     """The `hardware` decoder (nvJPEG's C API): from files and from bytes, every image nvImageCodec's hardware decoder
     decodes has the same pixels (the same nvJPEG call underneath), EXIF turned as cv2 turns it; the rest the CPU
     decoder's pixels or errors; a later batch decoded into a released batch's buffer has its own pixels."""
-    device = torch.device("cuda")
-    try:
-        decoder = make_decoder("hardware", device)
-    except EngineConfigError as e:
-        pytest.skip(str(e))
+    decoder = gpu_decoder_or_skip("hardware")
     files = awkward_files(tmp_path)
     cpu = CpuDecoder(torch.device("cpu"), threads=2)
     try:
-        reference = make_decoder("nvimgcodec", device)
+        reference = make_decoder("nvimgcodec", torch.device("cuda"))
     except EngineConfigError:
         reference = None
     try:
