@@ -5,7 +5,7 @@
 # time limit (seconds, overridable) so that one slow stage cannot cost the others' results.
 #   bash bench/gpu_check.sh   # for a GPU machine without network access: the cp312 wheels of ultralytics, ultralytics-thop
 #                             # and pycocotools in .whl/ beside the code (and pytest-xdist + execnet for parallel test workers)
-#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images switch serve one_to_one network compile
+#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images switch serve overload one_to_one network compile
 #   STAGES=one_to_one bash bench/gpu_check.sh   # bench/bench_one_to_one.py: YOLO26's one-to-one selection, torch ops vs our kernels
 #   STAGES=images IMAGES_FLAGS="--stages decoders call --files 2000" bash bench/gpu_check.sh  # bench/bench_images.py
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
@@ -112,6 +112,10 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     # worker-process server and labeler).
     timeout "${SERVE_SECONDS:-400}" python3 bench/bench_serve.py --out "$OUT" ${SERVE_FLAGS:-} > "$OUT/serve.log" 2>&1
     tail -12 "$OUT/serve.log" ;;
+  overload)
+    # One server with two models under an open-loop load: 0.8x, 2x and 0.5x the rate it sustains (bench/bench_overload.py).
+    timeout "${OVERLOAD_SECONDS:-400}" python3 bench/bench_overload.py --out "$OUT" ${OVERLOAD_FLAGS:-} > "$OUT/overload.log" 2>&1
+    tail -12 "$OUT/overload.log" ;;
   one_to_one)
     # YOLO26's one-to-one selection alone: the torch ops against our kernels (bench/bench_one_to_one.py).
     timeout "${ONE_TO_ONE_SECONDS:-300}" python3 bench/bench_one_to_one.py --profile ${ONE_TO_ONE_FLAGS:-} \

@@ -23,6 +23,7 @@ def bench_on_path(monkeypatch):
         "bench_pipeline",
         "bench_images",
         "bench_serve",
+        "bench_overload",
         "bench_conv_ceiling",
         "bench_one_to_one",
         "sampler",

@@ -155,3 +155,40 @@ def test_an_idle_server_admits_despite_an_inflated_decode_average_which_the_next
     s.admit(request("a", clock))  # queued behind one: admitted again
     with pytest.raises(Refused, match="past the deadline"):  # idle or not, a run of one longer than the deadline
         scheduler(clock).admit(request("a", clock, slo=0.005))
+
+
+def test_batches_slower_than_their_estimate_make_admission_count_what_they_really_take():
+    """Runs are measured alone at start-up; under load each batch also waits for the host. Batches taking three
+    times their estimate (timed from when each could start: taken, or the one before it finished) lead admission to
+    refuse what their real time would make late, and batches back at their estimate bring it back."""
+    clock = Clock()
+    s = scheduler(clock, depth=2, max_batch=2)
+    latency = s.queues["a"].latency
+
+    def run_batches(count: int, factor: float) -> None:
+        for _ in range(count):
+            s.admit(request("a", clock, slo=1.0))
+            s.admit(request("a", clock, slo=1.0))
+            first = s.next_batch()
+            s.admit(request("a", clock, slo=1.0))
+            s.admit(request("a", clock, slo=1.0))
+            second = s.next_batch()  # queued behind the first: not counted slow for the wait
+            for ticket, _, batch in (first, second):
+                clock.now += latency.base_seconds(len(batch)) * factor
+                s.finished(ticket)
+
+    run_batches(12, 3.0)
+    assert latency.slowdown == pytest.approx(3.0, rel=0.05)
+    # Two queued batches of two (12 ms estimated, 36 measured each) and its own of one: 35 ms estimated, 105 ms by
+    # the slowdown, past its 80 ms deadline.
+    for _ in range(4):
+        s.admit(request("a", clock, slo=0.080))
+    with pytest.raises(Refused, match="past the deadline"):
+        s.admit(request("a", clock, slo=0.080))
+    while (chosen := s.next_batch()) is not None:
+        s.finished(chosen[0])
+    run_batches(12, 1.0)
+    assert latency.slowdown == pytest.approx(1.0, rel=0.1)
+    for _ in range(4):
+        s.admit(request("a", clock, slo=0.080))
+    s.admit(request("a", clock, slo=0.080))  # admitted again: 36 ms of work ahead

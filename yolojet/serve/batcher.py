@@ -13,6 +13,8 @@ moving average of decode time per image, updated by every batch.
   ahead of it (the batches in flight, the queued requests of any model with an earlier deadline, its own batch)
   would end past its deadline, rather than being left to time out. An idle server refuses only a request whose
   deadline is shorter than a run of one, so a decode average inflated by a slow spell is corrected by the next batch.
+- The estimates learn from the batches: each batch's time from being taken to being answered, against its estimate,
+  moves the model's `slowdown` (an average ratio), so that admission counts what the host adds under load.
 - A request whose deadline has passed while it waited is dropped from its queue (DEADLINE_EXCEEDED), never run.
 - Several engines (worker processes, one a GPU: scale/) run batches side by side: `engines` of them take `depth`
   batches each, and the work ahead of a request is shared among them.
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DECODE_EMA = 0.2  # weight of the newest batch in the decode-time average
+SLOWDOWN_EMA = 0.2  # weight of the newest batch in the average of measured / estimated batch time
+_SLOWDOWN_RANGE = (0.25, 50.0)  # one batch's ratio counts within this range (a stall or a clock jump, bounded)
 
 
 @dataclass
@@ -44,22 +48,36 @@ class Request:
 
 @dataclass
 class LatencyModel:
-    """Seconds a batch of n images takes: decode (per image, averaged) plus the run of its bucket."""
+    """Seconds a batch of n images takes: decode (per image, averaged) plus the run of its bucket, times `slowdown`,
+    the average ratio of the time batches took, from taken to answered, to this estimate of them. The runs are
+    measured alone at start-up; under load a batch also waits for the host (results made, replies sent, the GIL),
+    which only the batches themselves measure."""
 
     run_seconds: dict[int, float]  # bucket size -> seconds for one run
     decode_per_image: float = 0.0
+    slowdown: float = 1.0
 
     def bucket(self, n: int) -> int:
         fitting = [b for b in self.run_seconds if b >= n]
         return min(fitting) if fitting else max(self.run_seconds)
 
-    def batch_seconds(self, n: int) -> float:
+    def base_seconds(self, n: int) -> float:
+        """The estimate before `slowdown`: decode and runs alone."""
         if n <= 0:
             return 0.0
         largest = max(self.run_seconds)
         full, rest = divmod(n, largest)
         seconds = full * self.run_seconds[largest] + (self.run_seconds[self.bucket(rest)] if rest else 0.0)
         return seconds + n * self.decode_per_image
+
+    def batch_seconds(self, n: int) -> float:
+        return self.base_seconds(n) * self.slowdown
+
+    def observe_batch(self, estimated: float, seconds: float) -> None:
+        """A batch estimated at `estimated` seconds (`base_seconds`) took `seconds` from its start to its answers."""
+        if estimated > 0:
+            ratio = min(max(seconds / estimated, _SLOWDOWN_RANGE[0]), _SLOWDOWN_RANGE[1])
+            self.slowdown += SLOWDOWN_EMA * (ratio - self.slowdown)
 
     def observe_decode(self, images: int, seconds: float) -> None:
         if images > 0:
@@ -91,6 +109,9 @@ class Scheduler:
         self.engines = engines
         self.queues: dict[str, ModelQueue] = {}
         self.in_flight: dict[int, float] = {}  # batch ticket -> its seconds, estimated
+        # batch ticket -> (when it was taken, its estimate before slowdown, its model), for `finished` to measure
+        self._taken: dict[int, tuple[float, float, str]] = {}
+        self._last_finished = -math.inf
         self._tickets = 0
 
     def add_model(self, name: str, max_batch: int, latency: LatencyModel, max_queue: int) -> None:
@@ -174,11 +195,21 @@ class Scheduler:
         queue.waiting = rest
         self._tickets += 1
         self.in_flight[self._tickets] = queue.latency.batch_seconds(len(batch))
+        self._taken[self._tickets] = (self.clock(), queue.latency.base_seconds(len(batch)), name)
         return self._tickets, name, batch
 
     def finished(self, ticket: int) -> None:
-        """The batch of this ticket is done."""
+        """The batch of this ticket is done (its requests answered): its time goes into its model's slowdown. With
+        one engine a batch starts when it was taken or when the batch before it finished, whichever is later, so a
+        batch that queued behind another is not counted slow for it."""
         self.in_flight.pop(ticket, None)
+        taken = self._taken.pop(ticket, None)
+        if taken is None:
+            return
+        now = self.clock()
+        started = max(taken[0], self._last_finished) if self.engines == 1 else taken[0]
+        self._last_finished = now
+        self.queues[taken[2]].latency.observe_batch(taken[1], now - started)
 
     def next_wakeup(self) -> float:
         """When the earliest queued deadline passes (for dropping it), or infinity."""

@@ -1,0 +1,214 @@
+"""`yolojet serve` under a load it does not pace (open loop): two models at once, twice the rate it sustains, then half.
+
+One server with two models (yolo11n and yolo11n-seg at 640 by default, random weights with BatchNorm statistics
+measured on the shipped photos), bus.jpg's bytes in every request, each request with a gRPC deadline of --slo-ms (the
+client's own deadline, which the server's batcher honours). Client processes send at a fixed rate whatever the
+replies, alternating the two models:
+  sustained  closed loop first (the bench client, 64 in flight over both models): the rate R the server sustains
+  two        0.8 R for --seconds, half to each model: each one's img/s, p50 / p99, and share answered in time
+  overload   2 R: of the requests the server admitted, the share answered within their deadline; those it refused
+             early (RESOURCE_EXHAUSTED), and how long a refusal took
+  recovery   0.5 R: the share answered in time, and img/s against the rate offered
+
+    python3 bench/bench_overload.py --out results/
+    python3 bench/bench_overload.py --worker JOB   # one client process (the script starts these itself)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+PORT = 50612
+TICK_S = 0.002  # how often a client process sends what has fallen due
+OUTSTANDING_MAX = 4000  # a client process's calls in flight at most: past this it counts sends it could not make
+
+
+async def _open_loop(job: dict) -> dict:
+    """One client process: `rate` requests a second for `seconds`, the models in turn, each with its deadline."""
+    import grpc
+
+    from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+    from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
+
+    data = Path(job["image"]).read_bytes()
+    options = [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(job["address"], options=options) for _ in range(4)]
+    stubs = [pb_grpc.InferenceStub(c) for c in channels]
+    for stub in stubs:
+        await stub.ListModels(pb.ListModelsRequest(), timeout=60)
+    requests = [pb.InferRequest(model=m, image=data) for m in job["models"]]
+    outcomes: list[tuple[str, str, float]] = []  # model, code, seconds to the reply
+    pending: set[asyncio.Task] = set()
+    unsent = 0
+
+    async def call(n: int) -> None:
+        request = requests[n % len(requests)]
+        start = time.perf_counter()
+        try:
+            await stubs[n % len(stubs)].Infer(request, timeout=job["deadline_s"])
+            code = "OK"
+        except grpc.aio.AioRpcError as e:
+            code = e.code().name
+        outcomes.append((request.model, code, time.perf_counter() - start))
+
+    start = time.perf_counter()
+    sent = 0
+    while (now := time.perf_counter() - start) < job["seconds"]:
+        for _ in range(int(now * job["rate"]) - sent):
+            if len(pending) >= OUTSTANDING_MAX:
+                unsent += 1
+            else:
+                task = asyncio.create_task(call(sent))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            sent += 1
+        await asyncio.sleep(TICK_S)
+    offered_s = time.perf_counter() - start
+    if pending:
+        await asyncio.wait(pending, timeout=job["deadline_s"] + 30)
+    for channel in channels:
+        await channel.close()
+    return {"outcomes": outcomes, "unsent": unsent, "offered_s": offered_s}
+
+
+def offer(rate: float, seconds: float, models: list[str], deadline_ms: float, image: Path, processes: int) -> dict:
+    """`rate` requests a second over `processes` client processes; what came back, by model."""
+    job = {"address": f"127.0.0.1:{PORT}", "models": models, "deadline_s": deadline_ms / 1000, "image": str(image)}
+    job["seconds"] = seconds
+    workers = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", json.dumps({**job, "rate": rate / processes})],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    results = [json.loads(w.communicate(timeout=seconds + 120)[0]) for w in workers]
+    outcomes = [o for r in results for o in r["outcomes"]]
+    row: dict = {"offered_per_s": rate, "seconds": seconds, "unsent": sum(r["unsent"] for r in results)}
+    for model in [*models, "all"]:
+        mine = [o for o in outcomes if model in ("all", o[0])]
+        answered = sorted(t for _, code, t in mine if code == "OK")
+        refused = [t for _, code, t in mine if code == "RESOURCE_EXHAUSTED"]
+        admitted = len(mine) - len(refused)
+        in_time = sum(1 for t in answered if t * 1000 <= deadline_ms)
+        row[model] = {
+            "sent": len(mine),
+            "codes": {c: sum(1 for o in mine if o[1] == c) for c in sorted({o[1] for o in mine})},
+            "img_per_s": len(answered) / seconds,
+            "p50_ms": answered[len(answered) // 2] * 1000 if answered else None,
+            "p99_ms": answered[min(len(answered) - 1, int(0.99 * len(answered)))] * 1000 if answered else None,
+            "admitted_in_time": in_time / admitted if admitted else None,
+            "refused": len(refused),
+            "refusal_p99_ms": sorted(refused)[int(0.99 * (len(refused) - 1))] * 1000 if refused else None,
+        }
+    return row
+
+
+def start_server(models: dict[str, Path], slo_ms: float, log: Path, shapes: str | None) -> subprocess.Popen:
+    command = [sys.executable, "-m", "yolojet", "serve", "--port", str(PORT), "--slo-ms", str(slo_ms)]
+    for path in models.values():
+        command += ["--model", f"{path}:64"]
+    command += ["--shapes", shapes] if shapes else []
+    server = subprocess.Popen(command, stderr=log.open("w"), stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.returncode}: {log.read_text()[-2000:]}")
+        if "listening on" in log.read_text():
+            return server
+        time.sleep(0.5)
+    server.kill()
+    raise RuntimeError(f"the server did not listen within 600 s: {log.read_text()[-2000:]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--models", nargs="+", default=["yolo11n.yaml", "yolo11n-seg.yaml"])
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument(
+        "--shapes", default="640x480", help="--shapes for the server (bus.jpg's rectangle at 640; '' for none)"
+    )
+    parser.add_argument("--slo-ms", type=float, default=50.0, help="each request's gRPC deadline, and the server's")
+    parser.add_argument("--seconds", type=float, default=10.0, help="each open-loop phase's length")
+    parser.add_argument("--overload", type=float, default=2.0, help="the overload phase's rate, times the sustained")
+    parser.add_argument("--client-processes", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=4000, help="the closed-loop measure of the sustained rate")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(asyncio.run(_open_loop(json.loads(args.worker)))))
+        return 0
+
+    from support import calibrated_model
+    from ultralytics.utils import ASSETS
+
+    import yolojet
+    from yolojet.client.remote import Connection, bench
+    from yolojet.timing import provenance
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    found: dict = {"provenance": provenance(), "slo_ms": args.slo_ms, "models": args.models}
+    work = Path(tempfile.mkdtemp(prefix="bench_overload_"))
+    dirs = {}
+    for cfg in args.models:
+        name = Path(cfg).stem
+        dirs[name] = yolojet.export(calibrated_model(cfg, args.imgsz), out=work / name, imgsz=args.imgsz)
+    image = Path(ASSETS) / "bus.jpg"
+    names = list(dirs)
+    server = start_server(dirs, args.slo_ms, args.out / "serve-overload.log", args.shapes)
+    try:
+        # The rate sustained, closed loop: each model alone with 64 in flight; the mix's rate, an image of each in
+        # turn, is their harmonic mean (its time an image is the mean of theirs).
+        rates = []
+        for name in names:
+            connection = Connection(f"127.0.0.1:{PORT}", name)
+            bench(connection, image, min(500, args.requests // 4), 64, args.client_processes, {})  # warm
+            row = bench(connection, image, args.requests, 64, args.client_processes, {})
+            found[f"closed_loop_{name}"] = row
+            rates.append(row["img_per_s"])
+        sustained = len(rates) / sum(1 / r for r in rates)
+        found["sustained_per_s"] = sustained
+        print(f"sustained (closed loop, 64 in flight): {sustained:,.0f} img/s", flush=True)
+        for phase, factor in (("two", 0.8), ("overload", args.overload), ("recovery", 0.5)):
+            found[phase] = offer(factor * sustained, args.seconds, names, args.slo_ms, image, args.client_processes)
+            print(f"{phase} at {factor:g} x: {json.dumps(found[phase])}", flush=True)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            found["server_exit"] = server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    out_file = args.out / f"overload-{found['provenance']['commit']}.json"
+    out_file.write_text(json.dumps(found, indent=1))
+    print("\n| phase | model | offered | img/s | p50 / p99 ms | admitted in time | refused (p99 ms) |")
+    print("|---|---|---|---|---|---|---|")
+    for phase in ("two", "overload", "recovery"):
+        row = found[phase]
+        for name in [*names, "all"]:
+            r = row[name]
+            p50 = f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}" if r["p50_ms"] is not None else "-"
+            in_time = f"{r['admitted_in_time']:.2%}" if r["admitted_in_time"] is not None else "-"
+            refusal = f"{r['refused']} ({r['refusal_p99_ms']:.1f})" if r["refused"] else "0"
+            offered = row["offered_per_s"] / (1 if name == "all" else len(names))
+            print(f"| {phase} | {name} | {offered:,.0f}/s | {r['img_per_s']:,.0f} | {p50} | {in_time} | {refusal} |")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
