@@ -520,7 +520,9 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
         if data is None and isinstance(item.source, (str, Path)):
             data = read_cached_file(str(item.source))
         pending = super().prepare(item, data)
-        if pending.for_the_gpu and pending.data is not None and not self._hardware.takes(pending.data):
+        # Its output is sized from the header as yolojet reads it: a JPEG nvJPEG reads another size in goes to the CPU
+        # pool, so that nvJPEG never writes past the images it is given.
+        if pending.for_the_gpu and pending.data is not None and self._hardware.takes(pending.data) != pending.size:
             return self.cpu.submit(item, pending.data, checked=True)
         return pending
 

@@ -59,6 +59,7 @@ _PROTOTYPES: dict[str, tuple] = {  # argument types: size_t and pointers must no
     "nvjpegDecodeBatchedPreAllocate": (_P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int),
     "nvjpegJpegStreamParseHeader": (_P, ctypes.c_char_p, ctypes.c_size_t, _P),
     "nvjpegDecodeBatchedSupported": (_P, _P, ctypes.POINTER(ctypes.c_int)),
+    "nvjpegJpegStreamGetFrameDimensions": (_P, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint)),
     "nvjpegDecodeBatchedInitialize": (_P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int),
     "nvjpegDecodeBatched": (
         _P,
@@ -140,16 +141,21 @@ class NvjpegHardware:
         if status != 0:
             raise EngineConfigError(f"decoder 'hardware': nvJPEG's {what} could not be made ({_status_text(status)})")
 
-    def takes(self, data: bytes) -> bool:
-        """Whether the hardware decodes this JPEG (baseline, one scan, a sampling it knows), by nvJPEG's own check of
-        its header."""
+    def takes(self, data: bytes) -> tuple[int, int] | None:
+        """The (height, width) nvJPEG reads in this JPEG's header where the hardware decodes it (baseline, one scan, a
+        sampling it knows), by nvJPEG's own check; None where it does not."""
         with self._parsing:
             if self._quick.nvjpegJpegStreamParseHeader(self._handle, data, len(data), self._stream) != 0:
-                return False
+                return None
             supported = ctypes.c_int(-1)
             if self._quick.nvjpegDecodeBatchedSupported(self._handle, self._stream, ctypes.byref(supported)) != 0:
-                return False
-            return supported.value == 0  # 0: supported
+                return None
+            if supported.value != 0:  # 0: supported
+                return None
+            width, height = ctypes.c_uint(), ctypes.c_uint()
+            if self._quick.nvjpegJpegStreamGetFrameDimensions(self._stream, ctypes.byref(width), ctypes.byref(height)):
+                return None
+            return height.value, width.value
 
     def decode(self, datas: list[bytes], outputs: list[tuple[int, int]], cuda_stream: int) -> int:
         """Decode `datas` (JPEGs `takes` accepted) into interleaved RGB at `outputs` ((device pointer, row pitch in
