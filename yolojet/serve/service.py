@@ -10,6 +10,8 @@ RESOURCE_EXHAUSTED when the work queued ahead would end past the deadline.
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -47,6 +49,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.models, self.runner, self.metrics, self.slo_s, self.clock = models, runner, metrics, slo_s, clock
+        self._settlers: dict[asyncio.AbstractEventLoop, Settler] = {}
 
     # -- one request --------------------------------------------------------------------------
 
@@ -78,11 +81,10 @@ class InferenceService(pb_grpc.InferenceServicer):
         except EngineConfigError as e:
             raise Problem(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         future: asyncio.Future = loop.create_future()
-
-        def done(outcome: Outcome) -> None:
-            loop.call_soon_threadsafe(_settle, future, outcome)
-
-        job = Job(request.id, request.image, options, done)
+        settler = self._settlers.get(loop)
+        if settler is None:
+            settler = self._settlers[loop] = Settler(loop)
+        job = Job(request.id, request.image, options, functools.partial(settler.put, future))
         try:
             self.runner.enqueue(model.name, job, deadline, key=(options.iou, options.agnostic))
         except Refused as e:
@@ -166,9 +168,31 @@ class InferenceService(pb_grpc.InferenceServicer):
         return self.model_list()
 
 
-def _settle(future: asyncio.Future, outcome: Outcome) -> None:
-    if not future.done():  # the client may have gone away (the call cancelled its future)
-        future.set_result(outcome)
+class Settler:
+    """Outcomes handed over from the runner's thread to the event loop's futures, settled in one wake-up of the loop
+    for all that arrive together (a batch's requests, answered one after another), rather than a wake-up each: each
+    wake-up is a write to the loop's socket on the runner's side, and a read and a pass of the loop on its own, and
+    each lets go of the GIL and waits to take it back."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[asyncio.Future, Outcome]] = []
+
+    def put(self, future: asyncio.Future, outcome: Outcome) -> None:
+        """From any thread: `future` gets `outcome` on the loop."""
+        with self._lock:
+            self._waiting.append((future, outcome))
+            first = len(self._waiting) == 1  # the wake-up already asked for takes the later ones too
+        if first:
+            self.loop.call_soon_threadsafe(self._settle_waiting)
+
+    def _settle_waiting(self) -> None:
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for future, outcome in waiting:
+            if not future.done():  # the client may have gone away (the call cancelled its future)
+                future.set_result(outcome)
 
 
 def _reply(outcome: Outcome, model: ServedModel, request_id: str) -> pb.InferReply:
