@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import launch_server  # beside this script
 
 PORT = 50612
 TICK_S = 0.002  # how often a client process sends what has fallen due
@@ -122,16 +124,7 @@ def start_server(models: dict[str, Path], slo_ms: float, log: Path, shapes: str 
     for path in models.values():
         command += ["--model", f"{path}:64"]
     command += ["--shapes", shapes] if shapes else []
-    server = subprocess.Popen(command, stderr=log.open("w"), stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}: {log.read_text()[-2000:]}")
-        if "listening on" in log.read_text():
-            return server
-        time.sleep(0.5)
-    server.kill()
-    raise RuntimeError(f"the server did not listen within 600 s: {log.read_text()[-2000:]}")
+    return launch_server(command, log, 600)
 
 
 def main() -> int:

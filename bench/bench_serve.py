@@ -46,8 +46,14 @@ def start_server(
     command = [sys.executable, "-m", "yolojet", "serve", *model, *DECODER, "--port", str(PORT)]
     if samples is not None:  # where the server's threads spend their time (bench/sampler.py)
         command[1:1] = [str(Path(__file__).with_name("sampler.py")), "--out", str(samples), "--"]
+    return launch_server(command, log, 400)
+
+
+def launch_server(command: list[str], log: Path, limit_s: float) -> subprocess.Popen:
+    """`command` (a `yolojet serve`) started with its stderr to `log`, once it says it listens; a RuntimeError with the
+    log's end where it exits first or does not listen within `limit_s`."""
     server = subprocess.Popen(command, stderr=log.open("w"), stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 400
+    deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError(f"the server exited with {server.returncode}: {log.read_text()[-2000:]}")
@@ -55,7 +61,7 @@ def start_server(
             return server
         time.sleep(0.5)
     server.kill()
-    raise RuntimeError(f"the server did not listen within 400 s: {log.read_text()[-2000:]}")
+    raise RuntimeError(f"the server did not listen within {limit_s:g} s: {log.read_text()[-2000:]}")
 
 
 def stop(server: subprocess.Popen) -> int:
