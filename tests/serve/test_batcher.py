@@ -192,3 +192,30 @@ def test_batches_slower_than_their_estimate_make_admission_count_what_they_reall
     for _ in range(4):
         s.admit(request("a", clock, slo=0.080))
     s.admit(request("a", clock, slo=0.080))  # admitted again: 36 ms of work ahead
+
+
+def test_a_batch_in_flight_counts_only_what_is_left_of_it():
+    """A request that arrives late in a batch's run waits only for the rest of it: the full batch's estimate once
+    refused requests the engine would have answered in time (half of them at half the sustained rate)."""
+    clock = Clock()
+    s = scheduler(clock, max_batch=4)
+    for _ in range(4):
+        s.admit(request("a", clock, slo=1.0))
+    ticket, _, batch = s.next_batch()  # 16 ms of run and 4 of decode
+    assert s.work_ahead(request("a", clock)) == pytest.approx(0.020 + 0.011)
+    clock.now += 0.015
+    assert s.work_ahead(request("a", clock)) == pytest.approx(0.005 + 0.011)
+    s.admit(request("a", clock, slo=0.020))  # the whole batch ahead (31 ms) would have refused it
+    clock.now += 0.010  # the batch runs 5 ms past its estimate: until it is answered, nothing more is counted for it
+    assert s.work_ahead(request("a", clock)) == pytest.approx(s.queues["a"].latency.batch_seconds(2))
+    s.finished(ticket)
+    second, _, _ = s.next_batch()
+    assert s.work_ahead(request("a", clock)) == pytest.approx(2 * s.queues["a"].latency.batch_seconds(1), rel=1e-6)
+
+
+def test_the_time_replies_take_to_leave_is_counted():
+    clock = Clock()
+    s = scheduler(clock)
+    s.admit(request("a", clock, slo=0.050), reply_seconds=0.030)  # idle: a run of one (10 ms) and 30 ms to leave
+    with pytest.raises(Refused, match="replies take 45 ms"):
+        s.admit(request("a", clock, slo=0.050), reply_seconds=0.045)

@@ -10,8 +10,9 @@ moving average of decode time per image, updated by every batch.
   batches grow to max_batch by themselves. A batch takes only requests whose options can share one run (the same
   IoU threshold and class-agnostic flag; conf, max_det and classes are applied to each request's results).
 - Admission: a request is refused at once (`Refused`, RESOURCE_EXHAUSTED) when its queue is full or when the work
-  ahead of it (the batches in flight, the queued requests of any model with an earlier deadline, its own batch)
-  would end past its deadline, rather than being left to time out. An idle server refuses only a request whose
+  ahead of it (what is left of the batches in flight, the queued requests of any model with an earlier deadline, its
+  own batch) and the time its reply then takes to leave (`reply_seconds`, measured by the caller: under load the
+  event loop that sends replies falls behind) would end past its deadline, rather than being left to time out. An idle server refuses only a request whose
   deadline is shorter than a run of one, so a decode average inflated by a slow spell is corrected by the next batch.
 - The estimates learn from the batches: each batch's time from being taken to being answered, against its estimate,
   moves the model's `slowdown` (an average ratio), so that admission counts what the host adds under load.
@@ -109,6 +110,9 @@ class Scheduler:
         self.engines = engines
         self.queues: dict[str, ModelQueue] = {}
         self.in_flight: dict[int, float] = {}  # batch ticket -> its seconds, estimated
+        # When the engines would be done with the batches in flight, by their estimates (re-anchored as each finishes),
+        # so that a request arriving late in a batch's run counts only what is left of it.
+        self._busy_until = -math.inf
         # batch ticket -> (when it was taken, its estimate before slowdown, its model), for `finished` to measure
         self._taken: dict[int, tuple[float, float, str]] = {}
         self._last_finished = -math.inf
@@ -127,29 +131,35 @@ class Scheduler:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def admit(self, request: Request) -> None:
-        """Queue the request, or raise Refused saying why it cannot meet its deadline."""
+    def admit(self, request: Request, reply_seconds: float = 0.0) -> None:
+        """Queue the request, or raise Refused saying why it cannot meet its deadline. `reply_seconds`: how long a
+        reply takes from its batch's answer to being sent, as the caller measures it."""
         queue = self.queues[request.model]
         if len(queue.waiting) >= queue.max_queue:
             raise Refused(f"model {request.model}: {len(queue.waiting)} requests already queued (the limit)")
-        finish = self.clock() + self.work_ahead(request)
+        finish = self.clock() + self.work_ahead(request) + reply_seconds
         if self.idle():
             # Nothing queued or running: the request would start at once, and refusing it on the decode average alone
             # would refuse forever, since only batches update that average (a transient slowdown, a profiler's pauses,
             # once left a server turning every request away). Only a run of one longer than the deadline refuses.
-            finish = self.clock() + queue.latency.run_seconds[queue.latency.bucket(1)]
+            finish = self.clock() + queue.latency.run_seconds[queue.latency.bucket(1)] + reply_seconds
         if finish > request.deadline:
             late = (finish - request.deadline) * 1000
-            raise Refused(f"model {request.model}: the work queued ahead would end {late:.0f} ms past the deadline")
+            reply = f" (replies take {reply_seconds * 1000:.0f} ms to leave)" if reply_seconds >= 0.001 else ""
+            raise Refused(
+                f"model {request.model}: the work queued ahead would end {late:.0f} ms past the deadline{reply}"
+            )
         queue.waiting.append(request)
 
     def idle(self) -> bool:
         return not self.in_flight and self.queued() == 0
 
     def work_ahead(self, request: Request) -> float:
-        """Seconds until `request` would be done: what is in flight, the queued requests served before it (its own
-        queue's, and other queues' with an earlier oldest deadline), shared among the engines, and its own batch."""
-        seconds = sum(self.in_flight.values())
+        """Seconds until `request` would be done: what is left of the batches in flight, the queued requests served
+        before it (its own queue's, and other queues' with an earlier oldest deadline), shared among the engines, and
+        its own batch."""
+        in_flight = max(0.0, self._busy_until - self.clock()) if self.in_flight else 0.0
+        seconds = 0.0
         own = self.queues[request.model]
         for name, queue in self.queues.items():
             if name == request.model or not queue.waiting or queue.waiting[0].deadline > request.deadline:
@@ -158,7 +168,8 @@ class Scheduler:
         ahead = len(own.waiting)
         full_batches = ahead // own.max_batch  # batches that fill up before this request's
         seconds += full_batches * own.latency.batch_seconds(own.max_batch)
-        return seconds / max(1, self.engines) + own.latency.batch_seconds(ahead - full_batches * own.max_batch + 1)
+        own_batch = own.latency.batch_seconds(ahead - full_batches * own.max_batch + 1)
+        return in_flight + seconds / max(1, self.engines) + own_batch
 
     # -- batches ------------------------------------------------------------------------------
 
@@ -194,7 +205,9 @@ class Scheduler:
                 rest.append(request)
         queue.waiting = rest
         self._tickets += 1
-        self.in_flight[self._tickets] = queue.latency.batch_seconds(len(batch))
+        seconds = queue.latency.batch_seconds(len(batch))
+        self.in_flight[self._tickets] = seconds
+        self._busy_until = max(self.clock(), self._busy_until) + seconds / max(1, self.engines)
         self._taken[self._tickets] = (self.clock(), queue.latency.base_seconds(len(batch)), name)
         return self._tickets, name, batch
 
@@ -203,10 +216,12 @@ class Scheduler:
         one engine a batch starts when it was taken or when the batch before it finished, whichever is later, so a
         batch that queued behind another is not counted slow for it."""
         self.in_flight.pop(ticket, None)
+        now = self.clock()
+        # The batches still in flight start from now (a batch done early or late moves the ones behind it).
+        self._busy_until = now + sum(self.in_flight.values()) / max(1, self.engines)
         taken = self._taken.pop(ticket, None)
         if taken is None:
             return
-        now = self.clock()
         started = max(taken[0], self._last_finished) if self.engines == 1 else taken[0]
         self._last_finished = now
         self.queues[taken[2]].latency.observe_batch(taken[1], now - started)

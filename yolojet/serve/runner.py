@@ -44,6 +44,7 @@ class Outcome:
     queue_s: float = 0.0
     decode_s: float = 0.0
     run_s: float = 0.0
+    answered_at: float = 0.0  # the runner's clock when it answered (for the time the reply then takes to leave)
 
 
 @dataclass
@@ -99,14 +100,15 @@ class Runner:
     def start(self) -> None:
         self._thread.start()
 
-    def enqueue(self, model: str, job: Job, deadline: float, key: Any) -> None:
-        """Queue a request for `model` (raises `Refused` when it cannot meet its deadline)."""
+    def enqueue(self, model: str, job: Job, deadline: float, key: Any, reply_seconds: float = 0.0) -> None:
+        """Queue a request for `model` (raises `Refused` when it cannot meet its deadline, counting `reply_seconds`
+        for its reply to leave once answered)."""
         now = self.clock()
         with self._cond:
             if self._stopping:
                 job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message="the server is shutting down"))
                 return
-            self.scheduler.admit(Request(model, deadline, now, key, job))
+            self.scheduler.admit(Request(model, deadline, now, key, job), reply_seconds)
             self.metrics.queue_depth.labels(model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
 
@@ -240,6 +242,7 @@ class Runner:
 
     def _answer(self, request: Request, outcome: Outcome) -> None:
         name = request.model
+        outcome.answered_at = self.clock()
         self.metrics.requests.labels(name, outcome.code.name).inc()
         if outcome.code == grpc.StatusCode.OK:
             stages = self.metrics.stage_seconds

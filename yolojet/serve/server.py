@@ -109,6 +109,7 @@ class Server:
         self.metrics_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
         self._http: Any = None
+        self.service: InferenceService | None = None  # once started
 
     async def start(self) -> None:
         o = self.options
@@ -121,7 +122,7 @@ class Server:
                 ("grpc.so_reuseport", int(o.reuse_port)),
             ],
         )
-        service = InferenceService(self.models, self.runner, self.metrics, o.slo_ms / 1000)
+        self.service = service = InferenceService(self.models, self.runner, self.metrics, o.slo_ms / 1000)
         pb_grpc.add_InferenceServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
