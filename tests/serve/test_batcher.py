@@ -201,7 +201,7 @@ def test_a_batch_in_flight_counts_only_what_is_left_of_it():
     s = scheduler(clock, max_batch=4)
     for _ in range(4):
         s.admit(request("a", clock, slo=1.0))
-    ticket, _, batch = s.next_batch()  # 16 ms of run and 4 of decode
+    ticket, _, _ = s.next_batch()  # 16 ms of run and 4 of decode
     assert s.work_ahead(request("a", clock)) == pytest.approx(0.020 + 0.011)
     clock.now += 0.015
     assert s.work_ahead(request("a", clock)) == pytest.approx(0.005 + 0.011)
@@ -209,7 +209,7 @@ def test_a_batch_in_flight_counts_only_what_is_left_of_it():
     clock.now += 0.010  # the batch runs 5 ms past its estimate: until it is answered, nothing more is counted for it
     assert s.work_ahead(request("a", clock)) == pytest.approx(s.queues["a"].latency.batch_seconds(2))
     s.finished(ticket)
-    second, _, _ = s.next_batch()
+    assert s.next_batch() is not None
     assert s.work_ahead(request("a", clock)) == pytest.approx(2 * s.queues["a"].latency.batch_seconds(1), rel=1e-6)
 
 

@@ -12,8 +12,9 @@ moving average of decode time per image, updated by every batch.
 - Admission: a request is refused at once (`Refused`, RESOURCE_EXHAUSTED) when its queue is full or when the work
   ahead of it (what is left of the batches in flight, the queued requests of any model with an earlier deadline, its
   own batch) and the time its reply then takes to leave (`reply_seconds`, measured by the caller: under load the
-  event loop that sends replies falls behind) would end past its deadline, rather than being left to time out. An idle server refuses only a request whose
-  deadline is shorter than a run of one, so a decode average inflated by a slow spell is corrected by the next batch.
+  event loop that sends replies falls behind) would end past its deadline, rather than being left to time out. An
+  idle server refuses only a request whose deadline is shorter than a run of one (and its reply's time), so a decode
+  average inflated by a slow spell is corrected by the next batch.
 - The estimates learn from the batches: each batch's time from being taken to being answered, against its estimate,
   moves the model's `slowdown` (an average ratio), so that admission counts what the host adds under load.
 - A request whose deadline has passed while it waited is dropped from its queue (DEADLINE_EXCEEDED), never run.
