@@ -561,6 +561,12 @@ def stage_rect(found: dict, model_dir: Path, batch: int, buckets: list[int]) -> 
         engine = Engine.load(model_dir, device="cuda", half=True, max_batch=batch, buckets=buckets, rect=rect)
         row = {"input": list(engine.input_shape(frame)[0]), "batch": batch}
         row["img_per_s"] = engine_alone(engine, batch)
+        shape = tuple(row["input"])
+        row["network_ms"] = engine.time_network(batch, repeats=50, shape=shape).p50 * 1000
+        row["kernels"] = batch_kernels(engine, batch)
+        print(f"{name}: network alone at {batch} {row['network_ms']:.3f} ms; device us a run of {batch}, by kernel:")
+        for k in row["kernels"][:24]:
+            print(f"  {k['per_run_us']:9.1f}  x{k['calls_per_run']:<5.1f} {k['name']}", flush=True)
         engine.close()
         single = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1], rect=rect)
         row["batch1"] = batch1_latency(single, pixels)
@@ -586,6 +592,17 @@ def stage_rect(found: dict, model_dir: Path, batch: int, buckets: list[int]) -> 
             rows[f"new_shape_{attempt}"] = {"failed": done.stderr[-2000:]}
         print(f"first image of a new shape, {attempt} process: {rows[f'new_shape_{attempt}']}", flush=True)
     found["rect"] = rows
+
+
+def batch_kernels(engine, batch: int) -> list[dict]:
+    """Device time by kernel of run(batch) on the frames staged (the path's letterbox, network, decode, NMS and
+    copies), per run, largest first."""
+    from bench_pipeline import kernel_profile  # beside this script
+
+    try:
+        return kernel_profile(lambda: engine.run(batch), iters=10)
+    except Exception as e:  # the profile is extra information; never lose the timings over it
+        return [{"name": f"profile failed: {type(e).__name__}: {e}", "per_run_us": 0, "calls_per_run": 0}]
 
 
 def stage_agreement(found: dict, engine) -> None:
