@@ -268,8 +268,8 @@ class PoolRunner(Runner):
                     continue
                 ticket, name, requests = chosen
                 for queue_name, queue in self.scheduler.queues.items():
-                    self.metrics.queue_depth.labels(queue_name).set(len(queue.waiting))
-                self.metrics.batch_size.labels(name).observe(len(requests))
+                    self.metrics.child(self.metrics.queue_depth, queue_name).set(len(queue.waiting))
+                self.metrics.child(self.metrics.batch_size, name).observe(len(requests))
                 self._dispatch(_Batch(ticket, name, requests, self.clock()))
 
     def _dispatch(self, batch: _Batch) -> None:

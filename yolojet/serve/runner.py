@@ -109,7 +109,7 @@ class Runner:
                 job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message="the server is shutting down"))
                 return
             self.scheduler.admit(Request(model, deadline, now, key, job), reply_seconds)
-            self.metrics.queue_depth.labels(model).set(len(self.scheduler.queues[model].waiting))
+            self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -140,7 +140,7 @@ class Runner:
                         self._cond.wait(timeout=wait)
                         continue
                     for name, queue in self.scheduler.queues.items():
-                        self.metrics.queue_depth.labels(name).set(len(queue.waiting))
+                        self.metrics.child(self.metrics.queue_depth, name).set(len(queue.waiting))
                 pending = decoding.submit(self._decode, *chosen) if chosen is not None else None
                 # The batch that makes the scheduler's depth is answered while the next one decodes.
                 if in_flight and (pending is None or len(in_flight) + 1 >= self.scheduler.depth):
@@ -200,7 +200,7 @@ class Runner:
             else:
                 kept.append(request)
                 frames.append(item)
-        self.metrics.batch_size.labels(batch.name).observe(len(batch.requests))
+        self.metrics.child(self.metrics.batch_size, batch.name).observe(len(batch.requests))
         run_started = self.clock()
         submitted = None
         if frames:
@@ -243,12 +243,12 @@ class Runner:
     def _answer(self, request: Request, outcome: Outcome) -> None:
         name = request.model
         outcome.answered_at = self.clock()
-        self.metrics.requests.labels(name, outcome.code.name).inc()
+        self.metrics.child(self.metrics.requests, name, outcome.code.name).inc()
         if outcome.code == grpc.StatusCode.OK:
-            stages = self.metrics.stage_seconds
-            stages.labels(name, "queue").observe(outcome.queue_s)
-            stages.labels(name, "decode").observe(outcome.decode_s)
-            stages.labels(name, "run").observe(outcome.run_s)
+            metrics, stages = self.metrics, self.metrics.stage_seconds
+            metrics.child(stages, name, "queue").observe(outcome.queue_s)
+            metrics.child(stages, name, "decode").observe(outcome.decode_s)
+            metrics.child(stages, name, "run").observe(outcome.run_s)
         try:
             request.payload.done(outcome)
         except Exception:  # a caller's callback must never stop the runner

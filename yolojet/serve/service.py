@@ -102,7 +102,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         return self.clock() + (remaining if remaining is not None else self.slo_s)
 
     def _count(self, model: str, code: grpc.StatusCode) -> None:
-        self.metrics.requests.labels(model or "-", code.name).inc()
+        self.metrics.child(self.metrics.requests, model or "-", code.name).inc()
 
     # -- what the methods do, without a grpc.aio context (scale/ray_serve's replicas answer through Ray's proxy) --
 
