@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import launch_server  # beside this script
+from bench_serve import launch_server, py_spy  # beside this script
 
 PORT = 50612
 TICK_S = 0.002  # how often a client process sends what has fallen due
@@ -140,6 +140,7 @@ def main() -> int:
     parser.add_argument("--overload", type=float, default=2.0, help="the overload phase's rate, times the sustained")
     parser.add_argument("--client-processes", type=int, default=4)
     parser.add_argument("--requests", type=int, default=4000, help="the closed-loop measure of the sustained rate")
+    parser.add_argument("--py-spy", action="store_true", help="py-spy records the server for 5 s of the overload phase")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     if args.worker:
@@ -177,7 +178,12 @@ def main() -> int:
         found["sustained_per_s"] = sustained
         print(f"sustained (closed loop, 64 in flight): {sustained:,.0f} img/s", flush=True)
         for phase, factor in (("two", 0.8), ("overload", args.overload), ("recovery", 0.5)):
+            # Where the server's threads spend an overload: started with the clients, it records their first seconds.
+            spied = args.py_spy and phase == "overload"
+            spy = py_spy(server.pid, args.out / "pyspy-overload.txt", 5) if spied else None
             found[phase] = offer(factor * sustained, args.seconds, names, args.slo_ms, image, args.client_processes)
+            if spy is not None:
+                spy.wait(timeout=60)
             print(f"{phase} at {factor:g} x: {json.dumps(found[phase])}", flush=True)
     finally:
         server.send_signal(signal.SIGTERM)
