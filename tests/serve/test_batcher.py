@@ -221,3 +221,18 @@ def test_the_time_replies_take_to_leave_is_counted_but_not_by_an_idle_server():
     with pytest.raises(Refused, match="replies take 40 ms"):  # a batch of three (19 ms) and 40 to leave
         s.admit(request("a", clock, slo=0.050), reply_seconds=0.040)
     s.admit(request("a", clock, slo=0.050), reply_seconds=0.025)
+
+
+def test_a_request_behind_another_with_an_earlier_deadline_is_dropped_at_its_own():
+    clock = Clock()
+    s = scheduler(clock, depth=1)
+    ticket, _, _ = (s.admit(request("a", clock, slo=1.0)), s.next_batch())[1]  # the engine busy from here
+    s.admit(request("a", clock, slo=0.500, tag="patient"))
+    s.admit(request("a", clock, slo=0.200, tag="hurried"))  # arrived later, due sooner
+    assert s.next_wakeup() == pytest.approx(clock() + 0.200)
+    clock.now += 0.250
+    assert [r.payload for r in s.expired()] == ["hurried"]
+    assert s.next_wakeup() == pytest.approx(clock() + 0.250)
+    s.finished(ticket)
+    assert [r.payload for r in s.next_batch()[2]] == ["patient"]
+    assert s.next_wakeup() == float("inf")

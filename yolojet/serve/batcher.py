@@ -100,6 +100,13 @@ class ModelQueue:
     latency: LatencyModel
     max_queue: int
     waiting: deque[Request] = field(default_factory=deque)
+    # The earliest deadline of `waiting` (clients set their own, so not always the first's): the runner checks for
+    # expired requests each pass, and a queue whose soonest deadline is ahead is not scanned.
+    soonest: float = math.inf
+
+    def take(self, keep: deque[Request]) -> None:
+        self.waiting = keep
+        self.soonest = min((r.deadline for r in keep), default=math.inf)
 
 
 class Scheduler:
@@ -152,6 +159,7 @@ class Scheduler:
                 f"model {request.model}: the work queued ahead would end {late:.0f} ms past the deadline{reply}"
             )
         queue.waiting.append(request)
+        queue.soonest = min(queue.soonest, request.deadline)
 
     def idle(self) -> bool:
         return not self.in_flight and self.queued() == 0
@@ -179,10 +187,10 @@ class Scheduler:
         """Requests whose deadline passed while they waited, taken out of their queues."""
         now, gone = self.clock(), []
         for queue in self.queues.values():
-            keep = deque(r for r in queue.waiting if r.deadline > now)
-            if len(keep) != len(queue.waiting):
-                gone += [r for r in queue.waiting if r.deadline <= now]
-                queue.waiting = keep
+            if queue.soonest > now:
+                continue
+            gone += [r for r in queue.waiting if r.deadline <= now]
+            queue.take(deque(r for r in queue.waiting if r.deadline > now))
         return gone
 
     def can_launch(self) -> bool:
@@ -205,7 +213,7 @@ class Scheduler:
                 batch.append(request)
             else:
                 rest.append(request)
-        queue.waiting = rest
+        queue.take(rest)
         self._tickets += 1
         seconds = queue.latency.batch_seconds(len(batch))
         self.in_flight[self._tickets] = seconds
@@ -230,5 +238,4 @@ class Scheduler:
 
     def next_wakeup(self) -> float:
         """When the earliest queued deadline passes (for dropping it), or infinity."""
-        deadlines = [q.waiting[0].deadline for q in self.queues.values() if q.waiting]
-        return min(deadlines) if deadlines else math.inf
+        return min((q.soonest for q in self.queues.values()), default=math.inf)
