@@ -119,8 +119,11 @@ def offer(rate: float, seconds: float, models: list[str], deadline_ms: float, im
     return row
 
 
-def start_server(models: dict[str, Path], slo_ms: float, log: Path, shapes: str | None) -> subprocess.Popen:
+def start_server(
+    models: dict[str, Path], slo_ms: float, log: Path, shapes: str | None, max_pending: int | None
+) -> subprocess.Popen:
     command = [sys.executable, "-m", "yolojet", "serve", "--port", str(PORT), "--slo-ms", str(slo_ms)]
+    command += ["--max-pending", str(max_pending)] if max_pending else []
     for path in models.values():
         command += ["--model", f"{path}:64"]
     command += ["--shapes", shapes] if shapes else []
@@ -140,6 +143,7 @@ def main() -> int:
     parser.add_argument("--overload", type=float, default=2.0, help="the overload phase's rate, times the sustained")
     parser.add_argument("--client-processes", type=int, default=4)
     parser.add_argument("--requests", type=int, default=4000, help="the closed-loop measure of the sustained rate")
+    parser.add_argument("--max-pending", type=int, default=None, help="the server's --max-pending (default: its own)")
     parser.add_argument("--py-spy", action="store_true", help="py-spy records the server for 5 s of the overload phase")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
@@ -156,6 +160,7 @@ def main() -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     found: dict = {"provenance": provenance(), "slo_ms": args.slo_ms, "models": args.models}
+    found["max_pending"] = args.max_pending
     work = Path(tempfile.mkdtemp(prefix="bench_overload_"))
     dirs = {}
     for cfg in args.models:
@@ -163,7 +168,7 @@ def main() -> int:
         dirs[name] = yolojet.export(calibrated_model(cfg, args.imgsz), out=work / name, imgsz=args.imgsz)
     image = Path(ASSETS) / "bus.jpg"
     names = list(dirs)
-    server = start_server(dirs, args.slo_ms, args.out / "serve-overload.log", args.shapes)
+    server = start_server(dirs, args.slo_ms, args.out / "serve-overload.log", args.shapes, args.max_pending)
     try:
         # The rate sustained, closed loop: each model alone with 64 in flight; the mix's rate, an image of each in
         # turn, is their harmonic mean (its time an image is the mean of theirs).

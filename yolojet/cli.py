@@ -648,6 +648,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         slo_ms=args.slo_ms,
         max_queue=args.max_queue,
+        max_pending=args.max_pending,
         max_message_bytes=int(args.max_message_mb * (1 << 20)),
         max_pixels=args.max_pixels,
         device=args.device,
@@ -1097,6 +1098,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=1024,
         help="requests a model queues before refusing more with RESOURCE_EXHAUSTED (default 1024)",
+    )
+    p.add_argument(
+        "--max-pending",
+        type=_positive_int,
+        default=None,
+        help="calls gRPC holds for the server before its event loop takes them; past this new calls are turned away at "
+        "once (CANCELLED), so a server offered more than it can even receive does not fall behind every deadline "
+        "(default: gRPC's own, 3,000)",
     )
     p.add_argument("--max-message-mb", type=float, default=64.0, help="largest request, MB (default 64)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")

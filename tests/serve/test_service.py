@@ -245,6 +245,43 @@ def test_a_deadline_the_work_ahead_would_miss_is_refused_at_once(model_dirs):
         running.stop()
 
 
+def test_calls_past_max_pending_are_turned_away_at_once_while_the_event_loop_is_busy(model_dirs):
+    """gRPC's core holds calls until the server's event loop takes them; past `max_pending` it turns new ones away
+    itself (CANCELLED) at once, so a loop that cannot keep up does not let every call wait past its deadline."""
+    import asyncio
+    import time
+
+    running = RunningServer(
+        {"detect": served("detect", model_dirs["detect"], max_batch=4)},
+        replace(ServeOptions(), port=0, slo_ms=60_000, max_pending=2),
+    )
+    try:
+        stub = running.stub()
+        assert stub.Infer(pb.InferRequest(image=BUS), timeout=60).width == 810  # connected and warm
+
+        async def busy() -> None:
+            time.sleep(2.0)  # the loop does nothing else meanwhile
+
+        blocked = asyncio.run_coroutine_threadsafe(busy(), running.loop)
+        time.sleep(0.2)
+        start = time.monotonic()
+        calls = [stub.Infer.future(pb.InferRequest(image=BUS), timeout=60) for _ in range(12)]
+        ended: dict[int, float] = {}
+        for i, call in enumerate(calls):
+            call.add_done_callback(lambda _, i=i: ended.setdefault(i, time.monotonic() - start))
+        blocked.result(timeout=10)  # the loop free again after 1.8 s
+        for call in calls:
+            call.exception(timeout=60)
+        turned_away = [i for i, c in enumerate(calls) if c.exception() is not None]
+        assert len(turned_away) >= 8, [c.exception() for c in calls]  # 12 calls, 2 held
+        assert all(calls[i].exception().code() == grpc.StatusCode.CANCELLED for i in turned_away)
+        assert all(ended[i] < 1.0 for i in turned_away), ended  # while the loop was still busy
+        answered = [c.result() for c in calls if c.exception() is None]
+        assert answered and all(r.width == 810 for r in answered)
+    finally:
+        running.stop()
+
+
 def test_a_bearer_token_is_required_where_set_but_not_for_health(model_dirs):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

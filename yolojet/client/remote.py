@@ -27,7 +27,9 @@ from yolojet.images import read_image_file
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
+# CANCELLED too: this client never cancels a stream it still reads, so that came from the server (a server past its
+# `--max-pending` turns new calls away so).
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED}
 # An image's reply refusing it for load, not as bad: it goes again after a pause.
 LOAD_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.DEADLINE_EXCEEDED.value[0]}
 
@@ -303,7 +305,7 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
                 reply = await stub.Infer(request, metadata=connection.metadata())
             except grpc.aio.AioRpcError as e:
                 codes[e.code().name] = codes.get(e.code().name, 0) + 1
-                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # as a client should: wait, not hammer
+                if e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED):  # wait, not hammer
                     refused_in_a_row += 1
                     await asyncio.sleep(refusal_pause(refused_in_a_row))
                 continue

@@ -43,6 +43,9 @@ class ServeOptions:
     port: int = 50051
     slo_ms: float = 50.0
     max_queue: int = 1024
+    # Calls gRPC's core holds before the event loop takes them (its pending-request limit); past it new calls are
+    # cancelled there, without the loop. None: gRPC's own limit.
+    max_pending: int | None = None
     max_message_bytes: int = 64 << 20
     max_pixels: int = DEFAULT_MAX_PIXELS
     device: str | None = None
@@ -120,6 +123,14 @@ class Server:
                 ("grpc.max_receive_message_length", o.max_message_bytes),
                 ("grpc.max_send_message_length", o.max_message_bytes),
                 ("grpc.so_reuseport", int(o.reuse_port)),
+                *(
+                    [
+                        ("grpc.server.max_pending_requests", o.max_pending),
+                        ("grpc.server.max_pending_requests_hard_limit", o.max_pending),
+                    ]
+                    if o.max_pending is not None
+                    else []
+                ),
             ],
         )
         self.service = service = InferenceService(self.models, self.runner, self.metrics, o.slo_ms / 1000)
