@@ -230,17 +230,6 @@ def test_a_deadline_the_work_ahead_would_miss_is_refused_at_once(model_dirs):
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
         assert "past the deadline" in info.value.details()
         assert stub.Infer(pb.InferRequest(image=BUS), timeout=60).width == 810
-        # The time from the batch's answer to the reply built on the event loop is measured, and counted: a
-        # deadline that a run meets but the time replies take to leave would not is refused as well.
-        service = running.server.service
-        assert 0 < service.reply_seconds < 1
-        service.reply_seconds = 30.0  # a loop that far behind
-        busy = [stub.Infer.future(pb.InferRequest(image=BUS), timeout=60) for _ in range(3)]  # not idle
-        with pytest.raises(grpc.RpcError) as info:
-            stub.Infer(pb.InferRequest(image=BUS), timeout=20)
-        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
-        assert "replies take 30000 ms" in info.value.details()
-        assert all(f.result().width == 810 for f in busy)
     finally:
         running.stop()
 

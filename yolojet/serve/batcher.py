@@ -11,10 +11,9 @@ moving average of decode time per image, updated by every batch.
   IoU threshold and class-agnostic flag; conf, max_det and classes are applied to each request's results).
 - Admission: a request is refused at once (`Refused`, RESOURCE_EXHAUSTED) when its queue is full or when the work
   ahead of it (what is left of the batches in flight, the queued requests of any model with an earlier deadline, its
-  own batch) and the time its reply then takes to leave (`reply_seconds`, measured by the caller: under load the
-  event loop that sends replies falls behind) would end past its deadline, rather than being left to time out. An
-  idle server refuses only a request whose deadline is shorter than a run of one, so a decode average or a reply time
-  inflated by a slow spell is corrected by the next batch.
+  own batch) would end past its deadline, rather than being left to time out. An idle server refuses only a request
+  whose deadline is shorter than a run of one, so a decode average inflated by a slow spell is corrected by the next
+  batch.
 - The estimates learn from the batches: each batch's time from being taken to being answered, against its estimate,
   moves the model's `slowdown` (an average ratio), so that admission counts what the host adds under load.
 - A request whose deadline has passed while it waited is dropped from its queue (DEADLINE_EXCEEDED), never run.
@@ -139,25 +138,20 @@ class Scheduler:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def admit(self, request: Request, reply_seconds: float = 0.0) -> None:
-        """Queue the request, or raise Refused saying why it cannot meet its deadline. `reply_seconds`: how long a
-        reply takes from its batch's answer to being sent, as the caller measures it."""
+    def admit(self, request: Request) -> None:
+        """Queue the request, or raise Refused saying why it cannot meet its deadline."""
         queue = self.queues[request.model]
         if len(queue.waiting) >= queue.max_queue:
             raise Refused(f"model {request.model}: {len(queue.waiting)} requests already queued (the limit)")
-        finish = self.clock() + self.work_ahead(request) + reply_seconds
+        finish = self.clock() + self.work_ahead(request)
         if self.idle():
             # Nothing queued or running: the request would start at once, and refusing it on the decode average alone
             # would refuse forever, since only batches update that average (a transient slowdown, a profiler's pauses,
             # once left a server turning every request away). Only a run of one longer than the deadline refuses.
-            # Nor is the time replies take counted: with every request refused no reply would measure it again.
             finish = self.clock() + queue.latency.run_seconds[queue.latency.bucket(1)]
         if finish > request.deadline:
             late = (finish - request.deadline) * 1000
-            reply = f" (replies take {reply_seconds * 1000:.0f} ms to leave)" if reply_seconds >= 0.001 else ""
-            raise Refused(
-                f"model {request.model}: the work queued ahead would end {late:.0f} ms past the deadline{reply}"
-            )
+            raise Refused(f"model {request.model}: the work queued ahead would end {late:.0f} ms past the deadline")
         queue.waiting.append(request)
         queue.soonest = min(queue.soonest, request.deadline)
 

@@ -44,7 +44,6 @@ class Outcome:
     queue_s: float = 0.0
     decode_s: float = 0.0
     run_s: float = 0.0
-    answered_at: float = 0.0  # the runner's clock when it answered (for the time the reply then takes to leave)
 
 
 @dataclass
@@ -100,15 +99,14 @@ class Runner:
     def start(self) -> None:
         self._thread.start()
 
-    def enqueue(self, model: str, job: Job, deadline: float, key: Any, reply_seconds: float = 0.0) -> None:
-        """Queue a request for `model` (raises `Refused` when it cannot meet its deadline, counting `reply_seconds`
-        for its reply to leave once answered)."""
+    def enqueue(self, model: str, job: Job, deadline: float, key: Any) -> None:
+        """Queue a request for `model` (raises `Refused` when it cannot meet its deadline)."""
         now = self.clock()
         with self._cond:
             if self._stopping:
                 job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message="the server is shutting down"))
                 return
-            self.scheduler.admit(Request(model, deadline, now, key, job), reply_seconds)
+            self.scheduler.admit(Request(model, deadline, now, key, job))
             self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
 
@@ -242,7 +240,6 @@ class Runner:
 
     def _answer(self, request: Request, outcome: Outcome) -> None:
         name = request.model
-        outcome.answered_at = self.clock()
         self.metrics.child(self.metrics.requests, name, outcome.code.name).inc()
         if outcome.code == grpc.StatusCode.OK:
             metrics, stages = self.metrics, self.metrics.stage_seconds

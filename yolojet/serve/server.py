@@ -112,7 +112,6 @@ class Server:
         self.metrics_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
         self._http: Any = None
-        self.service: InferenceService | None = None  # once started
 
     async def start(self) -> None:
         o = self.options
@@ -133,7 +132,7 @@ class Server:
                 ),
             ],
         )
-        self.service = service = InferenceService(self.models, self.runner, self.metrics, o.slo_ms / 1000)
+        service = InferenceService(self.models, self.runner, self.metrics, o.slo_ms / 1000)
         pb_grpc.add_InferenceServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

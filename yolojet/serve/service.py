@@ -29,7 +29,6 @@ from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 from yolojet.serve.runner import Job, Outcome, Runner
 
 STREAM_WINDOW = 512  # requests of one stream in flight at once; reading the stream waits beyond this
-REPLY_EMA = 0.05  # weight of the newest reply in the average time a reply takes to leave
 
 
 class Problem(Exception):
@@ -51,11 +50,6 @@ class InferenceService(pb_grpc.InferenceServicer):
     ) -> None:
         self.models, self.runner, self.metrics, self.slo_s, self.clock = models, runner, metrics, slo_s, clock
         self._settlers: dict[asyncio.AbstractEventLoop, Settler] = {}
-        # Seconds from the runner answering a unary request to its reply built on the event loop, averaged. Under
-        # load the loop falls behind (it also receives and refuses requests), and a request admitted as if its
-        # reply left at once missed its deadline: at twice the rate one server sustains, 2.5 % of admitted requests
-        # were answered in time (H200). Admission counts this time, so the load the loop carries sheds itself.
-        self.reply_seconds = 0.0
 
     # -- one request --------------------------------------------------------------------------
 
@@ -70,7 +64,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         return self.models[name]
 
     def _submit(
-        self, request: pb.InferRequest, deadline: float, loop: asyncio.AbstractEventLoop, reply_seconds: float = 0.0
+        self, request: pb.InferRequest, deadline: float, loop: asyncio.AbstractEventLoop
     ) -> tuple[ServedModel, asyncio.Future]:
         """Check the request and queue it; the future gets its `Outcome`."""
         model = self._model(request.model)
@@ -92,7 +86,7 @@ class InferenceService(pb_grpc.InferenceServicer):
             settler = self._settlers[loop] = Settler(loop)
         job = Job(request.id, request.image, options, functools.partial(settler.put, future))
         try:
-            self.runner.enqueue(model.name, job, deadline, (options.iou, options.agnostic), reply_seconds)
+            self.runner.enqueue(model.name, job, deadline, key=(options.iou, options.agnostic))
         except Refused as e:
             raise Problem(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
         return model, future
@@ -109,22 +103,17 @@ class InferenceService(pb_grpc.InferenceServicer):
     async def infer(self, request: pb.InferRequest, deadline: float) -> pb.InferReply:
         """One request's reply; raises `Problem` with the status it fails with."""
         try:
-            model, future = self._submit(request, deadline, asyncio.get_running_loop(), self.reply_seconds)
+            model, future = self._submit(request, deadline, asyncio.get_running_loop())
         except Problem as p:
             self._count(request.model, p.code)
             raise
         outcome: Outcome = await future
         if outcome.code != grpc.StatusCode.OK:
             raise Problem(outcome.code, outcome.message)
-        reply = _reply(outcome, model, request.id)
-        if outcome.answered_at > 0:
-            self.reply_seconds += REPLY_EMA * (max(0.0, self.clock() - outcome.answered_at) - self.reply_seconds)
-        return reply
+        return _reply(outcome, model, request.id)
 
     async def replies(self, request_iterator: AsyncIterator[pb.InferRequest]) -> AsyncGenerator[pb.InferReply, None]:
-        """A stream's replies in request order, a failed request's as a reply carrying its error. A stream's requests
-        have the server's SLO for deadline, not their client's, and its window bounds the load it brings, so their
-        admission does not count the time replies take to leave (`reply_seconds`)."""
+        """A stream's replies in request order, a failed request's as a reply carrying its error."""
         loop = asyncio.get_running_loop()
         pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
         end = object()
