@@ -583,6 +583,19 @@ def stage_rect(found: dict, model_dir: Path, batch: int, buckets: list[int]) -> 
         engine.close()
         single = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1], rect=rect)
         row["batch1"] = batch1_latency(single, pixels)
+        row["batch1_network_ms"] = single.time_network(1, repeats=200, shape=shape).p50 * 1000
+        row["batch1_kernels"] = batch_kernels(single, 1)
+        row["batch1_timeline"] = batch_timeline(single)
+        line = row["batch1_timeline"]
+        print(
+            f"{name}: batch 1 network alone {row['batch1_network_ms']:.3f} ms; run(1)'s device span "
+            f"{line.get('span_us', 0):.1f} us, busy {line.get('busy_us', 0):.1f}, idle {line.get('idle_us', 0):.1f}; "
+            "outside the network, by kernel:",
+            flush=True,
+        )
+        for k in row["batch1_kernels"]:
+            if not re.search(r"conv|dwconv|attention|pool|decode_kernel|_copy_kernel", k["name"]):
+                print(f"  {k['per_run_us']:9.1f}  x{k['calls_per_run']:<5.1f} {k['name']}", flush=True)
         single.close()
         rows[name] = row
         print(
@@ -616,6 +629,16 @@ def batch_kernels(engine, batch: int) -> list[dict]:
         return kernel_profile(lambda: engine.run(batch), iters=10)
     except Exception as e:  # the profile is extra information; never lose the timings over it
         return [{"name": f"profile failed: {type(e).__name__}: {e}", "per_run_us": 0, "calls_per_run": 0}]
+
+
+def batch_timeline(engine) -> dict:
+    """One run(1)'s launches on the device: span, busy and idle time, each launch's start and length."""
+    from bench_pipeline import timeline  # beside this script
+
+    try:
+        return timeline(lambda: engine.run(1))
+    except Exception as e:  # extra information, as batch_kernels
+        return {"failed": f"{type(e).__name__}: {e}"}
 
 
 def stage_agreement(found: dict, engine) -> None:
