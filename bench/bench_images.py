@@ -27,6 +27,10 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
              engine(list of --batch paths) with the default decoder
   startup    fresh processes: Engine.load then a first result from a JPEG path, with this run's kernel and tuning
              caches (warm), and with empty ones (cold)
+  letterbox  the letterbox kernel alone on --batch copies of bus.jpg (1080x810) into 640x480 slots (rows of 4, fp16),
+             device us of each candidate tile (LETTERBOX_TILES), with and without the one-store padded rows, and at
+             batch 1; every tile's output checked equal to the product's; the fastest is then used by the stages
+             after it (rect)
   rect       the square letterbox (rect=False) against each image's own rectangle (rect=True, 480x640 for bus.jpg):
              run(--batch) on staged GPU frames, img/s; batch 1 from a GPU frame, ms; and, in fresh processes with
              warm caches, how long the first image of a shape not yet built waits (bus.jpg then zidane.jpg, 384x640)
@@ -74,6 +78,7 @@ STAGES = (
     "agreement",
     "profile",
     "startup",
+    "letterbox",
     "rect",
 )
 DECODERS = ("nvimgcodec", "hardware", "cpu", "nvjpeg")
@@ -429,18 +434,23 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
             f"{timed_seconds:.2f} s: " + ", ".join(f"{k} {v:.2f} s" for k, v in totals.most_common()),
             flush=True,
         )
-    # Larger decode calls for a long stream: the hardware decoder's call of 64 is a fifth faster than two of 32 alone
-    # (NOTES), while the stream's decode thread is its limit.
+    # A long stream's decode calls of 64 (the product's, feed.chunk_for) against 32, twice in turn: the stream's decode
+    # thread is its limit, and each call ends waiting for the GIL.
     if with_decoder(engine, "auto"):
-        engine_module.FrameFeed = functools.partial(FrameFeed, chunk=64)  # type: ignore[misc]
-        try:
-            start = time.perf_counter()
-            count = sum(1 for _ in engine.stream(paths))
-            seconds = time.perf_counter() - start
-        finally:
-            engine_module.FrameFeed = FrameFeed  # type: ignore[misc]
-        rows["auto_chunk64"] = {"img_per_s": count / seconds, "seconds": seconds}
-        print(f"stream over {count} files, auto, decode calls of 64: {count / seconds:,.0f} img/s", flush=True)
+        from yolojet.engine.feed import CHUNK
+
+        for attempt in range(2):
+            for chunk in (CHUNK, None):
+                engine_module.FrameFeed = functools.partial(FrameFeed, chunk=chunk)  # type: ignore[misc]
+                try:
+                    start = time.perf_counter()
+                    count = sum(1 for _ in engine.stream(paths))
+                    seconds = time.perf_counter() - start
+                finally:
+                    engine_module.FrameFeed = FrameFeed  # type: ignore[misc]
+                label = f"auto_chunk{chunk or 'default'}_{attempt}"
+                rows[label] = {"img_per_s": count / seconds, "seconds": seconds}
+                print(f"stream over {count} files, auto, {label}: {count / seconds:,.0f} img/s", flush=True)
     found["stream"] = rows
 
 
@@ -561,6 +571,53 @@ for name in sys.argv[2:]:
                                       "shapes": [list(s) for s in engine.shapes()]}
 print(json.dumps(found))
 """
+
+
+# (rows, pixels a row, warps) of a letterbox program, the product's first.
+LETTERBOX_TILES = [(16, 32, 4), (8, 64, 4), (4, 128, 4), (8, 32, 2), (16, 64, 8), (32, 32, 8), (4, 64, 2), (2, 128, 4)]
+
+
+def stage_letterbox(found: dict, batch: int) -> None:
+    import yolojet.kernels.preprocess as preprocess
+    from yolojet.geometry import Letterbox
+    from yolojet.timing import time_on_device
+
+    frame = bus_rgb_cuda()
+    frames = [frame.clone() for _ in range(batch)]  # one frame each, as a batch of photos reads 64 frames
+    placement = Letterbox.fit(tuple(frame.shape[:2]), (480, 640))
+    rows_of = [preprocess.frame_row(f, bgr=False, placement=placement) for f in frames]
+    table = torch.tensor(rows_of, dtype=torch.int64, device="cuda")
+    buffer = torch.empty(batch, 480, 640, 4, dtype=torch.float16, device="cuda")
+    product = preprocess.LETTERBOX_TILE
+    rows: dict = {"product_tile": list(product), "tiles": {}}
+    expected = None
+    try:
+        for tile in LETTERBOX_TILES:
+            preprocess.LETTERBOX_TILE = tile
+            row = {}
+            for n in (batch, 1):
+                for pad in (True, False):
+                    out = buffer[:n, ..., :3]
+                    buffer.fill_(float("nan"))
+                    preprocess.letterbox_frames(out, table, pad_row=pad)
+                    if n == batch and pad:
+                        if expected is None:
+                            expected = out.clone()
+                        row["equal"] = bool(torch.equal(out, expected))
+                    call = functools.partial(preprocess.letterbox_frames, out, table, pad_row=pad)
+                    row[f"{n}{'_pad' if pad else ''}_us"] = time_on_device(call, repeats=50, warmup=5).p50 * 1e6
+            rows["tiles"][str(tile)] = row
+            shown = {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}
+            print(f"letterbox tile {tile}: {json.dumps(shown)}", flush=True)
+    finally:
+        preprocess.LETTERBOX_TILE = product
+    fastest = min(
+        rows["tiles"], key=lambda t: rows["tiles"][t][f"{batch}_pad_us"] if rows["tiles"][t]["equal"] else 1e9
+    )
+    rows["fastest"] = fastest
+    preprocess.LETTERBOX_TILE = tuple(json.loads(fastest.replace("(", "[").replace(")", "]")))
+    print(f"letterbox: the fastest tile {fastest} is used from here on", flush=True)
+    found["letterbox"] = rows
 
 
 def stage_rect(found: dict, model_dir: Path, batch: int, buckets: list[int]) -> None:
@@ -833,6 +890,8 @@ def main() -> int:
                 stage_profile(found, model_dir, engine, files, args.batch)
             elif stage == "startup":
                 stage_startup(found, model_dir, args.cold, args.out)
+            elif stage == "letterbox":
+                stage_letterbox(found, args.batch)
             elif stage == "rect":
                 stage_rect(found, model_dir, args.batch, buckets)
         except Exception:
@@ -870,6 +929,9 @@ def print_table(found: dict) -> None:
                 f"| stream {stream['files']} files {name} | {r['img_per_s']:,.0f} img/s; decode alone "
                 f"{r['decode_alone_img_per_s']:,.0f}; GPU busy ~{r['gpu_busy']:.0%} |"
             )
+    for name, r in stream.items():
+        if name.startswith("auto_chunk"):
+            print(f"| stream {stream['files']} files {name} | {r['img_per_s']:,.0f} img/s |")
     feeds = found.get("feeds", {})
     for key, row in feeds.items():
         if key == "cut_short_on_the_hardware":
@@ -895,6 +957,14 @@ def print_table(found: dict) -> None:
         print(
             f"| start-up {kind} | loaded {row.get('loaded_s', float('nan')):.2f} s, first result "
             f"{row.get('first_result_s', float('nan')):.2f} s |"
+        )
+    letterbox = found.get("letterbox", {})
+    n = found["batch"]
+    for tile, row in letterbox.get("tiles", {}).items():
+        differs = "" if row["equal"] else " DIFFERS"
+        print(
+            f"| letterbox kernel, tile {tile}, batch {n} padded / not / batch 1 | {row[f'{n}_pad_us']:.1f} / "
+            f"{row[f'{n}_us']:.1f} / {row['1_pad_us']:.1f} us{differs} |"
         )
     rect = found.get("rect", {})
     for name in ("square", "rect"):

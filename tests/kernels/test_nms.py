@@ -13,7 +13,7 @@ import torch
 import torchvision  # noqa: F401  ultralytics takes torchvision's nms, the default predict path, once it is imported
 from ultralytics.utils.nms import non_max_suppression as ultralytics_nms
 
-from yolojet.kernels.nms import NmsScratch, non_max_suppression
+from yolojet.kernels.nms import NmsScratch, non_max_suppression, rank_group
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The rank sort is O(A²): under the interpreter keep A small, on a GPU use a 640² model's anchor count.
@@ -126,6 +126,20 @@ def test_nms_matches_ultralytics(nc, anchors, extra, conf, iou, agnostic, classe
     out, count = run(preds, nc, conf, iou, **options)
     expected = reference(preds, nc, conf, iou, **options)
     assert any(0 < len(e) < (preds[b, 4 : 4 + nc].amax(0) > conf).sum() for b, e in enumerate(expected))
+    assert_matches(out, count, expected)
+
+
+@pytest.mark.parametrize("conf", [0.25, 0.001])
+def test_nms_large_batch_groups_of_blocks(conf):
+    """From 8 images on, a rank program covers a group of anchor blocks (rank_group): a batch of 9 whose anchors end
+    inside a group, with images without a candidate, sparse ones and dense ones."""
+    assert rank_group(9) > 1
+    preds = clustered(9, 5, 700, 2, seed=9)
+    preds[[1, 4], 4:9] = 0.0  # no candidate at all
+    preds[2, 4:9, :690] = 0.0  # candidates only in the last, partial group
+    out, count = run(preds, 5, conf, 0.6)
+    expected = reference(preds, 5, conf, 0.6)
+    assert [len(expected[b]) for b in (1, 4)] == [0, 0] and len(expected[2]) > 0
     assert_matches(out, count, expected)
 
 

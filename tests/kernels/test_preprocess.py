@@ -98,6 +98,35 @@ def test_mixed_photos_in_one_launch_match_ultralytics(target, dtype):
         assert_matches(got, reference(img, target), lb)
 
 
+@pytest.mark.parametrize("dtype", [F16, F32])
+def test_rows_of_four_written_whole(dtype):
+    """pad_row: each pixel's three channels as without it, and the row's fourth channel zero; nothing past the batch's
+    slots written."""
+    images = [photo_bgr(name) for name in PHOTOS[:3]]
+    target = (96, 160)
+    expected, placements = run_batch(images, target, dtype)
+    frames = [torch.as_tensor(f, device=DEVICE) for f in images]
+    rows = [frame_row(f, bgr=True, placement=p) for f, p in zip(frames, placements, strict=True)]
+    table = torch.tensor(rows, dtype=torch.int64, device=DEVICE)
+    buf = torch.full((len(frames) + 1, *target, 4), float("nan"), dtype=dtype, device=DEVICE)
+    letterbox_frames(buf[: len(frames), ..., :3], table, pad_row=True)
+    got = buf.cpu()
+    assert torch.equal(got[: len(frames), ..., :3], expected)
+    assert bool((got[: len(frames), ..., 3] == 0).all())
+    assert bool(got[len(frames)].isnan().all()), "the slot past the batch was written"
+
+
+def test_half_is_the_float_result_rounded():
+    """fp16 slots hold exactly the fp32 result rounded to half: the fp16 path scales by a product, the fp32 path
+    divides, and both give torch's (x / 255).half()."""
+    images = [photo_bgr(name) for name in PHOTOS]
+    half, _ = run_batch(images, (128, 128), F16)
+    full, _ = run_batch(images, (128, 128), F32)
+    assert torch.equal(half, full.half())
+    values = torch.arange(256, dtype=F32)
+    assert torch.equal((values * (1 / 255)).half(), (values / 255).half())
+
+
 def test_rgb_input_matches_bgr_input():
     img = photo_bgr("astronaut")
     out, _ = run_batch([img, np.ascontiguousarray(img[..., ::-1])], (96, 160), F32, bgr=[True, False])
@@ -185,6 +214,12 @@ def test_frame_row_rejects_a_placement_of_another_frame():
 def test_launcher_rejects_bad_arguments(out, table, match):
     with pytest.raises(ValueError, match=match):
         letterbox_frames(out, table)
+
+
+def test_pad_row_needs_rows_of_four():
+    out = _frame((1, 64, 64, 8), F16)[..., :3]
+    with pytest.raises(ValueError, match="pixel stride 8, pad_row needs rows of 4"):
+        letterbox_frames(out, _frame((1, FRAME_FIELDS), torch.int64), pad_row=True)
 
 
 # -- classification: Pillow's resize and centre crop on the resample kernel -----------------------------------

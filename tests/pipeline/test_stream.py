@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import cv2
 import numpy as np
@@ -185,6 +186,34 @@ def test_the_feed_hands_over_ready_chunks_as_full_batches_and_a_slow_source_at_o
         first = feed.next_batch()
         assert len(first.sources) == 1 and time.monotonic() - started < 0.4  # not held for the other two
         feed.close()
+    finally:
+        decoder.close()
+
+
+def test_a_long_list_is_decoded_in_long_chunks():
+    """A list of more than two batches goes to the decoder LONG_CHUNK images a call (a long stream's decode thread
+    is its limit, and each call costs it a wait for the GIL); a shorter list CHUNK at a time, so that a call's first
+    chunk runs while its next decodes."""
+    from yolojet.engine.feed import CHUNK, LONG_CHUNK, FrameFeed, chunk_for
+    from yolojet.images.decoders import CpuDecoder
+
+    assert (chunk_for(list(range(128)), 64), chunk_for(list(range(129)), 64)) == (CHUNK, LONG_CHUNK)
+    assert chunk_for(iter(range(10)), 64) == LONG_CHUNK  # an iterable of unknown length: its chunks are cut short
+
+    class Recording(CpuDecoder):
+        calls: ClassVar[list[int]] = []
+
+        def finish(self, pending, reuse=()):
+            self.calls.append(len(pending))
+            return super().finish(pending, reuse)
+
+    decoder = Recording(torch.device("cpu"), threads=2)
+    try:
+        for count, calls in ((200, [64, 64, 64, 8]), (100, [32, 32, 32, 4])):
+            Recording.calls = []
+            images = [np.full((4, 6, 3), i % 256, np.uint8) for i in range(count)]
+            values = [int(f.pixels[0, 0, 0]) for fed in FrameFeed(images, decoder, batch=64) for f in fed.decoded.items]
+            assert values == [i % 256 for i in range(count)] and Recording.calls == calls
     finally:
         decoder.close()
 

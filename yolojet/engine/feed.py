@@ -1,13 +1,14 @@
 """A stream of images in, batches of decoded frames out: files read and decoded ahead of the engine, on threads of
 their own, so that decoding the next images overlaps running the ones before.
 
-A list (any sized collection) has one feed thread: it prepares a chunk of up to `chunk` images (`prepare`: the CPU
-pool starts decoding them, the hardware decoder's nvImageCodec reads its JPEG files, other images are read and their
-header checked), then finishes the chunk before it (`finish`: one GPU decode call, then the CPU pool's results), so
-the pool always has the next chunk to work on. One thread, not two, because a decode call that lets go of the GIL
-and takes it back for each image waits behind any other thread running Python each time; the hardware decoder fed
-this way ran the engine's stream over 10,000 files at 5,100-7,660 img/s on an H200, two threads 6,219-7,008, in two
-runs whose spread is larger than the difference (bench/NOTES.md): one thread is kept as the simpler.
+A list (any sized collection) has one feed thread: it prepares a chunk of up to `chunk` images (`chunk_for`: 64, or 32
+for a list of at most two batches; `prepare`: the CPU pool starts decoding them, the hardware decoder's nvImageCodec
+reads its JPEG files, other images are read and their header checked), then finishes the chunk before it (`finish`: one
+GPU decode call, then the CPU pool's results), so the pool always has the next chunk to work on. One thread, not two,
+because a decode call that lets go of the GIL and takes it back for each image waits behind any other thread running
+Python each time; the hardware decoder fed this way ran the engine's stream over 10,000 files at 5,100-7,660 img/s on an
+H200, two threads 6,219-7,008, in two runs whose spread is larger than the difference (bench/NOTES.md): one thread is
+kept as the simpler.
 
 A decoder whose `finish` is one long call that lets go of the GIL while the GPU's hardware decodes (the `hardware`
 decoder: nvJPEG's batched call returns when the batch is decoded) is fed by two threads, as an iterable is below, so
@@ -45,6 +46,18 @@ _LINGER_S = 0.002  # how long a cut of an iterable's images waits for a next ima
 # img/s in calls of 8 / 16 / 32 / 64 (bench/NOTES.md): 32 is near full speed and still lets a call of 64 images
 # overlap decoding its second half with running its first.
 CHUNK = 32
+# A long stream's decode calls: there the decode thread is the limit, and each of its calls ends by taking the GIL
+# back behind the other threads' Python. Calls of 64 ran the engine's stream over 10,000 files at 8,164 img/s where
+# calls of 32 ran 6,084, in one H200 run (bench/NOTES.md).
+LONG_CHUNK = 64
+
+
+def chunk_for(images: Iterable[Any], batch: int) -> int:
+    """Images a decode call for a stream of `images` in batches of `batch`: LONG_CHUNK, but CHUNK for a collection of
+    at most two batches, whose first chunk then runs while the next decodes."""
+    if isinstance(images, Sized) and len(images) <= 2 * batch:
+        return CHUNK
+    return LONG_CHUNK
 
 
 @dataclass
@@ -59,7 +72,8 @@ class FrameFeed:
     """`next_batch` (or iterating) gives `FedBatch`es of the images of `images`, in order; `close` stops the threads
     (reaching the end closes too)."""
 
-    def __init__(self, images: Iterable[Any], decoder: Decoder, batch: int, chunk: int = CHUNK) -> None:
+    def __init__(self, images: Iterable[Any], decoder: Decoder, batch: int, chunk: int | None = None) -> None:
+        chunk = chunk_for(images, batch) if chunk is None else chunk
         self.decoder, self.batch, self.chunk = decoder, batch, max(1, min(chunk, batch))
         self._items: queue.Queue = queue.Queue(maxsize=2 * batch)
         self._chunks: queue.Queue = queue.Queue(maxsize=max(2, 2 * batch // self.chunk))

@@ -36,6 +36,7 @@ import torch
 
 from yolojet.engine.classify_input import DeviceResamplePlan
 from yolojet.engine.network import TritonNetwork
+from yolojet.engine.plan import INPUT_ROW
 from yolojet.errors import EngineConfigError
 from yolojet.geometry import Letterbox
 from yolojet.images import Frame
@@ -343,6 +344,8 @@ class DetectionHead(CapturedPath):
         network = self.network
         bucket = network.bucket_for(batch)
         images = network.input_view(bucket)[:batch]
+        # The image's rows of 4 (plan.INPUT_ROW): the fourth channel is padding, written with the pixel in one store.
+        pad_row = images.stride(2) == INPUT_ROW
         preds = network.value_view(self.output, bucket)[:batch]
         rows, count = self.rows[:batch], self.count[:batch]
         used = _count_elements(network.max_batch) + rows.numel()  # every count, and the rows of `batch` images
@@ -360,7 +363,7 @@ class DetectionHead(CapturedPath):
 
         def run() -> None:
             self.inputs.device.copy_(pinned, non_blocking=True)
-            letterbox_frames(images, table)
+            letterbox_frames(images, table, pad_row=pad_row)
             network.run_launches(bucket)
             if self.end2end:
                 select_rows(rows, count, preds, thresholds, limits, mask)

@@ -28,13 +28,13 @@ from yolojet.kernels.views import check_view
 # A resample program gathers (pixel, tap, channel) tiles of at most this many elements, all taps at once.
 _RESAMPLE_ELEMENTS = 8192
 _RESAMPLE_MAX_PIXELS = 512
-# A letterbox program: 4 rows of 256 output elements (85 pixels), 1,280 programs a slot for a 640x640 input.
-_LETTERBOX_ROWS = 4
-_LETTERBOX_ELEMENTS = 256
+# A letterbox program: a tile of output pixels, all three channels of each; 16 x 32 pixels, four warps (four pixels a
+# thread), 600 programs a slot for a 640x480 input.
+LETTERBOX_TILE = (16, 32, 4)  # rows, pixels a row, warps
 # Triton's interpreter (CPU tensors) runs programs one after another and pays per operation rather than per element:
 # there the largest tiles, 32 to 64 times fewer programs (a classify resample of a photo takes seconds, not a minute).
 _INTERPRETER_RESAMPLE = (1 << 18, 1 << 14)  # elements, pixels
-_INTERPRETER_LETTERBOX = (32, 4096)  # rows, elements
+_INTERPRETER_LETTERBOX = (32, 1024, 4)  # rows, pixels a row, warps
 # One frame's row of a letterbox table, int64: address, row / pixel / channel strides (elements), height, width,
 # channels, BGR, pad top, pad left, resized height, resized width; the rest is padding to 128 bytes.
 FRAME_FIELDS = 16
@@ -99,6 +99,35 @@ def _cv2_taps(d, size, resized):
 
 
 @triton.jit
+def _resampled(p00, p01, p10, p11, channel, m, wx0, wx1, wy0, wy1):
+    """One output channel of a tile: cv2's fixed-point bilinear of the four taps' bytes at `channel` (11-bit weights;
+    the vertical pass drops 4 bits, weighs, drops 16, then rounds the last 2), so that resized pixels equal
+    cv2.resize's bit for bit wherever its SIMD path runs; 114 (LetterBox's padding grey) outside the image."""
+    v00 = tl.load(p00 + channel, mask=m, other=0).to(tl.int32)
+    v01 = tl.load(p01 + channel, mask=m, other=0).to(tl.int32)
+    v10 = tl.load(p10 + channel, mask=m, other=0).to(tl.int32)
+    v11 = tl.load(p11 + channel, mask=m, other=0).to(tl.int32)
+    upper = v00 * wx0[None, :] + v01 * wx1[None, :]
+    lower = v10 * wx0[None, :] + v11 * wx1[None, :]
+    pixel = (((upper >> 4) * wy0[:, None]) >> 16) + (((lower >> 4) * wy1[:, None]) >> 16)
+    pixel = tl.minimum(tl.maximum((pixel + 2) >> 2, 0), 255)
+    return tl.where(m, pixel, 114).to(tl.float32)
+
+
+@triton.jit
+def _scaled(pixel, HALF: tl.constexpr):
+    """pixel / 255 in float32, such that rounded to the output's precision it is torch's quotient. For fp16 outputs the
+    product with float32(1/255) rounds to the same half as the correctly rounded quotient for every value 0-255
+    (checked for all 256); in fp32 it differs by an ulp for 126 of them, so fp32 divides (Triton's `/` on a GPU is
+    an approximation that can miss by an ulp: `div_rn`)."""
+    if HALF:
+        scaled = pixel * (1.0 / 255.0)
+    else:
+        scaled = tl.math.div_rn(pixel, tl.full(pixel.shape, 255.0, tl.float32))
+    return scaled
+
+
+@triton.jit
 def _letterbox_kernel(
     out_ptr,
     so_n,
@@ -109,12 +138,15 @@ def _letterbox_kernel(
     W,
     FIELDS: tl.constexpr,
     BLOCK_Y: tl.constexpr,
-    BLOCK_E: tl.constexpr,
+    BLOCK_X: tl.constexpr,
+    PAD_ROW: tl.constexpr,
+    HALF: tl.constexpr,
 ):
-    # A program covers BLOCK_Y output rows and BLOCK_E consecutive elements of each of one slot, element e of a
-    # row being channel e % 3 of pixel e // 3: the stores of a row run contiguously, and each axis's taps are
-    # computed once a row or a column rather than once a pixel. The frame comes from the slot's table row, so
-    # its sizes are values, not specializations (a 1-pixel side compiles like any other).
+    # A program covers BLOCK_Y x BLOCK_X output pixels of one slot and all three channels of each: each axis's taps
+    # are computed once a row or a column, each tap's address once a pixel, and with PAD_ROW a pixel's four halves
+    # (the fourth, the row's padding, zero) go out as one 8-byte store, so every memory sector is written whole. The
+    # frame comes from the slot's table row, so its sizes are values, not specializations (a 1-pixel side compiles
+    # like any other).
     slot = tl.program_id(2)
     row = table_ptr + slot * FIELDS
     frame_ptr = tl.load(row).to(tl.pointer_type(tl.uint8))
@@ -131,46 +163,53 @@ def _letterbox_kernel(
     new_w = tl.load(row + 11).to(tl.int32)
 
     y = tl.program_id(0) * BLOCK_Y + tl.arange(0, BLOCK_Y)
-    e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
-    x = e // 3
-    ch = e - x * 3
+    x = tl.program_id(1) * BLOCK_X + tl.arange(0, BLOCK_X)
     y_ok = y < H
-    e_ok = e < W * 3
+    x_ok = x < W
     dy = y - pad_top
     dx = x - pad_left
-    y_inside = (dy >= 0) & (dy < new_h)
-    x_inside = (dx >= 0) & (dx < new_w)
-
     y0, y1, wy0, wy1 = _cv2_taps(dy, H0, new_h)
     x0, x1, wx0, wx1 = _cv2_taps(dx, W0, new_w)
-    # Grey: every output channel reads the one input channel; BGR(A) flipped; RGB(A) as is (alpha never read).
-    src_ch = tl.where(c_in == 1, 0, tl.where(bgr != 0, 2 - ch, ch)).to(tl.int64)
-    row0 = frame_ptr + (y0.to(tl.int64) * sf_h)[:, None]
-    row1 = frame_ptr + (y1.to(tl.int64) * sf_h)[:, None]
-    col0 = (x0.to(tl.int64) * sf_w + src_ch * sf_c)[None, :]
-    col1 = (x1.to(tl.int64) * sf_w + src_ch * sf_c)[None, :]
-    m = (y_ok & y_inside)[:, None] & (e_ok & x_inside)[None, :]
-    p00 = tl.load(row0 + col0, mask=m, other=0).to(tl.int32)
-    p01 = tl.load(row0 + col1, mask=m, other=0).to(tl.int32)
-    p10 = tl.load(row1 + col0, mask=m, other=0).to(tl.int32)
-    p11 = tl.load(row1 + col1, mask=m, other=0).to(tl.int32)
-    # cv2's fixed-point arithmetic (11-bit weights; the vertical pass drops 4 bits, weighs, drops 16, then
-    # rounds the last 2), so resized pixels equal cv2.resize's bit for bit wherever its SIMD path runs.
-    upper = p00 * wx0[None, :] + p01 * wx1[None, :]
-    lower = p10 * wx0[None, :] + p11 * wx1[None, :]
-    pixel = (((upper >> 4) * wy0[:, None]) >> 16) + (((lower >> 4) * wy1[:, None]) >> 16)
-    pixel = tl.minimum(tl.maximum((pixel + 2) >> 2, 0), 255).to(tl.float32)
-    # 114: LetterBox's padding grey. Correctly rounded division, as numpy's and torch's: on a GPU Triton's `/`
-    # on float32 is an approximation that can miss by an ulp.
-    v = tl.math.div_rn(tl.where(m, pixel, 114.0), tl.full(pixel.shape, 255.0, tl.float32))
+    row0 = (y0.to(tl.int64) * sf_h)[:, None]
+    row1 = (y1.to(tl.int64) * sf_h)[:, None]
+    col0 = (x0.to(tl.int64) * sf_w)[None, :]
+    col1 = (x1.to(tl.int64) * sf_w)[None, :]
+    p00 = frame_ptr + (row0 + col0)
+    p01 = frame_ptr + (row0 + col1)
+    p10 = frame_ptr + (row1 + col0)
+    p11 = frame_ptr + (row1 + col1)
+    m = (y_ok & (dy >= 0) & (dy < new_h))[:, None] & (x_ok & (dx >= 0) & (dx < new_w))[None, :]
+    # The source channel of each output channel (RGB): BGR(A) flipped, RGB(A) as is (alpha never read), grey one.
+    grey = c_in == 1
+    red = tl.where(grey, 0, tl.where(bgr != 0, 2, 0)) * sf_c
+    green = tl.where(grey, 0, 1) * sf_c
+    blue = tl.where(grey, 0, tl.where(bgr != 0, 0, 2)) * sf_c
+    r = _scaled(_resampled(p00, p01, p10, p11, red, m, wx0, wx1, wy0, wy1), HALF).to(out_ptr.dtype.element_ty)
+    g = _scaled(_resampled(p00, p01, p10, p11, green, m, wx0, wx1, wy0, wy1), HALF).to(out_ptr.dtype.element_ty)
+    b = _scaled(_resampled(p00, p01, p10, p11, blue, m, wx0, wx1, wy0, wy1), HALF).to(out_ptr.dtype.element_ty)
 
-    o_off = slot.to(tl.int64) * so_n + (y.to(tl.int64) * so_h)[:, None] + (x.to(tl.int64) * so_w + ch)[None, :]
-    tl.store(out_ptr + o_off, v.to(out_ptr.dtype.element_ty), mask=y_ok[:, None] & e_ok[None, :])
+    ok = y_ok[:, None] & x_ok[None, :]
+    if PAD_ROW:  # rows of 4: r, g, b and a zero, one store a pixel (the literal 4 lets Triton vectorize it)
+        at = slot.to(tl.int64) * so_n + (y.to(tl.int64) * so_h)[:, None] + (x.to(tl.int64) * 4)[None, :]
+        # join stacks along a new last axis: join(join(r, b), join(g, 0))[..., i, j] is (r, g, b, 0)[2 i + j]
+        pixels = tl.reshape(tl.join(tl.join(r, b), tl.join(g, tl.zeros_like(b))), [BLOCK_Y, BLOCK_X, 4])
+        tl.store(out_ptr + at[:, :, None] + tl.arange(0, 4)[None, None, :], pixels, mask=ok[:, :, None])
+    else:
+        at = slot.to(tl.int64) * so_n + (y.to(tl.int64) * so_h)[:, None] + (x.to(tl.int64) * so_w)[None, :]
+        tl.store(out_ptr + at, r, mask=ok)
+        tl.store(out_ptr + at + 1, g, mask=ok)
+        tl.store(out_ptr + at + 2, b, mask=ok)
 
 
-def letterbox_frames(out: torch.Tensor, table: torch.Tensor, *, compile_only: bool = False) -> None:
+def letterbox_frames(
+    out: torch.Tensor, table: torch.Tensor, *, pad_row: bool = False, compile_only: bool = False
+) -> None:
     """Letterbox the frame of each of out's N slots (table row n, `frame_row`) into `out`, an (N, H, W, 3)
     fp16/fp32 view (NHWC batch slots, channel stride 1), as RGB/255.
+
+    `pad_row`: out's pixels are rows of 4 (pixel stride 4) whose fourth channel is padding that nothing reads as
+    data; it is written with zeros, so that each pixel is one store. Without it nothing outside the 3 channels is
+    written.
 
     table: (at least N, FRAME_FIELDS) int64, contiguous, on out's device, read on the device when the launch runs
     (a captured graph reads whatever rows it then holds). Frames must lie on out's device.
@@ -178,6 +217,8 @@ def letterbox_frames(out: torch.Tensor, table: torch.Tensor, *, compile_only: bo
     check_view("out", out, (None, None, None, 3))
     if out.dtype not in (torch.float16, torch.float32):
         raise ValueError(f"out: dtype {out.dtype}, expected torch.float16 or torch.float32")
+    if pad_row and out.stride(2) != 4:
+        raise ValueError(f"out: pixel stride {out.stride(2)}, pad_row needs rows of 4")
     n, h, w, _ = out.shape
     if table.dtype != torch.int64 or table.dim() != 2 or table.shape[0] < n or table.shape[1] != FRAME_FIELDS:
         raise ValueError(f"table: {tuple(table.shape)} {table.dtype}, expected ({n}+, {FRAME_FIELDS}) int64")
@@ -185,11 +226,12 @@ def letterbox_frames(out: torch.Tensor, table: torch.Tensor, *, compile_only: bo
         raise ValueError("table: expected a contiguous tensor on out's device")
     if n == 0:
         return
-    rows, elements = (_LETTERBOX_ROWS, _LETTERBOX_ELEMENTS) if out.is_cuda else _INTERPRETER_LETTERBOX
-    grid = (triton.cdiv(h, rows), triton.cdiv(3 * w, elements), n)
+    rows, pixels, warps = LETTERBOX_TILE if out.is_cuda else _INTERPRETER_LETTERBOX
+    grid = (triton.cdiv(h, rows), triton.cdiv(w, pixels), n)
     launcher(_letterbox_kernel, grid, compile_only)(
         out, *out.stride()[:3], table, h, w,
-        FIELDS=FRAME_FIELDS, BLOCK_Y=rows, BLOCK_E=elements, enable_fp_fusion=False,
+        FIELDS=FRAME_FIELDS, BLOCK_Y=rows, BLOCK_X=pixels, PAD_ROW=pad_row,
+        HALF=out.dtype == torch.float16, num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
 
 
