@@ -31,6 +31,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
              device us of each candidate tile (LETTERBOX_TILES), with and without the one-store padded rows, and at
              batch 1; every tile's output checked equal to the product's; the fastest is then used by the stages
              after it (rect)
+  launch     batch 1 on bus.jpg's rectangle: the host time of one graph launch (the replay call alone) of the whole
+             path's graph, of the network's own graph and of a one-kernel graph, against the device time of the path's
+             graph and run(1)'s wall time; with programmatic dependent launch and parallel streams each on and off
   rect       the square letterbox (rect=False) against each image's own rectangle (rect=True, 480x640 for bus.jpg):
              run(--batch) on staged GPU frames, img/s; batch 1 from a GPU frame, ms; and, in fresh processes with
              warm caches, how long the first image of a shape not yet built waits (bus.jpg then zidane.jpg, 384x640)
@@ -79,6 +82,7 @@ STAGES = (
     "profile",
     "startup",
     "letterbox",
+    "launch",
     "rect",
 )
 DECODERS = ("nvimgcodec", "hardware", "cpu", "nvjpeg")
@@ -620,6 +624,56 @@ def stage_letterbox(found: dict, batch: int) -> None:
     found["letterbox"] = rows
 
 
+def replay_host_us(graph, repeats: int = 300) -> dict:
+    """p50 / p90 microseconds of the replay call alone (host), and of replay + synchronize (wall), from an idle GPU."""
+    host, wall = [], []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        graph.replay()
+        launched = time.perf_counter()
+        torch.cuda.synchronize()
+        host.append(launched - start)
+        wall.append(time.perf_counter() - start)
+    host_t, wall_t = Timing(tuple(host)), Timing(tuple(wall))
+    return {"host_p50_us": host_t.p50 * 1e6, "host_p80_us": host_t.p80 * 1e6, "wall_p50_us": wall_t.p50 * 1e6}
+
+
+def stage_launch(found: dict, model_dir: Path) -> None:
+    from yolojet.engine.engine import Engine
+    from yolojet.timing import time_on_device
+
+    pixels = bus_rgb_cuda()
+    one = torch.zeros(1, device="cuda")
+    trivial = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(trivial):
+        one.add_(1)
+    rows: dict = {"one_kernel_graph": replay_host_us(trivial)}
+    print(f"launch: a one-kernel graph {json.dumps(rows['one_kernel_graph'])}", flush=True)
+    variants = (("default", {}), ("no_pdl", {"pdl": False}), ("no_branches", {"branches": False}))
+    for label, switches in (*variants, ("neither", {"pdl": False, "branches": False})):
+        engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1], **switches)
+        engine.preprocess(pixels, 0)
+        for _ in range(3):
+            engine.run(1)
+        shape, _ = engine.input_shape_of(tuple(pixels.shape[:2]))
+        path = engine.shape_path(shape)
+        graph = next(iter(path.graphs.values()))[0]
+        row = {"path_graph": replay_host_us(graph), "network_graph": replay_host_us(path.network.graphs[1])}
+        row["path_device_us"] = time_on_device(graph.replay, repeats=200, warmup=10).p50 * 1e6
+        row["network_device_us"] = engine.time_network(1, repeats=200, shape=shape).p50 * 1e6
+        walls = []
+        for _ in range(300):
+            start = time.perf_counter()
+            engine.run(1)
+            walls.append(time.perf_counter() - start)
+        row["run1_wall_p50_us"] = Timing(tuple(walls)).p50 * 1e6
+        engine.close()
+        rows[label] = row
+        print(f"launch {label}: {json.dumps(row)}", flush=True)
+    found["launch"] = rows
+
+
 def stage_rect(found: dict, model_dir: Path, batch: int, buckets: list[int]) -> None:
     from yolojet.engine.engine import Engine
     from yolojet.images import load_frame
@@ -892,6 +946,8 @@ def main() -> int:
                 stage_startup(found, model_dir, args.cold, args.out)
             elif stage == "letterbox":
                 stage_letterbox(found, args.batch)
+            elif stage == "launch":
+                stage_launch(found, model_dir)
             elif stage == "rect":
                 stage_rect(found, model_dir, args.batch, buckets)
         except Exception:
@@ -966,6 +1022,14 @@ def print_table(found: dict) -> None:
             f"| letterbox kernel, tile {tile}, batch {n} padded / not / batch 1 | {row[f'{n}_pad_us']:.1f} / "
             f"{row[f'{n}_us']:.1f} / {row['1_pad_us']:.1f} us{differs} |"
         )
+    for label, row in found.get("launch", {}).items():
+        if label != "one_kernel_graph":
+            print(
+                f"| batch 1 launch, {label}: path graph replay host / wall, network graph host, run(1) | "
+                f"{row['path_graph']['host_p50_us']:.1f} / {row['path_graph']['wall_p50_us']:.1f} us, "
+                f"{row['network_graph']['host_p50_us']:.1f} us, {row['run1_wall_p50_us']:.1f} us (device "
+                f"{row['path_device_us']:.1f}, network {row['network_device_us']:.1f}) |"
+            )
     rect = found.get("rect", {})
     for name in ("square", "rect"):
         if name in rect:
