@@ -438,23 +438,29 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
             f"{timed_seconds:.2f} s: " + ", ".join(f"{k} {v:.2f} s" for k, v in totals.most_common()),
             flush=True,
         )
-    # A long stream's decode calls of 64 (the product's, feed.chunk_for) against 32, twice in turn: the stream's decode
-    # thread is its limit, and each call ends waiting for the GIL.
+    # A long stream's decode calls of 64 (the product's, feed.chunk_for) against 32, and with shorter switch intervals,
+    # twice in turn: the stream's decode thread is its limit, and each of its calls ends waiting for the GIL, up to the
+    # switch interval while another thread runs Python.
     if with_decoder(engine, "auto"):
         from yolojet.engine.feed import CHUNK
 
+        interval = sys.getswitchinterval()
+        variants = [("chunk32", CHUNK, interval), ("chunk64", None, interval)]
+        variants += [("chunk64_switch1ms", None, 0.001), ("chunk64_switch0.2ms", None, 0.0002)]
         for attempt in range(2):
-            for chunk in (CHUNK, None):
+            for name, chunk, switch in variants:
                 engine_module.FrameFeed = functools.partial(FrameFeed, chunk=chunk)  # type: ignore[misc]
+                sys.setswitchinterval(switch)
                 try:
                     start = time.perf_counter()
                     count = sum(1 for _ in engine.stream(paths))
                     seconds = time.perf_counter() - start
                 finally:
                     engine_module.FrameFeed = FrameFeed  # type: ignore[misc]
-                label = f"auto_chunk{chunk or 'default'}_{attempt}"
+                    sys.setswitchinterval(interval)
+                label = f"auto_{name}_{attempt}"
                 rows[label] = {"img_per_s": count / seconds, "seconds": seconds}
-                print(f"stream over {count} files, auto, {label}: {count / seconds:,.0f} img/s", flush=True)
+                print(f"stream over {count} files, {label}: {count / seconds:,.0f} img/s", flush=True)
     found["stream"] = rows
 
 
@@ -578,7 +584,7 @@ print(json.dumps(found))
 
 
 # (rows, pixels a row, warps) of a letterbox program, the product's first.
-LETTERBOX_TILES = [(16, 32, 4), (8, 64, 4), (4, 128, 4), (8, 32, 2), (16, 64, 8), (32, 32, 8), (4, 64, 2), (2, 128, 4)]
+LETTERBOX_TILES = [(8, 32, 2), (16, 32, 4), (8, 64, 4), (4, 128, 4), (16, 64, 8), (32, 32, 8), (4, 64, 2), (2, 128, 4)]
 
 
 def stage_letterbox(found: dict, batch: int) -> None:
@@ -639,6 +645,45 @@ def replay_host_us(graph, repeats: int = 300) -> dict:
     return {"host_p50_us": host_t.p50 * 1e6, "host_p80_us": host_t.p80 * 1e6, "wall_p50_us": wall_t.p50 * 1e6}
 
 
+def trio_steps(engine, pixels: torch.Tensor, repeats: int = 300) -> dict:
+    """Host microseconds (p50) of each step of preprocess + run + get from a GPU frame: preprocess, run_async up to
+    and after the graph's launch, sync (waiting for the device, then reading the results), get; and the whole."""
+    import yolojet.engine.predict_path as predict_path
+
+    marks: dict[str, float] = {}
+    launch = predict_path.CapturedPath.launch
+
+    def timed_launch(self, batch, parity):
+        marks["launch_start"] = time.perf_counter()
+        launch(self, batch, parity)
+        marks["launch_end"] = time.perf_counter()
+
+    steps: dict[str, list[float]] = collections.defaultdict(list)
+    predict_path.CapturedPath.launch = timed_launch  # type: ignore[method-assign]
+    try:
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            engine.preprocess(pixels, 0)
+            t1 = time.perf_counter()
+            engine.run_async(1)
+            t2 = time.perf_counter()
+            engine.sync()
+            t3 = time.perf_counter()
+            engine.get(0)
+            t4 = time.perf_counter()
+            steps["preprocess"].append(t1 - t0)
+            steps["run_async_before_launch"].append(marks["launch_start"] - t1)
+            steps["graph_launch"].append(marks["launch_end"] - marks["launch_start"])
+            steps["run_async_after_launch"].append(t2 - marks["launch_end"])
+            steps["sync"].append(t3 - t2)
+            steps["get"].append(t4 - t3)
+            steps["whole"].append(t4 - t0)
+    finally:
+        predict_path.CapturedPath.launch = launch  # type: ignore[method-assign]
+    return {k: Timing(tuple(v)).p50 * 1e6 for k, v in steps.items()}
+
+
 def stage_launch(found: dict, model_dir: Path) -> None:
     from yolojet.engine.engine import Engine
     from yolojet.timing import time_on_device
@@ -668,6 +713,8 @@ def stage_launch(found: dict, model_dir: Path) -> None:
             engine.run(1)
             walls.append(time.perf_counter() - start)
         row["run1_wall_p50_us"] = Timing(tuple(walls)).p50 * 1e6
+        if label == "default":
+            row["trio_steps_p50_us"] = trio_steps(engine, pixels)
         engine.close()
         rows[label] = row
         print(f"launch {label}: {json.dumps(row)}", flush=True)
@@ -986,7 +1033,7 @@ def print_table(found: dict) -> None:
                 f"{r['decode_alone_img_per_s']:,.0f}; GPU busy ~{r['gpu_busy']:.0%} |"
             )
     for name, r in stream.items():
-        if name.startswith("auto_chunk"):
+        if name.startswith("auto_") and isinstance(r, dict) and "gpu_busy" not in r:
             print(f"| stream {stream['files']} files {name} | {r['img_per_s']:,.0f} img/s |")
     feeds = found.get("feeds", {})
     for key, row in feeds.items():

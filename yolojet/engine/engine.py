@@ -717,10 +717,13 @@ class Engine:
         else:
             decoded = frame_from_pixels(frame)
             if decoded.pixels.device == self.device:
-                decoded = Frame(decoded.pixels.clone(), decoded.bgr, decoded.path)  # the caller may reuse its tensor
+                # The caller may reuse its tensor: cloned on the caller's stream, which the run follows (no copy
+                # stream, so no event to wait for).
+                decoded = Frame(decoded.pixels.clone(), decoded.bgr, decoded.path)
+                batch = DecodedBatch([decoded])
             else:
                 decoded = to_device(decoded, self.decoder)
-            batch = DecodedBatch([decoded], self.decoder.cpu.ready_events())
+                batch = DecodedBatch([decoded], self.decoder.cpu.ready_events())
         if self.device.type == "cuda":
             batch.wait_on(torch.cuda.current_stream(self.device))  # the run waits for the caller's stream
         with self._lock:
