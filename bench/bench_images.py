@@ -49,12 +49,14 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import faulthandler
 import functools
 import io
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -392,6 +394,7 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
     for name in STREAM_DECODERS:
         if not with_decoder(engine, name):
             continue
+        print(f"stream {name}: the feed alone over {len(paths)} files", flush=True)
         feed_start = time.perf_counter()
         decoded = 0
         for fed in FrameFeed(paths, engine.decoder, batch):
@@ -940,6 +943,8 @@ def main() -> int:
     parser.add_argument("--stream-decoders", nargs="+", default=None, help=f"default {STREAM_DECODERS}")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
+    # A stage cut short by its time limit (gpu_check.sh's `timeout` sends SIGTERM) prints every thread's stack first.
+    faulthandler.register(signal.SIGTERM, chain=True)
     if args.stream_decoders:
         STREAM_DECODERS[:] = args.stream_decoders
 
