@@ -23,7 +23,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -945,6 +945,14 @@ def _header(path: str | Path) -> bytes:
         return file.read(HEADER_BYTES)
 
 
+@cache
+def _no_pixels() -> torch.Tensor:
+    """An empty frame's pixels, shared by every result that keeps a frame only to read its image again: a new tensor a
+    result was a torch call an image, each letting go of the GIL and waiting to take it back on a busy stream's
+    thread."""
+    return torch.empty(0, 0, 3, dtype=torch.uint8)
+
+
 def _array(values: Any) -> np.ndarray:
     return values.numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
 
@@ -977,7 +985,7 @@ def make_results(meta: ModelMeta, found: dict[str, Any], frame: Frame, source: A
     if source is not None and not is_encoded(source):
         keep = None
     elif frame.reads_again:
-        keep = replace(frame, pixels=torch.empty(0, 0, 3, dtype=torch.uint8))
+        keep = replace(frame, pixels=_no_pixels())
     return Results(
         names=meta.names, path=frame.path, image=partial(_original_image, keep, source), orig_shape=shape, **parts
     )
