@@ -630,11 +630,16 @@ def _cmd_val(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import asyncio
-
     from yolojet.options import serve_token
     from yolojet.serve.models import parse_model_spec
-    from yolojet.serve.server import ServeOptions, build_models, configure_logging, serve_forever
+    from yolojet.serve.server import (
+        ServeOptions,
+        build_models,
+        configure_logging,
+        event_loop_name,
+        run_server,
+        serve_forever,
+    )
 
     specs = [parse_model_spec(text, args.max_batch) for text in args.model]
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -660,7 +665,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         grace_s=args.grace_s,
         engine={**_letterbox(args), **_engine_switches(args)},
+        event_loop=args.event_loop,
     )
+    event_loop_name(options.event_loop)  # uvloop asked for but not installed: said before any model loads
     configure_logging()
     if args.ray is not None:
         from yolojet.scale.ray_serve import serve_on_ray
@@ -689,7 +696,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         serve_processes(specs, options, args.processes)
         return 0
     if args.devices is None:
-        asyncio.run(serve_forever(build_models(specs, options), options))
+        run_server(serve_forever(build_models(specs, options), options), options.event_loop)
         return 0
     from functools import partial
 
@@ -702,7 +709,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     pool = WorkerPool(specs, parse_devices(args.devices), engine_options)
     try:
         models = pool.start()
-        asyncio.run(serve_forever(models, options, runner=partial(PoolRunner, pool=pool)))
+        run_server(serve_forever(models, options, runner=partial(PoolRunner, pool=pool)), options.event_loop)
     finally:
         pool.close()
     return 0
@@ -1164,6 +1171,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--grace-s", type=float, default=30.0, help="on SIGTERM, seconds to finish accepted requests (default 30)"
+    )
+    p.add_argument(
+        "--event-loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="the server's event loop: uvloop (a fifth less CPU a request), asyncio's own, or auto: uvloop where "
+        "installed (default)",
     )
     _add_decoder_flag(p)
     _add_letterbox_flags(p)

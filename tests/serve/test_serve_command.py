@@ -42,6 +42,7 @@ def start(model_dir, *flags) -> tuple[subprocess.Popen, str]:
         lines.append(line)
         found = re.search(r"listening on (\S+)", line)
         if found:
+            process.startup_log = "".join(lines)  # type: ignore[attr-defined]
             return process, found.group(1)
     process.kill()
     raise AssertionError("the server did not start:\n" + "".join(lines))
@@ -68,6 +69,32 @@ def test_sigterm_answers_every_accepted_request(model_dirs):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+@pytest.mark.parametrize(("flags", "loop"), [([], "uvloop"), (["--event-loop", "asyncio"], "asyncio")])
+def test_the_event_loop_is_uvloop_unless_asked_otherwise(model_dirs, flags, loop):
+    process, address = start(model_dirs["detect"], *flags)
+    try:
+        reply = pb_grpc.InferenceStub(grpc.insecure_channel(address)).Infer(pb.InferRequest(image=BUS), timeout=120)
+        assert reply.width == 810
+        assert f'"event_loop": "{loop}"' in process.startup_log  # type: ignore[attr-defined]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_uvloop_asked_for_where_it_is_missing_is_a_clear_error(monkeypatch):
+    from yolojet.errors import EngineConfigError
+    from yolojet.serve.server import ServeOptions, event_loop_name
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # an import of it now fails
+    assert event_loop_name("auto") == "asyncio"
+    with pytest.raises(EngineConfigError, match="--event-loop uvloop: uvloop is not installed"):
+        event_loop_name("uvloop")
+    with pytest.raises(EngineConfigError, match="event loop 'trio': expected one of auto, uvloop, asyncio"):
+        ServeOptions(event_loop="trio")
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,6 @@ stopped) stops them too, so no orphan keeps serving the port.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import os
@@ -46,7 +45,7 @@ class _Stopped(Exception):
 
 def _process_main(connection: Connection, specs: list[ModelSpec], options: ServeOptions) -> None:
     """One of the servers: load, serve, report the port bound, stop on SIGTERM or SIGINT or when the parent is gone."""
-    from yolojet.serve.server import build_models, configure_logging, serve_forever
+    from yolojet.serve.server import build_models, configure_logging, run_server, serve_forever
 
     apply_switch_interval()
     configure_logging()
@@ -61,7 +60,7 @@ def _process_main(connection: Connection, specs: list[ModelSpec], options: Serve
         threading.Thread(target=_stop_when_orphaned, args=(connection,), daemon=True).start()
 
     try:
-        asyncio.run(serve_forever(models, options, started=started))
+        run_server(serve_forever(models, options, started=started), options.event_loop)
     except EngineConfigError as e:  # the port could not be bound
         connection.send(("failed", str(e)))
 
