@@ -548,13 +548,18 @@ def batch1_latency(engine, frame: torch.Tensor) -> dict:
             "p99_ms": samples[int(len(samples) * 0.99)] * 1000,
         }
     engine.preprocess(frame, 0)
+    rows["run_only_gpu_p50_ms"] = run1_walls(engine, 500).p50 * 1000
+    return rows
+
+
+def run1_walls(engine, repeats: int) -> Timing:
+    """Wall time of run(1) on the frame staged in slot 0, `repeats` times."""
     samples = []
-    for _ in range(500):
+    for _ in range(repeats):
         start = time.perf_counter()
         engine.run(1)
         samples.append(time.perf_counter() - start)
-    rows["run_only_gpu_p50_ms"] = Timing(tuple(samples)).p50 * 1000
-    return rows
+    return Timing(tuple(samples))
 
 
 def stage_latency(found: dict, model_dir: Path) -> None:
@@ -710,12 +715,7 @@ def stage_launch(found: dict, model_dir: Path) -> None:
         row = {"path_graph": replay_host_us(graph), "network_graph": replay_host_us(path.network.graphs[1])}
         row["path_device_us"] = time_on_device(graph.replay, repeats=200, warmup=10).p50 * 1e6
         row["network_device_us"] = engine.time_network(1, repeats=200, shape=shape).p50 * 1e6
-        walls = []
-        for _ in range(300):
-            start = time.perf_counter()
-            engine.run(1)
-            walls.append(time.perf_counter() - start)
-        row["run1_wall_p50_us"] = Timing(tuple(walls)).p50 * 1e6
+        row["run1_wall_p50_us"] = run1_walls(engine, 300).p50 * 1e6
         if label == "default":
             row["trio_steps_p50_us"] = trio_steps(engine, pixels)
         engine.close()
