@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from yolojet import __version__
 from yolojet.errors import EngineConfigError, ImageReadError, ModelDirError, OutputPathError, YolojetError
-from yolojet.options import apply_switch_interval
+from yolojet.options import EVENT_LOOPS, apply_switch_interval
 
 if TYPE_CHECKING:
     import torch
@@ -1174,7 +1174,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--event-loop",
-        choices=("auto", "uvloop", "asyncio"),
+        choices=EVENT_LOOPS,
         default="auto",
         help="the server's event loop: uvloop (a fifth less CPU a request), asyncio's own, or auto: uvloop where "
         "installed (default)",

@@ -47,8 +47,8 @@ _LINGER_S = 0.002  # how long a cut of an iterable's images waits for a next ima
 # overlap decoding its second half with running its first.
 CHUNK = 32
 # A long stream's decode calls: there the decode thread is the limit, and each of its calls ends by taking the GIL
-# back behind the other threads' Python. Calls of 64 ran the engine's stream over 10,000 files at 8,164 img/s where
-# calls of 32 ran 6,084, in one H200 run (bench/NOTES.md).
+# back behind the other threads' Python. Over 10,000 files on H200s, calls of 64 beat calls of 32 in each of five pairs
+# run in turn, by 15-34 % (8,164 against 6,084 img/s in the first; bench/NOTES.md).
 LONG_CHUNK = 64
 
 

@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from yolojet.errors import EngineConfigError
 from yolojet.images import DEFAULT_MAX_PIXELS
+from yolojet.options import EVENT_LOOPS
 from yolojet.serve.batcher import Scheduler
 from yolojet.serve.metrics import ServerMetrics
 from yolojet.serve.models import ModelSpec, ServedModel, load_models
@@ -69,12 +70,10 @@ class ServeOptions:
             raise EngineConfigError(f"event loop {self.event_loop!r}: expected one of {', '.join(EVENT_LOOPS)}")
 
 
-# The server's event loop: uvloop where it is installed ("auto"), or asyncio's own. On the 2-core test machine a server
-# answering every image at once (the network skipped) took 2,287-2,497 requests a second on uvloop against 1,784-2,170
-# on asyncio's loop, at 450-484 against 528-620 us of CPU a request, three runs in turn (bench/NOTES.md).
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-
-
+# The server's event loop (options.EVENT_LOOPS): uvloop where it is installed ("auto"), or asyncio's own. On the 2-core
+# test machine a server answering every image at once (the network skipped) took 2,287-2,497 requests a second on
+# uvloop against 1,784-2,170 on asyncio's loop, at 450-484 against 528-620 us of CPU a request, three runs in turn
+# (bench/NOTES.md).
 def event_loop_name(choice: str) -> str:
     """The loop `choice` runs on here: "uvloop" or "asyncio" ("auto": uvloop where it imports)."""
     if choice == "asyncio":
