@@ -108,3 +108,24 @@ def test_fewer_images_than_slots(engine):
     # 2e-4 relative, 0.006 px once scaled from the 128x96 rectangle to the 1080x810 photo
     np.testing.assert_allclose(one.boxes.data, both[0].boxes.data, rtol=5e-4, atol=1e-2)
     np.testing.assert_allclose(both[0].boxes.data, both[1].boxes.data, rtol=5e-4, atol=1e-2)
+
+
+def test_a_reused_device_tensor_is_copied_when_staged(engine):
+    """A camera writing each frame into one tensor: what runs is the frame as it was when staged, and staging the
+    tensor again (into the slot's same buffer) runs the new frame."""
+    bus = real_photos()["bus.jpg"]
+    mirrored = np.ascontiguousarray(bus[:, ::-1])
+    want_bus, want_mirrored = engine([bus, mirrored], conf=0.0005)
+    assert len(want_bus) > 0 and not np.allclose(want_bus.boxes.data[:1], want_mirrored.boxes.data[:1])
+    camera = torch.from_numpy(bus[..., ::-1].copy()).to(engine.device)  # RGB, as a device tensor
+    engine.configure(conf=0.0005)
+    try:
+        engine.preprocess(camera, 0)
+        camera.copy_(torch.from_numpy(mirrored[..., ::-1].copy()))  # the next frame arrives before the run
+        engine.run(1)
+        np.testing.assert_allclose(engine.get(0).boxes.data, want_bus.boxes.data, rtol=5e-4, atol=1e-2)
+        engine.preprocess(camera, 0)
+        engine.run(1)
+        np.testing.assert_allclose(engine.get(0).boxes.data, want_mirrored.boxes.data, rtol=5e-4, atol=1e-2)
+    finally:
+        engine.configure()

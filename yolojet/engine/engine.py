@@ -196,6 +196,7 @@ class Engine:
         # The low-latency trio's state: each slot's staged frame, and the run that has found its results.
         self._staged: list[_Staged | None] = [None] * max_batch
         self._ran: list[_Run | None] = [None] * max_batch
+        self._slot_copies: list[tuple[torch.Tensor, torch.cuda.Stream | None] | None] = [None] * max_batch
         self._options = PredictOptions()
 
     @classmethod
@@ -717,9 +718,9 @@ class Engine:
         else:
             decoded = frame_from_pixels(frame)
             if decoded.pixels.device == self.device:
-                # The caller may reuse its tensor: cloned on the caller's stream, which the run follows (no copy
+                # The caller may reuse its tensor: copied on the caller's stream, which the run follows (no copy
                 # stream, so no event to wait for).
-                decoded = Frame(decoded.pixels.clone(), decoded.bgr, decoded.path)
+                decoded = Frame(self._slot_copy(slot, decoded.pixels), decoded.bgr, decoded.path)
                 batch = DecodedBatch([decoded])
             else:
                 decoded = to_device(decoded, self.decoder)
@@ -729,6 +730,19 @@ class Engine:
         with self._lock:
             self._staged[slot] = _Staged(decoded, None if is_encoded(frame) else frame)
             self._ran[slot] = None
+
+    def _slot_copy(self, slot: int, pixels: torch.Tensor) -> torch.Tensor:
+        """A copy of a frame already on the device, in the slot's own buffer where the last frame staged there from
+        the device had the same shape and was copied on the same stream: a camera's frames then keep one address,
+        and staging them again rewrites no frame table (the runs before, on that stream, have read the buffer by
+        the time the copy writes it). Results never read it: their original image is the caller's tensor."""
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        held = self._slot_copies[slot]
+        if held is not None and held[1] == stream and held[0].shape == pixels.shape:
+            return held[0].copy_(pixels)
+        copy = pixels.clone(memory_format=torch.contiguous_format)
+        self._slot_copies[slot] = (copy, stream)
+        return copy
 
     def run_async(self, batch: int = 1) -> None:
         """Start the whole path on slots [0, batch); on a GPU this is one graph launch and returns at once."""

@@ -239,6 +239,7 @@ class DetectionHead(CapturedPath):
         size = _count_elements(batch) + batch * capacity * width
         self.results = torch.zeros(size, dtype=torch.float32, device=device)
         self.results_host = [torch.zeros(size, dtype=torch.float32, pin_memory=self.cuda) for _ in range(PARITIES)]
+        self._results_arrays = [buffer.numpy() for buffer in self.results_host]  # made once, as RunInputs' views
         self.count, self.rows = _result_views(self.results, batch, capacity, width)
         self.inputs = RunInputs(self.meta.nc, batch, device, pinned=self.cuda)
         scratch_type = RotatedNmsScratch if self.task == "obb" else NmsScratch
@@ -303,7 +304,7 @@ class DetectionHead(CapturedPath):
         batch = len(frames)
         counts_at = _count_elements(self.network.max_batch)
         used = counts_at + batch * self.capacity * self.width
-        copied = self.results_host[parity][:used].numpy().copy()  # one copy: the pinned buffer is reused
+        copied = self._results_arrays[parity][:used].copy()  # one copy: the pinned buffer is reused
         counts = copied[:batch].view(np.int32)
         rows = copied[counts_at:].reshape(batch, self.capacity, self.width)
         found = []

@@ -77,16 +77,17 @@ def _channels_first(pixels: torch.Tensor) -> bool:
     return c in (1, 3, 4) and last not in (1, 3, 4)
 
 
-def check_pixels(pixels: torch.Tensor, name: str) -> torch.Tensor:
-    """uint8 (H, W, C), C in {1, 3, 4}, of a nonzero size (an (H, W) grey image gains its channel axis)."""
+def check_pixels(pixels: torch.Tensor, source: Any) -> torch.Tensor:
+    """uint8 (H, W, C), C in {1, 3, 4}, of a nonzero size (an (H, W) grey image gains its channel axis); an error
+    names `source` as `describe` does (worked out only then: a camera's frame a millisecond pays for no name)."""
     if pixels.ndim == 2:
         pixels = pixels[..., None]
     if pixels.ndim != 3 or pixels.shape[2] not in (1, 3, 4):
-        raise ImageReadError(f"{name}: expected an (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) image")
+        raise ImageReadError(f"{describe(source)}: expected an (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) image")
     if pixels.dtype != torch.uint8:
-        raise ImageReadError(f"{name}: dtype {pixels.dtype}, expected uint8 pixels")
+        raise ImageReadError(f"{describe(source)}: dtype {pixels.dtype}, expected uint8 pixels")
     if pixels.shape[0] == 0 or pixels.shape[1] == 0:
-        raise ImageReadError(f"{name}: the image has zero size")
+        raise ImageReadError(f"{describe(source)}: the image has zero size")
     return pixels
 
 
@@ -100,23 +101,27 @@ def frame_from_pixels(source: Any) -> Frame:
     are), a `Frame` as it is; anything else is an ImageReadError naming it."""
     if isinstance(source, Frame):  # decoded already (load_frame's), its channel order known
         return source
-    name = describe(source)
     if isinstance(source, np.ndarray):
         if source.dtype == np.uint16:  # 16-bit frames (cv2.IMREAD_UNCHANGED): the top 8 bits, as ultralytics
             source = (source >> 8).astype(np.uint8)
         if source.dtype != np.uint8:
-            raise ImageReadError(f"{name}: dtype {source.dtype}, expected uint8 pixels (BGR, as OpenCV reads them)")
-        return Frame(check_pixels(torch.from_numpy(np.ascontiguousarray(source)), name), bgr=True)
+            raise ImageReadError(
+                f"{describe(source)}: dtype {source.dtype}, expected uint8 pixels (BGR, as OpenCV reads them)"
+            )
+        return Frame(check_pixels(torch.from_numpy(np.ascontiguousarray(source)), source), bgr=True)
     if isinstance(source, torch.Tensor):
+        given = source
         if source.is_floating_point():
             if source.ndim == 4 and source.shape[0] == 1:
                 source = source[0]
             if source.ndim != 3 or source.shape[0] not in (1, 3):
-                raise ImageReadError(f"{name}: a float tensor must be (C, H, W) or (1, C, H, W) RGB in [0, 1]")
+                raise ImageReadError(
+                    f"{describe(given)}: a float tensor must be (C, H, W) or (1, C, H, W) RGB in [0, 1]"
+                )
             source = (source.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0)
         elif source.ndim in (3, 4) and _channels_first(source):  # torchvision's read_image / decode_jpeg layout
             source = (source[0] if source.ndim == 4 else source).permute(1, 2, 0)
-        return Frame(check_pixels(source, name), bgr=False)
+        return Frame(check_pixels(source, given), bgr=False)
     pil_image: type | None
     try:
         from PIL import Image
@@ -129,7 +134,9 @@ def frame_from_pixels(source: Any) -> Frame:
 
         # Turned upright by its EXIF orientation, as ultralytics' loader does with PIL images.
         rgb = pil_pixels(ImageOps.exif_transpose(source))
-        return Frame(check_pixels(torch.from_numpy(rgb.copy()), name), bgr=False)
+        return Frame(check_pixels(torch.from_numpy(rgb.copy()), source), bgr=False)
     if isinstance(source, int) and not isinstance(source, bool):  # ultralytics' source=0: a webcam
         raise ImageReadError(f"{source}: a camera index, which is not supported yet ({NOT_YET})")
-    raise ImageReadError(f"{name}: not an image (expected a path, bytes, numpy array, PIL image or torch tensor)")
+    raise ImageReadError(
+        f"{describe(source)}: not an image (expected a path, bytes, numpy array, PIL image or torch tensor)"
+    )
