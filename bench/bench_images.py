@@ -7,7 +7,9 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   contention each hardware decoder's call (nvimgcodec, hardware; --batch copies of bus.jpg's bytes, 2 s of calls)
              alone and beside a thread running Python code; how long a call holds its caller, and with the wait
              for the decode
-  call       engine(list of --batch JPEG paths), yolo11n at 640, per decoder: img/s, median of --repeats calls
+  call       engine(list of --batch JPEG paths), yolo11n at 640, per decoder: img/s, median of --repeats calls; the
+             calls again with their steps timed by thread, and the last one's timeline; beside them cv2.imdecode
+             alone on the process's cores (the CPU decoder's ceiling on this machine)
   stream     engine.stream over --files JPEG files on disk (copies of bus.jpg, 1080x810), per decoder: img/s; beside
              it the decode alone (the same files through the feed, no engine) and the engine alone (staged GPU
              frames, run(--batch) repeated), whose ratio to the stream says how busy the GPU was; then the stream
@@ -263,8 +265,12 @@ def with_decoder(engine, name: str) -> bool:
 
 
 def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int) -> None:
+    from yolojet.images.decoders import cpu_threads
+
     paths = [str(f) for f in files[:batch]]
-    rows = {}
+    threads = cpu_threads()
+    rows: dict = {"opencv_alone_img_per_s": opencv_alone([Path(p).read_bytes() for p in paths], threads)}
+    print(f"cv2.imdecode alone on {threads} threads: {rows['opencv_alone_img_per_s']:,.0f} img/s", flush=True)
     for name in ("auto", *DECODERS):
         if not with_decoder(engine, name):
             continue
@@ -276,8 +282,33 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
             samples.append(time.perf_counter() - start)
         assert all(r.error is None for r in results), [r.error for r in results if r.error][:3]
         ms = Timing(tuple(samples)).p50 * 1000
-        rows[name] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(samples) * 1000}
-        print(f"engine({batch} paths), {name}: {ms:.2f} ms, {batch * 1000 / ms:,.0f} img/s", flush=True)
+        # The same calls with their steps timed by thread (seconds a call), and the last call's timeline (ms from
+        # its start): where a call of `batch` paths waits.
+        spans: list = []
+        with timed_calls(image_path_steps(engine), spans) as totals:
+            for _ in range(repeats):
+                spans.clear()
+                call_start = time.perf_counter()
+                engine(paths)
+                call_end = time.perf_counter()
+        timeline = [
+            (thread, step, round((start - call_start) * 1e3, 3), round((end - call_start) * 1e3, 3))
+            for thread, step, start, end in sorted(spans, key=lambda span: span[2])
+        ]
+        rows[name] = {
+            "ms": ms,
+            "img_per_s": batch * 1000 / ms,
+            "min_ms": min(samples) * 1000,
+            "steps_s_a_call": {k: v / repeats for k, v in totals.most_common()},
+            "timed_call_ms": (call_end - call_start) * 1e3,
+            "timeline_ms": [t for t in timeline if not t[1].startswith(("decode", "to_device", "make_results"))],
+            "pool_ms": [t for t in timeline if t[1].startswith(("decode", "to_device"))][:48],
+        }
+        print(
+            f"engine({batch} paths), {name}: {ms:.2f} ms, {batch * 1000 / ms:,.0f} img/s; a call's steps (ms): "
+            + ", ".join(f"{k} {v * 1e3 / repeats:.2f}" for k, v in totals.most_common(8)),
+            flush=True,
+        )
     found["call"] = rows
 
 
@@ -355,9 +386,10 @@ def stage_overlap(found: dict, engine, batch: int, seconds: float = 2.0) -> None
 
 
 @contextlib.contextmanager
-def timed_calls(targets: list[tuple[object, str]]):
+def timed_calls(targets: list[tuple[object, str]], spans: list | None = None):
     """Each (class or module, name) wrapped, while the block runs, to add the wall time of its calls to a total by
-    the calling thread's name (pool threads' numbers dropped) and its own name."""
+    the calling thread's name (pool threads' numbers dropped) and its own name; with `spans`, each call is also
+    appended to it as (thread, name, start, end) in perf_counter seconds."""
     totals: collections.Counter = collections.Counter()
     saved = []
     for owner, name in targets:
@@ -369,8 +401,11 @@ def timed_calls(targets: list[tuple[object, str]]):
             try:
                 return _original(*args, **kwargs)
             finally:
+                end = time.perf_counter()
                 thread = re.sub(r"[_-]\d+$", "", threading.current_thread().name)
-                totals[f"{thread}: {_name}"] += time.perf_counter() - start
+                totals[f"{thread}: {_name}"] += end - start
+                if spans is not None:
+                    spans.append((threading.current_thread().name, _name, start, end))
 
         setattr(owner, name, wrapped)
     try:
@@ -383,10 +418,45 @@ def timed_calls(targets: list[tuple[object, str]]):
                 setattr(owner, name, own)
 
 
+def image_path_steps(engine) -> list[tuple[object, str]]:
+    """The steps of the image path timed by `timed_calls`: the caller's (waiting for decoded chunks, submitting,
+    collecting, making results), the feed's (preparing an image, the decoder's call) and the CPU pool's (a file's
+    read and decode, OpenCV's call, the copy to the device)."""
+    import yolojet.engine.engine as engine_module
+    import yolojet.images.decoders as decoders_module
+    from yolojet.engine.feed import FrameFeed
+    from yolojet.images.decoders import CpuDecoder
+
+    decoder_type = type(engine.decoder)
+    steps = [(FrameFeed, "next_batch"), (type(engine), "_submit_fed"), (type(engine), "_collect")]
+    steps += [(engine_module, "make_results"), (decoder_type, "prepare"), (decoder_type, "finish")]
+    steps += [(CpuDecoder, "decode_bytes")] if decoder_type is not CpuDecoder else []
+    steps += [(CpuDecoder, "decode_one"), (CpuDecoder, "to_device"), (decoders_module, "decode_cpu")]
+    if hasattr(decoder_type, "_decode_jpegs"):
+        steps.append((decoder_type, "_decode_jpegs"))
+    return steps
+
+
+def opencv_alone(datas: list[bytes], threads: int, repeats: int = 5) -> float:
+    """img/s of cv2.imdecode alone over `datas` on `threads` threads (best of `repeats`): what this machine's cores
+    can decode, the CPU decoder's ceiling."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cv2
+
+    arrays = [np.frombuffer(d, dtype=np.uint8) for d in datas]
+    best = 0.0
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            list(pool.map(lambda a: cv2.imdecode(a, cv2.IMREAD_COLOR), arrays))
+            best = max(best, len(arrays) / (time.perf_counter() - start))
+    return best
+
+
 def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
     import yolojet.engine.engine as engine_module
     from yolojet.engine.feed import FrameFeed
-    from yolojet.images.decoders import CpuDecoder
 
     paths = [str(f) for f in files]
     rows: dict = {"files": len(paths), "engine_alone_img_per_s": engine_alone(engine, batch)}
@@ -414,13 +484,7 @@ def stage_stream(found: dict, engine, files: list[Path], batch: int) -> None:
         # The same stream again with its steps timed, thread by thread: where each thread spends the stream's time
         # (the caller's thread waiting for decoded chunks, submitting, collecting, making results; the feed's threads
         # reading and checking files, in the decoder's call, or waiting).
-        decoder_type = type(engine.decoder)
-        steps = [(FrameFeed, "next_batch"), (type(engine), "_submit_fed"), (type(engine), "_collect")]
-        steps += [(engine_module, "make_results"), (decoder_type, "prepare"), (decoder_type, "finish")]
-        steps += [(CpuDecoder, "decode_bytes")] if decoder_type is not CpuDecoder else []
-        if hasattr(decoder_type, "_decode_jpegs"):
-            steps.append((decoder_type, "_decode_jpegs"))
-        with timed_calls(steps) as totals:
+        with timed_calls(image_path_steps(engine)) as totals:
             timed_start = time.perf_counter()
             for _ in engine.stream(paths):
                 pass
