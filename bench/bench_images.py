@@ -22,7 +22,8 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   overlap    decode beside the network: bus.jpg's bytes decoded in calls of 32 for 2 s on one thread, or on two
              with a decoder each, alone and while another thread runs run(--batch) on staged frames back to back:
              decode img/s, and the network's img/s beside it
-  latency    batch 1 from a frame already on the GPU: preprocess + run + get, wall ms, median of 500
+  latency    batch 1 from a frame already on the GPU: preprocess + run + get, wall ms, median of 500; and each step's
+             host time (preprocess, run_async before and after the graph's launch, sync, get)
   agreement  each decoder's detections against the CPU decoder's (OpenCV's pixels) on the shipped JPEGs and on
              awkward ones (EXIF-rotated, CMYK, progressive, grey)
   profile    where the host's time goes (cProfile, by own time): 300 batch-1 runs of a staged GPU frame, and 5 calls
@@ -631,6 +632,8 @@ def stage_latency(found: dict, model_dir: Path) -> None:
 
     engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
     rows = batch1_latency(engine, bus_rgb_cuda())
+    rows["trio_steps_p50_us"] = trio_steps(engine, bus_rgb_cuda())
+    print(f"batch 1, the trio's steps (p50 us): {json.dumps(rows['trio_steps_p50_us'])}", flush=True)
     print(
         f"batch 1, frame on the GPU: p50 {rows['gpu']['p50_ms']:.3f} ms, two GPU frames in turn "
         f"{rows['gpu_alternating']['p50_ms']:.3f} ms, host {rows['host']['p50_ms']:.3f} ms; "
