@@ -37,6 +37,8 @@ Stages (--stages, in this order; each adds to one JSON file under --out, and a s
   launch     batch 1 on bus.jpg's rectangle: the host time of one graph launch (the replay call alone) of the whole
              path's graph, of the network's own graph and of a one-kernel graph, against the device time of the path's
              graph and run(1)'s wall time; with programmatic dependent launch and parallel streams each on and off
+  uploads    --batch copies of bus.jpg decoded on the CPU pool's threads and moved to the GPU three ways (the CPU
+             decoder's pinned copies, straight from pageable memory, a reused pinned buffer a thread): img/s
   rect       the square letterbox (rect=False) against each image's own rectangle (rect=True, 480x640 for bus.jpg):
              run(--batch) on staged GPU frames, img/s; batch 1 from a GPU frame, ms; and, in fresh processes with
              warm caches, how long the first image of a shape not yet built waits (bus.jpg then zidane.jpg, 384x640)
@@ -89,6 +91,7 @@ STAGES = (
     "letterbox",
     "launch",
     "rect",
+    "uploads",
 )
 DECODERS = ("nvimgcodec", "hardware", "cpu", "nvjpeg")
 STREAM_DECODERS = ["auto", "nvimgcodec", "hardware", "cpu"]  # --stream-decoders replaces them
@@ -310,7 +313,90 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
             + ", ".join(f"{k} {v * 1e3 / repeats:.2f}" for k, v in totals.most_common(8)),
             flush=True,
         )
+    # The hardware decoder's call of `batch` paths fed by one thread (prepare a chunk, decode the one before) rather
+    # than two, and with two threads at a 0.5 ms switch interval: a thread that wants the GIL from one running Python
+    # waits up to the interval (5 ms by default) for it.
+    if with_decoder(engine, "hardware"):
+        interval = sys.getswitchinterval()
+        for label, one_thread, switch in (("one_thread", True, interval), ("switch_0.5ms", False, 0.0005)):
+            engine.decoder.blocking_finish = not one_thread
+            sys.setswitchinterval(switch)
+            try:
+                engine(paths)
+                samples = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    engine(paths)
+                    samples.append(time.perf_counter() - start)
+            finally:
+                sys.setswitchinterval(interval)
+                del engine.decoder.blocking_finish
+            ms = Timing(tuple(samples)).p50 * 1000
+            rows[f"hardware_{label}"] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(samples) * 1000}
+            print(f"engine({batch} paths), hardware, {label}: {ms:.2f} ms, {batch * 1000 / ms:,.0f} img/s", flush=True)
     found["call"] = rows
+
+
+def stage_uploads(found: dict, batch: int, repeats: int = 7) -> None:
+    """Decoding --batch copies of bus.jpg on the CPU pool's threads and moving each frame to the GPU, three ways:
+    the CPU decoder's own (`CpuDecoder.to_device`: a pinned buffer from torch's caching host allocator, a copy into
+    it, an asynchronous copy to the device on the copy stream), straight from the decoded (pageable) array on the copy
+    stream, and through a pinned buffer of each thread's own reused once its last copy has finished. img/s, best and
+    median of `repeats`; decode alone beside them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cv2
+
+    from yolojet.images.decoders import CpuDecoder, cpu_threads
+
+    data = np.frombuffer((assets() / "bus.jpg").read_bytes(), dtype=np.uint8)
+    device = torch.device("cuda")
+    decoder = CpuDecoder(device)
+    stream = decoder.copy_stream
+    local = threading.local()
+
+    def decoded() -> torch.Tensor:
+        return torch.from_numpy(cv2.imdecode(data, cv2.IMREAD_COLOR))
+
+    def pageable(_) -> torch.Tensor:
+        pixels = decoded()
+        with torch.cuda.stream(stream):
+            return pixels.to(device, non_blocking=True)
+
+    def own_pinned(_) -> torch.Tensor:
+        pixels = decoded()
+        held = getattr(local, "held", None)
+        if held is None or held[0].numel() < pixels.numel():
+            held = local.held = (torch.empty(pixels.numel(), dtype=torch.uint8, pin_memory=True), torch.cuda.Event())
+        buffer, done = held
+        done.synchronize()
+        staged = buffer[: pixels.numel()].view(pixels.shape)
+        staged.copy_(pixels)
+        with torch.cuda.stream(stream):
+            out = staged.to(device, non_blocking=True)
+            done.record(stream)
+        return out
+
+    ways = {
+        "decode_alone": lambda _: decoded(),
+        "product_to_device": lambda _: decoder.to_device(decoded()),
+        "pageable": pageable,
+        "own_pinned": own_pinned,
+    }
+    rows: dict = {"threads": cpu_threads()}
+    with ThreadPoolExecutor(cpu_threads()) as pool:
+        for _ in range(2):
+            for name, way in ways.items():
+                rates = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    list(pool.map(way, range(batch)))
+                    stream.synchronize()
+                    rates.append(batch / (time.perf_counter() - start))
+                rows[name] = {"best_img_per_s": max(rates), "median_img_per_s": float(np.median(rates))}
+    print("uploads: " + ", ".join(f"{k} {v['median_img_per_s']:,.0f}" for k, v in rows.items() if k != "threads"))
+    decoder.close()
+    found["uploads"] = rows
 
 
 def engine_alone(engine, batch: int, repeats: int = 50) -> float:
@@ -433,6 +519,11 @@ def image_path_steps(engine) -> list[tuple[object, str]]:
     steps += [(engine_module, "make_results"), (decoder_type, "prepare"), (decoder_type, "finish")]
     steps += [(CpuDecoder, "decode_bytes")] if decoder_type is not CpuDecoder else []
     steps += [(CpuDecoder, "decode_one"), (CpuDecoder, "to_device"), (decoders_module, "decode_cpu")]
+    steps += [(decoders_module, "read_cached_file"), (decoders_module, "check_encoded")]
+    if decoder_type.__name__ == "NvjpegHardwareDecoder":
+        from yolojet.images.nvjpeg_hardware import NvjpegHardware
+
+        steps.append((NvjpegHardware, "takes"))
     if hasattr(decoder_type, "_decode_jpegs"):
         steps.append((decoder_type, "_decode_jpegs"))
     return steps
@@ -633,6 +724,15 @@ def stage_latency(found: dict, model_dir: Path) -> None:
     engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
     rows = batch1_latency(engine, bus_rgb_cuda())
     rows["trio_steps_p50_us"] = trio_steps(engine, bus_rgb_cuda())
+    # The same with a new copy of the frame every preprocess (as before the slots' own buffers): one process, one
+    # machine, so the difference is the change's.
+    own_buffers = type(engine)._slot_copy
+    type(engine)._slot_copy = lambda self, slot, pixels: pixels.clone()
+    try:
+        rows["trio_steps_cloned_p50_us"] = trio_steps(engine, bus_rgb_cuda())
+    finally:
+        type(engine)._slot_copy = own_buffers
+    print(f"batch 1, the trio's steps, a clone a frame: {json.dumps(rows['trio_steps_cloned_p50_us'])}", flush=True)
     print(f"batch 1, the trio's steps (p50 us): {json.dumps(rows['trio_steps_p50_us'])}", flush=True)
     print(
         f"batch 1, frame on the GPU: p50 {rows['gpu']['p50_ms']:.3f} ms, two GPU frames in turn "
@@ -1069,6 +1169,8 @@ def main() -> int:
                 stage_launch(found, model_dir)
             elif stage == "rect":
                 stage_rect(found, model_dir, args.batch, buckets)
+            elif stage == "uploads":
+                stage_uploads(found, args.batch)
         except Exception:
             found.setdefault("failures", {})[stage] = traceback.format_exc()
             print(f"stage {stage} failed:\n{traceback.format_exc()}", flush=True)
@@ -1093,6 +1195,8 @@ def print_table(found: dict) -> None:
             f"with the wait {row['call_and_wait_us_per_image']:.1f}; start {row['start_s']:.2f} s |"
         )
     for name, row in found.get("call", {}).items():
+        if not isinstance(row, dict):
+            continue
         print(f"| engine(64 paths) {name} | {row['img_per_s']:,.0f} img/s ({row['ms']:.2f} ms) |")
     stream = found.get("stream", {})
     if stream:
