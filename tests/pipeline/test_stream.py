@@ -318,3 +318,20 @@ def test_a_long_stream_of_files_on_the_hardware_decoder_gives_each_file_its_own_
         assert np.array_equal(results[3].orig_img, cv2.imread(str(paths[3])))
     finally:
         engine.close()
+
+
+def test_a_blocking_decoder_gets_a_second_feed_thread_only_for_a_long_list():
+    """A decoder whose `finish` is one long call letting go of the GIL (the hardware decoder's) has the next images
+    prepared on a second thread for a long list; a list of at most two batches (one call's) is fed by one thread."""
+    from yolojet.engine.feed import FrameFeed
+
+    lending = _LendingDecoder()
+    lending.blocking_finish = True
+    try:
+        for count, threads in ((8, {"yolojet-feed"}), (9, {"yolojet-feed-decode"})):  # pixels: no prepare called
+            lending.threads.clear()
+            images = [np.full((4, 6, 3), i, np.uint8) for i in range(count)]
+            values = [int(f.pixels[0, 0, 0]) for fed in FrameFeed(images, lending, batch=4) for f in fed.decoded.items]
+            assert values == list(range(count)) and lending.threads == threads, count
+    finally:
+        lending.close()
