@@ -725,8 +725,8 @@ class Engine:
             else:
                 decoded = to_device(decoded, self.decoder)
                 batch = DecodedBatch([decoded], self.decoder.cpu.ready_events())
-        if self.device.type == "cuda":
-            batch.wait_on(torch.cuda.current_stream(self.device))  # the run waits for the caller's stream
+        if batch.ready:
+            batch.wait_on(torch.cuda.current_stream(self.device))  # the caller's stream, which the run follows
         with self._lock:
             self._staged[slot] = _Staged(decoded, None if is_encoded(frame) else frame)
             self._ran[slot] = None
