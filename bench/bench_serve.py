@@ -11,6 +11,8 @@ yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped pho
            (from its summary line) and the wall time of the whole command
   workers  with --devices D: the same unary calls and `label --server` against `yolojet serve --devices D` (an engine
            worker process a device behind one front), and `yolojet label FOLDER --local --devices D`
+  asyncio  with --asyncio: the same unary calls and `label --server` against `yolojet serve --event-loop
+           asyncio`, beside the default server on uvloop, in the same run
   processes with --processes N: the same unary calls and `label --server` against `yolojet serve --processes N`
            (N whole servers sharing the port)
 
@@ -197,6 +199,7 @@ def main() -> int:
         "--client-processes", type=int, default=4, help="the bench client's processes for the 64 calls in flight"
     )
     parser.add_argument("--no-label", action="store_true", help="the unary calls only")
+    parser.add_argument("--asyncio", action="store_true", help="also measure a server on asyncio's event loop")
     parser.add_argument("--devices", default=None, help="also measure the worker-process server and labeler on these")
     parser.add_argument(
         "--processes", type=int, nargs="+", default=[], help="also measure `serve --processes N` for each N given"
@@ -244,6 +247,9 @@ def main() -> int:
     samples = args.out / "server-samples.json" if args.sample else None
     server_stage(found, args, "unary", [], model_dir, bus, files, work, samples=samples)
     out_file.write_text(json.dumps(found, indent=1))
+    if args.asyncio:
+        server_stage(found, args, "asyncio", ["--event-loop", "asyncio"], model_dir, bus, files, work)
+        out_file.write_text(json.dumps(found, indent=1))
     try:
         if not args.no_label:
             found["label_local"] = label(files, work / "local.jsonl", ["--local", "--model", str(model_dir)])
@@ -288,7 +294,12 @@ def print_table(found: dict, files: int, processes: list[int], label_workers: li
     print(f"\nswitch interval: {'5 ms (the default)' if interval is None else f'{interval:g} ms'}")
     print("| measure | value |\n|---|---|")
     fronts = [(f"processes{n}", f"Infer, serve --processes {n}") for n in processes]
-    for key, name in (("unary", "Infer"), ("workers", "Infer, serve --devices"), *fronts):
+    servers = (
+        ("unary", "Infer"),
+        ("asyncio", "Infer, serve --event-loop asyncio"),
+        ("workers", "Infer, serve --devices"),
+    )
+    for key, name in (*servers, *fronts):
         for concurrency in (64, 8):
             row = found.get(f"{key}_{concurrency}")
             if row:
@@ -298,6 +309,7 @@ def print_table(found: dict, files: int, processes: list[int], label_workers: li
                 )
     labels = (
         ("label_server_unary", "label --server"),
+        ("label_server_asyncio", "label --server, asyncio's loop"),
         ("label_local", "label --local"),
         ("label_local_workers", "label --local --devices"),
         *((f"label_local_workers{n}", f"label --local --workers {n}") for n in label_workers),
