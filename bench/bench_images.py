@@ -718,6 +718,31 @@ def run1_walls(engine, repeats: int) -> Timing:
     return Timing(tuple(samples))
 
 
+def preprocess_parts(engine, pixels: torch.Tensor, repeats: int = 300) -> dict:
+    """Host microseconds (p50) of what `preprocess` of a GPU frame does, each alone: the frame made from the tensor,
+    the current stream asked for, a copy into a buffer of the same shape, a clone; and the whole preprocess."""
+    from yolojet.images.frames import frame_from_pixels
+
+    buffer = torch.empty_like(pixels)
+    parts = {
+        "frame_from_pixels": lambda: frame_from_pixels(pixels),
+        "current_stream": lambda: torch.cuda.current_stream(engine.device),
+        "copy_into_buffer": lambda: buffer.copy_(pixels),
+        "clone": lambda: pixels.clone(),
+        "preprocess": lambda: engine.preprocess(pixels, 0),
+    }
+    found = {}
+    for name, part in parts.items():
+        samples = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            part()
+            samples.append(time.perf_counter() - start)
+        found[name] = Timing(tuple(samples)).p50 * 1e6
+    return found
+
+
 def stage_latency(found: dict, model_dir: Path) -> None:
     from yolojet.engine.engine import Engine
 
@@ -733,6 +758,8 @@ def stage_latency(found: dict, model_dir: Path) -> None:
     finally:
         type(engine)._slot_copy = own_buffers
     print(f"batch 1, the trio's steps, a clone a frame: {json.dumps(rows['trio_steps_cloned_p50_us'])}", flush=True)
+    rows["preprocess_parts_p50_us"] = preprocess_parts(engine, bus_rgb_cuda())
+    print(f"batch 1, preprocess's parts (p50 us): {json.dumps(rows['preprocess_parts_p50_us'])}", flush=True)
     print(f"batch 1, the trio's steps (p50 us): {json.dumps(rows['trio_steps_p50_us'])}", flush=True)
     print(
         f"batch 1, frame on the GPU: p50 {rows['gpu']['p50_ms']:.3f} ms, two GPU frames in turn "
