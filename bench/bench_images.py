@@ -337,7 +337,7 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
     found["call"] = rows
 
 
-def stage_uploads(found: dict, batch: int, repeats: int = 7) -> None:
+def stage_uploads(found: dict, batch: int, files: list[Path], repeats: int = 7) -> None:
     """Decoding --batch copies of bus.jpg on the CPU pool's threads and moving each frame to the GPU, three ways:
     the CPU decoder's own (`CpuDecoder.to_device`: a pinned buffer from torch's caching host allocator, a copy into
     it, an asynchronous copy to the device on the copy stream), straight from the decoded (pageable) array on the copy
@@ -396,7 +396,44 @@ def stage_uploads(found: dict, batch: int, repeats: int = 7) -> None:
                 rows[name] = {"best_img_per_s": max(rates), "median_img_per_s": float(np.median(rates))}
     print("uploads: " + ", ".join(f"{k} {v['median_img_per_s']:,.0f}" for k, v in rows.items() if k != "threads"))
     decoder.close()
+    rows["file_reads_us"] = file_reads(files)
+    print(f"file reads (us a file): {json.dumps(rows['file_reads_us'])}", flush=True)
     found["uploads"] = rows
+
+
+def file_reads(files: list[Path], rounds: int = 20) -> dict:
+    """us a file (median of `rounds` passes over `files`) of reading a cached file: the hardware decoder's way
+    (`read_cached_file`, a new bytes object each) with nothing kept and with the last 128 kept alive (as a feed keeps a
+    chunk's bytes until its results are made), and with os.preadv into one reused buffer."""
+    from yolojet.images.sources import read_cached_file
+
+    paths = [str(f) for f in files]
+    largest = max(os.path.getsize(p) for p in paths)
+    reused = bytearray(largest)
+
+    def into_buffer(path: str) -> None:
+        handle = os.open(path, os.O_RDONLY)
+        try:
+            os.preadv(handle, [reused], 0)
+        finally:
+            os.close(handle)
+
+    kept: collections.deque = collections.deque(maxlen=128)
+    ways = {
+        "read_cached_file": read_cached_file,
+        "read_cached_file_128_kept": lambda path: kept.append(read_cached_file(path)),
+        "preadv_reused_buffer": into_buffer,
+    }
+    found = {}
+    for name, way in ways.items():
+        passes = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for path in paths:
+                way(path)
+            passes.append((time.perf_counter() - start) / len(paths) * 1e6)
+        found[name] = float(np.median(passes))
+    return found
 
 
 def engine_alone(engine, batch: int, repeats: int = 50) -> float:
@@ -1197,7 +1234,7 @@ def main() -> int:
             elif stage == "rect":
                 stage_rect(found, model_dir, args.batch, buckets)
             elif stage == "uploads":
-                stage_uploads(found, args.batch)
+                stage_uploads(found, args.batch, files[: args.batch])
         except Exception:
             found.setdefault("failures", {})[stage] = traceback.format_exc()
             print(f"stage {stage} failed:\n{traceback.format_exc()}", flush=True)
