@@ -6,7 +6,10 @@ What it measures is everything of a request but the network: gRPC, the event loo
 decode of a small JPEG, the runner, the reply. On one GPU a single server is bound by its interpreter (one thread runs
 Python at a time), so its CPU a request, and its main thread's above all, bounds its requests a second.
 
-    python3 bench/bench_server_cpu.py --requests 10000 --concurrency 64 [--event-loop asyncio] [--out results/]
+With --label N, `yolojet label FOLDER --server` over N copies of the image follows: the labeling client's own CPU an
+image (file reads, requests, replies made records, the JSONL written).
+
+    python3 bench/bench_server_cpu.py --requests 10000 --concurrency 64 [--event-loop asyncio] [--label 5000]
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +77,34 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return found
 
 
+def label_folder(image: Path, work: Path, count: int, env: dict) -> dict:
+    """`yolojet label FOLDER --server` over `count` copies of `image` as a user runs it (file reads, requests,
+    records written): its rate, wall time, and CPU an image of the labeling process."""
+    import resource
+
+    folder = work / "folder"
+    folder.mkdir(exist_ok=True)
+    for i in range(count):
+        shutil.copyfile(image, folder / f"{i:06d}.jpg")
+    command = [sys.executable, "-m", "yolojet", "label", str(folder), "--server", f"127.0.0.1:{PORT}"]
+    command += ["--out", str(work / "labels.jsonl"), "--overwrite"]
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    said = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (now.ru_utime - used.ru_utime) + (now.ru_stime - used.ru_stime)
+    rate = re.search(r"\(([\d,.]+) img/s\)", said.stdout + said.stderr)
+    return {
+        "images": count,
+        "exit": said.returncode,
+        "wall_s": seconds,
+        "img_per_s": float(rate.group(1).replace(",", "")) if rate else None,
+        "client_cpu_us_an_image": cpu * 1e6 / count,
+        "said": (said.stdout + said.stderr)[-600:],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=10000)
@@ -80,6 +112,7 @@ def main() -> int:
     parser.add_argument("--event-loop", default="auto", choices=("auto", "uvloop", "asyncio"))
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--profile", type=Path, default=None, help="cProfile the server's main thread into this file")
+    parser.add_argument("--label", type=int, default=0, help="also `yolojet label --server` over this many files")
     parser.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -123,6 +156,7 @@ def main() -> int:
         server.send_signal(signal.SIGUSR1)
         time.sleep(0.5)
         names = json.loads(names_file.read_text()) if names_file.exists() else {}
+        labeler = label_folder(image, work, args.label, env) if args.label else None
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
@@ -142,6 +176,8 @@ def main() -> int:
         "cpu_us_a_request": total,
         "cpu_us_a_request_by_thread": dict(by_thread.most_common()),
     }
+    if labeler is not None:
+        found["label_server"] = labeler
     print(json.dumps(found, indent=1))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
