@@ -12,8 +12,11 @@ kept as the simpler.
 
 A decoder whose `finish` is one long call that lets go of the GIL while the GPU's hardware decodes (the `hardware`
 decoder: nvJPEG's batched call returns when the batch is decoded) is fed by two threads, as an iterable is below, so
-that the next images are read and checked while a batch decodes; but not for a list of at most two batches, where the
-second thread's first wait for the GIL costs more than the overlap gains.
+that the next images are read and checked while a batch decodes.
+
+A thread that hands over a chunk's worth of work (a chunk's worth of images queued for the decode thread, a decoded
+chunk for the engine waiting on an empty queue) lets go of the GIL right after, so that the thread it woke takes the
+GIL at once rather than after the interpreter's switch interval (5 ms) behind a thread that goes on running Python.
 
 An iterable of unknown length (a camera, a network) keeps a source thread that walks it and prepares each image at
 once, so a slow source does not hold up decoding, and the decode thread cuts its chunks short when no next image is
@@ -32,6 +35,7 @@ import collections
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass, replace
 from typing import Any
@@ -53,15 +57,12 @@ CHUNK = 32
 LONG_CHUNK = 64
 
 
-def is_short(images: Iterable[Any], batch: int) -> bool:
-    """Whether `images` is a collection of at most two batches of `batch` (one call's, as a rule)."""
-    return isinstance(images, Sized) and len(images) <= 2 * batch
-
-
 def chunk_for(images: Iterable[Any], batch: int) -> int:
     """Images a decode call for a stream of `images` in batches of `batch`: LONG_CHUNK, but CHUNK for a collection of
     at most two batches, whose first chunk then runs while the next decodes."""
-    return CHUNK if is_short(images, batch) else LONG_CHUNK
+    if isinstance(images, Sized) and len(images) <= 2 * batch:
+        return CHUNK
+    return LONG_CHUNK
 
 
 @dataclass
@@ -85,13 +86,9 @@ class FrameFeed:
         self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
         self._done = False
         self._spare: collections.deque = collections.deque()  # released batches' output buffers, to decode into
-        # A list (nothing of it on its way slowly) has one thread and full chunks, unless it is long and the
-        # decoder's `finish` is one long call that lets go of the GIL (the `hardware` decoder's), which preparing
-        # beside it overlaps. For a list of at most two batches a second thread costs more than it overlaps: its
-        # first take of the images waits for the GIL behind the thread preparing them, up to the switch interval
-        # (5 ms); one call of 64 files on an H200 took 13.6 ms on one thread against 15.4 ms on two.
-        overlapped = getattr(decoder, "blocking_finish", False) and not is_short(images, batch)
-        if isinstance(images, Sized) and not overlapped:
+        # A list (nothing of it on its way slowly) has one thread and full chunks, unless the decoder's `finish` is
+        # one long call that lets go of the GIL (the `hardware` decoder's), which preparing beside it overlaps.
+        if isinstance(images, Sized) and not getattr(decoder, "blocking_finish", False):
             self._threads = [
                 threading.Thread(target=self._prepare_and_decode, args=(images,), name="yolojet-feed", daemon=True)
             ]
@@ -180,9 +177,16 @@ class FrameFeed:
         while not self._stop.is_set():
             try:
                 q.put(item, timeout=0.1)
-                return True
             except queue.Full:
                 continue
+            if q.qsize() == (1 if q is self._chunks else self.chunk):
+                # A chunk's worth of work now waits where a thread may be waiting for it (a decoded chunk in an empty
+                # queue, a chunk's worth of images): that thread, woken, must still take the GIL from this one, which
+                # goes on running Python, and would wait for the switch interval (5 ms) unless the GIL is let go now.
+                # bench/bench_feed_handoff.py, a stand-in for the hardware decoder on the 2-core machine: 64 images
+                # through two threads in 10.1-10.3 ms against 12.8 without this, 1,280 in 145-146 against 144.
+                time.sleep(0)
+            return True
         return False
 
     def _walk(self, images: Iterable[Any]) -> None:
