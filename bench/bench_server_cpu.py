@@ -166,6 +166,7 @@ def main() -> int:
     total = sum(by_thread.values())
     rate = re.search(r"img/s\s+([\d,.]+)", said.stdout)
     answered = re.search(r"requests answered\s+(.*?)\s*$", said.stdout, re.M)
+    latency = re.search(r"latency p50 / p90 / p99 / max\s+(.*?)\s*$", said.stdout, re.M)
     found = {
         "event_loop": args.event_loop,
         "requests": args.requests,
@@ -173,6 +174,7 @@ def main() -> int:
         "wall_s": seconds,
         "client_img_per_s": float(rate.group(1).replace(",", "")) if rate else None,
         "answered": answered.group(1) if answered else said.stdout[-500:] + said.stderr[-500:],
+        "latency_p50_p90_p99_max": latency.group(1) if latency else None,
         "cpu_us_a_request": total,
         "cpu_us_a_request_by_thread": dict(by_thread.most_common()),
     }
