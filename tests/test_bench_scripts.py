@@ -26,6 +26,8 @@ def bench_on_path(monkeypatch):
         "bench_overload",
         "bench_conv_ceiling",
         "bench_one_to_one",
+        "bench_server_cpu",
+        "bench_feed_handoff",
         "sampler",
     ],
 )
