@@ -79,6 +79,7 @@ def test_a_batch_keeps_its_order_and_each_error_to_its_image(cpu_decoder, tmp_pa
         png.getvalue(),
         tmp_path / "missing.jpg",
         b"not an image at all",
+        f"{BUS}\0.png",  # a name no file can have, which the system would read only up to the NUL
     ]
     batch = cpu_decoder.decode([Encoded.of(i) for i in items])
     kinds = [type(o).__name__ for o in batch.items]
@@ -91,12 +92,14 @@ def test_a_batch_keeps_its_order_and_each_error_to_its_image(cpu_decoder, tmp_pa
         "Frame",
         "ImageReadError",
         "ImageReadError",
+        "ImageReadError",
     ]
     messages = [str(o) for o in batch.items if isinstance(o, ImageReadError)]
     assert f"{tmp_path / 'half.jpg'}: cannot decode as an image (a JPEG cut short" in messages[0]
     assert f"{tmp_path / 'head.jpg'}: cannot decode" in messages[1]
     assert "is a directory" in messages[2] and "no such file" in messages[3]
     assert "<19 bytes>: cannot decode as an image (not a JPEG, PNG" in messages[4]
+    assert "a path with a NUL character" in messages[5]
     reference = cv2_rgb(data)
     for frame in (batch.items[0], batch.items[2], batch.items[5]):
         assert frame.pixels.shape == (1080, 810, 3) and frame.bgr

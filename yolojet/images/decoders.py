@@ -155,11 +155,7 @@ class CpuDecoder:
         return Frame(self.to_device(decode_cpu(data, item.name)), bgr=True, path=item.path, encoded=data)
 
     def decode_one(self, item: Encoded) -> Frame:
-        # A cached local file in one call that keeps the GIL (`read_cached_file`), not Python's open, read and close,
-        # each letting go of the GIL and waiting to take it back beside the pool's other threads: the read and the
-        # checks took ~1 ms an image of a call of 64 on an H200's 16 threads, against 5.2 ms decoding (bench/NOTES.md).
-        cached = read_cached_file(str(item.source)) if isinstance(item.source, (str, Path)) else None
-        return self.decode_bytes(cached if cached is not None else item.read(), item)
+        return self.decode_bytes(item.read(), item)
 
     def to_device(self, pixels: torch.Tensor) -> torch.Tensor:
         if self.copy_stream is None:

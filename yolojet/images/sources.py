@@ -24,7 +24,10 @@ def is_url(source: str) -> bool:
 
 
 def refused_source(source: str) -> str | None:
-    """Why `source` is not something yolojet reads (a video file, a stream, a camera index), or None."""
+    """Why `source` is not something yolojet reads (a video file, a stream, a camera index, a name no file can have),
+    or None."""
+    if "\0" in source:  # the system's calls would read the name up to it, or refuse it with a ValueError
+        return f"{source!r}: a path with a NUL character, which no file's name can hold"
     if source.lower().startswith(STREAM_SCHEMES):
         return f"{source}: a video stream, which is not supported yet ({NOT_YET})"
     if os.path.splitext(source.rstrip("/"))[1].lower() in VIDEO_SUFFIXES:  # Path(source).suffix, at a tenth the cost
