@@ -129,3 +129,21 @@ def test_a_reused_device_tensor_is_copied_when_staged(engine):
         np.testing.assert_allclose(engine.get(0).boxes.data, want_mirrored.boxes.data, rtol=5e-4, atol=1e-2)
     finally:
         engine.configure()
+
+
+@pytest.mark.gpu(reason="pinned host memory needs a CUDA GPU")
+def test_a_pinned_host_frame_may_be_written_again_once_staged(engine):
+    """A camera's pinned host buffer rewritten right after `preprocess` returns: the run sees the frame as staged
+    (the GPU would otherwise read the buffer later, on its copy stream)."""
+    bus = real_photos()["bus.jpg"]
+    mirrored = np.ascontiguousarray(bus[:, ::-1])
+    want = engine(bus, conf=0.0005)[0]
+    camera = torch.from_numpy(bus[..., ::-1].copy()).pin_memory()  # RGB, as a host tensor
+    engine.configure(conf=0.0005)
+    try:
+        engine.preprocess(camera, 0)
+        camera.copy_(torch.from_numpy(mirrored[..., ::-1].copy()))
+        engine.run(1)
+        np.testing.assert_allclose(engine.get(0).boxes.data, want.boxes.data, rtol=5e-4, atol=1e-2)
+    finally:
+        engine.configure()

@@ -40,6 +40,8 @@ from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from yolojet.errors import ImageReadError
 from yolojet.images import Frame, is_encoded
 from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, Pending
@@ -269,8 +271,9 @@ def _in_memory(item: Any, decoder: Decoder) -> Frame | ImageReadError:
 
 
 def to_device(frame: Frame, decoder: Decoder) -> Frame:
-    """The frame on the decoder's device: a CUDA frame on another GPU copied over, a host frame through pinned
-    memory on the decoder's copy stream (its `ready_events` cover the copy)."""
+    """The frame on the decoder's device: a CUDA frame on another GPU copied over, a host frame on the decoder's copy
+    stream (its `ready_events` cover the copy). The caller may write its host buffer again once this returns: a copy
+    from pageable memory has read it by then, and a pinned buffer, which the GPU would read later, is copied first."""
     device = decoder.cpu.device
     pixels = frame.pixels
     if pixels.device == device:
@@ -278,5 +281,7 @@ def to_device(frame: Frame, decoder: Decoder) -> Frame:
     if pixels.device.type == "cuda" or device.type != "cuda":
         pixels = pixels.to(device)
     else:
+        if pixels.is_pinned():
+            pixels = torch.empty(pixels.shape, dtype=pixels.dtype).copy_(pixels)
         pixels = decoder.cpu.to_device(pixels)
     return replace(frame, pixels=pixels)

@@ -1,7 +1,7 @@
 """Decoders: encoded images (files or bytes) → `Frame`s, a batch at a time.
 
 - `cpu`: a pool of threads, one a core, each reading a file and decoding it with OpenCV's `imdecode` (which releases
-  the GIL) or Pillow; for a GPU engine the pixels then go to the device from pinned memory on a copy stream. The
+  the GIL) or Pillow; for a GPU engine the pixels then go to the device from the decoded array on a copy stream. The
   pixels are OpenCV's, and so ultralytics'.
 
 Each decoder works in two steps, so that a stream's images are read and handed on as they come and the GPU decodes
