@@ -121,10 +121,12 @@ def test_a_reused_device_tensor_is_copied_when_staged(engine):
     engine.configure(conf=0.0005)
     try:
         engine.preprocess(camera, 0)
+        staged_at = engine._staged[0].frame.pixels.data_ptr()
         camera.copy_(torch.from_numpy(mirrored[..., ::-1].copy()))  # the next frame arrives before the run
         engine.run(1)
         np.testing.assert_allclose(engine.get(0).boxes.data, want_bus.boxes.data, rtol=5e-4, atol=1e-2)
         engine.preprocess(camera, 0)
+        assert engine._staged[0].frame.pixels.data_ptr() == staged_at  # the slot's own buffer, written again
         engine.run(1)
         np.testing.assert_allclose(engine.get(0).boxes.data, want_mirrored.boxes.data, rtol=5e-4, atol=1e-2)
     finally:

@@ -162,10 +162,12 @@ class _Run:
 
 @dataclass
 class _Staged:
-    """A frame staged in a slot of the low-latency trio, and what the caller gave for it."""
+    """A frame staged in a slot of the low-latency trio, what the caller gave for it, and the stream on which it is
+    ready (the caller's when it was staged; None off CUDA)."""
 
     frame: Frame
     source: Any
+    stream: torch.cuda.Stream | None = None
 
 
 class Engine:
@@ -196,7 +198,9 @@ class Engine:
         # The low-latency trio's state: each slot's staged frame, and the run that has found its results.
         self._staged: list[_Staged | None] = [None] * max_batch
         self._ran: list[_Run | None] = [None] * max_batch
-        self._slot_copies: list[tuple[torch.Tensor, torch.cuda.Stream | None] | None] = [None] * max_batch
+        # Each slot's own buffer for frames staged from the device, and the stream of the last run that read it.
+        self._slot_copies: list[torch.Tensor | None] = [None] * max_batch
+        self._slot_read_on: list[torch.cuda.Stream | None] = [None] * max_batch
         self._options = PredictOptions()
 
     @classmethod
@@ -710,6 +714,7 @@ class Engine:
         """Stage one image (any accepted kind; a CUDA tensor stays on the GPU, copied) in batch slot `slot`."""
         if not _integral(slot) or not 0 <= slot < self.max_batch:
             raise EngineConfigError(f"slot {slot}: this engine has slots 0..{self.max_batch - 1}")
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         if is_encoded(frame):
             batch = self.decoder.decode([Encoded.of(frame)])
             decoded = batch.items[0]
@@ -718,31 +723,34 @@ class Engine:
         else:
             decoded = frame_from_pixels(frame)
             if decoded.pixels.device == self.device:
-                # The caller may reuse its tensor: copied on the caller's stream, which the run follows (no copy
-                # stream, so no event to wait for).
-                decoded = Frame(self._slot_copy(slot, decoded.pixels), decoded.bgr, decoded.path)
+                # The caller may reuse its tensor: copied on the caller's stream (no copy stream, so no event).
+                decoded = Frame(self._slot_copy(slot, decoded.pixels, stream), decoded.bgr, decoded.path)
                 batch = DecodedBatch([decoded])
             else:
                 decoded = to_device(decoded, self.decoder)
                 batch = DecodedBatch([decoded], self.decoder.cpu.ready_events())
-        if batch.ready:
-            batch.wait_on(torch.cuda.current_stream(self.device))  # the caller's stream, which the run follows
+        if stream is not None and batch.ready:
+            batch.wait_on(stream)  # ready on the caller's stream, which the run follows or waits for
         with self._lock:
-            self._staged[slot] = _Staged(decoded, None if is_encoded(frame) else frame)
+            self._staged[slot] = _Staged(decoded, None if is_encoded(frame) else frame, stream)
             self._ran[slot] = None
+            if decoded.pixels is not self._slot_copies[slot]:
+                self._slot_copies[slot] = None  # a frame from elsewhere: the slot's buffer goes once nothing reads it
 
-    def _slot_copy(self, slot: int, pixels: torch.Tensor) -> torch.Tensor:
-        """A copy of a frame already on the device, in the slot's own buffer where the last frame staged there from
-        the device had the same shape and was copied on the same stream: a camera's frames then keep one address,
-        and staging them again rewrites no frame table (the runs before, on that stream, have read the buffer by
-        the time the copy writes it). Results never read it: their original image is the caller's tensor."""
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+    def _slot_copy(self, slot: int, pixels: torch.Tensor, stream: torch.cuda.Stream | None) -> torch.Tensor:
+        """A copy of a frame already on the device, on `stream`, in the slot's own buffer where the last frame staged
+        there from the device had the same shape: a camera's frames then keep one address, and staging them again
+        rewrites no frame table. The copy waits for the last run that read the buffer where that run was launched on
+        another stream (on the same one it follows it anyway). Results never read the buffer: their original image
+        is the caller's tensor."""
         held = self._slot_copies[slot]
-        if held is not None and held[1] == stream and held[0].shape == pixels.shape:
-            return held[0].copy_(pixels)
-        copy = pixels.clone(memory_format=torch.contiguous_format)
-        self._slot_copies[slot] = (copy, stream)
-        return copy
+        if held is None or held.shape != pixels.shape:
+            held = self._slot_copies[slot] = pixels.clone(memory_format=torch.contiguous_format)
+            return held
+        read_on = self._slot_read_on[slot]
+        if stream is not None and read_on is not None and read_on != stream:
+            stream.wait_stream(read_on)
+        return held.copy_(pixels)
 
     def run_async(self, batch: int = 1) -> None:
         """Start the whole path on slots [0, batch); on a GPU this is one graph launch and returns at once."""
@@ -752,8 +760,15 @@ class Engine:
             staged = self._staged[:batch]
             if any(s is None for s in staged):
                 raise EngineConfigError(f"run({batch}): stage a frame into each of slots 0..{batch - 1} first")
-            run = self._submit([s.frame for s in staged], self._options)  # type: ignore[union-attr]
+            frames = [s.frame for s in staged if s is not None]
+            launch = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+            if launch is not None:
+                # Frames staged on other streams than the one the run is launched on: it waits for them.
+                for ready_on in {s.stream for s in staged if s is not None and s.stream not in (None, launch)}:
+                    launch.wait_stream(ready_on)
+            run = self._submit(frames, self._options)
             self._ran[:batch] = [run] * batch
+            self._slot_read_on[:batch] = [launch] * batch
 
     def sync(self) -> None:
         """Wait for the last `run_async`."""
