@@ -149,3 +149,24 @@ def test_a_pinned_host_frame_may_be_written_again_once_staged(engine):
         np.testing.assert_allclose(engine.get(0).boxes.data, want.boxes.data, rtol=5e-4, atol=1e-2)
     finally:
         engine.configure()
+
+
+@pytest.mark.gpu(reason="CUDA streams need a CUDA GPU")
+def test_frames_staged_on_one_stream_run_on_another(engine):
+    """Frames copied in on one stream (a camera thread's) and run on another: each run sees the frame staged last."""
+    bus = real_photos()["bus.jpg"]
+    mirrored = np.ascontiguousarray(bus[:, ::-1])
+    wants = engine([bus, mirrored], conf=0.0005)
+    frames = [torch.from_numpy(image[..., ::-1].copy()).to(engine.device) for image in (bus, mirrored)]
+    staging, running = torch.cuda.Stream(engine.device), torch.cuda.Stream(engine.device)
+    engine.configure(conf=0.0005)
+    try:
+        for frame, want in zip(frames * 2, wants * 2, strict=True):
+            with torch.cuda.stream(staging):
+                torch.cuda._sleep(2_000_000)  # the copy lands late: a run that did not wait would read the old frame
+                engine.preprocess(frame, 0)
+            with torch.cuda.stream(running):
+                engine.run(1)
+            np.testing.assert_allclose(engine.get(0).boxes.data, want.boxes.data, rtol=5e-4, atol=1e-2)
+    finally:
+        engine.configure()
