@@ -789,7 +789,7 @@ def stage_latency(found: dict, model_dir: Path) -> None:
     # The same with a new copy of the frame every preprocess (as before the slots' own buffers): one process, one
     # machine, so the difference is the change's.
     own_buffers = type(engine)._slot_copy
-    type(engine)._slot_copy = lambda self, slot, pixels: pixels.clone()
+    type(engine)._slot_copy = lambda self, slot, pixels, stream: pixels.clone()
     try:
         rows["trio_steps_cloned_p50_us"] = trio_steps(engine, bus_rgb_cuda())
     finally:
