@@ -1,4 +1,5 @@
-"""The network's launches at batch 1, counted by kernel family and output size, on any machine (no GPU: the
+"""The network's launches at batch 1, counted by kernel family and output size (and by output size and the YAML module
+each begins in), on any machine (no GPU: the
 launches are built under Triton's interpreter, nothing is run). At batch 1 each launch costs a few microseconds of
 latency whatever its work, so where the launches are says which fusions cut the most of them.
 
@@ -30,12 +31,19 @@ def census(model: str, imgsz: int, work: Path) -> dict:
     engine = Engine.load(model_dir, device="cpu", backend="triton", half=False, max_batch=1, tune=False, rect=False)
     graph = engine.network.graph
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    blocks: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     launches = engine.network.launches[1]
     for launch in launches:
-        shape = graph.values[launch.outputs[0]].shape
-        counts[launch.family]["x".join(str(d) for d in shape[-2:])] += 1
+        size = "x".join(str(d) for d in graph.values[launch.outputs[0]].shape[-2:])
+        counts[launch.family][size] += 1
+        block = ".".join(str(launch.nodes[0]).split("/")[0].split(".")[:2])  # model.N: the YAML module it begins in
+        blocks[size][block] += 1
     engine.close()
-    return {"launches": len(launches), "by_family": {f: dict(c.most_common()) for f, c in counts.items()}}
+    return {
+        "launches": len(launches),
+        "by_family": {f: dict(c.most_common()) for f, c in counts.items()},
+        "by_size_and_block": {size: dict(b) for size, b in blocks.items()},
+    }
 
 
 def main() -> int:
