@@ -186,7 +186,7 @@ class FrameFeed:
                 # queue, a chunk's worth of images): that thread, woken, must still take the GIL from this one, which
                 # goes on running Python, and would wait for the switch interval (5 ms) unless the GIL is let go now.
                 # bench/bench_feed_handoff.py, a stand-in for the hardware decoder on the 2-core machine: 64 images
-                # through two threads in 10.1-10.3 ms against 12.8 without this, 1,280 in 145-146 against 144.
+                # through two threads in 10.1-10.6 ms against 12.8-13.1 without this, 1,280 in 145-148 against 144-148.
                 time.sleep(0)
             return True
         return False
