@@ -110,63 +110,62 @@ def test_fewer_images_than_slots(engine):
     np.testing.assert_allclose(both[0].boxes.data, both[1].boxes.data, rtol=5e-4, atol=1e-2)
 
 
-def test_a_reused_device_tensor_is_copied_when_staged(engine):
-    """A camera writing each frame into one tensor: what runs is the frame as it was when staged, and staging the
-    tensor again (into the slot's same buffer) runs the new frame."""
+@pytest.fixture
+def camera(engine):
+    """A camera's two frames (bus.jpg and its mirror image: one shape, other detections) as RGB tensors on the CPU,
+    each with what `engine(...)` finds on it; the engine configured to the same conf while the test runs."""
     bus = real_photos()["bus.jpg"]
-    mirrored = np.ascontiguousarray(bus[:, ::-1])
-    want_bus, want_mirrored = engine([bus, mirrored], conf=0.0005)
-    assert len(want_bus) > 0 and not np.allclose(want_bus.boxes.data[:1], want_mirrored.boxes.data[:1])
-    camera = torch.from_numpy(bus[..., ::-1].copy()).to(engine.device)  # RGB, as a device tensor
+    images = [bus, np.ascontiguousarray(bus[:, ::-1])]
+    wants = engine(images, conf=0.0005)
+    assert len(wants[0]) > 0 and not np.allclose(wants[0].boxes.data[:1], wants[1].boxes.data[:1])
     engine.configure(conf=0.0005)
     try:
-        engine.preprocess(camera, 0)
-        staged_at = engine._staged[0].frame.pixels.data_ptr()
-        camera.copy_(torch.from_numpy(mirrored[..., ::-1].copy()))  # the next frame arrives before the run
-        engine.run(1)
-        np.testing.assert_allclose(engine.get(0).boxes.data, want_bus.boxes.data, rtol=5e-4, atol=1e-2)
-        engine.preprocess(camera, 0)
-        assert engine._staged[0].frame.pixels.data_ptr() == staged_at  # the slot's own buffer, written again
-        engine.run(1)
-        np.testing.assert_allclose(engine.get(0).boxes.data, want_mirrored.boxes.data, rtol=5e-4, atol=1e-2)
+        yield [torch.from_numpy(image[..., ::-1].copy()) for image in images], wants
     finally:
         engine.configure()
+
+
+def assert_found(engine, slot, want):
+    np.testing.assert_allclose(engine.get(slot).boxes.data, want.boxes.data, rtol=5e-4, atol=1e-2)
+
+
+def test_a_reused_device_tensor_is_copied_when_staged(engine, camera):
+    """A camera writing each frame into one tensor: what runs is the frame as it was when staged, and staging the
+    tensor again (into the slot's same buffer) runs the new frame."""
+    (first, second), (want_first, want_second) = camera
+    buffer = first.to(engine.device)
+    engine.preprocess(buffer, 0)
+    staged_at = engine._staged[0].frame.pixels.data_ptr()
+    buffer.copy_(second)  # the next frame arrives before the run
+    engine.run(1)
+    assert_found(engine, 0, want_first)
+    engine.preprocess(buffer, 0)
+    assert engine._staged[0].frame.pixels.data_ptr() == staged_at  # the slot's own buffer, written again
+    engine.run(1)
+    assert_found(engine, 0, want_second)
 
 
 @pytest.mark.gpu(reason="pinned host memory needs a CUDA GPU")
-def test_a_pinned_host_frame_may_be_written_again_once_staged(engine):
+def test_a_pinned_host_frame_may_be_written_again_once_staged(engine, camera):
     """A camera's pinned host buffer rewritten right after `preprocess` returns: the run sees the frame as staged
     (the GPU would otherwise read the buffer later, on its copy stream)."""
-    bus = real_photos()["bus.jpg"]
-    mirrored = np.ascontiguousarray(bus[:, ::-1])
-    want = engine(bus, conf=0.0005)[0]
-    camera = torch.from_numpy(bus[..., ::-1].copy()).pin_memory()  # RGB, as a host tensor
-    engine.configure(conf=0.0005)
-    try:
-        engine.preprocess(camera, 0)
-        camera.copy_(torch.from_numpy(mirrored[..., ::-1].copy()))
-        engine.run(1)
-        np.testing.assert_allclose(engine.get(0).boxes.data, want.boxes.data, rtol=5e-4, atol=1e-2)
-    finally:
-        engine.configure()
+    (first, second), (want_first, _) = camera
+    buffer = first.pin_memory()
+    engine.preprocess(buffer, 0)
+    buffer.copy_(second)
+    engine.run(1)
+    assert_found(engine, 0, want_first)
 
 
 @pytest.mark.gpu(reason="CUDA streams need a CUDA GPU")
-def test_frames_staged_on_one_stream_run_on_another(engine):
+def test_frames_staged_on_one_stream_run_on_another(engine, camera):
     """Frames copied in on one stream (a camera thread's) and run on another: each run sees the frame staged last."""
-    bus = real_photos()["bus.jpg"]
-    mirrored = np.ascontiguousarray(bus[:, ::-1])
-    wants = engine([bus, mirrored], conf=0.0005)
-    frames = [torch.from_numpy(image[..., ::-1].copy()).to(engine.device) for image in (bus, mirrored)]
+    frames, wants = camera
     staging, running = torch.cuda.Stream(engine.device), torch.cuda.Stream(engine.device)
-    engine.configure(conf=0.0005)
-    try:
-        for frame, want in zip(frames * 2, wants * 2, strict=True):
-            with torch.cuda.stream(staging):
-                torch.cuda._sleep(2_000_000)  # the copy lands late: a run that did not wait would read the old frame
-                engine.preprocess(frame, 0)
-            with torch.cuda.stream(running):
-                engine.run(1)
-            np.testing.assert_allclose(engine.get(0).boxes.data, want.boxes.data, rtol=5e-4, atol=1e-2)
-    finally:
-        engine.configure()
+    for frame, want in zip([f.to(engine.device) for f in frames] * 2, wants * 2, strict=True):
+        with torch.cuda.stream(staging):
+            torch.cuda._sleep(2_000_000)  # the copy lands late: a run that did not wait would read the old frame
+            engine.preprocess(frame, 0)
+        with torch.cuda.stream(running):
+            engine.run(1)
+        assert_found(engine, 0, want)
