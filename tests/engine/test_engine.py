@@ -17,6 +17,7 @@ from yolojet.kernels.conv import ConvConfig, ConvKind
 from yolojet.kernels.conv import dispatch as conv_dispatch
 from yolojet.kernels.dwconv import DwConvTile
 from yolojet.kernels.pdl import pdl_available
+from yolojet.options import EngineOptions
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
@@ -114,6 +115,52 @@ def test_folds_take_the_upsample_and_copy_launches_unless_fusion_is_off(model_di
         assert pools == ([3] if fuse else [1, 1, 1])
         engine.network.poison()
         assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize(("cfg", "dtype"), [("yolo11n.yaml", torch.float16), ("yolov8n-seg.yaml", torch.float32)])
+def test_conv_pairs_run_as_one_launch_and_change_no_result(cfg, dtype, model_dirs):
+    """With conv_pairs each 3x3 conv feeding only the 3x3 conv after it runs in one launch with it (yolo11n: the 11
+    bottlenecks of its C3k2 blocks and the head's 3 box branches; yolov8n-seg: 10 C2f bottlenecks and the head's
+    box, class and mask-coefficient branches, 3 each), and the model still matches the reference: every output, and
+    each launch's own output in dump (the hidden maps are no launch's output)."""
+    model_dir = model_dirs(cfg, None)
+    reference = yolojet.load_reference(model_dir, device=DEVICE)
+    switches = EngineOptions(conv_pairs=True)
+    engine = Engine.load(model_dir, device=DEVICE, half=dtype == torch.float16, max_batch=2, tune=False,
+                         switches=switches)  # fmt: skip
+    pairs = [launch for launch in engine.network.launch_list(2) if launch.family == "conv_pair"]
+    assert len(pairs) == (14 if cfg.startswith("yolo11n") else 19)
+    x = torch.rand(2, 3, 64, 64, device=DEVICE)
+    engine.network.poison()
+    ours, expected = engine.raw(x), reference(x)
+    for o, e in zip(*((t if isinstance(t, tuple) else (t,)) for t in (ours, expected)), strict=True):
+        assert relative_l2(o, e) <= TOLERANCE[dtype]
+    dumped, truth = engine.dump(x[:1]), reference.dump(x[:1])
+    assert {launch.outputs[0] for launch in pairs} <= set(dumped)
+    assert not {launch.nodes[0] for launch in pairs} & set(dumped)  # conv node names are their outputs' names
+    for name, value in dumped.items():
+        assert relative_l2(value, truth[name]) <= 1e-2, name
+
+
+def test_conv_pairs_above_the_pixel_bound_are_two_launches(model_dirs, monkeypatch):
+    """A pair whose map holds more than CONV_PAIR_MAX_PIXELS pixels at a batch size is lowered as its two convs at
+    that size; the pairs of smaller maps stay one launch."""
+    from yolojet.engine import lowering
+    from yolojet.engine.fusion import conv_pairs
+
+    monkeypatch.setattr(lowering, "CONV_PAIR_MAX_PIXELS", 64)
+    engine = Engine.load(model_dirs("yolo11n.yaml", None), device=DEVICE, half=True, max_batch=2, tune=False,
+                         switches=EngineOptions(conv_pairs=True))  # fmt: skip
+    graph = engine.network.graph
+    pixels = {node.name: graph.values[node.outputs[0]].shape[2] * graph.values[node.outputs[0]].shape[3]
+              for node in graph.nodes if node.op == "conv"}  # fmt: skip
+    for batch in (1, 2):
+        launches = engine.network.launch_list(batch)
+        paired = [launch.nodes for launch in launches if launch.family == "conv_pair"]
+        alone = {name for launch in launches if launch.family == "conv" for name in launch.nodes}
+        assert paired and all(batch * pixels[second] <= 64 for _, second in paired)
+        split = [(a, b) for a, b in conv_pairs(graph).items() if batch * pixels[b] > 64]
+        assert split and all(a in alone and b in alone for a, b in split)
 
 
 def test_classifier_pools_in_its_head_launch_unless_fusion_is_off(model_dirs):

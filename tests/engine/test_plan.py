@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support import random_model
 
-from yolojet.engine.fusion import concat_folds, decide_fusions, launch_groups, upsample_folds
+from yolojet.engine.fusion import concat_folds, conv_pairs, decide_fusions, launch_groups, upsample_folds
 from yolojet.engine.plan import ARENA_ALIGN, _reads_widened, plan_memory
 from yolojet.export.walker import export_graph
 from yolojet.ir import Graph, ModelMeta, Node, Value
@@ -218,15 +218,15 @@ def test_fusions_are_decided_in_one_place_and_all_off_without_fuse(cfg):
     assert not (off.upsample_folds or off.concat_folds or off.pool_chains or off.pooled_heads)
 
 
-@pytest.mark.parametrize("fuse", [True, False])
-def test_launch_groups_cover_every_node_once_in_graph_order(fuse):
+@pytest.mark.parametrize(("fuse", "pairs"), [(True, False), (True, True), (False, True)])
+def test_launch_groups_cover_every_node_once_in_graph_order(fuse, pairs):
     """The grouping pass: every node but splits, copy-free concats and folded upsamples is completed by exactly one
     launch group, groups follow the graph's order, and each fusion decided shows up as its kind of group."""
     graph = export_graph(random_model("yolo11n-cls.yaml"), 64)
     detect = export_graph(random_model("yolo11n.yaml"), 64)
     for g in (graph, detect):
         plan = plan_memory(g)
-        fusions = decide_fusions(g, plan, fuse)
+        fusions = decide_fusions(g, plan, fuse, pairs)
         groups = launch_groups(g, plan, fusions)
         position = {node.name: i for i, node in enumerate(g.nodes)}
         completed = [n.name for group in groups if group.kind != "concat_copy" for n in group.nodes]
@@ -246,5 +246,35 @@ def test_launch_groups_cover_every_node_once_in_graph_order(fuse):
         if g is graph:  # the pooled head in one launch with the linear layer and softmax, or the linear alone
             (head,) = [group for group in groups if group.kind == "classify_head"]
             assert [n.op for n in head.nodes] == (["global_avg_pool"] if fuse else []) + ["linear", "softmax"]
+        paired = [group for group in groups if group.kind == "conv_pair"]
+        assert len(paired) == len(fusions.conv_pairs) == ((14 if g is detect else 6) if fuse and pairs else 0)
+        assert all([n.op for n in group.nodes] == ["conv", "conv"] for group in paired)
         if not fuse:
             assert "pool_chain" not in kinds and all(group.fold is None for group in groups)
+
+
+def test_conv_pairs_are_a_3x3_conv_and_the_only_reader_of_its_output():
+    """yolo11n's pairs: the C3k bottlenecks' (3x3 -> 3x3, adding the first's input) and the head's box branches'
+    (3x3 -> 3x3 -> 1x1, no residual); the hidden map read by nothing else. Where the plan puts the second's output
+    never overlaps the first's input, which other programs of the launch still read."""
+    graph = export_graph(random_model("yolo11n.yaml"), 64)
+    plan = plan_memory(graph)
+    by_name = {n.name: n for n in graph.nodes}
+    pairs = conv_pairs(graph)
+    assert len(pairs) == 14
+    residual = 0
+    for first_name, second_name in pairs.items():
+        first, second = by_name[first_name], by_name[second_name]
+        for conv in (first, second):
+            assert graph.weight_shapes(conv)["weight"][2:] == (3, 3) and conv.attrs["groups"] == 1
+        assert second.inputs[0] == first.outputs[0] and len(first.inputs) == 1
+        assert sum(first.outputs[0] in n.inputs for n in graph.nodes) == 1
+        residual += second.inputs[1:] == first.inputs
+        x, out = plan.placements[first.inputs[0]], plan.placements[second.outputs[0]]
+        if x.buffer == out.buffer:  # channel slices of one buffer (a C2f's split half and its concat's part)
+            assert x.channel + x.channels <= out.channel or out.channel + out.channels <= x.channel
+        else:
+            a, b = plan.buffers[x.buffer], plan.buffers[out.buffer]
+            assert a.offset + a.per_image <= b.offset or b.offset + b.per_image <= a.offset
+    assert residual == 11  # C3k's bottlenecks; the three others are the head's box branches
+    assert set(pairs) & set(pairs.values()) == set()  # no conv in two pairs

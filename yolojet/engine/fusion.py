@@ -9,12 +9,14 @@ alive; `EngineOptions(fuse=False)` turns every fusion off.
   no copy launch;
 - pool chains: maxpools chained on each other's outputs with one stride-1 'same' window (SPPF's) in one launch;
 - pooled heads: a global average pool feeding only the linear layer after it is pooled inside the classifier's
-  head launch.
+  head launch;
+- conv pairs (opt-in, `EngineOptions(conv_pairs=True)`): a 3x3 conv feeding only the 3x3 conv after it (a
+  bottleneck's pair, the head's box branch) in one launch where the map is small enough (engine/lowering.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from yolojet.ir import Graph, Node, pair
@@ -26,12 +28,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Fusions:
     """What lowering fuses: conv -> the upsample it reads through; conv -> the concat whose copy it reads in place;
-    first maxpool -> the chain's node names; the global average pools pooled in the classifier's head."""
+    first maxpool -> the chain's node names; the global average pools pooled in the classifier's head; a pair's
+    first conv -> its second."""
 
     upsample_folds: dict[str, str]
     concat_folds: dict[str, str]
     pool_chains: dict[str, list[str]]
     pooled_heads: frozenset[str]
+    conv_pairs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
             group = LaunchGroup("conv", (node,), fold=fold)
         elif node.name in fusions.concat_folds:
             group = LaunchGroup("conv", (node,), fold=(None, by_name[fusions.concat_folds[node.name]]))
+        elif node.name in fusions.conv_pairs:
+            group = LaunchGroup("conv_pair", (node, by_name[fusions.conv_pairs[node.name]]))
         elif node.name in fusions.pool_chains:
             group = LaunchGroup("pool_chain", tuple(by_name[name] for name in fusions.pool_chains[node.name]))
         elif node.op == "linear" or node.name in fusions.pooled_heads:  # [pool,] linear, softmax
@@ -83,7 +89,8 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
     return groups
 
 
-def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool) -> Fusions:
+def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool, pairs: bool = False) -> Fusions:
+    """The fusions to make: none without `fuse`; the conv pairs only with `pairs` too."""
     if not fuse:
         return Fusions({}, {}, {}, frozenset())
     chains: dict[str, list[str]] = {}
@@ -92,7 +99,8 @@ def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool) -> Fusions:
         if len(chain) > 1 and not any(node.name in c for c in chains.values()):
             chains[node.name] = [n.name for n in chain]
     heads = frozenset(n.name for i, n in enumerate(graph.nodes) if n.op == "global_avg_pool" and pooled_head(graph, i))
-    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads)
+    pairs_found = conv_pairs(graph) if pairs else {}
+    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, pairs_found)
 
 
 def _reader_counts(graph: Graph) -> dict[str, int]:
@@ -157,6 +165,40 @@ def concat_folds(graph: Graph, copies: dict[str, list[str]], upsample_folds: dic
         ):
             folds[conv.name] = cat.name
     return folds
+
+
+def _same_size_3x3(graph: Graph, conv: Node) -> bool:
+    """A plain 3x3 conv, stride 1, padding 1: its output the size of its input."""
+    a = conv.attrs
+    return (
+        conv.op == "conv"
+        and a["groups"] == 1
+        and tuple(graph.weight_shapes(conv)["weight"][2:]) == (3, 3)
+        and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (1, 1), (1, 1)]
+    )
+
+
+def conv_pairs(graph: Graph) -> dict[str, str]:
+    """Consecutive 3x3 convs (stride 1, padding 1) where the second reads the first's output as its input and
+    nothing else reads that output: first conv name -> second. The second may add a residual (a bottleneck's).
+    One launch can run both, the hidden map never reaching memory the plan owns. The memory plan already keeps the
+    first conv's input alive while the second's output is written (`Buffer.first`, reserved from the node before
+    its writer), so the launch never writes over what its other programs still read."""
+    readers = _reader_counts(graph)
+    pairs: dict[str, str] = {}
+    for first, second in zip(graph.nodes, graph.nodes[1:], strict=False):
+        hidden = first.outputs[0] if first.outputs else None
+        if (
+            first.name not in pairs.values()  # a conv is in one pair at most
+            and _same_size_3x3(graph, first)
+            and _same_size_3x3(graph, second)
+            and len(first.inputs) == 1
+            and second.inputs[0] == hidden
+            and hidden not in second.inputs[1:]
+            and readers.get(hidden) == 1
+        ):
+            pairs[first.name] = second.name
+    return pairs
 
 
 def pool_chain(graph: Graph, start: int) -> list[Node]:

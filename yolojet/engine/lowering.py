@@ -31,6 +31,15 @@ from yolojet.kernels.conv import (
     tma_storable,
     two_input_candidates,
 )
+from yolojet.kernels.conv.pair import (
+    ConvPairTile,
+    conv_pair_candidate_tiles,
+    conv_pair_nhwc,
+    conv_pair_scratch_elements,
+    conv_pair_tile_set_id,
+    default_conv_pair_tile,
+    pair_fits,
+)
 from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
@@ -40,8 +49,12 @@ from yolojet.options import EngineOptions
 
 # view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
 ViewFn = Callable[..., torch.Tensor]
-# What tuning picks for a launch: a conv's tile, a depthwise conv's or the attention's blocking
-TileConfig = ConvConfig | DwConvTile | AttentionTile
+# What tuning picks for a launch: a conv's tile, a depthwise conv's, a conv pair's or the attention's blocking
+TileConfig = ConvConfig | DwConvTile | ConvPairTile | AttentionTile
+# A conv pair is one launch up to this many output pixels (batch x height x width): 40x40 at batch 1, where a
+# launch's work is a few microseconds and its place in the chain of launches costs about as much. Above it the
+# recomputed ring (the first conv's work times up to 2.25 at 2x4 tiles) and the scratch cost more than a launch.
+CONV_PAIR_MAX_PIXELS = 1600
 
 
 @dataclass
@@ -502,6 +515,49 @@ class LoweringContext:
     pdl: bool
 
 
+def _lower_conv_pair(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
+    """Two 3x3 convs in one launch (engine/fusion.py's conv pairs), its scratch for this batch size allocated here
+    for the largest tile offered; a map above CONV_PAIR_MAX_PIXELS, or channels the kernel does not hold, gets the
+    two conv launches instead."""
+    first, second = pair_nodes
+    x, out = c.view(first.inputs[0], widened=True), c.view(second.outputs[0], widened=True)
+    residual = c.view(second.inputs[1]) if len(second.inputs) > 1 else None
+    weight1, bias1 = c.weights.get(first, "weight"), c.weights.get(first, "bias")
+    weight2, bias2 = c.weights.get(second, "weight"), c.weights.get(second, "bias")
+    batch, height, width, _ = out.shape
+    c_mid, c_out = weight1.shape[0], weight2.shape[0]
+    if batch * height * width > CONV_PAIR_MAX_PIXELS or not pair_fits(c_mid, c_out):
+        return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in pair_nodes]
+    candidates = conv_pair_candidate_tiles(height, width, x.dtype)
+    default = default_conv_pair_tile(height, width)
+    elements = max(conv_pair_scratch_elements(t, batch, height, width, c_mid, c_out) for t in [default, *candidates])
+    scratch = torch.empty(elements, dtype=x.dtype, device=x.device)
+    activations = {"activation1": first.attrs["activation"], "activation2": second.attrs["activation"]}
+
+    def launch_tile(tile: ConvPairTile, compile_only: bool) -> None:
+        conv_pair_nhwc(out, x, weight1, bias1, weight2, bias2, scratch=scratch, residual=residual, tile=tile,
+                       pdl=c.pdl, compile_only=compile_only, **activations)  # fmt: skip
+
+    tuned = _TunedTile(launch_tile, default)
+    key = (  # the tile set in the key: only the pairs' picks are timed again when it changes
+        f"conv_pair-{conv_pair_tile_set_id()}|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}|o{tuple(out.shape)}s{tuple(out.stride())}"
+        f"|w{tuple(weight1.shape)}{tuple(weight2.shape)}|{activations['activation1']}|{activations['activation2']}"
+        f"|r{int(residual is not None)}"
+    )
+    return [
+        Launch(
+            "conv_pair",
+            [first.name, second.name],
+            list(second.outputs),
+            tuned.run,
+            tune_key=key,
+            configure=tuned.configure,
+            compile=tuned.compile,
+            candidates=candidates,
+        )
+    ]
+
+
 def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
     fused = _lower_pools(list(chain), c.view, c.pdl)
     return [fused] if fused is not None else [_lower_maxpool(node, c.view, c.pdl) for node in chain]
@@ -514,6 +570,7 @@ LOWERINGS: dict[str, Callable[[LaunchGroup, LoweringContext], list[Launch]]] = {
     "conv_transpose": lambda g, c: [_lower_conv_transpose(g.nodes[0], c.view, c.weights, c.pdl)],
     "maxpool": lambda g, c: [_lower_maxpool(g.nodes[0], c.view, c.pdl)],
     "pool_chain": lambda g, c: _lower_pool_chain(g.nodes, c),
+    "conv_pair": lambda g, c: _lower_conv_pair(g.nodes, c),
     "classify_head": lambda g, c: [_lower_classify_head(g.nodes, c.view, c.weights, c.pdl)],
     "simple": lambda g, c: [_lower_simple(g.nodes[0], c.view, c.pdl)],
 }
@@ -535,7 +592,7 @@ def lower(
     convs whose tuned tile splits K; `options.pdl` (resolved for the device: True or False) launches every kernel
     with programmatic dependent launch (yolojet.kernels.pdl).
     """
-    groups = launch_groups(graph, plan, decide_fusions(graph, plan, options.fuse))
+    groups = launch_groups(graph, plan, decide_fusions(graph, plan, options.fuse, options.conv_pairs))
     context = LoweringContext(view, weights, scratch, bool(options.pdl))
     launches = [launch for group in groups for launch in LOWERINGS[group.kind](group, context)]
     by_name = {node.name: node for node in graph.nodes}
