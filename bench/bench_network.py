@@ -10,9 +10,9 @@ alone, for torch.compile's one-off measurement per model and batch size). Start-
 processes. --pdl-off-row and --sequential-row add yolojet rows with the same tile picks: ordinary
 launches instead of programmatic dependent launch, and every launch in order on one stream instead
 of independent launches on parallel streams (checked bit-identical first); --conv-pairs-row a row with each
-3x3 -> 3x3 conv pair in one launch below lowering's pixel bound (checked against the reference, its pair launches
-timed one by one beside the two conv launches each replaces). Prints a markdown table
-last; writes JSON and the table under --out.
+3x3 -> 3x3 conv pair in one launch below lowering's pixel bound and each depthwise -> 1x1 pair as a separable conv
+(checked against the reference, its pair launches timed one by one beside the two conv launches each replaces).
+Prints a markdown table last; writes JSON and the table under --out.
 
     python bench/bench_network.py --models yolo11n yolov8n --batches 1 64 --out results/
 """
@@ -143,7 +143,7 @@ def pair_launch_times(engine: TritonNetwork, paired: TritonNetwork, batch: int) 
     pairs = [
         {"nodes": launch.nodes, "pair_us": 1000 * ms, "two_convs_us": 1000 * sum(alone[(n,)] for n in launch.nodes)}
         for launch, ms in paired.launch_times(batch)
-        if launch.family == "conv_pair"
+        if launch.family in ("conv_pair", "separable_conv")
     ]
     return {"launches": len(paired.launch_list(batch)), "pairs": pairs}
 
@@ -294,7 +294,7 @@ def main() -> None:
         "--sequential-row", action="store_true", help="also time yolojet with every launch in order on one stream"
     )
     parser.add_argument(
-        "--conv-pairs-row", action="store_true", help="also time yolojet with the 3x3 conv pairs in one launch each"
+        "--conv-pairs-row", action="store_true", help="also time yolojet with the conv pairs in one launch each"
     )
     parser.add_argument(
         "--conv-pair-max-pixels",

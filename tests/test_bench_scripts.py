@@ -29,7 +29,7 @@ def bench_on_path(monkeypatch):
         "bench_server_cpu",
         "bench_feed_handoff",
         "launch_census",
-        "conv_pair_registers",
+        "fused_conv_registers",
         "sampler",
     ],
 )

@@ -117,19 +117,26 @@ def test_folds_take_the_upsample_and_copy_launches_unless_fusion_is_off(model_di
         assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
 
 
-@pytest.mark.parametrize(("cfg", "dtype"), [("yolo11n.yaml", torch.float16), ("yolov8n-seg.yaml", torch.float32)])
-def test_conv_pairs_run_as_one_launch_and_change_no_result(cfg, dtype, model_dirs):
+@pytest.mark.parametrize(
+    ("cfg", "dtype", "counts"),
+    [("yolo11n.yaml", torch.float16, (14, 6)), ("yolov8n-seg.yaml", torch.float32, (19, 0)),
+     ("yolo11n-pose.yaml", torch.float32, (17, 6))],
+)  # fmt: skip
+def test_conv_pairs_run_as_one_launch_and_change_no_result(cfg, dtype, counts, model_dirs):
     """With conv_pairs each 3x3 conv feeding only the 3x3 conv after it runs in one launch with it (yolo11n: the 11
     bottlenecks of its C3k2 blocks and the head's 3 box branches; yolov8n-seg: 10 C2f bottlenecks and the head's
-    box, class and mask-coefficient branches, 3 each), and the model still matches the reference: every output, and
-    each launch's own output in dump (the hidden maps are no launch's output)."""
+    box, class and mask-coefficient branches, 3 each; yolo11n-pose: yolo11n's and 3 keypoint branches), and each
+    depthwise conv feeding only a 1x1 conv with it (the YOLO11 head's class branches, two a level). The model still
+    matches the reference: every output, and each launch's own output in dump (the hidden maps are no launch's
+    output)."""
     model_dir = model_dirs(cfg, None)
     reference = yolojet.load_reference(model_dir, device=DEVICE)
     switches = EngineOptions(conv_pairs=True)
     engine = Engine.load(model_dir, device=DEVICE, half=dtype == torch.float16, max_batch=2, tune=False,
                          switches=switches)  # fmt: skip
-    pairs = [launch for launch in engine.network.launch_list(2) if launch.family == "conv_pair"]
-    assert len(pairs) == (14 if cfg.startswith("yolo11n") else 19)
+    launches = engine.network.launch_list(2)
+    pairs = [launch for launch in launches if launch.family in ("conv_pair", "separable_conv")]
+    assert (len(pairs) - counts[1], sum(launch.family == "separable_conv" for launch in launches)) == counts
     x = torch.rand(2, 3, 64, 64, device=DEVICE)
     engine.network.poison()
     ours, expected = engine.raw(x), reference(x)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from support import random_model
 
-from yolojet.engine.fusion import concat_folds, conv_pairs, decide_fusions, launch_groups, upsample_folds
+from yolojet.engine.fusion import (
+    concat_folds,
+    conv_pairs,
+    decide_fusions,
+    launch_groups,
+    separable_pairs,
+    upsample_folds,
+)
 from yolojet.engine.plan import ARENA_ALIGN, _reads_widened, plan_memory
 from yolojet.export.walker import export_graph
 from yolojet.ir import Graph, ModelMeta, Node, Value
@@ -249,24 +256,32 @@ def test_launch_groups_cover_every_node_once_in_graph_order(fuse, pairs):
         paired = [group for group in groups if group.kind == "conv_pair"]
         assert len(paired) == len(fusions.conv_pairs) == ((14 if g is detect else 6) if fuse and pairs else 0)
         assert all([n.op for n in group.nodes] == ["conv", "conv"] for group in paired)
+        separable = [group for group in groups if group.kind == "separable_conv"]
+        assert len(separable) == len(fusions.separable_pairs) == (6 if fuse and pairs and g is detect else 0)
         if not fuse:
             assert "pool_chain" not in kinds and all(group.fold is None for group in groups)
 
 
-def test_conv_pairs_are_a_3x3_conv_and_the_only_reader_of_its_output():
-    """yolo11n's pairs: the C3k bottlenecks' (3x3 -> 3x3, adding the first's input) and the head's box branches'
-    (3x3 -> 3x3 -> 1x1, no residual); the hidden map read by nothing else. Where the plan puts the second's output
-    never overlaps the first's input, which other programs of the launch still read."""
+def test_conv_pairs_are_a_conv_and_the_only_reader_of_its_output():
+    """yolo11n's 3x3 pairs: the C3k bottlenecks' (3x3 -> 3x3, adding the first's input) and the head's box branches'
+    (3x3 -> 3x3 -> 1x1, no residual); its separable pairs: the head's class branches' depthwise 3x3 -> 1x1, twice a
+    level. The hidden map is read by nothing else, and where the plan puts the second's output never overlaps the
+    first's input, which other programs of the launch still read."""
     graph = export_graph(random_model("yolo11n.yaml"), 64)
     plan = plan_memory(graph)
     by_name = {n.name: n for n in graph.nodes}
     pairs = conv_pairs(graph)
-    assert len(pairs) == 14
+    separable = separable_pairs(graph)
+    assert len(pairs) == 14 and len(separable) == 6
+    for depthwise, pointwise in ((by_name[a], by_name[b]) for a, b in separable.items()):
+        assert depthwise.attrs["groups"] == graph.values[depthwise.inputs[0]].shape[1] > 1
+        assert graph.weight_shapes(pointwise)["weight"][2:] == (1, 1) and pointwise.attrs["groups"] == 1
     residual = 0
-    for first_name, second_name in pairs.items():
+    for first_name, second_name in [*pairs.items(), *separable.items()]:
         first, second = by_name[first_name], by_name[second_name]
-        for conv in (first, second):
-            assert graph.weight_shapes(conv)["weight"][2:] == (3, 3) and conv.attrs["groups"] == 1
+        if first_name in pairs:
+            for conv in (first, second):
+                assert graph.weight_shapes(conv)["weight"][2:] == (3, 3) and conv.attrs["groups"] == 1
         assert second.inputs[0] == first.outputs[0] and len(first.inputs) == 1
         assert sum(first.outputs[0] in n.inputs for n in graph.nodes) == 1
         residual += second.inputs[1:] == first.inputs
@@ -277,4 +292,5 @@ def test_conv_pairs_are_a_3x3_conv_and_the_only_reader_of_its_output():
             a, b = plan.buffers[x.buffer], plan.buffers[out.buffer]
             assert a.offset + a.per_image <= b.offset or b.offset + b.per_image <= a.offset
     assert residual == 11  # C3k's bottlenecks; the three others are the head's box branches
-    assert set(pairs) & set(pairs.values()) == set()  # no conv in two pairs
+    members = [*pairs, *pairs.values(), *separable, *separable.values()]
+    assert len(members) == len(set(members))  # no conv in two pairs

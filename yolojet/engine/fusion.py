@@ -11,7 +11,9 @@ alive; `EngineOptions(fuse=False)` turns every fusion off.
 - pooled heads: a global average pool feeding only the linear layer after it is pooled inside the classifier's
   head launch;
 - conv pairs (opt-in, `EngineOptions(conv_pairs=True)`): a 3x3 conv feeding only the 3x3 conv after it (a
-  bottleneck's pair, the head's box branch) in one launch where the map is small enough (engine/lowering.py).
+  bottleneck's pair, the head's box branch) in one launch where the map is small enough (engine/lowering.py); and
+  a depthwise conv feeding only the 1x1 conv after it (the YOLO11 and YOLO26 heads' class branches), a separable
+  conv in one launch.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Fusions:
     """What lowering fuses: conv -> the upsample it reads through; conv -> the concat whose copy it reads in place;
-    first maxpool -> the chain's node names; the global average pools pooled in the classifier's head; a pair's
-    first conv -> its second."""
+    first maxpool -> the chain's node names; the global average pools pooled in the classifier's head; a 3x3 pair's
+    first conv -> its second; a separable pair's depthwise conv -> its 1x1 conv."""
 
     upsample_folds: dict[str, str]
     concat_folds: dict[str, str]
     pool_chains: dict[str, list[str]]
     pooled_heads: frozenset[str]
     conv_pairs: dict[str, str] = field(default_factory=dict)
+    separable_pairs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
             group = LaunchGroup("conv", (node,), fold=(None, by_name[fusions.concat_folds[node.name]]))
         elif node.name in fusions.conv_pairs:
             group = LaunchGroup("conv_pair", (node, by_name[fusions.conv_pairs[node.name]]))
+        elif node.name in fusions.separable_pairs:
+            group = LaunchGroup("separable_conv", (node, by_name[fusions.separable_pairs[node.name]]))
         elif node.name in fusions.pool_chains:
             group = LaunchGroup("pool_chain", tuple(by_name[name] for name in fusions.pool_chains[node.name]))
         elif node.op == "linear" or node.name in fusions.pooled_heads:  # [pool,] linear, softmax
@@ -99,8 +104,8 @@ def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool, pairs: bool = Fal
         if len(chain) > 1 and not any(node.name in c for c in chains.values()):
             chains[node.name] = [n.name for n in chain]
     heads = frozenset(n.name for i, n in enumerate(graph.nodes) if n.op == "global_avg_pool" and pooled_head(graph, i))
-    pairs_found = conv_pairs(graph) if pairs else {}
-    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, pairs_found)
+    pairs_found, separable_found = (conv_pairs(graph), separable_pairs(graph)) if pairs else ({}, {})
+    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, pairs_found, separable_found)
 
 
 def _reader_counts(graph: Graph) -> dict[str, int]:
@@ -193,6 +198,45 @@ def conv_pairs(graph: Graph) -> dict[str, str]:
             and _same_size_3x3(graph, first)
             and _same_size_3x3(graph, second)
             and len(first.inputs) == 1
+            and second.inputs[0] == hidden
+            and hidden not in second.inputs[1:]
+            and readers.get(hidden) == 1
+        ):
+            pairs[first.name] = second.name
+    return pairs
+
+
+def _depthwise(graph: Graph, conv: Node) -> bool:
+    """A depthwise conv (one channel a group, as many out as in) with a square kernel, one stride and one padding."""
+    if conv.op != "conv" or len(conv.inputs) != 1:
+        return False
+    a, shape = conv.attrs, graph.weight_shapes(conv)["weight"]
+    (sy, sx), (py, px) = pair(a["stride"]), pair(a["padding"])
+    return (
+        shape[1] == 1
+        and a["groups"] == shape[0] == graph.values[conv.inputs[0]].shape[1]
+        and shape[2] == shape[3]
+        and (sy, py) == (sx, px)
+        and pair(a["dilation"]) == (1, 1)
+    )
+
+
+def separable_pairs(graph: Graph) -> dict[str, str]:
+    """A depthwise conv followed by a 1x1 conv (stride 1, no padding) reading its output as its input, which nothing
+    else reads: depthwise conv name -> 1x1 conv name. The 1x1 conv may add a residual. One launch can run both (a
+    depthwise separable conv), the depthwise map never reaching memory; as for the 3x3 pairs the plan keeps the
+    depthwise conv's input apart from the 1x1 conv's output."""
+    readers = _reader_counts(graph)
+    pairs: dict[str, str] = {}
+    for first, second in zip(graph.nodes, graph.nodes[1:], strict=False):
+        a = second.attrs
+        hidden = first.outputs[0] if first.outputs else None
+        if (
+            _depthwise(graph, first)
+            and second.op == "conv"
+            and a["groups"] == 1
+            and tuple(graph.weight_shapes(second)["weight"][2:]) == (1, 1)
+            and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (0, 0), (1, 1)]
             and second.inputs[0] == hidden
             and hidden not in second.inputs[1:]
             and readers.get(hidden) == 1

@@ -40,6 +40,13 @@ from yolojet.kernels.conv.pair import (
     default_conv_pair_tile,
     pair_fits,
 )
+from yolojet.kernels.conv.separable import (
+    SeparableTile,
+    default_separable_tile,
+    separable_candidate_tiles,
+    separable_conv_nhwc,
+    separable_tile_set_id,
+)
 from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
@@ -49,8 +56,9 @@ from yolojet.options import EngineOptions
 
 # view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
 ViewFn = Callable[..., torch.Tensor]
-# What tuning picks for a launch: a conv's tile, a depthwise conv's, a conv pair's or the attention's blocking
-TileConfig = ConvConfig | DwConvTile | ConvPairTile | AttentionTile
+# What tuning picks for a launch: a conv's tile, a depthwise conv's, a conv pair's, a separable conv's or the
+# attention's blocking
+TileConfig = ConvConfig | DwConvTile | ConvPairTile | SeparableTile | AttentionTile
 # A conv pair is one launch up to this many output pixels (batch x height x width): 40x40 at batch 1, where a
 # launch's work is a few microseconds and its place in the chain of launches costs about as much. Above it the
 # recomputed ring (the first conv's work times up to 2.25 at 2x4 tiles) and the scratch cost more than a launch.
@@ -558,6 +566,45 @@ def _lower_conv_pair(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[L
     ]
 
 
+def _lower_separable(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
+    """A depthwise conv and the 1x1 conv reading it in one launch (engine/fusion.py's separable pairs), at every
+    size: nothing is recomputed and the depthwise map is never written."""
+    depthwise_node, pointwise_node = pair_nodes
+    x, out = c.view(depthwise_node.inputs[0], widened=True), c.view(pointwise_node.outputs[0], widened=True)
+    residual = c.view(pointwise_node.inputs[1]) if len(pointwise_node.inputs) > 1 else None
+    depthwise, depthwise_bias = c.weights.get(depthwise_node, "weight"), c.weights.get(depthwise_node, "bias")
+    pointwise, pointwise_bias = c.weights.get(pointwise_node, "weight"), c.weights.get(pointwise_node, "bias")
+    if depthwise.shape[0] != x.shape[3] or pointwise.shape[3] != x.shape[3]:  # channels widened for another reader
+        return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in pair_nodes]
+    stride, padding = pair(depthwise_node.attrs["stride"])[0], pair(depthwise_node.attrs["padding"])[0]
+    activations = {"activation1": depthwise_node.attrs["activation"], "activation2": pointwise_node.attrs["activation"]}
+    c_mid, c_out = x.shape[3], out.shape[3]
+
+    def launch_tile(tile: SeparableTile, compile_only: bool) -> None:
+        separable_conv_nhwc(out, x, depthwise, depthwise_bias, pointwise, pointwise_bias, stride=stride,
+                            padding=padding, residual=residual, tile=tile, pdl=c.pdl, compile_only=compile_only,
+                            **activations)  # fmt: skip
+
+    tuned = _TunedTile(launch_tile, default_separable_tile(c_mid, c_out))
+    key = (  # the tile set in the key: only the separable convs' picks are timed again when it changes
+        f"separable-{separable_tile_set_id()}|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}"
+        f"|o{tuple(out.shape)}s{tuple(out.stride())}|w{tuple(depthwise.shape)}{tuple(pointwise.shape)}|st{stride}"
+        f"|p{padding}|{activations['activation1']}|{activations['activation2']}|r{int(residual is not None)}"
+    )
+    return [
+        Launch(
+            "separable_conv",
+            [depthwise_node.name, pointwise_node.name],
+            list(pointwise_node.outputs),
+            tuned.run,
+            tune_key=key,
+            configure=tuned.configure,
+            compile=tuned.compile,
+            candidates=separable_candidate_tiles(c_mid, c_out, x.dtype),
+        )
+    ]
+
+
 def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
     fused = _lower_pools(list(chain), c.view, c.pdl)
     return [fused] if fused is not None else [_lower_maxpool(node, c.view, c.pdl) for node in chain]
@@ -571,6 +618,7 @@ LOWERINGS: dict[str, Callable[[LaunchGroup, LoweringContext], list[Launch]]] = {
     "maxpool": lambda g, c: [_lower_maxpool(g.nodes[0], c.view, c.pdl)],
     "pool_chain": lambda g, c: _lower_pool_chain(g.nodes, c),
     "conv_pair": lambda g, c: _lower_conv_pair(g.nodes, c),
+    "separable_conv": lambda g, c: _lower_separable(g.nodes, c),
     "classify_head": lambda g, c: [_lower_classify_head(g.nodes, c.view, c.weights, c.pdl)],
     "simple": lambda g, c: [_lower_simple(g.nodes[0], c.view, c.pdl)],
 }

@@ -30,7 +30,7 @@ from yolojet.kernels.pdl import wait_for_previous_kernel
 from yolojet.kernels.views import check_view
 from yolojet.options import interpreting
 
-# Hidden and output channels one program holds. Compiled for sm_90 (`bench/conv_pair_registers.py`, Triton 3.8) with
+# Hidden and output channels one program holds. Compiled for sm_90 (`bench/fused_conv_registers.py`, Triton 3.8) with
 # every tile offered: 64 channels take 86-112 registers a thread, 128 take 156-162, neither spills; 256 would double
 # the accumulators again.
 MAX_PAIR_CHANNELS = 128
