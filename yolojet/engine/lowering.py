@@ -523,40 +523,42 @@ class LoweringContext:
     pdl: bool
 
 
-def _lower_conv_pair(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
-    """Two 3x3 convs in one launch (engine/fusion.py's conv pairs), its scratch for this batch size allocated here
-    for the largest tile offered; a map above CONV_PAIR_MAX_PIXELS, or channels the kernel does not hold, gets the
-    two conv launches instead."""
-    first, second = pair_nodes
-    x, out = c.view(first.inputs[0], widened=True), c.view(second.outputs[0], widened=True)
-    residual = c.view(second.inputs[1]) if len(second.inputs) > 1 else None
-    weight1, bias1 = c.weights.get(first, "weight"), c.weights.get(first, "bias")
-    weight2, bias2 = c.weights.get(second, "weight"), c.weights.get(second, "bias")
-    batch, height, width, _ = out.shape
-    c_mid, c_out = weight1.shape[0], weight2.shape[0]
-    if batch * height * width > CONV_PAIR_MAX_PIXELS or not pair_fits(c_mid, c_out):
-        return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in pair_nodes]
-    candidates = conv_pair_candidate_tiles(height, width, x.dtype)
-    default = default_conv_pair_tile(height, width)
-    elements = max(conv_pair_scratch_elements(t, batch, height, width, c_mid, c_out) for t in [default, *candidates])
-    scratch = torch.empty(elements, dtype=x.dtype, device=x.device)
-    activations = {"activation1": first.attrs["activation"], "activation2": second.attrs["activation"]}
+@dataclass(frozen=True)
+class _PairViews:
+    """What a launch of two convs reads and writes: the first conv's input, the second's output and residual (all at
+    the widths their convs work on), and the two convs' activations as the fused launchers take them."""
 
-    def launch_tile(tile: ConvPairTile, compile_only: bool) -> None:
-        conv_pair_nhwc(out, x, weight1, bias1, weight2, bias2, scratch=scratch, residual=residual, tile=tile,
-                       pdl=c.pdl, compile_only=compile_only, **activations)  # fmt: skip
+    x: torch.Tensor
+    out: torch.Tensor
+    residual: torch.Tensor | None
+    activations: dict[str, str]
 
-    tuned = _TunedTile(launch_tile, default)
-    key = (  # the tile set in the key: only the pairs' picks are timed again when it changes
-        f"conv_pair-{conv_pair_tile_set_id()}|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}|o{tuple(out.shape)}s{tuple(out.stride())}"
-        f"|w{tuple(weight1.shape)}{tuple(weight2.shape)}|{activations['activation1']}|{activations['activation2']}"
-        f"|r{int(residual is not None)}"
-    )
+    @classmethod
+    def of(cls, first: Node, second: Node, view: ViewFn) -> _PairViews:
+        residual = view(second.inputs[1]) if len(second.inputs) > 1 else None
+        activations = {"activation1": first.attrs["activation"], "activation2": second.attrs["activation"]}
+        return cls(view(first.inputs[0], widened=True), view(second.outputs[0], widened=True), residual, activations)
+
+    def tune_key(self, kind: str, weights: tuple[torch.Tensor, torch.Tensor], extra: str = "") -> str:
+        """The launch's tuning key; `kind` carries the kernel's tile set, so that only its picks are timed again when
+        the set changes."""
+        x, out, (w1, w2) = self.x, self.out, weights
+        return (
+            f"{kind}|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}|o{tuple(out.shape)}s{tuple(out.stride())}"
+            f"|w{tuple(w1.shape)}{tuple(w2.shape)}{extra}|{self.activations['activation1']}"
+            f"|{self.activations['activation2']}|r{int(self.residual is not None)}"
+        )
+
+
+def _pair_launch(
+    family: str, nodes: tuple[Node, ...], tuned: _TunedTile, key: str, candidates: Sequence[TileConfig]
+) -> list[Launch]:
+    """The one tuned launch of two convs: it completes both nodes and writes the second's output only."""
     return [
         Launch(
-            "conv_pair",
-            [first.name, second.name],
-            list(second.outputs),
+            family,
+            [node.name for node in nodes],
+            list(nodes[-1].outputs),
             tuned.run,
             tune_key=key,
             configure=tuned.configure,
@@ -566,43 +568,51 @@ def _lower_conv_pair(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[L
     ]
 
 
+def _lower_conv_pair(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
+    """Two 3x3 convs in one launch (engine/fusion.py's conv pairs), its scratch for this batch size allocated here
+    for the largest tile offered; a map above CONV_PAIR_MAX_PIXELS, or channels the kernel does not hold, gets the
+    two conv launches instead."""
+    first, second = pair_nodes
+    v = _PairViews.of(first, second, c.view)
+    weight1, bias1 = c.weights.get(first, "weight"), c.weights.get(first, "bias")
+    weight2, bias2 = c.weights.get(second, "weight"), c.weights.get(second, "bias")
+    batch, height, width, _ = v.out.shape
+    c_mid, c_out = weight1.shape[0], weight2.shape[0]
+    if batch * height * width > CONV_PAIR_MAX_PIXELS or not pair_fits(c_mid, c_out):
+        return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in pair_nodes]
+    candidates = conv_pair_candidate_tiles(height, width, v.x.dtype)
+    default = default_conv_pair_tile(height, width)
+    elements = max(conv_pair_scratch_elements(t, batch, height, width, c_mid, c_out) for t in [default, *candidates])
+    scratch = torch.empty(elements, dtype=v.x.dtype, device=v.x.device)
+
+    def launch_tile(tile: ConvPairTile, compile_only: bool) -> None:
+        conv_pair_nhwc(v.out, v.x, weight1, bias1, weight2, bias2, scratch=scratch, residual=v.residual, tile=tile,
+                       pdl=c.pdl, compile_only=compile_only, **v.activations)  # fmt: skip
+
+    key = v.tune_key(f"conv_pair-{conv_pair_tile_set_id()}", (weight1, weight2))
+    return _pair_launch("conv_pair", pair_nodes, _TunedTile(launch_tile, default), key, candidates)
+
+
 def _lower_separable(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
     """A depthwise conv and the 1x1 conv reading it in one launch (engine/fusion.py's separable pairs), at every
     size: nothing is recomputed and the depthwise map is never written."""
     depthwise_node, pointwise_node = pair_nodes
-    x, out = c.view(depthwise_node.inputs[0], widened=True), c.view(pointwise_node.outputs[0], widened=True)
-    residual = c.view(pointwise_node.inputs[1]) if len(pointwise_node.inputs) > 1 else None
+    v = _PairViews.of(depthwise_node, pointwise_node, c.view)
     depthwise, depthwise_bias = c.weights.get(depthwise_node, "weight"), c.weights.get(depthwise_node, "bias")
     pointwise, pointwise_bias = c.weights.get(pointwise_node, "weight"), c.weights.get(pointwise_node, "bias")
-    if depthwise.shape[0] != x.shape[3] or pointwise.shape[3] != x.shape[3]:  # channels widened for another reader
+    if depthwise.shape[0] != v.x.shape[3] or pointwise.shape[3] != v.x.shape[3]:  # channels widened for another reader
         return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in pair_nodes]
     stride, padding = pair(depthwise_node.attrs["stride"])[0], pair(depthwise_node.attrs["padding"])[0]
-    activations = {"activation1": depthwise_node.attrs["activation"], "activation2": pointwise_node.attrs["activation"]}
-    c_mid, c_out = x.shape[3], out.shape[3]
+    c_mid, c_out = v.x.shape[3], v.out.shape[3]
 
     def launch_tile(tile: SeparableTile, compile_only: bool) -> None:
-        separable_conv_nhwc(out, x, depthwise, depthwise_bias, pointwise, pointwise_bias, stride=stride,
-                            padding=padding, residual=residual, tile=tile, pdl=c.pdl, compile_only=compile_only,
-                            **activations)  # fmt: skip
+        separable_conv_nhwc(v.out, v.x, depthwise, depthwise_bias, pointwise, pointwise_bias, stride=stride,
+                            padding=padding, residual=v.residual, tile=tile, pdl=c.pdl, compile_only=compile_only,
+                            **v.activations)  # fmt: skip
 
+    key = v.tune_key(f"separable-{separable_tile_set_id()}", (depthwise, pointwise), f"|st{stride}|p{padding}")
     tuned = _TunedTile(launch_tile, default_separable_tile(c_mid, c_out))
-    key = (  # the tile set in the key: only the separable convs' picks are timed again when it changes
-        f"separable-{separable_tile_set_id()}|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}"
-        f"|o{tuple(out.shape)}s{tuple(out.stride())}|w{tuple(depthwise.shape)}{tuple(pointwise.shape)}|st{stride}"
-        f"|p{padding}|{activations['activation1']}|{activations['activation2']}|r{int(residual is not None)}"
-    )
-    return [
-        Launch(
-            "separable_conv",
-            [depthwise_node.name, pointwise_node.name],
-            list(pointwise_node.outputs),
-            tuned.run,
-            tune_key=key,
-            configure=tuned.configure,
-            compile=tuned.compile,
-            candidates=separable_candidate_tiles(c_mid, c_out, x.dtype),
-        )
-    ]
+    return _pair_launch("separable_conv", pair_nodes, tuned, key, separable_candidate_tiles(c_mid, c_out, v.x.dtype))
 
 
 def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
