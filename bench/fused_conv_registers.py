@@ -61,6 +61,7 @@ def compile_for_sm90(kernel, constants: dict, warps: int, fp32_pointers: tuple[s
 
 
 SILU = ACTIVATIONS["silu"]
+SEPARABLE_FP32 = ("dw_bias_ptr", "pw_bias_ptr", "pw2_bias_ptr")
 
 
 def pair_rows(channels: int) -> list[tuple[str, dict]]:
@@ -80,16 +81,20 @@ def pair_rows(channels: int) -> list[tuple[str, dict]]:
 
 
 def separable_rows(channels: int) -> list[tuple[str, dict]]:
-    """The separable kernel (3x3 depthwise, stride 1), every tile offered, `channels` in and out."""
+    """The separable kernel (3x3 depthwise, stride 1), every tile offered, `channels` in and out; and with a second
+    1x1 conv of `channels` after it (a detect head's class branch)."""
     rows = []
-    for tile in separable.separable_candidate_tiles(channels, channels):
-        constants = dict(
-            KH=3, KW=3, STRIDE=1, PAD=1, ACT1=SILU, ACT2=SILU, HAS_RESIDUAL=False, BLOCK_M=tile.block_m,
-            BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PDL=True,
-        )  # fmt: skip
-        label = f"separable {tile.block_m}x{tile.block_n}x{tile.block_k}/{tile.num_warps}w"
-        rows.append((label, lambda c=constants, w=tile.num_warps: compile_for_sm90(
-            separable._separable_conv_kernel, c, w, ("dw_bias_ptr", "pw_bias_ptr"))))  # fmt: skip
+    for second in (False, True):
+        for tile in separable.separable_candidate_tiles(channels, channels):
+            constants = dict(
+                KH=3, KW=3, STRIDE=1, PAD=1, ACT1=SILU, ACT2=SILU, ACT3=ACTIVATIONS["identity"], HAS_RESIDUAL=False,
+                SECOND_1X1=second, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_N2=tile.block_n,
+                BLOCK_K=tile.block_k, PDL=True,
+            )  # fmt: skip
+            kind = "separable+1x1" if second else "separable"
+            label = f"{kind} {tile.block_m}x{tile.block_n}x{tile.block_k}/{tile.num_warps}w"
+            rows.append((label, lambda c=constants, w=tile.num_warps: compile_for_sm90(
+                separable._separable_conv_kernel, c, w, SEPARABLE_FP32)))  # fmt: skip
     return rows
 
 

@@ -126,9 +126,9 @@ def test_conv_pairs_run_as_one_launch_and_change_no_result(cfg, dtype, counts, m
     """With conv_pairs each 3x3 conv feeding only the 3x3 conv after it runs in one launch with it (yolo11n: the 11
     bottlenecks of its C3k2 blocks and the head's 3 box branches; yolov8n-seg: 10 C2f bottlenecks and the head's
     box, class and mask-coefficient branches, 3 each; yolo11n-pose: yolo11n's and 3 keypoint branches), and each
-    depthwise conv feeding only a 1x1 conv with it (the YOLO11 head's class branches, two a level). The model still
-    matches the reference: every output, and each launch's own output in dump (the hidden maps are no launch's
-    output)."""
+    depthwise conv feeding only a 1x1 conv with it, and that conv's only reader where it is a 1x1 conv (the YOLO11
+    head's class branches, two launches a level). The model still matches the reference: every output, and each
+    launch's own output in dump (the maps inside a launch are no launch's output)."""
     model_dir = model_dirs(cfg, None)
     reference = yolojet.load_reference(model_dir, device=DEVICE)
     switches = EngineOptions(conv_pairs=True)
@@ -151,11 +151,14 @@ def test_conv_pairs_run_as_one_launch_and_change_no_result(cfg, dtype, counts, m
 
 def test_conv_pairs_above_the_pixel_bound_are_two_launches(model_dirs, monkeypatch):
     """A pair whose map holds more than CONV_PAIR_MAX_PIXELS pixels at a batch size is lowered as its two convs at
-    that size; the pairs of smaller maps stay one launch."""
+    that size; the pairs of smaller maps stay one launch. A separable chain whose second 1x1 conv one program cannot
+    hold is a separable launch and a conv launch."""
     from yolojet.engine import lowering
     from yolojet.engine.fusion import conv_pairs
+    from yolojet.kernels.conv import separable
 
     monkeypatch.setattr(lowering, "CONV_PAIR_MAX_PIXELS", 64)
+    monkeypatch.setattr(separable, "MAX_CHAIN_CHANNELS", 64)  # yolo11n's class branches hold 80
     engine = Engine.load(model_dirs("yolo11n.yaml", None), device=DEVICE, half=True, max_batch=2, tune=False,
                          switches=EngineOptions(conv_pairs=True))  # fmt: skip
     graph = engine.network.graph
@@ -168,6 +171,9 @@ def test_conv_pairs_above_the_pixel_bound_are_two_launches(model_dirs, monkeypat
         assert paired and all(batch * pixels[second] <= 64 for _, second in paired)
         split = [(a, b) for a, b in conv_pairs(graph).items() if batch * pixels[b] > 64]
         assert split and all(a in alone and b in alone for a, b in split)
+        separable_launches = [launch.nodes for launch in launches if launch.family == "separable_conv"]
+        assert len(separable_launches) == 6 and all(len(nodes) == 2 for nodes in separable_launches)
+        assert sum(name.endswith(".2/conv") and "cv3" in name for name in alone) == 3  # the class branches' last
 
 
 def test_classifier_pools_in_its_head_launch_unless_fusion_is_off(model_dirs):

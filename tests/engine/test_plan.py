@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from support import random_model
 
@@ -10,7 +12,7 @@ from yolojet.engine.fusion import (
     conv_pairs,
     decide_fusions,
     launch_groups,
-    separable_pairs,
+    separable_chains,
     upsample_folds,
 )
 from yolojet.engine.plan import ARENA_ALIGN, _reads_widened, plan_memory
@@ -257,40 +259,43 @@ def test_launch_groups_cover_every_node_once_in_graph_order(fuse, pairs):
         assert len(paired) == len(fusions.conv_pairs) == ((14 if g is detect else 6) if fuse and pairs else 0)
         assert all([n.op for n in group.nodes] == ["conv", "conv"] for group in paired)
         separable = [group for group in groups if group.kind == "separable_conv"]
-        assert len(separable) == len(fusions.separable_pairs) == (6 if fuse and pairs and g is detect else 0)
+        assert len(separable) == len(fusions.separable_chains) == (6 if fuse and pairs and g is detect else 0)
+        assert sum(len(group.nodes) == 3 for group in separable) == len(separable) // 2
         if not fuse:
             assert "pool_chain" not in kinds and all(group.fold is None for group in groups)
 
 
 def test_conv_pairs_are_a_conv_and_the_only_reader_of_its_output():
     """yolo11n's 3x3 pairs: the C3k bottlenecks' (3x3 -> 3x3, adding the first's input) and the head's box branches'
-    (3x3 -> 3x3 -> 1x1, no residual); its separable pairs: the head's class branches' depthwise 3x3 -> 1x1, twice a
-    level. The hidden map is read by nothing else, and where the plan puts the second's output never overlaps the
-    first's input, which other programs of the launch still read."""
+    (3x3 -> 3x3 -> 1x1, no residual); its separable chains: the head's class branches, DWConv -> Conv 1x1 and then
+    DWConv -> Conv 1x1 -> Conv2d 1x1 a level. Each map inside a launch is read by nothing else, and where the plan puts
+    the launch's output never overlaps its first conv's input, which other programs of the launch still read."""
     graph = export_graph(random_model("yolo11n.yaml"), 64)
     plan = plan_memory(graph)
     by_name = {n.name: n for n in graph.nodes}
     pairs = conv_pairs(graph)
-    separable = separable_pairs(graph)
-    assert len(pairs) == 14 and len(separable) == 6
-    for depthwise, pointwise in ((by_name[a], by_name[b]) for a, b in separable.items()):
+    separable = separable_chains(graph)
+    assert len(pairs) == 14 and sorted(len(chain) for chain in separable.values()) == [1, 1, 1, 2, 2, 2]
+    launches = [[a, b] for a, b in pairs.items()] + [[a, *chain] for a, chain in separable.items()]
+    for depthwise, *pointwise in ([by_name[n] for n in names] for names in launches[len(pairs) :]):
         assert depthwise.attrs["groups"] == graph.values[depthwise.inputs[0]].shape[1] > 1
-        assert graph.weight_shapes(pointwise)["weight"][2:] == (1, 1) and pointwise.attrs["groups"] == 1
+        assert all(graph.weight_shapes(p)["weight"][2:] == (1, 1) and p.attrs["groups"] == 1 for p in pointwise)
     residual = 0
-    for first_name, second_name in [*pairs.items(), *separable.items()]:
-        first, second = by_name[first_name], by_name[second_name]
-        if first_name in pairs:
-            for conv in (first, second):
+    for names in launches:
+        nodes = [by_name[n] for n in names]
+        if names[0] in pairs:
+            for conv in nodes:
                 assert graph.weight_shapes(conv)["weight"][2:] == (3, 3) and conv.attrs["groups"] == 1
-        assert second.inputs[0] == first.outputs[0] and len(first.inputs) == 1
-        assert sum(first.outputs[0] in n.inputs for n in graph.nodes) == 1
-        residual += second.inputs[1:] == first.inputs
-        x, out = plan.placements[first.inputs[0]], plan.placements[second.outputs[0]]
+        for first, second in itertools.pairwise(nodes):
+            assert second.inputs[0] == first.outputs[0] and len(first.inputs) == 1
+            assert sum(first.outputs[0] in n.inputs for n in graph.nodes) == 1
+        residual += nodes[-1].inputs[1:] == nodes[0].inputs
+        x, out = plan.placements[nodes[0].inputs[0]], plan.placements[nodes[-1].outputs[0]]
         if x.buffer == out.buffer:  # channel slices of one buffer (a C2f's split half and its concat's part)
             assert x.channel + x.channels <= out.channel or out.channel + out.channels <= x.channel
         else:
             a, b = plan.buffers[x.buffer], plan.buffers[out.buffer]
             assert a.offset + a.per_image <= b.offset or b.offset + b.per_image <= a.offset
     assert residual == 11  # C3k's bottlenecks; the three others are the head's box branches
-    members = [*pairs, *pairs.values(), *separable, *separable.values()]
-    assert len(members) == len(set(members))  # no conv in two pairs
+    members = [name for names in launches for name in names]
+    assert len(members) == len(set(members))  # no conv in two launches

@@ -12,8 +12,8 @@ alive; `EngineOptions(fuse=False)` turns every fusion off.
   head launch;
 - conv pairs (opt-in, `EngineOptions(conv_pairs=True)`): a 3x3 conv feeding only the 3x3 conv after it (a
   bottleneck's pair, the head's box branch) in one launch where the map is small enough (engine/lowering.py); and
-  a depthwise conv feeding only the 1x1 conv after it (the YOLO11 and YOLO26 heads' class branches), a separable
-  conv in one launch.
+  a depthwise conv feeding only the 1x1 conv after it, and that one possibly only a second 1x1 conv (the YOLO11 and
+  YOLO26 heads' class branches), a separable conv in one launch.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ if TYPE_CHECKING:
 class Fusions:
     """What lowering fuses: conv -> the upsample it reads through; conv -> the concat whose copy it reads in place;
     first maxpool -> the chain's node names; the global average pools pooled in the classifier's head; a 3x3 pair's
-    first conv -> its second; a separable pair's depthwise conv -> its 1x1 conv."""
+    first conv -> its second; a separable chain's depthwise conv -> its one or two 1x1 convs."""
 
     upsample_folds: dict[str, str]
     concat_folds: dict[str, str]
     pool_chains: dict[str, list[str]]
     pooled_heads: frozenset[str]
     conv_pairs: dict[str, str] = field(default_factory=dict)
-    separable_pairs: dict[str, str] = field(default_factory=dict)
+    separable_chains: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,9 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
             group = LaunchGroup("conv", (node,), fold=(None, by_name[fusions.concat_folds[node.name]]))
         elif node.name in fusions.conv_pairs:
             group = LaunchGroup("conv_pair", (node, by_name[fusions.conv_pairs[node.name]]))
-        elif node.name in fusions.separable_pairs:
-            group = LaunchGroup("separable_conv", (node, by_name[fusions.separable_pairs[node.name]]))
+        elif node.name in fusions.separable_chains:
+            chain = (node, *(by_name[name] for name in fusions.separable_chains[node.name]))
+            group = LaunchGroup("separable_conv", chain)
         elif node.name in fusions.pool_chains:
             group = LaunchGroup("pool_chain", tuple(by_name[name] for name in fusions.pool_chains[node.name]))
         elif node.op == "linear" or node.name in fusions.pooled_heads:  # [pool,] linear, softmax
@@ -104,7 +105,7 @@ def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool, pairs: bool = Fal
         if len(chain) > 1 and not any(node.name in c for c in chains.values()):
             chains[node.name] = [n.name for n in chain]
     heads = frozenset(n.name for i, n in enumerate(graph.nodes) if n.op == "global_avg_pool" and pooled_head(graph, i))
-    pairs_found, separable_found = (conv_pairs(graph), separable_pairs(graph)) if pairs else ({}, {})
+    pairs_found, separable_found = (conv_pairs(graph), separable_chains(graph)) if pairs else ({}, {})
     return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, pairs_found, separable_found)
 
 
@@ -178,7 +179,7 @@ def _same_size_3x3(graph: Graph, conv: Node) -> bool:
     return (
         conv.op == "conv"
         and a["groups"] == 1
-        and tuple(graph.weight_shapes(conv)["weight"][2:]) == (3, 3)
+        and tuple(graph.weight_shapes(conv).get("weight", ())[2:]) == (3, 3)
         and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (1, 1), (1, 1)]
     )
 
@@ -210,10 +211,11 @@ def _depthwise(graph: Graph, conv: Node) -> bool:
     """A depthwise conv (one channel a group, as many out as in) with a square kernel, one stride and one padding."""
     if conv.op != "conv" or len(conv.inputs) != 1:
         return False
-    a, shape = conv.attrs, graph.weight_shapes(conv)["weight"]
+    a, shape = conv.attrs, graph.weight_shapes(conv).get("weight", ())
     (sy, sx), (py, px) = pair(a["stride"]), pair(a["padding"])
     return (
-        shape[1] == 1
+        len(shape) == 4
+        and shape[1] == 1
         and a["groups"] == shape[0] == graph.values[conv.inputs[0]].shape[1]
         and shape[2] == shape[3]
         and (sy, py) == (sx, px)
@@ -221,28 +223,40 @@ def _depthwise(graph: Graph, conv: Node) -> bool:
     )
 
 
-def separable_pairs(graph: Graph) -> dict[str, str]:
-    """A depthwise conv followed by a 1x1 conv (stride 1, no padding) reading its output as its input, which nothing
-    else reads: depthwise conv name -> 1x1 conv name. The 1x1 conv may add a residual. One launch can run both (a
-    depthwise separable conv), the depthwise map never reaching memory; as for the 3x3 pairs the plan keeps the
-    depthwise conv's input apart from the 1x1 conv's output."""
+def _pointwise(graph: Graph, conv: Node) -> bool:
+    """A plain 1x1 conv, stride 1, no padding."""
+    a = conv.attrs
+    return (
+        conv.op == "conv"
+        and a["groups"] == 1
+        and tuple(graph.weight_shapes(conv).get("weight", ())[2:]) == (1, 1)
+        and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (0, 0), (1, 1)]
+    )
+
+
+def separable_chains(graph: Graph) -> dict[str, list[str]]:
+    """A depthwise conv followed by a 1x1 conv reading its output as its input, which nothing else reads, and, where
+    that 1x1 conv adds no residual and only a second 1x1 conv after it reads its output, that one too: depthwise conv
+    name -> the one or two 1x1 convs' names. The last conv may add a residual. One launch can run the chain (a
+    depthwise separable conv, and a second 1x1 conv on its tile of output), nothing between them reaching memory.
+    The memory plan keeps the depthwise conv's input alive until the chain's last conv (plan.py)."""
     readers = _reader_counts(graph)
-    pairs: dict[str, str] = {}
-    for first, second in zip(graph.nodes, graph.nodes[1:], strict=False):
-        a = second.attrs
-        hidden = first.outputs[0] if first.outputs else None
-        if (
-            _depthwise(graph, first)
-            and second.op == "conv"
-            and a["groups"] == 1
-            and tuple(graph.weight_shapes(second)["weight"][2:]) == (1, 1)
-            and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (0, 0), (1, 1)]
-            and second.inputs[0] == hidden
-            and hidden not in second.inputs[1:]
-            and readers.get(hidden) == 1
-        ):
-            pairs[first.name] = second.name
-    return pairs
+
+    def reads_only(first: Node, second: Node) -> bool:
+        hidden = first.outputs[0]
+        return second.inputs[0] == hidden and hidden not in second.inputs[1:] and readers.get(hidden) == 1
+
+    chains: dict[str, list[str]] = {}
+    nodes = graph.nodes
+    for i, first in enumerate(nodes[:-1]):
+        second = nodes[i + 1]
+        if not (_depthwise(graph, first) and _pointwise(graph, second) and reads_only(first, second)):
+            continue
+        chains[first.name] = [second.name]
+        third = nodes[i + 2] if i + 2 < len(nodes) else None
+        if third is not None and len(second.inputs) == 1 and _pointwise(graph, third) and reads_only(second, third):
+            chains[first.name].append(third.name)
+    return chains
 
 
 def pool_chain(graph: Graph, start: int) -> list[Node]:

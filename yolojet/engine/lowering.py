@@ -42,6 +42,7 @@ from yolojet.kernels.conv.pair import (
 )
 from yolojet.kernels.conv.separable import (
     SeparableTile,
+    chain_fits,
     default_separable_tile,
     separable_candidate_tiles,
     separable_conv_nhwc,
@@ -553,7 +554,7 @@ class _PairViews:
 def _pair_launch(
     family: str, nodes: tuple[Node, ...], tuned: _TunedTile, key: str, candidates: Sequence[TileConfig]
 ) -> list[Launch]:
-    """The one tuned launch of two convs: it completes both nodes and writes the second's output only."""
+    """The one tuned launch of two or three convs: it completes every node and writes the last one's output only."""
     return [
         Launch(
             family,
@@ -593,26 +594,37 @@ def _lower_conv_pair(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[L
     return _pair_launch("conv_pair", pair_nodes, _TunedTile(launch_tile, default), key, candidates)
 
 
-def _lower_separable(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
-    """A depthwise conv and the 1x1 conv reading it in one launch (engine/fusion.py's separable pairs), at every
-    size: nothing is recomputed and the depthwise map is never written."""
-    depthwise_node, pointwise_node = pair_nodes
-    v = _PairViews.of(depthwise_node, pointwise_node, c.view)
+def _lower_separable(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
+    """A depthwise conv and the one or two 1x1 convs after it in one launch (engine/fusion.py's separable chains), at
+    every size: nothing is recomputed and the maps between them are never written. A second 1x1 conv whose channels
+    one program cannot hold gets a launch of its own after the pair."""
+    depthwise_node, pointwise_node, *rest = chain
     depthwise, depthwise_bias = c.weights.get(depthwise_node, "weight"), c.weights.get(depthwise_node, "bias")
     pointwise, pointwise_bias = c.weights.get(pointwise_node, "weight"), c.weights.get(pointwise_node, "bias")
+    pointwise2 = pointwise2_bias = None
+    if rest:
+        pointwise2, pointwise2_bias = c.weights.get(rest[0], "weight"), c.weights.get(rest[0], "bias")
+        if not chain_fits(pointwise.shape[0], pointwise2.shape[0]):
+            return [*_lower_separable(chain[:2], c), _lower_conv(rest[0], c.view, c.weights, c.scratch, c.pdl)]
+    v = _PairViews.of(depthwise_node, chain[-1], c.view)
     if depthwise.shape[0] != v.x.shape[3] or pointwise.shape[3] != v.x.shape[3]:  # channels widened for another reader
-        return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in pair_nodes]
+        return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in chain]
     stride, padding = pair(depthwise_node.attrs["stride"])[0], pair(depthwise_node.attrs["padding"])[0]
-    c_mid, c_out = v.x.shape[3], v.out.shape[3]
+    activations = [node.attrs["activation"] for node in chain] + ["identity"] * (3 - len(chain))
+    c_mid, c_out = v.x.shape[3], pointwise.shape[0]
 
     def launch_tile(tile: SeparableTile, compile_only: bool) -> None:
-        separable_conv_nhwc(v.out, v.x, depthwise, depthwise_bias, pointwise, pointwise_bias, stride=stride,
-                            padding=padding, residual=v.residual, tile=tile, pdl=c.pdl, compile_only=compile_only,
-                            **v.activations)  # fmt: skip
+        separable_conv_nhwc(
+            v.out, v.x, depthwise, depthwise_bias, pointwise, pointwise_bias, stride=stride, padding=padding,
+            activation1=activations[0], activation2=activations[1], pointwise2=pointwise2,
+            pointwise2_bias=pointwise2_bias, activation3=activations[2], residual=v.residual, tile=tile, pdl=c.pdl,
+            compile_only=compile_only,
+        )  # fmt: skip
 
-    key = v.tune_key(f"separable-{separable_tile_set_id()}", (depthwise, pointwise), f"|st{stride}|p{padding}")
+    then = "" if pointwise2 is None else f"|then{tuple(pointwise2.shape)}{activations[1]}"
+    key = v.tune_key(f"separable-{separable_tile_set_id()}", (depthwise, pointwise), f"|st{stride}|p{padding}{then}")
     tuned = _TunedTile(launch_tile, default_separable_tile(c_mid, c_out))
-    return _pair_launch("separable_conv", pair_nodes, tuned, key, separable_candidate_tiles(c_mid, c_out, v.x.dtype))
+    return _pair_launch("separable_conv", chain, tuned, key, separable_candidate_tiles(c_mid, c_out, v.x.dtype))
 
 
 def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:

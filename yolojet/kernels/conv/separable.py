@@ -10,6 +10,11 @@ activation), rounds it to the activation dtype as the arena would hold it, and m
 accumulator on the tensor cores; the 1x1 conv's epilogue (bias, activation, residual) is the convs' shared one.
 Unlike a pair of 3x3 convs nothing is recomputed but where block_n does not cover every output channel (each
 output-channel block computes the depthwise conv of its pixels again).
+
+With a second 1x1 conv (`pointwise2`: the heads' last conv of a class branch, DWConv -> Conv 1x1 -> Conv2d 1x1) the
+program holds every channel of the first 1x1 conv's output (at most `MAX_CHAIN_CHANNELS`), applies its bias and
+activation, rounds it to the activation dtype and multiplies it by the second conv's weights: three launches in one,
+two maps never written.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from yolojet.options import interpreting
 # registers a thread, no spills; the 128-pixel tile at 4 warps spills, and 32-deep steps take 233 registers or more.
 _SEPARABLE_TILES = ((64, 16, 8), (128, 16, 8), (32, 16, 4))
 _WIDEST_N = 128
+# Channels of the first 1x1 conv's output and of the second's when a program runs both (one output-channel block).
+MAX_CHAIN_CHANNELS = _WIDEST_N
 # Under the interpreter, which pays per program and per operation: few programs, wide blocks.
 _INTERPRETER_TILE = (512, 64)
 
@@ -50,6 +57,11 @@ class SeparableTile:
 
     def __post_init__(self) -> None:
         check_tile(self, ("block_m", "block_n", "block_k"), minimum=16)
+
+
+def chain_fits(c_out: int, c_out2: int) -> bool:
+    """Whether one launch takes a second 1x1 conv after a first of `c_out` outputs, itself of `c_out2`."""
+    return c_out <= MAX_CHAIN_CHANNELS and c_out2 <= MAX_CHAIN_CHANNELS
 
 
 def separable_tile_set_id() -> str:
@@ -89,11 +101,11 @@ def _separable_conv_kernel(
     out_ptr, stride_on, stride_oh, stride_ow,
     x_ptr, stride_xn, stride_xh, stride_xw,
     res_ptr, stride_rn, stride_rh, stride_rw,
-    dw_ptr, dw_bias_ptr, pw_ptr, pw_bias_ptr,
-    H, W, OH, OW, C_mid, C_out, M,
+    dw_ptr, dw_bias_ptr, pw_ptr, pw_bias_ptr, pw2_ptr, pw2_bias_ptr,
+    H, W, OH, OW, C_mid, C_out, C_out2, M,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE: tl.constexpr, PAD: tl.constexpr,
-    ACT1: tl.constexpr, ACT2: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    ACT1: tl.constexpr, ACT2: tl.constexpr, ACT3: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SECOND_1X1: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -124,9 +136,21 @@ def _separable_conv_kernel(
         b = tl.load(pw_ptr + offs_n[None, :] * C_mid + ch[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         # "ieee" keeps fp32 exact (no TF32), as the convs' kernels; Triton ignores it for fp16 operands.
         acc = tl.dot(a, b, acc, input_precision="ieee")
-    mask = m_ok[:, None] & n_ok[None, :]
-    _epilogue(acc, mask, offs_n, n_ok, img, oy, ox, pw_bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
-              stride_on, stride_oh, stride_ow, ACT2, HAS_RESIDUAL)  # fmt: skip
+    if SECOND_1X1:
+        # The first 1x1 conv's whole output on this tile (one block of every channel), as the arena would hold it,
+        # times the second conv's weights.
+        first = apply_activation(acc + tl.load(pw_bias_ptr + offs_n, mask=n_ok, other=0.0)[None, :], ACT2)
+        first = tl.where(n_ok[None, :], first, 0.0).to(x_ptr.dtype.element_ty)
+        offs_n2 = tl.arange(0, BLOCK_N2)
+        n2_ok = offs_n2 < C_out2
+        b2 = tl.load(pw2_ptr + offs_n2[None, :] * C_out + offs_n[:, None], mask=n_ok[:, None] & n2_ok[None, :],
+                     other=0.0)  # fmt: skip
+        acc2 = tl.dot(first, b2, input_precision="ieee")
+        _epilogue(acc2, m_ok[:, None] & n2_ok[None, :], offs_n2, n2_ok, img, oy, ox, pw2_bias_ptr, res_ptr, stride_rn,
+                  stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACT3, HAS_RESIDUAL)  # fmt: skip
+    else:
+        _epilogue(acc, m_ok[:, None] & n_ok[None, :], offs_n, n_ok, img, oy, ox, pw_bias_ptr, res_ptr, stride_rn,
+                  stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACT2, HAS_RESIDUAL)  # fmt: skip
 
 
 def separable_conv_nhwc(
@@ -141,17 +165,23 @@ def separable_conv_nhwc(
     padding: int = 1,
     activation1: str = "silu",
     activation2: str = "silu",
+    pointwise2: torch.Tensor | None = None,
+    pointwise2_bias: torch.Tensor | None = None,
+    activation3: str = "identity",
     residual: torch.Tensor | None = None,
     tile: SeparableTile | None = None,
     pdl: bool = False,
     compile_only: bool = False,
 ) -> None:
     """out = act2(conv1x1(act1(depthwise_conv(x) + depthwise_bias), pointwise) + pointwise_bias) (+ residual),
-    written in place; the depthwise map is rounded to x's dtype, as two launches would store it.
+    written in place; the depthwise map is rounded to x's dtype, as two launches would store it. With `pointwise2`
+    that result (rounded likewise, without the residual) goes through a second 1x1 conv: out =
+    act3(conv1x1(..., pointwise2) + pointwise2_bias) (+ residual).
 
     x: (N, H, W, C) fp16/fp32 view with unit channel stride; depthwise: contiguous (C, kh, kw) of x's dtype, square,
-    with `stride` and `padding`; pointwise: contiguous (C_out, 1, 1, C) of x's dtype; biases fp32; out and residual:
-    (N, OH, OW, C_out) views of x's dtype. out must not overlap x (other programs still read it)."""
+    with `stride` and `padding`; pointwise: contiguous (C_out, 1, 1, C) of x's dtype; pointwise2: contiguous
+    (C_out2, 1, 1, C_out), C_out and C_out2 at most MAX_CHAIN_CHANNELS; biases fp32; out and residual: (N, OH, OW,
+    C_out or C_out2) views of x's dtype. out must not overlap x (other programs still read it)."""
     if x.dim() != 4 or x.dtype not in (torch.float16, torch.float32):
         raise ValueError(f"x must be a 4-D NHWC float16/float32 tensor, got {x.dtype} {tuple(x.shape)}")
     batch, height, width, channels = x.shape
@@ -167,27 +197,44 @@ def separable_conv_nhwc(
             raise ValueError(f"{name} must be contiguous, got strides {weight.stride()}")
     check_view("depthwise_bias", depthwise_bias, (channels,), torch.float32, x.device)
     check_view("pointwise_bias", pointwise_bias, (c_out,), torch.float32, x.device)
+    c_final = c_out
+    if pointwise2 is not None:
+        c_final = pointwise2.shape[0]
+        check_view("pointwise2", pointwise2, (c_final, 1, 1, c_out), x.dtype, x.device)
+        if not pointwise2.is_contiguous():
+            raise ValueError(f"pointwise2 must be contiguous, got strides {pointwise2.stride()}")
+        if pointwise2_bias is None:
+            raise ValueError("pointwise2_bias is needed with pointwise2")
+        check_view("pointwise2_bias", pointwise2_bias, (c_final,), torch.float32, x.device)
+        if not chain_fits(c_out, c_final):
+            raise ValueError(f"a second 1x1 conv needs at most {MAX_CHAIN_CHANNELS} channels out of each 1x1 conv, "
+                             f"got {c_out} and {c_final}")  # fmt: skip
     if not (isinstance(stride, int) and stride >= 1 and isinstance(padding, int) and padding >= 0):
         raise ValueError(f"stride must be an int >= 1 and padding an int >= 0, got {stride!r} and {padding!r}")
     oh = (height + 2 * padding - kernel) // stride + 1
     ow = (width + 2 * padding - kernel) // stride + 1
     if oh < 1 or ow < 1:
         raise ValueError(f"a {kernel}x{kernel} kernel does not fit the padded {height}x{width} input")
-    check_view("out", out, (batch, oh, ow, c_out), x.dtype, x.device)
+    check_view("out", out, (batch, oh, ow, c_final), x.dtype, x.device)
     if residual is not None:
-        check_view("residual", residual, (batch, oh, ow, c_out), x.dtype, x.device)
-    for name, activation in (("activation1", activation1), ("activation2", activation2)):
+        check_view("residual", residual, (batch, oh, ow, c_final), x.dtype, x.device)
+    for name, activation in (("activation1", activation1), ("activation2", activation2), ("activation3", activation3)):
         if activation not in ACTIVATIONS:
             raise ValueError(f"{name} must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     tile = tile or default_separable_tile(channels, c_out)
+    if pointwise2 is not None and tile.block_n < c_out:
+        raise ValueError(f"tile {tile}: a second 1x1 conv needs block_n >= the first's {c_out} output channels")
     m = batch * oh * ow
-    if m == 0 or c_out == 0:
+    if m == 0 or c_final == 0:
         return
-    grid = (triton.cdiv(m, tile.block_m), triton.cdiv(c_out, tile.block_n))
+    grid = (triton.cdiv(m, tile.block_m), 1 if pointwise2 is not None else triton.cdiv(c_out, tile.block_n))
     res = out if residual is None else residual  # never read without HAS_RESIDUAL
+    second, second_bias = (pointwise, pointwise_bias) if pointwise2 is None else (pointwise2, pointwise2_bias)
     network_launcher(_separable_conv_kernel, grid, pdl, compile_only)(
         out, *out.stride()[:3], x, *x.stride()[:3], res, *res.stride()[:3], depthwise, depthwise_bias, pointwise,
-        pointwise_bias, height, width, oh, ow, channels, c_out, m, KH=kernel, KW=kernel, STRIDE=stride, PAD=padding,
-        ACT1=ACTIVATIONS[activation1], ACT2=ACTIVATIONS[activation2], HAS_RESIDUAL=residual is not None,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
+        pointwise_bias, second, second_bias, height, width, oh, ow, channels, c_out, c_final, m, KH=kernel, KW=kernel,
+        STRIDE=stride, PAD=padding, ACT1=ACTIVATIONS[activation1], ACT2=ACTIVATIONS[activation2],
+        ACT3=ACTIVATIONS[activation3], HAS_RESIDUAL=residual is not None, SECOND_1X1=pointwise2 is not None,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_N2=_block_n(c_final), BLOCK_K=tile.block_k,
+        num_warps=tile.num_warps,
     )  # fmt: skip
