@@ -72,7 +72,7 @@ def pair_rows(channels: int) -> list[tuple[str, dict]]:
         constants = dict(
             ACT1=SILU, ACT2=SILU, HAS_RESIDUAL=True, TILE_H=tile.tile_h, TILE_W=tile.tile_w, BLOCK_P=blocks.block_p,
             BLOCK_Q=blocks.block_q, BLOCK_MID=blocks.block_mid, BLOCK_N=blocks.block_n,
-            BLOCK_K=min(64, pair._block(channels)), PDL=True,
+            BLOCK_K1=min(64, pair._block(channels)), BLOCK_K2=min(64, pair._block(channels)), PDL=True,
         )  # fmt: skip
         label = f"pair {tile.tile_h}x{tile.tile_w}/{tile.num_warps}w"
         rows.append((label, lambda c=constants, w=tile.num_warps: compile_for_sm90(pair._conv_pair_kernel, c, w,

@@ -18,6 +18,7 @@ from yolojet.kernels.conv.pair import (
     conv_pair_candidate_tiles,
     conv_pair_nhwc,
     conv_pair_scratch_elements,
+    default_conv_pair_tile,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -74,7 +75,7 @@ def test_pair_matches_two_convs_in_float64(case):
     residual = x[..., :c_out] if has_residual and c_in >= c_out else None
     if has_residual and residual is None:
         residual = torch.randn(batch, h, w, c_out).to(dtype).to(DEVICE)
-    used = tile or ConvPairTile(min(h, 16), min(w, 16), 4)
+    used = tile or default_conv_pair_tile(h, w)
     conv_pair_nhwc(out, x, w1, b1, w2, b2, scratch=_scratch(used, x, c_mid, c_out), activation1=act1,
                    activation2=act2, residual=residual, tile=tile)  # fmt: skip
     assert_close(out, _reference(x, w1, b1, w2, b2, act1, act2, residual), TOLERANCE[dtype])

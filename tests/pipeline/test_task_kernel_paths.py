@@ -78,6 +78,9 @@ def test_conv_pairs_change_no_result_on_photos(cfg, end2end, rect, tmp_path):
     (this file's tolerance for it; its rectangles are test_rect_letterbox's)."""
     switches = EngineOptions(conv_pairs=True)
     ours, expected = kernel_and_torch_results(cfg, end2end, tmp_path, 0.0003, rect=rect, switches=switches)
+    engine = Engine.load(tmp_path / "m", backend="triton", half=False, max_batch=2, tune=False, switches=switches)
+    families = [launch.family for launch in engine.network.launch_list(2)]
+    assert families.count("conv_pair") >= 10 and families.count("separable_conv") == 6
     instances = 0
     for got, want in zip(ours, expected, strict=True):
         if got.obb is not None:

@@ -597,18 +597,16 @@ def _lower_conv_pair(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[L
 def _lower_separable(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
     """A depthwise conv and the one or two 1x1 convs after it in one launch (engine/fusion.py's separable chains), at
     every size: nothing is recomputed and the maps between them are never written. A second 1x1 conv whose channels
-    one program cannot hold gets a launch of its own after the pair."""
+    one program cannot hold, or in fp32, gets a launch of its own after the pair."""
     depthwise_node, pointwise_node, *rest = chain
     depthwise, depthwise_bias = c.weights.get(depthwise_node, "weight"), c.weights.get(depthwise_node, "bias")
     pointwise, pointwise_bias = c.weights.get(pointwise_node, "weight"), c.weights.get(pointwise_node, "bias")
     pointwise2 = pointwise2_bias = None
     if rest:
         pointwise2, pointwise2_bias = c.weights.get(rest[0], "weight"), c.weights.get(rest[0], "bias")
-        if not chain_fits(pointwise.shape[0], pointwise2.shape[0]):
+        if not chain_fits(pointwise.shape[0], pointwise2.shape[0], pointwise.dtype):
             return [*_lower_separable(chain[:2], c), _lower_conv(rest[0], c.view, c.weights, c.scratch, c.pdl)]
     v = _PairViews.of(depthwise_node, chain[-1], c.view)
-    if depthwise.shape[0] != v.x.shape[3] or pointwise.shape[3] != v.x.shape[3]:  # channels widened for another reader
-        return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in chain]
     stride, padding = pair(depthwise_node.attrs["stride"])[0], pair(depthwise_node.attrs["padding"])[0]
     activations = [node.attrs["activation"] for node in chain] + ["identity"] * (3 - len(chain))
     c_mid, c_out = v.x.shape[3], pointwise.shape[0]

@@ -130,7 +130,8 @@ def _conv_pair_kernel(
     H, W, C_in, C_mid, C_out, tiles_y, tiles_x,
     ACT1: tl.constexpr, ACT2: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_MID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_MID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_K2: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     per_image = tiles_y * tiles_x
@@ -147,14 +148,14 @@ def _conv_pair_kernel(
     inside = p_ok & (by >= 0) & (by < H) & (bx >= 0) & (bx < W)
     mid = tl.arange(0, BLOCK_MID)
     mid_ok = mid < C_mid
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K1)
     x_img = x_ptr + img * stride_xn
     wait_for_previous_kernel(PDL)
     acc = tl.zeros((BLOCK_P, BLOCK_MID), dtype=tl.float32)
-    k_blocks = tl.cdiv(C_in, BLOCK_K)
+    k_blocks = tl.cdiv(C_in, BLOCK_K1)
     for it in range(9 * k_blocks):
         tap = it // k_blocks
-        k0 = (it - tap * k_blocks) * BLOCK_K
+        k0 = (it - tap * k_blocks) * BLOCK_K1
         iy = by - 1 + tap // 3
         ix = bx - 1 + tap % 3
         ok = inside & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
@@ -180,10 +181,11 @@ def _conv_pair_kernel(
     q_ok = (q < TILE_H * TILE_W) & (oy < H) & (ox < W)
     offs_n = tl.arange(0, BLOCK_N)
     n_ok = offs_n < C_out
+    offs_k = tl.arange(0, BLOCK_K2)
     acc2 = tl.zeros((BLOCK_Q, BLOCK_N), dtype=tl.float32)
     for tap in tl.static_range(9):
         prow = (qy + tap // 3) * PW + (qx + tap % 3)
-        for k0 in range(0, C_mid, BLOCK_K):
+        for k0 in range(0, C_mid, BLOCK_K2):
             k_ok = offs_k < C_mid - k0
             a = tl.load(slot + prow[:, None] * BLOCK_MID + (k0 + offs_k)[None, :],
                         mask=q_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
@@ -253,5 +255,5 @@ def conv_pair_nhwc(
         height, width, c_in, c_mid, c_out, blocks.tiles_y, blocks.tiles_x, ACT1=ACTIVATIONS[activation1],
         ACT2=ACTIVATIONS[activation2], HAS_RESIDUAL=residual is not None, TILE_H=tile.tile_h, TILE_W=tile.tile_w,
         BLOCK_P=blocks.block_p, BLOCK_Q=blocks.block_q, BLOCK_MID=blocks.block_mid, BLOCK_N=blocks.block_n,
-        BLOCK_K=min(64, _block(min(c_in, c_mid))), num_warps=tile.num_warps,
+        BLOCK_K1=min(64, _block(c_in)), BLOCK_K2=min(64, _block(c_mid)), num_warps=tile.num_warps,
     )  # fmt: skip

@@ -40,6 +40,8 @@ from yolojet.options import interpreting
 _SEPARABLE_TILES = ((64, 16, 8), (128, 16, 8), (32, 16, 4))
 _WIDEST_N = 128
 # Channels of the first 1x1 conv's output and of the second's when a program runs both (one output-channel block).
+# fp16 only: in fp32 the second conv's operands spill 1,376-1,952 bytes a thread on sm_90 in every tile tried
+# (`bench/fused_conv_registers.py`), so fp32 engines run that conv as a launch of its own.
 MAX_CHAIN_CHANNELS = _WIDEST_N
 # Under the interpreter, which pays per program and per operation: few programs, wide blocks.
 _INTERPRETER_TILE = (512, 64)
@@ -59,9 +61,9 @@ class SeparableTile:
         check_tile(self, ("block_m", "block_n", "block_k"), minimum=16)
 
 
-def chain_fits(c_out: int, c_out2: int) -> bool:
-    """Whether one launch takes a second 1x1 conv after a first of `c_out` outputs, itself of `c_out2`."""
-    return c_out <= MAX_CHAIN_CHANNELS and c_out2 <= MAX_CHAIN_CHANNELS
+def chain_fits(c_out: int, c_out2: int, dtype: torch.dtype = torch.float16) -> bool:
+    """Whether one launch should take a second 1x1 conv after a first of `c_out` outputs, itself of `c_out2`."""
+    return dtype == torch.float16 and c_out <= MAX_CHAIN_CHANNELS and c_out2 <= MAX_CHAIN_CHANNELS
 
 
 def separable_tile_set_id() -> str:
@@ -206,7 +208,7 @@ def separable_conv_nhwc(
         if pointwise2_bias is None:
             raise ValueError("pointwise2_bias is needed with pointwise2")
         check_view("pointwise2_bias", pointwise2_bias, (c_final,), torch.float32, x.device)
-        if not chain_fits(c_out, c_final):
+        if c_out > MAX_CHAIN_CHANNELS or c_final > MAX_CHAIN_CHANNELS:
             raise ValueError(f"a second 1x1 conv needs at most {MAX_CHAIN_CHANNELS} channels out of each 1x1 conv, "
                              f"got {c_out} and {c_final}")  # fmt: skip
     if not (isinstance(stride, int) and stride >= 1 and isinstance(padding, int) and padding >= 0):
