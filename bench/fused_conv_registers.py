@@ -62,21 +62,25 @@ def compile_for_sm90(kernel, constants: dict, warps: int, fp32_pointers: tuple[s
 
 SILU = ACTIVATIONS["silu"]
 SEPARABLE_FP32 = ("dw_bias_ptr", "pw_bias_ptr", "pw2_bias_ptr")
+PAIR_FP32 = ("b1_ptr", "b2_ptr", "b3_ptr")
 
 
 def pair_rows(channels: int) -> list[tuple[str, dict]]:
-    """The 3x3 pair kernel, every tile offered, `channels` in, hidden and out."""
+    """The 3x3 pair kernel, every tile offered, `channels` in, hidden and out; and with a 1x1 conv of `channels`
+    after it (a detect head's box branch)."""
     rows = []
-    for tile in [ConvPairTile(*t) for t in pair._PAIR_TILES]:
-        blocks = _PairBlocks.of(tile, 1, 20, 20, channels, channels)
-        constants = dict(
-            ACT1=SILU, ACT2=SILU, HAS_RESIDUAL=True, TILE_H=tile.tile_h, TILE_W=tile.tile_w, BLOCK_P=blocks.block_p,
-            BLOCK_Q=blocks.block_q, BLOCK_MID=blocks.block_mid, BLOCK_N=blocks.block_n,
-            BLOCK_K1=min(64, pair._block(channels)), BLOCK_K2=min(64, pair._block(channels)), PDL=True,
-        )  # fmt: skip
-        label = f"pair {tile.tile_h}x{tile.tile_w}/{tile.num_warps}w"
-        rows.append((label, lambda c=constants, w=tile.num_warps: compile_for_sm90(pair._conv_pair_kernel, c, w,
-                                                                                  ("b1_ptr", "b2_ptr"))))  # fmt: skip
+    for third in (False, True):
+        for tile in [ConvPairTile(*t) for t in pair._PAIR_TILES]:
+            blocks = _PairBlocks.of(tile, 1, 20, 20, channels, channels)
+            constants = dict(
+                ACT1=SILU, ACT2=SILU, ACT3=ACTIVATIONS["identity"], HAS_RESIDUAL=not third, THIRD_1X1=third,
+                TILE_H=tile.tile_h, TILE_W=tile.tile_w, BLOCK_P=blocks.block_p, BLOCK_Q=blocks.block_q,
+                BLOCK_MID=blocks.block_mid, BLOCK_N=blocks.block_n, BLOCK_N3=blocks.block_n,
+                BLOCK_K1=min(64, pair._block(channels)), BLOCK_K2=min(64, pair._block(channels)), PDL=True,
+            )  # fmt: skip
+            label = f"pair{'+1x1' if third else ''} {tile.tile_h}x{tile.tile_w}/{tile.num_warps}w"
+            rows.append((label, lambda c=constants, w=tile.num_warps: compile_for_sm90(
+                pair._conv_pair_kernel, c, w, PAIR_FP32)))  # fmt: skip
     return rows
 
 

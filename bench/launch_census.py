@@ -33,7 +33,7 @@ def census(model: str, imgsz: int, work: Path, conv_pairs: bool = False) -> dict
     model_dir = yolojet.export(random_model(f"{model}.yaml"), out=work / model, imgsz=imgsz)
     switches = EngineOptions(conv_pairs=conv_pairs)
     engine = Engine.load(
-        model_dir, device="cpu", backend="triton", half=False, max_batch=1, tune=False, rect=False, switches=switches
+        model_dir, device="cpu", backend="triton", half=True, max_batch=1, tune=False, rect=False, switches=switches
     )
     graph = engine.network.graph
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)

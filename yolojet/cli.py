@@ -477,7 +477,8 @@ def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--conv-pairs",
         action="store_true",
-        help="a 3x3 conv and the 3x3 conv reading it (a bottleneck's pair) in one launch on maps of up to 1,600 "
+        help="a 3x3 conv and the 3x3 conv reading it (a bottleneck's pair; a head's box branch with its 1x1 conv) in "
+        "one launch on maps of up to 1,600 "
         "pixels (batch x height x width), and a depthwise conv with the one or two 1x1 convs after it (a detect "
         "head's class branch) in one launch",
     )

@@ -174,9 +174,9 @@ def test_conv_pairs_above_the_pixel_bound_are_two_launches(model_dirs, monkeypat
         launches = engine.network.launch_list(batch)
         paired = [launch.nodes for launch in launches if launch.family == "conv_pair"]
         alone = {name for launch in launches if launch.family == "conv" for name in launch.nodes}
-        assert paired and all(batch * pixels[second] <= 64 for _, second in paired)
-        split = [(a, b) for a, b in conv_pairs(graph).items() if batch * pixels[b] > 64]
-        assert split and all(a in alone and b in alone for a, b in split)
+        assert paired and all(batch * pixels[first] <= 64 for first, *_ in paired)
+        split = [[a, *chain] for a, chain in conv_pairs(graph).items() if batch * pixels[a] > 64]
+        assert split and all(name in alone for names in split for name in names)
         separable_launches = [launch.nodes for launch in launches if launch.family == "separable_conv"]
         assert len(separable_launches) == 6 and all(len(nodes) == 2 for nodes in separable_launches)
         assert sum(name.endswith(".2/conv") and "cv3" in name for name in alone) == 3  # the class branches' last

@@ -82,6 +82,27 @@ def test_pair_matches_two_convs_in_float64(case):
     assert obuf[..., :16].isnan().all(), "the pair wrote outside its output slice"
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_a_1x1_conv_after_the_pair_in_the_same_launch(dtype):
+    """A detect head's box branch: 3x3 -> 3x3 -> 1x1 in one launch, patches cut by the map's edges, a residual on the
+    last conv; the pair's result rounded to the activation dtype before the 1x1 conv, as the arena would hold it."""
+    x, _, _, w1, b1, w2, b2 = _pair_case(2, 7, 9, 24, 32, 48, dtype, seed=17)
+    g = torch.Generator().manual_seed(18)
+    w3 = (torch.randn(40, 1, 1, 48, generator=g) / 48**0.5).to(dtype).to(DEVICE)
+    b3 = (torch.randn(40, generator=g) * 0.1).to(DEVICE)
+    residual = torch.randn(2, 7, 9, 40, generator=g).to(dtype).to(DEVICE)
+    obuf = torch.full((2, 7, 9, 56), float("nan"), dtype=dtype, device=DEVICE)
+    out = obuf[..., 8:48]
+    tile = ConvPairTile(4, 8, 4)
+    conv_pair_nhwc(out, x, w1, b1, w2, b2, scratch=_scratch(tile, x, 32, 48), weight3=w3, bias3=b3,
+                   activation3="identity", residual=residual, tile=tile)  # fmt: skip
+    pair_out = _reference(x, w1, b1, w2, b2, "silu", "silu", None).to(dtype).double()
+    expected = F.conv2d(pair_out.permute(0, 3, 1, 2), w3.permute(0, 3, 1, 2).double(), b3.double())
+    expected = expected.permute(0, 2, 3, 1) + residual.double()
+    assert_close(out, expected, TOLERANCE[dtype])
+    assert obuf[..., :8].isnan().all() and obuf[..., 48:].isnan().all(), "the pair wrote outside its output slice"
+
+
 def test_every_offered_tile_gives_the_same_map():
     """The tiles the autotuner times on a GPU (under the interpreter it offers one): every one computes the pair."""
     x, _, out, w1, b1, w2, b2 = _pair_case(1, 6, 10, 16, 16, 16, torch.float16, seed=3)

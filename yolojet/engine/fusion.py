@@ -11,7 +11,8 @@ alive; `EngineOptions(fuse=False)` turns every fusion off.
 - pooled heads: a global average pool feeding only the linear layer after it is pooled inside the classifier's
   head launch;
 - conv pairs (opt-in, `EngineOptions(conv_pairs=True)`): a 3x3 conv feeding only the 3x3 conv after it (a
-  bottleneck's pair, the head's box branch) in one launch where the map is small enough (engine/lowering.py); and
+  bottleneck's pair, the head's box branch, with the branch's last 1x1 conv) in one launch where the map is small
+  enough (engine/lowering.py); and
   a depthwise conv feeding only the 1x1 conv after it, and that one possibly only a second 1x1 conv (the YOLO11 and
   YOLO26 heads' class branches), a separable conv in one launch.
 """
@@ -31,13 +32,14 @@ if TYPE_CHECKING:
 class Fusions:
     """What lowering fuses: conv -> the upsample it reads through; conv -> the concat whose copy it reads in place;
     first maxpool -> the chain's node names; the global average pools pooled in the classifier's head; a 3x3 pair's
-    first conv -> its second; a separable chain's depthwise conv -> its one or two 1x1 convs."""
+    first conv -> its second (and the 1x1 conv after it); a separable chain's depthwise conv -> its one or two 1x1
+    convs."""
 
     upsample_folds: dict[str, str]
     concat_folds: dict[str, str]
     pool_chains: dict[str, list[str]]
     pooled_heads: frozenset[str]
-    conv_pairs: dict[str, str] = field(default_factory=dict)
+    conv_pairs: dict[str, list[str]] = field(default_factory=dict)
     separable_chains: dict[str, list[str]] = field(default_factory=dict)
 
 
@@ -80,7 +82,7 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
         elif node.name in fusions.concat_folds:
             group = LaunchGroup("conv", (node,), fold=(None, by_name[fusions.concat_folds[node.name]]))
         elif node.name in fusions.conv_pairs:
-            group = LaunchGroup("conv_pair", (node, by_name[fusions.conv_pairs[node.name]]))
+            group = LaunchGroup("conv_pair", (node, *(by_name[name] for name in fusions.conv_pairs[node.name])))
         elif node.name in fusions.separable_chains:
             chain = (node, *(by_name[name] for name in fusions.separable_chains[node.name]))
             group = LaunchGroup("separable_conv", chain)
@@ -184,27 +186,39 @@ def _same_size_3x3(graph: Graph, conv: Node) -> bool:
     )
 
 
-def conv_pairs(graph: Graph) -> dict[str, str]:
+def _reads_only(readers: dict[str, int], first: Node, second: Node) -> bool:
+    """Whether `second` reads `first`'s output as its (first) input and nothing else reads that output."""
+    hidden = first.outputs[0] if first.outputs else None
+    return second.inputs[0] == hidden and hidden not in second.inputs[1:] and readers.get(hidden) == 1
+
+
+def conv_pairs(graph: Graph) -> dict[str, list[str]]:
     """Consecutive 3x3 convs (stride 1, padding 1) where the second reads the first's output as its input and
-    nothing else reads that output: first conv name -> second. The second may add a residual (a bottleneck's).
-    One launch can run both, the hidden map never reaching memory the plan owns. The memory plan already keeps the
-    first conv's input alive while the second's output is written (`Buffer.first`, reserved from the node before
-    its writer), so the launch never writes over what its other programs still read."""
+    nothing else reads that output, and, where the second adds no residual and only a 1x1 conv right after it reads
+    its output, that conv too: first conv name -> the names of the one or two after it. The last may add a residual
+    (a bottleneck's). One launch can run them, the maps between them never reaching memory the plan owns. The memory
+    plan keeps the first conv's input alive while the last one's output is written: for two nodes by reserving a
+    buffer from the node before its writer (`Buffer.first`), for three by counting it as read by the third (plan.py)."""
     readers = _reader_counts(graph)
-    pairs: dict[str, str] = {}
-    for first, second in zip(graph.nodes, graph.nodes[1:], strict=False):
-        hidden = first.outputs[0] if first.outputs else None
+    chains: dict[str, list[str]] = {}
+    taken: set[str] = set()  # a conv is in one chain at most
+    nodes = graph.nodes
+    for i, first in enumerate(nodes[:-1]):
+        second = nodes[i + 1]
         if (
-            first.name not in pairs.values()  # a conv is in one pair at most
-            and _same_size_3x3(graph, first)
-            and _same_size_3x3(graph, second)
-            and len(first.inputs) == 1
-            and second.inputs[0] == hidden
-            and hidden not in second.inputs[1:]
-            and readers.get(hidden) == 1
+            first.name in taken
+            or not (_same_size_3x3(graph, first) and _same_size_3x3(graph, second))
+            or len(first.inputs) != 1
+            or not _reads_only(readers, first, second)
         ):
-            pairs[first.name] = second.name
-    return pairs
+            continue
+        chains[first.name] = [second.name]
+        third = nodes[i + 2] if i + 2 < len(nodes) else None
+        if third is not None and len(second.inputs) == 1 and _pointwise(graph, third):
+            if _reads_only(readers, second, third):
+                chains[first.name].append(third.name)
+        taken.update([first.name, *chains[first.name]])
+    return chains
 
 
 def _depthwise(graph: Graph, conv: Node) -> bool:
@@ -241,21 +255,17 @@ def separable_chains(graph: Graph) -> dict[str, list[str]]:
     depthwise separable conv, and a second 1x1 conv on its tile of output), nothing between them reaching memory.
     The memory plan keeps the depthwise conv's input alive until the chain's last conv (plan.py)."""
     readers = _reader_counts(graph)
-
-    def reads_only(first: Node, second: Node) -> bool:
-        hidden = first.outputs[0]
-        return second.inputs[0] == hidden and hidden not in second.inputs[1:] and readers.get(hidden) == 1
-
     chains: dict[str, list[str]] = {}
     nodes = graph.nodes
     for i, first in enumerate(nodes[:-1]):
         second = nodes[i + 1]
-        if not (_depthwise(graph, first) and _pointwise(graph, second) and reads_only(first, second)):
+        if not (_depthwise(graph, first) and _pointwise(graph, second) and _reads_only(readers, first, second)):
             continue
         chains[first.name] = [second.name]
         third = nodes[i + 2] if i + 2 < len(nodes) else None
-        if third is not None and len(second.inputs) == 1 and _pointwise(graph, third) and reads_only(second, third):
-            chains[first.name].append(third.name)
+        if third is not None and len(second.inputs) == 1 and _pointwise(graph, third):
+            if _reads_only(readers, second, third):
+                chains[first.name].append(third.name)
     return chains
 
 

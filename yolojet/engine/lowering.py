@@ -38,6 +38,7 @@ from yolojet.kernels.conv.pair import (
     conv_pair_scratch_elements,
     conv_pair_tile_set_id,
     default_conv_pair_tile,
+    pair_chain_fits,
     pair_fits,
 )
 from yolojet.kernels.conv.separable import (
@@ -569,29 +570,41 @@ def _pair_launch(
     ]
 
 
-def _lower_conv_pair(pair_nodes: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
-    """Two 3x3 convs in one launch (engine/fusion.py's conv pairs), its scratch for this batch size allocated here
-    for the largest tile offered; a map above CONV_PAIR_MAX_PIXELS, or channels the kernel does not hold, gets the
-    two conv launches instead."""
-    first, second = pair_nodes
-    v = _PairViews.of(first, second, c.view)
+def _lower_conv_pair(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
+    """Two 3x3 convs, and the 1x1 conv after them where the fusion found one, in one launch (engine/fusion.py's conv
+    pairs), its scratch for this batch size allocated here for the largest tile offered. A map above
+    CONV_PAIR_MAX_PIXELS, or channels the kernel does not hold, gets a conv launch a node instead; a 1x1 conv the
+    launch should not take (fp32, or too many channels) gets one after the pair."""
+    first, second, *rest = chain
     weight1, bias1 = c.weights.get(first, "weight"), c.weights.get(first, "bias")
     weight2, bias2 = c.weights.get(second, "weight"), c.weights.get(second, "bias")
-    batch, height, width, _ = v.out.shape
+    out2 = c.view(second.outputs[0], widened=True)
+    batch, height, width, _ = out2.shape
     c_mid, c_out = weight1.shape[0], weight2.shape[0]
     if batch * height * width > CONV_PAIR_MAX_PIXELS or not pair_fits(c_mid, c_out):
-        return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in pair_nodes]
+        return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in chain]
+    weight3 = bias3 = None
+    if rest:
+        weight3, bias3 = c.weights.get(rest[0], "weight"), c.weights.get(rest[0], "bias")
+        if not pair_chain_fits(c_out, weight3.shape[0], weight3.dtype):
+            return [*_lower_conv_pair(chain[:2], c), _lower_conv(rest[0], c.view, c.weights, c.scratch, c.pdl)]
+    v = _PairViews.of(first, chain[-1], c.view)
+    activations = [node.attrs["activation"] for node in chain] + ["identity"] * (3 - len(chain))
     candidates = conv_pair_candidate_tiles(height, width, v.x.dtype)
     default = default_conv_pair_tile(height, width)
     elements = max(conv_pair_scratch_elements(t, batch, height, width, c_mid, c_out) for t in [default, *candidates])
     scratch = torch.empty(elements, dtype=v.x.dtype, device=v.x.device)
 
     def launch_tile(tile: ConvPairTile, compile_only: bool) -> None:
-        conv_pair_nhwc(v.out, v.x, weight1, bias1, weight2, bias2, scratch=scratch, residual=v.residual, tile=tile,
-                       pdl=c.pdl, compile_only=compile_only, **v.activations)  # fmt: skip
+        conv_pair_nhwc(
+            v.out, v.x, weight1, bias1, weight2, bias2, scratch=scratch, activation1=activations[0],
+            activation2=activations[1], weight3=weight3, bias3=bias3, activation3=activations[2], residual=v.residual,
+            tile=tile, pdl=c.pdl, compile_only=compile_only,
+        )  # fmt: skip
 
-    key = v.tune_key(f"conv_pair-{conv_pair_tile_set_id()}", (weight1, weight2))
-    return _pair_launch("conv_pair", pair_nodes, _TunedTile(launch_tile, default), key, candidates)
+    then = "" if weight3 is None else f"|then{tuple(weight3.shape)}{activations[1]}"
+    key = v.tune_key(f"conv_pair-{conv_pair_tile_set_id()}", (weight1, weight2), then)
+    return _pair_launch("conv_pair", chain, _TunedTile(launch_tile, default), key, candidates)
 
 
 def _lower_separable(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:

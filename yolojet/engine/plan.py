@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from yolojet.engine.fusion import concat_folds, separable_chains, upsample_folds
+from yolojet.engine.fusion import concat_folds, conv_pairs, separable_chains, upsample_folds
 from yolojet.ir import Graph, Node
 
 CHANNEL_ALIGN = 8  # 16-byte pixel rows in fp16: vector loads stay aligned in every slice that starts aligned
@@ -202,17 +202,18 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     folds = upsample_folds(graph, copies)
     cat_folds = concat_folds(graph, copies, folds)
     # A conv folding an upsample reads the upsample's input itself, and one folding a concat the input that
-    # concat would copy: those buffers must outlive the conv. A separable chain of three (depthwise, 1x1, 1x1) run as
-    # one launch reads the depthwise conv's input while it writes the last conv's output, two nodes on (a launch of
-    # two nodes needs nothing: a buffer is reserved from the node before its first writer); kept whether or not the
-    # chain is fused, so that the plan does not depend on the engine's switches.
+    # concat would copy: those buffers must outlive the conv. A chain of three convs run as one launch (a separable
+    # chain, a 3x3 pair and its 1x1 conv) reads the first conv's input while it writes the last conv's output, two
+    # nodes on (a launch of two nodes needs nothing: a buffer is reserved from the node before its first writer); kept
+    # whether or not the chain is fused, so that the plan does not depend on the engine's switches.
     node_index = {node.name: i for i, node in enumerate(graph.nodes)}
     by_name = {node.name: node for node in graph.nodes}
     extra_reads: dict[int, list[str]] = {}
     for reader, value in [
         *((conv, by_name[up].inputs[0]) for conv, up in folds.items()),
         *((conv, by_name[cat].inputs[0]) for conv, cat in cat_folds.items()),
-        *((chain[-1], by_name[depthwise].inputs[0]) for depthwise, chain in separable_chains(graph).items()),
+        *((chain[-1], by_name[first].inputs[0]) for first, chain in separable_chains(graph).items() if len(chain) > 1),
+        *((chain[-1], by_name[first].inputs[0]) for first, chain in conv_pairs(graph).items() if len(chain) > 1),
     ]:
         extra_reads.setdefault(node_index[reader], []).append(value)
     _set_lifetimes(graph, buffers, placements, extra_reads)

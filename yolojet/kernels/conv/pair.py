@@ -9,6 +9,10 @@ to the program's own slot of a scratch buffer, as the two-launch path would stor
 the program's threads; phase 2 reads the slot at the nine tap shifts and runs the second conv, ending in the convs'
 shared epilogue (bias, activation, residual). The hidden map is never written to the arena.
 
+With a 1x1 conv after the pair (`weight3`: the heads' box, mask-coefficient and keypoint branches end 3x3 -> 3x3 ->
+1x1) the program, which holds every output channel of the second conv, applies its bias and activation, rounds it to
+the activation dtype and multiplies it by the 1x1 conv's weights: three launches in one.
+
 Every channel of the hidden map lives in one program, so the kernel takes pairs of at most `MAX_PAIR_CHANNELS`
 hidden and output channels; the recomputed ring grows the first conv's work by (tile_h + 2)(tile_w + 2) /
 (tile_h tile_w), so it pays only where launches, not work, dominate (engine/lowering.py uses it below a pixel count).
@@ -121,17 +125,23 @@ def pair_fits(c_mid: int, c_out: int) -> bool:
     return c_mid <= MAX_PAIR_CHANNELS and c_out <= MAX_PAIR_CHANNELS
 
 
+def pair_chain_fits(c_out: int, c_out3: int, dtype: torch.dtype = torch.float16) -> bool:
+    """Whether one launch should take a 1x1 conv of `c_out3` outputs after a pair of `c_out`: fp16 only, as the
+    separable chains (an fp32 weight operand of the third conv costs twice the registers)."""
+    return dtype == torch.float16 and c_out <= MAX_PAIR_CHANNELS and c_out3 <= MAX_PAIR_CHANNELS
+
+
 @triton.jit
 def _conv_pair_kernel(
     out_ptr, stride_on, stride_oh, stride_ow,
     x_ptr, stride_xn, stride_xh, stride_xw,
     res_ptr, stride_rn, stride_rh, stride_rw,
-    w1_ptr, b1_ptr, w2_ptr, b2_ptr, scratch_ptr,
-    H, W, C_in, C_mid, C_out, tiles_y, tiles_x,
-    ACT1: tl.constexpr, ACT2: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    w1_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr, scratch_ptr,
+    H, W, C_in, C_mid, C_out, C_out3, tiles_y, tiles_x,
+    ACT1: tl.constexpr, ACT2: tl.constexpr, ACT3: tl.constexpr, HAS_RESIDUAL: tl.constexpr, THIRD_1X1: tl.constexpr,
     TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_MID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_K2: tl.constexpr,
-    PDL: tl.constexpr,
+    BLOCK_MID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N3: tl.constexpr, BLOCK_K1: tl.constexpr,
+    BLOCK_K2: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     per_image = tiles_y * tiles_x
@@ -192,9 +202,20 @@ def _conv_pair_kernel(
             b = tl.load(w2_ptr + offs_n[None, :] * (9 * C_mid) + (tap * C_mid + k0 + offs_k)[:, None],
                         mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # fmt: skip
             acc2 = tl.dot(a, b, acc2, input_precision="ieee")
-    mask = q_ok[:, None] & n_ok[None, :]
-    _epilogue(acc2, mask, offs_n, n_ok, img, oy, ox, b2_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
-              stride_on, stride_oh, stride_ow, ACT2, HAS_RESIDUAL)  # fmt: skip
+    if THIRD_1X1:
+        # The second conv's whole output on the patch, as the arena would hold it, times the 1x1 conv's weights.
+        second = apply_activation(acc2 + tl.load(b2_ptr + offs_n, mask=n_ok, other=0.0)[None, :], ACT2)
+        second = tl.where(n_ok[None, :], second, 0.0).to(x_ptr.dtype.element_ty)
+        offs_n3 = tl.arange(0, BLOCK_N3)
+        n3_ok = offs_n3 < C_out3
+        w3 = tl.load(w3_ptr + offs_n3[None, :] * C_out + offs_n[:, None], mask=n_ok[:, None] & n3_ok[None, :],
+                     other=0.0)  # fmt: skip
+        acc3 = tl.dot(second, w3, input_precision="ieee")
+        _epilogue(acc3, q_ok[:, None] & n3_ok[None, :], offs_n3, n3_ok, img, oy, ox, b3_ptr, res_ptr, stride_rn,
+                  stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACT3, HAS_RESIDUAL)  # fmt: skip
+    else:
+        _epilogue(acc2, q_ok[:, None] & n_ok[None, :], offs_n, n_ok, img, oy, ox, b2_ptr, res_ptr, stride_rn,
+                  stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACT2, HAS_RESIDUAL)  # fmt: skip
 
 
 def conv_pair_nhwc(
@@ -208,6 +229,9 @@ def conv_pair_nhwc(
     scratch: torch.Tensor,
     activation1: str = "silu",
     activation2: str = "silu",
+    weight3: torch.Tensor | None = None,
+    bias3: torch.Tensor | None = None,
+    activation3: str = "identity",
     residual: torch.Tensor | None = None,
     tile: ConvPairTile | None = None,
     pdl: bool = False,
@@ -215,6 +239,8 @@ def conv_pair_nhwc(
 ) -> None:
     """out = act2(conv3x3(act1(conv3x3(x, weight1) + bias1), weight2) + bias2) (+ residual), both convs stride 1
     and padding 1, written in place; the hidden map passes through `scratch`, never through memory of the caller's.
+    With `weight3` (C_out3, 1, 1, C_out) a 1x1 conv follows on the pair's result (rounded to x's dtype, without the
+    residual): out = act3(conv1x1(..., weight3) + bias3) (+ residual), C_out3 at most MAX_PAIR_CHANNELS.
 
     x: (N, H, W, C_in) fp16/fp32 view with unit channel stride; out and residual: (N, H, W, C_out) views of x's
     dtype; weight1 (C_mid, 3, 3, C_in) and weight2 (C_out, 3, 3, C_mid) contiguous of x's dtype, C_mid and C_out at
@@ -232,13 +258,22 @@ def conv_pair_nhwc(
             raise ValueError(f"{name} must be contiguous, got strides {weight.stride()}")
     check_view("bias1", bias1, (c_mid,), torch.float32, x.device)
     check_view("bias2", bias2, (c_out,), torch.float32, x.device)
-    check_view("out", out, (batch, height, width, c_out), x.dtype, x.device)
+    c_final = c_out
+    if weight3 is not None:
+        c_final = weight3.shape[0]
+        check_view("weight3", weight3, (c_final, 1, 1, c_out), x.dtype, x.device)
+        if not weight3.is_contiguous():
+            raise ValueError(f"weight3 must be contiguous, got strides {weight3.stride()}")
+        if bias3 is None:
+            raise ValueError("bias3 is needed with weight3")
+        check_view("bias3", bias3, (c_final,), torch.float32, x.device)
+    check_view("out", out, (batch, height, width, c_final), x.dtype, x.device)
     if residual is not None:
-        check_view("residual", residual, (batch, height, width, c_out), x.dtype, x.device)
-    if not pair_fits(c_mid, c_out):
-        raise ValueError(f"a conv pair holds at most {MAX_PAIR_CHANNELS} hidden and output channels, got {c_mid} and "
-                         f"{c_out}")  # fmt: skip
-    for name, activation in (("activation1", activation1), ("activation2", activation2)):
+        check_view("residual", residual, (batch, height, width, c_final), x.dtype, x.device)
+    if not (pair_fits(c_mid, c_out) and c_final <= MAX_PAIR_CHANNELS):
+        raise ValueError(f"a conv pair holds at most {MAX_PAIR_CHANNELS} hidden and output channels, got {c_mid}, "
+                         f"{c_out}" + ("" if weight3 is None else f" and {c_final} out of its 1x1 conv"))  # fmt: skip
+    for name, activation in (("activation1", activation1), ("activation2", activation2), ("activation3", activation3)):
         if activation not in ACTIVATIONS:
             raise ValueError(f"{name} must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     tile = tile or default_conv_pair_tile(height, width)
@@ -247,13 +282,16 @@ def conv_pair_nhwc(
     if scratch.dtype != x.dtype or scratch.device != x.device or not scratch.is_contiguous() or scratch.numel() < need:
         raise ValueError(f"scratch must be contiguous {x.dtype} on {x.device} with >= {need} elements for tile {tile}, "
                          f"got {scratch.dtype} {tuple(scratch.shape)} on {scratch.device}")  # fmt: skip
-    if blocks.programs == 0 or c_out == 0:
+    if blocks.programs == 0 or c_final == 0:
         return
     res = out if residual is None else residual  # never read without HAS_RESIDUAL
+    third, third_bias = (weight2, bias2) if weight3 is None else (weight3, bias3)  # never read without THIRD_1X1
     network_launcher(_conv_pair_kernel, (blocks.programs,), pdl, compile_only)(
-        out, *out.stride()[:3], x, *x.stride()[:3], res, *res.stride()[:3], weight1, bias1, weight2, bias2, scratch,
-        height, width, c_in, c_mid, c_out, blocks.tiles_y, blocks.tiles_x, ACT1=ACTIVATIONS[activation1],
-        ACT2=ACTIVATIONS[activation2], HAS_RESIDUAL=residual is not None, TILE_H=tile.tile_h, TILE_W=tile.tile_w,
+        out, *out.stride()[:3], x, *x.stride()[:3], res, *res.stride()[:3], weight1, bias1, weight2, bias2, third,
+        third_bias, scratch, height, width, c_in, c_mid, c_out, c_final, blocks.tiles_y, blocks.tiles_x,
+        ACT1=ACTIVATIONS[activation1], ACT2=ACTIVATIONS[activation2], ACT3=ACTIVATIONS[activation3],
+        HAS_RESIDUAL=residual is not None, THIRD_1X1=weight3 is not None, TILE_H=tile.tile_h, TILE_W=tile.tile_w,
         BLOCK_P=blocks.block_p, BLOCK_Q=blocks.block_q, BLOCK_MID=blocks.block_mid, BLOCK_N=blocks.block_n,
-        BLOCK_K1=min(64, _block(c_in)), BLOCK_K2=min(64, _block(c_mid)), num_warps=tile.num_warps,
+        BLOCK_N3=_block(c_final), BLOCK_K1=min(64, _block(c_in)), BLOCK_K2=min(64, _block(c_mid)),
+        num_warps=tile.num_warps,
     )  # fmt: skip
