@@ -175,14 +175,15 @@ def concat_folds(graph: Graph, copies: dict[str, list[str]], upsample_folds: dic
     return folds
 
 
-def _same_size_3x3(graph: Graph, conv: Node) -> bool:
-    """A plain 3x3 conv, stride 1, padding 1: its output the size of its input."""
+def _plain_conv(graph: Graph, conv: Node, kernel: int) -> bool:
+    """A plain conv (one group, stride 1, no dilation) with a `kernel` x `kernel` window padded to keep its input's
+    size: 3x3 with padding 1, 1x1 with none."""
     a = conv.attrs
     return (
         conv.op == "conv"
         and a["groups"] == 1
-        and tuple(graph.weight_shapes(conv).get("weight", ())[2:]) == (3, 3)
-        and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (1, 1), (1, 1)]
+        and tuple(graph.weight_shapes(conv).get("weight", ())[2:]) == (kernel, kernel)
+        and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (kernel // 2,) * 2, (1, 1)]
     )
 
 
@@ -207,14 +208,14 @@ def conv_pairs(graph: Graph) -> dict[str, list[str]]:
         second = nodes[i + 1]
         if (
             first.name in taken
-            or not (_same_size_3x3(graph, first) and _same_size_3x3(graph, second))
+            or not (_plain_conv(graph, first, 3) and _plain_conv(graph, second, 3))
             or len(first.inputs) != 1
             or not _reads_only(readers, first, second)
         ):
             continue
         chains[first.name] = [second.name]
         third = nodes[i + 2] if i + 2 < len(nodes) else None
-        if third is not None and len(second.inputs) == 1 and _pointwise(graph, third):
+        if third is not None and len(second.inputs) == 1 and _plain_conv(graph, third, 1):
             if _reads_only(readers, second, third):
                 chains[first.name].append(third.name)
         taken.update([first.name, *chains[first.name]])
@@ -237,17 +238,6 @@ def _depthwise(graph: Graph, conv: Node) -> bool:
     )
 
 
-def _pointwise(graph: Graph, conv: Node) -> bool:
-    """A plain 1x1 conv, stride 1, no padding."""
-    a = conv.attrs
-    return (
-        conv.op == "conv"
-        and a["groups"] == 1
-        and tuple(graph.weight_shapes(conv).get("weight", ())[2:]) == (1, 1)
-        and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (0, 0), (1, 1)]
-    )
-
-
 def separable_chains(graph: Graph) -> dict[str, list[str]]:
     """A depthwise conv followed by a 1x1 conv reading its output as its input, which nothing else reads, and, where
     that 1x1 conv adds no residual and only a second 1x1 conv after it reads its output, that one too: depthwise conv
@@ -259,11 +249,11 @@ def separable_chains(graph: Graph) -> dict[str, list[str]]:
     nodes = graph.nodes
     for i, first in enumerate(nodes[:-1]):
         second = nodes[i + 1]
-        if not (_depthwise(graph, first) and _pointwise(graph, second) and _reads_only(readers, first, second)):
+        if not (_depthwise(graph, first) and _plain_conv(graph, second, 1) and _reads_only(readers, first, second)):
             continue
         chains[first.name] = [second.name]
         third = nodes[i + 2] if i + 2 < len(nodes) else None
-        if third is not None and len(second.inputs) == 1 and _pointwise(graph, third):
+        if third is not None and len(second.inputs) == 1 and _plain_conv(graph, third, 1):
             if _reads_only(readers, second, third):
                 chains[first.name].append(third.name)
     return chains

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
-from yolojet.kernels.conv.epilogue import _epilogue
+from yolojet.kernels.conv.epilogue import _epilogue, _then_1x1_epilogue
 from yolojet.kernels.launch import network_launcher
 from yolojet.kernels.pdl import wait_for_previous_kernel
 from yolojet.kernels.views import check_view
@@ -202,17 +202,10 @@ def _conv_pair_kernel(
             b = tl.load(w2_ptr + offs_n[None, :] * (9 * C_mid) + (tap * C_mid + k0 + offs_k)[:, None],
                         mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # fmt: skip
             acc2 = tl.dot(a, b, acc2, input_precision="ieee")
-    if THIRD_1X1:
-        # The second conv's whole output on the patch, as the arena would hold it, times the 1x1 conv's weights.
-        second = apply_activation(acc2 + tl.load(b2_ptr + offs_n, mask=n_ok, other=0.0)[None, :], ACT2)
-        second = tl.where(n_ok[None, :], second, 0.0).to(x_ptr.dtype.element_ty)
-        offs_n3 = tl.arange(0, BLOCK_N3)
-        n3_ok = offs_n3 < C_out3
-        w3 = tl.load(w3_ptr + offs_n3[None, :] * C_out + offs_n[:, None], mask=n_ok[:, None] & n3_ok[None, :],
-                     other=0.0)  # fmt: skip
-        acc3 = tl.dot(second, w3, input_precision="ieee")
-        _epilogue(acc3, q_ok[:, None] & n3_ok[None, :], offs_n3, n3_ok, img, oy, ox, b3_ptr, res_ptr, stride_rn,
-                  stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACT3, HAS_RESIDUAL)  # fmt: skip
+    if THIRD_1X1:  # the second conv's whole output on the patch through the 1x1 conv
+        _then_1x1_epilogue(acc2, q_ok, offs_n, n_ok, b2_ptr, ACT2, w3_ptr, C_out, b3_ptr, C_out3, img, oy, ox, res_ptr,
+                           stride_rn, stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACT3,
+                           HAS_RESIDUAL, BLOCK_N3)  # fmt: skip
     else:
         _epilogue(acc2, q_ok[:, None] & n_ok[None, :], offs_n, n_ok, img, oy, ox, b2_ptr, res_ptr, stride_rn,
                   stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACT2, HAS_RESIDUAL)  # fmt: skip

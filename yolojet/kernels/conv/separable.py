@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
-from yolojet.kernels.conv.epilogue import _epilogue, _output_pixels
+from yolojet.kernels.conv.epilogue import _epilogue, _output_pixels, _then_1x1_epilogue
 from yolojet.kernels.launch import network_launcher
 from yolojet.kernels.pdl import wait_for_previous_kernel
 from yolojet.kernels.views import check_tile, check_view
@@ -138,18 +138,10 @@ def _separable_conv_kernel(
         b = tl.load(pw_ptr + offs_n[None, :] * C_mid + ch[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         # "ieee" keeps fp32 exact (no TF32), as the convs' kernels; Triton ignores it for fp16 operands.
         acc = tl.dot(a, b, acc, input_precision="ieee")
-    if SECOND_1X1:
-        # The first 1x1 conv's whole output on this tile (one block of every channel), as the arena would hold it,
-        # times the second conv's weights.
-        first = apply_activation(acc + tl.load(pw_bias_ptr + offs_n, mask=n_ok, other=0.0)[None, :], ACT2)
-        first = tl.where(n_ok[None, :], first, 0.0).to(x_ptr.dtype.element_ty)
-        offs_n2 = tl.arange(0, BLOCK_N2)
-        n2_ok = offs_n2 < C_out2
-        b2 = tl.load(pw2_ptr + offs_n2[None, :] * C_out + offs_n[:, None], mask=n_ok[:, None] & n2_ok[None, :],
-                     other=0.0)  # fmt: skip
-        acc2 = tl.dot(first, b2, input_precision="ieee")
-        _epilogue(acc2, m_ok[:, None] & n2_ok[None, :], offs_n2, n2_ok, img, oy, ox, pw2_bias_ptr, res_ptr, stride_rn,
-                  stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACT3, HAS_RESIDUAL)  # fmt: skip
+    if SECOND_1X1:  # the first 1x1 conv's whole output on this tile (one block of every channel) through the second
+        _then_1x1_epilogue(acc, m_ok, offs_n, n_ok, pw_bias_ptr, ACT2, pw2_ptr, C_out, pw2_bias_ptr, C_out2, img, oy,
+                           ox, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow,
+                           ACT3, HAS_RESIDUAL, BLOCK_N2)  # fmt: skip
     else:
         _epilogue(acc, m_ok[:, None] & n_ok[None, :], offs_n, n_ok, img, oy, ox, pw_bias_ptr, res_ptr, stride_rn,
                   stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACT2, HAS_RESIDUAL)  # fmt: skip
