@@ -193,6 +193,15 @@ def _reads_only(readers: dict[str, int], first: Node, second: Node) -> bool:
     return second.inputs[0] == hidden and hidden not in second.inputs[1:] and readers.get(hidden) == 1
 
 
+def _trailing_1x1(graph: Graph, readers: dict[str, int], i: int) -> list[str]:
+    """[the 1x1 conv after node i] where it is the only reader of node i's output and node i adds no residual, else
+    []: the conv a fused launch ending at node i may take too."""
+    node, following = graph.nodes[i], graph.nodes[i + 1] if i + 1 < len(graph.nodes) else None
+    if following is None or len(node.inputs) != 1 or not _plain_conv(graph, following, 1):
+        return []
+    return [following.name] if _reads_only(readers, node, following) else []
+
+
 def conv_pairs(graph: Graph) -> dict[str, list[str]]:
     """Consecutive 3x3 convs (stride 1, padding 1) where the second reads the first's output as its input and
     nothing else reads that output, and, where the second adds no residual and only a 1x1 conv right after it reads
@@ -213,11 +222,7 @@ def conv_pairs(graph: Graph) -> dict[str, list[str]]:
             or not _reads_only(readers, first, second)
         ):
             continue
-        chains[first.name] = [second.name]
-        third = nodes[i + 2] if i + 2 < len(nodes) else None
-        if third is not None and len(second.inputs) == 1 and _plain_conv(graph, third, 1):
-            if _reads_only(readers, second, third):
-                chains[first.name].append(third.name)
+        chains[first.name] = [second.name, *_trailing_1x1(graph, readers, i + 1)]
         taken.update([first.name, *chains[first.name]])
     return chains
 
@@ -251,11 +256,7 @@ def separable_chains(graph: Graph) -> dict[str, list[str]]:
         second = nodes[i + 1]
         if not (_depthwise(graph, first) and _plain_conv(graph, second, 1) and _reads_only(readers, first, second)):
             continue
-        chains[first.name] = [second.name]
-        third = nodes[i + 2] if i + 2 < len(nodes) else None
-        if third is not None and len(second.inputs) == 1 and _plain_conv(graph, third, 1):
-            if _reads_only(readers, second, third):
-                chains[first.name].append(third.name)
+        chains[first.name] = [second.name, *_trailing_1x1(graph, readers, i + 1)]
     return chains
 
 

@@ -31,7 +31,7 @@ from yolojet.kernels.activations import ACTIVATIONS, apply_activation
 from yolojet.kernels.conv.epilogue import _epilogue, _then_1x1_epilogue
 from yolojet.kernels.launch import network_launcher
 from yolojet.kernels.pdl import wait_for_previous_kernel
-from yolojet.kernels.views import check_view
+from yolojet.kernels.views import check_view, check_weight_and_bias
 from yolojet.options import interpreting
 
 # Hidden and output channels one program holds. Compiled for sm_90 (`bench/fused_conv_registers.py`, Triton 3.8) with
@@ -245,21 +245,11 @@ def conv_pair_nhwc(
     batch, height, width, c_in = x.shape
     check_view("x", x, (batch, height, width, c_in))
     c_mid, c_out = weight1.shape[0], weight2.shape[0]
-    for name, weight, shape in (("weight1", weight1, (c_mid, 3, 3, c_in)), ("weight2", weight2, (c_out, 3, 3, c_mid))):
-        check_view(name, weight, shape, x.dtype, x.device)
-        if not weight.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got strides {weight.stride()}")
-    check_view("bias1", bias1, (c_mid,), torch.float32, x.device)
-    check_view("bias2", bias2, (c_out,), torch.float32, x.device)
-    c_final = c_out
+    check_weight_and_bias(("weight1", "bias1"), weight1, bias1, (c_mid, 3, 3, c_in), x.dtype, x.device)
+    check_weight_and_bias(("weight2", "bias2"), weight2, bias2, (c_out, 3, 3, c_mid), x.dtype, x.device)
+    c_final = c_out if weight3 is None else weight3.shape[0]
     if weight3 is not None:
-        c_final = weight3.shape[0]
-        check_view("weight3", weight3, (c_final, 1, 1, c_out), x.dtype, x.device)
-        if not weight3.is_contiguous():
-            raise ValueError(f"weight3 must be contiguous, got strides {weight3.stride()}")
-        if bias3 is None:
-            raise ValueError("bias3 is needed with weight3")
-        check_view("bias3", bias3, (c_final,), torch.float32, x.device)
+        check_weight_and_bias(("weight3", "bias3"), weight3, bias3, (c_final, 1, 1, c_out), x.dtype, x.device)
     check_view("out", out, (batch, height, width, c_final), x.dtype, x.device)
     if residual is not None:
         check_view("residual", residual, (batch, height, width, c_final), x.dtype, x.device)

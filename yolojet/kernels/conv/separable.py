@@ -30,7 +30,7 @@ from yolojet.kernels.activations import ACTIVATIONS, apply_activation
 from yolojet.kernels.conv.epilogue import _epilogue, _output_pixels, _then_1x1_epilogue
 from yolojet.kernels.launch import network_launcher
 from yolojet.kernels.pdl import wait_for_previous_kernel
-from yolojet.kernels.views import check_tile, check_view
+from yolojet.kernels.views import check_tile, check_view, check_weight_and_bias
 from yolojet.options import interpreting
 
 # (block_m, block_k, num_warps) timed for a separable conv, block_n covering the output channels up to
@@ -184,22 +184,14 @@ def separable_conv_nhwc(
         raise ValueError(f"depthwise must be a square (C, k, k) kernel, got shape {tuple(depthwise.shape)}")
     kernel = depthwise.shape[1]
     c_out = pointwise.shape[0]
-    check_view("depthwise", depthwise, (channels, kernel, kernel), x.dtype, x.device)
-    check_view("pointwise", pointwise, (c_out, 1, 1, channels), x.dtype, x.device)
-    for name, weight in (("depthwise", depthwise), ("pointwise", pointwise)):
-        if not weight.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got strides {weight.stride()}")
-    check_view("depthwise_bias", depthwise_bias, (channels,), torch.float32, x.device)
-    check_view("pointwise_bias", pointwise_bias, (c_out,), torch.float32, x.device)
-    c_final = c_out
+    names = ("depthwise", "depthwise_bias")
+    check_weight_and_bias(names, depthwise, depthwise_bias, (channels, kernel, kernel), x.dtype, x.device)
+    names = ("pointwise", "pointwise_bias")
+    check_weight_and_bias(names, pointwise, pointwise_bias, (c_out, 1, 1, channels), x.dtype, x.device)
+    c_final = c_out if pointwise2 is None else pointwise2.shape[0]
     if pointwise2 is not None:
-        c_final = pointwise2.shape[0]
-        check_view("pointwise2", pointwise2, (c_final, 1, 1, c_out), x.dtype, x.device)
-        if not pointwise2.is_contiguous():
-            raise ValueError(f"pointwise2 must be contiguous, got strides {pointwise2.stride()}")
-        if pointwise2_bias is None:
-            raise ValueError("pointwise2_bias is needed with pointwise2")
-        check_view("pointwise2_bias", pointwise2_bias, (c_final,), torch.float32, x.device)
+        names = ("pointwise2", "pointwise2_bias")
+        check_weight_and_bias(names, pointwise2, pointwise2_bias, (c_final, 1, 1, c_out), x.dtype, x.device)
         if c_out > MAX_CHAIN_CHANNELS or c_final > MAX_CHAIN_CHANNELS:
             raise ValueError(f"a second 1x1 conv needs at most {MAX_CHAIN_CHANNELS} channels out of each 1x1 conv, "
                              f"got {c_out} and {c_final}")  # fmt: skip
