@@ -45,6 +45,11 @@ class EngineOptions:
     branches: bool | None = None  # independent launches on parallel streams; None: on a CUDA device unless
     # YOLOJET_BRANCHES=0
 
+    def __post_init__(self) -> None:
+        if self.conv_pairs and not self.fuse:
+            raise EngineConfigError("conv_pairs (--conv-pairs) fuses convs, which fuse=False (--no-fuse) turns off: "
+                                    "ask for one of the two")  # fmt: skip
+
     def tuning(self) -> bool:
         return not tuning_off() if self.tune is None else self.tune
 
