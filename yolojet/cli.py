@@ -478,9 +478,8 @@ def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
         "--conv-pairs",
         action="store_true",
         help="a 3x3 conv and the 3x3 conv reading it (a bottleneck's pair; a head's box branch with its 1x1 conv) in "
-        "one launch on maps of up to 1,600 "
-        "pixels (batch x height x width), and a depthwise conv with the one or two 1x1 convs after it (a detect "
-        "head's class branch) in one launch",
+        "one launch on maps of up to 1,600 pixels (batch x height x width), and a depthwise conv with the one or two "
+        "1x1 convs after it (a detect head's class branch) in one launch",
     )
     group.add_argument(
         "--no-pdl", action="store_true", help="ordinary launches, no programmatic dependent launch (as YOLOJET_PDL=0)"

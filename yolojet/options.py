@@ -38,9 +38,9 @@ class EngineOptions:
 
     tune: bool | None = None  # conv tiles timed at start-up (cached); None: unless YOLOJET_NOTUNE=1
     fuse: bool = True  # SPPF's pools in one launch, upsamples and concat copies folded into convs, the pooled head
-    conv_pairs: bool = False  # with fuse: a 3x3 conv and the 3x3 conv reading it (and a 1x1 conv after them) in one
-    # launch at low resolution,
-    # a depthwise conv and the one or two 1x1 convs after it in one launch at every resolution
+    # With fuse: a 3x3 conv and the 3x3 conv reading it (and a 1x1 conv after them) in one launch at low resolution,
+    # a depthwise conv and the one or two 1x1 convs after it in one launch at every resolution.
+    conv_pairs: bool = False
     pdl: bool | None = None  # programmatic dependent launch; None: on Hopper and later unless YOLOJET_PDL=0
     branches: bool | None = None  # independent launches on parallel streams; None: on a CUDA device unless
     # YOLOJET_BRANCHES=0

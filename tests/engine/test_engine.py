@@ -161,10 +161,10 @@ def test_conv_pairs_above_the_pixel_bound_are_two_launches(model_dirs, monkeypat
     hold is a separable launch and a conv launch."""
     from yolojet.engine import lowering
     from yolojet.engine.fusion import conv_pairs
-    from yolojet.kernels.conv import separable
+    from yolojet.kernels.conv import epilogue
 
     monkeypatch.setattr(lowering, "CONV_PAIR_MAX_PIXELS", 64)
-    monkeypatch.setattr(separable, "MAX_CHAIN_CHANNELS", 64)  # yolo11n's class branches hold 80
+    monkeypatch.setattr(epilogue, "MAX_THEN_1X1_CHANNELS", 64)  # yolo11n's class branches hold 80
     engine = Engine.load(model_dirs("yolo11n.yaml", None), device=DEVICE, half=True, max_batch=2, tune=False,
                          switches=EngineOptions(conv_pairs=True))  # fmt: skip
     graph = engine.network.graph

@@ -12,8 +12,8 @@ if not torch.cuda.is_available():
 import torch.nn.functional as F
 from kernel_checks import assert_close
 
+from yolojet.kernels.conv.epilogue import MAX_THEN_1X1_CHANNELS
 from yolojet.kernels.conv.separable import (
-    MAX_CHAIN_CHANNELS,
     SeparableTile,
     separable_candidate_tiles,
     separable_conv_nhwc,
@@ -126,9 +126,9 @@ def test_bad_arguments_are_named():
         separable_conv_nhwc(out, x, depthwise, biases[0], pointwise, biases[1], activation1="gelu")
     with pytest.raises(ValueError, match="power of two"):
         SeparableTile(48, 16, 16, 4)
-    wide = MAX_CHAIN_CHANNELS + 16
+    wide = MAX_THEN_1X1_CHANNELS + 16
     pointwise2 = torch.zeros(wide, 1, 1, 16, dtype=torch.float16, device=DEVICE)
-    with pytest.raises(ValueError, match=f"at most {MAX_CHAIN_CHANNELS}"):
+    with pytest.raises(ValueError, match=f"at most {MAX_THEN_1X1_CHANNELS}"):
         separable_conv_nhwc(torch.empty(1, 4, 4, wide, dtype=torch.float16, device=DEVICE), x, depthwise, biases[0],
                             pointwise, biases[1], pointwise2=pointwise2,
                             pointwise2_bias=torch.zeros(wide, device=DEVICE))  # fmt: skip

@@ -31,6 +31,7 @@ from yolojet.kernels.conv import (
     tma_storable,
     two_input_candidates,
 )
+from yolojet.kernels.conv.epilogue import then_1x1_fits
 from yolojet.kernels.conv.pair import (
     ConvPairTile,
     conv_pair_candidate_tiles,
@@ -38,12 +39,10 @@ from yolojet.kernels.conv.pair import (
     conv_pair_scratch_elements,
     conv_pair_tile_set_id,
     default_conv_pair_tile,
-    pair_chain_fits,
     pair_fits,
 )
 from yolojet.kernels.conv.separable import (
     SeparableTile,
-    chain_fits,
     default_separable_tile,
     separable_candidate_tiles,
     separable_conv_nhwc,
@@ -526,29 +525,32 @@ class LoweringContext:
 
 
 @dataclass(frozen=True)
-class _PairViews:
-    """What a launch of two convs reads and writes: the first conv's input, the second's output and residual (all at
-    the widths their convs work on), and the two convs' activations as the fused launchers take them."""
+class _ChainViews:
+    """What a launch of two or three convs reads and writes: the first conv's input, the last one's output and
+    residual (all at the widths their convs work on), and each conv's activation ("identity" for a third conv that
+    is not there)."""
 
     x: torch.Tensor
     out: torch.Tensor
     residual: torch.Tensor | None
-    activations: dict[str, str]
+    activations: tuple[str, str, str]
 
     @classmethod
-    def of(cls, first: Node, second: Node, view: ViewFn) -> _PairViews:
-        residual = view(second.inputs[1]) if len(second.inputs) > 1 else None
-        activations = {"activation1": first.attrs["activation"], "activation2": second.attrs["activation"]}
-        return cls(view(first.inputs[0], widened=True), view(second.outputs[0], widened=True), residual, activations)
+    def of(cls, chain: Sequence[Node], view: ViewFn) -> _ChainViews:
+        last = chain[-1]
+        residual = view(last.inputs[1]) if len(last.inputs) > 1 else None
+        act1, act2, *act3 = [node.attrs["activation"] for node in chain]
+        activations = (act1, act2, act3[0] if act3 else "identity")
+        return cls(view(chain[0].inputs[0], widened=True), view(last.outputs[0], widened=True), residual, activations)
 
-    def tune_key(self, kind: str, weights: tuple[torch.Tensor, torch.Tensor], extra: str = "") -> str:
+    def tune_key(self, kind: str, weights: Sequence[torch.Tensor], extra: str = "") -> str:
         """The launch's tuning key; `kind` carries the kernel's tile set, so that only its picks are timed again when
         the set changes."""
-        x, out, (w1, w2) = self.x, self.out, weights
+        x, out = self.x, self.out
         return (
             f"{kind}|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}|o{tuple(out.shape)}s{tuple(out.stride())}"
-            f"|w{tuple(w1.shape)}{tuple(w2.shape)}{extra}|{self.activations['activation1']}"
-            f"|{self.activations['activation2']}|r{int(self.residual is not None)}"
+            f"|w{''.join(str(tuple(w.shape)) for w in weights)}{extra}|{'|'.join(self.activations)}"
+            f"|r{int(self.residual is not None)}"
         )
 
 
@@ -586,10 +588,9 @@ def _lower_conv_pair(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch
     weight3 = bias3 = None
     if rest:
         weight3, bias3 = c.weights.get(rest[0], "weight"), c.weights.get(rest[0], "bias")
-        if not pair_chain_fits(c_out, weight3.shape[0], weight3.dtype):
+        if not then_1x1_fits(c_out, weight3.shape[0], weight3.dtype):
             return [*_lower_conv_pair(chain[:2], c), _lower_conv(rest[0], c.view, c.weights, c.scratch, c.pdl)]
-    v = _PairViews.of(first, chain[-1], c.view)
-    activations = [node.attrs["activation"] for node in chain] + ["identity"] * (3 - len(chain))
+    v = _ChainViews.of(chain, c.view)
     candidates = conv_pair_candidate_tiles(height, width, v.x.dtype)
     default = default_conv_pair_tile(height, width)
     elements = max(conv_pair_scratch_elements(t, batch, height, width, c_mid, c_out) for t in [default, *candidates])
@@ -597,13 +598,13 @@ def _lower_conv_pair(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch
 
     def launch_tile(tile: ConvPairTile, compile_only: bool) -> None:
         conv_pair_nhwc(
-            v.out, v.x, weight1, bias1, weight2, bias2, scratch=scratch, activation1=activations[0],
-            activation2=activations[1], weight3=weight3, bias3=bias3, activation3=activations[2], residual=v.residual,
-            tile=tile, pdl=c.pdl, compile_only=compile_only,
+            v.out, v.x, weight1, bias1, weight2, bias2, scratch=scratch, activation1=v.activations[0],
+            activation2=v.activations[1], weight3=weight3, bias3=bias3, activation3=v.activations[2],
+            residual=v.residual, tile=tile, pdl=c.pdl, compile_only=compile_only,
         )  # fmt: skip
 
-    then = "" if weight3 is None else f"|then{tuple(weight3.shape)}{activations[1]}"
-    key = v.tune_key(f"conv_pair-{conv_pair_tile_set_id()}", (weight1, weight2), then)
+    weights = (weight1, weight2) if weight3 is None else (weight1, weight2, weight3)
+    key = v.tune_key(f"conv_pair-{conv_pair_tile_set_id()}", weights)
     return _pair_launch("conv_pair", chain, _TunedTile(launch_tile, default), key, candidates)
 
 
@@ -617,23 +618,22 @@ def _lower_separable(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch
     pointwise2 = pointwise2_bias = None
     if rest:
         pointwise2, pointwise2_bias = c.weights.get(rest[0], "weight"), c.weights.get(rest[0], "bias")
-        if not chain_fits(pointwise.shape[0], pointwise2.shape[0], pointwise.dtype):
+        if not then_1x1_fits(pointwise.shape[0], pointwise2.shape[0], pointwise.dtype):
             return [*_lower_separable(chain[:2], c), _lower_conv(rest[0], c.view, c.weights, c.scratch, c.pdl)]
-    v = _PairViews.of(depthwise_node, chain[-1], c.view)
+    v = _ChainViews.of(chain, c.view)
     stride, padding = pair(depthwise_node.attrs["stride"])[0], pair(depthwise_node.attrs["padding"])[0]
-    activations = [node.attrs["activation"] for node in chain] + ["identity"] * (3 - len(chain))
     c_mid, c_out = v.x.shape[3], pointwise.shape[0]
 
     def launch_tile(tile: SeparableTile, compile_only: bool) -> None:
         separable_conv_nhwc(
             v.out, v.x, depthwise, depthwise_bias, pointwise, pointwise_bias, stride=stride, padding=padding,
-            activation1=activations[0], activation2=activations[1], pointwise2=pointwise2,
-            pointwise2_bias=pointwise2_bias, activation3=activations[2], residual=v.residual, tile=tile, pdl=c.pdl,
+            activation1=v.activations[0], activation2=v.activations[1], pointwise2=pointwise2,
+            pointwise2_bias=pointwise2_bias, activation3=v.activations[2], residual=v.residual, tile=tile, pdl=c.pdl,
             compile_only=compile_only,
         )  # fmt: skip
 
-    then = "" if pointwise2 is None else f"|then{tuple(pointwise2.shape)}{activations[1]}"
-    key = v.tune_key(f"separable-{separable_tile_set_id()}", (depthwise, pointwise), f"|st{stride}|p{padding}{then}")
+    weights = (depthwise, pointwise) if pointwise2 is None else (depthwise, pointwise, pointwise2)
+    key = v.tune_key(f"separable-{separable_tile_set_id()}", weights, f"|st{stride}|p{padding}")
     tuned = _TunedTile(launch_tile, default_separable_tile(c_mid, c_out))
     return _pair_launch("separable_conv", chain, tuned, key, separable_candidate_tiles(c_mid, c_out, v.x.dtype))
 

@@ -3,9 +3,10 @@ the grouped launch order of output tiles (`_grouped_tile`; the group size `_GROU
 the epilogue every kernel ends with: bias, activation and residual (`_epilogue_values`), stored by each thread
 (`_epilogue`) or, for a tile of the (M, C_out) output matrix, optionally as one TMA bulk copy
 (`_matrix_tile_epilogue`); and for the fused kernels whose program holds every output channel, that conv's result
-put through a 1x1 conv before the epilogue (`_then_1x1_epilogue`).
+put through a 1x1 conv before the epilogue (`_then_1x1_epilogue`, where `then_1x1_fits`).
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -67,6 +68,17 @@ def _matrix_tile_epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_
     else:
         _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
                   stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
+
+
+# Channels on each side of the 1x1 conv a program runs after its own conv (one block of each). fp16 only: compiled for
+# sm_90 (`bench/fused_conv_registers.py`, Triton 3.8) the fp32 operands spill 1,376-1,952 bytes a thread in every
+# tile tried, so fp32 engines run that conv as a launch of its own.
+MAX_THEN_1X1_CHANNELS = 128
+
+
+def then_1x1_fits(c_in: int, c_out: int, dtype: torch.dtype) -> bool:
+    """Whether a fused launch should run a 1x1 conv of `c_in` -> `c_out` channels after its own conv."""
+    return dtype == torch.float16 and c_in <= MAX_THEN_1X1_CHANNELS and c_out <= MAX_THEN_1X1_CHANNELS
 
 
 @triton.jit

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
-from yolojet.kernels.conv.epilogue import _epilogue, _then_1x1_epilogue
+from yolojet.kernels.conv.epilogue import MAX_THEN_1X1_CHANNELS, _epilogue, _then_1x1_epilogue
 from yolojet.kernels.launch import network_launcher
 from yolojet.kernels.pdl import wait_for_previous_kernel
 from yolojet.kernels.views import check_view, check_weight_and_bias
@@ -123,12 +123,6 @@ def conv_pair_scratch_elements(tile: ConvPairTile, batch: int, height: int, widt
 def pair_fits(c_mid: int, c_out: int) -> bool:
     """Whether the kernel takes a pair of these hidden and output channel counts."""
     return c_mid <= MAX_PAIR_CHANNELS and c_out <= MAX_PAIR_CHANNELS
-
-
-def pair_chain_fits(c_out: int, c_out3: int, dtype: torch.dtype = torch.float16) -> bool:
-    """Whether one launch should take a 1x1 conv of `c_out3` outputs after a pair of `c_out`: fp16 only, as the
-    separable chains (an fp32 weight operand of the third conv costs twice the registers)."""
-    return dtype == torch.float16 and c_out <= MAX_PAIR_CHANNELS and c_out3 <= MAX_PAIR_CHANNELS
 
 
 @triton.jit
@@ -233,7 +227,7 @@ def conv_pair_nhwc(
     """out = act2(conv3x3(act1(conv3x3(x, weight1) + bias1), weight2) + bias2) (+ residual), both convs stride 1
     and padding 1, written in place; the hidden map passes through `scratch`, never through memory of the caller's.
     With `weight3` (C_out3, 1, 1, C_out) a 1x1 conv follows on the pair's result (rounded to x's dtype, without the
-    residual): out = act3(conv1x1(..., weight3) + bias3) (+ residual), C_out3 at most MAX_PAIR_CHANNELS.
+    residual): out = act3(conv1x1(..., weight3) + bias3) (+ residual), C_out3 at most MAX_THEN_1X1_CHANNELS.
 
     x: (N, H, W, C_in) fp16/fp32 view with unit channel stride; out and residual: (N, H, W, C_out) views of x's
     dtype; weight1 (C_mid, 3, 3, C_in) and weight2 (C_out, 3, 3, C_mid) contiguous of x's dtype, C_mid and C_out at
@@ -253,9 +247,12 @@ def conv_pair_nhwc(
     check_view("out", out, (batch, height, width, c_final), x.dtype, x.device)
     if residual is not None:
         check_view("residual", residual, (batch, height, width, c_final), x.dtype, x.device)
-    if not (pair_fits(c_mid, c_out) and c_final <= MAX_PAIR_CHANNELS):
-        raise ValueError(f"a conv pair holds at most {MAX_PAIR_CHANNELS} hidden and output channels, got {c_mid}, "
-                         f"{c_out}" + ("" if weight3 is None else f" and {c_final} out of its 1x1 conv"))  # fmt: skip
+    if not pair_fits(c_mid, c_out):
+        raise ValueError(f"a conv pair holds at most {MAX_PAIR_CHANNELS} hidden and output channels, got {c_mid} and "
+                         f"{c_out}")  # fmt: skip
+    if weight3 is not None and max(c_out, c_final) > MAX_THEN_1X1_CHANNELS:
+        raise ValueError(f"a 1x1 conv after the pair takes at most {MAX_THEN_1X1_CHANNELS} channels each side, got "
+                         f"{c_out} -> {c_final}")  # fmt: skip
     for name, activation in (("activation1", activation1), ("activation2", activation2), ("activation3", activation3)):
         if activation not in ACTIVATIONS:
             raise ValueError(f"{name} must be one of {sorted(ACTIVATIONS)}, got {activation!r}")

@@ -12,7 +12,7 @@ Unlike a pair of 3x3 convs nothing is recomputed but where block_n does not cove
 output-channel block computes the depthwise conv of its pixels again).
 
 With a second 1x1 conv (`pointwise2`: the heads' last conv of a class branch, DWConv -> Conv 1x1 -> Conv2d 1x1) the
-program holds every channel of the first 1x1 conv's output (at most `MAX_CHAIN_CHANNELS`), applies its bias and
+program holds every channel of the first 1x1 conv's output (at most `MAX_THEN_1X1_CHANNELS`), applies its bias and
 activation, rounds it to the activation dtype and multiplies it by the second conv's weights: three launches in one,
 two maps never written.
 """
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.activations import ACTIVATIONS, apply_activation
-from yolojet.kernels.conv.epilogue import _epilogue, _output_pixels, _then_1x1_epilogue
+from yolojet.kernels.conv.epilogue import MAX_THEN_1X1_CHANNELS, _epilogue, _output_pixels, _then_1x1_epilogue
 from yolojet.kernels.launch import network_launcher
 from yolojet.kernels.pdl import wait_for_previous_kernel
 from yolojet.kernels.views import check_tile, check_view, check_weight_and_bias
@@ -39,10 +39,6 @@ from yolojet.options import interpreting
 # registers a thread, no spills; the 128-pixel tile at 4 warps spills, and 32-deep steps take 233 registers or more.
 _SEPARABLE_TILES = ((64, 16, 8), (128, 16, 8), (32, 16, 4))
 _WIDEST_N = 128
-# Channels of the first 1x1 conv's output and of the second's when a program runs both (one output-channel block).
-# fp16 only: in fp32 the second conv's operands spill 1,376-1,952 bytes a thread on sm_90 in every tile tried
-# (`bench/fused_conv_registers.py`), so fp32 engines run that conv as a launch of its own.
-MAX_CHAIN_CHANNELS = _WIDEST_N
 # Under the interpreter, which pays per program and per operation: few programs, wide blocks.
 _INTERPRETER_TILE = (512, 64)
 
@@ -59,11 +55,6 @@ class SeparableTile:
 
     def __post_init__(self) -> None:
         check_tile(self, ("block_m", "block_n", "block_k"), minimum=16)
-
-
-def chain_fits(c_out: int, c_out2: int, dtype: torch.dtype = torch.float16) -> bool:
-    """Whether one launch should take a second 1x1 conv after a first of `c_out` outputs, itself of `c_out2`."""
-    return dtype == torch.float16 and c_out <= MAX_CHAIN_CHANNELS and c_out2 <= MAX_CHAIN_CHANNELS
 
 
 def separable_tile_set_id() -> str:
@@ -174,7 +165,7 @@ def separable_conv_nhwc(
 
     x: (N, H, W, C) fp16/fp32 view with unit channel stride; depthwise: contiguous (C, kh, kw) of x's dtype, square,
     with `stride` and `padding`; pointwise: contiguous (C_out, 1, 1, C) of x's dtype; pointwise2: contiguous
-    (C_out2, 1, 1, C_out), C_out and C_out2 at most MAX_CHAIN_CHANNELS; biases fp32; out and residual: (N, OH, OW,
+    (C_out2, 1, 1, C_out), C_out and C_out2 at most MAX_THEN_1X1_CHANNELS; biases fp32; out and residual: (N, OH, OW,
     C_out or C_out2) views of x's dtype. out must not overlap x (other programs still read it)."""
     if x.dim() != 4 or x.dtype not in (torch.float16, torch.float32):
         raise ValueError(f"x must be a 4-D NHWC float16/float32 tensor, got {x.dtype} {tuple(x.shape)}")
@@ -192,8 +183,8 @@ def separable_conv_nhwc(
     if pointwise2 is not None:
         names = ("pointwise2", "pointwise2_bias")
         check_weight_and_bias(names, pointwise2, pointwise2_bias, (c_final, 1, 1, c_out), x.dtype, x.device)
-        if c_out > MAX_CHAIN_CHANNELS or c_final > MAX_CHAIN_CHANNELS:
-            raise ValueError(f"a second 1x1 conv needs at most {MAX_CHAIN_CHANNELS} channels out of each 1x1 conv, "
+        if max(c_out, c_final) > MAX_THEN_1X1_CHANNELS:
+            raise ValueError(f"a second 1x1 conv needs at most {MAX_THEN_1X1_CHANNELS} channels out of each 1x1 conv, "
                              f"got {c_out} and {c_final}")  # fmt: skip
     if not (isinstance(stride, int) and stride >= 1 and isinstance(padding, int) and padding >= 0):
         raise ValueError(f"stride must be an int >= 1 and padding an int >= 0, got {stride!r} and {padding!r}")
