@@ -439,6 +439,18 @@ def test_bad_inputs_and_options(model_dirs):
         Engine.load(model_dir, device=DEVICE, max_batch=2.5)
 
 
+def test_the_default_gpu_has_its_index(monkeypatch):
+    """The default device is the GPU with its index, as 'cuda' is: a frame's device (`cuda:0`) compares equal to it,
+    so a caller's tensor on the GPU is copied into its slot rather than read later, after the caller rewrote it."""
+    from yolojet.engine import engine as engine_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert engine_module._device(None) == engine_module._device("cuda") == torch.device("cuda", 1)
+    assert engine_module._device("cuda:0") == torch.device("cuda", 0)
+
+
 def test_imgsz_at_load_derives_the_network_and_rounds_up_to_the_stride(model_dirs, capsys):
     """One export serves every input size; a size that is not a stride multiple is rounded up with a notice, as
     ultralytics' predict does."""

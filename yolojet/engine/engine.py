@@ -65,9 +65,10 @@ def _close_when_started(starting: Future) -> None:
 
 
 def _device(device: str | torch.device | None) -> torch.device:
-    """The device asked for (a CUDA GPU where there is one by default), checked to exist."""
+    """The device asked for (a CUDA GPU where there is one by default), checked to exist, a GPU always with its
+    index: frames compare their device with it, and `cuda:0 == cuda` is False in torch."""
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
