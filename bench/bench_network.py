@@ -9,10 +9,8 @@ alone, for torch.compile's one-off measurement per model and batch size). Start-
 (cold: empty kernel and tuning caches; cached: the same caches again) are measured in fresh
 processes. --pdl-off-row and --sequential-row add yolojet rows with the same tile picks: ordinary
 launches instead of programmatic dependent launch, and every launch in order on one stream instead
-of independent launches on parallel streams (checked bit-identical first); --conv-pairs-row a row with each
-3x3 -> 3x3 conv pair in one launch below lowering's pixel bound and each depthwise -> 1x1 pair as a separable conv
-(checked against the reference, its pair launches timed one by one beside the two conv launches each replaces).
-Prints a markdown table last; writes JSON and the table under --out.
+of independent launches on parallel streams (checked bit-identical first). Prints a markdown table
+last; writes JSON and the table under --out.
 
     python bench/bench_network.py --models yolo11n yolov8n --batches 1 64 --out results/
 """
@@ -37,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support import random_model, relative_l2
 
 import yolojet
-from yolojet.engine import lowering
 from yolojet.engine.autotune import TuningCache
 from yolojet.engine.network import TritonNetwork
 from yolojet.ir import Graph
@@ -137,17 +134,6 @@ def startup_seconds(model_dir: Path, env: dict[str, str]) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def pair_launch_times(engine: TritonNetwork, paired: TritonNetwork, batch: int) -> dict:
-    """Each conv pair launch of `paired` at `batch` beside the two conv launches of `engine` it replaces (us)."""
-    alone = {tuple(launch.nodes): ms for launch, ms in engine.launch_times(batch)}
-    pairs = [
-        {"nodes": launch.nodes, "pair_us": 1000 * ms, "two_convs_us": 1000 * sum(alone[(n,)] for n in launch.nodes)}
-        for launch, ms in paired.launch_times(batch)
-        if launch.family in ("conv_pair", "separable_conv")
-    ]
-    return {"launches": len(paired.launch_list(batch)), "pairs": pairs}
-
-
 def device_ms(fn, repeats: int) -> float:
     """The median (p50) device time of fn, in ms, after 10 untimed calls."""
     return time_on_device(fn, repeats, warmup=10).p50 * 1000
@@ -198,7 +184,6 @@ def bench_model(
     extra_rows: set[str],
     work: Path,
     peers_only: bool = False,
-    pair_max_pixels: int | None = None,
 ) -> dict:
     model = random_model(f"{name}.yaml")
     model_dir = yolojet.export(model, out=work / name, imgsz=imgsz)
@@ -236,19 +221,6 @@ def bench_model(
     if "sequential" in extra_rows and engine.branches:
         sequential = variants["yolojet_sequential"] = build(buckets=batches, options=EngineOptions(branches=False))
         row["sequential_identical"] = same_outputs(engine, sequential, imgsz, max(batches))
-    if "conv-pairs" in extra_rows:
-        if pair_max_pixels is not None:  # the bound under test, for this build only
-            lowering.CONV_PAIR_MAX_PIXELS, product_bound = pair_max_pixels, lowering.CONV_PAIR_MAX_PIXELS
-        paired = variants["yolojet_conv_pairs"] = build(buckets=batches, options=EngineOptions(conv_pairs=True))
-        if pair_max_pixels is not None:
-            lowering.CONV_PAIR_MAX_PIXELS = product_bound
-        row["conv_pair_max_pixels"] = pair_max_pixels or lowering.CONV_PAIR_MAX_PIXELS
-        row["conv_pairs_rel_l2"] = check(paired, model_dir, imgsz)
-        if not row["conv_pairs_rel_l2"] <= GATE:
-            print(f"{name}: conv pairs over the error gate ({row['conv_pairs_rel_l2']:.2e}); row not timed")
-            del variants["yolojet_conv_pairs"]
-        else:
-            row["conv_pairs"] = {b: pair_launch_times(engine, paired, b) for b in batches}
 
     fused = model.fuse().half().cuda().eval() if hasattr(model, "fuse") else model.half().cuda().eval()
     for batch in batches:
@@ -293,15 +265,6 @@ def main() -> None:
     parser.add_argument(
         "--sequential-row", action="store_true", help="also time yolojet with every launch in order on one stream"
     )
-    parser.add_argument(
-        "--conv-pairs-row", action="store_true", help="also time yolojet with the conv pairs in one launch each"
-    )
-    parser.add_argument(
-        "--conv-pair-max-pixels",
-        type=int,
-        default=None,
-        help="the pairs row's pixel bound (batch x height x width) instead of lowering's CONV_PAIR_MAX_PIXELS",
-    )
     parser.add_argument("--startup", action="store_true", help="time cold and cached engine start-up (first model)")
     parser.add_argument("--startup-only", action="store_true", help="time start-up, then stop")
     parser.add_argument(
@@ -328,18 +291,11 @@ def main() -> None:
         if args.startup_only:
             return
     for name in args.models:
-        asked = (("no-pdl", args.pdl_off_row), ("sequential", args.sequential_row), ("conv-pairs", args.conv_pairs_row))
-        extra_rows = {label for label, wanted in asked if wanted}
+        extra_rows = {
+            label for label, wanted in (("no-pdl", args.pdl_off_row), ("sequential", args.sequential_row)) if wanted
+        }
         row = bench_model(
-            name,
-            args.batches,
-            args.imgsz,
-            args.repeats,
-            args.compile,
-            extra_rows,
-            fresh,
-            peers_only=args.peers_only,
-            pair_max_pixels=args.conv_pair_max_pixels,
+            name, args.batches, args.imgsz, args.repeats, args.compile, extra_rows, fresh, peers_only=args.peers_only
         )
         torch.cuda.empty_cache()
         report["models"].append(row)
@@ -379,10 +335,6 @@ def main() -> None:
                     f"| {p['family']} | {p['count']} | {p['total_ms']:.4f} | {100 * p['total_ms'] / total:.1f} "
                     f"| {p['mean_ms']:.4f} | {p['min_ms']:.4f} | {p['max_ms']:.4f} |"
                 )
-    for row in report["models"]:
-        for batch, pairs in row.get("conv_pairs", {}).items():
-            lines += ["", f"conv pairs {row['model']} batch {batch}: {pairs['launches']} launches (us):"]
-            lines += [f"{p['pair_us']:7.2f} against {p['two_convs_us']:7.2f}  {p['nodes'][1]}" for p in pairs["pairs"]]
     for row in report["models"]:
         for batch, launches in row.get("launch_times", {}).items():
             slowest = sorted(launches, key=lambda r: -r["ms"])[: 25 if batch == min(args.batches) else 12]

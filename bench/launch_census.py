@@ -3,9 +3,7 @@ each begins in), on any machine (no GPU: the
 launches are built under Triton's interpreter, nothing is run). At batch 1 each launch costs a few microseconds of
 latency whatever its work, so where the launches are says which fusions cut the most of them.
 
-    python3 bench/launch_census.py --models yolo11n yolo26n [--imgsz 640] [--conv-pairs]
-
-With --conv-pairs the engine's conv pairs and separable chains are on (`EngineOptions(conv_pairs=True)`).
+    python3 bench/launch_census.py --models yolo11n yolo26n [--imgsz 640]
 """
 
 from __future__ import annotations
@@ -22,19 +20,15 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
-def census(model: str, imgsz: int, work: Path, conv_pairs: bool = False) -> dict:
+def census(model: str, imgsz: int, work: Path) -> dict:
     """{family: {output size HxW: launches}} and the total, for `model` (an ultralytics YAML name) at `imgsz`."""
     from support import random_model
 
     import yolojet
     from yolojet.engine.engine import Engine
-    from yolojet.options import EngineOptions
 
     model_dir = yolojet.export(random_model(f"{model}.yaml"), out=work / model, imgsz=imgsz)
-    switches = EngineOptions(conv_pairs=conv_pairs)
-    engine = Engine.load(
-        model_dir, device="cpu", backend="triton", half=True, max_batch=1, tune=False, rect=False, switches=switches
-    )
+    engine = Engine.load(model_dir, device="cpu", backend="triton", half=True, max_batch=1, tune=False, rect=False)
     graph = engine.network.graph
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     blocks: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -56,11 +50,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["yolo11n"])
     parser.add_argument("--imgsz", type=int, default=640)
-    parser.add_argument("--conv-pairs", action="store_true", help="with the conv pairs and separable chains fused")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="launch_census_"))
     for model in args.models:
-        print(json.dumps({model: census(model, args.imgsz, work, args.conv_pairs)}), flush=True)
+        print(json.dumps({model: census(model, args.imgsz, work)}), flush=True)
     return 0
 
 

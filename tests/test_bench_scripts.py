@@ -29,7 +29,6 @@ def bench_on_path(monkeypatch):
         "bench_server_cpu",
         "bench_feed_handoff",
         "launch_census",
-        "fused_conv_registers",
         "sampler",
     ],
 )

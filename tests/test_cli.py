@@ -313,7 +313,7 @@ def test_export_defaults_to_the_training_size(tmp_path, capsys):
 
 
 def test_engine_switches(tmp_path, capsys):
-    """--no-tune, --no-fuse, --conv-pairs, --no-pdl and --no-branches reach Engine.load and change no detection."""
+    """--no-tune, --no-fuse, --no-pdl and --no-branches reach Engine.load and change no detection."""
     from ultralytics.utils import ASSETS
 
     from yolojet.cli import _engine_switches, build_parser
@@ -323,19 +323,17 @@ def test_engine_switches(tmp_path, capsys):
     assert _engine_switches(args) == {"switches": EngineOptions(tune=False, fuse=False, pdl=False, branches=False)}
     args = build_parser().parse_args(["bench", "m"])
     assert _engine_switches(args) == {"switches": EngineOptions(tune=None, fuse=True, pdl=None, branches=None)}
-    args = build_parser().parse_args(["val", "m", "--data", "d.json", "--conv-pairs"])
-    assert _engine_switches(args) == {"switches": EngineOptions(conv_pairs=True)}
 
     model_dir = yolojet.export(random_model("yolov8n.yaml"), out=tmp_path / "det", imgsz=64)
     outputs = []
-    for i, switches in enumerate([[], ["--no-tune", "--no-fuse", "--no-pdl", "--no-branches"], ["--conv-pairs"]]):
+    for i, switches in enumerate([[], ["--no-tune", "--no-fuse", "--no-pdl", "--no-branches"]]):
         out = tmp_path / f"run{i}.jsonl"
         code, _, stderr = run_cli(
             capsys, "detect", model_dir, ASSETS / "bus.jpg", "--conf", "0.001", "--json", out, *switches
         )
         assert code == 0, stderr
         outputs.append(out.read_text())
-    assert outputs[0] == outputs[1] == outputs[2] and outputs[0].strip()
+    assert outputs[0] == outputs[1] and outputs[0].strip()
 
 
 def test_unwritable_output_folders_fail_before_any_work(tmp_path, capsys):

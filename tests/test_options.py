@@ -5,11 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 import yolojet
 from yolojet import options
-from yolojet.errors import EngineConfigError
 
 
 def test_the_environment_is_read_only_in_options(monkeypatch, tmp_path):
@@ -48,14 +45,6 @@ def test_engine_options_resolve_tuning_and_take_keywords_that_differ_from_their_
     assert given.overridden(tune=None, fuse=True, pdl=True, branches=False) == options.EngineOptions(
         tune=False, fuse=False, pdl=True, branches=False
     )
-
-
-def test_conv_pairs_without_fusion_is_refused_by_name():
-    with pytest.raises(EngineConfigError, match=r"conv_pairs .* fuse=False"):
-        options.EngineOptions(fuse=False, conv_pairs=True)
-    with pytest.raises(EngineConfigError, match="--conv-pairs"):
-        options.EngineOptions(conv_pairs=True).overridden(fuse=False)
-    assert options.EngineOptions(conv_pairs=True).overridden(tune=False).conv_pairs
 
 
 def test_the_switch_interval_is_set_by_yolojets_commands_and_a_bad_value_is_named(monkeypatch, tmp_path, capsys):

@@ -475,13 +475,6 @@ def _add_engine_switches(parser: argparse.ArgumentParser) -> None:
         "and no folds (a neck upsample read by the conv after it; a concat's copy read by its conv in place)",
     )
     group.add_argument(
-        "--conv-pairs",
-        action="store_true",
-        help="a 3x3 conv and the 3x3 conv reading it (a bottleneck's pair; a head's box branch with its 1x1 conv) in "
-        "one launch on maps of up to 1,600 pixels (batch x height x width), and a depthwise conv with the one or two "
-        "1x1 convs after it (a detect head's class branch) in one launch",
-    )
-    group.add_argument(
         "--no-pdl", action="store_true", help="ordinary launches, no programmatic dependent launch (as YOLOJET_PDL=0)"
     )
     group.add_argument(
@@ -501,17 +494,8 @@ def _engine_switches(args: argparse.Namespace) -> _EngineSwitches:
     """The switches given, as `EngineOptions`; None leaves a choice to the environment and the GPU."""
     from yolojet.options import EngineOptions
 
-    def unless(off: bool) -> bool | None:
-        return False if off else None
-
-    options = EngineOptions(
-        tune=unless(args.no_tune),
-        fuse=not args.no_fuse,
-        conv_pairs=args.conv_pairs,
-        pdl=unless(args.no_pdl),
-        branches=unless(args.no_branches),
-    )
-    return {"switches": options}
+    off = {"tune": args.no_tune, "pdl": args.no_pdl, "branches": args.no_branches}
+    return {"switches": EngineOptions(fuse=not args.no_fuse, **{k: False if v else None for k, v in off.items()})}
 
 
 def _require_cuda(command: str) -> None:

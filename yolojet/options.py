@@ -38,17 +38,9 @@ class EngineOptions:
 
     tune: bool | None = None  # conv tiles timed at start-up (cached); None: unless YOLOJET_NOTUNE=1
     fuse: bool = True  # SPPF's pools in one launch, upsamples and concat copies folded into convs, the pooled head
-    # With fuse: a 3x3 conv and the 3x3 conv reading it (and a 1x1 conv after them) in one launch at low resolution,
-    # a depthwise conv and the one or two 1x1 convs after it in one launch at every resolution.
-    conv_pairs: bool = False
     pdl: bool | None = None  # programmatic dependent launch; None: on Hopper and later unless YOLOJET_PDL=0
     branches: bool | None = None  # independent launches on parallel streams; None: on a CUDA device unless
     # YOLOJET_BRANCHES=0
-
-    def __post_init__(self) -> None:
-        if self.conv_pairs and not self.fuse:
-            raise EngineConfigError("conv_pairs (--conv-pairs) fuses convs, which fuse=False (--no-fuse) turns off: "
-                                    "ask for one of the two")  # fmt: skip
 
     def tuning(self) -> bool:
         return not tuning_off() if self.tune is None else self.tune

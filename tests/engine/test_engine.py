@@ -17,7 +17,6 @@ from yolojet.kernels.conv import ConvConfig, ConvKind
 from yolojet.kernels.conv import dispatch as conv_dispatch
 from yolojet.kernels.dwconv import DwConvTile
 from yolojet.kernels.pdl import pdl_available
-from yolojet.options import EngineOptions
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
@@ -115,71 +114,6 @@ def test_folds_take_the_upsample_and_copy_launches_unless_fusion_is_off(model_di
         assert pools == ([3] if fuse else [1, 1, 1])
         engine.network.poison()
         assert relative_l2(engine.raw(x), reference(x)) <= TOLERANCE[torch.float16]
-
-
-@pytest.mark.parametrize(
-    ("cfg", "dtype", "counts"),
-    [("yolo11n.yaml", torch.float16, (14, 6)), ("yolov8n-seg.yaml", torch.float32, (19, 0)),
-     ("yolo11n-pose.yaml", torch.float32, (17, 6)), ("yolov8n-cls.yaml", torch.float16, (6, 0))],
-)  # fmt: skip
-def test_conv_pairs_run_as_one_launch_and_change_no_result(cfg, dtype, counts, model_dirs, monkeypatch):
-    """With conv_pairs each 3x3 conv feeding only the 3x3 conv after it runs in one launch with it (yolo11n: the 11
-    bottlenecks of its C3k2 blocks and the head's 3 box branches; yolov8n-seg: 10 C2f bottlenecks and the head's
-    box, class and mask-coefficient branches, 3 each; yolo11n-pose: yolo11n's and 3 keypoint branches; yolov8n-cls:
-    its backbone's 6 bottlenecks), and each depthwise conv feeding only a 1x1 conv with it, and that conv's only
-    reader where it is a 1x1 conv (the YOLO11 head's class branches, two launches a level). The model still matches
-    the reference: every output, and each launch's own output in dump (the maps inside a launch are no launch's
-    output). For yolo11n the interpreter's pair patches are at most 5x5 here, so that maps of 8x8 and more take
-    several programs, each computing its ring again, as on a GPU."""
-    from yolojet.kernels.conv import pair
-
-    if cfg == "yolo11n.yaml":
-        monkeypatch.setattr(pair, "_INTERPRETER_SIDE", 5)
-    model_dir = model_dirs(cfg, None)
-    reference = yolojet.load_reference(model_dir, device=DEVICE)
-    switches = EngineOptions(conv_pairs=True)
-    engine = Engine.load(model_dir, device=DEVICE, half=dtype == torch.float16, max_batch=2, tune=False,
-                         switches=switches)  # fmt: skip
-    launches = engine.network.launch_list(2)
-    pairs = [launch for launch in launches if launch.family in ("conv_pair", "separable_conv")]
-    assert (len(pairs) - counts[1], sum(launch.family == "separable_conv" for launch in launches)) == counts
-    x = torch.rand(2, 3, 64, 64, device=DEVICE)
-    engine.network.poison()
-    ours, expected = engine.raw(x), reference(x)
-    for o, e in zip(*((t if isinstance(t, tuple) else (t,)) for t in (ours, expected)), strict=True):
-        assert relative_l2(o, e) <= TOLERANCE[dtype]
-    dumped, truth = engine.dump(x[:1]), reference.dump(x[:1])
-    assert {launch.outputs[0] for launch in pairs} <= set(dumped)
-    assert not {launch.nodes[0] for launch in pairs} & set(dumped)  # conv node names are their outputs' names
-    for name, value in dumped.items():
-        assert relative_l2(value, truth[name]) <= 1e-2, name
-
-
-def test_conv_pairs_above_the_pixel_bound_are_two_launches(model_dirs, monkeypatch):
-    """A pair whose map holds more than CONV_PAIR_MAX_PIXELS pixels at a batch size is lowered as its two convs at
-    that size; the pairs of smaller maps stay one launch. A separable chain whose second 1x1 conv one program cannot
-    hold is a separable launch and a conv launch."""
-    from yolojet.engine import lowering
-    from yolojet.engine.fusion import conv_pairs
-    from yolojet.kernels.conv import epilogue
-
-    monkeypatch.setattr(lowering, "CONV_PAIR_MAX_PIXELS", 64)
-    monkeypatch.setattr(epilogue, "MAX_THEN_1X1_CHANNELS", 64)  # yolo11n's class branches hold 80
-    engine = Engine.load(model_dirs("yolo11n.yaml", None), device=DEVICE, half=True, max_batch=2, tune=False,
-                         switches=EngineOptions(conv_pairs=True))  # fmt: skip
-    graph = engine.network.graph
-    pixels = {node.name: graph.values[node.outputs[0]].shape[2] * graph.values[node.outputs[0]].shape[3]
-              for node in graph.nodes if node.op == "conv"}  # fmt: skip
-    for batch in (1, 2):
-        launches = engine.network.launch_list(batch)
-        paired = [launch.nodes for launch in launches if launch.family == "conv_pair"]
-        alone = {name for launch in launches if launch.family == "conv" for name in launch.nodes}
-        assert paired and all(batch * pixels[first] <= 64 for first, *_ in paired)
-        split = [[a, *chain] for a, chain in conv_pairs(graph).items() if batch * pixels[a] > 64]
-        assert split and all(name in alone for names in split for name in names)
-        separable_launches = [launch.nodes for launch in launches if launch.family == "separable_conv"]
-        assert len(separable_launches) == 6 and all(len(nodes) == 2 for nodes in separable_launches)
-        assert sum(name.endswith(".2/conv") and "cv3" in name for name in alone) == 3  # the class branches' last
 
 
 def test_classifier_pools_in_its_head_launch_unless_fusion_is_off(model_dirs):

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from support import random_model
 
-from yolojet.engine.fusion import (
-    concat_folds,
-    conv_pairs,
-    decide_fusions,
-    launch_groups,
-    separable_chains,
-    upsample_folds,
-)
+from yolojet.engine.fusion import concat_folds, decide_fusions, launch_groups, upsample_folds
 from yolojet.engine.plan import ARENA_ALIGN, _reads_widened, plan_memory
 from yolojet.export.walker import export_graph
 from yolojet.ir import Graph, ModelMeta, Node, Value
@@ -227,15 +218,15 @@ def test_fusions_are_decided_in_one_place_and_all_off_without_fuse(cfg):
     assert not (off.upsample_folds or off.concat_folds or off.pool_chains or off.pooled_heads)
 
 
-@pytest.mark.parametrize(("fuse", "pairs"), [(True, False), (True, True), (False, True)])
-def test_launch_groups_cover_every_node_once_in_graph_order(fuse, pairs):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_launch_groups_cover_every_node_once_in_graph_order(fuse):
     """The grouping pass: every node but splits, copy-free concats and folded upsamples is completed by exactly one
     launch group, groups follow the graph's order, and each fusion decided shows up as its kind of group."""
     graph = export_graph(random_model("yolo11n-cls.yaml"), 64)
     detect = export_graph(random_model("yolo11n.yaml"), 64)
     for g in (graph, detect):
         plan = plan_memory(g)
-        fusions = decide_fusions(g, plan, fuse, pairs)
+        fusions = decide_fusions(g, plan, fuse)
         groups = launch_groups(g, plan, fusions)
         position = {node.name: i for i, node in enumerate(g.nodes)}
         completed = [n.name for group in groups if group.kind != "concat_copy" for n in group.nodes]
@@ -255,49 +246,5 @@ def test_launch_groups_cover_every_node_once_in_graph_order(fuse, pairs):
         if g is graph:  # the pooled head in one launch with the linear layer and softmax, or the linear alone
             (head,) = [group for group in groups if group.kind == "classify_head"]
             assert [n.op for n in head.nodes] == (["global_avg_pool"] if fuse else []) + ["linear", "softmax"]
-        paired = [group for group in groups if group.kind == "conv_pair"]
-        assert len(paired) == len(fusions.conv_pairs) == ((14 if g is detect else 6) if fuse and pairs else 0)
-        assert all({n.op for n in group.nodes} == {"conv"} and len(group.nodes) in (2, 3) for group in paired)
-        separable = [group for group in groups if group.kind == "separable_conv"]
-        assert len(separable) == len(fusions.separable_chains) == (6 if fuse and pairs and g is detect else 0)
-        assert sum(len(group.nodes) == 3 for group in separable) == len(separable) // 2
         if not fuse:
             assert "pool_chain" not in kinds and all(group.fold is None for group in groups)
-
-
-def test_conv_pairs_are_a_conv_and_the_only_reader_of_its_output():
-    """yolo11n's 3x3 pairs: the C3k bottlenecks' (3x3 -> 3x3, adding the first's input) and the head's box branches'
-    (3x3 -> 3x3 and the 1x1 after them, no residual); its separable chains: the head's class branches, DWConv -> Conv
-    1x1 and then DWConv -> Conv 1x1 -> Conv2d 1x1 a level. Each map inside a launch is read by nothing else, and where
-    the plan puts the launch's output never overlaps its first conv's input, which other programs of the launch still
-    read."""
-    graph = export_graph(random_model("yolo11n.yaml"), 64)
-    plan = plan_memory(graph)
-    by_name = {n.name: n for n in graph.nodes}
-    pairs = conv_pairs(graph)
-    separable = separable_chains(graph)
-    assert sorted(len(chain) for chain in pairs.values()) == [1] * 11 + [2] * 3  # the box branches end in a 1x1
-    assert sorted(len(chain) for chain in separable.values()) == [1, 1, 1, 2, 2, 2]
-    launches = [[a, *chain] for a, chain in pairs.items()] + [[a, *chain] for a, chain in separable.items()]
-    for depthwise, *pointwise in ([by_name[n] for n in names] for names in launches[len(pairs) :]):
-        assert depthwise.attrs["groups"] == graph.values[depthwise.inputs[0]].shape[1] > 1
-        assert all(graph.weight_shapes(p)["weight"][2:] == (1, 1) and p.attrs["groups"] == 1 for p in pointwise)
-    residual = 0
-    for names in launches:
-        nodes = [by_name[n] for n in names]
-        if names[0] in pairs:
-            for conv, kernel in zip(nodes, [(3, 3), (3, 3), (1, 1)], strict=False):
-                assert graph.weight_shapes(conv)["weight"][2:] == kernel and conv.attrs["groups"] == 1
-        for first, second in itertools.pairwise(nodes):
-            assert second.inputs[0] == first.outputs[0] and len(first.inputs) == 1
-            assert sum(first.outputs[0] in n.inputs for n in graph.nodes) == 1
-        residual += nodes[-1].inputs[1:] == nodes[0].inputs
-        x, out = plan.placements[nodes[0].inputs[0]], plan.placements[nodes[-1].outputs[0]]
-        if x.buffer == out.buffer:  # channel slices of one buffer (a C2f's split half and its concat's part)
-            assert x.channel + x.channels <= out.channel or out.channel + out.channels <= x.channel
-        else:
-            a, b = plan.buffers[x.buffer], plan.buffers[out.buffer]
-            assert a.offset + a.per_image <= b.offset or b.offset + b.per_image <= a.offset
-    assert residual == 11  # C3k's bottlenecks; the three others are the head's box branches
-    members = [name for names in launches for name in names]
-    assert len(members) == len(set(members))  # no conv in two launches

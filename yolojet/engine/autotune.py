@@ -38,12 +38,10 @@ from yolojet.engine.lowering import Launch, TileConfig
 from yolojet.errors import EngineConfigError
 from yolojet.kernels.attention import AttentionTile, attention_tile_set_id
 from yolojet.kernels.conv import ConvConfig, candidate_set_id
-from yolojet.kernels.conv.pair import ConvPairTile
-from yolojet.kernels.conv.separable import SeparableTile
 from yolojet.kernels.dwconv import DwConvTile, dwconv_tile_set_id
 from yolojet.options import cache_dir, compile_workers_asked
 
-_CONFIG_TYPES = {cls.__name__: cls for cls in (ConvConfig, DwConvTile, ConvPairTile, SeparableTile, AttentionTile)}
+_CONFIG_TYPES = {cls.__name__: cls for cls in (ConvConfig, DwConvTile, AttentionTile)}
 
 
 class TuningCache:

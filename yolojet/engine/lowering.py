@@ -31,23 +31,6 @@ from yolojet.kernels.conv import (
     tma_storable,
     two_input_candidates,
 )
-from yolojet.kernels.conv.epilogue import then_1x1_fits
-from yolojet.kernels.conv.pair import (
-    ConvPairTile,
-    conv_pair_candidate_tiles,
-    conv_pair_nhwc,
-    conv_pair_scratch_elements,
-    conv_pair_tile_set_id,
-    default_conv_pair_tile,
-    pair_fits,
-)
-from yolojet.kernels.conv.separable import (
-    SeparableTile,
-    default_separable_tile,
-    separable_candidate_tiles,
-    separable_conv_nhwc,
-    separable_tile_set_id,
-)
 from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
@@ -57,13 +40,8 @@ from yolojet.options import EngineOptions
 
 # view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
 ViewFn = Callable[..., torch.Tensor]
-# What tuning picks for a launch: a conv's tile, a depthwise conv's, a conv pair's, a separable conv's or the
-# attention's blocking
-TileConfig = ConvConfig | DwConvTile | ConvPairTile | SeparableTile | AttentionTile
-# A conv pair is one launch up to this many output pixels (batch x height x width): 40x40 at batch 1, where a
-# launch's work is a few microseconds and its place in the chain of launches costs about as much. Above it the
-# recomputed ring (the first conv's work times up to 2.25 at 2x4 tiles) and the scratch cost more than a launch.
-CONV_PAIR_MAX_PIXELS = 1600
+# What tuning picks for a launch: a conv's tile, a depthwise conv's or the attention's blocking
+TileConfig = ConvConfig | DwConvTile | AttentionTile
 
 
 @dataclass
@@ -524,120 +502,6 @@ class LoweringContext:
     pdl: bool
 
 
-@dataclass(frozen=True)
-class _ChainViews:
-    """What a launch of two or three convs reads and writes: the first conv's input, the last one's output and
-    residual (all at the widths their convs work on), and each conv's activation ("identity" for a third conv that
-    is not there)."""
-
-    x: torch.Tensor
-    out: torch.Tensor
-    residual: torch.Tensor | None
-    activations: tuple[str, str, str]
-
-    @classmethod
-    def of(cls, chain: Sequence[Node], view: ViewFn) -> _ChainViews:
-        last = chain[-1]
-        residual = view(last.inputs[1]) if len(last.inputs) > 1 else None
-        act1, act2, *act3 = [node.attrs["activation"] for node in chain]
-        activations = (act1, act2, act3[0] if act3 else "identity")
-        return cls(view(chain[0].inputs[0], widened=True), view(last.outputs[0], widened=True), residual, activations)
-
-    def tune_key(self, kind: str, weights: Sequence[torch.Tensor], extra: str = "") -> str:
-        """The launch's tuning key; `kind` carries the kernel's tile set, so that only its picks are timed again when
-        the set changes."""
-        x, out = self.x, self.out
-        return (
-            f"{kind}|{x.dtype}|x{tuple(x.shape)}s{tuple(x.stride())}|o{tuple(out.shape)}s{tuple(out.stride())}"
-            f"|w{''.join(str(tuple(w.shape)) for w in weights)}{extra}|{'|'.join(self.activations)}"
-            f"|r{int(self.residual is not None)}"
-        )
-
-
-def _pair_launch(
-    family: str, nodes: tuple[Node, ...], tuned: _TunedTile, key: str, candidates: Sequence[TileConfig]
-) -> list[Launch]:
-    """The one tuned launch of two or three convs: it completes every node and writes the last one's output only."""
-    return [
-        Launch(
-            family,
-            [node.name for node in nodes],
-            list(nodes[-1].outputs),
-            tuned.run,
-            tune_key=key,
-            configure=tuned.configure,
-            compile=tuned.compile,
-            candidates=candidates,
-        )
-    ]
-
-
-def _lower_conv_pair(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
-    """Two 3x3 convs, and the 1x1 conv after them where the fusion found one, in one launch (engine/fusion.py's conv
-    pairs), its scratch for this batch size allocated here for the largest tile offered. A map above
-    CONV_PAIR_MAX_PIXELS, or channels the kernel does not hold, gets a conv launch a node instead; a 1x1 conv the
-    launch should not take (fp32, or too many channels) gets one after the pair."""
-    first, second, *rest = chain
-    weight1, bias1 = c.weights.get(first, "weight"), c.weights.get(first, "bias")
-    weight2, bias2 = c.weights.get(second, "weight"), c.weights.get(second, "bias")
-    out2 = c.view(second.outputs[0], widened=True)
-    batch, height, width, _ = out2.shape
-    c_mid, c_out = weight1.shape[0], weight2.shape[0]
-    if batch * height * width > CONV_PAIR_MAX_PIXELS or not pair_fits(c_mid, c_out):
-        return [_lower_conv(node, c.view, c.weights, c.scratch, c.pdl) for node in chain]
-    weight3 = bias3 = None
-    if rest:
-        weight3, bias3 = c.weights.get(rest[0], "weight"), c.weights.get(rest[0], "bias")
-        if not then_1x1_fits(c_out, weight3.shape[0], weight3.dtype):
-            return [*_lower_conv_pair(chain[:2], c), _lower_conv(rest[0], c.view, c.weights, c.scratch, c.pdl)]
-    v = _ChainViews.of(chain, c.view)
-    candidates = conv_pair_candidate_tiles(height, width, v.x.dtype)
-    default = default_conv_pair_tile(height, width)
-    elements = max(conv_pair_scratch_elements(t, batch, height, width, c_mid, c_out) for t in [default, *candidates])
-    scratch = torch.empty(elements, dtype=v.x.dtype, device=v.x.device)
-
-    def launch_tile(tile: ConvPairTile, compile_only: bool) -> None:
-        conv_pair_nhwc(
-            v.out, v.x, weight1, bias1, weight2, bias2, scratch=scratch, activation1=v.activations[0],
-            activation2=v.activations[1], weight3=weight3, bias3=bias3, activation3=v.activations[2],
-            residual=v.residual, tile=tile, pdl=c.pdl, compile_only=compile_only,
-        )  # fmt: skip
-
-    weights = (weight1, weight2) if weight3 is None else (weight1, weight2, weight3)
-    key = v.tune_key(f"conv_pair-{conv_pair_tile_set_id()}", weights)
-    return _pair_launch("conv_pair", chain, _TunedTile(launch_tile, default), key, candidates)
-
-
-def _lower_separable(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
-    """A depthwise conv and the one or two 1x1 convs after it in one launch (engine/fusion.py's separable chains), at
-    every size: nothing is recomputed and the maps between them are never written. A second 1x1 conv whose channels
-    one program cannot hold, or in fp32, gets a launch of its own after the pair."""
-    depthwise_node, pointwise_node, *rest = chain
-    depthwise, depthwise_bias = c.weights.get(depthwise_node, "weight"), c.weights.get(depthwise_node, "bias")
-    pointwise, pointwise_bias = c.weights.get(pointwise_node, "weight"), c.weights.get(pointwise_node, "bias")
-    pointwise2 = pointwise2_bias = None
-    if rest:
-        pointwise2, pointwise2_bias = c.weights.get(rest[0], "weight"), c.weights.get(rest[0], "bias")
-        if not then_1x1_fits(pointwise.shape[0], pointwise2.shape[0], pointwise.dtype):
-            return [*_lower_separable(chain[:2], c), _lower_conv(rest[0], c.view, c.weights, c.scratch, c.pdl)]
-    v = _ChainViews.of(chain, c.view)
-    stride, padding = pair(depthwise_node.attrs["stride"])[0], pair(depthwise_node.attrs["padding"])[0]
-    c_mid, c_out = v.x.shape[3], pointwise.shape[0]
-
-    def launch_tile(tile: SeparableTile, compile_only: bool) -> None:
-        separable_conv_nhwc(
-            v.out, v.x, depthwise, depthwise_bias, pointwise, pointwise_bias, stride=stride, padding=padding,
-            activation1=v.activations[0], activation2=v.activations[1], pointwise2=pointwise2,
-            pointwise2_bias=pointwise2_bias, activation3=v.activations[2], residual=v.residual, tile=tile, pdl=c.pdl,
-            compile_only=compile_only,
-        )  # fmt: skip
-
-    weights = (depthwise, pointwise) if pointwise2 is None else (depthwise, pointwise, pointwise2)
-    key = v.tune_key(f"separable-{separable_tile_set_id()}", weights, f"|st{stride}|p{padding}")
-    tuned = _TunedTile(launch_tile, default_separable_tile(c_mid, c_out))
-    return _pair_launch("separable_conv", chain, tuned, key, separable_candidate_tiles(c_mid, c_out, v.x.dtype))
-
-
 def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
     fused = _lower_pools(list(chain), c.view, c.pdl)
     return [fused] if fused is not None else [_lower_maxpool(node, c.view, c.pdl) for node in chain]
@@ -650,8 +514,6 @@ LOWERINGS: dict[str, Callable[[LaunchGroup, LoweringContext], list[Launch]]] = {
     "conv_transpose": lambda g, c: [_lower_conv_transpose(g.nodes[0], c.view, c.weights, c.pdl)],
     "maxpool": lambda g, c: [_lower_maxpool(g.nodes[0], c.view, c.pdl)],
     "pool_chain": lambda g, c: _lower_pool_chain(g.nodes, c),
-    "conv_pair": lambda g, c: _lower_conv_pair(g.nodes, c),
-    "separable_conv": lambda g, c: _lower_separable(g.nodes, c),
     "classify_head": lambda g, c: [_lower_classify_head(g.nodes, c.view, c.weights, c.pdl)],
     "simple": lambda g, c: [_lower_simple(g.nodes[0], c.view, c.pdl)],
 }
@@ -673,7 +535,7 @@ def lower(
     convs whose tuned tile splits K; `options.pdl` (resolved for the device: True or False) launches every kernel
     with programmatic dependent launch (yolojet.kernels.pdl).
     """
-    groups = launch_groups(graph, plan, decide_fusions(graph, plan, options.fuse, options.conv_pairs))
+    groups = launch_groups(graph, plan, decide_fusions(graph, plan, options.fuse))
     context = LoweringContext(view, weights, scratch, bool(options.pdl))
     launches = [launch for group in groups for launch in LOWERINGS[group.kind](group, context)]
     by_name = {node.name: node for node in graph.nodes}

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from yolojet.engine.fusion import concat_folds, conv_pairs, separable_chains, upsample_folds
+from yolojet.engine.fusion import concat_folds, upsample_folds
 from yolojet.ir import Graph, Node
 
 CHANNEL_ALIGN = 8  # 16-byte pixel rows in fp16: vector loads stay aligned in every slice that starts aligned
@@ -202,20 +202,11 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     folds = upsample_folds(graph, copies)
     cat_folds = concat_folds(graph, copies, folds)
     # A conv folding an upsample reads the upsample's input itself, and one folding a concat the input that
-    # concat would copy: those buffers must outlive the conv. A chain of three convs run as one launch (a separable
-    # chain, a 3x3 pair and its 1x1 conv) reads the first conv's input while it writes the last conv's output, two
-    # nodes on (a launch of two nodes needs nothing: a buffer is reserved from the node before its first writer); kept
-    # whether or not the chain is fused, so that the plan does not depend on the engine's switches.
+    # concat would copy: those buffers must outlive the conv.
     node_index = {node.name: i for i, node in enumerate(graph.nodes)}
     by_name = {node.name: node for node in graph.nodes}
-    extra_reads: dict[int, list[str]] = {}
-    for reader, value in [
-        *((conv, by_name[up].inputs[0]) for conv, up in folds.items()),
-        *((conv, by_name[cat].inputs[0]) for conv, cat in cat_folds.items()),
-        *((chain[-1], by_name[first].inputs[0]) for first, chain in separable_chains(graph).items() if len(chain) > 1),
-        *((chain[-1], by_name[first].inputs[0]) for first, chain in conv_pairs(graph).items() if len(chain) > 1),
-    ]:
-        extra_reads.setdefault(node_index[reader], []).append(value)
+    extra_reads = {node_index[conv]: by_name[up].inputs[0] for conv, up in folds.items()}
+    extra_reads |= {node_index[conv]: by_name[cat].inputs[0] for conv, cat in cat_folds.items()}
     _set_lifetimes(graph, buffers, placements, extra_reads)
     ordered = _ordered_pairs(graph, buffers, placements, extra_reads)
     plan = MemoryPlan(buffers, placements, copies, widened, folds, cat_folds)
@@ -230,7 +221,7 @@ def plan_memory(graph: Graph) -> MemoryPlan:
 
 
 def _set_lifetimes(
-    graph: Graph, buffers: list[Buffer], placements: dict[str, Placement], extra_reads: dict[int, list[str]]
+    graph: Graph, buffers: list[Buffer], placements: dict[str, Placement], extra_reads: dict[int, str]
 ) -> None:
     end = len(graph.nodes)
     first = {b.index: end for b in buffers}
@@ -242,7 +233,7 @@ def _set_lifetimes(
             index = placements[name].buffer
             first[index] = min(first[index], i)
             last[index] = max(last[index], i)
-        for name in [*node.inputs, *extra_reads.get(i, [])]:
+        for name in [*node.inputs, *([extra_reads[i]] if i in extra_reads else [])]:
             last[placements[name].buffer] = max(last[placements[name].buffer], i)
     for name in graph.outputs:
         last[placements[name].buffer] = end
@@ -253,7 +244,7 @@ def _set_lifetimes(
 
 
 def _ordered_pairs(
-    graph: Graph, buffers: list[Buffer], placements: dict[str, Placement], extra_reads: dict[int, list[str]]
+    graph: Graph, buffers: list[Buffer], placements: dict[str, Placement], extra_reads: dict[int, str]
 ) -> Callable[[int, int], bool]:
     """Whether every node touching one buffer is an ancestor, in the graph, of every node writing the other.
 
@@ -272,7 +263,7 @@ def _ordered_pairs(
     touching = [0] * len(buffers)
     writers: list[list[int]] = [[] for _ in buffers]
     for i, node in enumerate(graph.nodes):
-        for name in [*node.inputs, *extra_reads.get(i, [])]:
+        for name in [*node.inputs, *([extra_reads[i]] if i in extra_reads else [])]:
             touching[placements[name].buffer] |= 1 << i
         for name in node.outputs:
             touching[placements[name].buffer] |= 1 << i

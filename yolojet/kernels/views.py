@@ -51,24 +51,6 @@ def check_view(
         raise ValueError(f"{name}: last-dimension stride {t.stride(-1)}, expected 1 (contiguous)")
 
 
-def check_weight_and_bias(
-    names: tuple[str, str],
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
-    device: torch.device,
-) -> None:
-    """A conv's packed weight (contiguous, `shape`, the activations' dtype) and its float32 bias of shape[0], named
-    `names` in the errors."""
-    check_view(names[0], weight, shape, dtype, device)
-    if not weight.is_contiguous():
-        raise ValueError(f"{names[0]} must be contiguous, got strides {weight.stride()}")
-    if bias is None:
-        raise ValueError(f"{names[1]} is needed with {names[0]}")
-    check_view(names[1], bias, (shape[0],), torch.float32, device)
-
-
 def nhwc_blocks(channels: int, tile: int = 2048) -> tuple[int, int]:
     """(BLOCK_P, BLOCK_C) for a pixel × channel tile of `tile` elements with up to 64 contiguous channels.
 

@@ -20,11 +20,6 @@ The modules, by what they hold:
 - `direct`: `_conv2d_direct_kernel`, FMA outer products for a handful of input channels.
 - `tma`: `_conv1x1_tma_kernel` and `_conv_tma_kernel`, whose operands the tensor memory accelerator loads.
 - `dispatch`: `conv2d_nhwc`, which checks its arguments and hands them to the launcher of its config's kind.
-- `pair`: `conv_pair_nhwc`, two 3x3 stride-1 convs in one launch (the hidden map in a scratch slot a program), with
-  its own tile type `ConvPairTile`; imported from its module.
-- `separable`: `separable_conv_nhwc`, a depthwise conv and the 1x1 conv reading it in one launch (the depthwise map
-  computed a channel block at a time as the GEMM's A operand), optionally a second 1x1 conv after it, with its own
-  tile type `SeparableTile`; imported from its module.
 
 The public names are re-exported here. A name is looked up in the module that uses it, so a test replacing one
 patches that module: the kernels and `pixels_are_words` as `conv2d_nhwc` sees them in `dispatch`, the candidate

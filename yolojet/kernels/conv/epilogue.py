@@ -2,11 +2,9 @@
 the grouped launch order of output tiles (`_grouped_tile`; the group size `_GROUP_M` is set in `dispatch`), and
 the epilogue every kernel ends with: bias, activation and residual (`_epilogue_values`), stored by each thread
 (`_epilogue`) or, for a tile of the (M, C_out) output matrix, optionally as one TMA bulk copy
-(`_matrix_tile_epilogue`); and for the fused kernels whose program holds every output channel, that conv's result
-put through a 1x1 conv before the epilogue (`_then_1x1_epilogue`, where `then_1x1_fits`).
+(`_matrix_tile_epilogue`).
 """
 
-import torch
 import triton
 import triton.language as tl
 
@@ -68,33 +66,3 @@ def _matrix_tile_epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_
     else:
         _epilogue(acc, mask, offs_n, n_mask, img, oy, ox, bias_ptr, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr,
                   stride_on, stride_oh, stride_ow, ACTIVATION, HAS_RESIDUAL)  # fmt: skip
-
-
-# Channels on each side of the 1x1 conv a program runs after its own conv (one block of each). fp16 only: compiled for
-# sm_90 (`bench/fused_conv_registers.py`, Triton 3.8) the fp32 operands spill 1,376-1,952 bytes a thread in every
-# tile tried, so fp32 engines run that conv as a launch of its own.
-MAX_THEN_1X1_CHANNELS = 128
-
-
-def then_1x1_fits(c_in: int, c_out: int, dtype: torch.dtype) -> bool:
-    """Whether a fused launch should run a 1x1 conv of `c_in` -> `c_out` channels after its own conv."""
-    return dtype == torch.float16 and c_in <= MAX_THEN_1X1_CHANNELS and c_out <= MAX_THEN_1X1_CHANNELS
-
-
-@triton.jit
-def _then_1x1_epilogue(acc, rows_ok, offs_n, n_ok, bias_ptr, ACTIVATION: tl.constexpr, w_ptr, C_in, bias2_ptr,
-                       C_out2, img, oy, ox, res_ptr, stride_rn, stride_rh, stride_rw, out_ptr, stride_on, stride_oh,
-                       stride_ow, ACTIVATION2: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                       BLOCK_N2: tl.constexpr):  # fmt: skip
-    """A conv's accumulator `acc` over every one of its C_in output channels (`offs_n`), finished with its bias and
-    activation and rounded to out's dtype as the arena would hold it, then multiplied by a 1x1 conv's weights (w_ptr:
-    (C_out2, C_in) rows) and stored through the epilogue with that conv's bias, activation and the residual."""
-    values = apply_activation(acc + tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)[None, :], ACTIVATION)
-    values = tl.where(n_ok[None, :], values, 0.0).to(out_ptr.dtype.element_ty)
-    offs_n2 = tl.arange(0, BLOCK_N2)
-    n2_ok = offs_n2 < C_out2
-    w = tl.load(w_ptr + offs_n2[None, :] * C_in + offs_n[:, None], mask=n_ok[:, None] & n2_ok[None, :], other=0.0)
-    # "ieee" keeps fp32 exact (no TF32), as the convs' kernels; Triton ignores it for fp16 operands.
-    acc2 = tl.dot(values, w, input_precision="ieee")
-    _epilogue(acc2, rows_ok[:, None] & n2_ok[None, :], offs_n2, n2_ok, img, oy, ox, bias2_ptr, res_ptr, stride_rn,
-              stride_rh, stride_rw, out_ptr, stride_on, stride_oh, stride_ow, ACTIVATION2, HAS_RESIDUAL)  # fmt: skip
