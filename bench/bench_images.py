@@ -1200,7 +1200,12 @@ def main() -> int:
     # a cold tuning short.
     buckets = sorted({1, 16, 32, args.batch})
     out_file = args.out / f"images-{found['provenance']['commit']}.json"
+    # Each stage's start and length, printed and kept: a run cut short by its time limit then says which stage had the
+    # time (a stage killed mid-way and one that stalled look alike without them).
+    began = time.perf_counter()
     for stage in args.stages:
+        stage_began = time.perf_counter()
+        print(f"[{stage_began - began:7.1f} s] stage {stage}", flush=True)
         try:
             if stage == "decoders":
                 stage_decoders(found, args.batch, args.repeats)
@@ -1238,6 +1243,7 @@ def main() -> int:
         except Exception:
             found.setdefault("failures", {})[stage] = traceback.format_exc()
             print(f"stage {stage} failed:\n{traceback.format_exc()}", flush=True)
+        found.setdefault("stage_seconds", {})[stage] = time.perf_counter() - stage_began
         out_file.write_text(json.dumps(found, indent=1))
     print_table(found)
     return 1 if found.get("failures") else 0
