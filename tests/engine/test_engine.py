@@ -385,6 +385,42 @@ def test_the_default_gpu_has_its_index(monkeypatch):
     assert engine_module._device("cuda:0") == torch.device("cuda", 0)
 
 
+def test_the_engine_lock_selects_its_gpu_while_held(monkeypatch):
+    """The engine's lock makes its GPU the current device while held, nested or not, and gives back the caller's
+    device and the lock on the way out, also when the block raises (the device itself is torch's: recorded here, as
+    this machine may have no second GPU)."""
+    from yolojet.engine import engine as engine_module
+
+    current = [0]
+
+    class Selected:
+        def __init__(self, device):
+            self.index = torch.device(device).index
+
+        def __enter__(self):
+            self.previous, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.previous
+
+    monkeypatch.setattr(torch.cuda, "device", Selected)
+    lock = engine_module._DeviceLock(torch.device("cuda", 1))
+    with lock:
+        assert current == [1]
+        with lock:
+            assert current == [1]
+        assert current == [1]
+    assert current == [0]
+    with pytest.raises(KeyError), lock:
+        raise KeyError("a failing run")
+    assert current == [0]
+    assert lock._lock.acquire(blocking=False)  # released
+    lock._lock.release()
+    on_the_cpu = engine_module._DeviceLock(torch.device("cpu"))
+    with on_the_cpu:
+        assert current == [0]
+
+
 def test_imgsz_at_load_derives_the_network_and_rounds_up_to_the_stride(model_dirs, capsys):
     """One export serves every input size; a size that is not a stride multiple is rounded up with a notice, as
     ultralytics' predict does."""

@@ -169,3 +169,28 @@ def test_frames_staged_on_one_stream_run_on_another(engine, camera):
         with torch.cuda.stream(running):
             engine.run(1)
         assert_found(engine, 0, want)
+
+
+@pytest.mark.gpu(reason="a second CUDA GPU")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_an_engine_on_the_second_gpu_while_the_first_is_current(engine, camera, tmp_path):
+    """An engine loaded on cuda:1 in a process whose current device stays cuda:0 (a worker of `--devices 0,1`, a
+    second GPU in an API user's process): its tuning, eager first runs, graph replays and result events all on
+    cuda:1, so the call, the stream and the trio find what the engine on cuda:0 finds."""
+    (first, second), wants = camera
+    torch.cuda.set_device(0)
+    model_dir = yolojet.export(calibrated_model("yolov8n.yaml", 640), out=tmp_path / "m", imgsz=640)
+    other = Engine.load(model_dir, device="cuda:1", backend="triton", half=False, max_batch=2, tune=True)
+    other.configure(conf=0.0005)
+    bus = real_photos()["bus.jpg"]
+    images = [bus, np.ascontiguousarray(bus[:, ::-1])]
+    for got, want in zip(other(images), wants, strict=True):
+        np.testing.assert_allclose(got.boxes.data, want.boxes.data, rtol=5e-4, atol=1e-2)
+    for got, want in zip(other.stream(iter(images)), wants, strict=True):
+        np.testing.assert_allclose(got.boxes.data, want.boxes.data, rtol=5e-4, atol=1e-2)
+    buffer = first.to("cuda:1")
+    other.preprocess(buffer, 0)
+    buffer.copy_(second)
+    other.run(1)
+    np.testing.assert_allclose(other.get(0).boxes.data, wants[0].boxes.data, rtol=5e-4, atol=1e-2)
+    assert torch.cuda.current_device() == 0

@@ -132,6 +132,28 @@ def test_an_engine_shared_by_threads_gives_each_caller_its_results(reference):
     assert not failures, failures[:5]
 
 
+def test_a_stream_of_one_tensor_rewritten_for_every_frame_gives_each_frame_its_own_result(reference):
+    """A camera's iterable handing out one tensor rewritten for every frame: the feed reads ahead of the runs, so
+    each frame is copied as it comes, and each result is its own frame's (on a GPU the same copy is made of a
+    device tensor, ordered after the writes that made the frame)."""
+    bus = real_photos()["bus.jpg"]
+    frames = [bus, np.ascontiguousarray(bus[:, ::-1]), np.ascontiguousarray(bus[::-1])]
+    wants = reference(frames, conf=CONF)
+    assert len({tuple(np.round(w.boxes.data[0], 2)) for w in wants}) == 3  # three frames, three answers
+    buffer = torch.empty(bus.shape, dtype=torch.uint8)
+
+    def camera():
+        for _ in range(2):
+            for frame in frames:
+                buffer.copy_(torch.from_numpy(frame[..., ::-1].copy()))  # RGB, as a camera's tensor
+                yield buffer
+
+    got = list(reference.stream(camera(), conf=CONF))
+    assert len(got) == 6
+    for i, ours in enumerate(got):
+        np.testing.assert_allclose(ours.boxes.data, wants[i % 3].boxes.data, rtol=1e-5, atol=1e-3)
+
+
 def test_mixed_sizes_in_one_batch_give_each_the_result_it_gets_alone(tmp_path):
     """On our kernels (interpreter on the CPU, at 96 pixels to keep it short), letterboxed to the square input: one
     batch of three photos of three sizes, read through the frame table by one letterbox launch and one captured path,

@@ -16,6 +16,7 @@ staged frames in the engine itself: use it from one thread at a time.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -171,6 +172,41 @@ class _Staged:
     stream: torch.cuda.Stream | None = None
 
 
+def _selected(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """`device` as the current device for the block where it is a GPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+class _DeviceLock:
+    """The engine's lock (re-entrant), which also makes the engine's GPU the current device while it is held. Triton
+    launches on the current device, CUDA events record on its stream, and an engine on `cuda:1` in a process whose
+    current device is `cuda:0` (a worker of `--devices 0,1`, an API user's second GPU) would otherwise launch its
+    eager runs and tuning on the wrong GPU and wait on the wrong stream for its results."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._lock = threading.RLock()
+        self._gpu = device if device.type == "cuda" else None
+        self._selected: list[torch.cuda.device] = []  # the holder's nested entries (one thread holds the lock)
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        if self._gpu is not None:
+            selected = torch.cuda.device(self._gpu)
+            try:
+                selected.__enter__()
+            except BaseException:
+                self._lock.release()
+                raise
+            self._selected.append(selected)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._gpu is not None:
+                self._selected.pop().__exit__(None, None, None)
+        finally:
+            self._lock.release()
+
+
 class Engine:
     """A model ready to run. Build with `Engine.load`."""
 
@@ -194,7 +230,7 @@ class Engine:
         self.verbose = verbose
         # The paths of rectangles other than the model's own input, least recently used first.
         self._shapes: OrderedDict[tuple[int, int], PredictPath] = OrderedDict()
-        self._lock = threading.RLock()
+        self._lock = _DeviceLock(self.device)
         self._in_flight: list[_Part] = []
         # The low-latency trio's state: each slot's staged frame, and the run that has found its results.
         self._staged: list[_Staged | None] = [None] * max_batch
@@ -278,15 +314,16 @@ class Engine:
                 if backend == "reference":
                     network: TritonNetwork | ReferenceExecutor = ReferenceExecutor(graph, device)
                 else:
-                    network = TritonNetwork(
-                        graph,
-                        device,
-                        half=half,
-                        max_batch=max_batch,
-                        options=switches,
-                        verbose=verbose,
-                        buckets=buckets,
-                    )
+                    with _selected(device):  # its tuning and captures launch on the current device
+                        network = TritonNetwork(
+                            graph,
+                            device,
+                            half=half,
+                            max_batch=max_batch,
+                            options=switches,
+                            verbose=verbose,
+                            buckets=buckets,
+                        )
             except BaseException:
                 _close_when_started(starting)
                 raise
@@ -296,7 +333,8 @@ class Engine:
         if verbose:
             print(f"yolojet: decoding with {chosen.describe()}", file=sys.stderr)
         built = [_image_size(shape) for shape in shapes]
-        engine = cls(network, max_batch, chosen, rect=rect, max_shapes=max(max_shapes, len(built)), verbose=verbose)
+        with _selected(device):
+            engine = cls(network, max_batch, chosen, rect=rect, max_shapes=max(max_shapes, len(built)), verbose=verbose)
         try:
             if engine._path is not None:  # the reference runs any shape as it comes
                 for shape in built:

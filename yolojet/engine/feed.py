@@ -194,17 +194,19 @@ class FrameFeed:
     def _walk(self, images: Iterable[Any]) -> None:
         try:
             for image in images:
-                if self._stop.is_set() or not self._put(self._items, (image, self._prepare(image))):
+                # An iterable may hand out one GPU tensor rewritten for every frame (a camera's buffer), rewritten
+                # here, on this thread, as soon as the next frame is asked for: each is copied as it comes.
+                if self._stop.is_set() or not self._put(self._items, (image, self._prepare(image, own_copy=True))):
                     return
         except BaseException as e:  # the caller's iterable failed: report it after the images before it
             self._put(self._items, _Failure(e))
             return
         self._put(self._items, _END)
 
-    def _prepare(self, image: Any) -> Pending:
+    def _prepare(self, image: Any, own_copy: bool = False) -> Pending:
         if is_encoded(image):
             return self.decoder.prepare(Encoded.of(image))
-        return Pending(Encoded(b"", ""), outcome=_in_memory(image, self.decoder))
+        return Pending(Encoded(b"", ""), outcome=_in_memory(image, self.decoder, own_copy))
 
     def _take(self) -> tuple[list[tuple[Any, Pending]], object | None]:
         """Up to `chunk` images (waiting for the first, not for later ones that are not on their way yet), and the end
@@ -260,24 +262,36 @@ class _Failure:
     error: BaseException
 
 
-def _in_memory(item: Any, decoder: Decoder) -> Frame | ImageReadError:
+def _in_memory(item: Any, decoder: Decoder, own_copy: bool = False) -> Frame | ImageReadError:
     """An image given as pixels, on the decoder's device (copied there from host memory on its copy stream, which
-    the chunk's events cover)."""
+    the chunk's events cover); `own_copy`: a frame already there is copied too."""
     try:
         frame = frame_from_pixels(item)
     except ImageReadError as e:
         return e
-    return to_device(frame, decoder)
+    return to_device(frame, decoder, own_copy)
 
 
-def to_device(frame: Frame, decoder: Decoder) -> Frame:
+def to_device(frame: Frame, decoder: Decoder, own_copy: bool = False) -> Frame:
     """The frame on the decoder's device: a CUDA frame on another GPU copied over, a host frame on the decoder's copy
     stream (its `ready_events` cover the copy). The caller may write its host buffer again once this returns: a copy
-    from pageable memory has read it by then, and a pinned buffer, which the GPU would read later, is copied first."""
+    from pageable memory has read it by then, and a pinned buffer, which the GPU would read later, is copied first.
+    `own_copy`: a frame already on the device is copied as well, on the copy stream after the current stream's work
+    (which wrote it), and the current stream's later work (which may write it again) waits for the copy."""
     device = decoder.cpu.device
     pixels = frame.pixels
     if pixels.device == device:
-        return frame
+        if not own_copy:
+            return frame
+        copy_stream = decoder.cpu.copy_stream
+        if copy_stream is None:  # the CPU: read later, on the caller's thread
+            return replace(frame, pixels=pixels.clone(memory_format=torch.contiguous_format))
+        current = torch.cuda.current_stream(device)
+        copy_stream.wait_stream(current)
+        with torch.cuda.stream(copy_stream):
+            pixels = pixels.clone(memory_format=torch.contiguous_format)
+        current.wait_stream(copy_stream)
+        return replace(frame, pixels=pixels)
     if pixels.device.type == "cuda" or device.type != "cuda":
         pixels = pixels.to(device)
     else:

@@ -188,7 +188,7 @@ class CapturedPath(ABC):
             while len(self.seen) > 4 * self.max_graphs:
                 self.seen.popitem(last=False)
             self._steps(batch, parity)()
-        self.done[parity].record()
+        self.done[parity].record(torch.cuda.current_stream(self.network.device))
 
     def wait(self, parity: int) -> None:
         if self.cuda:

@@ -60,3 +60,12 @@ def cuda_device_count() -> int:
     if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
         return 0
     return count.value
+
+
+def select_device(device: str) -> None:
+    """Make a worker's GPU its process's current device before anything touches CUDA: work that names no device
+    (a library's default stream, a pinned buffer's context) then lands on the worker's GPU, not on GPU 0."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(torch.device(device))

@@ -55,6 +55,7 @@ from yolojet import errors
 from yolojet.client.label import FIRST_IMAGES, ModelFacts
 from yolojet.errors import EngineConfigError, YolojetError
 from yolojet.options import apply_switch_interval
+from yolojet.scale.devices import select_device
 
 # Paths a chunk, in batches: small enough that the last chunks of a run spread over the devices (a worker's stream
 # asks for its next chunk two to three batches ahead of its results), large enough that the asking costs nothing
@@ -89,6 +90,7 @@ def _worker_main(
             connection.send(message)
 
     try:
+        select_device(device)
         if threads is not None:
             import torch
 

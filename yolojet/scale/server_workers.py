@@ -31,6 +31,7 @@ import grpc
 
 from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.options import apply_switch_interval
+from yolojet.scale.devices import select_device
 from yolojet.serve.batcher import LatencyModel, Request, Scheduler
 from yolojet.serve.metrics import ServerMetrics
 from yolojet.serve.models import ModelCard, ModelSpec, ServedModel
@@ -54,6 +55,7 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
 
     apply_switch_interval()
     try:
+        select_device(device)
         models = load_models(specs, device=device, **engine_options)
     except BaseException as e:  # reported to the front, which names the device
         connection.send(("failed", f"{type(e).__name__}: {e}"))
