@@ -393,17 +393,12 @@ def test_the_engine_lock_selects_its_gpu_while_held(monkeypatch):
 
     current = [0]
 
-    class Selected:
-        def __init__(self, device):
-            self.index = torch.device(device).index
+    def exchange(index):
+        previous, current[0] = current[0], index
+        return previous
 
-        def __enter__(self):
-            self.previous, current[0] = current[0], self.index
-
-        def __exit__(self, *exc):
-            current[0] = self.previous
-
-    monkeypatch.setattr(torch.cuda, "device", Selected)
+    monkeypatch.setattr(torch.cuda, "_exchange_device", exchange)
+    monkeypatch.setattr(torch.cuda, "_maybe_exchange_device", exchange)
     lock = engine_module._DeviceLock(torch.device("cuda", 1))
     with lock:
         assert current == [1]
