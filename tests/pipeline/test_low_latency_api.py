@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -169,6 +171,32 @@ def test_frames_staged_on_one_stream_run_on_another(engine, camera):
         with torch.cuda.stream(running):
             engine.run(1)
         assert_found(engine, 0, want)
+
+
+@pytest.mark.gpu(reason="CUDA streams need a CUDA GPU")
+def test_threads_each_on_its_own_stream_get_their_own_results(engine):
+    """Two threads calling one engine, each under a CUDA stream of its own: the runs share the engine's activations,
+    so a run launched from the other stream waits for the one before it, and each caller gets its own results."""
+    photos = real_photos()
+    calls = [[photos["bus.jpg"]], [photos["zidane.jpg"], photos["bus.jpg"]]]
+    expected = [engine(images, conf=0.0005) for images in calls]
+    failures: list[str] = []
+
+    def caller(i: int) -> None:
+        with torch.cuda.stream(torch.cuda.Stream(engine.device)):
+            for _ in range(12):
+                for ours, want in zip(engine(calls[i], conf=0.0005), expected[i], strict=True):
+                    if ours.boxes.data.shape != want.boxes.data.shape or not np.allclose(
+                        ours.boxes.data, want.boxes.data, rtol=5e-4, atol=1e-2
+                    ):
+                        failures.append(f"thread {i}: other boxes")
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:4]
 
 
 @pytest.mark.gpu(reason="a second CUDA GPU")

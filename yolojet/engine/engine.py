@@ -234,6 +234,7 @@ class Engine:
         self._shapes: OrderedDict[tuple[int, int], PredictPath] = OrderedDict()
         self._lock = _DeviceLock(self.device)
         self._in_flight: list[_Part] = []
+        self._last_launch: tuple[torch.cuda.Event, torch.cuda.Stream] | None = None  # its end, and where it ran
         # The low-latency trio's state: each slot's staged frame, and the run that has found its results.
         self._staged: list[_Staged | None] = [None] * max_batch
         self._ran: list[_Run | None] = [None] * max_batch
@@ -721,12 +722,19 @@ class Engine:
             self._collect_parts([next(part for part in self._in_flight if part.path is path)])
             used = {part.parity for part in self._in_flight if part.path is path}
         parity = next(p for p in range(PARITIES) if p not in used)
+        # Every run writes the same activations (the arena) and a path's device buffers: one launched from another
+        # stream than the last (another thread's) waits for it, as runs on one stream follow each other.
+        stream = torch.cuda.current_stream(self.device) if path.cuda else None
+        if stream is not None and self._last_launch is not None and self._last_launch[1] != stream:
+            stream.wait_event(self._last_launch[0])
         path.wait_for(ready)
         if placements is not None:
             path.stage(parity, frames, options, placements)  # type: ignore[call-arg]
         else:
             path.stage(parity, frames, options)
         path.launch(len(frames), parity)
+        if stream is not None:
+            self._last_launch = (path.done[parity], stream)
         part = _Part(path, slots, parity)
         self._in_flight.append(part)
         return part
