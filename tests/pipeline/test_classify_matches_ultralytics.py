@@ -228,6 +228,17 @@ def test_triton_engine_matches_ultralytics_predict(tmp_path, monkeypatch):
     assert np.allclose(engine.get(0).probs.data, engine.get(1).probs.data, rtol=0, atol=1e-5)
     assert engine.get(0).probs.top5 == ours[0].probs.top5
 
+    # Frame buffers kept per shape are bounded: with room for one batch's frames, a new shape in a slot lets the others
+    # go (and their graphs), and each image still gets its result (the images in reverse: new shapes in each slot).
+    from yolojet.engine import predict_path as predict_path_module
+
+    largest = max(image.size for image in images.values())
+    monkeypatch.setattr(predict_path_module, "CLASSIFY_STAGING_BYTES", 2 * largest)
+    again = engine(list(images.values())[::-1])
+    assert engine._path.staging_bytes <= 2 * largest
+    for name, result, before in zip(list(images)[::-1], again, ours[::-1], strict=True):
+        assert np.allclose(result.probs.data, before.probs.data, rtol=0, atol=1e-5), name
+
 
 @pytest.mark.parametrize("nc", [1, 3, 5, 7, 1000])
 def test_top5_ranks_as_ultralytics(nc):

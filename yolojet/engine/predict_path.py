@@ -25,6 +25,7 @@ Under Triton's interpreter (no CUDA) the same steps run in order without a graph
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -50,6 +51,10 @@ from yolojet.reference.classify import classify_plan
 
 MAX_NMS = 30000  # ultralytics' default cap on candidates entering NMS
 MIN_GRAPHS = 16  # captured paths kept at least; the least recently used is dropped past a path's `max_graphs`
+# A classifier's frame buffers and resize plans, kept per frame shape (its graphs hold their addresses): past this many
+# bytes of frames, a new shape lets all of them go with their graphs, so a folder of photos of many sizes does not
+# hold a buffer for every size it met.
+CLASSIFY_STAGING_BYTES = 1 << 30
 PARITIES = 2
 _OPTIONS_BYTES = 20  # thresholds (2 float32) and limits (3 int32) ahead of the class mask
 _BOX_PARAMS = 6  # [pad_x, pad_y, gain_x, gain_y, w0, h0] a slot (Letterbox.box_params)
@@ -427,6 +432,7 @@ class ClassifyHead(CapturedPath):
         # Frames are copied into staging buffers per (slot, shape, parity), and resize plans kept per (slot, shape):
         # captured graphs hold their addresses. A plan's intermediates are written by one batch at a time.
         self.staging: dict[tuple, torch.Tensor] = {}
+        self.staging_bytes = 0
         self.plans: dict[tuple, DeviceResamplePlan] = {}
         self.slots: list[list[_ClassifySlot]] = [[] for _ in range(PARITIES)]
         self.depth = 1  # the resize plans' intermediates are shared by both parities
@@ -435,6 +441,7 @@ class ClassifyHead(CapturedPath):
         key = (slot, shape, parity)
         if key not in self.staging:
             self.staging[key] = torch.empty(shape, dtype=torch.uint8, device=self.network.device)
+            self.staging_bytes += self.staging[key].numel()
         return self.staging[key]
 
     def _plan(self, slot: int, shape: tuple[int, int, int]) -> DeviceResamplePlan:
@@ -449,10 +456,16 @@ class ClassifyHead(CapturedPath):
         ultralytics' classify predictor)."""
         if not 1 <= len(frames) <= self.network.max_batch:
             raise EngineConfigError(f"run({len(frames)}): this engine runs 1..{self.network.max_batch} frames")
+        shapes = [cast(tuple[int, int, int], tuple(int(d) for d in frame.pixels.shape)) for frame in frames]
+        new = sum(math.prod(shape) for slot, shape in enumerate(shapes) if (slot, shape, parity) not in self.staging)
+        if new and self.staging_bytes + new > CLASSIFY_STAGING_BYTES:
+            # Nothing of this path is in flight (depth 1: the engine collects it before staging anything).
+            self.staging.clear()
+            self.plans.clear()
+            self.graphs.clear()
+            self.staging_bytes = 0
         slots = []
-        for slot, frame in enumerate(frames):
-            height, width, channels = (int(d) for d in frame.pixels.shape)
-            shape = (height, width, channels)
+        for slot, (frame, shape) in enumerate(zip(frames, shapes, strict=True)):
             self._staging(slot, shape, parity).copy_(frame.pixels)
             slots.append(_ClassifySlot(shape, frame.bgr, self._plan(slot, shape)))
         self.slots[parity] = slots
