@@ -199,6 +199,21 @@ def test_threads_each_on_its_own_stream_get_their_own_results(engine):
     assert not failures, failures[:4]
 
 
+@pytest.mark.gpu(reason="CUDA streams need a CUDA GPU")
+def test_a_float_frame_written_on_the_callers_stream_is_read_after_the_write(engine, camera):
+    """A float frame written on the caller's stream, landing late there: the feed thread's conversion to pixels runs on
+    the caller's stream too, so it reads the frame as written, not what the tensor held before."""
+    (first, _), (want, _) = camera
+    chw = first.permute(2, 0, 1).float().div(255).to(engine.device)
+    frame = torch.zeros_like(chw)
+    stream = torch.cuda.Stream(engine.device)
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(20_000_000)  # the write lands late: a conversion that did not wait would read zeros
+        frame.copy_(chw)
+        got = engine([frame])[0]
+    np.testing.assert_allclose(got.boxes.data, want.boxes.data, rtol=5e-4, atol=1e-2)
+
+
 @pytest.mark.gpu(reason="a second CUDA GPU")
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_an_engine_on_the_second_gpu_while_the_first_is_current(engine, camera, tmp_path):

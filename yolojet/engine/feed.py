@@ -36,7 +36,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -88,19 +88,31 @@ class FrameFeed:
         self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
         self._done = False
         self._spare: collections.deque = collections.deque()  # released batches' output buffers, to decode into
+        # The threads' own GPU work (a float frame's conversion, a frame from another GPU, an iterable's frame copied)
+        # goes on the caller's current stream: after the caller's writes of its frames, before the runs launched there.
+        device = decoder.cpu.device
+        self._caller_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         # A list (nothing of it on its way slowly) has one thread and full chunks, unless the decoder's `finish` is
         # one long call that lets go of the GIL (the `hardware` decoder's), which preparing beside it overlaps.
         if isinstance(images, Sized) and not getattr(decoder, "blocking_finish", False):
-            self._threads = [
-                threading.Thread(target=self._prepare_and_decode, args=(images,), name="yolojet-feed", daemon=True)
+            work: list[tuple[str, Callable[..., None], tuple[Any, ...]]] = [
+                ("yolojet-feed", self._prepare_and_decode, (images,))
             ]
         else:
-            self._threads = [
-                threading.Thread(target=self._walk, args=(images,), name="yolojet-feed-source", daemon=True),
-                threading.Thread(target=self._decode, name="yolojet-feed-decode", daemon=True),
-            ]
+            work = [("yolojet-feed-source", self._walk, (images,)), ("yolojet-feed-decode", self._decode, ())]
+        self._threads = [
+            threading.Thread(target=self._on_caller_stream, args=(target, *args), name=name, daemon=True)
+            for name, target, args in work
+        ]
         for thread in self._threads:
             thread.start()
+
+    def _on_caller_stream(self, work: Callable[..., None], *args: Any) -> None:
+        if self._caller_stream is None:
+            work(*args)
+            return
+        with torch.cuda.stream(self._caller_stream):
+            work(*args)
 
     def __iter__(self) -> Iterator[FedBatch]:
         try:
