@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 import torch
@@ -409,8 +410,11 @@ def test_the_engine_lock_selects_its_gpu_while_held(monkeypatch):
     with pytest.raises(KeyError), lock:
         raise KeyError("a failing run")
     assert current == [0]
-    assert lock._lock.acquire(blocking=False)  # released
-    lock._lock.release()
+    taken: list[bool] = []
+    other = threading.Thread(target=lambda: taken.append(lock._lock.acquire(blocking=False)))
+    other.start()
+    other.join()
+    assert taken == [True]  # released: another thread takes it
     on_the_cpu = engine_module._DeviceLock(torch.device("cpu"))
     with on_the_cpu:
         assert current == [0]

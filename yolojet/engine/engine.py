@@ -450,7 +450,8 @@ class Engine:
                 self._shapes.move_to_end(shape)
                 return path
             started = time.perf_counter()
-            network = self.network.sibling(*shape)  # type: ignore[union-attr]
+            with self._network_work():  # its warm-up and captures run the activations
+                network = self.network.sibling(*shape)  # type: ignore[union-attr]
             path = self._shapes[shape] = predict_path(network)
             if self.verbose:
                 h, w = shape
@@ -477,12 +478,26 @@ class Engine:
                 network = self.network
                 if x.ndim == 4 and tuple(x.shape[2:]) != tuple(self.meta.imgsz) and self.meta.task != "classify":
                     network = self.shape_path((int(x.shape[2]), int(x.shape[3]))).network
-                return network.raw(x)
+                with self._network_work():
+                    return network.raw(x)
         return self.network(x.to(self.device))
 
     def dump(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        with self._lock:
+        with self._lock, self._network_work():
             return self.network.dump(x)
+
+    @contextlib.contextmanager
+    def _network_work(self) -> Iterator[None]:
+        """Work on the network outside a launched run (raw outputs, dumps, timings, the torch path, a new shape's
+        build), under the lock: it writes the activations every run writes, so the runs in flight are collected first,
+        and a run launched afterwards from another stream waits for this work (see `_launch`)."""
+        self._collect_parts(list(self._in_flight))
+        yield
+        if self.device.type == "cuda":
+            stream = torch.cuda.current_stream(self.device)
+            done = torch.cuda.Event()
+            done.record(stream)
+            self._last_launch = (done, stream)
 
     # -- measuring (the CLI's profile, bench and pipeline commands, and bench/) ------------------
 
@@ -499,13 +514,14 @@ class Engine:
         """The network alone at `batch` images, as replays of its captured graph (CUDA events), for the model's
         input shape or `shape`."""
         with self._lock:
-            return self._kernel_network(shape).time_replay(batch, repeats, warmup)
+            network = self._kernel_network(shape)
+            with self._network_work():
+                return network.time_replay(batch, repeats, warmup)
 
     def time_launches(self, batch: int = 1, repeats: int = 200, warmup: int = 20) -> Timing:
         """The network's launches one after another on the stream, outside a graph: what the graph saves."""
-        with self._lock:
-            network = self._kernel_network()
-            launches = network.launch_list(batch)
+        with self._lock, self._network_work():
+            launches = self._kernel_network().launch_list(batch)
 
             def launch_all() -> None:
                 for launch in launches:
@@ -519,7 +535,7 @@ class Engine:
 
     def profile(self, batch: int = 1) -> list[FamilyProfile]:
         """Device time of each launch at `batch` images, timed alone and grouped by kernel family, costliest first."""
-        with self._lock:
+        with self._lock, self._network_work():
             return self._kernel_network().profile(batch)
 
     # -- options ------------------------------------------------------------------------------
@@ -684,7 +700,8 @@ class Engine:
         """Stage and launch a batch (under the lock), one part a letterbox shape. On the GPU path it returns at once;
         the parts in flight that hold buffers a new part needs are collected first."""
         if not self._on_path(options):
-            return _Run(frames, found=self._run_torch_path(frames, options))
+            with self._network_work():
+                return _Run(frames, found=self._run_torch_path(frames, options))
         groups, placements = self._group_by_shape(frames)
         run = _Run(frames)
         for shape, slots in groups.items():

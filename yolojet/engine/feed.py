@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from yolojet.errors import ImageReadError
@@ -99,7 +100,12 @@ class FrameFeed:
                 ("yolojet-feed", self._prepare_and_decode, (images,))
             ]
         else:
-            work = [("yolojet-feed-source", self._walk, (images,)), ("yolojet-feed-decode", self._decode, ())]
+            # An iterable's frames are copied as they come; a list's cannot be rewritten between its items.
+            own_copies = not isinstance(images, Sized)
+            work = [
+                ("yolojet-feed-source", self._walk, (images, own_copies)),
+                ("yolojet-feed-decode", self._decode, ()),
+            ]
         self._threads = [
             threading.Thread(target=self._on_caller_stream, args=(target, *args), name=name, daemon=True)
             for name, target, args in work
@@ -111,6 +117,9 @@ class FrameFeed:
         if self._caller_stream is None:
             work(*args)
             return
+        # The thread's device first: leaving the stream's block would otherwise make GPU 0 current, and open a
+        # context there, in a process that runs on another GPU.
+        torch.cuda.set_device(self._caller_stream.device)
         with torch.cuda.stream(self._caller_stream):
             work(*args)
 
@@ -203,12 +212,12 @@ class FrameFeed:
             return True
         return False
 
-    def _walk(self, images: Iterable[Any]) -> None:
+    def _walk(self, images: Iterable[Any], own_copies: bool) -> None:
+        """`own_copies`: an iterable may hand out one tensor rewritten for every frame (a camera's buffer), rewritten
+        here, on this thread, as soon as the next frame is asked for, while the runs read frames later."""
         try:
             for image in images:
-                # An iterable may hand out one GPU tensor rewritten for every frame (a camera's buffer), rewritten
-                # here, on this thread, as soon as the next frame is asked for: each is copied as it comes.
-                if self._stop.is_set() or not self._put(self._items, (image, self._prepare(image, own_copy=True))):
+                if self._stop.is_set() or not self._put(self._items, (image, self._prepare(image, own_copies))):
                     return
         except BaseException as e:  # the caller's iterable failed: report it after the images before it
             self._put(self._items, _Failure(e))
@@ -281,7 +290,17 @@ def _in_memory(item: Any, decoder: Decoder, own_copy: bool = False) -> Frame | I
         frame = frame_from_pixels(item)
     except ImageReadError as e:
         return e
-    return to_device(frame, decoder, own_copy)
+    return to_device(frame, decoder, own_copy and _holds_callers_memory(frame, item))
+
+
+def _holds_callers_memory(frame: Frame, item: Any) -> bool:
+    """Whether the frame's pixels are the caller's own memory (a uint8 tensor or array used as it is), rather than
+    pixels `frame_from_pixels` made (a float frame converted, a PIL image read), which nobody else can write."""
+    if isinstance(item, torch.Tensor):
+        return frame.pixels.untyped_storage().data_ptr() == item.untyped_storage().data_ptr()
+    if isinstance(item, np.ndarray):
+        return frame.pixels.device.type == "cpu" and np.may_share_memory(frame.pixels.numpy(), item)
+    return isinstance(item, Frame)
 
 
 def to_device(frame: Frame, decoder: Decoder, own_copy: bool = False) -> Frame:
