@@ -744,12 +744,12 @@ class Engine:
         stream = torch.cuda.current_stream(self.device) if path.cuda else None
         if stream is not None and self._last_launch is not None and self._last_launch[1] != stream:
             stream.wait_event(self._last_launch[0])
-        path.wait_for(ready)
+        path.wait_for(ready, stream)
         if placements is not None:
             path.stage(parity, frames, options, placements)  # type: ignore[call-arg]
         else:
             path.stage(parity, frames, options)
-        path.launch(len(frames), parity)
+        path.launch(len(frames), parity, stream)
         if stream is not None:
             self._last_launch = (path.done[parity], stream)
         part = _Part(path, slots, parity)

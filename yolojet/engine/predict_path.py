@@ -160,17 +160,17 @@ class CapturedPath(ABC):
     def _steps(self, batch: int, parity: int) -> Callable[[], None]:
         """The whole path for the staged batch, as one callable (run once eagerly, then captured)."""
 
-    def wait_for(self, events: Sequence[torch.cuda.Event] = ()) -> None:
-        """Runs queued from now on, on the caller's current stream, start once every event (a batch's decode) has
-        passed."""
+    def wait_for(self, events: Sequence[torch.cuda.Event] = (), stream: torch.cuda.Stream | None = None) -> None:
+        """Runs queued from now on, on the caller's current stream (`stream` where the caller has it at hand), start
+        once every event (a batch's decode) has passed."""
         if self.cuda and events:
-            stream = torch.cuda.current_stream(self.network.device)
+            stream = stream if stream is not None else torch.cuda.current_stream(self.network.device)
             for event in events:
                 stream.wait_event(event)
 
-    def launch(self, batch: int, parity: int) -> None:
-        """Run the staged batch through the whole path on the caller's current stream (after `wait_for`); returns at
-        once on a GPU (`collect` waits)."""
+    def launch(self, batch: int, parity: int, stream: torch.cuda.Stream | None = None) -> None:
+        """Run the staged batch through the whole path on the caller's current stream (after `wait_for`; `stream`:
+        that stream, where the caller has it at hand); returns at once on a GPU (`collect` waits)."""
         if not self.cuda:
             self._steps(self.run_size(batch), parity)()
             return
@@ -193,7 +193,7 @@ class CapturedPath(ABC):
             while len(self.seen) > 4 * self.max_graphs:
                 self.seen.popitem(last=False)
             self._steps(batch, parity)()
-        self.done[parity].record(torch.cuda.current_stream(self.network.device))
+        self.done[parity].record(stream if stream is not None else torch.cuda.current_stream(self.network.device))
 
     def wait(self, parity: int) -> None:
         if self.cuda:
