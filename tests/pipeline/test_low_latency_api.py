@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -191,11 +191,8 @@ def test_threads_each_on_its_own_stream_get_their_own_results(engine):
                     ):
                         failures.append(f"thread {i}: other boxes")
 
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(caller, range(2)))  # a caller's exception is raised here
     assert not failures, failures[:4]
 
 

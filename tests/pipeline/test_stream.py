@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
@@ -124,11 +125,8 @@ def test_an_engine_shared_by_threads_gives_each_caller_its_results(reference):
                 ):
                     failures.append(f"thread {i}: {ours.error or 'other boxes'}")
 
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(caller, range(4)))  # a caller's exception is raised here
     assert not failures, failures[:5]
 
 
