@@ -77,6 +77,14 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return found
 
 
+def by_name(before: dict[str, float], after: dict[str, float], names: dict[str, str], count: int) -> dict[str, float]:
+    """CPU us an item of each thread (by name; threads of one pool summed) between two `thread_cpu` readings."""
+    found: collections.Counter = collections.Counter()
+    for tid, cpu in after.items():
+        found[names.get(tid, "other (native)")] += (cpu - before.get(tid, 0.0)) * 1e6 / count
+    return dict(found.most_common())
+
+
 def label_folder(image: Path, work: Path, count: int, env: dict) -> dict:
     """`yolojet label FOLDER --server` over `count` copies of `image` as a user runs it (file reads, requests,
     records written): its rate, wall time, and CPU an image of the labeling process."""
@@ -156,13 +164,16 @@ def main() -> int:
         server.send_signal(signal.SIGUSR1)
         time.sleep(0.5)
         names = json.loads(names_file.read_text()) if names_file.exists() else {}
-        labeler = label_folder(image, work, args.label, env) if args.label else None
+        labeler = None
+        if args.label:
+            label_before = thread_cpu(server.pid)
+            labeler = label_folder(image, work, args.label, env)
+            label_after = thread_cpu(server.pid)
+            labeler["server_cpu_us_an_image_by_thread"] = by_name(label_before, label_after, names, args.label)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
-    by_thread: collections.Counter = collections.Counter()
-    for tid, cpu in after.items():
-        by_thread[names.get(tid, "other (native)")] += (cpu - before.get(tid, 0.0)) * 1e6 / args.requests
+    by_thread = by_name(before, after, names, args.requests)
     total = sum(by_thread.values())
     rate = re.search(r"img/s\s+([\d,.]+)", said.stdout)
     answered = re.search(r"requests answered\s+(.*?)\s*$", said.stdout, re.M)
@@ -176,7 +187,7 @@ def main() -> int:
         "answered": answered.group(1) if answered else said.stdout[-500:] + said.stderr[-500:],
         "latency_p50_p90_p99_max": latency.group(1) if latency else None,
         "cpu_us_a_request": total,
-        "cpu_us_a_request_by_thread": dict(by_thread.most_common()),
+        "cpu_us_a_request_by_thread": by_thread,
     }
     if labeler is not None:
         found["label_server"] = labeler

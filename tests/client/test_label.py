@@ -373,3 +373,28 @@ def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(
     assert sorted(Path(e["path"]).name for e in errors) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
     assert all("refused it for load for over 1 s" in e["error"] for e in errors), errors
     assert took < 60
+
+
+def test_images_travel_several_a_message_within_the_window(photos, monkeypatch):
+    """The labeler's messages: IMAGES_A_MESSAGE images each while the window has room, a smaller message when the
+    window fills, the next only once replies free room; a message stops growing at MESSAGE_BYTES."""
+    from yolojet.client import remote
+    from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+
+    paths = [str(p) for p in sorted(photos.rglob("*.jpg"))] * 20  # 60 files
+    labeler = remote.RemoteLabeler(remote.Connection("127.0.0.1:1"), window=20, options={})
+    window = remote._Window(20)
+    answered: list[str] = []
+    messages = labeler._requests(window, iter(paths), on_error=lambda path, why: pytest.fail(why))
+    first, second = next(messages), next(messages)
+    assert [len(m.requests) for m in (first, second)] == [remote.IMAGES_A_MESSAGE, 20 - remote.IMAGES_A_MESSAGE]
+    assert len({r.id for m in (first, second) for r in m.requests}) == 20
+    assert [r.image for r in first.requests[:3]] == [Path(p).read_bytes() for p in paths[:3]]
+    for request in first.requests[:6]:
+        labeler._answered(window, pb.InferReply(id=request.id), lambda path, reply: answered.append(path), pytest.fail)
+    assert len(next(messages).requests) == 6 and len(answered) == 6
+
+    monkeypatch.setattr(remote, "MESSAGE_BYTES", 2 * max(len(Path(p).read_bytes()) for p in paths[:3]) - 1)
+    window = remote._Window(20)
+    messages = labeler._requests(window, iter(paths), on_error=lambda path, why: pytest.fail(why))
+    assert len(next(messages).requests) == 2  # the second image takes it to the bound

@@ -116,6 +116,11 @@ def test_the_deployment_answers_as_the_engine_through_rays_grpc_proxy(deployed):
     assert replies[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     np.testing.assert_allclose(rows(replies[0]), want["bus"], rtol=1e-5, atol=0.02)
     np.testing.assert_allclose(rows(replies[2]), want["zidane"], rtol=1e-5, atol=0.02)
+    batches = [pb.InferBatch(requests=requests[:2]), pb.InferBatch(requests=requests[2:])]
+    (first, second) = stub.InferBatchStream(iter(batches), metadata=ROUTE, timeout=60)
+    assert [r.id for r in first.replies] == ["a", "b"] and [r.id for r in second.replies] == ["c"]
+    assert first.replies[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    np.testing.assert_allclose(rows(first.replies[0]), want["bus"], rtol=1e-5, atol=0.02)
 
     listed = stub.ListModels(pb.ListModelsRequest(), metadata=ROUTE, timeout=60)
     assert [m.name for m in listed.models] == [model_dir.name]

@@ -130,6 +130,39 @@ def test_stream_keeps_order_and_ids_and_answers_bad_requests_in_place(server):
     assert_same_rows_across_batches(rows_of(replies[0]), rows_of(replies[5]))
 
 
+def test_batched_stream_answers_each_message_in_order_with_bad_requests_in_place(server):
+    """InferBatchStream: a reply message a request message, its replies in the order of its requests, each the
+    results InferStream gives the same image; a bad image, an empty one and an unknown model answered in place."""
+    stub = server.stub()
+    messages = [
+        [BUS, b"", ZIDANE],
+        [b"not an image"],
+        [png(64, 48), BUS, ZIDANE, BUS],
+    ]
+    batches, n = [], 0
+    for images in messages:
+        requests = []
+        for data in images:
+            requests.append(pb.InferRequest(id=f"r{n}", model="detect", image=data, conf=CONF))
+            n += 1
+        batches.append(pb.InferBatch(requests=requests))
+    batches.append(pb.InferBatch(requests=[pb.InferRequest(id="lost", model="nope", image=BUS)]))
+    replies = list(stub.InferBatchStream(iter(batches), timeout=300))
+    assert [len(r.replies) for r in replies] == [3, 1, 4, 1]
+    flat = [reply for message in replies for reply in message.replies]
+    assert [r.id for r in flat] == [f"r{i}" for i in range(n)] + ["lost"]
+    invalid, ok = grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.OK.value[0]
+    codes = [r.error.code if r.HasField("error") else ok for r in flat]
+    assert codes == [ok, invalid, ok, invalid, ok, ok, ok, ok, grpc.StatusCode.NOT_FOUND.value[0]]
+    assert "empty" in flat[1].error.message and "cannot decode" in flat[3].error.message
+    assert "nope" in flat[8].error.message
+    assert (flat[4].width, flat[4].height) == (64, 48)
+    single = list(stub.InferStream(iter([pb.InferRequest(model="detect", image=BUS, conf=CONF)]), timeout=300))
+    for same in (flat[0], flat[5], flat[7]):
+        assert_same_rows_across_batches(rows_of(same), rows_of(single[0]))
+    assert_same_rows_across_batches(rows_of(flat[2]), rows_of(flat[6]))
+
+
 def test_list_models(server):
     reply = server.stub().ListModels(pb.ListModelsRequest(), timeout=30)
     info = {m.name: m for m in reply.models}
@@ -152,7 +185,7 @@ def test_health_and_reflection(server):
     services = set(database.get_services())
     assert {"yolojet.v1.Inference", "grpc.health.v1.Health"} <= services
     described = database.FindFileContainingSymbol("yolojet.v1.Inference")
-    assert [m.name for m in described.service[0].method] == ["Infer", "InferStream", "ListModels"]
+    assert [m.name for m in described.service[0].method] == ["Infer", "InferStream", "InferBatchStream", "ListModels"]
 
 
 @pytest.mark.parametrize(
@@ -284,6 +317,10 @@ def test_a_bearer_token_is_required_where_set_but_not_for_health(model_dirs):
             with pytest.raises(grpc.RpcError) as info:
                 stub.Infer(pb.InferRequest(image=BUS), timeout=30, metadata=metadata)
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as streamed:
+                batch = pb.InferBatch(requests=[pb.InferRequest(image=BUS)])
+                list(stub.InferBatchStream(iter([batch]), timeout=30, metadata=metadata))
+            assert streamed.value.code() == grpc.StatusCode.UNAUTHENTICATED
         reply = stub.Infer(pb.InferRequest(image=BUS), timeout=60, metadata=(("authorization", "Bearer s3cret"),))
         assert reply.width == 810
         channel = grpc.insecure_channel(running.address)

@@ -1,7 +1,7 @@
-"""Labeling against `yolojet serve`: images streamed over InferStream with a window of requests in flight, replies
-matched by id, requests refused for load (RESOURCE_EXHAUSTED, or a deadline that passed) sent again after a pause, a
-broken connection reopened with backoff and its unanswered requests sent again; and the bench mode (many copies of
-one image, as fast as the window allows, from several processes).
+"""Labeling against `yolojet serve`: images streamed over InferBatchStream, several a message, with a window of
+requests in flight, replies matched by id, requests refused for load (RESOURCE_EXHAUSTED, or a deadline that passed)
+sent again after a pause, a broken connection reopened with backoff and its unanswered requests sent again; and the
+bench mode (many copies of one image, as fast as the window allows, from several processes).
 
 Nothing is answered twice: a request leaves the window only when its reply arrives, and only a reply writes a record.
 """
@@ -32,6 +32,13 @@ from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED}
 # An image's reply refusing it for load, not as bad: it goes again after a pause.
 LOAD_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.DEADLINE_EXCEEDED.value[0]}
+
+
+# A message's images: gRPC's own cost a message (~270 us of CPU on client and server together on a 2-core machine,
+# bench/NOTES.md) is most of a small image's, so images travel 16 a message; a message stops growing past 4 MiB, far
+# under the server's 64 MiB limit.
+IMAGES_A_MESSAGE = 16
+MESSAGE_BYTES = 4 << 20
 
 
 class ServerUnavailable(YolojetError):
@@ -107,12 +114,13 @@ class RemoteLabeler:
             stub = pb_grpc.InferenceStub(channel)
             window.ended = False
             try:
-                replies = stub.InferStream(
+                messages = stub.InferBatchStream(
                     self._requests(window, source, on_error), metadata=self.connection.metadata()
                 )
-                for reply in replies:
+                for message in messages:
                     failures = 0
-                    self._answered(window, reply, on_reply, on_error)
+                    for reply in message.replies:
+                        self._answered(window, reply, on_reply, on_error)
                 return
             except grpc.RpcError as e:
                 if e.code() not in RETRYABLE or failures >= self.connection.retries:
@@ -136,43 +144,63 @@ class RemoteLabeler:
 
     def _requests(
         self, window: _Window, source: Iterator[str], on_error: Callable[[str, str], None]
-    ) -> Iterator[pb.InferRequest]:
-        """The stream's requests: what must go again first, then new images, never more than the window in flight;
-        ends once everything is answered."""
+    ) -> Iterator[pb.InferBatch]:
+        """The stream's messages, up to IMAGES_A_MESSAGE images (and MESSAGE_BYTES) each: what must go again first,
+        then new images, never more than the window in flight; a message goes as soon as the window is full or no
+        image is at hand; the stream ends once everything is answered."""
         counter = 0
         while True:
+            group: list[tuple[str, str, bytes]] = []
+            size = 0
+            while len(group) < IMAGES_A_MESSAGE and size < MESSAGE_BYTES:
+                with window.lock:
+                    while not window.ended and not group and self._held(window, 0):
+                        window.lock.wait(timeout=max(0.0, window.hold_until - time.monotonic()) or None)
+                    if window.ended:
+                        return
+                    if group and self._held(window, len(group)):
+                        break
+                    if window.again:
+                        item: tuple[str, str, bytes] | None = window.again.popleft()
+                    elif window.source_done:
+                        if group:
+                            break
+                        if not window.sent:
+                            return  # all answered: the stream ends here
+                        window.lock.wait(timeout=0.5)
+                        continue
+                    else:
+                        item = None
+                if item is None:
+                    path = next(source, None)
+                    if path is None:
+                        with window.lock:
+                            window.source_done = True
+                            window.lock.notify_all()
+                        continue
+                    try:
+                        data = read_image_file(path)
+                    except ImageReadError as e:
+                        on_error(path, str(e))
+                        continue
+                    counter += 1
+                    item = (f"{counter}:{path}", path, data)
+                group.append(item)
+                size += len(item[2])
             with window.lock:
-                while not window.ended and (len(window.sent) >= window.size or time.monotonic() < window.hold_until):
-                    window.lock.wait(timeout=max(0.0, window.hold_until - time.monotonic()) or None)
-                if window.ended:
-                    return
-                if window.again:
-                    request_id, path, data = window.again.popleft()
-                elif window.source_done:
-                    if not window.sent:
-                        return  # all answered: the stream ends here
-                    window.lock.wait(timeout=0.5)
-                    continue
-                else:
-                    request_id = ""
-            if not request_id:
-                next_path = next(source, None)
-                if next_path is None:
-                    with window.lock:
-                        window.source_done = True
-                        window.lock.notify_all()
-                    continue
-                path = next_path
-                try:
-                    data = read_image_file(path)
-                except ImageReadError as e:
-                    on_error(path, str(e))
-                    continue
-                counter += 1
-                request_id = f"{counter}:{path}"
-            with window.lock:
-                window.sent[request_id] = (path, data)
-            yield pb.InferRequest(id=request_id, model=self.connection.model, image=data, **self.options)
+                for request_id, path, data in group:
+                    window.sent[request_id] = (path, data)
+            requests = [
+                pb.InferRequest(id=request_id, model=self.connection.model, image=data, **self.options)
+                for request_id, _, data in group
+            ]
+            yield pb.InferBatch(requests=requests)
+
+    @staticmethod
+    def _held(window: _Window, gathered: int) -> bool:
+        """No more images may go now (under the window's lock): the window is full with the `gathered` images of the
+        message being made, or the server refused for load and the pause is not over."""
+        return len(window.sent) + gathered >= window.size or time.monotonic() < window.hold_until
 
     def _answered(
         self,

@@ -1,14 +1,14 @@
 """`yolojet serve --ray [ADDRESS]`: the inference service as a Ray Serve application, behind Ray Serve's own gRPC
 proxy.
 
-Ray Serve starts a proxy on each node that runs replicas, listening for gRPC on `--port` on every interface; it
-knows `yolojet.v1.Inference` from the servicer function it is given (`SERVICER`), decodes each request, and calls the
-replica method named like the gRPC method (`Infer`, `InferStream`, `ListModels`) on a replica of its choice. Each
-replica (`InferenceReplica`, a GPU each where the cluster has GPUs, else a CPU) loads every served model and runs the
-same deadline-aware batching as `yolojet serve`: the requests Ray routes to it go through the service's request checks
-into the `Scheduler`, its `Runner` thread decodes and runs the batches, and each answer comes back through the
-replica's event loop. A request's deadline is its arrival at the replica plus `--slo-ms`: Ray's proxy does not pass
-the client's gRPC deadline on (the client's deadline still ends its call at the proxy).
+Ray Serve starts a proxy on each node that runs replicas, listening for gRPC on `--port` on every interface; it knows
+`yolojet.v1.Inference` from the servicer function it is given (`SERVICER`), decodes each request, and calls the
+replica method named like the gRPC method (`Infer`, `InferStream`, `InferBatchStream`, `ListModels`) on a replica of
+its choice. Each replica (`InferenceReplica`, a GPU each where the cluster has GPUs, else a CPU) loads every served
+model and runs the same deadline-aware batching as `yolojet serve`: the requests Ray routes to it go through the
+service's request checks into the `Scheduler`, its `Runner` thread decodes and runs the batches, and each answer comes
+back through the replica's event loop. A request's deadline is its arrival at the replica plus `--slo-ms`: Ray's proxy
+does not pass the client's gRPC deadline on (the client's deadline still ends its call at the proxy).
 
 Ray Serve scales the replicas on queue depth, between one and a GPU each (or `--ray-replicas`). Ray is imported only
 when `--ray` is used (as in ray_label.py).
@@ -75,6 +75,13 @@ class InferenceReplica:
         self, request_stream: AsyncIterator[pb.InferRequest], grpc_context: Any
     ) -> AsyncIterator[pb.InferReply]:
         async with aclosing(self.service.replies(request_stream)) as replies:
+            async for reply in replies:
+                yield reply
+
+    async def InferBatchStream(
+        self, batch_stream: AsyncIterator[pb.InferBatch], grpc_context: Any
+    ) -> AsyncIterator[pb.InferBatchReply]:
+        async with aclosing(self.service.batch_replies(batch_stream)) as replies:
             async for reply in replies:
                 yield reply
 

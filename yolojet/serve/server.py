@@ -101,6 +101,7 @@ class _BearerToken(grpc.aio.ServerInterceptor):
     """Every call but health checks and reflection must carry `authorization: Bearer <token>`."""
 
     OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+    STREAMS = ("/InferStream", "/InferBatchStream")  # refused with a handler of their kind
 
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}"
@@ -118,7 +119,7 @@ class _BearerToken(grpc.aio.ServerInterceptor):
             return await continuation(details)
         if dict(details.invocation_metadata or ()).get("authorization") == self._expected:
             return await continuation(details)
-        return self._refuse_stream if details.method.endswith("/InferStream") else self._refuse
+        return self._refuse_stream if details.method.endswith(self.STREAMS) else self._refuse
 
 
 class Server:

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -29,6 +29,7 @@ from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 from yolojet.serve.runner import Job, Outcome, Runner
 
 STREAM_WINDOW = 512  # requests of one stream in flight at once; reading the stream waits beyond this
+BATCH_STREAM_WINDOW = 64  # messages of one batched stream in flight (a message is 16 images as `label` sends them)
 
 
 class Problem(Exception):
@@ -114,34 +115,56 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     async def replies(self, request_iterator: AsyncIterator[pb.InferRequest]) -> AsyncGenerator[pb.InferReply, None]:
         """A stream's replies in request order, a failed request's as a reply carrying its error."""
+
+        async def groups_of_one() -> AsyncIterator[Sequence[pb.InferRequest]]:
+            async for request in request_iterator:
+                yield (request,)
+
+        async with aclosing(self._answers(groups_of_one(), STREAM_WINDOW)) as answers:
+            async for (reply,) in answers:
+                yield reply
+
+    async def batch_replies(
+        self, batch_iterator: AsyncIterator[pb.InferBatch]
+    ) -> AsyncGenerator[pb.InferBatchReply, None]:
+        """A batched stream's replies: each message's as one message, in request order."""
+
+        async def groups() -> AsyncIterator[Sequence[pb.InferRequest]]:
+            async for batch in batch_iterator:
+                yield batch.requests
+
+        async with aclosing(self._answers(groups(), BATCH_STREAM_WINDOW)) as answers:
+            async for replies in answers:
+                yield pb.InferBatchReply(replies=replies)
+
+    async def _answers(
+        self, groups: AsyncIterator[Sequence[pb.InferRequest]], window: int
+    ) -> AsyncGenerator[list[pb.InferReply], None]:
+        """Each group's replies, in order, once all of them are in; at most `window` groups are read ahead of the
+        replies sent (reading the stream waits beyond that)."""
         loop = asyncio.get_running_loop()
-        pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
+        pending: asyncio.Queue = asyncio.Queue(maxsize=window)
         end = object()
 
         async def read() -> None:
             try:
-                async for request in request_iterator:
-                    try:
-                        model, future = self._submit(request, self.clock() + self.slo_s, loop)
-                        await pending.put((request.id, model, future))
-                    except Problem as p:
-                        self._count(request.model, p.code)
-                        await pending.put((request.id, None, p))
+                async for group in groups:
+                    waiting: list[tuple[str, ServedModel | None, asyncio.Future | Problem]] = []
+                    for request in group:
+                        try:
+                            model, future = self._submit(request, self.clock() + self.slo_s, loop)
+                            waiting.append((request.id, model, future))
+                        except Problem as p:
+                            self._count(request.model, p.code)
+                            waiting.append((request.id, None, p))
+                    await pending.put(waiting)
             finally:
                 await pending.put(end)
 
         reader = asyncio.ensure_future(read())
         try:
-            while (item := await pending.get()) is not end:
-                request_id, model, waiting = item
-                if isinstance(waiting, Problem):
-                    yield _error_reply(request_id, waiting.code, waiting.message)
-                    continue
-                outcome: Outcome = await waiting
-                if outcome.code != grpc.StatusCode.OK:
-                    yield _error_reply(request_id, outcome.code, outcome.message)
-                else:
-                    yield _reply(outcome, model, request_id)
+            while (waiting := await pending.get()) is not end:
+                yield [await _answer(request_id, model, answer) for request_id, model, answer in waiting]
         finally:
             reader.cancel()
 
@@ -161,6 +184,13 @@ class InferenceService(pb_grpc.InferenceServicer):
         self, request_iterator: AsyncIterator[pb.InferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.InferReply]:
         async with aclosing(self.replies(request_iterator)) as replies:  # a cancelled call ends its reader at once
+            async for reply in replies:
+                yield reply
+
+    async def InferBatchStream(
+        self, batch_iterator: AsyncIterator[pb.InferBatch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.InferBatchReply]:
+        async with aclosing(self.batch_replies(batch_iterator)) as replies:
             async for reply in replies:
                 yield reply
 
@@ -201,6 +231,17 @@ def _reply(outcome: Outcome, model: ServedModel, request_id: str) -> pb.InferRep
     )
     assert outcome.result is not None
     return convert.reply(outcome.result, model, request_id, timings)
+
+
+async def _answer(request_id: str, model: ServedModel | None, answer: asyncio.Future | Problem) -> pb.InferReply:
+    """A streamed request's reply once its outcome is in; a failed one's carries its error."""
+    if isinstance(answer, Problem):
+        return _error_reply(request_id, answer.code, answer.message)
+    outcome: Outcome = await answer
+    if outcome.code != grpc.StatusCode.OK:
+        return _error_reply(request_id, outcome.code, outcome.message)
+    assert model is not None
+    return _reply(outcome, model, request_id)
 
 
 def _error_reply(request_id: str, code: grpc.StatusCode, message: str) -> pb.InferReply:

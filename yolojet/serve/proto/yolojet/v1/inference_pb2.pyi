@@ -140,6 +140,18 @@ class InferReply(_message.Message):
     error: Error
     def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., task: _Optional[str] = ..., detections: _Optional[_Iterable[_Union[Detection, _Mapping]]] = ..., top5: _Optional[_Iterable[_Union[ClassScore, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
+class InferBatch(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[InferRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[InferRequest, _Mapping]]] = ...) -> None: ...
+
+class InferBatchReply(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[InferReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[InferReply, _Mapping]]] = ...) -> None: ...
+
 class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

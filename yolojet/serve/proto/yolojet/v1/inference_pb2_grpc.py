@@ -44,6 +44,11 @@ class InferenceStub:
                 request_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
                 response_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferReply.FromString,
                 _registered_method=True)
+        self.InferBatchStream = channel.stream_stream(
+                '/yolojet.v1.Inference/InferBatchStream',
+                request_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatch.SerializeToString,
+                response_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatchReply.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/yolojet.v1.Inference/ListModels',
                 request_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
@@ -70,6 +75,16 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InferBatchStream(self, request_iterator, context):
+        """Many images over one stream, several a message: the throughput path (`yolojet label --server`), where gRPC's own
+        cost a message would otherwise be most of a small image's. Each message's replies come back as one message, in
+        the order of its requests and in the order the messages were sent; a request that fails gets a reply whose
+        `error` says why (the stream goes on).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListModels(self, request, context):
         """The models this server runs.
         """
@@ -89,6 +104,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.InferStream,
                     request_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferRequest.FromString,
                     response_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferReply.SerializeToString,
+            ),
+            'InferBatchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.InferBatchStream,
+                    request_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatch.FromString,
+                    response_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatchReply.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -150,6 +170,33 @@ class Inference:
             '/yolojet.v1.Inference/InferStream',
             yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
             yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InferBatchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/yolojet.v1.Inference/InferBatchStream',
+            yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatch.SerializeToString,
+            yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatchReply.FromString,
             options,
             channel_credentials,
             insecure,
