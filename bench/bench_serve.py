@@ -5,7 +5,8 @@ yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped pho
            whose tuning cache has not seen a shape, its first batches would wait for tuning); the labeling client's
            bench mode (`yolojet label --bench`):
            --requests unary calls of bus.jpg's bytes with 64 in flight over --client-processes, then 8 in flight:
-           img/s and latency quantiles, and the server's own queue / decode / run split
+           img/s and latency quantiles, and the server's own queue / decode / run split; then --requests of the
+           same bytes over InferStream and over InferBatchStream (16 images a message), 256 in flight
   label    `yolojet label FOLDER --server` over --files copies of bus.jpg (file reads and the JSONL written
            included), then `yolojet label FOLDER --local`; each as a user runs it, a fresh process: its own rate
            (from its summary line) and the wall time of the whole command
@@ -128,12 +129,16 @@ def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen | None:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
+STREAM_RPCS = ("InferStream", "InferBatchStream")
+STREAM_IN_FLIGHT = 256  # over a stream a connection of each client process: 4 messages of 16 a stream in flight
+
+
 def unary_calls(
     found: dict, key: str, bus: Path, requests: int, clients: int, profile: tuple[int, Path] | None = None
 ) -> None:
     """Unary calls of bus.jpg's bytes, 64 in flight over `clients` processes then 8 over 2, after a warm-up that
-    reaches every bucket; `profile` (the server's pid, a file): py-spy records the server for the first seconds of
-    the 64 in flight."""
+    reaches every bucket; then the same bytes over streams (`STREAM_RPCS`, `STREAM_IN_FLIGHT` images in flight);
+    `profile` (the server's pid, a file): py-spy records the server for the first seconds of the 64 in flight."""
     from yolojet.client.remote import Connection, bench
 
     connection = Connection(f"127.0.0.1:{PORT}")
@@ -146,6 +151,14 @@ def unary_calls(
         found[f"{key}_{concurrency}"] = row
         print(
             f"{key}, {concurrency} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
+            f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}",
+            flush=True,
+        )
+    for rpc in STREAM_RPCS:
+        row = bench(connection, bus, requests, STREAM_IN_FLIGHT, clients, {}, rpc)
+        found[f"{key}_{rpc}"] = row
+        print(
+            f"{key}, {rpc}, {STREAM_IN_FLIGHT} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
             f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}",
             flush=True,
         )
@@ -306,6 +319,13 @@ def print_table(found: dict, files: int, processes: list[int], label_workers: li
                 print(
                     f"| {name}, {concurrency} in flight | {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
                     f"p99 {row['p99_ms']:.2f} ms, {row['codes']} |"
+                )
+        for rpc in STREAM_RPCS:
+            row = found.get(f"{key}_{rpc}")
+            if row:
+                print(
+                    f"| {name.replace('Infer', rpc, 1)}, {STREAM_IN_FLIGHT} in flight | {row['img_per_s']:,.0f} "
+                    f"img/s, p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms, {row['codes']} |"
                 )
     labels = (
         ("label_server_unary", "label --server"),

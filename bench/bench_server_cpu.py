@@ -10,6 +10,7 @@ With --label N, `yolojet label FOLDER --server` over N copies of the image follo
 image (file reads, requests, replies made records, the JSONL written).
 
     python3 bench/bench_server_cpu.py --requests 10000 --concurrency 64 [--event-loop asyncio] [--label 5000]
+        [--rpc InferStream|InferBatchStream]
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--event-loop", default="auto", choices=("auto", "uvloop", "asyncio"))
+    parser.add_argument("--rpc", default="Infer", choices=("Infer", "InferStream", "InferBatchStream"))
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--profile", type=Path, default=None, help="cProfile the server's main thread into this file")
     parser.add_argument("--label", type=int, default=0, help="also `yolojet label --server` over this many files")
@@ -152,9 +154,10 @@ def main() -> int:
             time.sleep(0.2)
         bench = [sys.executable, "-m", "yolojet", "label", str(image), "--server", f"127.0.0.1:{PORT}"]
         bench += ["--bench", str(args.requests), "-c", str(args.concurrency), "--processes", "1"]
+        bench += ["--bench-rpc", args.rpc]
         # Warm: the connection, the batcher's latency model (a first request may be refused while it learns).
         subprocess.run(
-            [*bench[:-6], "--bench", "500", "-c", str(args.concurrency), "--processes", "1"],
+            [*bench[:-8], "--bench", "500", "-c", str(args.concurrency), "--processes", "1"],
             env=env,
             capture_output=True,
         )
@@ -180,6 +183,7 @@ def main() -> int:
     latency = re.search(r"latency p50 / p90 / p99 / max\s+(.*?)\s*$", said.stdout, re.M)
     found = {
         "event_loop": args.event_loop,
+        "rpc": args.rpc,
         "requests": args.requests,
         "concurrency": args.concurrency,
         "wall_s": seconds,
@@ -194,7 +198,7 @@ def main() -> int:
     print(json.dumps(found, indent=1))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"server-cpu-{args.event_loop}.json").write_text(json.dumps(found, indent=1))
+        (args.out / f"server-cpu-{args.event_loop}-{args.rpc}.json").write_text(json.dumps(found, indent=1))
     return 0
 
 

@@ -764,7 +764,8 @@ def _cmd_label(args: argparse.Namespace) -> int:
             raise EngineConfigError("--bench measures a server: give --server HOST:PORT")
         connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
         model_facts(connection)  # a clear error now rather than in every worker
-        found = bench(connection, Path(args.source[0]), args.bench, args.concurrency, args.processes, options)
+        source = Path(args.source[0])
+        found = bench(connection, source, args.bench, args.concurrency, args.processes, options, args.bench_rpc)
         _print_bench(found)
         return 0 if found["answered"] == found["requests"] else 1
     if args.out is None:
@@ -898,7 +899,7 @@ def _print_bench(found: dict) -> None:
     s = found["server_ms"]
     rows = [
         ("requests answered", f"{found['answered']} of {found['requests']} ({found['codes']})"),
-        ("in flight", f"{found['concurrency']} over {found['processes']} processes"),
+        ("in flight", f"{found['concurrency']} over {found['processes']} processes, {found['rpc']}"),
         ("img/s", f"{found['img_per_s']:,.0f}"),
         (
             "latency p50 / p90 / p99 / max",
@@ -1263,6 +1264,13 @@ def build_parser() -> argparse.ArgumentParser:
         "image as fast as -c allows and print img/s and latencies (with --server)",
     )
     p.add_argument("--processes", type=_positive_int, default=4, help="--bench: client processes (default 4)")
+    p.add_argument(
+        "--bench-rpc",
+        choices=("Infer", "InferStream", "InferBatchStream"),
+        default="Infer",
+        help="--bench: unary calls (Infer, the default), or streams, one a connection: InferStream (an image a "
+        "message) or InferBatchStream (up to 16 a message, as labeling sends them)",
+    )
     p.add_argument(
         "--retries",
         type=int,

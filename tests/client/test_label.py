@@ -295,24 +295,13 @@ def test_killed_and_resumed_each_image_exactly_once(model_dirs, tmp_path):
     assert len(paths) == len(set(paths)) == 30
 
 
-def test_bench_mode(server, capsys):
-    code, stdout, stderr = run_cli(
-        capsys,
-        "label",
-        ASSETS / "bus.jpg",
-        "--server",
-        server.address,
-        "--model",
-        "detect",
-        "--bench",
-        "12",
-        "-c",
-        "4",
-        "--processes",
-        "2",
-    )
+@pytest.mark.parametrize("rpc", ["Infer", "InferStream", "InferBatchStream"])
+def test_bench_mode(server, capsys, rpc):
+    flags = ["--model", "detect", "--bench", "21", "-c", "6", "--processes", "2", "--bench-rpc", rpc]
+    code, stdout, stderr = run_cli(capsys, "label", ASSETS / "bus.jpg", "--server", server.address, *flags)
     assert code == 0, stderr
-    assert "12 of 12" in stdout and "img/s" in stdout and "p50" in stdout and "queue / decode / run" in stdout
+    assert "21 of 21 ({'OK': 21})" in stdout and f"6 over 2 processes, {rpc}" in stdout, stdout
+    assert "img/s" in stdout and "p50" in stdout and "queue / decode / run" in stdout
 
 
 def test_plot(server, photos, tmp_path, capsys):

@@ -245,10 +245,18 @@ BENCH_CONNECTIONS = 4  # a bench process's connections, its calls spread over th
 
 
 def bench(
-    connection: Connection, image: Path, requests: int, concurrency: int, processes: int, options: dict[str, Any]
+    connection: Connection,
+    image: Path,
+    requests: int,
+    concurrency: int,
+    processes: int,
+    options: dict[str, Any],
+    rpc: str = "Infer",
 ) -> dict[str, Any]:
-    """`requests` unary calls with one image, `concurrency` in flight over `processes` processes: img/s, latency
-    quantiles, and the server's own queue / decode / run split (its reply's timings, averaged)."""
+    """`requests` requests with one image, `concurrency` in flight over `processes` processes, as unary calls (`rpc`
+    Infer) or over streams (InferStream, InferBatchStream: a stream a connection): img/s, latency quantiles (a
+    streamed request's from its message's send to its reply), and the server's own queue / decode / run split (its
+    replies' timings, averaged)."""
     processes = max(1, min(processes, concurrency))
     share = [requests // processes + (i < requests % processes) for i in range(processes)]
     inflight = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
@@ -259,6 +267,7 @@ def bench(
         "ca_file": str(connection.ca_file) if connection.ca_file else None,
         "image": str(image),
         "options": options,
+        "rpc": rpc,
     }
     workers = []
     for n, c in zip(share, inflight, strict=True):
@@ -281,6 +290,7 @@ def bench(
     timings = [t for o in outputs for t in o["timings"]]
     split = {k: sum(t[i] for t in timings) / max(1, len(timings)) for i, k in enumerate(("queue", "decode", "run"))}
     return {
+        "rpc": rpc,
         "requests": requests,
         "concurrency": concurrency,
         "processes": processes,
@@ -323,6 +333,53 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
     codes: dict[str, int] = {}
     left = job["requests"]
 
+    def answered(reply: pb.InferReply, latency: float) -> bool:
+        """A streamed reply counted; True where it refused for load."""
+        if reply.HasField("error"):
+            code = next((c.name for c in grpc.StatusCode if c.value[0] == reply.error.code), str(reply.error.code))
+            codes[code] = codes.get(code, 0) + 1
+            return reply.error.code in LOAD_REFUSALS
+        latencies.append(latency)
+        timings.append((reply.timings.queue_ms, reply.timings.decode_ms, reply.timings.run_ms))
+        codes["OK"] = codes.get("OK", 0) + 1
+        return False
+
+    async def streamer(stub: pb_grpc.InferenceStub, window: int, batched: bool) -> None:
+        """One stream with `window` images in flight: InferBatchStream's messages of up to IMAGES_A_MESSAGE images,
+        or InferStream's of one; after a refusal for load, the next message waits `refusal_pause`."""
+        call = (stub.InferBatchStream if batched else stub.InferStream)(metadata=connection.metadata())
+        room = asyncio.Semaphore(window)
+        sent: deque[tuple[float, int]] = deque()
+        hold_until, refused_in_a_row = 0.0, 0
+
+        async def send() -> None:
+            nonlocal left
+            while left > 0:
+                count = min(IMAGES_A_MESSAGE if batched else 1, window, left)
+                left -= count
+                for _ in range(count):
+                    await room.acquire()
+                if (pause := hold_until - time.perf_counter()) > 0:
+                    await asyncio.sleep(pause)
+                sent.append((time.perf_counter(), count))
+                await call.write(pb.InferBatch(requests=[request] * count) if batched else request)
+            await call.done_writing()
+
+        writer = asyncio.ensure_future(send())
+        try:
+            async for message in call:
+                started, count = sent.popleft()
+                latency = time.perf_counter() - started
+                refused = [answered(r, latency) for r in (message.replies if batched else [message])]
+                refused_in_a_row = refused_in_a_row + 1 if any(refused) else 0
+                if any(refused):
+                    hold_until = time.perf_counter() + refusal_pause(refused_in_a_row)
+                for _ in range(count):
+                    room.release()
+            await writer
+        finally:
+            writer.cancel()
+
     async def caller(stub: pb_grpc.InferenceStub) -> None:
         nonlocal left
         refused_in_a_row = 0
@@ -345,7 +402,12 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
     for stub in stubs:  # every connection up before the timing
         await stub.ListModels(pb.ListModelsRequest(), metadata=connection.metadata(), timeout=60)
     started = time.time()
-    await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(job["concurrency"])))
+    if job["rpc"] == "Infer":
+        await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(job["concurrency"])))
+    else:  # a stream a connection, the window shared out between them
+        share = [job["concurrency"] // len(stubs) + (i < job["concurrency"] % len(stubs)) for i in range(len(stubs))]
+        batched = job["rpc"] == "InferBatchStream"
+        await asyncio.gather(*(streamer(stub, n, batched) for stub, n in zip(stubs, share, strict=True)))
     finished = time.time()
     for channel in channels:
         await channel.close()
