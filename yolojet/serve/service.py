@@ -113,44 +113,34 @@ class InferenceService(pb_grpc.InferenceServicer):
             raise Problem(outcome.code, outcome.message)
         return _reply(outcome, model, request.id)
 
-    async def replies(self, request_iterator: AsyncIterator[pb.InferRequest]) -> AsyncGenerator[pb.InferReply, None]:
+    def replies(self, request_iterator: AsyncIterator[pb.InferRequest]) -> AsyncGenerator[pb.InferReply, None]:
         """A stream's replies in request order, a failed request's as a reply carrying its error."""
+        return self._answers(request_iterator, _alone, _first, STREAM_WINDOW)
 
-        async def groups_of_one() -> AsyncIterator[Sequence[pb.InferRequest]]:
-            async for request in request_iterator:
-                yield (request,)
-
-        async with aclosing(self._answers(groups_of_one(), STREAM_WINDOW)) as answers:
-            async for (reply,) in answers:
-                yield reply
-
-    async def batch_replies(
-        self, batch_iterator: AsyncIterator[pb.InferBatch]
-    ) -> AsyncGenerator[pb.InferBatchReply, None]:
+    def batch_replies(self, batch_iterator: AsyncIterator[pb.InferBatch]) -> AsyncGenerator[pb.InferBatchReply, None]:
         """A batched stream's replies: each message's as one message, in request order."""
-
-        async def groups() -> AsyncIterator[Sequence[pb.InferRequest]]:
-            async for batch in batch_iterator:
-                yield batch.requests
-
-        async with aclosing(self._answers(groups(), BATCH_STREAM_WINDOW)) as answers:
-            async for replies in answers:
-                yield pb.InferBatchReply(replies=replies)
+        return self._answers(batch_iterator, _requests_of, _batch_reply, BATCH_STREAM_WINDOW)
 
     async def _answers(
-        self, groups: AsyncIterator[Sequence[pb.InferRequest]], window: int
-    ) -> AsyncGenerator[list[pb.InferReply], None]:
-        """Each group's replies, in order, once all of them are in; at most `window` groups are read ahead of the
-        replies sent (reading the stream waits beyond that)."""
+        self,
+        messages: AsyncIterator[Any],
+        requests_of: Callable[[Any], Sequence[pb.InferRequest]],
+        reply_of: Callable[[list[pb.InferReply]], Any],
+        window: int,
+    ) -> AsyncGenerator[Any, None]:
+        """Each message's replies, in order, as `reply_of` makes one message of them once all are in; at most `window`
+        messages are read ahead of the replies sent (reading the stream waits beyond that). A stream of single
+        requests passes through here as directly as one of batches (no generator a message between): each layer
+        cost InferStream a tenth of its rate on the 2-core machine."""
         loop = asyncio.get_running_loop()
         pending: asyncio.Queue = asyncio.Queue(maxsize=window)
         end = object()
 
         async def read() -> None:
             try:
-                async for group in groups:
+                async for message in messages:
                     waiting: list[tuple[str, ServedModel | None, asyncio.Future | Problem]] = []
-                    for request in group:
+                    for request in requests_of(message):
                         try:
                             model, future = self._submit(request, self.clock() + self.slo_s, loop)
                             waiting.append((request.id, model, future))
@@ -164,7 +154,18 @@ class InferenceService(pb_grpc.InferenceServicer):
         reader = asyncio.ensure_future(read())
         try:
             while (waiting := await pending.get()) is not end:
-                yield [await _answer(request_id, model, answer) for request_id, model, answer in waiting]
+                replies = []
+                for request_id, model, answer in waiting:
+                    if isinstance(answer, Problem):
+                        replies.append(_error_reply(request_id, answer.code, answer.message))
+                        continue
+                    outcome: Outcome = await answer
+                    if outcome.code != grpc.StatusCode.OK:
+                        replies.append(_error_reply(request_id, outcome.code, outcome.message))
+                    else:
+                        assert model is not None
+                        replies.append(_reply(outcome, model, request_id))
+                yield reply_of(replies)
         finally:
             reader.cancel()
 
@@ -233,15 +234,20 @@ def _reply(outcome: Outcome, model: ServedModel, request_id: str) -> pb.InferRep
     return convert.reply(outcome.result, model, request_id, timings)
 
 
-async def _answer(request_id: str, model: ServedModel | None, answer: asyncio.Future | Problem) -> pb.InferReply:
-    """A streamed request's reply once its outcome is in; a failed one's carries its error."""
-    if isinstance(answer, Problem):
-        return _error_reply(request_id, answer.code, answer.message)
-    outcome: Outcome = await answer
-    if outcome.code != grpc.StatusCode.OK:
-        return _error_reply(request_id, outcome.code, outcome.message)
-    assert model is not None
-    return _reply(outcome, model, request_id)
+def _alone(request: pb.InferRequest) -> tuple[pb.InferRequest]:
+    return (request,)
+
+
+def _first(replies: list[pb.InferReply]) -> pb.InferReply:
+    return replies[0]
+
+
+def _requests_of(batch: pb.InferBatch) -> Sequence[pb.InferRequest]:
+    return batch.requests
+
+
+def _batch_reply(replies: list[pb.InferReply]) -> pb.InferBatchReply:
+    return pb.InferBatchReply(replies=replies)
 
 
 def _error_reply(request_id: str, code: grpc.StatusCode, message: str) -> pb.InferReply:
