@@ -371,3 +371,36 @@ def test_files_in_the_page_cache_are_read_whole_and_anything_else_is_left_to_the
     for name in ("empty.jpg", "folder.jpg", "missing.jpg", "clip.mp4", "pipe.jpg"):
         assert read_cached_file(str(tmp_path / name)) is None, name
     assert read_cached_file("https://example.com/bus.jpg") is None
+
+
+KEEPS_FREED_MEMORY = r"""
+import json, resource, sys
+from yolojet.images.sources import keep_freed_memory
+
+kept = keep_freed_memory() if sys.argv[1] == "kept" else None
+faults = []
+for round in range(4):  # 64 images at a time, as a batch's files read into new bytes objects are
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    held = [bytes(bytearray(137_000 + i)) for i in range(64)]
+    del held
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"kept": kept, "faults": faults}))
+"""
+
+
+def test_freed_memory_is_kept_for_the_next_images():
+    """After keep_freed_memory, a batch's worth of JPEG-sized blocks reuses the memory the batch before freed (few
+    page faults from the second batch on) where glibc's defaults give it back and fault every page in again."""
+    import json
+    import subprocess
+    import sys
+
+    said = {}
+    for how in ("kept", "default"):
+        run = subprocess.run([sys.executable, "-c", KEEPS_FREED_MEMORY, how], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        said[how] = json.loads(run.stdout)
+    pages = 64 * 2 * 137_000 // 4096  # each block's pages, twice: the bytearray and the bytes made from it
+    assert said["kept"]["kept"] is True
+    assert max(said["kept"]["faults"][1:]) < pages // 10, said
+    assert min(said["default"]["faults"][1:]) > pages // 2, said

@@ -24,6 +24,7 @@ import grpc
 
 from yolojet.errors import ImageReadError, YolojetError
 from yolojet.images import read_image_file
+from yolojet.images.sources import keep_freed_memory
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 
@@ -97,6 +98,7 @@ class RemoteLabeler:
     def __init__(self, connection: Connection, window: int, options: dict[str, Any]) -> None:
         """`window` requests in flight on one stream (`label --server --streams N` runs N of these, a process each:
         scale/stream_workers.py)."""
+        keep_freed_memory()  # each file read into new memory would page-fault on every page it fills
         self.connection, self.window_size, self.options = connection, window, options
         self.refusals = 0  # answers refusing for load (RESOURCE_EXHAUSTED, or a deadline that passed), sent again
         self.reconnects = 0

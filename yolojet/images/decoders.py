@@ -46,7 +46,7 @@ import torch
 from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.images.codecs import DEFAULT_MAX_PIXELS, JPEG_EOI, EncodedInfo, check_encoded, decode_cpu
 from yolojet.images.frames import Frame, describe
-from yolojet.images.sources import is_url, read_cached_file, read_image_file, refused_source
+from yolojet.images.sources import is_url, keep_freed_memory, read_cached_file, read_image_file, refused_source
 from yolojet.options import DECODER_NAMES, cache_dir, name_nvimgcodec_extensions, nvimgcodec_extensions_given
 
 _MAX_THREADS = 32  # more threads than this gain nothing on one process's file reads and decodes
@@ -130,6 +130,7 @@ class CpuDecoder:
     name = "cpu"
 
     def __init__(self, device: torch.device, max_pixels: int = DEFAULT_MAX_PIXELS, threads: int | None = None):
+        keep_freed_memory()  # every decoder reads files or takes received bytes, and makes frames, through this one
         self.device = device
         self.max_pixels = max_pixels
         self.threads = threads or cpu_threads()
