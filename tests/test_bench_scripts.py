@@ -28,6 +28,7 @@ def bench_on_path(monkeypatch):
         "bench_one_to_one",
         "bench_server_cpu",
         "bench_feed_handoff",
+        "bench_file_reads",
         "launch_census",
         "sampler",
     ],
