@@ -69,7 +69,8 @@ class InferenceService(pb_grpc.InferenceServicer):
     ) -> tuple[ServedModel, asyncio.Future]:
         """Check the request and queue it; the future gets its `Outcome`."""
         model = self._model(request.model)
-        if not request.image:
+        data = request.image  # each read of a bytes field makes a new copy (upb): once
+        if not data:
             raise Problem(grpc.StatusCode.INVALID_ARGUMENT, "image: empty, no image bytes in the request")
         given: dict[str, Any] = {}
         for field in ("conf", "iou", "max_det"):
@@ -85,7 +86,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         settler = self._settlers.get(loop)
         if settler is None:
             settler = self._settlers[loop] = Settler(loop)
-        job = Job(request.id, request.image, options, functools.partial(settler.put, future))
+        job = Job(request.id, data, options, functools.partial(settler.put, future))
         try:
             self.runner.enqueue(model.name, job, deadline, key=(options.iou, options.agnostic))
         except Refused as e:
