@@ -112,39 +112,40 @@ def from_reply(path: str, reply: Any) -> dict:
             {"class": c.class_id, "name": c.class_name, "confidence": round(c.confidence, SCORE)} for c in reply.top5
         ]
         return record
-    # Each kind of coordinate gathered over the reply and rounded at once, as from_results does.
+    # Each kind of coordinate gathered over the reply and rounded at once, as from_results does; what a detection
+    # holds follows from the task (the server fills `rotated_box` for OBB, `box` otherwise, keypoints for pose, masks
+    # for segment), so each is read only where the task has it (every field read makes a wrapper: 31 -> 19 us for
+    # ten boxes on the 2-core machine).
     found = list(reply.detections)
-    rotated = [d.HasField("rotated_box") for d in found]
-    boxes = _round(
-        [[d.box.x1, d.box.y1, d.box.x2, d.box.y2] for d, r in zip(found, rotated, strict=True) if not r], COORD
-    )
-    turned = [d.rotated_box for d, r in zip(found, rotated, strict=True) if r]
-    rotated_boxes = [
-        c + a
-        for c, a in zip(
-            _round([[t.cx, t.cy, t.width, t.height] for t in turned], COORD),
-            _round([[t.angle] for t in turned], 5),
-            strict=True,
-        )
-    ]
-    points = [(k.x, k.y, k.visibility) for d in found for k in d.keypoints]
-    xy, visible = _round([p[:2] for p in points], COORD), _round([p[2:] for p in points], SCORE)
     scores = _round([d.confidence for d in found], SCORE)  # rounded as from_results rounds them
-    plain, turned_at, point_at = iter(boxes), iter(rotated_boxes), 0
-    detections = []
-    for d, r, score in zip(found, rotated, scores, strict=True):
-        out: dict[str, Any] = {"class": d.class_id, "name": d.class_name, "confidence": score}
-        if r:
-            out["rotated_box"] = next(turned_at)
-        else:
-            out["box"] = next(plain)
-        if d.HasField("mask"):
-            out["mask"] = {"size": [d.mask.height, d.mask.width], "counts": d.mask.counts}
-        if count := len(d.keypoints):
-            end = point_at + count
-            out["keypoints"] = [p + v for p, v in zip(xy[point_at:end], visible[point_at:end], strict=True)]
-            point_at = end
-        detections.append(out)
+    detections = [
+        {"class": d.class_id, "name": d.class_name, "confidence": score} for d, score in zip(found, scores, strict=True)
+    ]
+    task = reply.task
+    if task == "obb":
+        turned = [d.rotated_box for d in found]
+        corners = _round([[t.cx, t.cy, t.width, t.height] for t in turned], COORD)
+        angles = _round([[t.angle] for t in turned], 5)
+        for out, c, a in zip(detections, corners, angles, strict=True):
+            out["rotated_box"] = c + a
+    else:
+        plain = [d.box for d in found]
+        for out, box in zip(detections, _round([[b.x1, b.y1, b.x2, b.y2] for b in plain], COORD), strict=True):
+            out["box"] = box
+    if task == "segment":
+        for out, d in zip(detections, found, strict=True):
+            if d.HasField("mask"):
+                mask = d.mask
+                out["mask"] = {"size": [mask.height, mask.width], "counts": mask.counts}
+    if task == "pose":
+        points = [(k.x, k.y, k.visibility) for d in found for k in d.keypoints]
+        xy, visible = _round([p[:2] for p in points], COORD), _round([p[2:] for p in points], SCORE)
+        point_at = 0
+        for out, d in zip(detections, found, strict=True):
+            if count := len(d.keypoints):
+                end = point_at + count
+                out["keypoints"] = [p + v for p, v in zip(xy[point_at:end], visible[point_at:end], strict=True)]
+                point_at = end
     record["detections"] = detections
     return record
 
