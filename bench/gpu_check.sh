@@ -8,7 +8,7 @@
 #                             # for the server and the labeling client, grpcio 1.85.1 and protobuf 7.35.1, which the generated
 #                             # code needs, grpcio-health-checking, grpcio-reflection and orjson; nvidia-nvjpeg and
 #                             # nvidia-nvimgcodec-cu13 for the hardware decoders; cryptography for the TLS test)
-#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images switch serve overload one_to_one network compile
+#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images reads switch serve overload one_to_one network compile
 #   STAGES=one_to_one bash bench/gpu_check.sh   # bench/bench_one_to_one.py: YOLO26's one-to-one selection, torch ops vs our kernels
 #   STAGES=images IMAGES_FLAGS="--stages decoders call --files 2000" bash bench/gpu_check.sh  # bench/bench_images.py
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
@@ -106,6 +106,10 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     timeout "${IMAGES_SECONDS:-400}" python3 bench/bench_images.py --out "$OUT" ${IMAGES_FLAGS:-} > "$OUT/images.log" 2>&1
     [ -f "$OUT/pyspy-startup.txt" ] && gzip -f "$OUT/pyspy-startup.txt"  # collapsed stacks: tens of MB unpacked
     tail -22 "$OUT/images.log" ;;
+  reads)
+    # A JPEG file's read into new bytes with glibc's defaults and with keep_freed_memory (bench/bench_file_reads.py).
+    timeout "${READS_SECONDS:-60}" python3 bench/bench_file_reads.py --out "$OUT" > "$OUT/reads.log" 2>&1
+    tail -5 "$OUT/reads.log" ;;
   switch)
     # The feed beside a thread running Python code at several switch intervals (bench/bench_switch.py).
     timeout "${SWITCH_SECONDS:-120}" python3 bench/bench_switch.py --files 2000 --out "$OUT/switch.json" > "$OUT/switch.log" 2>&1
