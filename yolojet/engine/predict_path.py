@@ -144,6 +144,9 @@ class CapturedPath(ABC):
         self.seen: OrderedDict[tuple, None] = OrderedDict()
         self.captured_with = network.captures  # a new network capture may move the scratch these graphs hold
         self.done = [torch.cuda.Event() for _ in range(PARITIES)] if self.cuda else []
+        # Each parity's frames, kept from `stage` until the batch is collected: the GPU reads them after `stage`
+        # returns, and a frame let go before then could have its memory handed to another stream's next allocation.
+        self.staged: list[list[Frame]] = [[] for _ in range(PARITIES)]
 
     @abstractmethod
     def _key(self, batch: int, parity: int) -> tuple:
@@ -253,7 +256,6 @@ class DetectionHead(CapturedPath):
         # Runs fill their batch bucket where they are captured (on a GPU); under the interpreter, which captures
         # nothing, the spare slots would only cost time.
         self.fill_bucket = self.cuda
-        self.staged: list[list[Frame]] = [[] for _ in range(PARITIES)]
         # What each parity's pinned inputs hold, so that running the same staged frames again (the low-latency
         # trio's loop) writes nothing.
         self.written: list[tuple | None] = [None] * PARITIES
@@ -469,6 +471,7 @@ class ClassifyHead(CapturedPath):
             self._staging(slot, shape, parity).copy_(frame.pixels)
             slots.append(_ClassifySlot(shape, frame.bgr, self._plan(slot, shape)))
         self.slots[parity] = slots
+        self.staged[parity] = list(frames)
 
     def _key(self, batch: int, parity: int) -> tuple:
         shapes = tuple((s.shape, s.bgr) for s in self.slots[parity][:batch])
@@ -503,6 +506,7 @@ class ClassifyHead(CapturedPath):
         self.wait(parity)
         batch = len(self.slots[parity])
         probs = self.probs_host[parity][:batch].numpy().copy()
+        self.staged[parity] = []
         return [{"probs": p} for p in probs]
 
 
