@@ -387,3 +387,27 @@ def test_images_travel_several_a_message_within_the_window(photos, monkeypatch):
     window = remote._Window(20)
     messages = labeler._requests(window, iter(paths), on_error=lambda path, why: pytest.fail(why))
     assert len(next(messages).requests) == 2  # the second image takes it to the bound
+
+
+def test_messages_stay_within_the_servers_limit_and_a_larger_image_is_its_own_error(
+    model_dirs, photos, tmp_path, capsys
+):
+    """A server taking at most 200,000 bytes a message (ListModels says so): the labeler's messages stay under it (a
+    larger one would fail the whole stream), and a file larger than that alone goes to the error log."""
+    from PIL import Image
+
+    noise = np.random.default_rng(0).integers(0, 255, (400, 400, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(photos / "big.png")  # ~480 KB of noise
+    small = RunningServer(
+        {"detect": served("detect", model_dirs["detect"])},
+        replace(ServeOptions(), port=0, slo_ms=60_000, max_message_bytes=200_000),
+    )
+    out = tmp_path / "labels.jsonl"
+    try:
+        code, _, stderr = run_cli(capsys, "label", photos, "--server", small.address, "--out", out, "--quiet")
+    finally:
+        small.stop()
+    assert code == 1, stderr  # an image failed
+    assert sorted(Path(r["path"]).name for r in lines(out)) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
+    (error,) = lines(tmp_path / "labels.jsonl.errors.jsonl")
+    assert Path(error["path"]).name == "big.png" and "more than the server takes (200,000 a message)" in error["error"]

@@ -170,6 +170,7 @@ def test_list_models(server):
     assert info["detect"].task == "detect" and info["detect"].max_batch == 4 and info["detect"].height == 320
     assert info["detect"].backend == "reference" and info["detect"].decoder == "cpu"
     assert len(info["detect"].class_names) == 80
+    assert reply.max_message_bytes == ServeOptions().max_message_bytes == 64 << 20
 
 
 def test_health_and_reflection(server):

@@ -40,6 +40,7 @@ LOAD_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.DE
 # under the server's 64 MiB limit.
 IMAGES_A_MESSAGE = 16
 MESSAGE_BYTES = 4 << 20
+REQUEST_ROOM = 16 << 10  # a request's bytes besides its image (its id, a path; the model; options), at most
 
 
 class ServerUnavailable(YolojetError):
@@ -116,8 +117,11 @@ class RemoteLabeler:
             stub = pb_grpc.InferenceStub(channel)
             window.ended = False
             try:
+                server_max = stub.ListModels(
+                    pb.ListModelsRequest(), timeout=30, metadata=self.connection.metadata()
+                ).max_message_bytes
                 messages = stub.InferBatchStream(
-                    self._requests(window, source, on_error), metadata=self.connection.metadata()
+                    self._requests(window, source, on_error, server_max), metadata=self.connection.metadata()
                 )
                 for message in messages:
                     failures = 0
@@ -145,12 +149,16 @@ class RemoteLabeler:
                 channel.close()
 
     def _requests(
-        self, window: _Window, source: Iterator[str], on_error: Callable[[str, str], None]
+        self, window: _Window, source: Iterator[str], on_error: Callable[[str, str], None], server_max: int = 0
     ) -> Iterator[pb.InferBatch]:
-        """The stream's messages, up to IMAGES_A_MESSAGE images (and MESSAGE_BYTES) each: what must go again first,
-        then new images, never more than the window in flight; a message goes as soon as the window is full or no
-        image is at hand; the stream ends once everything is answered."""
+        """The stream's messages, up to IMAGES_A_MESSAGE images and MESSAGE_BYTES each, and within `server_max`
+        bytes (the server's limit a message; 0: not said): what must go again first, then new images, never more
+        than the window in flight; a message goes as soon as the window is full, the next image would take it past
+        the server's limit, or no image is at hand; an image over the server's limit alone is an error of its own;
+        the stream ends once everything is answered."""
+        fits = server_max - REQUEST_ROOM if server_max else None  # image bytes a message may carry
         counter = 0
+        held_over: tuple[str, str, bytes] | None = None  # read for a message it would have taken past the limit
         while True:
             group: list[tuple[str, str, bytes]] = []
             size = 0
@@ -162,17 +170,16 @@ class RemoteLabeler:
                         return
                     if group and self._held(window, len(group)):
                         break
-                    if window.again:
-                        item: tuple[str, str, bytes] | None = window.again.popleft()
-                    elif window.source_done:
+                    item, held_over = held_over, None
+                    if item is None and window.again:
+                        item = window.again.popleft()
+                    elif item is None and window.source_done:
                         if group:
                             break
                         if not window.sent:
                             return  # all answered: the stream ends here
                         window.lock.wait(timeout=0.5)
                         continue
-                    else:
-                        item = None
                 if item is None:
                     path = next(source, None)
                     if path is None:
@@ -185,8 +192,14 @@ class RemoteLabeler:
                     except ImageReadError as e:
                         on_error(path, str(e))
                         continue
+                    if fits is not None and len(data) > fits:
+                        on_error(path, f"{len(data):,} bytes: more than the server takes ({server_max:,} a message)")
+                        continue
                     counter += 1
                     item = (f"{counter}:{path}", path, data)
+                if fits is not None and group and size + len(item[2]) > fits - REQUEST_ROOM * len(group):
+                    held_over = item  # the first of the next message
+                    break
                 group.append(item)
                 size += len(item[2])
             with window.lock:

@@ -164,7 +164,9 @@ class Server:
                 ),
             ],
         )
-        service = InferenceService(self.models, self.runner, self.metrics, o.slo_ms / 1000)
+        service = InferenceService(
+            self.models, self.runner, self.metrics, o.slo_ms / 1000, max_message_bytes=o.max_message_bytes
+        )
         pb_grpc.add_InferenceServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

@@ -48,8 +48,12 @@ class InferenceService(pb_grpc.InferenceServicer):
         metrics: ServerMetrics,
         slo_s: float,
         clock: Callable[[], float] = time.monotonic,
+        max_message_bytes: int = 0,
     ) -> None:
+        """`max_message_bytes`: the largest request message the server takes, which ListModels tells clients (0: not
+        said)."""
         self.models, self.runner, self.metrics, self.slo_s, self.clock = models, runner, metrics, slo_s, clock
+        self.max_message_bytes = max_message_bytes
         self._settlers: dict[asyncio.AbstractEventLoop, Settler] = {}
 
     # -- one request --------------------------------------------------------------------------
@@ -171,7 +175,8 @@ class InferenceService(pb_grpc.InferenceServicer):
             reader.cancel()
 
     def model_list(self) -> pb.ListModelsReply:
-        return pb.ListModelsReply(models=[convert.model_info(self.models[n]) for n in sorted(self.models)])
+        models = [convert.model_info(self.models[n]) for n in sorted(self.models)]
+        return pb.ListModelsReply(models=models, max_message_bytes=self.max_message_bytes)
 
     # -- the methods --------------------------------------------------------------------------
 
