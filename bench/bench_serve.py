@@ -189,6 +189,10 @@ def server_stage(
             where = ["--server", f"127.0.0.1:{PORT}", "--streams", str(streams)]
             found[f"label_server_{key}"] = label(files, work / f"server-{key}.jsonl", where)
             print(f"label --server ({key}): {found[f'label_server_{key}']}", flush=True)
+            for window in args.label_windows:
+                row = label(files, work / f"server-{key}-c{window}.jsonl", [*where, "-c", str(window)])
+                found[f"label_server_{key}_c{window}"] = row
+                print(f"label --server -c {window} ({key}): {row}", flush=True)
     except Exception:
         found.setdefault("failures", []).append(traceback.format_exc())
         print(traceback.format_exc(), flush=True)
@@ -212,6 +216,14 @@ def main() -> int:
         "--client-processes", type=int, default=4, help="the bench client's processes for the 64 calls in flight"
     )
     parser.add_argument("--no-label", action="store_true", help="the unary calls only")
+    parser.add_argument(
+        "--label-windows",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="C",
+        help="also `label --server -c C` for each C given (its window of images in flight; default 64)",
+    )
     parser.add_argument("--asyncio", action="store_true", help="also measure a server on asyncio's event loop")
     parser.add_argument("--devices", default=None, help="also measure the worker-process server and labeler on these")
     parser.add_argument(
@@ -335,6 +347,9 @@ def print_table(found: dict, files: int, processes: list[int], label_workers: li
         *((f"label_local_workers{n}", f"label --local --workers {n}") for n in label_workers),
         ("label_server_workers", "label --server, --devices"),
         *((f"label_server_processes{n}", f"label --server --streams {n}, --processes {n}") for n in processes),
+    )
+    labels += tuple(
+        (key, f"label --server -c {key.rsplit('_c', 1)[1]}") for key in found if key.startswith("label_server_unary_c")
     )
     for key, name in labels:
         row = found.get(key)
