@@ -374,7 +374,7 @@ def test_images_travel_several_a_message_within_the_window(photos, monkeypatch):
     labeler = remote.RemoteLabeler(remote.Connection("127.0.0.1:1"), window=20, options={})
     window = remote._Window(20)
     answered: list[str] = []
-    messages = labeler._requests(window, iter(paths), on_error=lambda path, why: pytest.fail(why))
+    messages = labeler._requests(window, 0, iter(paths), on_error=lambda path, why: pytest.fail(why))
     first, second = next(messages), next(messages)
     assert [len(m.requests) for m in (first, second)] == [remote.IMAGES_A_MESSAGE, 20 - remote.IMAGES_A_MESSAGE]
     assert len({r.id for m in (first, second) for r in m.requests}) == 20
@@ -385,8 +385,37 @@ def test_images_travel_several_a_message_within_the_window(photos, monkeypatch):
 
     monkeypatch.setattr(remote, "MESSAGE_BYTES", 2 * max(len(Path(p).read_bytes()) for p in paths[:3]) - 1)
     window = remote._Window(20)
-    messages = labeler._requests(window, iter(paths), on_error=lambda path, why: pytest.fail(why))
+    messages = labeler._requests(window, 0, iter(paths), on_error=lambda path, why: pytest.fail(why))
     assert len(next(messages).requests) == 2  # the second image takes it to the bound
+
+
+@pytest.mark.parametrize("break_at", [15, 18])
+def test_a_stream_that_ends_while_its_message_is_made_gives_the_images_back(photos, break_at):
+    """The call ends (a broken connection: its generation moves on) while the generator reads the image at `break_at`:
+    the 16th, which completes a message, or the 3rd of the second message. Nothing it took is sent into the finished
+    call or lost: the message's images go back after those sent before them, and the next stream's generator sends
+    them first."""
+    from yolojet.client import remote
+
+    paths = [str(p) for p in sorted(photos.rglob("*.jpg"))] * 10  # 30 files
+    labeler = remote.RemoteLabeler(remote.Connection("127.0.0.1:1"), window=100, options={})
+    window = remote._Window(100)
+
+    def source():
+        for n, path in enumerate(paths):
+            if n == break_at:
+                with window.lock:  # what RemoteLabeler.run does when the call breaks
+                    window.generation += 1
+                    window.again.extendleft(reversed([(i, p, d) for i, (p, d) in window.sent.items()]))
+                    window.sent.clear()
+            yield path
+
+    messages = list(labeler._requests(window, 0, source(), on_error=lambda path, why: pytest.fail(why)))
+    assert [len(m.requests) for m in messages] == ([] if break_at < 16 else [16])
+    assert not window.sent
+    assert [request_id for request_id, _, _ in window.again] == [f"{n + 1}:{paths[n]}" for n in range(break_at + 1)]
+    resent = next(labeler._requests(window, 1, source(), on_error=lambda path, why: pytest.fail(why)))
+    assert [r.id for r in resent.requests] == [f"{n + 1}:{paths[n]}" for n in range(16)]
 
 
 def test_messages_stay_within_the_servers_limit_and_a_larger_image_is_its_own_error(
@@ -410,4 +439,5 @@ def test_messages_stay_within_the_servers_limit_and_a_larger_image_is_its_own_er
     assert code == 1, stderr  # an image failed
     assert sorted(Path(r["path"]).name for r in lines(out)) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
     (error,) = lines(tmp_path / "labels.jsonl.errors.jsonl")
-    assert Path(error["path"]).name == "big.png" and "more than the server takes (200,000 a message)" in error["error"]
+    assert Path(error["path"]).name == "big.png"
+    assert "more than the server takes in a message (200,000 bytes)" in error["error"]

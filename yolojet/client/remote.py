@@ -41,6 +41,7 @@ LOAD_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.DE
 IMAGES_A_MESSAGE = 16
 MESSAGE_BYTES = 4 << 20
 REQUEST_ROOM = 16 << 10  # a request's bytes besides its image (its id, a path; the model; options), at most
+CHANNEL_MAX_MESSAGE = 64 << 20  # this client's own limit a message, each way
 
 
 class ServerUnavailable(YolojetError):
@@ -58,7 +59,10 @@ class Connection:
     retries: int = 8  # a broken connection is reopened this many times, 0.5 s, 1 s, 2 s, ... apart (4 min in all)
 
     def channel(self) -> grpc.Channel:
-        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        options = [
+            ("grpc.max_receive_message_length", CHANNEL_MAX_MESSAGE),
+            ("grpc.max_send_message_length", CHANNEL_MAX_MESSAGE),
+        ]
         if self.ca_file is not None:
             credentials = grpc.ssl_channel_credentials(Path(self.ca_file).read_bytes())
             return grpc.secure_channel(self.address, credentials, options=options)
@@ -77,9 +81,22 @@ class _Window:
     again: deque[tuple[str, str, bytes]] = field(default_factory=deque)
     lock: threading.Condition = field(default_factory=threading.Condition)
     source_done: bool = False
-    ended: bool = False  # the stream's call is over: its request generator must stop
+    # Which stream's message generator may take images: bumped when a stream's call is over, so that its generator,
+    # which gRPC may still be running, puts back what it took and stops rather than hand it to a finished call.
+    generation: int = 0
     hold_until: float = 0.0  # monotonic time before which nothing is sent: the server refused for load
     refused_in_a_row: int = 0
+
+
+class _EndedEarly(Exception):
+    """A stream the server ended (status OK) with requests still unanswered."""
+
+
+def _give_back(window: _Window, group: list[tuple[str, str, bytes]], held_over: tuple[str, str, bytes] | None) -> None:
+    """Images a stream's generator took but did not send, in order, to be sent again after what was taken before them
+    (under the window's lock)."""
+    window.again.extend([*group, *([held_over] if held_over is not None else [])])
+    window.lock.notify_all()
 
 
 def refusal_pause(refused_in_a_row: int) -> float:
@@ -115,27 +132,33 @@ class RemoteLabeler:
         while True:
             channel = self.connection.channel()
             stub = pb_grpc.InferenceStub(channel)
-            window.ended = False
+            with window.lock:
+                generation = window.generation
             try:
                 server_max = stub.ListModels(
                     pb.ListModelsRequest(), timeout=30, metadata=self.connection.metadata()
                 ).max_message_bytes
                 messages = stub.InferBatchStream(
-                    self._requests(window, source, on_error, server_max), metadata=self.connection.metadata()
+                    self._requests(window, generation, source, on_error, server_max),
+                    metadata=self.connection.metadata(),
                 )
                 for message in messages:
                     failures = 0
                     for reply in message.replies:
                         self._answered(window, reply, on_reply, on_error)
-                return
-            except grpc.RpcError as e:
-                if e.code() not in RETRYABLE or failures >= self.connection.retries:
-                    done = "" if e.code() not in RETRYABLE else f" after {failures + 1} attempts"
-                    raise ServerUnavailable(
-                        f"server {self.connection.address}{done}: {e.code().name}: {e.details()}"
-                    ) from None
+                with window.lock:
+                    if window.source_done and not window.sent and not window.again:
+                        return
+                # The server ended the stream with requests unanswered: as a broken stream, they go again.
+                raise _EndedEarly()
+            except (grpc.RpcError, _EndedEarly) as e:
+                code = e.code() if isinstance(e, grpc.RpcError) else grpc.StatusCode.UNAVAILABLE
+                details = e.details() if isinstance(e, grpc.RpcError) else "the stream ended with images unanswered"
+                if code not in RETRYABLE or failures >= self.connection.retries:
+                    done = "" if code not in RETRYABLE else f" after {failures + 1} attempts"
+                    raise ServerUnavailable(f"server {self.connection.address}{done}: {code.name}: {details}") from None
                 with window.lock:  # what was sent and not answered goes again, first, in order
-                    window.ended = True
+                    window.generation += 1
                     window.again.extendleft(reversed([(i, p, d) for i, (p, d) in window.sent.items()]))
                     window.sent.clear()
                     window.lock.notify_all()
@@ -144,19 +167,27 @@ class RemoteLabeler:
                 self.reconnects += 1
             finally:
                 with window.lock:
-                    window.ended = True
+                    if window.generation == generation:
+                        window.generation += 1
                     window.lock.notify_all()
                 channel.close()
 
     def _requests(
-        self, window: _Window, source: Iterator[str], on_error: Callable[[str, str], None], server_max: int = 0
+        self,
+        window: _Window,
+        generation: int,
+        source: Iterator[str],
+        on_error: Callable[[str, str], None],
+        server_max: int = 0,
     ) -> Iterator[pb.InferBatch]:
-        """The stream's messages, up to IMAGES_A_MESSAGE images and MESSAGE_BYTES each, and within `server_max`
-        bytes (the server's limit a message; 0: not said): what must go again first, then new images, never more
-        than the window in flight; a message goes as soon as the window is full, the next image would take it past
-        the server's limit, or no image is at hand; an image over the server's limit alone is an error of its own;
-        the stream ends once everything is answered."""
-        fits = server_max - REQUEST_ROOM if server_max else None  # image bytes a message may carry
+        """The messages of the stream `generation` names, up to IMAGES_A_MESSAGE images and MESSAGE_BYTES each, and
+        within `server_max` bytes (the server's limit a message; 0: not said) and this client's own: what must go
+        again first, then new images, never more than the window in flight; a message goes as soon as the window is
+        full, the next image would take it past the limit, or no image is at hand; an image over the limit alone is
+        an error of its own; the stream ends once everything is answered, or once its call is over (what it took and
+        had not sent goes back to be sent again)."""
+        limit = min(server_max or CHANNEL_MAX_MESSAGE, CHANNEL_MAX_MESSAGE)
+        fits = limit - REQUEST_ROOM  # image bytes a message may carry
         counter = 0
         held_over: tuple[str, str, bytes] | None = None  # read for a message it would have taken past the limit
         while True:
@@ -164,9 +195,10 @@ class RemoteLabeler:
             size = 0
             while len(group) < IMAGES_A_MESSAGE and size < MESSAGE_BYTES:
                 with window.lock:
-                    while not window.ended and not group and self._held(window, 0):
+                    while window.generation == generation and not group and self._held(window, 0):
                         window.lock.wait(timeout=max(0.0, window.hold_until - time.monotonic()) or None)
-                    if window.ended:
+                    if window.generation != generation:
+                        _give_back(window, group, held_over)
                         return
                     if group and self._held(window, len(group)):
                         break
@@ -192,17 +224,24 @@ class RemoteLabeler:
                     except ImageReadError as e:
                         on_error(path, str(e))
                         continue
-                    if fits is not None and len(data) > fits:
-                        on_error(path, f"{len(data):,} bytes: more than the server takes ({server_max:,} a message)")
+                    if len(data) > fits:
+                        on_error(
+                            path,
+                            f"{len(data):,} bytes: with a request's other fields ({REQUEST_ROOM:,} bytes at most), "
+                            f"more than the server takes in a message ({limit:,} bytes)",
+                        )
                         continue
                     counter += 1
                     item = (f"{counter}:{path}", path, data)
-                if fits is not None and group and size + len(item[2]) > fits - REQUEST_ROOM * len(group):
+                if group and size + len(item[2]) > fits - REQUEST_ROOM * len(group):
                     held_over = item  # the first of the next message
                     break
                 group.append(item)
                 size += len(item[2])
             with window.lock:
+                if window.generation != generation:  # the call ended while the message was made
+                    _give_back(window, group, held_over)
+                    return
                 for request_id, path, data in group:
                     window.sent[request_id] = (path, data)
             requests = [
@@ -391,7 +430,10 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
                     hold_until = time.perf_counter() + refusal_pause(refused_in_a_row)
                 for _ in range(count):
                     room.release()
-            await writer
+            if sent:  # the server ended the stream with requests unanswered: counted, and the sender stopped
+                codes["UNANSWERED"] = codes.get("UNANSWERED", 0) + sum(count for _, count in sent)
+            else:
+                await writer
         finally:
             writer.cancel()
 

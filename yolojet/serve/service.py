@@ -28,8 +28,7 @@ from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 from yolojet.serve.runner import Job, Outcome, Runner
 
-STREAM_WINDOW = 512  # requests of one stream in flight at once; reading the stream waits beyond this
-BATCH_STREAM_WINDOW = 64  # messages of one batched stream in flight (a message is 16 images as `label` sends them)
+STREAM_WINDOW = 512  # images of one stream in flight at once; reading the stream waits beyond this
 
 
 class Problem(Exception):
@@ -120,30 +119,35 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     def replies(self, request_iterator: AsyncIterator[pb.InferRequest]) -> AsyncGenerator[pb.InferReply, None]:
         """A stream's replies in request order, a failed request's as a reply carrying its error."""
-        return self._answers(request_iterator, _alone, _first, STREAM_WINDOW)
+        return self._answers(request_iterator, _alone, _first)
 
     def batch_replies(self, batch_iterator: AsyncIterator[pb.InferBatch]) -> AsyncGenerator[pb.InferBatchReply, None]:
         """A batched stream's replies: each message's as one message, in request order."""
-        return self._answers(batch_iterator, _requests_of, _batch_reply, BATCH_STREAM_WINDOW)
+        return self._answers(batch_iterator, _requests_of, _batch_reply)
 
     async def _answers(
         self,
         messages: AsyncIterator[Any],
         requests_of: Callable[[Any], Sequence[pb.InferRequest]],
         reply_of: Callable[[list[pb.InferReply]], Any],
-        window: int,
     ) -> AsyncGenerator[Any, None]:
-        """Each message's replies, in order, as `reply_of` makes one message of them once all are in; at most `window`
-        messages are read ahead of the replies sent (reading the stream waits beyond that). A stream of single
-        requests passes through here as directly as one of batches (no generator a message between): each layer
-        cost InferStream a tenth of its rate on the 2-core machine."""
+        """Each message's replies, in order, as `reply_of` makes one message of them once all are in; reading the
+        stream waits while STREAM_WINDOW images are read ahead of the replies sent (a message is read whole). A stream
+        of single requests passes through here as directly as one of batches (no generator a message between): each
+        layer cost InferStream a tenth of its rate on the 2-core machine. The stream fails as its reading failed."""
         loop = asyncio.get_running_loop()
-        pending: asyncio.Queue = asyncio.Queue(maxsize=window)
+        pending: asyncio.Queue = asyncio.Queue()  # unbounded: the images in it are bounded below
+        room = asyncio.Event()
+        ahead = 0  # images read and not yet answered
         end = object()
 
         async def read() -> None:
+            nonlocal ahead
             try:
                 async for message in messages:
+                    while ahead >= STREAM_WINDOW:
+                        room.clear()
+                        await room.wait()
                     waiting: list[tuple[str, ServedModel | None, asyncio.Future | Problem]] = []
                     for request in requests_of(message):
                         try:
@@ -152,9 +156,10 @@ class InferenceService(pb_grpc.InferenceServicer):
                         except Problem as p:
                             self._count(request.model, p.code)
                             waiting.append((request.id, None, p))
-                    await pending.put(waiting)
+                    ahead += len(waiting)
+                    pending.put_nowait(waiting)
             finally:
-                await pending.put(end)
+                pending.put_nowait(end)
 
         reader = asyncio.ensure_future(read())
         try:
@@ -171,6 +176,9 @@ class InferenceService(pb_grpc.InferenceServicer):
                         assert model is not None
                         replies.append(_reply(outcome, model, request_id))
                 yield reply_of(replies)
+                ahead -= len(waiting)
+                room.set()
+            await reader  # raises what ended the reading, if anything but the stream's end did
         finally:
             reader.cancel()
 
