@@ -374,10 +374,10 @@ def test_files_in_the_page_cache_are_read_whole_and_anything_else_is_left_to_the
 
 
 KEEPS_FREED_MEMORY = r"""
-import json, resource, sys
+import json, resource
 from yolojet.images.sources import keep_freed_memory
 
-kept = keep_freed_memory() if sys.argv[1] == "kept" else None
+kept = keep_freed_memory()
 faults = []
 for round in range(4):  # 64 images at a time, as a batch's files read into new bytes objects are
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -390,17 +390,19 @@ print(json.dumps({"kept": kept, "faults": faults}))
 
 def test_freed_memory_is_kept_for_the_next_images():
     """After keep_freed_memory, a batch's worth of JPEG-sized blocks reuses the memory the batch before freed (few
-    page faults from the second batch on) where glibc's defaults give it back and fault every page in again."""
+    page faults from the second batch on) where glibc's defaults, which YOLOJET_KEEP_FREED_MEMORY=0 keeps, give it
+    back and fault every page in again."""
     import json
     import subprocess
     import sys
 
     said = {}
-    for how in ("kept", "default"):
-        run = subprocess.run([sys.executable, "-c", KEEPS_FREED_MEMORY, how], capture_output=True, text=True)
+    for how, switch in (("kept", ""), ("off", "0")):
+        env = {**os.environ, "YOLOJET_KEEP_FREED_MEMORY": switch}
+        run = subprocess.run([sys.executable, "-c", KEEPS_FREED_MEMORY], capture_output=True, text=True, env=env)
         assert run.returncode == 0, run.stderr
         said[how] = json.loads(run.stdout)
-    pages = 64 * 2 * 137_000 // 4096  # each block's pages, twice: the bytearray and the bytes made from it
-    assert said["kept"]["kept"] is True
+    pages = 64 * 137_000 // 4096  # the pages of a batch's bytes objects
+    assert said["kept"]["kept"] is True and said["off"]["kept"] is False
     assert max(said["kept"]["faults"][1:]) < pages // 10, said
-    assert min(said["default"]["faults"][1:]) > pages // 2, said
+    assert min(said["off"]["faults"][1:]) > pages // 2, said

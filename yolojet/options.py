@@ -9,6 +9,7 @@ place that reads the environment variables yolojet honours (each read when asked
   YOLOJET_TOKEN            the bearer token `yolojet serve` requires
   YOLOJET_COMMIT           the commit timings name, where the code is a copy without .git (a benchmark machine)
   YOLOJET_SWITCH_INTERVAL_MS  the interpreter's switch interval in the processes yolojet starts (`switch_interval_s`)
+  YOLOJET_KEEP_FREED_MEMORY=0  glibc's malloc left as it starts (`images.sources.keep_freed_memory` does nothing)
   TRITON_INTERPRET=1       Triton's own switch: kernels run on the CPU through its interpreter
   NVIMGCODEC_EXTENSIONS_PATH  nvImageCodec's own: where a user's setting is kept, yolojet does not set its own
 """
@@ -84,6 +85,10 @@ def compile_workers_asked() -> int | None:
     """YOLOJET_COMPILE_WORKERS as a count (0: compile in this process), or None where unset or not a number."""
     asked = os.environ.get("YOLOJET_COMPILE_WORKERS", "").strip()
     return int(asked) if asked.isdigit() else None
+
+
+def keeping_freed_memory_off() -> bool:
+    return os.environ.get("YOLOJET_KEEP_FREED_MEMORY") == "0"
 
 
 def switch_interval_s() -> float | None:

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from yolojet.errors import ImageReadError
+from yolojet.options import keeping_freed_memory_off
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts", ".asf"}
@@ -156,14 +157,18 @@ def read_cached_file(path: str) -> bytes | None:
 # up to these sizes, freed blocks are reused instead: reading 64 files at a time into new bytes objects took 76-100 us
 # a file on a 2-core machine, 19-21 us with them (13-14 us into one reused buffer), on the main thread and on others.
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest (HEAP_MAX / 2): a decoded 4K frame and any file below it
-TRIM_THRESHOLD_BYTES = 64 << 20  # freed memory an arena keeps at its top for the next images
+TRIM_THRESHOLD_BYTES = 16 << 20  # freed memory an arena keeps at its top for the next images
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 
 
 @functools.cache
 def keep_freed_memory() -> bool:
-    """Have glibc's malloc keep freed memory for reuse (MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES) in this process,
-    once: what reads files or receives images calls it. False where the C library is not glibc (no mallopt)."""
+    """Have glibc's malloc keep freed memory for reuse (MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES), once: what reads
+    files or receives images calls it. It is the whole process's malloc: each arena (up to eight a core, one a busy
+    thread) may then keep up to TRIM_THRESHOLD_BYTES freed at its top. False where YOLOJET_KEEP_FREED_MEMORY=0 or the
+    C library is not glibc (no mallopt)."""
+    if keeping_freed_memory_off():
+        return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
