@@ -244,11 +244,10 @@ class RemoteLabeler:
                     return
                 for request_id, path, data in group:
                     window.sent[request_id] = (path, data)
-            requests = [
-                pb.InferRequest(id=request_id, model=self.connection.model, image=data, **self.options)
-                for request_id, _, data in group
-            ]
-            yield pb.InferBatch(requests=requests)
+            message = pb.InferBatch()  # requests made in it: made apart, each would be copied into it again
+            for request_id, _, data in group:
+                message.requests.add(id=request_id, model=self.connection.model, image=data, **self.options)
+            yield message
 
     @staticmethod
     def _held(window: _Window, gathered: int) -> bool:
