@@ -38,8 +38,8 @@ def reply(result: Results, model: ServedModel, request_id: str, timings: pb.Timi
         for (cx, cy, w, h, angle), conf, cls in zip(
             _listed(obb.xywhr), _listed(obb.conf), _listed(obb.cls), strict=True
         ):
-            d = detection(conf, cls)
-            d.rotated_box.CopyFrom(pb.RotatedBox(cx=cx, cy=cy, width=w, height=h, angle=angle))
+            r = detection(conf, cls).rotated_box
+            r.cx, r.cy, r.width, r.height, r.angle = cx, cy, w, h, angle
         return out
     if result.boxes is None:
         return out
@@ -50,13 +50,15 @@ def reply(result: Results, model: ServedModel, request_id: str, timings: pb.Timi
         zip(_listed(boxes.xyxy), _listed(boxes.conf), _listed(boxes.cls), strict=True)
     ):
         d = detection(conf, cls)
-        d.box.CopyFrom(pb.Box(x1=x1, y1=y1, x2=x2, y2=y2))
+        box = d.box  # set in place: a Box made apart and copied in took a third longer a reply
+        box.x1, box.y1, box.x2, box.y2 = x1, y1, x2, y2
         if points is not None:
             for point in points[i]:
                 d.keypoints.add(x=point[0], y=point[1], visibility=point[2] if len(point) > 2 else 1.0)
         if rles is not None:
             h, w = rles[i]["size"]
-            d.mask.CopyFrom(pb.Mask(height=h, width=w, counts=rles[i]["counts"]))
+            mask = d.mask
+            mask.height, mask.width, mask.counts = h, w, rles[i]["counts"]
     return out
 
 
