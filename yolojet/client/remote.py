@@ -8,6 +8,7 @@ Nothing is answered twice: a request leaves the window only when its reply arriv
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -397,6 +398,10 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
         codes["OK"] = codes.get("OK", 0) + 1
         return False
 
+    @functools.cache
+    def batch_of(count: int) -> pb.InferBatch:  # made once a size: the bench's own copies would count against it
+        return pb.InferBatch(requests=[request] * count)
+
     async def streamer(stub: pb_grpc.InferenceStub, window: int, batched: bool) -> None:
         """One stream with `window` images in flight: InferBatchStream's messages of up to IMAGES_A_MESSAGE images,
         or InferStream's of one; after a refusal for load, the next message waits `refusal_pause`."""
@@ -415,7 +420,7 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
                 if (pause := hold_until - time.perf_counter()) > 0:
                     await asyncio.sleep(pause)
                 sent.append((time.perf_counter(), count))
-                await call.write(pb.InferBatch(requests=[request] * count) if batched else request)
+                await call.write(batch_of(count) if batched else request)
             await call.done_writing()
 
         writer = asyncio.ensure_future(send())
