@@ -1145,7 +1145,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Ray Serve (pip install 'yolojet[ray]'): a replica a GPU (CPU replicas on a cluster without GPUs), "
         "scaled on queue depth, behind Ray Serve's gRPC proxy on --port of each node (every interface); "
         "ADDRESS is the head's HOST:6379 (`ray start --head`), none starts a local cluster; Infer, "
-        "InferStream and ListModels; no TLS, token or --metrics-port",
+        "InferStream, InferBatchStream and ListModels; no TLS, token or --metrics-port",
     )
     p.add_argument(
         "--ray-replicas",

@@ -4,7 +4,7 @@
 - `batcher.py`: the deadline-aware dynamic batching and admission control, on an injected clock;
 - `runner.py`: the thread that decodes and runs batches on the engines, two in flight;
 - `convert.py`: results as protobuf replies;
-- `service.py`: the gRPC methods (Infer, InferStream, ListModels);
+- `service.py`: the gRPC methods (Infer, InferStream, InferBatchStream, ListModels);
 - `metrics.py`: Prometheus metrics;
 - `server.py`: the server itself: options, health, reflection, TLS, a bearer token, graceful shutdown.
 """
