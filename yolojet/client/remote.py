@@ -369,8 +369,8 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
     # Connections of their own (gRPC shares one between a process's channels otherwise): a server of several
     # processes (`serve --processes`) gets each connection to one of them.
     options = [
-        ("grpc.max_receive_message_length", 64 << 20),
-        ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.max_receive_message_length", CHANNEL_MAX_MESSAGE),
+        ("grpc.max_send_message_length", CHANNEL_MAX_MESSAGE),
         ("grpc.use_local_subchannel_pool", 1),
     ]
     channels = []
