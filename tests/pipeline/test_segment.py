@@ -33,7 +33,7 @@ from yolojet.errors import EngineConfigError
 from yolojet.images import load_frame
 from yolojet.reference import pipeline as torch_pipeline
 from yolojet.reference.segment import segment_postprocess
-from yolojet.tasks.segment import Masks, encode_rle, external_contours
+from yolojet.tasks.segment import Masks, decode_rle, encode_rle, external_contours, rle_area, rle_contours
 
 CASES = [("yolov8n-seg.yaml", None), ("yolo11n-seg.yaml", None), ("yolo26n-seg.yaml", None), ("yolo26n-seg.yaml", True)]
 CONF = {"yolov8n-seg.yaml": 0.01, "yolo11n-seg.yaml": 0.01, "yolo26n-seg.yaml": 0.05}
@@ -227,8 +227,10 @@ def test_rle_round_trips_through_pycocotools(run):
     for shape, p in [((1, 1), 0.5), ((7, 5), 0.5), ((40, 33), 0.9), ((64, 48), 0.1), ((3, 300), 1.0), ((30, 20), 0.0)]:
         mask = rng.random(shape) < p
         rle = encode_rle(mask)
-        assert rle["counts"] == coco.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"].decode()
+        expected = coco.encode(np.asfortranarray(mask.astype(np.uint8)))
+        assert rle["counts"] == expected["counts"].decode()
         assert np.array_equal(coco.decode(rle).astype(bool), mask)
+        assert np.array_equal(decode_rle(expected), mask) and rle_area(rle) == int(coco.area(expected))
 
 
 def fill(polygons: list[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
@@ -288,9 +290,10 @@ def test_polygons_are_ultralytics_merged_contours(run):
         h, w = (int(v) for v in rng.integers(1, 40, 2))
         mask = (rng.random((h, w)) < rng.uniform(0.1, 0.9)).astype(np.uint8)
         expected = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)[0]
-        ours = external_contours(mask)
-        assert len(ours) == len(expected) and all(
-            np.array_equal(a, b.reshape(-1, 2)) for a, b in zip(ours, expected, strict=True)
+        ours, from_rle = external_contours(mask), rle_contours(encode_rle(mask))
+        assert len(ours) == len(expected) == len(from_rle) and all(
+            np.array_equal(a, b.reshape(-1, 2)) and np.array_equal(c, b.reshape(-1, 2))
+            for a, b, c in zip(ours, expected, from_rle, strict=True)
         )
         assert np.array_equal(Masks(mask).xy[0], masks2segments(mask[None])[0])
     assert Masks(np.zeros((2, 5, 6), bool)).xy[1].shape == (0, 2)

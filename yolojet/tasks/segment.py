@@ -1,8 +1,7 @@
 """Instance masks of one image, with ultralytics' attribute names (`masks.data`, `masks.xy`, `masks.xyn`), and COCO RLE.
 
-Plain numpy, no OpenCV: the polygons come from a border follower written here that reproduces OpenCV's
-`findContours(mask, RETR_EXTERNAL, CHAIN_APPROX_SIMPLE)` (Suzuki & Abe's algorithm as OpenCV implements it), and
-the RLE strings are pycocotools' compressed format, written here too.
+Numpy, and OpenCV's `findContours(mask, RETR_EXTERNAL, CHAIN_APPROX_SIMPLE)` for the polygons, as ultralytics finds
+them (imported when a polygon is asked for); the RLE strings are pycocotools' compressed format, written here.
 """
 
 from __future__ import annotations
@@ -14,52 +13,12 @@ import numpy as np
 
 from yolojet.tasks.arrays import HostData, host
 
-# OpenCV's chain codes: direction s moves by (dx, dy); 0 is right and they turn counterclockwise on screen.
-_DX = (1, 1, 0, -1, -1, -1, 0, 1)
-_DY = (0, -1, -1, -1, 0, 1, 1, 1)
-_OUTER_MARK = 2  # border pixel whose right neighbour is set (OpenCV's nbd)
-_RIGHT_MARK = -126  # border pixel whose right neighbour is empty (nbd | -128 as a signed char)
-
-
-def _follow_border(img: np.ndarray, y0: int, x0: int) -> list[tuple[int, int]]:
-    """Trace the outer border starting at (y0, x0) of a zero-framed int8 image, marking it as OpenCV does; the
-    CHAIN_APPROX_SIMPLE points (x, y) in img's coordinates."""
-    s = 4  # the pixel on the left is empty: search clockwise from it for the first set neighbour
-    while True:
-        s = (s - 1) & 7
-        if s == 4 or img[y0 + _DY[s], x0 + _DX[s]] != 0:
-            break
-    if s == 4:  # back at the empty left neighbour: no set neighbour, a single pixel
-        img[y0, x0] = _RIGHT_MARK
-        return [(x0, y0)]
-    y1, x1 = y0 + _DY[s], x0 + _DX[s]
-    points = []
-    prev_s = s ^ 4
-    y3, x3 = y0, x0
-    while True:
-        s_end = s
-        while True:  # counterclockwise from the pixel we came from, up to a full turn
-            s += 1
-            y4, x4 = y3 + _DY[s & 7], x3 + _DX[s & 7]
-            if img[y4, x4] != 0 or s >= 15:
-                break
-        s &= 7
-        if 0 <= s - 1 < s_end:  # the search passed the (empty) right neighbour
-            img[y3, x3] = _RIGHT_MARK
-        elif img[y3, x3] == 1:
-            img[y3, x3] = _OUTER_MARK
-        if s != prev_s:
-            points.append((x3, y3))
-            prev_s = s
-        if y4 == y0 and x4 == x0 and y3 == y1 and x3 == x1:
-            return points
-        y3, x3 = y4, x4
-        s = (s + 4) & 7
-
 
 def external_contours(mask: np.ndarray) -> list[np.ndarray]:
-    """Outer contours of a 2-d mask as (n, 2) int32 (x, y) pixel arrays, in the order and with the points of
-    OpenCV's findContours(mask, RETR_EXTERNAL, CHAIN_APPROX_SIMPLE): components inside another's hole are left out."""
+    """Outer contours of a 2-d mask as (n, 2) int32 (x, y) pixel arrays: OpenCV's findContours(mask, RETR_EXTERNAL,
+    CHAIN_APPROX_SIMPLE), what ultralytics' masks2segments calls, run on the mask's bounding box only (OpenCV frames
+    an image with zeros, so the crop's contours, shifted back, are the whole mask's, in the same order; a 810x1080
+    mask holding a 200x300 box took 3.2 ms whole, 2.2 ms through a port of the follower in Python, 0.3 ms cropped)."""
     mask = np.asarray(mask)
     if mask.ndim != 2:
         raise ValueError(f"external_contours: expected a 2-d mask, got shape {mask.shape}")
@@ -67,32 +26,15 @@ def external_contours(mask: np.ndarray) -> list[np.ndarray]:
     if len(rows) == 0:
         return []
     top, left = int(rows[0]), int(cols[0])
-    crop = mask[top : int(rows[-1]) + 1, left : int(cols[-1]) + 1] != 0
-    img = np.zeros((crop.shape[0] + 2, crop.shape[1] + 2), np.int8)  # a zero frame, as OpenCV adds
-    img[1:-1, 1:-1] = crop
-    found = []
-    for y in range(1, img.shape[0] - 1):
-        row = img[y]
-        inside = False  # sign of the last marked border pixel on this row: inside a traced component?
-        x = 1
-        while True:
-            # the pixels from x on where the value changes: only there can a border start or a mark be read
-            changes = np.flatnonzero(row[x:] != row[x - 1 : -1]) + x
-            traced = False
-            for c in changes.tolist():
-                p = int(row[c])
-                if p == 1 and row[c - 1] == 0 and not inside:
-                    found.append(_follow_border(img, y, c))
-                    inside = row[c] > 0
-                    x = c + 1
-                    traced = True
-                    break  # the trace marked pixels of this row: look at it again
-                if p not in (0, 1):
-                    inside = p > 0
-            if not traced:
-                break
-    offset = np.array([left - 1, top - 1], np.int32)
-    return [np.asarray(points, np.int32) + offset for points in reversed(found)]
+    return _contours((mask[top : int(rows[-1]) + 1, left : int(cols[-1]) + 1] != 0).view(np.uint8), left, top)
+
+
+def _contours(crop: np.ndarray, left: int, top: int) -> list[np.ndarray]:
+    """The outer contours of a 0/1 uint8 crop of a mask whose corner is (left, top), in the mask's pixels."""
+    import cv2  # here, not at import: results are made and read without it
+
+    contours, _ = cv2.findContours(crop, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE, offset=(left, top))
+    return [c.reshape(-1, 2) for c in contours]
 
 
 def _closest_points(a: np.ndarray, b: np.ndarray) -> tuple[int, int]:
@@ -104,13 +46,17 @@ def _closest_points(a: np.ndarray, b: np.ndarray) -> tuple[int, int]:
 
 def merged_contour(mask: np.ndarray) -> np.ndarray:
     """(n, 2) float32 (x, y) points of one polygon through every outer contour of the mask, as ultralytics'
-    masks2segments(strategy="all") builds it; (0, 2) for an empty mask.
+    masks2segments(strategy="all") builds it; (0, 2) for an empty mask."""
+    return merge_contours(external_contours(mask))
+
+
+def merge_contours(contours: list[np.ndarray]) -> np.ndarray:
+    """`external_contours`' contours of a mask as one polygon (`merged_contour`).
 
     Each contour is joined to the next at their closest pair of points. The polygon walks from the first contour
     out through the joins to the last (each contour started at its join and closed), then back through the middle
     contours' remaining points, so the joins are thin lines walked both ways.
     """
-    contours = external_contours(mask)
     if not contours:
         return np.zeros((0, 2), np.float32)
     if len(contours) == 1:
@@ -170,38 +116,74 @@ def encode_rle(mask: np.ndarray) -> dict:
     return {"size": [int(h), int(w)], "counts": _rle_string(counts)}
 
 
-def _rle_counts(text: str) -> list[int]:
-    """pycocotools' rleFrString: the inverse of `_rle_string`."""
-    counts: list[int] = []
-    i = 0
-    while i < len(text):
-        x, k, more = 0, 0, True
-        while more:
-            c = ord(text[i]) - 48
-            x |= (c & 0x1F) << (5 * k)
-            more = bool(c & 0x20)
-            i += 1
-            k += 1
-            if not more and c & 0x10:
-                x |= -1 << (5 * k)
-        if len(counts) > 2:
-            x += counts[-2]
-        counts.append(x)
+def _rle_counts(text: str) -> np.ndarray:
+    """pycocotools' rleFrString, the inverse of `_rle_string`, in array operations (a character at a time in Python
+    took 0.6 ms for a mask of 800 runs): each value's 5-bit groups summed at their shifts, sign-extended where its
+    last group says so, then each count after the second is its difference with the one two before, so each of the
+    two interleaved series is a running sum."""
+    codes = np.frombuffer(text.encode("ascii"), np.uint8).astype(np.int64) - 48
+    if codes.size == 0:
+        return codes
+    if codes.min() < 0 or codes.max() > 0x3F or codes[-1] & 0x20:
+        raise ValueError("RLE counts: not pycocotools' compressed string")
+    ends = np.flatnonzero((codes & 0x20) == 0)  # each value's last group
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    groups = ends - starts + 1
+    shift = 5 * (np.arange(codes.size) - np.repeat(starts, groups))
+    values = np.add.reduceat((codes & 0x1F) << shift, starts)
+    negative = (codes[ends] & 0x10) != 0
+    values[negative] |= np.left_shift(-1, 5 * groups[negative])
+    counts = values.copy()
+    counts[1::2] = np.cumsum(values[1::2])
+    counts[2::2] = np.cumsum(values[2::2])
+    return counts
+
+
+def rle_counts(rle: dict) -> np.ndarray:
+    """The run lengths of a COCO RLE dict {"size": [h, w], "counts": str or bytes} (compressed, as `encode_rle` and
+    pycocotools write it): zeros first, column-major; a ValueError where they do not cover the image."""
+    h, w = (int(v) for v in rle["size"])
+    text = rle["counts"].decode() if isinstance(rle["counts"], bytes) else rle["counts"]
+    counts = _rle_counts(text)
+    if int(counts.sum()) != h * w or (counts < 0).any():
+        raise ValueError(f"RLE counts cover {int(counts.sum())} pixels, not {h}x{w}")
     return counts
 
 
 def decode_rle(rle: dict) -> np.ndarray:
-    """A COCO RLE dict {"size": [h, w], "counts": str or bytes} (compressed, as `encode_rle` and pycocotools write
-    it) as an (h, w) bool mask."""
+    """A COCO RLE dict as an (h, w) bool mask."""
     h, w = (int(v) for v in rle["size"])
-    text = rle["counts"].decode() if isinstance(rle["counts"], bytes) else rle["counts"]
-    counts = _rle_counts(text)
-    if sum(counts) != h * w or any(c < 0 for c in counts):
-        raise ValueError(f"RLE counts cover {sum(counts)} pixels, not {h}x{w}")
+    counts = rle_counts(rle)
     values = np.zeros(len(counts), dtype=bool)
     values[1::2] = True
     flat = np.repeat(values, counts)
     return flat.reshape(w, h).T
+
+
+def rle_area(rle: dict) -> int:
+    """The pixels a COCO RLE mask covers (pycocotools' `area`), from its runs alone."""
+    return int(rle_counts(rle)[1::2].sum())
+
+
+def rle_contours(rle: dict) -> list[np.ndarray]:
+    """`external_contours` of a COCO RLE mask, decoding only the columns its pixels lie in (a 200x300 box in a
+    810x1080 mask: a fifth of the pixels the whole mask has, and no strided pass over them)."""
+    h, _ = (int(v) for v in rle["size"])
+    counts = rle_counts(rle)
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    set_runs = np.flatnonzero(counts[1::2]) * 2 + 1
+    if len(set_runs) == 0:
+        return []
+    left, right = int(starts[set_runs[0]]) // h, (int(ends[set_runs[-1]]) - 1) // h
+    begin, length = left * h, (right - left + 1) * h
+    values = np.zeros(len(counts), np.uint8)
+    values[1::2] = 1
+    runs = np.clip(ends - begin, 0, length) - np.clip(starts - begin, 0, length)  # each run within the columns
+    columns = np.repeat(values, runs).reshape(right - left + 1, h)  # (column, row)
+    rows = np.flatnonzero(columns.any(0))
+    top, bottom = int(rows[0]), int(rows[-1])
+    return _contours(np.ascontiguousarray(columns[:, top : bottom + 1].T), left, top)
 
 
 @dataclass
