@@ -29,6 +29,7 @@ def bench_on_path(monkeypatch):
         "bench_server_cpu",
         "bench_feed_handoff",
         "bench_file_reads",
+        "bench_label_formats",
         "launch_census",
         "sampler",
     ],
@@ -70,3 +71,15 @@ def test_one_to_one_checks_its_kernels_against_the_torch_ops(monkeypatch):
     for scores in ("independent", "correlated"):
         row = bench_one_to_one.bench_case("small", 400, 80, 2, 2, scores, iters=1, warmup=0, profile=False)
         assert row["same_scores"] and row["kernels_ms"]["p50"] == 1.0, row
+
+
+def test_label_formats_bench_makes_both_formats(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    run = [sys.executable, str(BENCH / "bench_label_formats.py"), "--records", "40", "--task", "segment"]
+    found = json.loads(
+        subprocess.run([*run, "--keep", str(tmp_path)], check=True, capture_output=True, text=True).stdout
+    )
+    assert found["records"] == 40 and found["coco"]["seconds"] > 0 and found["yolo"]["peak_rss_mib"] > 0

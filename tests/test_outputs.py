@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from yolojet.errors import OutputPathError
-from yolojet.outputs import JsonLines, check_output_file, write_atomically
+from yolojet.outputs import JsonLines, check_output_file, write_atomically, write_small_file
 
 
 def test_atomic_write_follows_a_chain_of_links(tmp_path):
@@ -37,6 +37,32 @@ def test_failed_atomic_write_keeps_the_old_file(tmp_path):
         write_atomically(target, half_write)
     assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+def test_small_files_are_whole_written_through_links_and_leave_nothing_behind(tmp_path):
+    folder = tmp_path / "labels"
+    folder.mkdir()
+    umask = os.umask(0o022)
+    try:
+        write_small_file(str(folder / "a.txt"), b"0 0.5 0.5 0.1 0.1\n")
+        write_small_file(str(folder / "a.txt"), b"1 0.25 0.25 0.2 0.2\n")  # replaced whole
+    finally:
+        os.umask(umask)
+    assert (folder / "a.txt").read_bytes() == b"1 0.25 0.25 0.2 0.2\n"
+    assert (folder / "a.txt").stat().st_mode & 0o777 == 0o644  # as a plain write under the umask
+    elsewhere = tmp_path / "kept" / "b.txt"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("old")
+    (folder / "b.txt").symlink_to(elsewhere)
+    write_small_file(str(folder / "b.txt"), b"new")
+    assert (folder / "b.txt").is_symlink() and elsewhere.read_text() == "new"
+    assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt"]  # no staging file left
+    assert sorted(p.name for p in elsewhere.parent.iterdir()) == ["b.txt"]
+    with pytest.raises(OutputPathError, match=r"c\.txt: cannot write there"):
+        write_small_file(str(tmp_path / "missing" / "c.txt"), b"x")
+    big = os.urandom(3 << 20)  # more than one write's worth on some systems
+    write_small_file(str(folder / "big.bin"), big)
+    assert (folder / "big.bin").read_bytes() == big
 
 
 def test_json_lines_are_whole_and_on_disk_as_they_come(tmp_path):

@@ -112,6 +112,41 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
         raise
 
 
+def write_small_file(path: str, data: bytes) -> None:
+    """`data` as the whole of the file at `path` (its folder exists), through a temporary file beside it renamed into
+    place, as `write_atomically` does, in the fewest system calls: one of the many label files of a dataset (the
+    general way took ~386 us a file on a 2-core machine: a random name, a second open, a mode change, a link check of
+    every folder above). A link or a special file at `path` goes the general way, so links are still written
+    through."""
+    try:
+        kind = os.lstat(path).st_mode
+    except FileNotFoundError:
+        kind = stat.S_IFREG
+    if not stat.S_ISREG(kind):
+        write_atomically(Path(path), lambda p: p.write_bytes(data))
+        return
+    folder, name = os.path.split(path)
+    # One writer a thread: the name is the thread's own (and a stale one, left by a killed run, is rewritten).
+    staging = os.path.join(folder, f".{name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(staging, path)
+    except BaseException as e:
+        try:
+            os.unlink(staging)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise OutputPathError(f"{path}: cannot write there ({e.strerror})") from e
+        raise
+
+
 def json_line(record: Any) -> str:
     """A record as one line of JSON, newline included: orjson's (a fifth of json.dumps' time for a record of 50
     boxes, 26 against 141 us), keys that are not strings written as strings as json.dumps writes them."""

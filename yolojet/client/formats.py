@@ -1,6 +1,6 @@
 """COCO annotations and YOLO label files made from `yolojet label`'s records.
 
-COCO (`coco_document`): `images` (id, file_name = the record's path, width, height), `categories` from the model's
+COCO (`write_coco`): `images` (id, file_name = the record's path, width, height), `categories` from the model's
 class names (id = class id), and one annotation a detection: `bbox` [x, y, w, h], `area`, `score`, `iscrowd` 0;
 segment models add `segmentation` as the polygons of the mask's outer contours (holes are not drawn) or, with
 `rle`, the mask's COCO RLE, exact; pose models add `keypoints` [x, y, v] a point (v 2 where the
@@ -15,18 +15,21 @@ image), and `data.yaml` naming the classes (and `kpt_shape` for pose), ready for
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Iterable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from yolojet.errors import OutputPathError
-from yolojet.outputs import write_atomically
+from yolojet.outputs import write_atomically, write_small_file
+from yolojet.progress import Progress
 from yolojet.tasks.obb import xywhr_to_corners
-from yolojet.tasks.segment import decode_rle, external_contours, merged_contour
+from yolojet.tasks.segment import merge_contours, rle_area, rle_contours
 
 VISIBLE = 0.5  # a keypoint's visibility at or above this is COCO's / YOLO's v = 2 (visible), else 1
 
@@ -45,57 +48,79 @@ def _extent(detection: dict) -> list[float]:
 
 def _polygon(mask_rle: dict) -> list[float]:
     """One polygon through every outer contour of the mask (ultralytics' masks2segments): a YOLO label line."""
-    points = merged_contour(decode_rle(mask_rle))
+    points = merge_contours(rle_contours(mask_rle))
     return [round(float(v), 2) for v in points.reshape(-1)]
 
 
-def _polygons(mask: np.ndarray) -> list[list[float]]:
+def _polygons(mask_rle: dict) -> list[list[float]]:
     """A polygon an outer contour of the mask (of at least three points): a COCO segmentation."""
-    return [[round(float(v), 2) for v in c.reshape(-1)] for c in external_contours(mask) if len(c) >= 3]
+    return [[round(float(v), 2) for v in c.reshape(-1)] for c in rle_contours(mask_rle) if len(c) >= 3]
 
 
-def coco_document(records: Iterable[dict], names: dict[int, str], rle: bool = False) -> dict:
-    images: list[dict[str, Any]] = []
+def _coco_image(record: dict, image_id: int) -> dict[str, Any]:
+    return {"id": image_id, "file_name": record["path"], "width": record["width"], "height": record["height"]}
+
+
+def _coco_annotations(record: dict, image_id: int, first_id: int, rle: bool) -> list[dict[str, Any]]:
+    """A record's detections as COCO annotations, numbered from `first_id`."""
     annotations: list[dict[str, Any]] = []
-    for image_id, record in enumerate(records, start=1):
-        images.append(
-            {"id": image_id, "file_name": record["path"], "width": record["width"], "height": record["height"]}
-        )
-        for d in record.get("detections", []):
-            x1, y1, x2, y2 = _extent(d)
-            ann: dict[str, Any] = {
-                "id": len(annotations) + 1,
-                "image_id": image_id,
-                "category_id": d["class"],
-                "bbox": [round(x1, 2), round(y1, 2), round(x2 - x1, 2), round(y2 - y1, 2)],
-                "area": round((x2 - x1) * (y2 - y1), 2),
-                "score": d["confidence"],
-                "iscrowd": 0,
-            }
-            if "mask" in d:
-                mask = decode_rle(d["mask"])
-                ann["area"] = int(mask.sum())
-                ann["segmentation"] = d["mask"] if rle else _polygons(mask)
-            if "rotated_box" in d:
-                ann["rotated_box"] = d["rotated_box"]
-                ann["segmentation"] = [[round(float(v), 2) for v in _corners(d).reshape(-1)]]
-                ann["area"] = round(d["rotated_box"][2] * d["rotated_box"][3], 2)
-            if "keypoints" in d:
-                flat = []
-                for x, y, visibility in d["keypoints"]:
-                    flat += [x, y, 2 if visibility >= VISIBLE else 1]
-                ann["keypoints"] = flat
-                ann["num_keypoints"] = sum(1 for v in flat[2::3] if v == 2)
-            annotations.append(ann)
-    categories = [{"id": c, "name": names[c]} for c in sorted(names)]
-    return {"images": images, "annotations": annotations, "categories": categories}
+    for d in record.get("detections", []):
+        x1, y1, x2, y2 = _extent(d)
+        ann: dict[str, Any] = {
+            "id": first_id + len(annotations),
+            "image_id": image_id,
+            "category_id": d["class"],
+            "bbox": [round(x1, 2), round(y1, 2), round(x2 - x1, 2), round(y2 - y1, 2)],
+            "area": round((x2 - x1) * (y2 - y1), 2),
+            "score": d["confidence"],
+            "iscrowd": 0,
+        }
+        if "mask" in d:
+            ann["area"] = rle_area(d["mask"])
+            ann["segmentation"] = d["mask"] if rle else _polygons(d["mask"])
+        if "rotated_box" in d:
+            ann["rotated_box"] = d["rotated_box"]
+            ann["segmentation"] = [[round(float(v), 2) for v in _corners(d).reshape(-1)]]
+            ann["area"] = round(d["rotated_box"][2] * d["rotated_box"][3], 2)
+        if "keypoints" in d:
+            flat = []
+            for x, y, visibility in d["keypoints"]:
+                flat += [x, y, 2 if visibility >= VISIBLE else 1]
+            ann["keypoints"] = flat
+            ann["num_keypoints"] = sum(1 for v in flat[2::3] if v == 2)
+        annotations.append(ann)
+    return annotations
 
 
-def write_coco(path: Path, records: list[dict], names: dict[int, str], rle: bool = False) -> None:
-    import orjson
+def write_coco(
+    path: Path, records: Iterable[dict], names: dict[int, str], rle: bool = False, progress: Progress | None = None
+) -> None:
+    """The COCO document of `records`, written as they come (atomically): images, then annotations, which wait in a
+    temporary file beside the output meanwhile, then categories. Memory stays that of one record however many there
+    are (the document built whole held every record and annotation of a million-image run at once)."""
 
-    document = coco_document(records, names, rle)
-    write_atomically(path, lambda p: p.write_bytes(orjson.dumps(document, option=orjson.OPT_NON_STR_KEYS)))
+    def write(staging: Path) -> None:
+        try:
+            spool = tempfile.TemporaryFile(dir=staging.parent)
+        except OSError:  # a special file's folder (/dev): the system's temporary folder instead
+            spool = tempfile.TemporaryFile()
+        with open(staging, "wb", buffering=1 << 20) as out, spool:
+            out.write(b'{"images":[')
+            annotations = 0
+            for image_id, record in enumerate(records, start=1):
+                out.write((b"," if image_id > 1 else b"") + orjson.dumps(_coco_image(record, image_id)))
+                for ann in _coco_annotations(record, image_id, annotations + 1, rle):
+                    spool.write((b"," if annotations else b"") + orjson.dumps(ann))
+                    annotations += 1
+                if progress is not None:
+                    progress.update(1)
+            out.write(b'],"annotations":[')
+            spool.seek(0)
+            shutil.copyfileobj(spool, out, 1 << 20)
+            categories = [{"id": c, "name": names[c]} for c in sorted(names)]
+            out.write(b'],"categories":' + orjson.dumps(categories) + b"}")
+
+    write_atomically(path, write)
 
 
 def _label_lines(record: dict) -> list[str]:
@@ -103,49 +128,79 @@ def _label_lines(record: dict) -> list[str]:
     scale = np.array([w, h], np.float64)
     lines = []
     for d in record.get("detections", []):
+        values: list[float]
         if "rotated_box" in d:
             # Corners past the image's border are clipped to it: ultralytics refuses label coordinates outside [0, 1].
-            values = np.clip(_corners(d) / scale, 0.0, 1.0).reshape(-1)
+            values = np.clip(_corners(d) / scale, 0.0, 1.0).reshape(-1).tolist()
         elif "mask" in d:
-            values = np.asarray(_polygon(d["mask"]), np.float64).reshape(-1, 2) / scale
-            if len(values) < 3:  # a polygon needs three points: a mask thinner than that has no label line
+            polygon = np.asarray(_polygon(d["mask"]), np.float64).reshape(-1, 2) / scale
+            if len(polygon) < 3:  # a polygon needs three points: a mask thinner than that has no label line
                 continue
-            values = values.reshape(-1)
+            values = polygon.reshape(-1).tolist()
         else:
             x1, y1, x2, y2 = d["box"]
-            values = np.array([(x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h])
+            values = [(x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h]
             if "keypoints" in d:
-                points = [[x / w, y / h, 2 if v >= VISIBLE else 1] for x, y, v in d["keypoints"]]
-                values = np.concatenate([values, np.asarray(points, np.float64).reshape(-1)])
+                values += [c for x, y, v in d["keypoints"] for c in (x / w, y / h, 2.0 if v >= VISIBLE else 1.0)]
+        # Python floats, not numpy's, are formatted: a third of the time a value.
         lines.append(" ".join([str(d["class"]), *(f"{v:.6f}".rstrip("0").rstrip(".") or "0" for v in values)]))
     return lines
 
 
-def _common_root(paths: list[str]) -> Path:
-    folders = [os.path.dirname(os.path.abspath(p)) for p in paths]
-    return Path(os.path.commonpath(folders)) if folders else Path.cwd()
+class _DatasetFiles:
+    """A YOLO dataset folder's files, a record at a time: its image's link under `images/` and its label file under
+    `labels/`, at the image's path below `root` (the labeled images' common folder); each folder is made once."""
+
+    def __init__(self, folder: Path, root: str) -> None:
+        self.folder = folder
+        self.images, self.labels = str(folder / "images"), str(folder / "labels")
+        self.root = root if root.endswith(os.sep) else root + os.sep
+        self.made: set[str] = set()
+
+    def _in_folder(self, path: str) -> str:
+        folder = os.path.dirname(path)
+        if folder not in self.made:
+            os.makedirs(folder, exist_ok=True)
+            self.made.add(folder)
+        return path
+
+    def write(self, record: dict) -> None:
+        source = os.path.abspath(record["path"])
+        relative = source[len(self.root) :]
+        text = "".join(line + "\n" for line in _label_lines(record))
+        try:
+            try:
+                os.symlink(source, self._in_folder(os.path.join(self.images, relative)))
+            except FileExistsError:  # linked by an earlier run (or the user's own file there): kept
+                pass
+            label = os.path.join(self.labels, os.path.splitext(relative)[0] + ".txt")
+            write_small_file(self._in_folder(label), text.encode())
+        except OSError as e:
+            where = e.filename or relative
+            raise OutputPathError(f"--yolo-txt {self.folder}: cannot write {where} ({e.strerror})") from e
 
 
 def write_yolo_dataset(
-    folder: Path, records: list[dict], names: dict[int, str], task: str, kpt_shape: list[int] | None = None
+    folder: Path,
+    records: Callable[[], Iterable[dict]],
+    names: dict[int, str],
+    task: str,
+    kpt_shape: list[int] | None = None,
+    progress: Progress | None = None,
 ) -> int:
-    """Label files (each written atomically) and image links for the records, then data.yaml; returns the number
-    of label files written."""
+    """Label files (each written atomically) and image links for the records, then data.yaml; returns the number of
+    label files written. `records` gives the records anew each call: a first pass finds the images' common folder,
+    a second writes the files, a record at a time."""
     if task == "classify":
         raise OutputPathError("--yolo-txt: a classification dataset is folders of images by class, not label files")
-    root = _common_root([r["path"] for r in records])
-    images, labels = folder / "images", folder / "labels"
-    for record in records:
-        source = Path(os.path.abspath(record["path"]))
-        relative = source.relative_to(root)
-        link = images / relative
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.is_symlink() and not link.exists():
-            link.symlink_to(source)
-        label = (labels / relative).with_suffix(".txt")
-        label.parent.mkdir(parents=True, exist_ok=True)
-        text = "".join(line + "\n" for line in _label_lines(record))
-        write_atomically(label, functools.partial(Path.write_text, data=text))
+    folders = {os.path.dirname(os.path.abspath(r["path"])) for r in records()}
+    files = _DatasetFiles(folder, os.path.commonpath(folders) if folders else os.getcwd())
+    written = 0
+    for record in records():
+        files.write(record)
+        written += 1
+        if progress is not None:
+            progress.update(1)
     lines = [f"path: {folder.absolute()}", "train: images", "val: images"]
     if kpt_shape:
         lines.append(f"kpt_shape: [{kpt_shape[0]}, {kpt_shape[1]}]")
@@ -153,7 +208,7 @@ def write_yolo_dataset(
     lines += [f"  {c}: {_yaml_string(names[c])}" for c in sorted(names)]
     yaml_text = "\n".join(lines) + "\n"
     write_atomically(folder / "data.yaml", lambda p: p.write_text(yaml_text))
-    return len(records)
+    return written
 
 
 def _yaml_string(text: str) -> str:

@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,10 +121,13 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
     if sources is None:
         sources = job_paths(job)
     done: set[str] = set()
-    if job.resume:
-        earlier = recs.read_records(job.out, repair=True)
-        done = {_key(r["path"]) for r in earlier}
-        other = {(r.get("model"), r.get("model_version")) for r in earlier} - {(facts.name, facts.version)}
+    if job.resume and job.out.is_file():
+        recs.repair_records(job.out)
+        models: set[tuple[Any, Any]] = set()
+        for r in recs.iter_records(job.out):
+            done.add(_key(r["path"]))
+            models.add((r.get("model"), r.get("model_version")))
+        other = models - {(facts.name, facts.version)}
         if other:
             model, version = sorted(other, key=str)[0]
             raise OutputPathError(
@@ -171,15 +175,34 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
         records.close()
         errors.close()
     if job.coco is not None or job.yolo_txt is not None:
-        write_formats(job, facts, summary)
+        write_formats(job, facts)
     return summary
 
 
-def write_formats(job: LabelJob, facts: ModelFacts, summary: Summary) -> None:
+def write_formats(job: LabelJob, facts: ModelFacts) -> None:
+    """The COCO file and the YOLO dataset made from every record of the output, reading it a record at a time."""
     from yolojet.client.formats import write_coco, write_yolo_dataset
 
-    every = recs.read_records(job.out)
+    def records() -> Iterator[dict]:
+        return recs.iter_records(job.out) if job.out.is_file() else iter(())
+
+    total = recs.count_records(job.out) if job.out.is_file() else 0
     if job.coco is not None:
-        write_coco(job.coco, every, facts.names, rle=job.rle)
+        progress = Progress(total, "COCO", unit="img", enabled=not job.quiet)
+        try:
+            write_coco(job.coco, records(), facts.names, rle=job.rle, progress=progress)
+        finally:
+            progress.close()
     if job.yolo_txt is not None:
-        write_yolo_dataset(job.yolo_txt, every, facts.names, facts.task, facts.kpt_shape)
+        progress = Progress(total, "YOLO labels", unit="img", enabled=not job.quiet)
+        try:
+            write_yolo_dataset(
+                job.yolo_txt,
+                records,
+                facts.names,
+                facts.task,
+                facts.kpt_shape,
+                progress=progress,
+            )
+        finally:
+            progress.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from yolojet.client.records import read_records
+from yolojet.client.records import iter_records
 from yolojet.errors import DatasetError, ImageReadError
 from yolojet.outputs import check_output_folder, write_atomically
 from yolojet.tasks import Boxes, Keypoints, Masks, Results
@@ -22,6 +22,7 @@ from yolojet.tasks.segment import decode_rle
 
 TILE = 320  # pixels across a grid cell
 COLUMNS = 4
+SCORE_BINS = 20
 
 
 def results_of(record: dict) -> Results:
@@ -69,10 +70,36 @@ def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path
     from PIL import Image
 
     check_output_folder(out, "--out")
-    records = read_records(labels) if labels.is_file() else None
-    if not records:
-        raise DatasetError(f"{labels}: no records to plot" if records is not None else f"{labels}: no such file")
-    chosen = random.Random(seed).sample(records, min(samples, len(records)))
+    if not labels.is_file():
+        raise DatasetError(f"{labels}: no such file")
+    # One pass, a record at a time (a million-image run's records are never all in memory): a seeded reservoir
+    # sample for the grid, counts by class and a histogram of the confidences.
+    rng = random.Random(seed)
+    chosen: list[dict] = []
+    counts: dict[str, int] = {}
+    edges = np.linspace(0.0, 1.0, SCORE_BINS + 1)
+    scores = np.zeros(SCORE_BINS, np.int64)
+    pending: list[float] = []
+    images = found = 0
+    first: dict | None = None
+    for images, record in enumerate(iter_records(labels), start=1):
+        if first is None:
+            first = record
+        if len(chosen) < samples:
+            chosen.append(record)
+        elif (at := rng.randrange(images)) < samples:
+            chosen[at] = record
+        for d in record.get("detections") or record.get("top5", [])[:1]:
+            counts[d["name"]] = counts.get(d["name"], 0) + 1
+            pending.append(d["confidence"])
+        if len(pending) >= 1 << 16:
+            scores += np.histogram(pending, SCORE_BINS, (0.0, 1.0))[0]
+            found += len(pending)
+            pending.clear()
+    scores += np.histogram(pending, SCORE_BINS, (0.0, 1.0))[0]
+    found += len(pending)
+    if first is None:
+        raise DatasetError(f"{labels}: no records to plot")
     tiles = []
     for record in chosen:
         try:
@@ -89,23 +116,19 @@ def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path
             grid[r * TILE : (r + 1) * TILE, c * TILE : (c + 1) * TILE] = tile
         write_atomically(out / "grid.png", lambda p: Image.fromarray(grid).save(p, format="PNG"))
         written.append(out / "grid.png")
-    found = [d for r in records for d in (r.get("detections") or r.get("top5", [])[:1])]
-    counts: dict[str, int] = {}
-    for d in found:
-        counts[d["name"]] = counts.get(d["name"], 0) + 1
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:30]
     figure, axis = plt.subplots(figsize=(10, 4))
     axis.bar([name for name, _ in top], [n for _, n in top], color="#3b7dd8")
     axis.set_title(
-        f"{len(found)} {'detections' if records[0].get('detections') is not None else 'top-1 classes'} "
-        f"in {len(records)} images, by class"
+        f"{found} {'detections' if first.get('detections') is not None else 'top-1 classes'} "
+        f"in {images} images, by class"
     )
     axis.tick_params(axis="x", rotation=60)
     figure.tight_layout()
     write_atomically(out / "classes.png", lambda p: figure.savefig(p, format="png", dpi=100))
     plt.close(figure)
     figure, axis = plt.subplots(figsize=(6, 4))
-    axis.hist([d["confidence"] for d in found], bins=20, range=(0, 1), color="#d8743b")
+    axis.hist(edges[:-1], bins=edges.tolist(), weights=scores, color="#d8743b")
     axis.set_title("confidences")
     axis.set_xlabel("confidence")
     figure.tight_layout()

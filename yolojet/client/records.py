@@ -13,6 +13,7 @@ Coordinates in original image pixels, rounded to 0.01 px, confidences to 1e-5, a
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -150,16 +151,39 @@ def from_reply(path: str, reply: Any) -> dict:
     return record
 
 
-def read_records(path: Path, repair: bool = False) -> list[dict]:
-    """The records of a JSON-lines output. A last line cut short by a killed run is dropped, and with `repair` cut
-    off the file, so that appending goes on from a whole line."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    whole = data[: data.rfind(b"\n") + 1]
-    if repair and len(whole) != len(data):
-        with open(path, "r+b") as f:
-            f.truncate(len(whole))
+def iter_records(path: Path) -> Iterator[dict]:
+    """The records of a JSON-lines output one at a time, read in blocks, so that a million of them are never in memory
+    at once; a last line cut short by a killed run is left out."""
+    with open(path, "rb", buffering=1 << 20) as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                return
+            if line.strip():
+                yield orjson.loads(line)
+
+
+def count_records(path: Path) -> int:
+    """How many whole lines a JSON-lines output holds (the total of a progress bar over it)."""
+    count = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+    return count
+
+
+def repair_records(path: Path) -> None:
+    """Cut a last line that a killed run left unfinished off the file, so that appending goes on from a whole line."""
+    with open(path, "r+b") as f:
+        end = size = f.seek(0, os.SEEK_END)
+        while end > 0:  # back to the last newline, a block at a time
+            f.seek(max(0, end - (1 << 16)))
+            block = f.read(end - max(0, end - (1 << 16)))
+            at = block.rfind(b"\n")
+            if at != -1:
+                end = end - len(block) + at + 1
+                break
+            end -= len(block)
+        if end != size:
+            f.truncate(end)
             f.flush()
             os.fsync(f.fileno())
-    return [orjson.loads(line) for line in whole.splitlines() if line.strip()]

@@ -1,0 +1,177 @@
+"""The formats pass of `yolojet label` on records written as `label` writes them, without a model: the records read
+back a line at a time (a cut last line left out, or cut off), the COCO document streamed from them (checked with
+pycocotools), the YOLO label files (checked against ultralytics' own mask polygons), and `plot` sampling from more
+records than it draws."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from ultralytics.utils import ASSETS
+
+from yolojet.client import records as recs
+from yolojet.client.formats import write_coco, write_yolo_dataset
+from yolojet.client.plot import plot
+from yolojet.tasks.segment import encode_rle
+
+NAMES = {0: "person", 1: "bus", 2: "dog"}
+
+
+def blob_mask(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """An instance-like mask: two overlapping ellipses and a few stray pixels (several outer contours)."""
+    yy, xx = np.mgrid[:h, :w]
+    mask = np.zeros((h, w), bool)
+    for _ in range(2):
+        cx, cy, a, b = (
+            rng.uniform(0.3 * w, 0.7 * w),
+            rng.uniform(0.3 * h, 0.7 * h),
+            rng.uniform(5, 40),
+            rng.uniform(5, 40),
+        )
+        mask |= ((xx - cx) / a) ** 2 + ((yy - cy) / b) ** 2 <= 1
+    mask[rng.integers(0, h, 3), rng.integers(0, w, 3)] = True
+    return mask
+
+
+def records_file(path: Path, count: int, seed: int = 0) -> list[dict]:
+    """`count` records of a segment model over two folders (some with no detections), written as JSON lines."""
+    rng = np.random.default_rng(seed)
+    written = []
+    for i in range(count):
+        h, w = int(rng.integers(60, 200)), int(rng.integers(60, 200))
+        detections = []
+        for _ in range(int(rng.integers(0, 4))):
+            x1, y1 = float(rng.uniform(0, w / 2)), float(rng.uniform(0, h / 2))
+            box = [
+                round(x1, 2),
+                round(y1, 2),
+                round(x1 + rng.uniform(2, w / 2), 2),
+                round(y1 + rng.uniform(2, h / 2), 2),
+            ]
+            c = int(rng.integers(0, 3))
+            detections.append(
+                {
+                    "class": c,
+                    "name": NAMES[c],
+                    "confidence": round(float(rng.random()), 5),
+                    "box": box,
+                    "mask": encode_rle(blob_mask(rng, h, w)),
+                }
+            )
+        folder = "a" if i % 2 else "b/c"
+        written.append(
+            {"path": f"/photos/{folder}/{i}.jpg", "width": w, "height": h, "task": "segment", "detections": detections}
+        )
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in written))
+    return written
+
+
+def test_records_are_read_a_line_at_a_time_and_a_cut_last_line_is_left_out_or_cut_off(tmp_path):
+    path = tmp_path / "labels.jsonl"
+    written = records_file(path, 40)
+    whole = path.read_bytes()
+    assert list(recs.iter_records(path)) == written and recs.count_records(path) == 40
+    # A kill mid-line, the line longer than the block the repair reads back at a time.
+    long_line = orjson.dumps({"path": "x" * 200_000})
+    path.write_bytes(whole + long_line[: len(long_line) // 2])
+    assert list(recs.iter_records(path)) == written
+    recs.repair_records(path)
+    assert path.read_bytes() == whole
+    recs.repair_records(path)  # whole already: unchanged
+    assert path.read_bytes() == whole
+    path.write_bytes(long_line[:100])  # not one whole line
+    recs.repair_records(path)
+    assert path.read_bytes() == b""
+
+
+def test_coco_document_streamed_from_the_records_loads_in_pycocotools(tmp_path):
+    from pycocotools import mask as mask_utils
+    from pycocotools.coco import COCO
+
+    path = tmp_path / "labels.jsonl"
+    written = records_file(path, 30)
+    for rle in (False, True):
+        out = tmp_path / f"coco-{rle}.json"
+        write_coco(out, recs.iter_records(path), NAMES, rle=rle)
+        document = COCO(str(out))
+        assert [i["file_name"] for i in document.dataset["images"]] == [r["path"] for r in written]
+        detections = [(i, d) for i, r in enumerate(written, start=1) for d in r["detections"]]
+        annotations = document.dataset["annotations"]
+        assert [a["id"] for a in annotations] == list(range(1, len(detections) + 1))
+        assert [c["name"] for c in document.loadCats(document.getCatIds())] == ["person", "bus", "dog"]
+        for ann, (image_id, d) in zip(annotations, detections, strict=True):
+            assert ann["image_id"] == image_id and ann["category_id"] == d["class"] and ann["score"] == d["confidence"]
+            sent = {"size": d["mask"]["size"], "counts": d["mask"]["counts"].encode()}
+            assert ann["area"] == int(mask_utils.area(sent))
+            drawn = document.annToMask(ann).astype(bool)
+            mask = mask_utils.decode(sent).astype(bool)
+            if rle:
+                assert np.array_equal(drawn, mask)
+            else:  # polygons through the outer border pixels' centres: most of the mask, nothing far outside it
+                assert (drawn & mask).sum() / mask.sum() > 0.5
+        assert len(annotations) > 20
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging or spool file left
+
+
+def test_yolo_labels_are_ultralytics_mask_polygons_in_mirrored_folders(tmp_path):
+    from ultralytics.utils.ops import masks2segments
+
+    from yolojet.tasks.segment import decode_rle
+
+    path = tmp_path / "labels.jsonl"
+    written = records_file(path, 12)
+    dataset = tmp_path / "dataset"
+    assert write_yolo_dataset(dataset, lambda: recs.iter_records(path), NAMES, "segment") == 12
+    for record in written:
+        relative = Path(record["path"]).relative_to("/photos")
+        assert (dataset / "images" / relative).readlink() == Path(record["path"])
+        lines = (dataset / "labels" / relative).with_suffix(".txt").read_text().splitlines()
+        expected = []
+        for d in record["detections"]:
+            (polygon,) = masks2segments(decode_rle(d["mask"])[None])
+            polygon = np.round(polygon, 2) / np.array([record["width"], record["height"]])
+            if len(polygon) >= 3:
+                expected.append((d["class"], polygon.reshape(-1)))
+        assert len(lines) == len(expected)
+        for line, (cls, values) in zip(lines, expected, strict=True):
+            fields = line.split()
+            assert int(fields[0]) == cls and np.allclose(np.array(fields[1:], float), values, atol=1e-6)
+    assert "names:" in (dataset / "data.yaml").read_text()
+    # Made again over what is there (a resumed run): the same files, no staging file left beside them.
+    before = {p: p.read_bytes() for p in (dataset / "labels").rglob("*.txt")}
+    write_yolo_dataset(dataset, lambda: recs.iter_records(path), NAMES, "segment")
+    assert {p: p.read_bytes() for p in (dataset / "labels").rglob("*") if p.is_file()} == before
+
+
+def test_plot_samples_from_more_records_than_it_draws(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "labels.jsonl"
+    photos = [str(ASSETS / "bus.jpg"), str(ASSETS / "zidane.jpg")]
+    records = [
+        {"path": photos[i % 2], "width": 810 if i % 2 == 0 else 1280, "height": 1080 if i % 2 == 0 else 720,
+         "task": "detect", "detections": [{"class": i % 3, "name": NAMES[i % 3], "confidence": (i % 10) / 10 + 0.05,
+                                           "box": [10.0, 20.0, 300.0, 400.0]}]}
+        for i in range(50)
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    written = plot(path, tmp_path / "plots", samples=6)
+    assert [p.name for p in written] == ["grid.png", "classes.png", "scores.png"]
+    assert Image.open(tmp_path / "plots" / "grid.png").size == (4 * 320, 2 * 320)  # six tiles, four a row
+    first = (tmp_path / "plots" / "grid.png").read_bytes()
+    plot(path, tmp_path / "again", samples=6)
+    assert (tmp_path / "again" / "grid.png").read_bytes() == first  # seeded: the same sample
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_a_records_file_with_no_records_has_nothing_to_plot(tmp_path, text):
+    from yolojet.errors import DatasetError
+
+    path = tmp_path / "labels.jsonl"
+    path.write_text(text)
+    with pytest.raises(DatasetError, match="no records to plot"):
+        plot(path, tmp_path / "plots")
