@@ -1,9 +1,10 @@
 """The formats pass of `yolojet label` (`--coco`, `--yolo-txt`) over a labeling run's records, on any machine: N
 synthetic records (a box detector's, five boxes an image by default, or masks with --task segment) are written as
 `label` writes them, then each format is made from the file in a fresh process, which reports its time and its peak
-memory (ru_maxrss).
+memory (ru_maxrss: the process's own, not its workers').
 
-    python3 bench/bench_label_formats.py --records 100000 [--boxes 5] [--task detect|segment] [--keep DIR]
+    python3 bench/bench_label_formats.py --records 100000 [--boxes 5] [--task detect|segment] [--workers 1 2 0]
+        [--keep DIR]
 """
 
 from __future__ import annotations
@@ -52,16 +53,15 @@ def write_records(path: Path, count: int, boxes: int, task: str) -> None:
             f.write(orjson.dumps(record) + b"\n")
 
 
-def one_format(records: str, kind: str, out: str, task: str) -> dict:
+def one_format(records: str, kind: str, out: str, task: str, workers: int | None) -> dict:
     """Run in a fresh process: one format made from the records file."""
-    from yolojet.client import records as recs
     from yolojet.client.formats import write_coco, write_yolo_dataset
 
     start = time.perf_counter()
     if kind == "coco":
-        write_coco(Path(out) / "coco.json", recs.iter_records(Path(records)), NAMES)
+        write_coco(Path(out) / "coco.json", Path(records), NAMES, workers=workers)
     else:
-        write_yolo_dataset(Path(out) / "dataset", lambda: recs.iter_records(Path(records)), NAMES, task)
+        write_yolo_dataset(Path(out) / "dataset", Path(records), NAMES, task, workers=workers)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return {"seconds": round(seconds, 3), "peak_rss_mib": round(peak)}
@@ -73,20 +73,25 @@ def main() -> None:
     parser.add_argument("--boxes", type=int, default=5)
     parser.add_argument("--task", choices=["detect", "segment"], default="detect")
     parser.add_argument("--keep", type=Path, help="make the files here rather than in a temporary folder")
-    parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)  # records kind out task: the child process
+    parser.add_argument("--workers", type=int, nargs="+", default=[0], help="worker processes; 0: the default")
+    parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)  # records kind out task workers: the child
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_format(*args.one)))
+        records, kind, out, task, workers = args.one
+        print(json.dumps(one_format(records, kind, out, task, int(workers) or None)))
         return
     with tempfile.TemporaryDirectory(dir=args.keep) as folder:
         records = Path(folder) / "labels.jsonl"
         write_records(records, args.records, args.boxes, args.task)
         found = {"records": args.records, "boxes": args.boxes, "task": args.task, "bytes": records.stat().st_size}
-        for kind in ("coco", "yolo"):
-            child = [sys.executable, __file__, "--one", str(records), kind, folder, args.task]
-            result = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout)
-            result["us_a_record"] = round(result["seconds"] / args.records * 1e6, 1)
-            found[kind] = result
+        for workers in args.workers:
+            for kind in ("coco", "yolo"):
+                out = Path(folder) / f"{kind}-{workers}"
+                out.mkdir()
+                child = [sys.executable, __file__, "--one", str(records), kind, str(out), args.task, str(workers)]
+                result = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout)
+                result["us_a_record"] = round(result["seconds"] / args.records * 1e6, 1)
+                found[f"{kind} workers={workers or 'default'}"] = result
     print(json.dumps(found, indent=1))
 
 

@@ -82,4 +82,5 @@ def test_label_formats_bench_makes_both_formats(tmp_path):
     found = json.loads(
         subprocess.run([*run, "--keep", str(tmp_path)], check=True, capture_output=True, text=True).stdout
     )
-    assert found["records"] == 40 and found["coco"]["seconds"] > 0 and found["yolo"]["peak_rss_mib"] > 0
+    assert found["records"] == 40 and found["coco workers=default"]["seconds"] > 0
+    assert found["yolo workers=default"]["peak_rss_mib"] > 0

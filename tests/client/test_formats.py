@@ -96,7 +96,7 @@ def test_coco_document_streamed_from_the_records_loads_in_pycocotools(tmp_path):
     written = records_file(path, 30)
     for rle in (False, True):
         out = tmp_path / f"coco-{rle}.json"
-        write_coco(out, recs.iter_records(path), NAMES, rle=rle)
+        write_coco(out, path, NAMES, rle=rle)
         document = COCO(str(out))
         assert [i["file_name"] for i in document.dataset["images"]] == [r["path"] for r in written]
         detections = [(i, d) for i, r in enumerate(written, start=1) for d in r["detections"]]
@@ -125,7 +125,7 @@ def test_yolo_labels_are_ultralytics_mask_polygons_in_mirrored_folders(tmp_path)
     path = tmp_path / "labels.jsonl"
     written = records_file(path, 12)
     dataset = tmp_path / "dataset"
-    assert write_yolo_dataset(dataset, lambda: recs.iter_records(path), NAMES, "segment") == 12
+    assert write_yolo_dataset(dataset, path, NAMES, "segment") == 12
     for record in written:
         relative = Path(record["path"]).relative_to("/photos")
         assert (dataset / "images" / relative).readlink() == Path(record["path"])
@@ -143,7 +143,7 @@ def test_yolo_labels_are_ultralytics_mask_polygons_in_mirrored_folders(tmp_path)
     assert "names:" in (dataset / "data.yaml").read_text()
     # Made again over what is there (a resumed run): the same files, no staging file left beside them.
     before = {p: p.read_bytes() for p in (dataset / "labels").rglob("*.txt")}
-    write_yolo_dataset(dataset, lambda: recs.iter_records(path), NAMES, "segment")
+    write_yolo_dataset(dataset, path, NAMES, "segment")
     assert {p: p.read_bytes() for p in (dataset / "labels").rglob("*") if p.is_file()} == before
 
 
@@ -175,3 +175,20 @@ def test_a_records_file_with_no_records_has_nothing_to_plot(tmp_path, text):
     path.write_text(text)
     with pytest.raises(DatasetError, match="no records to plot"):
         plot(path, tmp_path / "plots")
+
+
+def test_worker_processes_make_the_same_files_as_one_process(tmp_path):
+    path = tmp_path / "labels.jsonl"
+    records_file(path, 25)
+    path.write_bytes(path.read_bytes() + b'{"path": "/photos/cut')  # a kill's last line: left out by every share
+    for workers in (1, 3):
+        write_coco(tmp_path / f"coco-{workers}.json", path, NAMES, workers=workers)
+        assert write_yolo_dataset(tmp_path / f"dataset-{workers}", path, NAMES, "segment", workers=workers) == 25
+    assert (tmp_path / "coco-1.json").read_bytes() == (tmp_path / "coco-3.json").read_bytes()
+    one, three = tmp_path / "dataset-1" / "labels", tmp_path / "dataset-3" / "labels"
+    files = sorted(p.relative_to(one) for p in one.rglob("*.txt"))
+    assert len(files) == 25 and files == sorted(p.relative_to(three) for p in three.rglob("*.txt"))
+    assert all((one / f).read_bytes() == (three / f).read_bytes() for f in files)
+    shares = recs.byte_shares(path, 3)
+    assert len(shares) == 3 and shares[0][0] == 0 and shares[-1][1] == path.stat().st_size
+    assert sum(len(list(recs.iter_records(path, a, b))) for a, b in shares) == 25

@@ -15,16 +15,20 @@ image), and `data.yaml` naming the classes (and `kpt_shape` for pose), ready for
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from yolojet.client.records import byte_shares, iter_records
 from yolojet.errors import OutputPathError
 from yolojet.outputs import write_atomically, write_small_file
 from yolojet.progress import Progress
@@ -57,18 +61,13 @@ def _polygons(mask_rle: dict) -> list[list[float]]:
     return [[round(float(v), 2) for v in c.reshape(-1)] for c in rle_contours(mask_rle) if len(c) >= 3]
 
 
-def _coco_image(record: dict, image_id: int) -> dict[str, Any]:
-    return {"id": image_id, "file_name": record["path"], "width": record["width"], "height": record["height"]}
-
-
-def _coco_annotations(record: dict, image_id: int, first_id: int, rle: bool) -> list[dict[str, Any]]:
-    """A record's detections as COCO annotations, numbered from `first_id`."""
+def _coco_annotations(record: dict, rle: bool) -> list[dict[str, Any]]:
+    """A record's detections as COCO annotations, less their `id` and `image_id` (given when the document is put
+    together, in order)."""
     annotations: list[dict[str, Any]] = []
     for d in record.get("detections", []):
         x1, y1, x2, y2 = _extent(d)
         ann: dict[str, Any] = {
-            "id": first_id + len(annotations),
-            "image_id": image_id,
             "category_id": d["class"],
             "bbox": [round(x1, 2), round(y1, 2), round(x2 - x1, 2), round(y2 - y1, 2)],
             "area": round((x2 - x1) * (y2 - y1), 2),
@@ -92,35 +91,78 @@ def _coco_annotations(record: dict, image_id: int, first_id: int, rle: bool) -> 
     return annotations
 
 
+def _coco_share(records: str, start: int, end: int, rle: bool, part: str, report: Report | None = None) -> int:
+    """One share of the records as COCO entries, a line each in `part`: `I` and an image's entry, then `A` and each of
+    its annotations, without their ids."""
+    done = 0
+    with open(part, "wb", buffering=1 << 20) as out:
+        for record in iter_records(Path(records), start, end) if end > start else ():
+            image = {"file_name": record["path"], "width": record["width"], "height": record["height"]}
+            out.write(b"I" + orjson.dumps(image) + b"\n")
+            for ann in _coco_annotations(record, rle):
+                out.write(b"A" + orjson.dumps(ann) + b"\n")
+            done += 1
+            if done % REPORT_EVERY == 0:
+                _report(report, REPORT_EVERY)
+    _report(report, done % REPORT_EVERY)
+    return done
+
+
 def write_coco(
-    path: Path, records: Iterable[dict], names: dict[int, str], rle: bool = False, progress: Progress | None = None
+    path: Path,
+    records: Path,
+    names: dict[int, str],
+    rle: bool = False,
+    progress: Progress | None = None,
+    workers: int | None = None,
 ) -> None:
-    """The COCO document of `records`, written as they come (atomically): images, then annotations, which wait in a
-    temporary file beside the output meanwhile, then categories. Memory stays that of one record however many there
-    are (the document built whole held every record and annotation of a million-image run at once)."""
+    """The COCO document of a JSON-lines output's records, written atomically. Shares of the records are made into
+    entries by worker processes (`workers`; by default several for many records), then put together in order, each
+    image and annotation numbered from 1: the images, then the annotations (spooled in a temporary file beside the
+    output meanwhile), then the categories. Memory stays that of a record however many there are."""
+    shares = byte_shares(records, _worker_count(records, workers))
 
     def write(staging: Path) -> None:
+        parts = [staging.with_name(f"{staging.name}.part{k}") for k in range(len(shares))]
         try:
-            spool = tempfile.TemporaryFile(dir=staging.parent)
-        except OSError:  # a special file's folder (/dev): the system's temporary folder instead
-            spool = tempfile.TemporaryFile()
-        with open(staging, "wb", buffering=1 << 20) as out, spool:
-            out.write(b'{"images":[')
-            annotations = 0
-            for image_id, record in enumerate(records, start=1):
-                out.write((b"," if image_id > 1 else b"") + orjson.dumps(_coco_image(record, image_id)))
-                for ann in _coco_annotations(record, image_id, annotations + 1, rle):
-                    spool.write((b"," if annotations else b"") + orjson.dumps(ann))
-                    annotations += 1
-                if progress is not None:
-                    progress.update(1)
-            out.write(b'],"annotations":[')
-            spool.seek(0)
-            shutil.copyfileobj(spool, out, 1 << 20)
-            categories = [{"id": c, "name": names[c]} for c in sorted(names)]
-            out.write(b'],"categories":' + orjson.dumps(categories) + b"}")
+            _run_shares(
+                _coco_share,
+                [(str(records), start, end, rle, str(part)) for (start, end), part in zip(shares, parts, strict=True)],
+                progress,
+                f"--coco {path}",
+            )
+            _put_together(staging, parts, names)
+        finally:
+            for part in parts:
+                part.unlink(missing_ok=True)
 
     write_atomically(path, write)
+
+
+def _put_together(staging: Path, parts: list[Path], names: dict[int, str]) -> None:
+    try:
+        spool = tempfile.TemporaryFile(dir=staging.parent)
+    except OSError:  # a special file's folder (/dev): the system's temporary folder instead
+        spool = tempfile.TemporaryFile()
+    with open(staging, "wb", buffering=1 << 20) as out, spool:
+        out.write(b'{"images":[')
+        image_id = annotation_id = 0
+        for part in parts:
+            with open(part, "rb", buffering=1 << 20) as entries:
+                for line in entries:  # b'I{"file_name":...}\n' -> {"id":N,"file_name":...}
+                    if line[:1] == b"I":
+                        image_id += 1
+                        out.write(b"," if image_id > 1 else b"")
+                        out.write(b'{"id":%d,' % image_id + line[2:-1])
+                    else:
+                        annotation_id += 1
+                        spool.write(b"," if annotation_id > 1 else b"")
+                        spool.write(b'{"id":%d,"image_id":%d,' % (annotation_id, image_id) + line[2:-1])
+        out.write(b'],"annotations":[')
+        spool.seek(0)
+        shutil.copyfileobj(spool, out, 1 << 20)
+        categories = [{"id": c, "name": names[c]} for c in sorted(names)]
+        out.write(b'],"categories":' + orjson.dumps(categories) + b"}")
 
 
 def _label_lines(record: dict) -> list[str]:
@@ -180,27 +222,38 @@ class _DatasetFiles:
             raise OutputPathError(f"--yolo-txt {self.folder}: cannot write {where} ({e.strerror})") from e
 
 
+def _yolo_share(folder: str, root: str, records: str, start: int, end: int, report: Report | None = None) -> int:
+    """One share of the records' label files and image links."""
+    files = _DatasetFiles(Path(folder), root)
+    done = 0
+    for record in iter_records(Path(records), start, end) if end > start else ():
+        files.write(record)
+        done += 1
+        if done % REPORT_EVERY == 0:
+            _report(report, REPORT_EVERY)
+    _report(report, done % REPORT_EVERY)
+    return done
+
+
 def write_yolo_dataset(
     folder: Path,
-    records: Callable[[], Iterable[dict]],
+    records: Path,
     names: dict[int, str],
     task: str,
     kpt_shape: list[int] | None = None,
     progress: Progress | None = None,
+    workers: int | None = None,
 ) -> int:
-    """Label files (each written atomically) and image links for the records, then data.yaml; returns the number of
-    label files written. `records` gives the records anew each call: a first pass finds the images' common folder,
-    a second writes the files, a record at a time."""
+    """Label files (each written atomically) and image links for a JSON-lines output's records, then data.yaml;
+    returns the number of label files written. A first pass finds the images' common folder; then shares of the
+    records are written by worker processes (`workers`; by default several for many records)."""
     if task == "classify":
         raise OutputPathError("--yolo-txt: a classification dataset is folders of images by class, not label files")
-    folders = {os.path.dirname(os.path.abspath(r["path"])) for r in records()}
-    files = _DatasetFiles(folder, os.path.commonpath(folders) if folders else os.getcwd())
-    written = 0
-    for record in records():
-        files.write(record)
-        written += 1
-        if progress is not None:
-            progress.update(1)
+    shares = byte_shares(records, _worker_count(records, workers))
+    folders = {os.path.dirname(os.path.abspath(r["path"])) for r in iter_records(records)} if records.is_file() else ()
+    root = os.path.commonpath(list(folders)) if folders else os.getcwd()
+    args = [(str(folder), root, str(records), start, end) for start, end in shares]
+    written = sum(_run_shares(_yolo_share, args, progress, f"--yolo-txt {folder}"))
     lines = [f"path: {folder.absolute()}", "train: images", "val: images"]
     if kpt_shape:
         lines.append(f"kpt_shape: [{kpt_shape[0]}, {kpt_shape[1]}]")
@@ -209,6 +262,63 @@ def write_yolo_dataset(
     yaml_text = "\n".join(lines) + "\n"
     write_atomically(folder / "data.yaml", lambda p: p.write_text(yaml_text))
     return written
+
+
+# -- worker processes: each makes one share of the records (the work is a record's alone, so it spreads) ---------------
+
+Report = Callable[[int], object]
+FORMAT_WORKERS = 8
+PARALLEL_FROM = 2_000  # records (counted as 300 bytes each): below, one process (a worker starts in ~0.15 s)
+REPORT_EVERY = 64  # records a worker counts before it says so
+_done_by_workers: Any = None  # a worker process's shared count of records done
+
+
+def _worker_count(records: Path, workers: int | None) -> int:
+    if workers is not None:
+        return max(1, workers)
+    size = records.stat().st_size if records.is_file() else 0
+    return min(FORMAT_WORKERS, os.cpu_count() or 1) if size >= PARALLEL_FROM * 300 else 1
+
+
+def _start_worker(done: Any) -> None:
+    global _done_by_workers
+    _done_by_workers = done
+
+
+def _report(report: Report | None, count: int) -> None:
+    if report is not None:
+        report(count)
+    elif _done_by_workers is not None and count:
+        with _done_by_workers.get_lock():
+            _done_by_workers.value += count
+
+
+def _run_shares(work: Callable[..., int], shares: list[tuple], progress: Progress | None, what: str) -> list[int]:
+    """`work(*share)` for each share: in this process for one, else each in a worker process of its own; the
+    progress bar follows the records the workers count."""
+    report = progress.update if progress is not None else None
+    if len(shares) == 1:
+        return [work(*shares[0], report=report)]
+    context = multiprocessing.get_context("spawn")  # never fork a process that may hold a GPU context
+    done = context.Value("q", 0)
+    shown = 0
+    try:
+        with ProcessPoolExecutor(len(shares), mp_context=context, initializer=_start_worker, initargs=(done,)) as pool:
+            futures = [pool.submit(work, *share) for share in shares]
+            while True:
+                finished, running = wait(futures, timeout=0.25, return_when=FIRST_EXCEPTION)
+                if report is not None:
+                    now = done.value
+                    report(now - shown)
+                    shown = now
+                if not running or any(f.exception() is not None for f in finished):
+                    break
+            if any(f.exception() is not None for f in finished):
+                pool.shutdown(wait=True, cancel_futures=True)
+            return [f.result() for f in futures]
+    except BrokenProcessPool as e:
+        stopped = f"{what}: a process making it stopped ({e}); the records are kept: --resume makes it again"
+        raise OutputPathError(stopped) from e
 
 
 def _yaml_string(text: str) -> str:

@@ -16,7 +16,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,26 +182,16 @@ def write_formats(job: LabelJob, facts: ModelFacts) -> None:
     """The COCO file and the YOLO dataset made from every record of the output, reading it a record at a time."""
     from yolojet.client.formats import write_coco, write_yolo_dataset
 
-    def records() -> Iterator[dict]:
-        return recs.iter_records(job.out) if job.out.is_file() else iter(())
-
     total = recs.count_records(job.out) if job.out.is_file() else 0
     if job.coco is not None:
         progress = Progress(total, "COCO", unit="img", enabled=not job.quiet)
         try:
-            write_coco(job.coco, records(), facts.names, rle=job.rle, progress=progress)
+            write_coco(job.coco, job.out, facts.names, rle=job.rle, progress=progress)
         finally:
             progress.close()
     if job.yolo_txt is not None:
         progress = Progress(total, "YOLO labels", unit="img", enabled=not job.quiet)
         try:
-            write_yolo_dataset(
-                job.yolo_txt,
-                records,
-                facts.names,
-                facts.task,
-                facts.kpt_shape,
-                progress=progress,
-            )
+            write_yolo_dataset(job.yolo_txt, job.out, facts.names, facts.task, facts.kpt_shape, progress=progress)
         finally:
             progress.close()

@@ -151,15 +151,33 @@ def from_reply(path: str, reply: Any) -> dict:
     return record
 
 
-def iter_records(path: Path) -> Iterator[dict]:
+def iter_records(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict]:
     """The records of a JSON-lines output one at a time, read in blocks, so that a million of them are never in memory
-    at once; a last line cut short by a killed run is left out."""
+    at once; a last line cut short by a killed run is left out. `start`, `end`: the lines that begin in this range of
+    bytes only (`start` at a line's beginning), one share of the file for one of several workers."""
     with open(path, "rb", buffering=1 << 20) as f:
+        f.seek(start)
+        at = start
         for line in f:
-            if not line.endswith(b"\n"):
+            if (end is not None and at >= end) or not line.endswith(b"\n"):
                 return
+            at += len(line)
             if line.strip():
                 yield orjson.loads(line)
+
+
+def byte_shares(path: Path, count: int) -> list[tuple[int, int]]:
+    """The file cut into `count` ranges of bytes at line beginnings, about equal (fewer where it has fewer bytes)."""
+    size = path.stat().st_size if path.is_file() else 0
+    bounds = [0]
+    if size:
+        with open(path, "rb") as f:
+            for k in range(1, count):
+                f.seek(max(bounds[-1], size * k // count - 1))
+                f.readline()  # to the beginning of the line after the one holding that byte
+                if f.tell() > bounds[-1] and f.tell() < size:
+                    bounds.append(f.tell())
+    return list(zip(bounds, [*bounds[1:], size], strict=True))
 
 
 def count_records(path: Path) -> int:
