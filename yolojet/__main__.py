@@ -4,4 +4,5 @@ import sys
 
 from yolojet.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not in a worker process that imports the main module again (spawn)
+    sys.exit(main())
