@@ -249,6 +249,20 @@ def test_expand_sources_skips_directories_named_like_images(tmp_path):
     assert expand_sources([str(tmp_path)]) == [str(tmp_path / "2024.jpg" / "b.png"), str(tmp_path / "a.jpg")]
 
 
+def test_expand_sources_keeps_links_to_files_and_does_not_follow_links_to_folders(tmp_path):
+    """Links to image files are images (a broken one too, so that reading it reports it); a link to a folder is not
+    searched (a link to a parent would never end), nor kept when it is named like an image."""
+    root = tmp_path / "photos"
+    touch(root / "a.jpg")
+    touch(tmp_path / "elsewhere" / "b.png")
+    (root / "b_link.png").symlink_to(tmp_path / "elsewhere" / "b.png")
+    (root / "gone.jpg").symlink_to(tmp_path / "missing.jpg")
+    (root / "loop").symlink_to(root)
+    (root / "folder.jpg").symlink_to(tmp_path / "elsewhere")
+    assert expand_sources([str(root)]) == [str(root / name) for name in ("a.jpg", "b_link.png", "gone.jpg")]
+    assert expand_sources([str(root) + "/"]) == [str(root / name) for name in ("a.jpg", "b_link.png", "gone.jpg")]
+
+
 def test_expanded_files_load(tmp_path):
     """Every file expand_sources collects from a directory loads and yields its pixels."""
     bgr = random_image((12, 18, 3), seed=6)
