@@ -229,6 +229,22 @@ def test_bad_files_go_to_the_error_log_and_the_rest_is_labeled(server, photos, t
     assert "4 errors" in stderr
 
 
+def test_many_errors_are_named_on_the_terminal_up_to_a_bound_and_all_in_the_log(server, tmp_path, capsys):
+    from yolojet.client.label import ERRORS_SHOWN
+
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    for i in range(ERRORS_SHOWN + 5):
+        (folder / f"{i:02d}.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    out = tmp_path / "labels.jsonl"
+    code, _, stderr = run_cli(capsys, "label", folder, "--server", server.address, "--model", "detect", "--out", out)
+    assert code == 1
+    assert stderr.count(": error: ") == ERRORS_SHOWN
+    assert f"more than {ERRORS_SHOWN} errors: the others go to {out}.errors.jsonl only" in stderr
+    assert len(lines(tmp_path / "labels.jsonl.errors.jsonl")) == ERRORS_SHOWN + 5
+    assert f"{ERRORS_SHOWN + 5} errors" in stderr
+
+
 def test_outputs_are_protected_and_resume_checks_the_model(server, model_dirs, photos, tmp_path, capsys):
     out = tmp_path / "labels.jsonl"
     base = ["label", photos, "--server", server.address, "--model", "detect", "--out", out, "--quiet"]

@@ -29,6 +29,9 @@ from yolojet.progress import Progress
 # The first images whose headers tell a local labeler which rectangles to build at its load: a batch's worth, the
 # headers read in a few ms.
 FIRST_IMAGES = 64
+# Errors named on the terminal as they come; past these, only in the error log (a folder of many unreadable files
+# would bury the progress bar).
+ERRORS_SHOWN = 20
 
 
 @dataclass
@@ -161,8 +164,12 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
         with counting:
             summary.failed += 1
             progress.update(1)
-            if not job.quiet:
+            if job.quiet or summary.failed > ERRORS_SHOWN + 1:
+                return
+            if summary.failed <= ERRORS_SHOWN:
                 progress.write(f"{path}: error: {message.removeprefix(f'{path}: ')}", file=sys.stderr)
+            else:
+                progress.write(f"more than {ERRORS_SHOWN} errors: the others go to {error_log(job)} only", sys.stderr)
 
     start = time.perf_counter()
     try:
