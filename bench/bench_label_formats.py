@@ -4,7 +4,7 @@ synthetic records (a box detector's, five boxes an image by default, or masks wi
 memory (ru_maxrss: the process's own, not its workers').
 
     python3 bench/bench_label_formats.py --records 100000 [--boxes 5] [--task detect|segment] [--workers 1 2 0]
-        [--keep DIR]
+        [--under DIR]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--boxes", type=int, default=5)
     parser.add_argument("--task", choices=["detect", "segment"], default="detect")
-    parser.add_argument("--keep", type=Path, help="make the files here rather than in a temporary folder")
+    parser.add_argument("--under", type=Path, help="the folder to make the temporary files in (a disk other than /tmp)")
     parser.add_argument("--workers", type=int, nargs="+", default=[0], help="worker processes; 0: the default")
     parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)  # records kind out task workers: the child
     args = parser.parse_args()
@@ -80,7 +80,7 @@ def main() -> None:
         records, kind, out, task, workers = args.one
         print(json.dumps(one_format(records, kind, out, task, int(workers) or None)))
         return
-    with tempfile.TemporaryDirectory(dir=args.keep) as folder:
+    with tempfile.TemporaryDirectory(dir=args.under) as folder:
         records = Path(folder) / "labels.jsonl"
         write_records(records, args.records, args.boxes, args.task)
         found = {"records": args.records, "boxes": args.boxes, "task": args.task, "bytes": records.stat().st_size}

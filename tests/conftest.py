@@ -49,7 +49,7 @@ SLOW = (
     "kernels",
     "engine",
     "export",
-    "client",
+    "client/test_label.py",
     "serve/test_service.py",
     "serve/test_serve_command.py",
     "eval/test_val_protocol.py",

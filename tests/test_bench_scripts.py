@@ -80,7 +80,7 @@ def test_label_formats_bench_makes_both_formats(tmp_path):
 
     run = [sys.executable, str(BENCH / "bench_label_formats.py"), "--records", "40", "--task", "segment"]
     found = json.loads(
-        subprocess.run([*run, "--keep", str(tmp_path)], check=True, capture_output=True, text=True).stdout
+        subprocess.run([*run, "--under", str(tmp_path)], check=True, capture_output=True, text=True).stdout
     )
     assert found["records"] == 40 and found["coco workers=default"]["seconds"] > 0
     assert found["yolo workers=default"]["peak_rss_mib"] > 0

@@ -263,6 +263,14 @@ def test_expand_sources_keeps_links_to_files_and_does_not_follow_links_to_folder
     assert expand_sources([str(root) + "/"]) == [str(root / name) for name in ("a.jpg", "b_link.png", "gone.jpg")]
 
 
+def test_expand_sources_names_files_below_the_current_folder_as_pathlib_does(tmp_path, monkeypatch):
+    for name in ("p/a.jpg", "p/..jpg", "p/.hidden.jpg", "p/.jpg", "p/q/b.PNG"):
+        touch(tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    assert expand_sources(["."]) == ["p/..jpg", "p/.hidden.jpg", "p/a.jpg", "p/q/b.PNG"]
+    assert expand_sources(["./p"]) == ["p/..jpg", "p/.hidden.jpg", "p/a.jpg", "p/q/b.PNG"]
+
+
 def test_expanded_files_load(tmp_path):
     """Every file expand_sources collects from a directory loads and yields its pixels."""
     bgr = random_image((12, 18, 3), seed=6)

@@ -55,3 +55,7 @@ class DatasetError(YolojetError, ValueError):
 
 class OutputPathError(YolojetError, ValueError):
     """An output path that cannot be written, or whose writing would destroy an input."""
+
+
+class RecordsError(YolojetError, ValueError):
+    """A labeling output (JSON lines) holding a line that is not one of `yolojet label`'s records."""

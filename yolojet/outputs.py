@@ -112,6 +112,10 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
         raise
 
 
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # POSIX only: elsewhere the staging name is trusted as it is
+_CLOSE_ON_EXEC = getattr(os, "O_CLOEXEC", 0)
+
+
 def write_small_file(path: str, data: bytes) -> None:
     """`data` as the whole of the file at `path` (its folder exists), through a temporary file beside it renamed into
     place, as `write_atomically` does, in the fewest system calls: one of the many label files of a dataset (the
@@ -129,7 +133,7 @@ def write_small_file(path: str, data: bytes) -> None:
     # One writer a thread: the name is the thread's own (and a stale one, left by a killed run, is rewritten).
     staging = os.path.join(folder, f".{name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
-        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NO_FOLLOW | _CLOSE_ON_EXEC, 0o666)
         try:
             view = memoryview(data)
             while view:

@@ -192,3 +192,113 @@ def test_worker_processes_make_the_same_files_as_one_process(tmp_path):
     shares = recs.byte_shares(path, 3)
     assert len(shares) == 3 and shares[0][0] == 0 and shares[-1][1] == path.stat().st_size
     assert sum(len(list(recs.iter_records(path, a, b))) for a, b in shares) == 25
+
+
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="names a pipe by /dev/fd")
+def test_coco_into_a_special_file_keeps_its_parts_elsewhere(tmp_path):
+    """A pipe named by /dev/fd/N (a shell's `--coco >(gzip > c.json.gz)`) is written straight: its folder takes no
+    part files, so they and the spool go to the system's temporary folder."""
+    import os
+    import threading
+
+    path = tmp_path / "labels.jsonl"
+    records_file(path, 25)
+    write_coco(tmp_path / "plain.json", path, NAMES, workers=2)
+    readable, writable = os.pipe()
+    read: list[bytes] = []
+
+    def drain() -> None:
+        with os.fdopen(readable, "rb") as pipe:
+            read.append(pipe.read())
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        write_coco(Path(f"/dev/fd/{writable}"), path, NAMES, workers=2)
+    finally:
+        os.close(writable)
+        reader.join(timeout=60)
+    assert read == [(tmp_path / "plain.json").read_bytes()]
+
+
+def test_images_named_with_a_double_slash_stay_inside_the_dataset(tmp_path):
+    """`//tmp/x.jpg` is `/tmp/x.jpg` to Linux, and `os.path.abspath` keeps the `//` that `commonpath` drops: the label
+    files must still land below the dataset's folder."""
+    path = tmp_path / "labels.jsonl"
+    photos = tmp_path / "photos"
+    record = {"path": "/" + str(photos / "a.jpg"), "width": 100, "height": 80, "task": "detect", "detections": []}
+    path.write_bytes(orjson.dumps(record) + b"\n")
+    dataset = tmp_path / "dataset"
+    assert write_yolo_dataset(dataset, path, NAMES, "detect") == 1
+    assert (dataset / "labels" / "a.txt").read_text() == ""
+    assert (dataset / "images" / "a.jpg").readlink() == photos / "a.jpg"
+
+
+def test_a_record_that_is_not_labels_fails_with_its_name_from_any_worker(tmp_path):
+    from yolojet.errors import RecordsError
+
+    path = tmp_path / "labels.jsonl"
+    written = records_file(path, 30)
+    del written[3]["width"]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in written))
+    for workers in (1, 3):
+        with pytest.raises(RecordsError, match=f"the record of {written[3]['path']} is not one yolojet label writes"):
+            write_coco(tmp_path / "coco.json", path, NAMES, workers=workers)
+        with pytest.raises(RecordsError, match="is not one yolojet label writes"):
+            write_yolo_dataset(tmp_path / "dataset", path, NAMES, "segment", workers=workers)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset", "labels.jsonl"]  # no COCO, parts or spool
+    path.write_bytes(path.read_bytes() + b"not json\n" + orjson.dumps(written[0]) + b"\n")
+    with pytest.raises(RecordsError, match="is not JSON"):
+        list(recs.iter_records(path))
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+@pytest.mark.parametrize("how", ["killed", "interrupted"])
+def test_workers_stop_when_their_parent_is_killed_or_interrupted(tmp_path, how):
+    """A killed labeling process leaves no worker running; a Ctrl-C to it alone stops every share and leaves no part
+    files."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "labels.jsonl"
+    records_file(path, 400)
+    out = tmp_path / "out"
+    out.mkdir()
+    script = (
+        "import sys; from pathlib import Path; from yolojet.client.formats import write_coco\n"
+        "if __name__ == '__main__':\n"
+        "    while True:\n"
+        f"        write_coco(Path({str(out / 'coco.json')!r}), Path({str(path)!r}), {NAMES!r}, workers=2)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(_children(parent.pid)) < 3 and time.monotonic() < deadline:  # two workers and the resource tracker
+        time.sleep(0.05)
+    workers = _children(parent.pid)
+    assert len(workers) >= 2
+    os.kill(parent.pid, signal.SIGKILL if how == "killed" else signal.SIGINT)
+    parent.wait(timeout=60)
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive
+    if how == "interrupted":
+        assert b"KeyboardInterrupt" in parent.stderr.read()
+        assert [p.name for p in out.iterdir() if not p.name.startswith("coco.json")] == []  # no parts, no staging

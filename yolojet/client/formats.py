@@ -15,13 +15,11 @@ image), and `data.yaml` naming the classes (and `kpt_shape` for pose), ready for
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +27,9 @@ import numpy as np
 import orjson
 
 from yolojet.client.records import byte_shares, iter_records
-from yolojet.errors import OutputPathError
-from yolojet.outputs import write_atomically, write_small_file
+from yolojet.client.shares import Report, run_shares, share_records, worker_count
+from yolojet.errors import OutputPathError, RecordsError
+from yolojet.outputs import is_special, write_atomically, write_small_file
 from yolojet.progress import Progress
 from yolojet.tasks.obb import xywhr_to_corners
 from yolojet.tasks.segment import merge_contours, rle_area, rle_contours
@@ -96,15 +95,13 @@ def _coco_share(records: str, start: int, end: int, rle: bool, part: str, report
     its annotations, without their ids."""
     done = 0
     with open(part, "wb", buffering=1 << 20) as out:
-        for record in iter_records(Path(records), start, end) if end > start else ():
-            image = {"file_name": record["path"], "width": record["width"], "height": record["height"]}
-            out.write(b"I" + orjson.dumps(image) + b"\n")
-            for ann in _coco_annotations(record, rle):
-                out.write(b"A" + orjson.dumps(ann) + b"\n")
+        for record in share_records(records, start, end, report):
+            with _as_a_record(records, record):
+                image = {"file_name": record["path"], "width": record["width"], "height": record["height"]}
+                entries = [b"I" + orjson.dumps(image) + b"\n"]
+                entries += [b"A" + orjson.dumps(ann) + b"\n" for ann in _coco_annotations(record, rle)]
+            out.write(b"".join(entries))
             done += 1
-            if done % REPORT_EVERY == 0:
-                _report(report, REPORT_EVERY)
-    _report(report, done % REPORT_EVERY)
     return done
 
 
@@ -117,34 +114,35 @@ def write_coco(
     workers: int | None = None,
 ) -> None:
     """The COCO document of a JSON-lines output's records, written atomically. Shares of the records are made into
-    entries by worker processes (`workers`; by default several for many records), then put together in order, each
-    image and annotation numbered from 1: the images, then the annotations (spooled in a temporary file beside the
-    output meanwhile), then the categories. Memory stays that of a record however many there are."""
-    shares = byte_shares(records, _worker_count(records, workers))
+    entries by worker processes (`workers`; by default several for many records), in part files in a temporary
+    folder beside the output, then put together in order, each image and annotation numbered from 1: the images, then
+    the annotations (spooled there meanwhile), then the categories. Memory stays that of a record however many there
+    are."""
+    shares = byte_shares(records, worker_count(records, workers))
 
     def write(staging: Path) -> None:
-        parts = [staging.with_name(f"{staging.name}.part{k}") for k in range(len(shares))]
-        try:
-            _run_shares(
-                _coco_share,
-                [(str(records), start, end, rle, str(part)) for (start, end), part in zip(shares, parts, strict=True)],
-                progress,
-                f"--coco {path}",
-            )
-            _put_together(staging, parts, names)
-        finally:
-            for part in parts:
-                part.unlink(missing_ok=True)
+        with _scratch_folder(staging) as scratch:
+            parts = [os.path.join(scratch, f"part{k}") for k in range(len(shares))]
+            args = [(str(records), start, end, rle, part) for (start, end), part in zip(shares, parts, strict=True)]
+            run_shares(_coco_share, args, progress, f"--coco {path}")
+            _put_together(staging, parts, names, scratch)
 
     write_atomically(path, write)
 
 
-def _put_together(staging: Path, parts: list[Path], names: dict[int, str]) -> None:
-    try:
-        spool = tempfile.TemporaryFile(dir=staging.parent)
-    except OSError:  # a special file's folder (/dev): the system's temporary folder instead
-        spool = tempfile.TemporaryFile()
-    with open(staging, "wb", buffering=1 << 20) as out, spool:
+def _scratch_folder(staging: Path) -> tempfile.TemporaryDirectory:
+    """A temporary folder beside the output's staging file (the parts can be as large as the document), or the
+    system's where that folder cannot take one: a special file's (`/dev/fd/63`, a FIFO in a folder not ours)."""
+    if not is_special(staging):
+        try:
+            return tempfile.TemporaryDirectory(prefix=".yolojet-coco-", dir=staging.parent)
+        except OSError:
+            pass
+    return tempfile.TemporaryDirectory(prefix="yolojet-coco-")
+
+
+def _put_together(staging: Path, parts: list[str], names: dict[int, str], scratch: str) -> None:
+    with open(staging, "wb", buffering=1 << 20) as out, tempfile.TemporaryFile(dir=scratch) as spool:
         out.write(b'{"images":[')
         image_id = annotation_id = 0
         for part in parts:
@@ -163,6 +161,17 @@ def _put_together(staging: Path, parts: list[Path], names: dict[int, str]) -> No
         shutil.copyfileobj(spool, out, 1 << 20)
         categories = [{"id": c, "name": names[c]} for c in sorted(names)]
         out.write(b'],"categories":' + orjson.dumps(categories) + b"}")
+
+
+@contextlib.contextmanager
+def _as_a_record(records: str, record: dict) -> Iterator[None]:
+    """A record missing what `yolojet label` writes (a file edited by hand, or another tool's) as a RecordsError
+    naming it, not a KeyError from deep inside."""
+    try:
+        yield
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        named = f"{records}: the record of {record.get('path')}"
+        raise RecordsError(f"{named} is not one yolojet label writes ({e!r})") from e
 
 
 def _label_lines(record: dict) -> list[str]:
@@ -189,6 +198,13 @@ def _label_lines(record: dict) -> list[str]:
     return lines
 
 
+def _absolute(path: str) -> str:
+    """`path` made absolute as `os.path.commonpath` writes it: a leading `//`, which `abspath` keeps (POSIX leaves its
+    meaning to the system; Linux reads it as `/`), as `/`."""
+    absolute = os.path.abspath(path)
+    return os.sep + absolute.lstrip(os.sep) if absolute.startswith(os.sep * 2) else absolute
+
+
 class _DatasetFiles:
     """A YOLO dataset folder's files, a record at a time: its image's link under `images/` and its label file under
     `labels/`, at the image's path below `root` (the labeled images' common folder); each folder is made once."""
@@ -207,7 +223,9 @@ class _DatasetFiles:
         return path
 
     def write(self, record: dict) -> None:
-        source = os.path.abspath(record["path"])
+        source = _absolute(record["path"])
+        if not source.startswith(self.root):  # never a path outside the dataset's folders
+            raise OutputPathError(f"--yolo-txt {self.folder}: {source} is not below the images' folder {self.root}")
         relative = source[len(self.root) :]
         text = "".join(line + "\n" for line in _label_lines(record))
         try:
@@ -220,18 +238,18 @@ class _DatasetFiles:
         except OSError as e:
             where = e.filename or relative
             raise OutputPathError(f"--yolo-txt {self.folder}: cannot write {where} ({e.strerror})") from e
+        except OutputPathError as e:
+            raise OutputPathError(f"--yolo-txt {self.folder}: {e}") from e
 
 
 def _yolo_share(folder: str, root: str, records: str, start: int, end: int, report: Report | None = None) -> int:
     """One share of the records' label files and image links."""
     files = _DatasetFiles(Path(folder), root)
     done = 0
-    for record in iter_records(Path(records), start, end) if end > start else ():
-        files.write(record)
+    for record in share_records(records, start, end, report):
+        with _as_a_record(records, record):
+            files.write(record)
         done += 1
-        if done % REPORT_EVERY == 0:
-            _report(report, REPORT_EVERY)
-    _report(report, done % REPORT_EVERY)
     return done
 
 
@@ -249,11 +267,11 @@ def write_yolo_dataset(
     records are written by worker processes (`workers`; by default several for many records)."""
     if task == "classify":
         raise OutputPathError("--yolo-txt: a classification dataset is folders of images by class, not label files")
-    shares = byte_shares(records, _worker_count(records, workers))
-    folders = {os.path.dirname(os.path.abspath(r["path"])) for r in iter_records(records)} if records.is_file() else ()
+    shares = byte_shares(records, worker_count(records, workers))
+    folders = {os.path.dirname(_absolute(r["path"])) for r in iter_records(records)} if records.is_file() else ()
     root = os.path.commonpath(list(folders)) if folders else os.getcwd()
     args = [(str(folder), root, str(records), start, end) for start, end in shares]
-    written = sum(_run_shares(_yolo_share, args, progress, f"--yolo-txt {folder}"))
+    written = sum(run_shares(_yolo_share, args, progress, f"--yolo-txt {folder}"))
     lines = [f"path: {folder.absolute()}", "train: images", "val: images"]
     if kpt_shape:
         lines.append(f"kpt_shape: [{kpt_shape[0]}, {kpt_shape[1]}]")
@@ -262,63 +280,6 @@ def write_yolo_dataset(
     yaml_text = "\n".join(lines) + "\n"
     write_atomically(folder / "data.yaml", lambda p: p.write_text(yaml_text))
     return written
-
-
-# -- worker processes: each makes one share of the records (the work is a record's alone, so it spreads) ---------------
-
-Report = Callable[[int], object]
-FORMAT_WORKERS = 8
-PARALLEL_FROM = 2_000  # records (counted as 300 bytes each): below, one process (a worker starts in ~0.15 s)
-REPORT_EVERY = 64  # records a worker counts before it says so
-_done_by_workers: Any = None  # a worker process's shared count of records done
-
-
-def _worker_count(records: Path, workers: int | None) -> int:
-    if workers is not None:
-        return max(1, workers)
-    size = records.stat().st_size if records.is_file() else 0
-    return min(FORMAT_WORKERS, os.cpu_count() or 1) if size >= PARALLEL_FROM * 300 else 1
-
-
-def _start_worker(done: Any) -> None:
-    global _done_by_workers
-    _done_by_workers = done
-
-
-def _report(report: Report | None, count: int) -> None:
-    if report is not None:
-        report(count)
-    elif _done_by_workers is not None and count:
-        with _done_by_workers.get_lock():
-            _done_by_workers.value += count
-
-
-def _run_shares(work: Callable[..., int], shares: list[tuple], progress: Progress | None, what: str) -> list[int]:
-    """`work(*share)` for each share: in this process for one, else each in a worker process of its own; the
-    progress bar follows the records the workers count."""
-    report = progress.update if progress is not None else None
-    if len(shares) == 1:
-        return [work(*shares[0], report=report)]
-    context = multiprocessing.get_context("spawn")  # never fork a process that may hold a GPU context
-    done = context.Value("q", 0)
-    shown = 0
-    try:
-        with ProcessPoolExecutor(len(shares), mp_context=context, initializer=_start_worker, initargs=(done,)) as pool:
-            futures = [pool.submit(work, *share) for share in shares]
-            while True:
-                finished, running = wait(futures, timeout=0.25, return_when=FIRST_EXCEPTION)
-                if report is not None:
-                    now = done.value
-                    report(now - shown)
-                    shown = now
-                if not running or any(f.exception() is not None for f in finished):
-                    break
-            if any(f.exception() is not None for f in finished):
-                pool.shutdown(wait=True, cancel_futures=True)
-            return [f.result() for f in futures]
-    except BrokenProcessPool as e:
-        stopped = f"{what}: a process making it stopped ({e}); the records are kept: --resume makes it again"
-        raise OutputPathError(stopped) from e
 
 
 def _yaml_string(text: str) -> str:

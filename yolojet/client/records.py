@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from yolojet.errors import RecordsError
+
 if TYPE_CHECKING:
     from yolojet.tasks import Results
 
@@ -161,9 +163,15 @@ def iter_records(path: Path, start: int = 0, end: int | None = None) -> Iterator
         for line in f:
             if (end is not None and at >= end) or not line.endswith(b"\n"):
                 return
-            at += len(line)
             if line.strip():
-                yield orjson.loads(line)
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    raise RecordsError(f"{path}: the line at byte {at} is not JSON ({e})") from e
+                if not isinstance(record, dict) or not isinstance(record.get("path"), str):
+                    raise RecordsError(f"{path}: the line at byte {at} is not a record (no path)")
+                yield record
+            at += len(line)
 
 
 def byte_shares(path: Path, count: int) -> list[tuple[int, int]]:
