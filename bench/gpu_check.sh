@@ -8,7 +8,7 @@
 #                             # for the server and the labeling client, grpcio 1.85.1 and protobuf 7.35.1, which the generated
 #                             # code needs, grpcio-health-checking, grpcio-reflection and orjson; nvidia-nvjpeg and
 #                             # nvidia-nvimgcodec-cu13 for the hardware decoders; cryptography for the TLS test)
-#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images reads switch serve overload one_to_one network compile
+#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images reads formats switch serve overload one_to_one network compile
 #   STAGES=one_to_one bash bench/gpu_check.sh   # bench/bench_one_to_one.py: YOLO26's one-to-one selection, torch ops vs our kernels
 #   STAGES=images IMAGES_FLAGS="--stages decoders call --files 2000" bash bench/gpu_check.sh  # bench/bench_images.py
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
@@ -110,6 +110,13 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     # A JPEG file's read into new bytes with glibc's defaults and with keep_freed_memory (bench/bench_file_reads.py).
     timeout "${READS_SECONDS:-60}" python3 bench/bench_file_reads.py --out "$OUT" > "$OUT/reads.log" 2>&1
     tail -5 "$OUT/reads.log" ;;
+  formats)
+    # label's formats pass (COCO, YOLO dataset) on this machine's disk and cores (bench/bench_label_formats.py).
+    timeout "${FORMATS_SECONDS:-240}" python3 bench/bench_label_formats.py --records 100000 --workers 1 0 \
+      > "$OUT/formats.json" 2> "$OUT/formats.log"
+    timeout "${FORMATS_SECONDS:-240}" python3 bench/bench_label_formats.py --records 10000 --task segment --workers 1 0 \
+      > "$OUT/formats-segment.json" 2>> "$OUT/formats.log"
+    cat "$OUT/formats.json" "$OUT/formats-segment.json" | grep -E '"(coco|yolo) |seconds' ;;
   switch)
     # The feed beside a thread running Python code at several switch intervals (bench/bench_switch.py).
     timeout "${SWITCH_SECONDS:-120}" python3 bench/bench_switch.py --files 2000 --out "$OUT/switch.json" > "$OUT/switch.log" 2>&1
