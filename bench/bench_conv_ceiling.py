@@ -30,7 +30,14 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from yolojet.kernels.conv import ConvConfig, ConvKind, conv2d_nhwc, conv_candidate_configs, tma_patch_loadable
+from yolojet.kernels.conv import (
+    ConvConfig,
+    ConvKind,
+    conv2d_nhwc,
+    conv_candidate_configs,
+    halo_fits,
+    tma_patch_loadable,
+)
 from yolojet.timing import provenance
 
 # (name, batch, H, W, C_in, pixel stride of the input, C_out, kernel, stride): yolo11m at 640, batch 64. A pixel
@@ -138,11 +145,13 @@ def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride) -> dict
 
     row = {"shape": name, "M": m, "N": c_out, "K": gemm_k, "gflop": flops / 1e9}
     with ClockSampler() as clocks:
-        # As the engine offers them: TMA tiles only where they can load this conv's operands.
+        # As the engine offers them: TMA tiles only where they can load this conv's operands, halo tiles only where
+        # they compute it.
         offered = [
             c
             for c in conv_candidate_configs(m, c_out, gemm_k, k == 1, c_in=c_in)
-            if not c.loads_by_tma
+            if (c.kind is ConvKind.HALO and halo_fits(x, (stride, stride), (1, 1), 1))
+            or (c.kind is not ConvKind.HALO and not c.loads_by_tma)
             or (c.kind is ConvKind.TMA_PATCH and tma_patch_loadable(x, weight, (stride, stride), c.block_k))
         ]
         conv_ms, conv_config, conv_times, conv_errors = best_of(offered, conv, conv_error)

@@ -148,8 +148,8 @@ def test_a_stream_of_one_tensor_rewritten_for_every_frame_gives_each_frame_its_o
 
     got = list(reference.stream(camera(), conf=CONF))
     assert len(got) == 6
-    for i, ours in enumerate(got):
-        np.testing.assert_allclose(ours.boxes.data, wants[i % 3].boxes.data, rtol=1e-5, atol=1e-3)
+    for i, ours in enumerate(got):  # batches of another size round differently (0.0016 px seen): a wrong frame's
+        np.testing.assert_allclose(ours.boxes.data, wants[i % 3].boxes.data, rtol=1e-5, atol=1e-2)  # are pixels off
 
 
 def test_mixed_sizes_in_one_batch_give_each_the_result_it_gets_alone(tmp_path):
