@@ -717,7 +717,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_label(args: argparse.Namespace) -> int:
     from yolojet.client import records
-    from yolojet.client.label import LabelJob, Summary, check_outputs, job_paths, run
+    from yolojet.client.label import LabelJob, Summary, check_label_options, check_outputs, job_paths, run
     from yolojet.client.remote import Connection, RemoteLabeler, bench, model_facts
     from yolojet.options import serve_token
 
@@ -765,6 +765,8 @@ def _cmd_label(args: argparse.Namespace) -> int:
         connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
         model_facts(connection)  # a clear error now rather than in every worker
         source = Path(args.source[0])
+        if not source.is_file():
+            raise ImageReadError(f"{source}: not a file; --bench sends one image file again and again")
         found = bench(connection, source, args.bench, args.concurrency, args.processes, options, args.bench_rpc)
         _print_bench(found)
         return 0 if found["answered"] == found["requests"] else 1
@@ -838,8 +840,12 @@ def _cmd_label(args: argparse.Namespace) -> int:
             cluster.close()
             summary.notes.extend(cluster.notes())
     else:
+        given = _engine_flags_given(args)
+        if given:
+            raise EngineConfigError(f"{', '.join(given)}: the server's engine has its own (yolojet serve's flags)")
         connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
         facts = model_facts(connection)  # an unreachable server or unknown model: said here, before any worker
+        check_label_options(options, facts.names)  # bad options said once, not as an error an image
 
         def server_notes(refusals: int, reconnects: int) -> None:
             if refusals or reconnects:
@@ -885,6 +891,19 @@ def _cmd_label(args: argparse.Namespace) -> int:
     for line in summary.lines(job):
         print(line, file=sys.stderr)
     return 1 if summary.failed else 0
+
+
+# label's flags that shape a local engine: a server's engine has its own.
+_ENGINE_FLAGS = ("fp32", "device", "decoder", "max_pixels", "rect", "shapes", "max_shapes", "no_tune", "no_fuse",
+                 "no_pdl", "no_branches")  # fmt: skip
+
+
+def _engine_flags_given(args: argparse.Namespace) -> list[str]:
+    """label's engine flags given other than their defaults, as written on the command line."""
+    (commands,) = (a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    label = commands.choices["label"]
+    given = [flag for flag in _ENGINE_FLAGS if getattr(args, flag) != label.get_default(flag)]
+    return ["--no-rect" if flag == "rect" else f"--{flag.replace('_', '-')}" for flag in given]
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:

@@ -224,10 +224,13 @@ class JsonLines:
     def _flush(self) -> None:
         if self._file is None:
             return
-        if self._lines:
-            self._file.write("".join(self._lines))
-            self._lines.clear()
-        self._file.flush()
+        try:
+            if self._lines:
+                self._file.write("".join(self._lines))
+                self._lines.clear()
+            self._file.flush()
+        except OSError as e:  # a full disk, a lost mount: the lines already written stay
+            raise OutputPathError(f"{self.path}: cannot write there ({e.strerror})") from e
         self._flushed_at = time.monotonic()
 
     def sync(self) -> None:
@@ -240,7 +243,10 @@ class JsonLines:
             return
         self._flush()
         if self._file is not sys.stdout and not is_special(self.path):
-            os.fsync(self._file.fileno())
+            try:
+                os.fsync(self._file.fileno())
+            except OSError as e:
+                raise OutputPathError(f"{self.path}: cannot write there ({e.strerror})") from e
         self._unsynced = 0
         self._synced_at = time.monotonic()
 

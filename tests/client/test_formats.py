@@ -302,3 +302,40 @@ def test_workers_stop_when_their_parent_is_killed_or_interrupted(tmp_path, how):
     if how == "interrupted":
         assert b"KeyboardInterrupt" in parent.stderr.read()
         assert [p.name for p in out.iterdir() if not p.name.startswith("coco.json")] == []  # no parts, no staging
+
+
+def test_images_whose_names_differ_only_in_the_suffix_get_label_files_of_their_own(tmp_path):
+    """ultralytics finds an image's labels by its name without the suffix: x.jpg and x.png of one folder would share
+    x.txt, so their links carry the suffix in the name."""
+    path = tmp_path / "labels.jsonl"
+    boxes = {"x.jpg": [0.0, 0.0, 10.0, 10.0], "x.png": [50.0, 50.0, 100.0, 100.0], "y.jpg": [5.0, 5.0, 20.0, 20.0]}
+    records = [
+        {"path": f"/photos/a/{name}", "width": 100, "height": 100, "task": "detect",
+         "detections": [{"class": 1, "name": "bus", "confidence": 0.5, "box": box}]}
+        for name, box in boxes.items()
+    ]  # fmt: skip
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    dataset = tmp_path / "dataset"
+    assert write_yolo_dataset(dataset, path, NAMES, "detect") == 3
+    labels = sorted(p.name for p in (dataset / "labels").iterdir())
+    assert labels == ["x_jpg.txt", "x_png.txt", "y.txt"]
+    assert (dataset / "images" / "x_png.png").readlink() == Path("/photos/a/x.png")
+    assert (dataset / "labels" / "x_png.txt").read_text() == "1 0.75 0.75 0.5 0.5\n"
+    assert (dataset / "labels" / "x_jpg.txt").read_text() == "1 0.05 0.05 0.1 0.1\n"
+
+
+def test_plot_of_what_is_not_labels_or_of_images_gone(tmp_path, capsys):
+    from yolojet.errors import RecordsError
+
+    errors = tmp_path / "labels.jsonl.errors.jsonl"
+    errors.write_text('{"path": "a.jpg", "error": "cut short"}\n')
+    with pytest.raises(RecordsError, match="no size"):
+        plot(errors, tmp_path / "p")
+    gone = tmp_path / "gone.jsonl"
+    gone.write_text(json.dumps({"path": str(tmp_path / "nowhere.jpg"), "width": 10, "height": 10, "detections": []}))
+    gone.write_text(gone.read_text() + "\n")
+    (tmp_path / "p").mkdir(exist_ok=True)
+    (tmp_path / "p" / "grid.png").write_bytes(b"an earlier plot's")
+    written = plot(gone, tmp_path / "p")
+    assert [p.name for p in written] == ["classes.png", "scores.png"] and not (tmp_path / "p" / "grid.png").exists()
+    assert "1 of the 1 sampled images could not be read" in capsys.readouterr().err

@@ -261,6 +261,58 @@ def test_outputs_are_protected_and_resume_checks_the_model(server, model_dirs, p
     assert run_cli(capsys, *base, "--overwrite")[0] == 0 and len(lines(out)) == 3
 
 
+def test_outputs_that_would_destroy_an_input_or_each_other_are_refused(server, photos, tmp_path, capsys):
+    base = ["label", photos, "--server", server.address, "--model", "detect", "--quiet"]
+    image = photos / "bus.jpg"
+    before = image.read_bytes()
+    code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "a.jsonl", "--coco", image)
+    assert code == 2 and "an image to label; writing there would destroy it" in stderr and image.read_bytes() == before
+    code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "b.jsonl", "--coco", tmp_path / "b.jsonl")
+    assert code == 2 and "the same file as --out" in stderr
+    code, _, stderr = run_cli(capsys, *base, "--out", "-", "--coco", tmp_path / "c.json")
+    assert code == 2 and "read the records back: give --out FILE" in stderr
+    text = tmp_path / "notes.txt"
+    text.write_bytes(b'{"a": 1}\nnot a record, cut short')
+    code, _, stderr = run_cli(capsys, *base, "--out", text, "--resume")
+    assert code == 2 and "not a record" in stderr
+    assert text.read_bytes() == b'{"a": 1}\nnot a record, cut short'  # refused before any change
+    code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "d.jsonl", "--conf", "7")
+    assert code == 2 and "--conf 7.0: expected a number in [0, 1]" in stderr
+    code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "d.jsonl", "--no-rect", "--fp32")
+    assert code == 2 and "--fp32, --no-rect: the server's engine has its own" in stderr
+    code, _, stderr = run_cli(
+        capsys, "label", tmp_path / "missing.jpg", "--server", server.address, "--model", "detect", "--bench", "3"
+    )
+    assert code == 2 and "not a file; --bench sends one image file" in stderr
+    assert not (tmp_path / "a.jsonl").exists() and not (tmp_path / "d.jsonl").exists()
+
+
+def test_reruns_replace_stale_outputs_and_skip_their_own_dataset(server, photos, tmp_path, capsys):
+    """--overwrite with every image failing leaves no old records behind; a YOLO dataset made inside the source
+    folder is not labeled by the next run; a file name that is not UTF-8 is an error of its own."""
+    out, dataset = tmp_path / "labels.jsonl", photos / "dataset"
+    base = ["label", photos, "--server", server.address, "--model", "detect", "--out", out, "--quiet"]
+    assert run_cli(capsys, *base, "--yolo-txt", dataset)[0] == 0
+    assert len(lines(out)) == 3 and (dataset / "images" / "bus.jpg").is_symlink()
+    code, _, stderr = run_cli(capsys, *base, "--yolo-txt", dataset, "--resume")
+    assert code == 0 and "0 images labeled" in stderr and len(lines(out)) == 3  # not the dataset's own links
+    odd = os.fsdecode(b"odd\xff.jpg")
+    shutil.copy(ASSETS / "bus.jpg", photos / odd)
+    code, _, _ = run_cli(capsys, *base, "--yolo-txt", dataset, "--resume")
+    assert code == 1 and len(lines(out)) == 3
+    (logged,) = lines(tmp_path / "labels.jsonl.errors.jsonl")
+    assert "the file name is not UTF-8" in logged["error"] and "odd\\xff.jpg" in logged["path"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "x.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    code, _, _ = run_cli(
+        capsys, "label", broken, "--server", server.address, "--model", "detect", "--out", out, "--overwrite",
+        "--coco", tmp_path / "c.json", "--quiet",
+    )  # fmt: skip
+    assert code == 1 and out.read_bytes() == b""
+    assert json.loads((tmp_path / "c.json").read_text())["images"] == []
+
+
 def test_an_unreachable_server_is_reported_with_what_was_done(photos, tmp_path, capsys):
     started = time.monotonic()
     code, _, stderr = run_cli(

@@ -16,12 +16,14 @@ image), and `data.yaml` naming the classes (and `kpt_shape` for pose), ready for
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
@@ -29,7 +31,7 @@ import orjson
 from yolojet.client.records import byte_shares, iter_records
 from yolojet.client.shares import Report, run_shares, share_records, worker_count
 from yolojet.errors import OutputPathError, RecordsError
-from yolojet.outputs import is_special, write_atomically, write_small_file
+from yolojet.outputs import is_special, is_stdout, write_atomically, write_small_file
 from yolojet.progress import Progress
 from yolojet.tasks.obb import xywhr_to_corners
 from yolojet.tasks.segment import merge_contours, rle_area, rle_contours
@@ -125,15 +127,25 @@ def write_coco(
             parts = [os.path.join(scratch, f"part{k}") for k in range(len(shares))]
             args = [(str(records), start, end, rle, part) for (start, end), part in zip(shares, parts, strict=True)]
             run_shares(_coco_share, args, progress, f"--coco {path}")
-            _put_together(staging, parts, names, scratch)
+            if is_stdout(path):  # `-`: through the stream itself, after whatever was printed there before
+                sys.stdout.flush()
+                _put_together(sys.stdout.buffer, parts, names, scratch)
+                sys.stdout.buffer.flush()
+            else:
+                with open(staging, "wb", buffering=1 << 20) as out:
+                    _put_together(out, parts, names, scratch)
 
-    write_atomically(path, write)
+    if is_stdout(path):
+        write(path)
+    else:
+        write_atomically(path, write)
 
 
 def _scratch_folder(staging: Path) -> tempfile.TemporaryDirectory:
     """A temporary folder beside the output's staging file (the parts can be as large as the document), or the
-    system's where that folder cannot take one: a special file's (`/dev/fd/63`, a FIFO in a folder not ours)."""
-    if not is_special(staging):
+    system's where that folder cannot take one: standard output's, a special file's (`/dev/fd/63`, a FIFO in a
+    folder not ours)."""
+    if not is_stdout(staging) and not is_special(staging):
         try:
             return tempfile.TemporaryDirectory(prefix=".yolojet-coco-", dir=staging.parent)
         except OSError:
@@ -141,8 +153,8 @@ def _scratch_folder(staging: Path) -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix="yolojet-coco-")
 
 
-def _put_together(staging: Path, parts: list[str], names: dict[int, str], scratch: str) -> None:
-    with open(staging, "wb", buffering=1 << 20) as out, tempfile.TemporaryFile(dir=scratch) as spool:
+def _put_together(out: BinaryIO, parts: list[str], names: dict[int, str], scratch: str) -> None:
+    with tempfile.TemporaryFile(dir=scratch) as spool:
         out.write(b'{"images":[')
         image_id = annotation_id = 0
         for part in parts:
@@ -205,14 +217,26 @@ def _absolute(path: str) -> str:
     return os.sep + absolute.lstrip(os.sep) if absolute.startswith(os.sep * 2) else absolute
 
 
+def _stem_key(source: str) -> int:
+    """A stable digest of an image's folder and name without its suffix: what its label file's name is made of.
+    (Python's own string hash differs from process to process.)"""
+    stem = os.path.splitext(source)[0].encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(stem, digest_size=8).digest(), "big")
+
+
 class _DatasetFiles:
     """A YOLO dataset folder's files, a record at a time: its image's link under `images/` and its label file under
-    `labels/`, at the image's path below `root` (the labeled images' common folder); each folder is made once."""
+    `labels/`, at the image's path below `root` (the labeled images' common folder); each folder is made once.
 
-    def __init__(self, folder: Path, root: str) -> None:
+    ultralytics finds an image's labels by its name without the suffix, so images of one folder whose names differ
+    only there (`x.jpg`, `x.png`) would share a label file: their links are named with the suffix in the name,
+    `x_jpg.jpg` and `x_png.png` (`clashing`: their `_stem_key`s)."""
+
+    def __init__(self, folder: Path, root: str, clashing: frozenset[int] = frozenset()) -> None:
         self.folder = folder
         self.images, self.labels = str(folder / "images"), str(folder / "labels")
         self.root = root if root.endswith(os.sep) else root + os.sep
+        self.clashing = clashing
         self.made: set[str] = set()
 
     def _in_folder(self, path: str) -> str:
@@ -227,6 +251,9 @@ class _DatasetFiles:
         if not source.startswith(self.root):  # never a path outside the dataset's folders
             raise OutputPathError(f"--yolo-txt {self.folder}: {source} is not below the images' folder {self.root}")
         relative = source[len(self.root) :]
+        if self.clashing and _stem_key(source) in self.clashing:
+            stem, suffix = os.path.splitext(relative)
+            relative = f"{stem}_{suffix.lstrip('.')}{suffix}"
         text = "".join(line + "\n" for line in _label_lines(record))
         try:
             try:
@@ -242,9 +269,11 @@ class _DatasetFiles:
             raise OutputPathError(f"--yolo-txt {self.folder}: {e}") from e
 
 
-def _yolo_share(folder: str, root: str, records: str, start: int, end: int, report: Report | None = None) -> int:
+def _yolo_share(
+    folder: str, root: str, clashing: frozenset[int], records: str, start: int, end: int, report: Report | None = None
+) -> int:
     """One share of the records' label files and image links."""
-    files = _DatasetFiles(Path(folder), root)
+    files = _DatasetFiles(Path(folder), root, clashing)
     done = 0
     for record in share_records(records, start, end, report):
         with _as_a_record(records, record):
@@ -268,9 +297,16 @@ def write_yolo_dataset(
     if task == "classify":
         raise OutputPathError("--yolo-txt: a classification dataset is folders of images by class, not label files")
     shares = byte_shares(records, worker_count(records, workers))
-    folders = {os.path.dirname(_absolute(r["path"])) for r in iter_records(records)} if records.is_file() else ()
+    folders: set[str] = set()
+    stems: set[int] = set()
+    clashing: set[int] = set()
+    for record in iter_records(records) if records.is_file() else ():
+        source = _absolute(record["path"])
+        folders.add(os.path.dirname(source))
+        key = _stem_key(source)
+        (clashing if key in stems else stems).add(key)
     root = os.path.commonpath(list(folders)) if folders else os.getcwd()
-    args = [(str(folder), root, str(records), start, end) for start, end in shares]
+    args = [(str(folder), root, frozenset(clashing), str(records), start, end) for start, end in shares]
     written = sum(run_shares(_yolo_share, args, progress, f"--yolo-txt {folder}"))
     lines = [f"path: {folder.absolute()}", "train: images", "val: images"]
     if kpt_shape:

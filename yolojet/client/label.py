@@ -22,8 +22,8 @@ from typing import Any
 
 from yolojet.client import records as recs
 from yolojet.client.sources import label_sources
-from yolojet.errors import ImageReadError, OutputPathError
-from yolojet.outputs import JsonLines, check_output_file, check_output_folder
+from yolojet.errors import EngineConfigError, ImageReadError, OutputPathError
+from yolojet.outputs import JsonLines, check_output_file, check_output_folder, is_special, is_stdout
 from yolojet.progress import Progress
 
 # The first images whose headers tell a local labeler which rectangles to build at its load: a batch's worth, the
@@ -32,6 +32,7 @@ FIRST_IMAGES = 64
 # Errors named on the terminal as they come; past these, only in the error log (a folder of many unreadable files
 # would bury the progress bar).
 ERRORS_SHOWN = 20
+MAX_DET = 300  # the engines' most detections an image (CapturedPath.capacity)
 
 
 @dataclass
@@ -76,7 +77,7 @@ class Summary:
             f"{self.failed} errors{skipped}"
         ]
         done.append(f"records: {job.out}")
-        if self.failed:
+        if self.failed and error_log(job) is not None:
             done.append(f"errors: {error_log(job)}")
         if job.coco is not None:
             done.append(f"COCO: {job.coco}")
@@ -85,12 +86,38 @@ class Summary:
         return done + self.notes
 
 
-def error_log(job: LabelJob) -> Path:
-    return job.errors if job.errors is not None else job.out.with_name(job.out.name + ".errors.jsonl")
+def error_log(job: LabelJob) -> Path | None:
+    """Where the images that fail are logged: --errors, else beside the output; none when the records go to
+    standard output and no --errors is given (the errors are then named on standard error only)."""
+    if job.errors is not None:
+        return job.errors
+    return None if is_stdout(job.out) else job.out.with_name(job.out.name + ".errors.jsonl")
 
 
 def _key(path: str) -> str:
     return os.path.abspath(path)
+
+
+def _writable_name(path: str) -> bool:
+    """Whether a path can be written in a JSON record: a file name of bytes that are not UTF-8 comes from the file
+    system as lone surrogates, which no JSON encoder writes."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_label_options(options: dict[str, Any], names: dict[int, str]) -> None:
+    """The prediction options checked once, before any image is sent (a server would refuse each image for them)."""
+    for name in ("conf", "iou"):
+        if name in options and not 0 <= options[name] <= 1:
+            raise EngineConfigError(f"--{name} {options[name]}: expected a number in [0, 1]")
+    if "max_det" in options and not 1 <= options["max_det"] <= MAX_DET:
+        raise EngineConfigError(f"--max-det {options['max_det']}: expected an int in 1..{MAX_DET}")
+    unknown = [c for c in options.get("classes") or () if c not in names]
+    if unknown:
+        raise EngineConfigError(f"--classes {unknown}: the model's class ids are 0 to {len(names) - 1}")
 
 
 def check_outputs(job: LabelJob) -> None:
@@ -104,15 +131,41 @@ def check_outputs(job: LabelJob) -> None:
         check_output_folder(job.yolo_txt, "--yolo-txt")
     if job.resume and job.overwrite:
         raise OutputPathError("--resume and --overwrite: choose one")
+    if is_stdout(job.out):
+        asked = (("--coco", job.coco), ("--yolo-txt", job.yolo_txt), ("--resume", job.resume))
+        needs = [flag for flag, given in asked if given]
+        if needs:
+            raise OutputPathError(f"--out {job.out}: {' and '.join(needs)} read the records back: give --out FILE")
+    files = {"--out": job.out, "--errors": error_log(job), "--coco": job.coco}
+    seen: dict[str, str] = {}
+    for flag, path in files.items():
+        if path is None or is_stdout(path) or is_special(path):
+            continue
+        where = os.path.realpath(path)
+        if where in seen:
+            raise OutputPathError(f"{flag} {path}: the same file as {seen[where]}; give each output its own")
+        seen[where] = f"{flag} {path}"
+
     if not job.resume and not job.overwrite and job.out.is_file() and job.out.stat().st_size > 0:
         raise OutputPathError(f"--out {job.out}: holds records already; --resume continues it, --overwrite replaces it")
 
 
 def job_paths(job: LabelJob) -> list[str]:
-    """The image paths the job's sources name; an ImageReadError where they name none."""
+    """The image paths the job's sources name, but the YOLO dataset's own (its links: a dataset made inside a source
+    folder would otherwise be labeled again by every run); an ImageReadError where they name none, an OutputPathError
+    where an output would overwrite one of them."""
     sources = label_sources(job.sources)
+    if job.yolo_txt is not None:
+        inside = os.path.abspath(job.yolo_txt) + os.sep
+        sources = [path for path in sources if not os.path.abspath(path).startswith(inside)]
     if not sources:
         raise ImageReadError(f"{' '.join(job.sources)}: no images found")
+    outputs = {"--out": job.out, "--errors": error_log(job), "--coco": job.coco}
+    named = {path.name: flag for flag, path in outputs.items() if path is not None and not is_stdout(path)}
+    for source in sources:  # the name first: a realpath an image would cost a million-image run seconds
+        flag = named.get(os.path.basename(source))
+        if flag is not None and os.path.realpath(source) == os.path.realpath(outputs[flag]):  # type: ignore[arg-type]
+            raise OutputPathError(f"{flag} {outputs[flag]}: an image to label; writing there would destroy it")
     return sources
 
 
@@ -123,10 +176,11 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
     if sources is None:
         sources = job_paths(job)
     done: set[str] = set()
+    if job.yolo_txt is not None and facts.task == "classify":  # said before the labeling, not after it
+        raise OutputPathError("--yolo-txt: a classification dataset is folders of images by class, not label files")
     if job.resume and job.out.is_file():
-        recs.repair_records(job.out)
         models: set[tuple[Any, Any]] = set()
-        for r in recs.iter_records(job.out):
+        for r in recs.iter_records(job.out):  # every line a record (a RecordsError otherwise) before any change
             done.add(_key(r["path"]))
             models.add((r.get("model"), r.get("model_version")))
         other = models - {(facts.name, facts.version)}
@@ -136,19 +190,24 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
                 f"--resume {job.out}: its records come from model {model} {version}, this run "
                 f"labels with {facts.name} {facts.version}; --overwrite to start again"
             )
-    todo, seen = [], set(done)
+        recs.repair_records(job.out)  # a last line a kill cut short, which iter_records left out
+    todo, seen, unwritable = [], set(done), []
     for path in sources:
         key = _key(path)
         if key in done:
             summary.skipped += 1
         elif key not in seen:  # a path named twice among the sources is labeled once
             seen.add(key)
-            todo.append(path)
+            if _writable_name(path):
+                todo.append(path)
+            else:
+                unwritable.append(path)
     # Records reach the file 64 at a time (or every half second): a write a record costs a GIL round trip beside the
     # threads feeding the engine; a kill loses at most those not flushed, which --resume labels again.
     records = JsonLines(job.out, append=job.resume, flush_every=64)
-    errors = JsonLines(error_log(job), append=job.resume)
-    progress = Progress(len(todo), "label", enabled=not job.quiet)
+    log = error_log(job)
+    errors = JsonLines(log, append=job.resume) if log is not None else None
+    progress = Progress(len(todo) + len(unwritable), "label", enabled=not job.quiet)
 
     counting = threading.Lock()  # errors come from the thread reading files and from the one taking replies
 
@@ -160,17 +219,21 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
             progress.update(1)
 
     def on_error(path: str, message: str) -> None:
-        errors.write({"path": path, "error": message})
+        if errors is not None:
+            errors.write({"path": path, "error": message})
         with counting:
             summary.failed += 1
             progress.update(1)
-            if job.quiet or summary.failed > ERRORS_SHOWN + 1:
+            if job.quiet or (errors is not None and summary.failed > ERRORS_SHOWN + 1):
                 return
-            if summary.failed <= ERRORS_SHOWN:
+            if summary.failed <= ERRORS_SHOWN or errors is None:
                 progress.write(f"{path}: error: {message.removeprefix(f'{path}: ')}", file=sys.stderr)
             else:
-                progress.write(f"more than {ERRORS_SHOWN} errors: the others go to {error_log(job)} only", sys.stderr)
+                progress.write(f"more than {ERRORS_SHOWN} errors: the others go to {log} only", sys.stderr)
 
+    for path in unwritable:
+        shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        on_error(shown, f"{shown}: the file name is not UTF-8, which JSON lines cannot hold; rename the file")
     start = time.perf_counter()
     try:
         if todo:
@@ -179,7 +242,12 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
         summary.seconds = time.perf_counter() - start
         progress.close()
         records.close()
-        errors.close()
+        if errors is not None:
+            errors.close()
+    if not job.resume:  # this run's outputs replace the last run's even where it wrote none
+        for lines, output in ((records, job.out), (errors, log)):
+            if lines is not None and lines.written == 0 and output is not None and output.is_file():
+                output.write_bytes(b"")
     if job.coco is not None or job.yolo_txt is not None:
         write_formats(job, facts)
     return summary

@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from yolojet.client.records import iter_records
-from yolojet.errors import DatasetError, ImageReadError
+from yolojet.errors import DatasetError, ImageReadError, RecordsError
 from yolojet.outputs import check_output_folder, write_atomically
 from yolojet.tasks import Boxes, Keypoints, Masks, Results
 from yolojet.tasks.obb import OBB
@@ -83,6 +84,8 @@ def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path
     images = found = 0
     first: dict | None = None
     for images, record in enumerate(iter_records(labels), start=1):
+        if not isinstance(record.get("width"), int) or not isinstance(record.get("height"), int):
+            raise RecordsError(f"{labels}: the record of {record['path']} is not one yolojet label writes (no size)")
         if first is None:
             first = record
         if len(chosen) < samples:
@@ -90,7 +93,10 @@ def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path
         elif (at := rng.randrange(images)) < samples:
             chosen[at] = record
         for d in record.get("detections") or record.get("top5", [])[:1]:
-            counts[d["name"]] = counts.get(d["name"], 0) + 1
+            if not isinstance(d, dict) or not isinstance(d.get("confidence"), (int, float)):
+                raise RecordsError(f"{labels}: a detection of {record['path']} is not one yolojet label writes")
+            name = str(d.get("name", d.get("class")))
+            counts[name] = counts.get(name, 0) + 1
             pending.append(d["confidence"])
         if len(pending) >= 1 << 16:
             scores += np.histogram(pending, SCORE_BINS, (0.0, 1.0))[0]
@@ -100,12 +106,18 @@ def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path
     found += len(pending)
     if first is None:
         raise DatasetError(f"{labels}: no records to plot")
-    tiles = []
+    tiles, missing = [], []
     for record in chosen:
         try:
             tiles.append(_tile(record))
         except ImageReadError:
-            continue  # an image moved or deleted since it was labeled: the grid shows the others
+            missing.append(record["path"])  # moved or deleted since it was labeled: the grid shows the others
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            named = f"{labels}: the record of {record['path']}"
+            raise RecordsError(f"{named} is not one yolojet label writes ({e!r})") from e
+    if missing:
+        unread = f"{len(missing)} of the {len(chosen)} sampled images could not be read"
+        print(f"plot: {unread} (first: {missing[0]}); the grid shows the others", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if tiles:
@@ -116,6 +128,8 @@ def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path
             grid[r * TILE : (r + 1) * TILE, c * TILE : (c + 1) * TILE] = tile
         write_atomically(out / "grid.png", lambda p: Image.fromarray(grid).save(p, format="PNG"))
         written.append(out / "grid.png")
+    elif (out / "grid.png").is_file():  # an earlier plot's grid would pass for this one's
+        (out / "grid.png").unlink()
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:30]
     figure, axis = plt.subplots(figsize=(10, 4))
     axis.bar([name for name, _ in top], [n for _, n in top], color="#3b7dd8")
