@@ -893,6 +893,25 @@ def _cmd_label(args: argparse.Namespace) -> int:
     return 1 if summary.failed else 0
 
 
+def _port(text: str) -> int:
+    """A TCP port for argparse: 0 (any free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is a number from 0 to 65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port}: a port is a number from 0 to 65535")
+    return port
+
+
+def _server_address(text: str) -> str:
+    """HOST:PORT for argparse (an IPv6 host in brackets), the port 1 to 65535 and never left out."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT, the port a number from 1 to 65535")
+    return text
+
+
 # label's flags that shape a local engine: a server's engine has its own.
 _ENGINE_FLAGS = ("fp32", "device", "decoder", "max_pixels", "rect", "shapes", "max_shapes", "no_tune", "no_fuse",
                  "no_pdl", "no_branches")  # fmt: skip
@@ -1110,7 +1129,7 @@ def build_parser() -> argparse.ArgumentParser:
         "models (requests name them by file or folder name without its suffix)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one)")
+    p.add_argument("--port", type=_port, default=50051, help="gRPC port (default 50051; 0 picks a free one)")
     p.add_argument(
         "--max-batch", type=_positive_int, default=64, help="largest batch of a model given without one (default 64)"
     )
@@ -1185,7 +1204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         default=None,
         help="serve Prometheus metrics on this port (0: any free one; default: none)",
     )
@@ -1212,7 +1231,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, default=None, help="JSON-lines file of one record an image (required to label)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--server", default=None, metavar="HOST:PORT", help="label through yolojet serve there")
+    where.add_argument(
+        "--server", type=_server_address, default=None, metavar="HOST:PORT", help="label through yolojet serve there"
+    )
     where.add_argument("--local", action="store_true", help="label on an engine in this process")
     where.add_argument(
         "--ray",

@@ -107,6 +107,8 @@ def test_uvloop_asked_for_where_it_is_missing_is_a_clear_error(monkeypatch):
         (["--model", "m", "--devices", "gpu7"], "--devices gpu7: 'gpu7' is no device"),
         (["--model", "m", "--devices", "cpu", "--device", "cpu"], "--device and --devices: give one"),
         (["--model", "nowhere_model_dir", "--devices", "cpu"], "the worker on cpu could not load its models"),
+        (["--model", "m", "--port", "70000"], "70000: a port is a number from 0 to 65535"),
+        (["--model", "m", "--metrics-port", "-1"], "-1: a port is a number from 0 to 65535"),
     ],
 )
 def test_bad_command_lines_are_one_clear_line(capsys, monkeypatch, tmp_path, flags, fragment):
@@ -114,6 +116,23 @@ def test_bad_command_lines_are_one_clear_line(capsys, monkeypatch, tmp_path, fla
     monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path / "cache"))
     code, _, stderr = run_cli(capsys, "serve", *flags)
     assert code == 2 and fragment in stderr and "Traceback" not in stderr, stderr
+
+
+def test_ports_in_use_are_one_clear_line(model_dirs, capsys, tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path / "cache"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        model = f"{model_dirs['detect']}:1"
+        for flags, fragment in (
+            (["--port", port], f"--port {port}: cannot listen there"),
+            (["--port", "0", "--metrics-port", port], f"--metrics-port {port}: cannot listen there"),
+        ):
+            code, _, stderr = run_cli(capsys, "serve", "--model", model, "--slo-ms", "60000", *flags)
+            assert code == 2 and fragment in stderr and "Traceback" not in stderr, stderr
 
 
 def test_generated_code_is_what_the_proto_gives(tmp_path):

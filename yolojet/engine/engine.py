@@ -127,8 +127,10 @@ def check_options(options: PredictOptions, nc: int, capacity: int) -> PredictOpt
         asked = [asked] if _integral(asked) else asked  # one class id, as ultralytics takes it
         if isinstance(asked, (str, bytes)) or not isinstance(asked, Sequence | np.ndarray):
             raise EngineConfigError(f"classes {asked!r}: expected a class id or a list of them")
-        if any(not _integral(c) or not 0 <= c < nc for c in asked):
-            raise EngineConfigError(f"classes {list(asked)}: class ids are ints from 0 to {nc - 1}")
+        wrong = [c for c in asked if not _integral(c) or not 0 <= c < nc]
+        if wrong:  # the wrong ones only, and a few: a reply's error travels in gRPC metadata (16 KiB at most)
+            shown = ", ".join(repr(c) for c in wrong[:8]) + (f" and {len(wrong) - 8} more" if len(wrong) > 8 else "")
+            raise EngineConfigError(f"classes {shown}: class ids are ints from 0 to {nc - 1}")
         classes = tuple(int(c) for c in asked)
     return replace(
         options,

@@ -173,11 +173,14 @@ class Server:
             (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
         )
         address = f"{o.host}:{o.port}"
-        if o.tls_cert is not None and o.tls_key is not None:  # both or neither (ServeOptions checks)
-            credentials = grpc.ssl_server_credentials([(Path(o.tls_key).read_bytes(), Path(o.tls_cert).read_bytes())])
-            self.port = server.add_secure_port(address, credentials)
-        else:
-            self.port = server.add_insecure_port(address)
+        try:
+            if o.tls_cert is not None and o.tls_key is not None:  # both or neither (ServeOptions checks)
+                pair = (Path(o.tls_key).read_bytes(), Path(o.tls_cert).read_bytes())
+                self.port = server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+            else:
+                self.port = server.add_insecure_port(address)
+        except RuntimeError as e:  # gRPC's "Failed to bind", or a PEM it cannot read
+            raise EngineConfigError(f"--host {o.host} --port {o.port}: cannot listen there ({e})") from e
         if self.port == 0:
             raise EngineConfigError(f"--host {o.host} --port {o.port}: cannot listen there (in use, or no such host)")
         self.runner.start()
@@ -186,7 +189,11 @@ class Server:
         for name in ("", SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if o.metrics_port is not None:
-            self._http = self.metrics.serve_http(o.host, o.metrics_port)
+            try:
+                self._http = self.metrics.serve_http(o.host, o.metrics_port)
+            except OSError as e:
+                await server.stop(None)
+                raise EngineConfigError(f"--metrics-port {o.metrics_port}: cannot listen there ({e.strerror})") from e
             self.metrics_port = self._http.server_port
         log.info(
             json.dumps(
@@ -270,6 +277,19 @@ def build_models(specs: list[ModelSpec], options: ServeOptions) -> dict[str, Ser
                 }
             )
         )
+        fastest = min(latency.values())
+        if fastest > options.slo_ms:  # admission would refuse every request that sets no deadline of its own
+            log.warning(
+                json.dumps(
+                    {
+                        "event": "slo below the run time",
+                        "name": model.name,
+                        "slo_ms": options.slo_ms,
+                        "fastest_run_ms": fastest,
+                        "hint": f"requests without a deadline of their own will be refused: --slo-ms above {fastest}",
+                    }
+                )
+            )
     return models
 
 
