@@ -313,6 +313,20 @@ def test_reruns_replace_stale_outputs_and_skip_their_own_dataset(server, photos,
     assert json.loads((tmp_path / "c.json").read_text())["images"] == []
 
 
+def test_records_name_images_by_absolute_path_so_a_resume_from_another_folder_finds_them(
+    server, photos, tmp_path, capsys, monkeypatch
+):
+    out = tmp_path / "labels.jsonl"
+    flags = ["--server", server.address, "--model", "detect", "--out", out, "--quiet"]
+    monkeypatch.chdir(photos.parent)
+    assert run_cli(capsys, "label", photos.name, *flags)[0] == 0
+    assert sorted(r["path"] for r in lines(out)) == sorted(str(p) for p in photos.rglob("*.jpg"))
+    monkeypatch.chdir(photos)
+    code, _, stderr = run_cli(capsys, "label", ".", *flags, "--resume")
+    assert code == 0 and "0 images labeled" in stderr and "3 done before and skipped" in stderr
+    assert len(lines(out)) == 3
+
+
 def test_an_unreachable_server_is_reported_with_what_was_done(photos, tmp_path, capsys):
     started = time.monotonic()
     code, _, stderr = run_cli(

@@ -199,7 +199,7 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
         elif key not in seen:  # a path named twice among the sources is labeled once
             seen.add(key)
             if _writable_name(path):
-                todo.append(path)
+                todo.append(key)  # records name images by absolute path: --resume finds them from any folder
             else:
                 unwritable.append(path)
     # Records reach the file 64 at a time (or every half second): a write a record costs a GIL round trip beside the
