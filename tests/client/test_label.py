@@ -298,10 +298,11 @@ def test_reruns_replace_stale_outputs_and_skip_their_own_dataset(server, photos,
     assert code == 0 and "0 images labeled" in stderr and len(lines(out)) == 3  # not the dataset's own links
     odd = os.fsdecode(b"odd\xff.jpg")
     shutil.copy(ASSETS / "bus.jpg", photos / odd)
-    code, _, _ = run_cli(capsys, *base, "--yolo-txt", dataset, "--resume")
-    assert code == 1 and len(lines(out)) == 3
-    (logged,) = lines(tmp_path / "labels.jsonl.errors.jsonl")
-    assert "the file name is not UTF-8" in logged["error"] and "odd\\xff.jpg" in logged["path"]
+    for _ in range(2):  # once in the error log however many resumes fail on it
+        code, _, _ = run_cli(capsys, *base, "--yolo-txt", dataset, "--resume")
+        assert code == 1 and len(lines(out)) == 3
+        (logged,) = lines(tmp_path / "labels.jsonl.errors.jsonl")
+        assert "the file name is not UTF-8" in logged["error"] and "odd\\xff.jpg" in logged["path"]
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "x.jpg").write_bytes(b"\xff\xd8 not a jpeg")

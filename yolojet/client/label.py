@@ -22,8 +22,16 @@ from typing import Any
 
 from yolojet.client import records as recs
 from yolojet.client.sources import label_sources
-from yolojet.errors import EngineConfigError, ImageReadError, OutputPathError
-from yolojet.outputs import JsonLines, check_output_file, check_output_folder, is_special, is_stdout
+from yolojet.errors import EngineConfigError, ImageReadError, OutputPathError, RecordsError
+from yolojet.outputs import (
+    JsonLines,
+    check_output_file,
+    check_output_folder,
+    is_special,
+    is_stdout,
+    json_line,
+    write_atomically,
+)
 from yolojet.progress import Progress
 
 # The first images whose headers tell a local labeler which rectangles to build at its load: a batch's worth, the
@@ -96,6 +104,23 @@ def error_log(job: LabelJob) -> Path | None:
 
 def _key(path: str) -> str:
     return os.path.abspath(path)
+
+
+def _forget_retried_errors(log: Path, retried: set[str]) -> None:
+    """The error log without the entries of images a resumed run tries again (each gets a new entry if it fails
+    again, not one more each resume), rewritten atomically; a log that is not one of label's is left as it is."""
+    try:
+        entries = list(recs.iter_records(log))
+    except RecordsError:
+        return
+    kept = [entry for entry in entries if _key(entry["path"]) not in retried]
+    if len(kept) != len(entries):
+        write_atomically(log, lambda p: p.write_text("".join(json_line(entry) for entry in kept)))
+
+
+def _shown(path: str) -> str:
+    """A path whose name is not UTF-8 as JSON can hold it: its stray bytes as backslash escapes (`odd\\xff.jpg`)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _writable_name(path: str) -> bool:
@@ -206,6 +231,8 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
     # threads feeding the engine; a kill loses at most those not flushed, which --resume labels again.
     records = JsonLines(job.out, append=job.resume, flush_every=64)
     log = error_log(job)
+    if job.resume and log is not None and log.is_file():
+        _forget_retried_errors(log, set(todo) | {_key(_shown(path)) for path in unwritable})
     errors = JsonLines(log, append=job.resume) if log is not None else None
     progress = Progress(len(todo) + len(unwritable), "label", enabled=not job.quiet)
 
@@ -232,7 +259,7 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
                 progress.write(f"more than {ERRORS_SHOWN} errors: the others go to {log} only", sys.stderr)
 
     for path in unwritable:
-        shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        shown = _shown(path)
         on_error(shown, f"{shown}: the file name is not UTF-8, which JSON lines cannot hold; rename the file")
     start = time.perf_counter()
     try:
