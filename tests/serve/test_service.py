@@ -130,6 +130,33 @@ def test_stream_keeps_order_and_ids_and_answers_bad_requests_in_place(server):
     assert_same_rows_across_batches(rows_of(replies[0]), rows_of(replies[5]))
 
 
+def test_a_stream_closed_early_leaves_its_read_ahead_images_unrun(server):
+    """A client that goes away with 96 images read ahead: those not yet taken by a batch are never run (on the CPU
+    they would hold the next caller for seconds)."""
+    import time
+
+    registry = server.server.metrics.registry
+
+    def images_run() -> float:
+        return registry.get_sample_value("yolojet_batch_size_sum", {"model": "detect"}) or 0.0
+
+    before = images_run()
+    batches = [
+        pb.InferBatch(requests=[pb.InferRequest(id=f"{m}-{i}", model="detect", image=BUS) for i in range(16)])
+        for m in range(6)
+    ]
+    call = server.stub().InferBatchStream(iter(batches), timeout=300)
+    assert len(next(call).replies) == 16
+    call.cancel()
+    scheduler = server.server.runner.scheduler
+    deadline = time.monotonic() + 60
+    while (scheduler.queued() or scheduler.in_flight) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The first message, and the batches already taken when it closed (two in flight, four images each): not 96.
+    assert images_run() - before <= 16 + 3 * 4
+    assert server.stub().Infer(pb.InferRequest(model="detect", image=BUS), timeout=60).width == 810
+
+
 def test_batched_stream_answers_each_message_in_order_with_bad_requests_in_place(server):
     """InferBatchStream: a reply message a request message, its replies in the order of its requests, each the
     results InferStream gives the same image; a bad image, an empty one and an unknown model answered in place."""

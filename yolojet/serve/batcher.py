@@ -187,6 +187,15 @@ class Scheduler:
             queue.take(deque(r for r in queue.waiting if r.deadline > now))
         return gone
 
+    def discard(self, unwanted: Callable[[Request], bool]) -> list[Request]:
+        """The waiting requests `unwanted` picks, taken out of their queues."""
+        gone: list[Request] = []
+        for queue in self.queues.values():
+            if any(unwanted(r) for r in queue.waiting):
+                gone += [r for r in queue.waiting if unwanted(r)]
+                queue.take(deque(r for r in queue.waiting if not unwanted(r)))
+        return gone
+
     def can_launch(self) -> bool:
         return len(self.in_flight) < self.depth and self.queued() > 0
 

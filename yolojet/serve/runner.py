@@ -54,6 +54,7 @@ class Job:
     data: bytes
     options: PredictOptions
     done: Callable[[Outcome], None]
+    gone: Callable[[], bool] = lambda: False  # whether its caller went away (a closed stream): never run
 
 
 @dataclass
@@ -109,6 +110,15 @@ class Runner:
             self.scheduler.admit(Request(model, deadline, now, key, job))
             self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
+
+    def forget_gone(self) -> int:
+        """Take the requests whose callers went away out of the queues (a stream closed with images read ahead:
+        up to STREAM_WINDOW of them, seconds of work the next caller would wait behind); how many."""
+        with self._cond:
+            gone = self.scheduler.discard(lambda request: request.payload.gone())
+            for name, queue in self.scheduler.queues.items():
+                self.metrics.child(self.metrics.queue_depth, name).set(len(queue.waiting))
+        return len(gone)
 
     def stop(self, timeout: float | None = None) -> None:
         """Answer every queued request, then end the thread."""

@@ -89,7 +89,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         settler = self._settlers.get(loop)
         if settler is None:
             settler = self._settlers[loop] = Settler(loop)
-        job = Job(request.id, data, options, functools.partial(settler.put, future))
+        job = Job(request.id, data, options, functools.partial(settler.put, future), gone=future.cancelled)
         try:
             self.runner.enqueue(model.name, job, deadline, key=(options.iou, options.agnostic))
         except Refused as e:
@@ -162,6 +162,7 @@ class InferenceService(pb_grpc.InferenceServicer):
                 pending.put_nowait(end)
 
         reader = asyncio.ensure_future(read())
+        waiting: Any = None
         try:
             while (waiting := await pending.get()) is not end:
                 replies = []
@@ -179,8 +180,24 @@ class InferenceService(pb_grpc.InferenceServicer):
                 ahead -= len(waiting)
                 room.set()
             await reader  # raises what ended the reading, if anything but the stream's end did
+            waiting = None
         finally:
             reader.cancel()
+            self._cancel_unanswered(waiting, pending, end)
+
+    def _cancel_unanswered(self, waiting: Any, pending: asyncio.Queue, end: object) -> None:
+        """A stream closed before its replies were sent (the client went away): the requests it read ahead are
+        cancelled and taken out of the queues, not run for nobody."""
+        left = list(waiting) if waiting not in (None, end) else []
+        while not pending.empty():
+            item = pending.get_nowait()
+            if item is not end:
+                left += item
+        futures = [answer for _, _, answer in left if isinstance(answer, asyncio.Future) and not answer.done()]
+        for future in futures:
+            future.cancel()
+        if futures:
+            self.runner.forget_gone()
 
     def model_list(self) -> pb.ListModelsReply:
         models = [convert.model_info(self.models[n]) for n in sorted(self.models)]
