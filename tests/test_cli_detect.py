@@ -218,6 +218,28 @@ def test_bad_images_are_reported_and_the_good_ones_still_detected(model_dir, pho
     assert sorted(p.name for p in out_dir.iterdir()) == ["bus.jpg"]
 
 
+def test_a_name_that_is_not_utf8_is_shown_escaped_and_a_run_of_errors_leaves_no_old_lines(
+    model_dir, photos, tmp_path, capsys
+):
+    import os
+    import shutil
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    shutil.copy(photos / "bus.jpg", odd / os.fsdecode(b"bus\xff.jpg"))
+    out_json = tmp_path / "out.jsonl"
+    code, stdout, stderr = run_cli(capsys, "detect", model_dir, odd, "--conf", CONF, "--json", out_json, "--fp32")
+    assert code == 0, stderr
+    (record,) = read_json_lines(out_json)
+    assert record["path"] == str(odd / "bus\\xff.jpg") and len(record["detections"]) > 0
+    assert "bus\\xff.jpg" in stdout
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "x.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    code, _, _ = run_cli(capsys, "detect", model_dir, broken, "--json", out_json, "--quiet")
+    assert code == 1 and out_json.read_bytes() == b""  # not the last run's record
+
+
 def test_classes_keeps_only_those_classes(model_dir, photos, tmp_path, capsys):
     everything, _ = ultralytics_detections("bus.jpg")
     counts = torch.bincount(everything[:, 5].long())

@@ -291,7 +291,14 @@ def _cmd_detect(args: argparse.Namespace) -> int:
 
     from yolojet.engine.engine import Engine
     from yolojet.images import expand_sources
-    from yolojet.outputs import JsonLines, check_output_file, check_output_folder, is_stdout, write_atomically
+    from yolojet.outputs import (
+        JsonLines,
+        check_output_file,
+        check_output_folder,
+        is_stdout,
+        shown_path,
+        write_atomically,
+    )
     from yolojet.progress import Progress
 
     sources = expand_sources(args.source)
@@ -328,13 +335,14 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     headed = False
     start = previous = time.perf_counter()
     try:
-        for source, target, result in zip(sources, targets, engine.stream(sources, **options), strict=True):
+        for path, target, result in zip(sources, targets, engine.stream(sources, **options), strict=True):
+            source = shown_path(path)  # a name that is not UTF-8, as JSON and the terminal can hold it
             now = time.perf_counter()
             waited, previous = now - previous, now
             progress.update(1)
             if result.error:
                 failed += 1
-                reason = result.error.removeprefix(f"{source}: ")  # the error names the file already
+                reason = shown_path(result.error).removeprefix(f"{source}: ")  # the error names the file already
                 progress.write(f"{source}: error: {reason}", file=sys.stderr)
                 continue
             if records is not None:
@@ -369,6 +377,8 @@ def _cmd_detect(args: argparse.Namespace) -> int:
         engine.close()
         if records is not None:
             records.close()
+    if records is not None and records.written == 0 and args.json.is_file():  # not the last run's lines
+        args.json.write_bytes(b"")
     seconds = time.perf_counter() - start
     if not args.quiet:
         print(_detect_summary(len(sources), failed, instances, classes, seconds, args), file=human)

@@ -151,6 +151,12 @@ def write_small_file(path: str, data: bytes) -> None:
         raise
 
 
+def shown_path(path: str) -> str:
+    """A path as JSON and a terminal can hold it: a file name that is not UTF-8 (its stray bytes come from the file
+    system as lone surrogates, which no JSON encoder writes) with those bytes as backslash escapes, `odd\\xff.jpg`."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def json_line(record: Any) -> str:
     """A record as one line of JSON, newline included: orjson's (a fifth of json.dumps' time for a record of 50
     boxes, 26 against 141 us), keys that are not strings written as strings as json.dumps writes them."""

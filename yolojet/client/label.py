@@ -30,6 +30,7 @@ from yolojet.outputs import (
     is_special,
     is_stdout,
     json_line,
+    shown_path,
     write_atomically,
 )
 from yolojet.progress import Progress
@@ -116,11 +117,6 @@ def _forget_retried_errors(log: Path, retried: set[str]) -> None:
     kept = [entry for entry in entries if _key(entry["path"]) not in retried]
     if len(kept) != len(entries):
         write_atomically(log, lambda p: p.write_text("".join(json_line(entry) for entry in kept)))
-
-
-def _shown(path: str) -> str:
-    """A path whose name is not UTF-8 as JSON can hold it: its stray bytes as backslash escapes (`odd\\xff.jpg`)."""
-    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _writable_name(path: str) -> bool:
@@ -232,7 +228,7 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
     records = JsonLines(job.out, append=job.resume, flush_every=64)
     log = error_log(job)
     if job.resume and log is not None and log.is_file():
-        _forget_retried_errors(log, set(todo) | {_key(_shown(path)) for path in unwritable})
+        _forget_retried_errors(log, set(todo) | {_key(shown_path(path)) for path in unwritable})
     errors = JsonLines(log, append=job.resume) if log is not None else None
     progress = Progress(len(todo) + len(unwritable), "label", enabled=not job.quiet)
 
@@ -259,7 +255,7 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
                 progress.write(f"more than {ERRORS_SHOWN} errors: the others go to {log} only", sys.stderr)
 
     for path in unwritable:
-        shown = _shown(path)
+        shown = shown_path(path)
         on_error(shown, f"{shown}: the file name is not UTF-8, which JSON lines cannot hold; rename the file")
     start = time.perf_counter()
     try:
