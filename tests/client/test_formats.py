@@ -339,3 +339,28 @@ def test_plot_of_what_is_not_labels_or_of_images_gone(tmp_path, capsys):
     written = plot(gone, tmp_path / "p")
     assert [p.name for p in written] == ["classes.png", "scores.png"] and not (tmp_path / "p" / "grid.png").exists()
     assert "1 of the 1 sampled images could not be read" in capsys.readouterr().err
+
+
+def test_a_dataset_made_again_holds_only_the_new_records_and_a_users_folder_keeps_its_files(tmp_path):
+    def records(names: list[str]) -> Path:
+        path = tmp_path / f"{len(names)}.jsonl"
+        rows = [
+            {"path": f"/photos/{name}", "width": 10, "height": 10, "task": "detect",
+             "detections": [{"class": 0, "name": "person", "confidence": 0.5, "box": [1.0, 1.0, 5.0, 5.0]}]}
+            for name in names
+        ]  # fmt: skip
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+        return path
+
+    dataset = tmp_path / "dataset"
+    write_yolo_dataset(dataset, records(["a.jpg", "b.jpg", "c.jpg"]), NAMES, "detect")
+    write_yolo_dataset(dataset, records(["d.jpg"]), NAMES, "detect")  # an --overwrite run of other images
+    assert sorted(p.name for p in (dataset / "labels").iterdir()) == ["d.txt"]
+    assert sorted(p.name for p in (dataset / "images").iterdir()) == ["d.jpg"]
+    users = tmp_path / "users"
+    (users / "labels").mkdir(parents=True)
+    (users / "labels" / "theirs.txt").write_text("0 0.5 0.5 1 1\n")
+    (users / "data.yaml").write_text("names:\n  0: person\n")
+    for _ in range(2):  # and again: their folder never becomes one a later run clears
+        write_yolo_dataset(users, records(["d.jpg"]), NAMES, "detect")
+        assert sorted(p.name for p in (users / "labels").iterdir()) == ["d.txt", "theirs.txt"]

@@ -36,6 +36,8 @@ from yolojet.progress import Progress
 from yolojet.tasks.obb import xywhr_to_corners
 from yolojet.tasks.segment import merge_contours, rle_area, rle_contours
 
+# The first line of a dataset's data.yaml this module made: a later pass may clear what it holds.
+DATASET_MARK = "# made by yolojet label from its JSON lines: made again from them by each run"
 VISIBLE = 0.5  # a keypoint's visibility at or above this is COCO's / YOLO's v = 2 (visible), else 1
 
 
@@ -306,9 +308,11 @@ def write_yolo_dataset(
         key = _stem_key(source)
         (clashing if key in stems else stems).add(key)
     root = os.path.commonpath(list(folders)) if folders else os.getcwd()
+    ours = _clear_earlier_dataset(folder)
     args = [(str(folder), root, frozenset(clashing), str(records), start, end) for start, end in shares]
     written = sum(run_shares(_yolo_share, args, progress, f"--yolo-txt {folder}"))
-    lines = [f"path: {folder.absolute()}", "train: images", "val: images"]
+    lines = [DATASET_MARK] if ours else []  # a folder with the user's own data.yaml is never cleared later
+    lines += [f"path: {folder.absolute()}", "train: images", "val: images"]
     if kpt_shape:
         lines.append(f"kpt_shape: [{kpt_shape[0]}, {kpt_shape[1]}]")
     lines.append("names:")
@@ -316,6 +320,29 @@ def write_yolo_dataset(
     yaml_text = "\n".join(lines) + "\n"
     write_atomically(folder / "data.yaml", lambda p: p.write_text(yaml_text))
     return written
+
+
+def _clear_earlier_dataset(folder: Path) -> bool:
+    """A dataset this pass made before (its data.yaml begins with DATASET_MARK) loses its image links and label files,
+    so that the new one is made from this output alone, not merged with images the output no longer holds; any other
+    folder keeps what it holds (it may be the user's), its files of the same names replaced. Whether the folder is
+    this pass's: one it made, or one with no data.yaml yet."""
+    try:
+        with open(folder / "data.yaml", encoding="utf-8") as yaml:
+            ours = yaml.readline().rstrip("\n") == DATASET_MARK
+    except FileNotFoundError:
+        return True
+    except (OSError, UnicodeDecodeError):
+        return False
+    if not ours:
+        return False
+    for part, earlier in (("images", os.path.islink), ("labels", lambda path: path.endswith(".txt"))):
+        for here, _, names in os.walk(folder / part):
+            for name in names:
+                path = os.path.join(here, name)
+                if earlier(path):
+                    os.unlink(path)
+    return True
 
 
 def _yaml_string(text: str) -> str:
