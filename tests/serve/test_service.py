@@ -404,9 +404,13 @@ def test_metrics(server):
     server.stub().Infer(pb.InferRequest(model="detect", image=BUS), timeout=60)
     with pytest.raises(grpc.RpcError):
         server.stub().Infer(pb.InferRequest(model="detect", image=b"junk"), timeout=60)
+    for name in ("nope-1", "nope-2"):  # names a client makes up share one series
+        with pytest.raises(grpc.RpcError):
+            server.stub().Infer(pb.InferRequest(model=name, image=BUS), timeout=60)
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.server.metrics_port}/metrics", timeout=10).read().decode()
     assert 'yolojet_requests_total{code="OK",model="detect"}' in text
     assert 'yolojet_requests_total{code="INVALID_ARGUMENT",model="detect"}' in text
+    assert 'yolojet_requests_total{code="NOT_FOUND",model="(unknown)"}' in text and "nope" not in text
     assert "yolojet_batch_size_bucket" in text and 'stage="decode"' in text and "yolojet_queue_depth" in text
 
 

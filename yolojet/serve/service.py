@@ -101,7 +101,10 @@ class InferenceService(pb_grpc.InferenceServicer):
         return self.clock() + (remaining if remaining is not None else self.slo_s)
 
     def _count(self, model: str, code: grpc.StatusCode) -> None:
-        self.metrics.child(self.metrics.requests, model or "-", code.name).inc()
+        # A name the server does not serve is counted as "(unknown)": clients choose it, and each label value would
+        # be a series of its own, without bound.
+        name = model if model in self.models else "(unknown)" if model else "-"  # "-": no name, the only model's
+        self.metrics.child(self.metrics.requests, name, code.name).inc()
 
     # -- what the methods do, without a grpc.aio context (scale/ray_serve's replicas answer through Ray's proxy) --
 
