@@ -302,7 +302,7 @@ def test_save_keeps_one_annotated_image_per_input(model_dir, tmp_path, capsys):
         (["--conf", "-0.1"], "conf -0.1"),
         (["--iou", "1.2"], "iou 1.2"),
         (["--max-det", "0"], "max_det 0"),
-        (["--classes", "3", "80"], "classes [3, 80]"),
+        (["--classes", "3", "80"], "classes 80: class ids are ints from 0 to 79"),
         (["--imgsz", "0"], "'0': expected an integer or HEIGHTxWIDTH"),
         (["--batch", "0"], "'0': expected a positive integer"),
     ],

@@ -235,6 +235,8 @@ class JsonLines:
                 self._file.write("".join(self._lines))
                 self._lines.clear()
             self._file.flush()
+        except BrokenPipeError:  # the reader went away (`| head`): the command ends quietly (exit status 141)
+            raise
         except OSError as e:  # a full disk, a lost mount: the lines already written stay
             raise OutputPathError(f"{self.path}: cannot write there ({e.strerror})") from e
         self._flushed_at = time.monotonic()
