@@ -129,6 +129,11 @@ def _writable_name(path: str) -> bool:
     return True
 
 
+def _output_files(job: LabelJob) -> dict[str, Path | None]:
+    """The job's output files by the flag that names them (the YOLO dataset is a folder)."""
+    return {"--out": job.out, "--errors": error_log(job), "--coco": job.coco}
+
+
 def check_label_options(options: dict[str, Any], names: dict[int, str]) -> None:
     """The prediction options checked once, before any image is sent (a server would refuse each image for them)."""
     for name in ("conf", "iou"):
@@ -157,9 +162,8 @@ def check_outputs(job: LabelJob) -> None:
         needs = [flag for flag, given in asked if given]
         if needs:
             raise OutputPathError(f"--out {job.out}: {' and '.join(needs)} read the records back: give --out FILE")
-    files = {"--out": job.out, "--errors": error_log(job), "--coco": job.coco}
     seen: dict[str, str] = {}
-    for flag, path in files.items():
+    for flag, path in _output_files(job).items():
         if path is None or is_stdout(path) or is_special(path):
             continue
         where = os.path.realpath(path)
@@ -181,7 +185,7 @@ def job_paths(job: LabelJob) -> list[str]:
         sources = [path for path in sources if not os.path.abspath(path).startswith(inside)]
     if not sources:
         raise ImageReadError(f"{' '.join(job.sources)}: no images found")
-    outputs = {"--out": job.out, "--errors": error_log(job), "--coco": job.coco}
+    outputs = _output_files(job)
     named = {path.name: flag for flag, path in outputs.items() if path is not None and not is_stdout(path)}
     for source in sources:  # the name first: a realpath an image would cost a million-image run seconds
         flag = named.get(os.path.basename(source))
