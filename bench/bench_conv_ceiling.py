@@ -1,6 +1,7 @@
 """How close yolojet's widest convs come to the chip: each conv against a plain GEMM of the same sizes.
 
-For each conv shape (by default yolo11m's largest at batch 64), every tile candidate the engine would time is
+For each conv shape (by default yolo11m's largest at batch 64; `--shapes yolo11n-narrow` for yolo11n's narrow 3x3
+convs, with the best halo tile's time beside the best of all), every tile candidate the engine would time is
 checked against torch's fp32 conv of the same fp16 values (its output poisoned with NaN first), then timed here too
 (median of CUDA-event-timed runs); the best within the 1e-2 gate is kept, and the run fails if any tile is over it.
 Beside it, three ceilings for the same M = N·OH·OW, N = C_out, K = kh·kw·C_in: yolojet's own 1x1 conv of a (M, K)
@@ -9,7 +10,7 @@ F.conv2d channels_last (cuDNN). Where the conv trails its own plain GEMM, the ga
 cost; where both trail cuBLAS, the GEMM tiles do. The GPU's SM clock and power are sampled while each shape
 runs, since the same kernels time differently at different clocks.
 
-    python bench/bench_conv_ceiling.py --out results/
+    python bench/bench_conv_ceiling.py --out results/ [--shapes yolo11n-narrow]
 """
 
 from __future__ import annotations
@@ -42,12 +43,21 @@ from yolojet.timing import provenance
 
 # (name, batch, H, W, C_in, pixel stride of the input, C_out, kernel, stride): yolo11m at 640, batch 64. A pixel
 # stride above C_in is a channel slice of a concat buffer, as the engine's plan gives model.5 its input.
-SHAPES = [
-    ("yolo11m model.5", 64, 80, 80, 512, 1024, 512, 3, 2),
-    ("yolo11m model.3", 64, 160, 160, 256, 256, 256, 3, 2),
-    ("yolo11m model.1", 64, 320, 320, 64, 64, 128, 3, 2),
-    ("yolo11m model.6.m.0.m.0.cv1", 64, 40, 40, 128, 128, 128, 3, 1),
-]
+SHAPE_SETS = {
+    "yolo11m": [
+        ("yolo11m model.5", 64, 80, 80, 512, 1024, 512, 3, 2),
+        ("yolo11m model.3", 64, 160, 160, 256, 256, 256, 3, 2),
+        ("yolo11m model.1", 64, 320, 320, 64, 64, 128, 3, 2),
+        ("yolo11m model.6.m.0.m.0.cv1", 64, 40, 40, 128, 128, 128, 3, 1),
+    ],
+    # yolo11n's narrow 3x3 convs at batch 64, the network's slowest launches for their bytes (the halo tiles' aim).
+    "yolo11n-narrow": [
+        ("yolo11n model.2.m.0.cv1", 64, 160, 160, 16, 48, 8, 3, 1),
+        ("yolo11n model.2.m.0.cv2", 64, 160, 160, 8, 8, 16, 3, 1),
+        ("yolo11n 80x80 16->32", 64, 80, 80, 16, 16, 32, 3, 1),
+        ("yolo11n 80x80 32->16", 64, 80, 80, 32, 96, 16, 3, 1),
+    ],
+}
 DEVICE = "cuda"
 GATE = 1e-2  # relative L2 error of an fp16 output against fp32, as the engine's per-op gate
 
@@ -178,7 +188,9 @@ def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride) -> dict
         x_cl = x.permute(0, 3, 1, 2)  # NHWC memory: channels_last already
         w_cl = weight.permute(0, 3, 1, 2)
         cudnn_ms = median_ms(lambda: F.conv2d(x_cl, w_cl, None, stride=stride, padding=pad))
+    halo_times = [t for c, t in conv_times.items() if "ConvKind.HALO" in c and t == t and conv_errors[c] <= GATE]
     row.update(
+        halo_ms=min(halo_times, default=float("nan")),
         conv_ms=conv_ms,
         conv_config=repr(conv_config),
         conv_candidates=conv_times,
@@ -200,24 +212,26 @@ def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="yolo11m", help="which convs to time")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_conv_ceiling needs a CUDA GPU")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for shape in SHAPES:
+    for shape in SHAPE_SETS[args.shapes]:
         print(f"{shape[0]} ...", flush=True)
         rows.append(bench_shape(*shape))
-    (args.out / "conv_ceiling.json").write_text(json.dumps({**provenance(), "shapes": rows}, indent=1))
+    (args.out / f"conv_ceiling-{args.shapes}.json").write_text(json.dumps({**provenance(), "shapes": rows}, indent=1))
     lines = [
-        "| conv | M×N×K | yolojet conv | same GEMM, yolojet 1x1 | cuBLAS mm | cuDNN conv | worst tile's rel L2 "
-        "| SM MHz | W |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| conv | M×N×K | yolojet conv | its best halo tile | same GEMM, yolojet 1x1 | cuBLAS mm | cuDNN conv "
+        "| worst tile's rel L2 | SM MHz | W |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         c = r["clocks"]
         lines.append(
             f"| {r['shape']} | {r['M']}×{r['N']}×{r['K']} | {r['conv_ms']:.3f} ms, {r['conv_tflops']:.0f} TF "
+            f"| {r['halo_ms']:.3f} ms "
             f"| {r['gemm_ms']:.3f} ms, {r['gemm_tflops']:.0f} TF "
             f"| {r['cublas_ms']:.3f} ms, {r['cublas_tflops']:.0f} TF "
             f"| {r['cudnn_ms']:.3f} ms, {r['cudnn_tflops']:.0f} TF | {r['worst_rel_l2']:.1e} "
@@ -225,7 +239,7 @@ def main() -> None:
             f"| {c.get('power_w_median', float('nan')):.0f} |"
         )
     table = "\n".join(lines)
-    (args.out / "conv_ceiling.md").write_text(table + "\n")
+    (args.out / f"conv_ceiling-{args.shapes}.md").write_text(table + "\n")
     print(table)
     wrong = [r["shape"] for r in rows if not r["worst_rel_l2"] <= GATE]
     if wrong:

@@ -451,7 +451,7 @@ def test_staging_writes_the_options_and_frame_table_the_kernels_read(model_dirs)
     from yolojet.images.frames import Frame
     from yolojet.kernels.preprocess import frame_row
 
-    engine = Engine.load(model_dirs("yolo11n.yaml", None), device="cpu", max_batch=4, tune=False, rect=False)
+    engine = Engine.load(model_dirs("yolo11n.yaml", None), device=DEVICE, max_batch=4, tune=False, rect=False)
     path = engine.shape_path(64)
     path.fill_bucket = True  # as on a GPU: a batch of 3 runs its bucket of 4
     rng = np.random.default_rng(3)

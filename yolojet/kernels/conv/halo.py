@@ -90,7 +90,7 @@ def _conv_halo_kernel(
             rows = first_row + ky * HALO_W + kx
             a = tl.gather(halo, tl.broadcast_to(rows[:, None], (TILE_H * TILE_W, BLOCK_C)), axis=0)
             w = tl.load(w_cols + (ky * KW + kx) * C_IN, mask=w_mask, other=0.0)
-            acc = tl.dot(a, w, acc)
+            acc = tl.dot(a, w, acc, input_precision="ieee")  # fp32 mode exact (no TF32)
 
     oy = ty0 + p // TILE_W
     ox = tx0 + p % TILE_W
