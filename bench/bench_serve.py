@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 PORT = 50611
 DECODER: list[str] = []  # --decoder NAME for the servers and labelers, where the command line names one
+LOG_DIR: list[Path] = [Path("bench/results")]  # where each label command's output goes (--out)
 
 
 def start_server(
@@ -87,10 +88,15 @@ def label(source: Path, out: Path, where: list[str], spy: Path | None = None) ->
         record = [found, "record", "--rate", "100", "--idle", "--threads", "--nonblocking", "--format", "speedscope"]
         record += ["--subprocesses"] if "--workers" in where or "--devices" in where else []
         command = [*record, "--output", str(spy), "--", *command]
+    # Its output goes to a file beside the results as it comes, so a stage cut short by its time limit still says
+    # how far each command got.
+    log = LOG_DIR[0] / f"label-{out.stem}.log"
+    print(f"[{time.strftime('%H:%M:%S')}] label {out.stem}: {' '.join(where)}", flush=True)
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=500)
+    with log.open("w") as sink:
+        done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, text=True, timeout=500)
     wall = time.perf_counter() - start
-    said = done.stdout + done.stderr
+    said = log.read_text(errors="replace")
     rate = re.search(r"(\d+) images labeled \(([\d,.]+) img/s\)", said)
     records = sum(1 for _ in out.open()) if out.exists() else 0
     return {
@@ -247,6 +253,7 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
+    LOG_DIR[:] = [args.out]
     if args.decoder is not None:
         DECODER[:] = ["--decoder", args.decoder]
     if args.switch_interval_ms is not None:  # inherited by every server and labeler process started below
