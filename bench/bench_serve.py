@@ -222,6 +222,7 @@ def main() -> int:
         "--client-processes", type=int, default=4, help="the bench client's processes for the 64 calls in flight"
     )
     parser.add_argument("--no-label", action="store_true", help="the unary calls only")
+    parser.add_argument("--no-local", action="store_true", help="no `label --local` run (the servers' rows only)")
     parser.add_argument(
         "--label-windows",
         type=int,
@@ -283,7 +284,7 @@ def main() -> int:
         server_stage(found, args, "asyncio", ["--event-loop", "asyncio"], model_dir, bus, files, work)
         out_file.write_text(json.dumps(found, indent=1))
     try:
-        if not args.no_label:
+        if not args.no_label and not args.no_local:
             found["label_local"] = label(files, work / "local.jsonl", ["--local", "--model", str(model_dir)])
             print(f"label --local: {found['label_local']}", flush=True)
             if args.py_spy:  # once more under py-spy: where the whole command's time goes
