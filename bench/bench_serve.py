@@ -283,6 +283,10 @@ def main() -> int:
     if args.asyncio:
         server_stage(found, args, "asyncio", ["--event-loop", "asyncio"], model_dir, bus, files, work)
         out_file.write_text(json.dumps(found, indent=1))
+    for processes in args.processes:
+        scale = ["--processes", str(processes)]
+        server_stage(found, args, f"processes{processes}", scale, model_dir, bus, files, work, streams=processes)
+        out_file.write_text(json.dumps(found, indent=1))
     try:
         if not args.no_label and not args.no_local:
             found["label_local"] = label(files, work / "local.jsonl", ["--local", "--model", str(model_dir)])
@@ -314,10 +318,6 @@ def main() -> int:
         spy = args.out / f"pyspy-label-workers{workers}.json"
         found["label_local_workers_py_spy"] = label(files, work / "local-workers-spied.jsonl", where, spy)
         print(f"label --local --workers {workers} under py-spy: {found['label_local_workers_py_spy']}", flush=True)
-    for processes in args.processes:
-        scale = ["--processes", str(processes)]
-        server_stage(found, args, f"processes{processes}", scale, model_dir, bus, files, work, streams=processes)
-        out_file.write_text(json.dumps(found, indent=1))
     print_table(found, args.files, args.processes, args.label_workers)
     return 1 if found.get("failures") else 0
 
