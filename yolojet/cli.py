@@ -869,7 +869,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
                     f"the connection was reopened {reconnects} times"
                 )
 
-        if args.streams > 1:  # a client process a stream: one interpreter labels about 2,000 images a second
+        if args.streams > 1:  # a client process a stream: one interpreter sent 5,205 images a second (H200)
             from dataclasses import asdict
 
             from yolojet.scale.stream_workers import StreamWorkersLabeler
@@ -1282,7 +1282,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="--server: N streams, each in a client process and on a "
         "connection of its own, sharing the requests in flight: give at least the server's --processes "
-        "(default 1; one process sends about 2,000 images a second)",
+        "(default 1; one process sent about 5,200 images a second)",
     )
     p.add_argument(
         "--ray-actors",
