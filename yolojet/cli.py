@@ -26,12 +26,15 @@ EXIT_USAGE = 2
 # Images in flight to a server while labeling: one server batching 64 labeled 4,227 / 4,760 / 5,205 img/s with 64 /
 # 128 / 256 in flight (H200, bench_serve.py --label-windows 128 256): with 64 it has one batch to run at a time.
 SERVER_LABEL_WINDOW = 256
+EXIT_STOPPED = 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader closed the pipe
 EXIT_CODES = """exit status:
   0    everything asked for was done
   1    the command ran to its end, but some images failed (each is named on stderr, and by label in its error
        log; the others' results are written); compare: an op over the gate; label --bench: requests unanswered
   2    nothing was done: a bad argument, model, dataset or output path, or no images found
+  3    label stopped part-way (the server went away, an output could not be written): the records finished before
+       it are kept, and --resume continues
   130  interrupted (Ctrl-C); results finished before it are kept
   141  the reader of standard output went away (yolojet detect ... | head)"""
 
@@ -898,9 +901,12 @@ def _cmd_label(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"interrupted after {summary.labeled} images; run again with --resume to label the rest", file=sys.stderr)
         return 130
-    except YolojetError:
-        print(f"{summary.labeled} images labeled before it (in {job.out}); --resume continues", file=sys.stderr)
-        raise
+    except YolojetError as e:
+        if not (summary.labeled or summary.failed):  # stopped before any image: nothing was done
+            raise
+        print(f"yolojet label: error: {e}", file=sys.stderr)
+        print(f"stopped after {summary.labeled} images labeled (in {job.out}); --resume continues", file=sys.stderr)
+        return EXIT_STOPPED
     finally:
         close()
     for line in summary.lines(job):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -336,6 +337,60 @@ def test_an_unreachable_server_is_reported_with_what_was_done(photos, tmp_path, 
     assert code == 2 and "server 127.0.0.1:9" in stderr and "UNAVAILABLE" in stderr
     assert time.monotonic() - started < 60
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def _serve_in_a_process(model_dir: Path, log: Path, env: dict) -> tuple[subprocess.Popen, str]:
+    """`yolojet serve` of `model_dir` on the CPU on a free port, in a process of its own; it and its address."""
+    with log.open("w") as sink:
+        command = [sys.executable, "-m", "yolojet", "serve", "--model", f"{model_dir}:2", "--device", "cpu"]
+        server = subprocess.Popen([*command, "--port", "0", "--slo-ms", "60000"], env=env, stdout=sink, stderr=sink)
+    deadline = time.monotonic() + 300
+    while (found := re.search(r"listening on (\S+)", log.read_text())) is None:
+        assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    return server, found[1]
+
+
+def test_a_server_killed_mid_run_stops_label_with_its_records_kept_and_resume_finishes(model_dirs, tmp_path):
+    """The server SIGKILLed while label runs: label ends at once with status 3 (not 2, 'nothing was done'), naming
+    the error and the records kept; --resume against a new server labels each remaining image exactly once."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(40):
+        shutil.copy(ASSETS / ("bus.jpg" if i % 2 else "zidane.jpg"), folder / f"{i:02d}.jpg")
+    out = tmp_path / "labels.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    server, address = _serve_in_a_process(model_dirs["detect"], tmp_path / "serve.log", env)
+    try:
+        command = [sys.executable, "-m", "yolojet", "label", str(folder), "--out", str(out), "-c", "2", "--quiet"]
+        process = subprocess.Popen(
+            [*command, "--server", address, "--retries", "1"], env=env, stderr=subprocess.PIPE, text=True
+        )
+        deadline = time.monotonic() + 300
+        while (not out.exists() or out.read_text().count("\n") < 3) and time.monotonic() < deadline:
+            assert process.poll() is None, process.stderr.read()
+            time.sleep(0.05)
+    finally:
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=60)
+    _, stderr = process.communicate(timeout=120)
+    kept = len(lines(out))
+    assert process.returncode == 3, stderr
+    assert f"stopped after {kept} images labeled (in {out}); --resume continues" in stderr
+    assert "UNAVAILABLE" in stderr and 0 < kept < 40
+
+    server, address = _serve_in_a_process(model_dirs["detect"], tmp_path / "serve-again.log", env)
+    try:
+        done = subprocess.run(
+            [*command, "--server", address, "--resume"], env=env, capture_output=True, text=True, timeout=600
+        )
+    finally:
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"{40 - kept} images labeled" in done.stderr and f"{kept} done before and skipped" in done.stderr
+    paths = [r["path"] for r in lines(out)]
+    assert sorted(paths) == sorted(str(p) for p in folder.iterdir()) and len(paths) == 40
 
 
 def test_killed_and_resumed_each_image_exactly_once(model_dirs, tmp_path):
