@@ -226,6 +226,9 @@ def test_bad_files_go_to_the_error_log_and_the_rest_is_labeled(server, photos, t
     errors = {Path(e["path"]).name: e["error"] for e in lines(tmp_path / "labels.jsonl.errors.jsonl")}
     assert sorted(errors) == ["broken.jpg", "gone.jpg", "half.jpg", "missing.jpg"]
     assert "cut short" in errors["half.jpg"] and "cannot decode" in errors["broken.jpg"]
+    # Named by their paths, not by the request ids label gave them.
+    assert all("request" not in e for e in errors.values())
+    assert all(e.startswith(str(photos)) for name, e in errors.items() if name in ("half.jpg", "broken.jpg"))
     assert "no such file" in errors["gone.jpg"] and "no such file" in errors["missing.jpg"]
     assert "4 errors" in stderr
 

@@ -287,7 +287,9 @@ class RemoteLabeler:
                 path, f"the server refused it for load for over {self.give_up_after_s:.0f} s ({reply.error.message})"
             )
         elif reply.HasField("error"):
-            on_error(path, reply.error.message)
+            # The server names an image by its request's id (serve/runner.py), which label chose: the file's path
+            # is the name its user knows.
+            on_error(path, reply.error.message.replace(f"image of request {reply.id!r}", path))
         else:
             on_reply(path, reply)
 
