@@ -265,6 +265,26 @@ def test_outputs_are_protected_and_resume_checks_the_model(server, model_dirs, p
     assert run_cli(capsys, *base, "--overwrite")[0] == 0 and len(lines(out)) == 3
 
 
+def test_resume_asks_for_the_options_the_records_were_made_with(server, photos, tmp_path, capsys):
+    out = tmp_path / "labels.jsonl"
+    base = ["label", photos, "--server", server.address, "--model", "detect", "--out", out, "--quiet"]
+    assert run_cli(capsys, *base, "--conf", "0.3", "--classes", "0", "5")[0] == 0
+    before = out.read_bytes()
+    code, _, stderr = run_cli(capsys, *base, "--resume", "--conf", "0.5")
+    assert code == 2 and "its records were made with --classes 0 5 --conf 0.3; this run asks for --conf 0.5" in stderr
+    code, _, stderr = run_cli(capsys, *base, "--resume")
+    assert code == 2 and "this run asks for no --conf, --iou, --max-det or --classes" in stderr
+    assert out.read_bytes() == before  # refused before any change
+    code, _, stderr = run_cli(capsys, *base, "--resume", "--classes", "0", "5", "--conf", "0.3")
+    assert code == 0 and "3 done before and skipped" in stderr
+    # A new run's options replace the kept ones; a settings file that is not label's is named, not trusted.
+    assert run_cli(capsys, *base, "--overwrite")[0] == 0
+    assert run_cli(capsys, *base, "--resume")[0] == 0
+    (tmp_path / "labels.jsonl.settings.json").write_text("{not json")
+    code, _, stderr = run_cli(capsys, *base, "--resume")
+    assert code == 2 and "labels.jsonl.settings.json: not the settings label keeps" in stderr
+
+
 def test_outputs_that_would_destroy_an_input_or_each_other_are_refused(server, photos, tmp_path, capsys):
     base = ["label", photos, "--server", server.address, "--model", "detect", "--quiet"]
     image = photos / "bus.jpg"

@@ -12,6 +12,7 @@ run.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -103,6 +104,46 @@ def error_log(job: LabelJob) -> Path | None:
     return None if is_stdout(job.out) else job.out.with_name(job.out.name + ".errors.jsonl")
 
 
+def settings_file(job: LabelJob) -> Path | None:
+    """Where a run's prediction options are kept beside its records, for --resume to compare (none for records on
+    standard output or in a special file, which cannot be resumed)."""
+    if is_stdout(job.out) or is_special(job.out):
+        return None
+    return job.out.with_name(job.out.name + ".settings.json")
+
+
+def _shown_options(options: dict[str, Any]) -> str:
+    if not options:
+        return "no --conf, --iou, --max-det or --classes (the model's defaults)"
+    flags = []
+    for name in sorted(options):
+        value = options[name]
+        shown = " ".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+        flags.append(f"--{name.replace('_', '-')} {shown}")
+    return " ".join(flags)
+
+
+def _keep_settings(job: LabelJob) -> None:
+    """A resumed run asks for what the records were made with (its records would otherwise mix two sets of
+    options, silently); any other run keeps its own options for the next resume. Written before any record."""
+    where = settings_file(job)
+    if where is None:
+        return
+    asked = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in job.options.items()}
+    if job.resume and where.is_file():
+        try:
+            kept = json.loads(where.read_text())["options"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise OutputPathError(f"{where}: not the settings label keeps ({e}); remove it to resume anyway") from e
+        if kept != asked:
+            raise OutputPathError(
+                f"--resume {job.out}: its records were made with {_shown_options(kept)}; this run asks for "
+                f"{_shown_options(asked)}: give the same, or --overwrite to start again"
+            )
+        return
+    write_atomically(where, lambda p: p.write_text(json.dumps({"options": asked}) + "\n"))
+
+
 def _key(path: str) -> str:
     return os.path.abspath(path)
 
@@ -131,7 +172,7 @@ def _writable_name(path: str) -> bool:
 
 def _output_files(job: LabelJob) -> dict[str, Path | None]:
     """The job's output files by the flag that names them (the YOLO dataset is a folder)."""
-    return {"--out": job.out, "--errors": error_log(job), "--coco": job.coco}
+    return {"--out": job.out, "--errors": error_log(job), "--coco": job.coco, "(settings)": settings_file(job)}
 
 
 def check_label_options(options: dict[str, Any], names: dict[int, str]) -> None:
@@ -216,6 +257,7 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
                 f"labels with {facts.name} {facts.version}; --overwrite to start again"
             )
         recs.repair_records(job.out)  # a last line a kill cut short, which iter_records left out
+    _keep_settings(job)
     todo, seen, unwritable = [], set(done), []
     for path in sources:
         key = _key(path)
