@@ -117,6 +117,32 @@ def test_coco_document_streamed_from_the_records_loads_in_pycocotools(tmp_path):
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging or spool file left
 
 
+def test_coco_keypoints_are_labeled_points_with_their_visibility(tmp_path):
+    """COCO's `num_keypoints` counts labeled points (v > 0: v 2 visible, 1 labeled but not visible), so a person whose
+    points the model saw with low visibility still counts them (pycocotools' keypoint evaluation skips a ground-truth
+    person with none)."""
+    from pycocotools.coco import COCO
+
+    rng = np.random.default_rng(5)
+    written = []
+    for i in range(6):
+        xy = np.round(rng.uniform(0, 90, (17, 2)), 2).tolist()
+        points = [[x, y, v] for (x, y), v in zip(xy, rng.random(17).tolist(), strict=True)]
+        if i == 0:
+            points = [[x, y, 0.1] for x, y, _ in points]  # every point seen with low visibility
+        detection = {"class": 0, "name": "person", "confidence": 0.9, "box": [1.0, 2.0, 80.0, 90.0]}
+        detection["keypoints"] = points
+        written.append({"path": f"/p/{i}.jpg", "width": 100, "height": 100, "task": "pose", "detections": [detection]})
+    path = tmp_path / "labels.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in written))
+    write_coco(tmp_path / "coco.json", path, {0: "person"})
+    annotations = COCO(str(tmp_path / "coco.json")).dataset["annotations"]
+    for ann, record in zip(annotations, written, strict=True):
+        points = record["detections"][0]["keypoints"]
+        assert ann["keypoints"][2::3] == [2 if v >= 0.5 else 1 for _, _, v in points]
+        assert ann["keypoints"][0::3] == [x for x, _, _ in points] and ann["num_keypoints"] == 17
+
+
 def test_yolo_labels_are_ultralytics_mask_polygons_in_mirrored_folders(tmp_path):
     from ultralytics.utils.ops import masks2segments
 

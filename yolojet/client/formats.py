@@ -89,7 +89,7 @@ def _coco_annotations(record: dict, rle: bool) -> list[dict[str, Any]]:
             for x, y, visibility in d["keypoints"]:
                 flat += [x, y, 2 if visibility >= VISIBLE else 1]
             ann["keypoints"] = flat
-            ann["num_keypoints"] = sum(1 for v in flat[2::3] if v == 2)
+            ann["num_keypoints"] = sum(1 for v in flat[2::3] if v > 0)  # COCO: labeled points (v > 0)
         annotations.append(ann)
     return annotations
 
