@@ -159,7 +159,7 @@ def check_encoded(data: bytes, name: str, max_pixels: int) -> EncodedInfo:
     if info.height * info.width > max_pixels:
         raise ImageReadError(
             f"{name}: {info.width}x{info.height} is {info.height * info.width:,} pixels, over the limit of "
-            f"{max_pixels:,} (max_pixels raises it)"
+            f"{max_pixels:,} (raise it with --max-pixels, or max_pixels= in Python)"
         )
     if info.jpeg is not None and not info.jpeg.complete:
         raise ImageReadError(f"{name}: cannot decode as an image (a JPEG cut short: no end-of-image marker)")
