@@ -362,6 +362,15 @@ def test_an_unreachable_server_is_reported_with_what_was_done(photos, tmp_path, 
     assert not (tmp_path / "o.jsonl").exists()
 
 
+def _many_photos(tmp_path: Path, count: int) -> Path:
+    """A folder of `count` copies of the shipped photos, bus.jpg and zidane.jpg in turn."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(count):
+        shutil.copy(ASSETS / ("bus.jpg" if i % 2 else "zidane.jpg"), folder / f"{i:02d}.jpg")
+    return folder
+
+
 def _serve_in_a_process(model_dir: Path, log: Path, env: dict) -> tuple[subprocess.Popen, str]:
     """`yolojet serve` of `model_dir` on the CPU on a free port, in a process of its own; it and its address."""
     with log.open("w") as sink:
@@ -377,10 +386,7 @@ def _serve_in_a_process(model_dir: Path, log: Path, env: dict) -> tuple[subproce
 def test_a_server_killed_mid_run_stops_label_with_its_records_kept_and_resume_finishes(model_dirs, tmp_path):
     """The server SIGKILLed while label runs: label ends at once with status 3 (not 2, 'nothing was done'), naming
     the error and the records kept; --resume against a new server labels each remaining image exactly once."""
-    folder = tmp_path / "many"
-    folder.mkdir()
-    for i in range(40):
-        shutil.copy(ASSETS / ("bus.jpg" if i % 2 else "zidane.jpg"), folder / f"{i:02d}.jpg")
+    folder = _many_photos(tmp_path, 40)
     out = tmp_path / "labels.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     server, address = _serve_in_a_process(model_dirs["detect"], tmp_path / "serve.log", env)
@@ -419,10 +425,7 @@ def test_a_server_killed_mid_run_stops_label_with_its_records_kept_and_resume_fi
 def test_killed_and_resumed_each_image_exactly_once(model_dirs, tmp_path):
     """SIGKILL in the middle of a local run (a kill may cut the last line short), then --resume: every image has
     exactly one record."""
-    folder = tmp_path / "many"
-    folder.mkdir()
-    for i in range(30):
-        shutil.copy(ASSETS / ("bus.jpg" if i % 2 else "zidane.jpg"), folder / f"{i:02d}.jpg")
+    folder = _many_photos(tmp_path, 30)
     out = tmp_path / "labels.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     command = [
