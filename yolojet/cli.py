@@ -746,9 +746,9 @@ def _cmd_label(args: argparse.Namespace) -> int:
         raise EngineConfigError("--ray-actors sizes the engine actors of a Ray run: give it with --ray")
     if args.concurrency is None:
         args.concurrency = SERVER_LABEL_WINDOW if args.server is not None and args.bench is None else 64
-    if args.streams != 1 and args.server is None:
+    if args.streams is not None and args.server is None:
         raise EngineConfigError("--streams spreads the requests to a server over connections: give it with --server")
-    if args.streams > args.concurrency:
+    if args.streams is not None and args.streams > args.concurrency:
         raise EngineConfigError(
             f"--streams {args.streams}: between 1 and the requests in flight (-c {args.concurrency})"
         )
@@ -864,6 +864,11 @@ def _cmd_label(args: argparse.Namespace) -> int:
         connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
         facts = model_facts(connection)  # an unreachable server or unknown model: said here, before any worker
         check_label_options(options, facts.names)  # bad options said once, not as an error an image
+        streams = args.streams
+        if streams is None:  # a stream a server process: each connection reaches one of them
+            streams = min(facts.servers, args.concurrency)
+            if streams > 1:
+                summary.notes.append(f"{streams} streams, one a process of the server's (--streams sets them)")
 
         def server_notes(refusals: int, reconnects: int) -> None:
             if refusals or reconnects:
@@ -872,18 +877,18 @@ def _cmd_label(args: argparse.Namespace) -> int:
                     f"the connection was reopened {reconnects} times"
                 )
 
-        if args.streams > 1:  # a client process a stream: one interpreter sent 5,205 images a second (H200)
+        if streams > 1:  # a client process a stream: one interpreter sent 5,205 images a second (H200)
             from dataclasses import asdict
 
             from yolojet.scale.stream_workers import StreamWorkersLabeler
 
-            streams = StreamWorkersLabeler(asdict(connection), args.concurrency, options, args.streams)
-            label = streams
+            workers = StreamWorkersLabeler(asdict(connection), args.concurrency, options, streams)
+            label = workers
 
             def close() -> None:
-                streams.close()
-                summary.notes.extend(streams.notes())
-                server_notes(streams.counts["refusals"], streams.counts["reconnects"])
+                workers.close()
+                summary.notes.extend(workers.notes())
+                server_notes(workers.counts["refusals"], workers.counts["reconnects"])
 
         else:
             remote = RemoteLabeler(connection, args.concurrency, options)
@@ -1284,11 +1289,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--streams",
         type=_positive_int,
-        default=1,
+        default=None,
         metavar="N",
-        help="--server: N streams, each in a client process and on a "
-        "connection of its own, sharing the requests in flight: give at least the server's --processes "
-        "(default 1; one process sent about 5,200 images a second)",
+        help="--server: N streams, each in a client process and on a connection of its own, sharing the images in "
+        "flight (default: one a process of the server's, `serve --processes`; one process sent about 5,200 images "
+        "a second)",
     )
     p.add_argument(
         "--ray-actors",

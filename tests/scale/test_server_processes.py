@@ -101,15 +101,20 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
         counts = [answered(metrics), answered(metrics + 1)]
         assert sum(counts) == 16 and min(counts) > 0, counts  # both took connections (2 * 2**-16 odds otherwise)
 
-        # The labeling client over four streams, each a connection of its own: every image once, and the same
-        # records as one stream gives.
+        # ListModels tells clients how many servers share the address.
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            assert pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=60).processes == 2
+
+        # The labeling client over four streams, each a connection of its own, and by default over one a server
+        # process: every image once, and the same records as one stream gives.
         photos = tmp_path / "photos"
         photos.mkdir()
         for i in range(12):
             (photos / f"{i:02d}.jpg").write_bytes(BUS)
         outputs = {}
-        for streams in (1, 4):
+        for streams in (1, 4, None):
             out = tmp_path / f"labels-{streams}.jsonl"
+            chosen = [] if streams is None else ["--streams", str(streams)]
             done = subprocess.run(
                 [
                     sys.executable,
@@ -119,8 +124,7 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
                     str(photos),
                     "--server",
                     f"127.0.0.1:{port}",
-                    "--streams",
-                    str(streams),
+                    *chosen,
                     "-c",
                     "8",
                     "--conf",
@@ -135,13 +139,15 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
                 timeout=300,
             )
             assert done.returncode == 0, done.stderr
+            assert ("2 streams, one a process of the server's" in done.stderr) == (streams is None), done.stderr
             records = [json.loads(line) for line in out.read_text().splitlines()]
             assert sorted(Path(r["path"]).name for r in records) == [f"{i:02d}.jpg" for i in range(12)]
             outputs[streams] = {Path(r["path"]).name: r["detections"] for r in records}
-        assert outputs[1].keys() == outputs[4].keys()
-        for name, detections in outputs[4].items():
-            assert len(detections) == len(outputs[1][name])
-        assert answered(metrics) + answered(metrics + 1) == 16 + 24
+        for streams in (4, None):
+            assert outputs[1].keys() == outputs[streams].keys()
+            for name, detections in outputs[streams].items():
+                assert len(detections) == len(outputs[1][name])
+        assert answered(metrics) + answered(metrics + 1) == 16 + 36
 
         children = server_children(server.pid)
         assert len(children) == 2

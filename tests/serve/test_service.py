@@ -198,6 +198,7 @@ def test_list_models(server):
     assert info["detect"].backend == "reference" and info["detect"].decoder == "cpu"
     assert len(info["detect"].class_names) == 80
     assert reply.max_message_bytes == ServeOptions().max_message_bytes == 64 << 20
+    assert reply.processes == 1  # one whole server at this address
 
 
 def test_health_and_reflection(server):

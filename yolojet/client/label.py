@@ -68,6 +68,7 @@ class ModelFacts:
     task: str
     names: dict[int, str]
     kpt_shape: list[int] | None = None
+    servers: int = 1  # whole servers behind a server's address (`serve --processes`, from ListModels)
 
 
 @dataclass

@@ -515,4 +515,6 @@ def model_facts(connection: Connection) -> Any:
     else:
         raise ServerUnavailable(f"server {connection.address} serves {', '.join(sorted(served))}: --model names one")
     names = dict(enumerate(info.class_names))
-    return ModelFacts(info.name, info.version, info.task, names, list(info.keypoint_shape) or None)
+    return ModelFacts(
+        info.name, info.version, info.task, names, list(info.keypoint_shape) or None, max(1, reply.processes)
+    )

@@ -80,7 +80,8 @@ class ServerProcesses:
     def __init__(self, specs: list[ModelSpec], options: ServeOptions, processes: int) -> None:
         if processes < 1:
             raise EngineConfigError(f"--processes {processes}: at least one")
-        self.specs, self.options, self.count = specs, replace(options, reuse_port=True), processes
+        self.specs, self.count = specs, processes
+        self.options = replace(options, reuse_port=True, processes=processes)
         self._context = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
         self.processes: list[Any] = [None] * processes
         self.pipes: list[Connection | None] = [None] * processes  # kept open: a child sees the parent go by its end

@@ -61,6 +61,7 @@ class ServeOptions:
     # Share the port with other servers (`serve --processes`: SO_REUSEPORT). Off, a port in use is an error rather
     # than silently shared (gRPC's own default on Linux is to share).
     reuse_port: bool = False
+    processes: int = 1  # the whole servers sharing the port (`serve --processes`), which ListModels tells clients
     event_loop: str = "auto"  # EVENT_LOOPS: the asyncio loop the server runs on (`run_server`)
 
     def __post_init__(self) -> None:
@@ -165,7 +166,12 @@ class Server:
             ],
         )
         service = InferenceService(
-            self.models, self.runner, self.metrics, o.slo_ms / 1000, max_message_bytes=o.max_message_bytes
+            self.models,
+            self.runner,
+            self.metrics,
+            o.slo_ms / 1000,
+            max_message_bytes=o.max_message_bytes,
+            processes=o.processes,
         )
         pb_grpc.add_InferenceServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

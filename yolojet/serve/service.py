@@ -48,11 +48,12 @@ class InferenceService(pb_grpc.InferenceServicer):
         slo_s: float,
         clock: Callable[[], float] = time.monotonic,
         max_message_bytes: int = 0,
+        processes: int = 1,
     ) -> None:
-        """`max_message_bytes`: the largest request message the server takes, which ListModels tells clients (0: not
-        said)."""
+        """`max_message_bytes`: the largest request message the server takes, and `processes` the whole servers
+        sharing its port, both of which ListModels tells clients (0: not said)."""
         self.models, self.runner, self.metrics, self.slo_s, self.clock = models, runner, metrics, slo_s, clock
-        self.max_message_bytes = max_message_bytes
+        self.max_message_bytes, self.processes = max_message_bytes, processes
         self._settlers: dict[asyncio.AbstractEventLoop, Settler] = {}
 
     # -- one request --------------------------------------------------------------------------
@@ -204,7 +205,7 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     def model_list(self) -> pb.ListModelsReply:
         models = [convert.model_info(self.models[n]) for n in sorted(self.models)]
-        return pb.ListModelsReply(models=models, max_message_bytes=self.max_message_bytes)
+        return pb.ListModelsReply(models=models, max_message_bytes=self.max_message_bytes, processes=self.processes)
 
     # -- the methods --------------------------------------------------------------------------
 
