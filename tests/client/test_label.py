@@ -269,6 +269,8 @@ def test_resume_asks_for_the_options_the_records_were_made_with(server, photos, 
     out = tmp_path / "labels.jsonl"
     base = ["label", photos, "--server", server.address, "--model", "detect", "--out", out, "--quiet"]
     assert run_cli(capsys, *base, "--conf", "0.3", "--classes", "0", "5")[0] == 0
+    with out.open("ab") as f:  # a line a kill cut short, which only an accepted resume cuts off
+        f.write(b'{"path": "cut sh')
     before = out.read_bytes()
     code, _, stderr = run_cli(capsys, *base, "--resume", "--conf", "0.5")
     assert code == 2 and "its records were made with --classes 0 5 --conf 0.3; this run asks for --conf 0.5" in stderr

@@ -124,25 +124,33 @@ def _shown_options(options: dict[str, Any]) -> str:
     return " ".join(flags)
 
 
-def _keep_settings(job: LabelJob) -> None:
-    """A resumed run asks for what the records were made with (its records would otherwise mix two sets of
-    options, silently); any other run keeps its own options for the next resume. Written before any record."""
+def _asked(job: LabelJob) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in job.options.items()}
+
+
+def _check_kept_settings(job: LabelJob) -> None:
+    """A resumed run asks for what its records were made with, which would otherwise mix two sets of options
+    silently; checked before anything is changed."""
     where = settings_file(job)
-    if where is None:
+    if where is None or not where.is_file():  # records of a run that kept none: nothing to compare
         return
-    asked = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in job.options.items()}
-    if job.resume and where.is_file():
-        try:
-            kept = json.loads(where.read_text())["options"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise OutputPathError(f"{where}: not the settings label keeps ({e}); remove it to resume anyway") from e
-        if kept != asked:
-            raise OutputPathError(
-                f"--resume {job.out}: its records were made with {_shown_options(kept)}; this run asks for "
-                f"{_shown_options(asked)}: give the same, or --overwrite to start again"
-            )
+    try:
+        kept = json.loads(where.read_text())["options"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OutputPathError(f"{where}: not the settings label keeps ({e}); remove it to resume anyway") from e
+    if kept != _asked(job):
+        raise OutputPathError(
+            f"--resume {job.out}: its records were made with {_shown_options(kept)}; this run asks for "
+            f"{_shown_options(_asked(job))}: give the same, or --overwrite to start again"
+        )
+
+
+def _keep_settings(job: LabelJob) -> None:
+    """The run's options kept for the next resume, written before any record (a resume keeps the file it found)."""
+    where = settings_file(job)
+    if where is None or (job.resume and where.is_file()):
         return
-    write_atomically(where, lambda p: p.write_text(json.dumps({"options": asked}) + "\n"))
+    write_atomically(where, lambda p: p.write_text(json.dumps({"options": _asked(job)}) + "\n"))
 
 
 def _key(path: str) -> str:
@@ -246,6 +254,7 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
     if job.yolo_txt is not None and facts.task == "classify":  # said before the labeling, not after it
         raise OutputPathError("--yolo-txt: a classification dataset is folders of images by class, not label files")
     if job.resume and job.out.is_file():
+        _check_kept_settings(job)
         models: set[tuple[Any, Any]] = set()
         for r in recs.iter_records(job.out):  # every line a record (a RecordsError otherwise) before any change
             done.add(_key(r["path"]))
