@@ -173,6 +173,35 @@ def test_yolo_labels_are_ultralytics_mask_polygons_in_mirrored_folders(tmp_path)
     assert {p: p.read_bytes() for p in (dataset / "labels").rglob("*") if p.is_file()} == before
 
 
+def test_masks_a_pixel_thin_keep_a_polygon_of_the_pixels_they_cover(tmp_path):
+    """A dot and a one-pixel line have contours of one and two points, no polygon: each becomes the rectangle of its
+    pixels' squares in both formats, rather than a detection with no label line or an empty COCO segmentation."""
+    from pycocotools.coco import COCO
+
+    h, w = 40, 50
+    dot, stroke = np.zeros((h, w), bool), np.zeros((h, w), bool)
+    dot[7, 9] = True
+    stroke[20, 10:15] = True
+    detections = [
+        {"class": c, "name": NAMES[c], "confidence": 0.5, "box": [0.0, 0.0, 1.0, 1.0], "mask": encode_rle(m)}
+        for c, m in ((0, dot), (1, stroke))
+    ]
+    path = tmp_path / "labels.jsonl"
+    path.write_bytes(orjson.dumps({"path": "/p/a.jpg", "width": w, "height": h, "task": "segment",
+                                   "detections": detections}) + b"\n")  # fmt: skip
+    rectangles = {0: [(9, 7), (10, 7), (10, 8), (9, 8)], 1: [(10, 20), (15, 20), (15, 21), (10, 21)]}
+    write_yolo_dataset(tmp_path / "dataset", path, NAMES, "segment")
+    lines = (tmp_path / "dataset" / "labels" / "a.txt").read_text().splitlines()
+    assert [int(line.split()[0]) for line in lines] == [0, 1]
+    for line in lines:
+        values = np.array(line.split()[1:], float).reshape(-1, 2) * [w, h]
+        assert np.allclose(values, rectangles[int(line.split()[0])], atol=1e-3)
+    write_coco(tmp_path / "coco.json", path, NAMES)
+    document = COCO(str(tmp_path / "coco.json"))
+    for ann, mask in zip(document.dataset["annotations"], (dot, stroke), strict=True):
+        assert document.annToMask(ann).astype(bool)[mask].all()  # the polygon covers the mask's pixels
+
+
 def test_plot_samples_from_more_records_than_it_draws(tmp_path):
     from PIL import Image
 

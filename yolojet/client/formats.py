@@ -2,7 +2,8 @@
 
 COCO (`write_coco`): `images` (id, file_name = the record's path, width, height), `categories` from the model's
 class names (id = class id), and one annotation a detection: `bbox` [x, y, w, h], `area`, `score`, `iscrowd` 0;
-segment models add `segmentation` as the polygons of the mask's outer contours (holes are not drawn) or, with
+segment models add `segmentation` as the polygons of the mask's outer contours (holes are not drawn; a mask a pixel
+thin, whose contour has fewer than three points, gets the rectangle its pixels cover) or, with
 `rle`, the mask's COCO RLE, exact; pose models add `keypoints` [x, y, v] a point (v 2 where the
 model's visibility is at least 0.5, else 1) and `num_keypoints`; OBB models the four corners as the
 `segmentation` polygon, the axis-aligned extent as `bbox`, and `rotated_box` [cx, cy, w, h, angle].
@@ -53,15 +54,24 @@ def _extent(detection: dict) -> list[float]:
     return [*corners.min(0).tolist(), *corners.max(0).tolist()]
 
 
+def _thick(points: np.ndarray) -> np.ndarray:
+    """A contour as a polygon: itself, or where it has one or two points (a mask a pixel thin: a dot, a line) the
+    rectangle its pixels cover, so that no detection is left without one."""
+    if len(points) >= 3 or len(points) == 0:
+        return points
+    (x0, y0), (x1, y1) = points.min(0), points.max(0)
+    return np.array([[x0, y0], [x1 + 1, y0], [x1 + 1, y1 + 1], [x0, y1 + 1]], np.float32)
+
+
 def _polygon(mask_rle: dict) -> list[float]:
     """One polygon through every outer contour of the mask (ultralytics' masks2segments): a YOLO label line."""
-    points = merge_contours(rle_contours(mask_rle))
+    points = _thick(merge_contours(rle_contours(mask_rle)))
     return [round(float(v), 2) for v in points.reshape(-1)]
 
 
 def _polygons(mask_rle: dict) -> list[list[float]]:
-    """A polygon an outer contour of the mask (of at least three points): a COCO segmentation."""
-    return [[round(float(v), 2) for v in c.reshape(-1)] for c in rle_contours(mask_rle) if len(c) >= 3]
+    """A polygon an outer contour of the mask: a COCO segmentation."""
+    return [[round(float(v), 2) for v in _thick(c).reshape(-1)] for c in rle_contours(mask_rle) if len(c)]
 
 
 def _coco_annotations(record: dict, rle: bool) -> list[dict[str, Any]]:
@@ -199,7 +209,7 @@ def _label_lines(record: dict) -> list[str]:
             values = np.clip(_corners(d) / scale, 0.0, 1.0).reshape(-1).tolist()
         elif "mask" in d:
             polygon = np.asarray(_polygon(d["mask"]), np.float64).reshape(-1, 2) / scale
-            if len(polygon) < 3:  # a polygon needs three points: a mask thinner than that has no label line
+            if len(polygon) == 0:  # an empty mask: nothing to draw
                 continue
             values = polygon.reshape(-1).tolist()
         else:
