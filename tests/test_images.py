@@ -239,6 +239,11 @@ def test_expand_sources(tmp_path):
     ]
     assert expand_sources([]) == []
     assert expand_sources([str(root), str(root)]) == expected_tree * 2
+    # A file whose name holds glob characters is that file, not the pattern (which would name photo1.jpg here).
+    touch(root / "photo[1].jpg")
+    touch(root / "photo1.jpg")
+    assert expand_sources([str(root / "photo[1].jpg")]) == [str(root / "photo[1].jpg")]
+    assert expand_sources([str(root / "photo[0-9].jpg")]) == [str(root / "photo1.jpg")]
 
 
 def test_expand_sources_skips_directories_named_like_images(tmp_path):

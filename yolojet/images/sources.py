@@ -187,7 +187,7 @@ def expand_sources(sources: list[str]) -> list[str]:
         path = Path(source)
         if path.is_dir():
             files += _images_below(str(path))
-        elif any(ch in source for ch in "*?["):
+        elif any(ch in source for ch in "*?[") and not path.is_file():  # `photo[1].jpg` that exists is that file
             matches = sorted(glob.glob(source, recursive=True))
             named = [m for m in matches if Path(m).suffix.lower() in IMAGE_SUFFIXES and not Path(m).is_dir()]
             files += named or [source]
