@@ -944,10 +944,9 @@ _ENGINE_FLAGS = ("fp32", "device", "decoder", "max_pixels", "rect", "shapes", "m
 
 
 def _engine_flags_given(args: argparse.Namespace) -> list[str]:
-    """label's engine flags given other than their defaults, as written on the command line."""
-    (commands,) = (a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    label = commands.choices["label"]
-    given = [flag for flag in _ENGINE_FLAGS if getattr(args, flag) != label.get_default(flag)]
+    """label's engine flags given other than their defaults (`engine_defaults`, kept by its parser), as written on
+    the command line."""
+    given = [flag for flag in _ENGINE_FLAGS if getattr(args, flag) != args.engine_defaults[flag]]
     return ["--no-rect" if flag == "rect" else f"--{flag.replace('_', '-')}" for flag in given]
 
 
@@ -1374,7 +1373,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoder_flag(p)
     _add_letterbox_flags(p)
     _add_engine_switches(p)
-    p.set_defaults(run=_cmd_label)
+    p.set_defaults(run=_cmd_label, engine_defaults={flag: p.get_default(flag) for flag in _ENGINE_FLAGS})
 
     p = sub.add_parser("plot", help="pictures of a labeling run: annotated samples, classes and scores")
     p.add_argument("labels", type=Path, help="JSON lines written by yolojet label")
