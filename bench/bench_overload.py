@@ -7,10 +7,13 @@ replies, alternating the two models:
   sustained  closed loop first (the bench client, 64 in flight over both models): the rate R the server sustains
   two        0.8 R for --seconds, half to each model: each one's img/s, p50 / p99, and share answered in time
   overload   2 R: of the requests the server admitted, the share answered within their deadline; those it refused
-             early (RESOURCE_EXHAUSTED), and how long a refusal took
+             early (RESOURCE_EXHAUSTED from the server, CANCELLED from gRPC's core past --max-pending), and how long
+             each kind of answer took
   recovery   0.5 R: the share answered in time, and img/s against the rate offered
 
-    python3 bench/bench_overload.py --out results/
+    python3 bench/bench_overload.py --out results/ [--max-calls 32 --max-pending 32]
+    # without a GPU: the server's front alone (each image answered once submitted), one model, one client process
+    python3 bench/bench_overload.py --no-network --models yolo11n.yaml --imgsz 64 --shapes "" --client-processes 1
     python3 bench/bench_overload.py --worker JOB   # one client process (the script starts these itself)
 """
 
@@ -34,6 +37,7 @@ from bench_serve import launch_server, py_spy  # beside this script
 
 PORT = 50612
 TICK_S = 0.002  # how often a client process sends what has fallen due
+REFUSALS = ("RESOURCE_EXHAUSTED", "CANCELLED")
 OUTSTANDING_MAX = 4000  # a client process's calls in flight at most: past this it counts sends it could not make
 
 
@@ -103,27 +107,46 @@ def offer(rate: float, seconds: float, models: list[str], deadline_ms: float, im
     for model in [*models, "all"]:
         mine = [o for o in outcomes if model in ("all", o[0])]
         answered = sorted(t for _, code, t in mine if code == "OK")
-        refused = [t for _, code, t in mine if code == "RESOURCE_EXHAUSTED"]
+        # Refused: by the server (RESOURCE_EXHAUSTED), or by gRPC's core past the server's --max-pending (CANCELLED:
+        # nothing else cancels a call here).
+        refused = [t for _, code, t in mine if code in REFUSALS]
         admitted = len(mine) - len(refused)
         in_time = sum(1 for t in answered if t * 1000 <= deadline_ms)
         row[model] = {
             "sent": len(mine),
             "codes": {c: sum(1 for o in mine if o[1] == c) for c in sorted({o[1] for o in mine})},
+            "code_p99_ms": {
+                c: _p99([t for _, code, t in mine if code == c]) * 1000 for c in sorted({o[1] for o in mine})
+            },
             "img_per_s": len(answered) / seconds,
             "p50_ms": answered[len(answered) // 2] * 1000 if answered else None,
             "p99_ms": answered[min(len(answered) - 1, int(0.99 * len(answered)))] * 1000 if answered else None,
             "admitted_in_time": in_time / admitted if admitted else None,
             "refused": len(refused),
-            "refusal_p99_ms": sorted(refused)[int(0.99 * (len(refused) - 1))] * 1000 if refused else None,
+            "refusal_p99_ms": _p99(refused) * 1000 if refused else None,
         }
     return row
 
 
+def _p99(seconds: list[float]) -> float:
+    return sorted(seconds)[int(0.99 * (len(seconds) - 1))]
+
+
 def start_server(
-    models: dict[str, Path], slo_ms: float, log: Path, shapes: str | None, max_pending: int | None
+    models: dict[str, Path],
+    slo_ms: float,
+    log: Path,
+    shapes: str | None,
+    max_pending: int | None,
+    max_calls: int | None,
+    no_network: bool = False,
 ) -> subprocess.Popen:
     command = [sys.executable, "-m", "yolojet", "serve", "--port", str(PORT), "--slo-ms", str(slo_ms)]
+    if no_network:  # bench_server_cpu.py's server: every image answered as soon as it is submitted
+        names = log.with_suffix(".threads.json")
+        command[1:3] = [str(Path(__file__).with_name("bench_server_cpu.py")), "--child", str(names), ""]
     command += ["--max-pending", str(max_pending)] if max_pending else []
+    command += ["--max-calls", str(max_calls)] if max_calls else []
     for path in models.values():
         command += ["--model", f"{path}:64"]
     command += ["--shapes", shapes] if shapes else []
@@ -144,6 +167,18 @@ def main() -> int:
     parser.add_argument("--client-processes", type=int, default=4)
     parser.add_argument("--requests", type=int, default=4000, help="the closed-loop measure of the sustained rate")
     parser.add_argument("--max-pending", type=int, default=None, help="the server's --max-pending (default: its own)")
+    parser.add_argument("--max-calls", type=int, default=None, help="the server's --max-calls (default: none)")
+    parser.add_argument(
+        "--image",
+        type=Path,
+        default=None,
+        help="the JPEG every request carries (default: bus.jpg; with --no-network, at 160x120)",
+    )
+    parser.add_argument(
+        "--no-network",
+        action="store_true",
+        help="the server answers each image once submitted (bench_server_cpu.py's): its front alone, no GPU needed",
+    )
     parser.add_argument("--py-spy", action="store_true", help="py-spy records the server for 5 s of the overload phase")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
@@ -160,15 +195,30 @@ def main() -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     found: dict = {"provenance": provenance(), "slo_ms": args.slo_ms, "models": args.models}
-    found["max_pending"] = args.max_pending
+    found["max_pending"], found["max_calls"] = args.max_pending, args.max_calls
     work = Path(tempfile.mkdtemp(prefix="bench_overload_"))
     dirs = {}
     for cfg in args.models:
         name = Path(cfg).stem
         dirs[name] = yolojet.export(calibrated_model(cfg, args.imgsz), out=work / name, imgsz=args.imgsz)
-    image = Path(ASSETS) / "bus.jpg"
+    image = args.image or Path(ASSETS) / "bus.jpg"
+    if args.no_network and args.image is None:
+        # Without a GPU the server decodes on its CPU: bus.jpg at 160x120 (10 KB) keeps its decode from being the limit.
+        import cv2
+
+        image = work / "bus-160x120.jpg"
+        small = cv2.resize(cv2.imread(str(Path(ASSETS) / "bus.jpg")), (160, 120), interpolation=cv2.INTER_AREA)
+        cv2.imwrite(str(image), small, [cv2.IMWRITE_JPEG_QUALITY, 90])
     names = list(dirs)
-    server = start_server(dirs, args.slo_ms, args.out / "serve-overload.log", args.shapes, args.max_pending)
+    server = start_server(
+        dirs,
+        args.slo_ms,
+        args.out / "serve-overload.log",
+        args.shapes,
+        args.max_pending,
+        args.max_calls,
+        args.no_network,
+    )
     try:
         # The rate sustained, closed loop: each model alone with 64 in flight; the mix's rate, an image of each in
         # turn, is their harmonic mean (its time an image is the mean of theirs).
@@ -199,8 +249,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     out_file = args.out / f"overload-{found['provenance']['commit']}.json"
     out_file.write_text(json.dumps(found, indent=1))
-    print("\n| phase | model | offered | img/s | p50 / p99 ms | admitted in time | refused (p99 ms) |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| phase | model | offered | img/s | p50 / p99 ms | admitted in time | refused (p99 ms) | codes (p99 ms) |")
+    print("|---|---|---|---|---|---|---|---|")
     for phase in ("two", "overload", "recovery"):
         row = found[phase]
         for name in [*names, "all"]:
@@ -209,7 +259,9 @@ def main() -> int:
             in_time = f"{r['admitted_in_time']:.2%}" if r["admitted_in_time"] is not None else "-"
             refusal = f"{r['refused']} ({r['refusal_p99_ms']:.1f})" if r["refused"] else "0"
             offered = row["offered_per_s"] / (1 if name == "all" else len(names))
-            print(f"| {phase} | {name} | {offered:,.0f}/s | {r['img_per_s']:,.0f} | {p50} | {in_time} | {refusal} |")
+            codes = ", ".join(f"{c} {n} ({r['code_p99_ms'][c]:.1f})" for c, n in r["codes"].items())
+            cells = [phase, name, f"{offered:,.0f}/s", f"{r['img_per_s']:,.0f}", p50, in_time, refusal, codes]
+            print(f"| {' | '.join(cells)} |")
     return 0
 
 

@@ -670,6 +670,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         slo_ms=args.slo_ms,
         max_queue=args.max_queue,
         max_pending=args.max_pending,
+        max_calls=args.max_calls,
         max_message_bytes=int(args.max_message_mb * (1 << 20)),
         max_pixels=args.max_pixels,
         device=args.device,
@@ -1177,6 +1178,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="calls gRPC holds for the server before its event loop takes them; past this new calls are turned away at "
         "once (CANCELLED), so a server offered more than it can even receive does not fall behind every deadline "
         "(default: gRPC's own, 3,000)",
+    )
+    p.add_argument(
+        "--max-calls",
+        type=_positive_int,
+        default=None,
+        help="calls under way at once (a stream is one call); past this gRPC turns new ones away at once "
+        "(RESOURCE_EXHAUSTED) before the service reads them. With --max-pending, a server offered twice what it "
+        "sustains answers in time the calls it takes (default: no limit)",
     )
     p.add_argument("--max-message-mb", type=float, default=64.0, help="largest request, MB (default 64)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")

@@ -333,6 +333,47 @@ def test_calls_past_max_pending_are_turned_away_at_once_while_the_event_loop_is_
         running.stop()
 
 
+def test_calls_past_max_calls_are_turned_away_at_once_with_resource_exhausted(model_dirs):
+    """With `max_calls` calls under way, gRPC turns new ones away at once (RESOURCE_EXHAUSTED) before the service reads
+    them; once a call ends its place is free again."""
+    import queue
+    import time
+
+    running = RunningServer(
+        {"detect": served("detect", model_dirs["detect"], max_batch=4)},
+        replace(ServeOptions(), port=0, slo_ms=60_000, max_calls=2),
+    )
+    try:
+        stub = running.stub()
+        assert stub.Infer(pb.InferRequest(image=BUS), timeout=60).width == 810  # connected and warm
+        # Two open streams are the two calls under way; each is answered an image, then waits for its next.
+        feeds: list[queue.Queue] = [queue.Queue(), queue.Queue()]
+
+        def requests(feed: queue.Queue):
+            while (request := feed.get()) is not None:
+                yield request
+
+        streams = [stub.InferStream(requests(feed), timeout=120) for feed in feeds]
+        for feed, stream in zip(feeds, streams, strict=True):
+            feed.put(pb.InferRequest(id="open", image=BUS))
+            assert next(stream).id == "open"
+        start = time.monotonic()
+        for _ in range(4):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Infer(pb.InferRequest(image=BUS), timeout=60)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+        assert time.monotonic() - start < 2.0  # at once, not after the calls under way
+        feeds[0].put(None)  # one stream ends, and its place with it
+        assert list(streams[0]) == []
+        assert stub.Infer(pb.InferRequest(id="next", image=BUS), timeout=60).id == "next"
+        feeds[1].put(pb.InferRequest(id="still open", image=BUS))
+        assert next(streams[1]).id == "still open"
+        feeds[1].put(None)
+        assert list(streams[1]) == []
+    finally:
+        running.stop()
+
+
 def test_a_bearer_token_is_required_where_set_but_not_for_health(model_dirs):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -47,6 +47,9 @@ class ServeOptions:
     # Calls gRPC's core holds before the event loop takes them (its pending-request limit); past it new calls are
     # cancelled there, without the loop. None: gRPC's own limit.
     max_pending: int | None = None
+    # Calls under way at once (gRPC's maximum_concurrent_rpcs): past it gRPC answers new ones RESOURCE_EXHAUSTED before
+    # the service reads them, which costs the event loop less than a refusal of the batcher. None: no limit.
+    max_calls: int | None = None
     max_message_bytes: int = 64 << 20
     max_pixels: int = DEFAULT_MAX_PIXELS
     device: str | None = None
@@ -151,6 +154,7 @@ class Server:
         interceptors = [_BearerToken(o.token)] if o.token else []
         server = grpc.aio.server(
             interceptors=interceptors,
+            maximum_concurrent_rpcs=o.max_calls,
             options=[
                 ("grpc.max_receive_message_length", o.max_message_bytes),
                 ("grpc.max_send_message_length", o.max_message_bytes),
