@@ -10,7 +10,7 @@ F.conv2d channels_last (cuDNN). Where the conv trails its own plain GEMM, the ga
 cost; where both trail cuBLAS, the GEMM tiles do. The GPU's SM clock and power are sampled while each shape
 runs, since the same kernels time differently at different clocks.
 
-    python bench/bench_conv_ceiling.py --out results/ [--shapes yolo11n-narrow]
+    python bench/bench_conv_ceiling.py --out results/ [--shapes yolo11n-narrow] [--conv-only]
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def _worst(errors: list[float]) -> float:
     return math.nan if any(math.isnan(e) for e in errors) else max(errors)
 
 
-def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride) -> dict:
+def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride, ceilings: bool = True) -> dict:
     pad = k // 2
     oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
     m, gemm_k = batch * oh * ow, k * k * c_in
@@ -165,29 +165,31 @@ def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride) -> dict
             or (c.kind is ConvKind.TMA_PATCH and tma_patch_loadable(x, weight, (stride, stride), c.block_k))
         ]
         conv_ms, conv_config, conv_times, conv_errors = best_of(offered, conv, conv_error)
+        nan = float("nan")
+        gemm_ms, gemm_config, gemm_times, gemm_errors, cublas_ms, cudnn_ms = nan, None, {}, {}, nan, nan
+        if ceilings:
+            # The same GEMM through yolojet's 1x1 conv: a contiguous (M, K) input.
+            a = torch.randn(batch, oh, ow, gemm_k, device=DEVICE, dtype=torch.float16, generator=gen)
+            w1 = weight.reshape(c_out, 1, 1, gemm_k).contiguous()
+            out1 = torch.empty(batch, oh, ow, c_out, device=DEVICE, dtype=torch.float16)
+            gemm_reference = F.silu(a.reshape(m, gemm_k).float() @ w1.reshape(c_out, gemm_k).float().t() + bias)
 
-        # The same GEMM through yolojet's 1x1 conv: a contiguous (M, K) input.
-        a = torch.randn(batch, oh, ow, gemm_k, device=DEVICE, dtype=torch.float16, generator=gen)
-        w1 = weight.reshape(c_out, 1, 1, gemm_k).contiguous()
-        out1 = torch.empty(batch, oh, ow, c_out, device=DEVICE, dtype=torch.float16)
-        gemm_reference = F.silu(a.reshape(m, gemm_k).float() @ w1.reshape(c_out, gemm_k).float().t() + bias)
+            def gemm(config):
+                out1.fill_(float("nan"))
+                conv2d_nhwc(out1, a, w1, bias, activation="silu", config=config)
 
-        def gemm(config):
-            out1.fill_(float("nan"))
-            conv2d_nhwc(out1, a, w1, bias, activation="silu", config=config)
+            def gemm_error() -> float:
+                return float((out1.reshape(m, c_out).float() - gemm_reference).norm() / gemm_reference.norm())
 
-        def gemm_error() -> float:
-            return float((out1.reshape(m, c_out).float() - gemm_reference).norm() / gemm_reference.norm())
-
-        gemm_ms, gemm_config, gemm_times, gemm_errors = best_of(
-            conv_candidate_configs(m, c_out, gemm_k, True), gemm, gemm_error
-        )
-        a2 = a.reshape(m, gemm_k)
-        b2 = w1.reshape(c_out, gemm_k).t()
-        cublas_ms = median_ms(lambda: torch.mm(a2, b2))
-        x_cl = x.permute(0, 3, 1, 2)  # NHWC memory: channels_last already
-        w_cl = weight.permute(0, 3, 1, 2)
-        cudnn_ms = median_ms(lambda: F.conv2d(x_cl, w_cl, None, stride=stride, padding=pad))
+            gemm_ms, gemm_config, gemm_times, gemm_errors = best_of(
+                conv_candidate_configs(m, c_out, gemm_k, True), gemm, gemm_error
+            )
+            a2 = a.reshape(m, gemm_k)
+            b2 = w1.reshape(c_out, gemm_k).t()
+            cublas_ms = median_ms(lambda: torch.mm(a2, b2))
+            x_cl = x.permute(0, 3, 1, 2)  # NHWC memory: channels_last already
+            w_cl = weight.permute(0, 3, 1, 2)
+            cudnn_ms = median_ms(lambda: F.conv2d(x_cl, w_cl, None, stride=stride, padding=pad))
     halo_times = [t for c, t in conv_times.items() if "ConvKind.HALO" in c and t == t and conv_errors[c] <= GATE]
     row.update(
         halo_ms=min(halo_times, default=float("nan")),
@@ -213,6 +215,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="yolo11m", help="which convs to time")
+    parser.add_argument(
+        "--conv-only", action="store_true", help="the conv's candidates alone (no GEMM, cuBLAS or cuDNN ceilings)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_conv_ceiling needs a CUDA GPU")
@@ -220,8 +225,14 @@ def main() -> None:
     rows = []
     for shape in SHAPE_SETS[args.shapes]:
         print(f"{shape[0]} ...", flush=True)
-        rows.append(bench_shape(*shape))
-    (args.out / f"conv_ceiling-{args.shapes}.json").write_text(json.dumps({**provenance(), "shapes": rows}, indent=1))
+        rows.append(row := bench_shape(*shape, ceilings=not args.conv_only))
+        # Written as each shape ends, so that a run cut short by its time limit keeps the shapes it finished.
+        (args.out / f"conv_ceiling-{args.shapes}.json").write_text(
+            json.dumps({**provenance(), "shapes": rows}, indent=1)
+        )
+        print(
+            f"  conv {row['conv_ms']:.3f} ms ({row['conv_config']}), best halo tile {row['halo_ms']:.3f} ms", flush=True
+        )
     lines = [
         "| conv | M×N×K | yolojet conv | its best halo tile | same GEMM, yolojet 1x1 | cuBLAS mm | cuDNN conv "
         "| worst tile's rel L2 | SM MHz | W |",

@@ -222,6 +222,9 @@ def main() -> int:
         "--client-processes", type=int, default=4, help="the bench client's processes for the 64 calls in flight"
     )
     parser.add_argument("--no-label", action="store_true", help="the unary calls only")
+    parser.add_argument(
+        "--no-single", action="store_true", help="no single server's stage (only those of --processes, --asyncio)"
+    )
     parser.add_argument("--no-local", action="store_true", help="no `label --local` run (the servers' rows only)")
     parser.add_argument(
         "--label-windows",
@@ -278,8 +281,9 @@ def main() -> int:
     for i in range(args.files):
         shutil.copyfile(bus, files / f"{i:06d}.jpg")
     samples = args.out / "server-samples.json" if args.sample else None
-    server_stage(found, args, "unary", [], model_dir, bus, files, work, samples=samples)
-    out_file.write_text(json.dumps(found, indent=1))
+    if not args.no_single:
+        server_stage(found, args, "unary", [], model_dir, bus, files, work, samples=samples)
+        out_file.write_text(json.dumps(found, indent=1))
     if args.asyncio:
         server_stage(found, args, "asyncio", ["--event-loop", "asyncio"], model_dir, bus, files, work)
         out_file.write_text(json.dumps(found, indent=1))
@@ -356,9 +360,10 @@ def print_table(found: dict, files: int, processes: list[int], label_workers: li
         ("label_server_workers", "label --server, --devices"),
         *((f"label_server_processes{n}", f"label --server --streams {n}, --processes {n}") for n in processes),
     )
-    labels += tuple(
-        (key, f"label --server -c {key.rsplit('_c', 1)[1]}") for key in found if key.startswith("label_server_unary_c")
-    )
+    for key in found:  # the windows given, against each server
+        window = re.fullmatch(r"label_server_(\w+)_c(\d+)", key)
+        if window:
+            labels += ((key, f"label --server -c {window[2]} ({window[1]})"),)
     for key, name in labels:
         row = found.get(key)
         if row:
