@@ -530,6 +530,32 @@ def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(
     assert took < 60
 
 
+def test_a_server_at_its_call_limit_is_asked_again_until_it_takes_the_stream(model_dirs, photos, tmp_path, capsys):
+    """`serve --max-calls 1` with its one call held by another client's stream: gRPC refuses label's calls
+    (RESOURCE_EXHAUSTED) and label asks again after a pause; once the stream ends, every image is labeled once."""
+    import queue
+    import threading
+
+    from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+
+    limited = RunningServer(
+        {"detect": served("detect", model_dirs["detect"])}, replace(ServeOptions(), port=0, slo_ms=60_000, max_calls=1)
+    )
+    out = tmp_path / "labels.jsonl"
+    try:
+        feed: queue.Queue = queue.Queue()
+        holder = limited.stub().InferStream(iter(feed.get, None), timeout=120)
+        feed.put(pb.InferRequest(id="held", image=(ASSETS / "bus.jpg").read_bytes()))
+        assert next(holder).id == "held"  # the server's one call is under way
+        threading.Timer(1.5, feed.put, (None,)).start()  # and ends in 1.5 s
+        code, _, stderr = run_cli(capsys, "label", photos, "--server", limited.address, "--out", out, "--quiet")
+        assert list(holder) == []
+    finally:
+        limited.stop()
+    assert code == 0, stderr
+    assert sorted(Path(r["path"]).name for r in lines(out)) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
+
+
 def test_images_travel_several_a_message_within_the_window(photos, monkeypatch):
     """The labeler's messages: IMAGES_A_MESSAGE images each while the window has room, a smaller message when the
     window fills, the next only once replies free room; a message stops growing at MESSAGE_BYTES."""

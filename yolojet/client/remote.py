@@ -30,8 +30,15 @@ from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 
 # CANCELLED too: this client never cancels a stream it still reads, so that came from the server (a server past its
-# `--max-pending` turns new calls away so).
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED}
+# `--max-pending` turns new calls away so); and a whole call refused with RESOURCE_EXHAUSTED (a server at its
+# `--max-calls`: its images' own refusals come in their replies). Each goes again after a pause.
+RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 # An image's reply refusing it for load, not as bad: it goes again after a pause.
 LOAD_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.DEADLINE_EXCEEDED.value[0]}
 
@@ -462,8 +469,15 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
             timings.append((reply.timings.queue_ms, reply.timings.decode_ms, reply.timings.run_ms))
             codes["OK"] = codes.get("OK", 0) + 1
 
-    for stub in stubs:  # every connection up before the timing
-        await stub.ListModels(pb.ListModelsRequest(), metadata=connection.metadata(), timeout=60)
+    for stub in stubs:  # every connection up before the timing (a server at its call limit asked again)
+        for attempt in range(connection.retries + 1):
+            try:
+                await stub.ListModels(pb.ListModelsRequest(), metadata=connection.metadata(), timeout=60)
+                break
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in RETRYABLE or attempt == connection.retries:
+                    raise
+                await asyncio.sleep(refusal_pause(attempt + 1))
     started = time.time()
     if job["rpc"] == "Infer":
         await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(job["concurrency"])))
