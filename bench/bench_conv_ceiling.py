@@ -1,14 +1,14 @@
 """How close yolojet's widest convs come to the chip: each conv against a plain GEMM of the same sizes.
 
-For each conv shape (by default yolo11m's largest at batch 64; `--shapes yolo11n-narrow` for yolo11n's narrow 3x3
-convs, with the best halo tile's time beside the best of all), every tile candidate the engine would time is
-checked against torch's fp32 conv of the same fp16 values (its output poisoned with NaN first), then timed here too
-(median of CUDA-event-timed runs); the best within the 1e-2 gate is kept, and the run fails if any tile is over it.
-Beside it, three ceilings for the same M = N·OH·OW, N = C_out, K = kh·kw·C_in: yolojet's own 1x1 conv of a (M, K)
-input (a plain GEMM whose operands the TMA loads, every candidate checked and timed), torch.mm (cuBLAS) and
-F.conv2d channels_last (cuDNN). Where the conv trails its own plain GEMM, the gathers of the implicit GEMM
-cost; where both trail cuBLAS, the GEMM tiles do. The GPU's SM clock and power are sampled while each shape
-runs, since the same kernels time differently at different clocks.
+For each conv shape (by default yolo11m's largest at batch 64; `--shapes yolo11n-narrow` for yolo11n's narrow stride-1
+3x3 convs), every tile candidate the engine would time is checked against torch's fp32 conv of the same fp16 values (its
+output poisoned with NaN first), then timed here too (median of CUDA-event-timed runs); the best within the 1e-2 gate is
+kept, and the run fails if any tile is over it. Beside it, three ceilings for the same M = N·OH·OW, N = C_out, K =
+kh·kw·C_in: yolojet's own 1x1 conv of a (M, K) input (a plain GEMM whose operands the TMA loads, every candidate checked
+and timed), torch.mm (cuBLAS) and F.conv2d channels_last (cuDNN). Where the conv trails its own plain GEMM, the gathers
+of the implicit GEMM cost; where both trail cuBLAS, the GEMM tiles do; `--conv-only` times the conv's candidates alone,
+without the ceilings. The GPU's SM clock and power are sampled while each shape runs, since the same kernels time
+differently at different clocks.
 
     python bench/bench_conv_ceiling.py --out results/ [--shapes yolo11n-narrow] [--conv-only]
 """
@@ -31,14 +31,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from yolojet.kernels.conv import (
-    ConvConfig,
-    ConvKind,
-    conv2d_nhwc,
-    conv_candidate_configs,
-    halo_fits,
-    tma_patch_loadable,
-)
+from yolojet.kernels.conv import ConvConfig, ConvKind, conv2d_nhwc, conv_candidate_configs, tma_patch_loadable
 from yolojet.timing import provenance
 
 # (name, batch, H, W, C_in, pixel stride of the input, C_out, kernel, stride): yolo11m at 640, batch 64. A pixel
@@ -50,7 +43,7 @@ SHAPE_SETS = {
         ("yolo11m model.1", 64, 320, 320, 64, 64, 128, 3, 2),
         ("yolo11m model.6.m.0.m.0.cv1", 64, 40, 40, 128, 128, 128, 3, 1),
     ],
-    # yolo11n's narrow 3x3 convs at batch 64, the network's slowest launches for their bytes (the halo tiles' aim).
+    # yolo11n's narrow 3x3 convs at batch 64, the network's slowest launches for their bytes.
     "yolo11n-narrow": [
         ("yolo11n model.2.m.0.cv1", 64, 160, 160, 16, 48, 8, 3, 1),
         ("yolo11n model.2.m.0.cv2", 64, 160, 160, 8, 8, 16, 3, 1),
@@ -155,13 +148,11 @@ def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride, ceiling
 
     row = {"shape": name, "M": m, "N": c_out, "K": gemm_k, "gflop": flops / 1e9}
     with ClockSampler() as clocks:
-        # As the engine offers them: TMA tiles only where they can load this conv's operands, halo tiles only where
-        # they compute it.
+        # As the engine offers them: TMA tiles only where they can load this conv's operands.
         offered = [
             c
             for c in conv_candidate_configs(m, c_out, gemm_k, k == 1, c_in=c_in)
-            if (c.kind is ConvKind.HALO and halo_fits(x, (stride, stride), (1, 1), 1))
-            or (c.kind is not ConvKind.HALO and not c.loads_by_tma)
+            if not c.loads_by_tma
             or (c.kind is ConvKind.TMA_PATCH and tma_patch_loadable(x, weight, (stride, stride), c.block_k))
         ]
         conv_ms, conv_config, conv_times, conv_errors = best_of(offered, conv, conv_error)
@@ -190,9 +181,7 @@ def bench_shape(name, batch, h, w, c_in, pixel_stride, c_out, k, stride, ceiling
             x_cl = x.permute(0, 3, 1, 2)  # NHWC memory: channels_last already
             w_cl = weight.permute(0, 3, 1, 2)
             cudnn_ms = median_ms(lambda: F.conv2d(x_cl, w_cl, None, stride=stride, padding=pad))
-    halo_times = [t for c, t in conv_times.items() if "ConvKind.HALO" in c and t == t and conv_errors[c] <= GATE]
     row.update(
-        halo_ms=min(halo_times, default=float("nan")),
         conv_ms=conv_ms,
         conv_config=repr(conv_config),
         conv_candidates=conv_times,
@@ -230,19 +219,16 @@ def main() -> None:
         (args.out / f"conv_ceiling-{args.shapes}.json").write_text(
             json.dumps({**provenance(), "shapes": rows}, indent=1)
         )
-        print(
-            f"  conv {row['conv_ms']:.3f} ms ({row['conv_config']}), best halo tile {row['halo_ms']:.3f} ms", flush=True
-        )
+        print(f"  conv {row['conv_ms']:.3f} ms ({row['conv_config']})", flush=True)
     lines = [
-        "| conv | M×N×K | yolojet conv | its best halo tile | same GEMM, yolojet 1x1 | cuBLAS mm | cuDNN conv "
-        "| worst tile's rel L2 | SM MHz | W |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| conv | M×N×K | yolojet conv | same GEMM, yolojet 1x1 | cuBLAS mm | cuDNN conv | worst tile's rel L2 "
+        "| SM MHz | W |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         c = r["clocks"]
         lines.append(
             f"| {r['shape']} | {r['M']}×{r['N']}×{r['K']} | {r['conv_ms']:.3f} ms, {r['conv_tflops']:.0f} TF "
-            f"| {r['halo_ms']:.3f} ms "
             f"| {r['gemm_ms']:.3f} ms, {r['gemm_tflops']:.0f} TF "
             f"| {r['cublas_ms']:.3f} ms, {r['cublas_tflops']:.0f} TF "
             f"| {r['cudnn_ms']:.3f} ms, {r['cudnn_tflops']:.0f} TF | {r['worst_rel_l2']:.1e} "

@@ -31,7 +31,6 @@ from yolojet.kernels.conv import (
     ConvKind,
     conv2d_nhwc,
     conv_candidate_configs,
-    halo_fits,
     pixels_are_words,
     tma_loadable,
     tma_patch_loadable,
@@ -144,30 +143,6 @@ CASES = {
     ),
     "packed_1x3_stride_pairs": Case(
         3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, ConvKind.PACKED)
-    ),
-    # A tile's input and halo read once (C3k2's narrow bottlenecks at large batches): ragged tiles at the map's edges,
-    # several output-channel blocks, 5x5 and 1x3 kernels, no padding, channel slices, residuals.
-    "halo_c16_c8_residual_sliced": Case(
-        3,
-        9,
-        7,
-        16,
-        8,
-        3,
-        padding=1,
-        residual=True,
-        sliced=True,
-        config=ConvConfig(32, 16, 16, 4, 1, ConvKind.HALO, tile_w=8),
-    ),
-    "halo_c8_c16_fp32": Case(
-        1, 9, 13, 8, 16, 3, padding=1, dtype=F32, config=ConvConfig(16, 16, 16, 2, 1, ConvKind.HALO, tile_w=4)
-    ),
-    "halo_c5_c33_5x5": Case(2, 9, 7, 5, 33, 5, padding=2, config=ConvConfig(32, 16, 16, 4, 1, ConvKind.HALO, tile_w=8)),
-    "halo_c32_pad0_identity": Case(
-        1, 9, 7, 32, 16, 3, activation="identity", config=ConvConfig(16, 16, 32, 2, 1, ConvKind.HALO, tile_w=4)
-    ),
-    "halo_1x3_kernel_fp32": Case(
-        1, 9, 7, 13, 7, (1, 3), padding=(0, 1), dtype=F32, config=ConvConfig(16, 16, 16, 1, 1, ConvKind.HALO, tile_w=8)
     ),
     "3x3_deep_k_tile": Case(1, 5, 6, 80, 33, 3, padding=1, config=ConvConfig(32, 64, 128, 4, 3)),
     "3x3_16_row_tile_fp32": Case(
@@ -911,18 +886,6 @@ BAD_ARGUMENTS = {
     "activation": (lambda a: {"activation": "gelu"}, "activation must be"),
     "upsample": (lambda a: {"upsample": 0}, "upsample must be"),
     "stride": (lambda a: {"stride": (1, 0)}, "stride must be"),
-    "halo_stride2": (
-        lambda a: {
-            "out": a["out"][:, :3, :3],
-            "stride": 2,
-            "config": ConvConfig(16, 16, 16, 1, 1, ConvKind.HALO, tile_w=4),
-        },
-        "reads a tile's input with its halo once",
-    ),
-    "halo_block_k": (
-        lambda a: {"config": ConvConfig(16, 16, 32, 1, 1, ConvKind.HALO, tile_w=4)},
-        r"block_k = 16",
-    ),
 }
 
 
@@ -939,48 +902,6 @@ def test_launcher_rejects_bad_arguments(name: str) -> None:
     args.update(change(args))
     with pytest.raises(ValueError, match=message):
         conv2d_nhwc(args.pop("out"), args.pop("x"), args.pop("weight"), args.pop("bias"), **args)
-
-
-def test_halo_tile_reads_only_its_view() -> None:
-    """NaN all around the input view (spare channels, rows and pixels of its buffer): a halo row or channel read
-    past the view, instead of the zeros padding gives, turns the output NaN."""
-    torch.manual_seed(400)
-    n, h, w, c_in, c_out = 2, 7 * SPATIAL, 11 * SPATIAL, 12, 24
-    buf = torch.full((n, h + 2, w + 3, c_in + 16), float("nan"), dtype=torch.float64)
-    buf[:, 1 : h + 1, 2 : w + 2, 8 : 8 + c_in] = torch.randn(n, h, w, c_in, dtype=torch.float64)
-    x = buf.to(device=DEVICE, dtype=F16)[:, 1 : h + 1, 2 : w + 2, 8 : 8 + c_in]
-    weight = (torch.randn(c_out, 3, 3, c_in, dtype=torch.float64) / (9 * c_in) ** 0.5).to(device=DEVICE, dtype=F16)
-    bias = torch.randn(c_out, dtype=torch.float32, device=DEVICE)
-    case = Case(n, h, w, c_in, c_out, 3, padding=1)
-    ref = _reference(case, x, weight, bias, None)
-    out = torch.full(ref.shape, float("nan"), dtype=F16, device=DEVICE)
-    conv2d_nhwc(out, x, weight, bias, padding=1, config=ConvConfig(32, 16, 16, 2, 1, ConvKind.HALO, tile_w=8))
-    assert_close(out, ref, TOLERANCE[F16])
-
-
-def test_halo_tiles_offered_to_few_channel_convs_at_large_batches() -> None:
-    def halo(m: int, n: int, c_in: int, kernel_is_1x1: bool = False, dtype: torch.dtype = F16) -> list[ConvConfig]:
-        configs = conv_candidate_configs(m, n, 9 * c_in, kernel_is_1x1, dtype, c_in=c_in)
-        return [c for c in configs if c.kind is ConvKind.HALO]
-
-    batch64_160 = 64 * 160 * 160
-    assert [(c.block_m, c.tile_w, c.block_n, c.block_k, c.num_warps) for c in halo(batch64_160, 8, 16)] == [
-        (128, 16, 16, 16, 4),
-        (256, 32, 16, 16, 8),
-    ]  # C3k2's 16 -> 8 at 160x160, batch 64
-    assert [c.block_k for c in halo(64 * 80 * 80, 16, 32)] == [32]  # 32 input channels: the narrower tile only
-    assert halo(160 * 160, 8, 16) == []  # batch 1
-    assert halo(batch64_160, 64, 16) == [] and halo(batch64_160, 16, 64) == []  # wide layers
-    assert halo(batch64_160, 16, 16, kernel_is_1x1=True) == [] and halo(batch64_160, 16, 16, dtype=F32) == []
-    assert halo_fits(torch.empty(1, 4, 4, 16), (1, 1), (1, 1), 1)
-    assert not halo_fits(torch.empty(1, 4, 4, 16), (2, 2), (1, 1), 1)
-    assert not halo_fits(torch.empty(1, 4, 4, 16), (1, 1), (2, 2), 1)
-    assert not halo_fits(torch.empty(1, 4, 4, 16), (1, 1), (1, 1), 2)
-    assert not halo_fits(torch.empty(1, 4, 4, 40), (1, 1), (1, 1), 1)
-    with pytest.raises(ValueError, match="width of a halo tile"):
-        ConvConfig(16, 16, 16, 1, 1, ConvKind.HALO, tile_w=3)
-    with pytest.raises(ValueError, match="a halo tile has no tma_store"):
-        ConvConfig(16, 16, 16, 1, 1, ConvKind.HALO, tile_w=4, tma_store=True)
 
 
 def test_offsets_beyond_int32() -> None:

@@ -25,7 +25,6 @@ from yolojet.kernels.conv import (
     conv2d_nhwc,
     conv_candidate_configs,
     default_config,
-    halo_fits,
     pixels_are_words,
     tma_loadable,
     tma_patch_loadable,
@@ -255,11 +254,8 @@ def _lower_conv(
     else:
         candidates = two_input_candidates(m, c_out, c_in, x.dtype)
 
-    # The TMA kernels: a 1x1 conv as a plain GEMM, or a k x k conv (stride 1, or 2 in whole K blocks) on patches;
-    # the halo tiles: a stride-1 conv of one input.
-    def fits(config: ConvConfig) -> bool:
-        if config.kind is ConvKind.HALO:
-            return second is None and halo_fits(x, stride, dilation, scale)
+    # The TMA kernels: a 1x1 conv as a plain GEMM, or a k x k conv (stride 1, or 2 in whole K blocks) on patches.
+    def tma_fits(config: ConvConfig) -> bool:
         if config.tma_store and not tma_storable(out, patches=config.kind is ConvKind.TMA_PATCH):
             return False
         if not config.loads_by_tma:
@@ -270,7 +266,7 @@ def _lower_conv(
             return not is_1x1 and tma_patch_loadable(x, weight, stride, config.block_k)
         return is_1x1 and stride == (1, 1) and padding == (0, 0) and tma_loadable(x, weight)
 
-    candidates = [c for c in candidates if fits(c)]
+    candidates = [c for c in candidates if tma_fits(c)]
     for config in candidates:
         scratch.reserve(*config.split_scratch(m, c_out))
     slot = scratch.new_slot()
@@ -302,11 +298,9 @@ def _lower_conv(
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
             config = replace(config, whole_pixels=False)
-        if config.kind is ConvKind.HALO and not fits(config):  # a halo tile has no gathered twin: the default
-            return default_config(m, c_out, k, is_1x1, x.dtype)
-        if not fits(config):  # nor TMA-store today's output (alignment): the same tile, stored by its threads
+        if not tma_fits(config):  # nor TMA-store today's output (alignment): the same tile, stored by its threads
             config = replace(config, tma_store=False)
-        if not fits(config):  # nor TMA-load today's operands: the same tile, gathered
+        if not tma_fits(config):  # nor TMA-load today's operands: the same tile, gathered
             config = config.gathered()
         return config
 

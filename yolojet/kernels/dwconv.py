@@ -40,8 +40,9 @@ class DwConvTile:
 
 
 # Elements (pixels x channels) a program owns, with the warps that suit them: the default's, and twice that, which
-# halves the halo rows each program reads again. 1,024-element tiles won no layer of yolo11m or yolo26n at batch 1
-# or 64 on an H200 (bench/NOTES.md), and every candidate costs start-up time.
+# halves the border rows (the input rows its neighbours read too) each program reads again. 1,024-element tiles won
+# no layer of yolo11m or yolo26n at batch 1 or 64 on an H200 (bench/NOTES.md), and every candidate costs start-up
+# time.
 _TILE_ELEMENTS = ((2048, 4), (4096, 8))
 _WIDEST_CHANNEL_BLOCK = 128
 # Row-walking tiles (pixels of a row, output rows, warps), with the default's channel block, offered to 3x3 stride-1

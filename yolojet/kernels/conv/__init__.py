@@ -12,14 +12,13 @@ The modules, by what they hold:
   (`untimed_gpu_config` on a GPU, the interpreter's own largest tile under it) and `candidate_set_id`, with the
   tables and limits behind them.
 - `feasibility`: whether a layer's views allow TMA loads and stores and whole-pixel word loads (`tma_loadable`,
-  `tma_patch_loadable`, `tma_storable`, `pixels_are_words`), and whether a halo tile computes it (`halo_fits`).
+  `tma_patch_loadable`, `tma_storable`, `pixels_are_words`).
 - `epilogue`: the @triton.jit helpers several kernels call: output-pixel indices, the grouped tile order, and the
   bias + activation + residual epilogue with its stores.
 - `gemm`: `_conv2d_nhwc_kernel`, the implicit GEMM gathering its operands (1x1, two inputs, packed taps, k x k,
   split-K).
 - `direct`: `_conv2d_direct_kernel`, FMA outer products for a handful of input channels.
 - `tma`: `_conv1x1_tma_kernel` and `_conv_tma_kernel`, whose operands the tensor memory accelerator loads.
-- `halo`: `_conv_halo_kernel`, a stride-1 k x k conv of few channels reading its input tile and halo once.
 - `dispatch`: `conv2d_nhwc`, which checks its arguments and hands them to the launcher of its config's kind.
 
 The public names are re-exported here. A name is looked up in the module that uses it, so a test replacing one
@@ -37,13 +36,7 @@ from yolojet.kernels.conv.config import (
     untimed_gpu_config,
 )
 from yolojet.kernels.conv.dispatch import conv2d_nhwc
-from yolojet.kernels.conv.feasibility import (
-    halo_fits,
-    pixels_are_words,
-    tma_loadable,
-    tma_patch_loadable,
-    tma_storable,
-)
+from yolojet.kernels.conv.feasibility import pixels_are_words, tma_loadable, tma_patch_loadable, tma_storable
 
 __all__ = [
     "ConvConfig",
@@ -52,7 +45,6 @@ __all__ = [
     "conv2d_nhwc",
     "conv_candidate_configs",
     "default_config",
-    "halo_fits",
     "pixels_are_words",
     "tma_loadable",
     "tma_patch_loadable",

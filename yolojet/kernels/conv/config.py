@@ -27,7 +27,6 @@ class ConvKind(str, enum.Enum):
     DIRECT = "direct"  # _conv2d_direct_kernel: FMA outer products for a few input channels; no K tiles
     TMA_1X1 = "tma_1x1"  # _conv1x1_tma_kernel: a 1x1 conv whose operands the tensor memory accelerator loads
     TMA_PATCH = "tma_patch"  # _conv_tma_kernel: a k x k conv (stride 1 or 2) on TMA-loaded input patches
-    HALO = "halo"  # _conv_halo_kernel: a stride-1 k x k conv of few channels, its input tile and halo read once
 
     def __repr__(self) -> str:
         return f"ConvKind.{self.name}"
@@ -40,7 +39,6 @@ _MODIFIERS: dict[ConvKind, frozenset[str]] = {
     ConvKind.DIRECT: frozenset({"whole_pixels"}),
     ConvKind.TMA_1X1: frozenset({"persistent", "tma_store"}),
     ConvKind.TMA_PATCH: frozenset({"tile_w", "tma_store"}),
-    ConvKind.HALO: frozenset({"tile_w"}),
 }
 _MODIFIER_DEFAULTS = {"split_k": 1, "whole_pixels": False, "persistent": False, "tile_w": 0, "tma_store": False}
 _TMA_KINDS = (ConvKind.TMA_1X1, ConvKind.TMA_PATCH)
@@ -60,7 +58,7 @@ class ConvConfig:
     split_k: int = 1  # GEMM: programs sharing each output tile's K steps (see the kernel)
     whole_pixels: bool = False  # DIRECT, PACKED: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
     persistent: bool = False  # TMA_1X1: a fixed grid of programs walking the tiles, not a program per tile
-    tile_w: int = 0  # TMA_PATCH, HALO: the output tile's width in pixels (a power of two dividing block_m)
+    tile_w: int = 0  # TMA_PATCH: the output tile's width in pixels (a power of two dividing block_m)
     tma_store: bool = False  # all but DIRECT: the output tile stored by the tensor memory accelerator, K unsplit
 
     def __post_init__(self) -> None:
@@ -85,8 +83,7 @@ class ConvConfig:
         if self.tma_store and self.split_k != 1:
             raise ValueError("ConvConfig: TMA stores end tiles whose K is not split")
         tile_w = self.tile_w
-        tiled = self.kind in (ConvKind.TMA_PATCH, ConvKind.HALO)
-        if tiled and (tile_w < 1 or tile_w & (tile_w - 1) or self.block_m % tile_w):
+        if self.kind is ConvKind.TMA_PATCH and (tile_w < 1 or tile_w & (tile_w - 1) or self.block_m % tile_w):
             raise ValueError(
                 f"ConvConfig: tile_w={tile_w} is the output tile's width of a {self.kind.value} tile, a power of two "
                 f"dividing block_m={self.block_m}"
@@ -178,14 +175,6 @@ _TMA_PATCH_WIDE_TILES = (
     ConvConfig(128, 256, 64, 8, 3, ConvKind.TMA_PATCH, tile_w=16),
 )
 _TMA_PATCH_WIDE_MIN_N = 256
-# Halo tiles (rows, pixels a row, warps) for stride-1 k x k convs of few channels at large batches (C3k2's 8- and
-# 16-channel bottlenecks at 160x160 and 80x80, batch 64: 0.47-0.94 TB/s on every other tile, bench/NOTES.md):
-# compiled for sm_90 by Triton 3.8, 145 registers (8x16, 4 warps) and 167-196 (8x32, 8 warps), no spills up to 16
-# input and 32 output channels; 32 input channels spill on the wider tile, so they are offered the first only.
-_HALO_TILES = ((8, 16, 4), (8, 32, 8))
-_HALO_MAX_C_IN = 32
-_HALO_WIDE_MAX_C_IN = 16
-_HALO_MAX_C_OUT = 32
 # Layers writing at least this many output bytes (the 160x160 and 80x80 maps at batch 64) are also offered their
 # TMA, packed (the stem) and wide two-input tiles with the output stored by the tensor memory accelerator: one bulk
 # copy a tile through shared memory instead of each thread writing its accumulator's scattered pairs of values.
@@ -235,10 +224,6 @@ def candidate_set_id() -> str:
         _TMA_MIN_M,
         _TMA_PATCH_WIDE_TILES,
         _TMA_PATCH_WIDE_MIN_N,
-        _HALO_TILES,
-        _HALO_MAX_C_IN,
-        _HALO_WIDE_MAX_C_IN,
-        _HALO_MAX_C_OUT,
         _TMA_STORE_MIN_BYTES,
         _PERSISTENT_PROGRAMS_PER_SM,
         _TWO_INPUT_TILES,
@@ -318,21 +303,7 @@ def conv_candidate_configs(
     stored = _tma_store_twins(
         [c for c in few_channels if c.kind is ConvKind.PACKED and c.whole_pixels] + tma, m, n, dtype
     )
-    halo = _halo_tiles(m, n, c_in, kernel_is_1x1, dtype)
-    return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels + tma + stored + halo
-
-
-def _halo_tiles(m: int, n: int, c_in: int, kernel_is_1x1: bool, dtype: torch.dtype) -> list[ConvConfig]:
-    """Halo tiles for a k x k fp16 conv of few channels at a large batch (whether its stride and views allow one is
-    `feasibility.halo_fits`'s to say): block_m a tile's pixels, block_n and block_k its output and input channels
-    rounded up to powers of two."""
-    if kernel_is_1x1 or dtype != torch.float16 or m < _TMA_MIN_M or c_in > _HALO_MAX_C_IN or n > _HALO_MAX_C_OUT:
-        return []
-    tiles = _HALO_TILES if c_in <= _HALO_WIDE_MAX_C_IN else _HALO_TILES[:1]
-    return [
-        ConvConfig(rows * width, _fit(256, n), _fit(256, c_in), warps, 1, ConvKind.HALO, tile_w=width)
-        for rows, width, warps in tiles
-    ]
+    return configs + _split_k_variants(configs, m, n, k // c_in, c_in) + few_channels + tma + stored
 
 
 def _tma_store_twins(configs: list[ConvConfig], m: int, n: int, dtype: torch.dtype) -> list[ConvConfig]:

@@ -1,6 +1,6 @@
 """`conv2d_nhwc`, the launcher: it checks the tensors against each other (`_check_nhwc`, `_pair`), then hands the
 checked call (`_ConvCall`) to the launcher of its config's kind (`_LAUNCHERS`: the gathering GEMM for GEMM and
-packed tiles, direct, TMA 1x1, TMA patches, halo tiles), which checks what its kernel needs of the views, builds its TMA
+packed tiles, direct, TMA 1x1, TMA patches), which checks what its kernel needs of the views, builds its TMA
 descriptors and split-K scratch (`_split_scratch`), and launches it. The kernels and checks are looked up here
 when `conv2d_nhwc` runs, so tests that count or replace them patch this module.
 """
@@ -16,7 +16,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from yolojet.kernels.activations import ACTIVATIONS
 from yolojet.kernels.conv.config import (
-    _HALO_MAX_C_IN,
     _HALVES_PER_WORD,
     _INTERPRETER_PROGRAMS,
     _PERSISTENT_PROGRAMS_PER_SM,
@@ -26,15 +25,8 @@ from yolojet.kernels.conv.config import (
     default_config,
 )
 from yolojet.kernels.conv.direct import _conv2d_direct_kernel
-from yolojet.kernels.conv.feasibility import (
-    halo_fits,
-    pixels_are_words,
-    tma_loadable,
-    tma_patch_loadable,
-    tma_storable,
-)
+from yolojet.kernels.conv.feasibility import pixels_are_words, tma_loadable, tma_patch_loadable, tma_storable
 from yolojet.kernels.conv.gemm import _conv2d_nhwc_kernel
-from yolojet.kernels.conv.halo import _conv_halo_kernel
 from yolojet.kernels.conv.tma import _conv1x1_tma_kernel, _conv_tma_kernel
 from yolojet.kernels.launch import network_launcher
 
@@ -311,30 +303,6 @@ def _launch_tma_patch(call: _ConvCall, cfg: ConvConfig) -> None:
     )  # fmt: skip
 
 
-def _launch_halo(call: _ConvCall, cfg: ConvConfig) -> None:
-    out, x, weight, res = call.out, call.x, call.weight, call.res
-    _, height, width, c_in = x.shape
-    batch, oh, ow, c_out = out.shape
-    kh, kw = weight.shape[1:3]
-    block_c = max(16, triton.next_power_of_2(c_in))
-    if not halo_fits(x, call.stride, call.dilation, call.upsample) or cfg.block_k != block_c:
-        raise ValueError(
-            f"config {cfg} reads a tile's input with its halo once: it needs stride 1, no dilation, no upsample, at "
-            f"most {_HALO_MAX_C_IN} input channels and block_k = {block_c} (stride {call.stride}, dilation "
-            f"{call.dilation}, upsample {call.upsample}, x shape {tuple(x.shape)})"
-        )
-    tile_h = cfg.block_m // cfg.tile_w
-    halo_rows = triton.next_power_of_2((tile_h + kh - 1) * (cfg.tile_w + kw - 1))
-    grid = (batch * triton.cdiv(oh, tile_h) * triton.cdiv(ow, cfg.tile_w) * triton.cdiv(c_out, cfg.block_n),)
-    (py, px) = call.padding
-    call.launcher(_conv_halo_kernel, grid)(
-        out, *out.stride()[:3], x, *x.stride()[:3], weight, call.bias, res, *res.stride()[:3], height, width, oh, ow,
-        c_out, py, px, C_IN=c_in, KH=kh, KW=kw, ACTIVATION=call.activation, HAS_RESIDUAL=call.residual is not None,
-        TILE_H=tile_h, TILE_W=cfg.tile_w, HALO_ROWS=halo_rows, BLOCK_N=cfg.block_n, BLOCK_C=block_c,
-        num_warps=cfg.num_warps,
-    )  # fmt: skip
-
-
 def _launch_tma_1x1(call: _ConvCall, cfg: ConvConfig) -> None:
     out, x, weight, res = call.out, call.x, call.weight, call.res
     c_in, (_, oh, ow, c_out) = x.shape[3], out.shape
@@ -397,5 +365,4 @@ _LAUNCHERS = {
     ConvKind.DIRECT: _launch_direct,
     ConvKind.TMA_1X1: _launch_tma_1x1,
     ConvKind.TMA_PATCH: _launch_tma_patch,
-    ConvKind.HALO: _launch_halo,
 }

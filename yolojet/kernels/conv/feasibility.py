@@ -1,12 +1,12 @@
 """Whether a layer's tensor views allow a kernel mode: TMA loads of a 1x1 conv's operands or of a k x k conv's input
-patches (`tma_loadable`, `tma_patch_loadable`), TMA stores of its output (`tma_storable`), loads of each pixel
-as 8-byte words (`pixels_are_words`), and a halo tile's geometry (`halo_fits`). Lowering asks them before offering
-or applying a tile; `conv2d_nhwc` asks them again before launching one.
+patches (`tma_loadable`, `tma_patch_loadable`), TMA stores of its output (`tma_storable`), and loads of each pixel
+as 8-byte words (`pixels_are_words`). Lowering asks them before offering or applying a tile; `conv2d_nhwc` asks
+them again before launching one.
 """
 
 import torch
 
-from yolojet.kernels.conv.config import _HALO_MAX_C_IN, _HALVES_PER_WORD, _TMA_ALIGN, _TMA_PATCH_STRIDES
+from yolojet.kernels.conv.config import _HALVES_PER_WORD, _TMA_ALIGN, _TMA_PATCH_STRIDES
 
 
 def tma_loadable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -78,9 +78,3 @@ def pixels_are_words(x: torch.Tensor) -> bool:
         and all(stride % _HALVES_PER_WORD == 0 for stride in x.stride()[:3])
         and x.data_ptr() % 8 == 0
     )
-
-
-def halo_fits(x: torch.Tensor, stride: tuple[int, int], dilation: tuple[int, int], upsample: int) -> bool:
-    """Whether the halo kernel computes a conv: stride 1, no dilation, no upsample, and at most _HALO_MAX_C_IN input
-    channels (a tile's halo is one register tile of them)."""
-    return stride == (1, 1) and dilation == (1, 1) and upsample == 1 and x.dim() == 4 and x.shape[3] <= _HALO_MAX_C_IN
