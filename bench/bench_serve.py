@@ -109,6 +109,20 @@ def label(source: Path, out: Path, where: list[str], spy: Path | None = None) ->
     }
 
 
+def dump_stacks(pid: int, out: Path) -> None:
+    """Every thread's stack (Python and native frames) of process `pid` and of its children, by py-spy, into `out`."""
+    found = shutil.which("py-spy")
+    if found is None:
+        return
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    with out.open("w") as dump:
+        for process in [str(pid), *children]:
+            dump.write(f"== process {process}\n")
+            dump.flush()
+            command = [found, "dump", "--pid", process, "--native"]
+            subprocess.run(command, stdout=dump, stderr=subprocess.STDOUT, timeout=120, check=False)
+
+
 def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen | None:
     """py-spy recording the server's every thread, Python and native frames, as collapsed stacks (None without it)."""
     found = shutil.which("py-spy")
@@ -202,6 +216,8 @@ def server_stage(
     except Exception:
         found.setdefault("failures", []).append(traceback.format_exc())
         print(traceback.format_exc(), flush=True)
+        if server is not None:  # where each of the server's processes is, while it still is there
+            dump_stacks(server.pid, args.out / f"pyspy-dump-{key}.txt")
     finally:
         if server is not None:
             found[f"{key}_server_exit"] = stop(server)

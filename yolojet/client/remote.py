@@ -305,6 +305,9 @@ class RemoteLabeler:
 
 
 BENCH_CONNECTIONS = 4  # a bench process's connections, its calls spread over them
+# A bench call's gRPC deadline (a unary call, or a whole stream): a server that never answers one is counted
+# DEADLINE_EXCEEDED and the bench goes on.
+BENCH_CALL_TIMEOUT_S = 120.0
 
 
 def bench(
@@ -336,7 +339,15 @@ def bench(
     for n, c in zip(share, inflight, strict=True):
         command = [sys.executable, "-m", "yolojet.client.remote", json.dumps({**job, "requests": n, "concurrency": c})]
         workers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(os.environ)))
-    outputs = [json.loads(w.communicate()[0]) for w in workers]
+    # Bounded, so that a server that stops answering ends the bench with an error naming it rather than a hang: a
+    # call or stream outlives its deadline only if this client itself is stuck.
+    limit_s = BENCH_CALL_TIMEOUT_S + 60 + requests / 100
+    try:
+        outputs = [json.loads(w.communicate(timeout=limit_s)[0]) for w in workers]
+    except subprocess.TimeoutExpired:
+        for w in workers:
+            w.kill()
+        raise ServerUnavailable(f"bench: {requests} requests not done within {limit_s:.0f} s") from None
     failed = [o["error"] for o in outputs if "error" in o]
     if failed:
         raise ServerUnavailable(f"bench: {failed[0]}")
@@ -414,7 +425,9 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
     async def streamer(stub: pb_grpc.InferenceStub, window: int, batched: bool) -> None:
         """One stream with `window` images in flight: InferBatchStream's messages of up to IMAGES_A_MESSAGE images,
         or InferStream's of one; after a refusal for load, the next message waits `refusal_pause`."""
-        call = (stub.InferBatchStream if batched else stub.InferStream)(metadata=connection.metadata())
+        call = (stub.InferBatchStream if batched else stub.InferStream)(
+            metadata=connection.metadata(), timeout=BENCH_CALL_TIMEOUT_S
+        )
         room = asyncio.Semaphore(window)
         sent: deque[tuple[float, int]] = deque()
         hold_until, refused_in_a_row = 0.0, 0
@@ -457,7 +470,7 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
             left -= 1
             start = time.perf_counter()
             try:
-                reply = await stub.Infer(request, metadata=connection.metadata())
+                reply = await stub.Infer(request, metadata=connection.metadata(), timeout=BENCH_CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError as e:
                 codes[e.code().name] = codes.get(e.code().name, 0) + 1
                 if e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED):  # wait, not hammer
