@@ -1183,9 +1183,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-calls",
         type=_positive_int,
         default=None,
-        help="calls under way at once (a stream is one call); past this gRPC turns new ones away at once "
-        "(RESOURCE_EXHAUSTED) before the service reads them. With --max-pending, a server offered twice what it "
-        "sustains answers in time the calls it takes (default: no limit)",
+        help="calls under way at once in each server process (a stream, a health check and ListModels count as one "
+        "each); past this gRPC turns new ones away at once (RESOURCE_EXHAUSTED), before the service reads them. "
+        "With --max-pending, for a server that may be offered more than it sustains (default: no limit)",
     )
     p.add_argument("--max-message-mb", type=float, default=64.0, help="largest request, MB (default 64)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
@@ -1351,7 +1351,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8,
         help="--server: times an unreachable or lost server is tried "
-        "again, 0.5 s, 1 s, 2 s, ... apart (default 8, about 4 minutes)",
+        "again, 0.5 s, 1 s, 2 s, ... apart (default 8, about 2 minutes)",
     )
     p.add_argument("--tls-ca", type=Path, default=None, help="--server over TLS, trusting this PEM certificate")
     p.add_argument("--token-file", type=Path, default=None, help="bearer token for the server (or YOLOJET_TOKEN)")

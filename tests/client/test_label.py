@@ -530,30 +530,74 @@ def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(
     assert took < 60
 
 
-def test_a_server_at_its_call_limit_is_asked_again_until_it_takes_the_stream(model_dirs, photos, tmp_path, capsys):
-    """`serve --max-calls 1` with its one call held by another client's stream: gRPC refuses label's calls
-    (RESOURCE_EXHAUSTED) and label asks again after a pause; once the stream ends, every image is labeled once."""
-    import queue
-    import threading
+class _HeldCall:
+    """A `max_calls=1` server's one call held by another client's open stream, let go at the labeler's first pause
+    (its `time.sleep`, patched): the labeler is refused at least once, and then must be let in."""
 
-    from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+    def __init__(self, server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        import queue
 
+        from yolojet.client import remote
+        from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+
+        self.feed: queue.Queue = queue.Queue()
+        self.stream = server.stub().InferStream(iter(self.feed.get, None), timeout=120)
+        self.feed.put(pb.InferRequest(id="held", image=(ASSETS / "bus.jpg").read_bytes()))
+        assert next(self.stream).id == "held"  # the server's one call is under way
+        self.pauses = 0
+        real = time
+
+        class PausedTime:
+            def __getattr__(self, name: str):
+                return getattr(real, name)
+
+            def sleep(inner, seconds: float) -> None:
+                self.pauses += 1
+                if self.pauses == 1:
+                    self.release()
+                real.sleep(seconds)
+
+        monkeypatch.setattr(remote, "time", PausedTime())
+
+    def release(self) -> None:
+        self.feed.put(None)
+        assert list(self.stream) == []
+
+
+def test_label_asks_a_server_at_its_call_limit_again(model_dirs, photos, tmp_path, capsys, monkeypatch):
+    """`serve --max-calls 1` with its call held: gRPC refuses label's first call (RESOURCE_EXHAUSTED, "Concurrent RPC
+    limit exceeded!") and label asks again after a pause; every image is then labeled once."""
     limited = RunningServer(
         {"detect": served("detect", model_dirs["detect"])}, replace(ServeOptions(), port=0, slo_ms=60_000, max_calls=1)
     )
     out = tmp_path / "labels.jsonl"
     try:
-        feed: queue.Queue = queue.Queue()
-        holder = limited.stub().InferStream(iter(feed.get, None), timeout=120)
-        feed.put(pb.InferRequest(id="held", image=(ASSETS / "bus.jpg").read_bytes()))
-        assert next(holder).id == "held"  # the server's one call is under way
-        threading.Timer(1.5, feed.put, (None,)).start()  # and ends in 1.5 s
+        held = _HeldCall(limited, monkeypatch)
         code, _, stderr = run_cli(capsys, "label", photos, "--server", limited.address, "--out", out, "--quiet")
-        assert list(holder) == []
     finally:
         limited.stop()
     assert code == 0, stderr
+    assert held.pauses >= 1  # refused at least once
     assert sorted(Path(r["path"]).name for r in lines(out)) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
+
+
+def test_the_stream_is_opened_again_when_a_server_at_its_call_limit_refuses_it(model_dirs, photos, monkeypatch):
+    """The labeler's stream itself refused at the call limit goes again after a pause, as a broken stream does."""
+    from yolojet.client import remote
+
+    limited = RunningServer(
+        {"detect": served("detect", model_dirs["detect"])}, replace(ServeOptions(), port=0, slo_ms=60_000, max_calls=1)
+    )
+    answered: list[str] = []
+    try:
+        held = _HeldCall(limited, monkeypatch)
+        labeler = remote.RemoteLabeler(remote.Connection(limited.address), window=8, options={})
+        paths = sorted(str(p) for p in photos.rglob("*.jpg"))
+        labeler.run(paths, on_reply=lambda path, reply: answered.append(path), on_error=lambda p, why: pytest.fail(why))
+    finally:
+        limited.stop()
+    assert held.pauses == 1 and labeler.reconnects == 1
+    assert sorted(answered) == paths
 
 
 def test_images_travel_several_a_message_within_the_window(photos, monkeypatch):

@@ -30,15 +30,19 @@ from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 
 # CANCELLED too: this client never cancels a stream it still reads, so that came from the server (a server past its
-# `--max-pending` turns new calls away so); and a whole call refused with RESOURCE_EXHAUSTED (a server at its
-# `--max-calls`: its images' own refusals come in their replies). Each goes again after a pause.
-RETRYABLE = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
+# `--max-pending` turns new calls away so).
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED}
+# What gRPC answers a call past the server's `--max-calls` (grpc.aio's limit on calls under way). Only that
+# RESOURCE_EXHAUSTED is asked again: a message over a size limit is RESOURCE_EXHAUSTED too, and never passes.
+CALL_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
+
+
+def retryable(error: grpc.RpcError) -> bool:
+    """Whether a call that failed so may pass if made again after a pause."""
+    code = error.code()
+    return code in RETRYABLE or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.details() == CALL_LIMIT_DETAILS)
+
+
 # An image's reply refusing it for load, not as bad: it goes again after a pause.
 LOAD_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.DEADLINE_EXCEEDED.value[0]}
 
@@ -64,7 +68,7 @@ class Connection:
     model: str = ""
     ca_file: Path | None = None  # TLS, trusting this certificate
     token: str | None = None
-    retries: int = 8  # a broken connection is reopened this many times, 0.5 s, 1 s, 2 s, ... apart (4 min in all)
+    retries: int = 8  # a broken connection is reopened this many times, 0.5 s, 1 s, 2 s, ... apart (2 min in all)
 
     def channel(self) -> grpc.Channel:
         options = [
@@ -162,8 +166,9 @@ class RemoteLabeler:
             except (grpc.RpcError, _EndedEarly) as e:
                 code = e.code() if isinstance(e, grpc.RpcError) else grpc.StatusCode.UNAVAILABLE
                 details = e.details() if isinstance(e, grpc.RpcError) else "the stream ended with images unanswered"
-                if code not in RETRYABLE or failures >= self.connection.retries:
-                    done = "" if code not in RETRYABLE else f" after {failures + 1} attempts"
+                again = retryable(e) if isinstance(e, grpc.RpcError) else True
+                if not again or failures >= self.connection.retries:
+                    done = "" if not again else f" after {failures + 1} attempts"
                     raise ServerUnavailable(f"server {self.connection.address}{done}: {code.name}: {details}") from None
                 with window.lock:  # what was sent and not answered goes again, first, in order
                     window.generation += 1
@@ -305,9 +310,11 @@ class RemoteLabeler:
 
 
 BENCH_CONNECTIONS = 4  # a bench process's connections, its calls spread over them
-# A bench call's gRPC deadline (a unary call, or a whole stream): a server that never answers one is counted
-# DEADLINE_EXCEEDED and the bench goes on.
+# A bench unary call's gRPC deadline: a call a server never answers is counted DEADLINE_EXCEEDED and the bench goes on.
 BENCH_CALL_TIMEOUT_S = 120.0
+# The whole bench's bound, beyond BENCH_CALL_TIMEOUT_S and a second a BENCH_SLOWEST requests: past it, a server that
+# stopped answering (a stream never ends) ends the bench with an error rather than a hang.
+BENCH_SLOWEST = 10
 
 
 def bench(
@@ -339,15 +346,15 @@ def bench(
     for n, c in zip(share, inflight, strict=True):
         command = [sys.executable, "-m", "yolojet.client.remote", json.dumps({**job, "requests": n, "concurrency": c})]
         workers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(os.environ)))
-    # Bounded, so that a server that stops answering ends the bench with an error naming it rather than a hang: a
-    # call or stream outlives its deadline only if this client itself is stuck.
-    limit_s = BENCH_CALL_TIMEOUT_S + 60 + requests / 100
+    limit_s = BENCH_CALL_TIMEOUT_S + 60 + requests / BENCH_SLOWEST
+    end = time.monotonic() + limit_s
     try:
-        outputs = [json.loads(w.communicate(timeout=limit_s)[0]) for w in workers]
+        outputs = [json.loads(w.communicate(timeout=max(1.0, end - time.monotonic()))[0]) for w in workers]
     except subprocess.TimeoutExpired:
         for w in workers:
             w.kill()
-        raise ServerUnavailable(f"bench: {requests} requests not done within {limit_s:.0f} s") from None
+            w.wait()
+        raise ServerUnavailable(f"bench: {requests} requests not answered within {limit_s:.0f} s") from None
     failed = [o["error"] for o in outputs if "error" in o]
     if failed:
         raise ServerUnavailable(f"bench: {failed[0]}")
@@ -425,9 +432,7 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
     async def streamer(stub: pb_grpc.InferenceStub, window: int, batched: bool) -> None:
         """One stream with `window` images in flight: InferBatchStream's messages of up to IMAGES_A_MESSAGE images,
         or InferStream's of one; after a refusal for load, the next message waits `refusal_pause`."""
-        call = (stub.InferBatchStream if batched else stub.InferStream)(
-            metadata=connection.metadata(), timeout=BENCH_CALL_TIMEOUT_S
-        )
+        call = (stub.InferBatchStream if batched else stub.InferStream)(metadata=connection.metadata())
         room = asyncio.Semaphore(window)
         sent: deque[tuple[float, int]] = deque()
         hold_until, refused_in_a_row = 0.0, 0
@@ -482,15 +487,8 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
             timings.append((reply.timings.queue_ms, reply.timings.decode_ms, reply.timings.run_ms))
             codes["OK"] = codes.get("OK", 0) + 1
 
-    for stub in stubs:  # every connection up before the timing (a server at its call limit asked again)
-        for attempt in range(connection.retries + 1):
-            try:
-                await stub.ListModels(pb.ListModelsRequest(), metadata=connection.metadata(), timeout=60)
-                break
-            except grpc.aio.AioRpcError as e:
-                if e.code() not in RETRYABLE or attempt == connection.retries:
-                    raise
-                await asyncio.sleep(refusal_pause(attempt + 1))
+    for channel in channels:  # every connection up before the timing, without a call (--max-calls counts those)
+        await asyncio.wait_for(channel.channel_ready(), timeout=60)
     started = time.time()
     if job["rpc"] == "Infer":
         await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(job["concurrency"])))
@@ -525,7 +523,7 @@ def model_facts(connection: Connection) -> Any:
             )
             break
         except grpc.RpcError as e:
-            if e.code() not in RETRYABLE | {grpc.StatusCode.DEADLINE_EXCEEDED} or attempt == connection.retries:
+            if not (retryable(e) or e.code() == grpc.StatusCode.DEADLINE_EXCEEDED) or attempt == connection.retries:
                 raise ServerUnavailable(f"server {connection.address}: {e.code().name}: {e.details()}") from None
             time.sleep(0.5 * 2**attempt)
         finally:

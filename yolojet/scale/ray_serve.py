@@ -132,6 +132,8 @@ class RayService:
             ("--tls-cert", options.tls_cert),
             ("--token-file or YOLOJET_TOKEN", options.token),
             ("--metrics-port", options.metrics_port),
+            ("--max-pending", options.max_pending),
+            ("--max-calls", options.max_calls),
         ):
             if given is not None:
                 why = "Ray Serve's own gRPC proxy takes the calls (plain gRPC, no bearer token; metrics of its own)"
