@@ -153,6 +153,9 @@ STREAM_RPCS = ("InferStream", "InferBatchStream")
 STREAM_IN_FLIGHT = 256  # over a stream a connection of each client process: 4 messages of 16 a stream in flight
 
 
+WARM_CALL_TIMEOUT_S = 15.0  # a warm-up call's deadline (the buckets' graphs are captured at load)
+
+
 def unary_calls(
     found: dict, key: str, bus: Path, requests: int, clients: int, profile: tuple[int, Path] | None = None
 ) -> None:
@@ -162,7 +165,11 @@ def unary_calls(
     from yolojet.client.remote import Connection, bench
 
     connection = Connection(f"127.0.0.1:{PORT}")
-    bench(connection, bus, min(2000, requests // 10), 64, clients, {})
+    # The warm-up's calls have a short deadline: a server that stops answering fails the stage within seconds, while
+    # its processes are still there for the stack dump.
+    warm = bench(connection, bus, min(2000, requests // 10), 64, clients, {}, call_timeout_s=WARM_CALL_TIMEOUT_S)
+    if warm["codes"].get("DEADLINE_EXCEEDED"):
+        raise RuntimeError(f"warm-up: calls not answered within {WARM_CALL_TIMEOUT_S:g} s: {warm['codes']}")
     for concurrency, processes in ((64, clients), (8, 2)):
         spy = py_spy(profile[0], profile[1], 5) if profile is not None and concurrency == 64 else None
         row = bench(connection, bus, requests if concurrency == 64 else requests // 4, concurrency, processes, {})

@@ -470,6 +470,27 @@ def test_bench_mode(server, capsys, rpc):
     assert "img/s" in stdout and "p50" in stdout and "queue / decode / run" in stdout
 
 
+def test_bench_calls_a_server_does_not_answer_end_at_their_deadline(server):
+    """A server whose event loop is held answers nothing: with `call_timeout_s` the bench's calls end there, counted
+    DEADLINE_EXCEEDED, and the bench returns rather than waits."""
+    import asyncio
+
+    from yolojet.client.remote import Connection, bench
+
+    async def held() -> None:
+        time.sleep(4.0)  # the loop does nothing else meanwhile
+
+    blocked = asyncio.run_coroutine_threadsafe(held(), server.loop)
+    try:
+        start = time.monotonic()
+        row = bench(Connection(server.address, "detect"), ASSETS / "bus.jpg", 4, 2, 1, {}, call_timeout_s=1.0)
+        took = time.monotonic() - start
+    finally:
+        blocked.result(timeout=30)
+    assert row["codes"].get("DEADLINE_EXCEEDED", 0) >= 1, row["codes"]
+    assert took < 30
+
+
 def test_plot(server, photos, tmp_path, capsys):
     from PIL import Image
 

@@ -310,10 +310,8 @@ class RemoteLabeler:
 
 
 BENCH_CONNECTIONS = 4  # a bench process's connections, its calls spread over them
-# A bench unary call's gRPC deadline: a call a server never answers is counted DEADLINE_EXCEEDED and the bench goes on.
-BENCH_CALL_TIMEOUT_S = 120.0
-# The whole bench's bound, beyond BENCH_CALL_TIMEOUT_S and a second a BENCH_SLOWEST requests: past it, a server that
-# stopped answering (a stream never ends) ends the bench with an error rather than a hang.
+# The whole bench's bound, beyond its calls' deadline (if given) and a second a BENCH_SLOWEST requests: past it, a
+# server that stopped answering ends the bench with an error rather than a hang.
 BENCH_SLOWEST = 10
 
 
@@ -325,11 +323,13 @@ def bench(
     processes: int,
     options: dict[str, Any],
     rpc: str = "Infer",
+    call_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """`requests` requests with one image, `concurrency` in flight over `processes` processes, as unary calls (`rpc`
     Infer) or over streams (InferStream, InferBatchStream: a stream a connection): img/s, latency quantiles (a
     streamed request's from its message's send to its reply), and the server's own queue / decode / run split (its
-    replies' timings, averaged)."""
+    replies' timings, averaged). `call_timeout_s`: each unary call's gRPC deadline, which the server then keeps
+    instead of its own (a call past it is counted DEADLINE_EXCEEDED); None, the server's."""
     processes = max(1, min(processes, concurrency))
     share = [requests // processes + (i < requests % processes) for i in range(processes)]
     inflight = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
@@ -341,12 +341,13 @@ def bench(
         "image": str(image),
         "options": options,
         "rpc": rpc,
+        "call_timeout_s": call_timeout_s,
     }
     workers = []
     for n, c in zip(share, inflight, strict=True):
         command = [sys.executable, "-m", "yolojet.client.remote", json.dumps({**job, "requests": n, "concurrency": c})]
         workers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(os.environ)))
-    limit_s = BENCH_CALL_TIMEOUT_S + 60 + requests / BENCH_SLOWEST
+    limit_s = (call_timeout_s or 0) + 60 + requests / BENCH_SLOWEST
     end = time.monotonic() + limit_s
     try:
         outputs = [json.loads(w.communicate(timeout=max(1.0, end - time.monotonic()))[0]) for w in workers]
@@ -475,7 +476,7 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
             left -= 1
             start = time.perf_counter()
             try:
-                reply = await stub.Infer(request, metadata=connection.metadata(), timeout=BENCH_CALL_TIMEOUT_S)
+                reply = await stub.Infer(request, metadata=connection.metadata(), timeout=job["call_timeout_s"])
             except grpc.aio.AioRpcError as e:
                 codes[e.code().name] = codes.get(e.code().name, 0) + 1
                 if e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED):  # wait, not hammer
