@@ -154,6 +154,8 @@ STREAM_IN_FLIGHT = 256  # over a stream a connection of each client process: 4 m
 
 
 WARM_CALL_TIMEOUT_S = 15.0  # a warm-up call's deadline (the buckets' graphs are captured at load)
+# Each bench's bound: a server that stops answering fails the stage, while its processes are there for the stack dump.
+BENCH_LIMIT_S = 300.0
 
 
 def unary_calls(
@@ -167,12 +169,22 @@ def unary_calls(
     connection = Connection(f"127.0.0.1:{PORT}")
     # The warm-up's calls have a short deadline: a server that stops answering fails the stage within seconds, while
     # its processes are still there for the stack dump.
-    warm = bench(connection, bus, min(2000, requests // 10), 64, clients, {}, call_timeout_s=WARM_CALL_TIMEOUT_S)
+    warm = bench(
+        connection,
+        bus,
+        min(2000, requests // 10),
+        64,
+        clients,
+        {},
+        call_timeout_s=WARM_CALL_TIMEOUT_S,
+        limit_s=BENCH_LIMIT_S,
+    )
     if warm["codes"].get("DEADLINE_EXCEEDED"):
         raise RuntimeError(f"warm-up: calls not answered within {WARM_CALL_TIMEOUT_S:g} s: {warm['codes']}")
     for concurrency, processes in ((64, clients), (8, 2)):
         spy = py_spy(profile[0], profile[1], 5) if profile is not None and concurrency == 64 else None
-        row = bench(connection, bus, requests if concurrency == 64 else requests // 4, concurrency, processes, {})
+        count = requests if concurrency == 64 else requests // 4
+        row = bench(connection, bus, count, concurrency, processes, {}, limit_s=BENCH_LIMIT_S)
         if spy is not None:
             spy.wait(timeout=60)
         found[f"{key}_{concurrency}"] = row
@@ -182,7 +194,7 @@ def unary_calls(
             flush=True,
         )
     for rpc in STREAM_RPCS:
-        row = bench(connection, bus, requests, STREAM_IN_FLIGHT, clients, {}, rpc)
+        row = bench(connection, bus, requests, STREAM_IN_FLIGHT, clients, {}, rpc, limit_s=BENCH_LIMIT_S)
         found[f"{key}_{rpc}"] = row
         print(
             f"{key}, {rpc}, {STREAM_IN_FLIGHT} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "

@@ -303,6 +303,28 @@ class RunningServer:
         return pb_grpc.InferenceStub(grpc.insecure_channel(self.address, **channel_options))
 
 
+class OpenStream:
+    """An `InferStream` call kept open: answered one image, then waiting for requests put on `feed` (one of a server's
+    calls under way, for its `max_calls`); `close()` ends it."""
+
+    def __init__(self, stub, image: bytes) -> None:
+        import queue
+
+        from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+
+        self.feed: queue.Queue = queue.Queue()
+        self.replies = stub.InferStream(iter(self.feed.get, None), timeout=120)
+        self.ask(pb.InferRequest(id="open", image=image))
+
+    def ask(self, request) -> None:
+        self.feed.put(request)
+        assert next(self.replies).id == request.id
+
+    def close(self) -> None:
+        self.feed.put(None)
+        assert list(self.replies) == []
+
+
 def served(name: str, model_dir, max_batch: int = 4, **engine_options):
     """A model of the reference backend on the CPU, ready to serve (its latency measured)."""
     from yolojet.engine.engine import Engine

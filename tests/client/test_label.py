@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support import RunningServer, calibrated_model, detection_pairs, run_cli, served
+from support import OpenStream, RunningServer, calibrated_model, detection_pairs, run_cli, served
 from ultralytics.utils import ASSETS
 
 import yolojet
@@ -556,15 +556,9 @@ class _HeldCall:
     (its `time.sleep`, patched): the labeler is refused at least once, and then must be let in."""
 
     def __init__(self, server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
-        import queue
-
         from yolojet.client import remote
-        from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 
-        self.feed: queue.Queue = queue.Queue()
-        self.stream = server.stub().InferStream(iter(self.feed.get, None), timeout=120)
-        self.feed.put(pb.InferRequest(id="held", image=(ASSETS / "bus.jpg").read_bytes()))
-        assert next(self.stream).id == "held"  # the server's one call is under way
+        self.stream = OpenStream(server.stub(), (ASSETS / "bus.jpg").read_bytes())  # the server's one call
         self.pauses = 0
         real = time
 
@@ -575,14 +569,10 @@ class _HeldCall:
             def sleep(inner, seconds: float) -> None:
                 self.pauses += 1
                 if self.pauses == 1:
-                    self.release()
+                    self.stream.close()
                 real.sleep(seconds)
 
         monkeypatch.setattr(remote, "time", PausedTime())
-
-    def release(self) -> None:
-        self.feed.put(None)
-        assert list(self.stream) == []
 
 
 def test_label_asks_a_server_at_its_call_limit_again(model_dirs, photos, tmp_path, capsys, monkeypatch):

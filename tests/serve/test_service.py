@@ -9,7 +9,6 @@ import concurrent.futures
 import io
 import urllib.request
 from dataclasses import replace
-from typing import Any
 
 import grpc
 import numpy as np
@@ -17,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 from pycocotools import mask as mask_utils
-from support import RunningServer, served
+from support import OpenStream, RunningServer, served
 from ultralytics.utils import ASSETS
 
 from yolojet.errors import EngineConfigError
@@ -337,7 +336,6 @@ def test_calls_past_max_pending_are_turned_away_at_once_while_the_event_loop_is_
 def test_calls_past_max_calls_are_turned_away_at_once_with_resource_exhausted(model_dirs):
     """With `max_calls` calls under way, gRPC turns new ones away at once (RESOURCE_EXHAUSTED) before the service reads
     them; once a call ends its place is free again."""
-    import queue
     import time
 
     running = RunningServer(
@@ -347,11 +345,6 @@ def test_calls_past_max_calls_are_turned_away_at_once_with_resource_exhausted(mo
     try:
         stub = running.stub()
         assert stub.Infer(pb.InferRequest(image=BUS), timeout=60).width == 810  # connected and warm
-
-        # Two open streams are the two calls under way; each is answered an image, then waits for its next.
-        def requests(feed: queue.Queue):
-            while (request := feed.get()) is not None:
-                yield request
 
         def once_a_place_is_free(call):
             """gRPC frees a finished call's place just after the client sees it end: a call made at once may find it
@@ -365,14 +358,8 @@ def test_calls_past_max_calls_are_turned_away_at_once_with_resource_exhausted(mo
                     time.sleep(0.05)
             return call()
 
-        def opened() -> tuple[queue.Queue, Any]:
-            feed: queue.Queue = queue.Queue()
-            stream = stub.InferStream(requests(feed), timeout=120)
-            feed.put(pb.InferRequest(id="open", image=BUS))
-            assert next(stream).id == "open"
-            return feed, stream
-
-        feeds, streams = zip(*(once_a_place_is_free(opened) for _ in range(2)), strict=True)
+        # Two open streams are the two calls under way.
+        streams = [once_a_place_is_free(lambda: OpenStream(stub, BUS)) for _ in range(2)]
         start = time.monotonic()
         for _ in range(4):
             with pytest.raises(grpc.RpcError) as info:
@@ -380,14 +367,11 @@ def test_calls_past_max_calls_are_turned_away_at_once_with_resource_exhausted(mo
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
             assert info.value.details() == "Concurrent RPC limit exceeded!"  # gRPC's, before the service is called
         assert time.monotonic() - start < 2.0  # at once, not after the calls under way
-        feeds[0].put(None)  # one stream ends, and its place with it
-        assert list(streams[0]) == []
+        streams[0].close()  # one stream ends, and its place with it
         next_reply = once_a_place_is_free(lambda: stub.Infer(pb.InferRequest(id="next", image=BUS), timeout=60))
         assert next_reply.id == "next"
-        feeds[1].put(pb.InferRequest(id="still open", image=BUS))
-        assert next(streams[1]).id == "still open"
-        feeds[1].put(None)
-        assert list(streams[1]) == []
+        streams[1].ask(pb.InferRequest(id="still open", image=BUS))
+        streams[1].close()
     finally:
         running.stop()
 

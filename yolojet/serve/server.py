@@ -48,7 +48,7 @@ class ServeOptions:
     # cancelled there, without the loop. None: gRPC's own limit.
     max_pending: int | None = None
     # Calls under way at once (gRPC's maximum_concurrent_rpcs): past it gRPC answers new ones RESOURCE_EXHAUSTED before
-    # the service reads them, which costs the event loop less than a refusal of the batcher. None: no limit.
+    # the service reads them. None: no limit.
     max_calls: int | None = None
     max_message_bytes: int = 64 << 20
     max_pixels: int = DEFAULT_MAX_PIXELS
