@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 PORT = 50631
 STEP_TIMEOUT_S = 10.0
+TUNE: list[bool] = []  # --tune: the servers time their tiles (the first alone), as `yolojet serve` does by default
 
 
 def dump(pids: list[int], out: Path) -> None:
@@ -54,7 +55,7 @@ def dump(pids: list[int], out: Path) -> None:
 def start(model_dir: Path, imgsz: int, processes: int, decoder: str, log: Path) -> subprocess.Popen:
     shape = f"{imgsz}x{imgsz * 3 // 4}"  # bus.jpg's rectangle
     command = [sys.executable, "-m", "yolojet", "serve", "--model", f"{model_dir}:64", "--shapes", shape]
-    command += ["--port", str(PORT), "--decoder", decoder, "--no-tune"]
+    command += ["--port", str(PORT), "--decoder", decoder, *([] if TUNE else ["--no-tune"])]
     command += ["--processes", str(processes)] if processes > 1 else []
     server = subprocess.Popen(command, stderr=log.open("w"), stdout=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 400
@@ -162,8 +163,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="4:auto 4:cpu 1:auto", help="PROCESSES:DECODER pairs, in this order")
     parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--tune", action="store_true", help="the servers tune their tiles (default: --no-tune)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
+    TUNE[:] = [True] if args.tune else []
     from support import calibrated_model
     from ultralytics.utils import ASSETS
 
