@@ -550,6 +550,11 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
                 for j, i in enumerate(members):
                     outputs[i] = (base + starts[height, width] + j * height * width * 3, width * 3)
             datas = [p.data or b"" for p in jpegs]
+            # nvJPEG's hardware engine does not wait for the work queued before it on the stream it is given (seen on
+            # H100s, and fixed so in torchcodec's nvJPEG decoder): a buffer the caching allocator just handed back
+            # may still be read by kernels queued on this stream. Only a host barrier orders it; the call blocks
+            # until its images are done anyway, so the barrier costs what the queued work had left.
+            self.stream.synchronize()
             if self._decode_call(datas, outputs) == 0:
                 decoded = [True] * len(jpegs)
             else:  # one image the header check let through failed the call: each alone, to find it
