@@ -381,6 +381,37 @@ def test_nvjpeg_hardware_decoder_gives_nvimgcodecs_pixels_and_decodes_into_relea
 
 
 @pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
+def test_hardware_decode_waits_for_the_work_queued_on_its_stream():
+    """nvJPEG's hardware engine may write its outputs before the work queued on the stream it is given has run (seen
+    on H100s). The decoder's output buffer comes from the caching allocator, which hands back a block freed on the
+    decoder's stream at once: reductions of freed tensors, queued behind a long kernel, must still read their values.
+    The sums are exact, so any early write shows."""
+    decoder = gpu_decoder_or_skip("hardware")
+    try:
+        data = BUS.read_bytes()
+        expected_pixels = cv2_rgb(data)
+        size = expected_pixels.size  # the batch's output buffer: one image
+        values = (1, 2, 3, 4)
+        for _ in range(5):
+            with torch.cuda.stream(decoder.stream):
+                victims = [torch.full((size,), v, dtype=torch.uint8, device="cuda") for v in values]
+                torch.cuda.synchronize()
+                torch.cuda._sleep(200_000_000)  # the stream busy for ~0.1 s
+                total = torch.zeros((), dtype=torch.float64, device="cuda")
+                for victim in victims:
+                    total = total + victim.sum(dtype=torch.float64)
+                victims.clear()  # freed while their sums are still queued
+            batch = decoder.decode([Encoded.of(data)])
+            torch.cuda.synchronize()
+            assert float(total) == float(sum(v * size for v in values))
+            (frame,) = batch.items
+            assert isinstance(frame, Frame)
+            assert np.abs(rgb(frame).astype(int) - expected_pixels.astype(int)).max() <= 1
+    finally:
+        decoder.close()
+
+
+@pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
 def test_two_nvjpeg_lanes_decode_a_batch_as_one_does():
     """The hardware decoder with two nvJPEG states, each decoding part of a batch on its own thread: every image as
     one state decodes it, two sizes in turn over a batch long enough to split. The device is named without an index,
