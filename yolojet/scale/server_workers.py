@@ -35,14 +35,11 @@ from yolojet.scale.devices import select_device
 from yolojet.serve.batcher import LatencyModel, Request, Scheduler
 from yolojet.serve.metrics import ServerMetrics
 from yolojet.serve.models import ModelCard, ModelSpec, ServedModel
-from yolojet.serve.runner import Outcome, Runner
+from yolojet.serve.runner import HUNG_AFTER_S, Outcome, Runner
 
 log = logging.getLogger("yolojet.serve")
 BATCHES_PER_WORKER = 2  # one running, the next waiting in the pipe
 START_TIMEOUT_S = 900.0  # a cold start tunes every model's tiles: minutes on a GPU
-# A batch runs in milliseconds; a shape a worker has not built costs it seconds (10.7 s with its tiles never tuned,
-# H200), a cold compile tens. Far past that, a batch without an answer means the worker is stuck.
-HUNG_AFTER_S = 180.0
 
 
 # -- the worker process ----------------------------------------------------------------------------------------
@@ -220,6 +217,8 @@ class WorkerPool:
 class PoolRunner(Runner):
     """The server's runner when the engines are worker processes: the scheduler's batches go to the least-loaded
     live worker; a thread a worker takes its answers; a worker that dies is restarted and its batches retried."""
+
+    watched = False  # a hung worker is killed and started again (`_kill_hung`); the front itself never waits on one
 
     def __init__(
         self,

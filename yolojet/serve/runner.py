@@ -7,15 +7,24 @@ decodes a later batch of the same model into that batch's output images rather t
 Requests reach it through `enqueue` (from the gRPC event loop's thread); each one's answer goes to its `done`
 callback, once, from this thread: a `Results` with its timings, or a status code and message (a bad image, a
 deadline that passed while it waited, an engine failure).
+
+A watchdog thread looks at how long the runner has been waiting on one step of a batch (its decode, its launch, its
+results). Past `hung_after_s` the work it waits for will not end (a GPU or driver that no longer answers: four servers
+on an H100 once waited for ever on a batch's device work with the GPU idle, bench/NOTES.md): every request waiting or
+in flight is answered UNAVAILABLE, and the process ends (`HUNG_EXIT_CODE`), so that whatever runs it (`serve
+--processes`, Ray, a container) starts it again, rather than a server that takes calls and never answers them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +41,19 @@ from yolojet.serve.models import ServedModel
 from yolojet.tasks import Results
 
 log = logging.getLogger("yolojet.serve")
+# A batch's step takes milliseconds; a shape not built yet costs seconds (10.7 s with its tiles never tuned, H200),
+# a cold compile tens. A runner waiting far longer than that waits on work that will not end. On a slow backend (the
+# CPU's reference executor) the bound is at least HUNG_AFTER_RUNS of the model's slowest measured batch.
+HUNG_AFTER_S = 180.0
+HUNG_AFTER_RUNS = 50
+HUNG_EXIT_CODE = 70  # EX_SOFTWARE: a process whose engine hung, ended so that its supervisor starts it again
+
+
+def exit_hung(message: str) -> None:
+    """What a hung runner does by default: a second for the replies just given to leave, then the process ends without
+    its teardown (which would wait on the same device work)."""
+    time.sleep(1.0)
+    os._exit(HUNG_EXIT_CODE)
 
 
 @dataclass
@@ -83,22 +105,38 @@ class _Launched:
 
 
 class Runner:
+    watched = True  # a watchdog ends the process when the runner hangs (PoolRunner: its workers are watched instead)
+
     def __init__(
         self,
         models: dict[str, ServedModel],
         scheduler: Scheduler,
         metrics: ServerMetrics,
         clock: Callable[[], float] = time.monotonic,
+        on_hung: Callable[[str], None] = exit_hung,
     ) -> None:
+        """`on_hung`: called with the reason once the runner is found hung and its requests are answered (by
+        default the process ends)."""
         self.models, self.scheduler, self.metrics, self.clock = models, scheduler, metrics, clock
         self._cond = threading.Condition()
         self._stopping = False
         # Each model's answered batches' output images, taken by its next decode (a thread of its own).
         self._spare: dict[str, deque[Any]] = {name: deque() for name in models}
         self._thread = threading.Thread(target=self._loop, name="yolojet-serve-runner", daemon=True)
+        # The batches taken from the scheduler and not yet answered (ticket -> requests), and since when the runner
+        # has waited on a batch's step (None while it is not waiting on one): what the watchdog reads.
+        self._held: dict[int, list[Request]] = {}
+        self._waiting_since: float | None = None
+        slowest = max((max(m.latency.run_seconds.values(), default=0.0) for m in models.values()), default=0.0)
+        self.hung_after_s = max(HUNG_AFTER_S, HUNG_AFTER_RUNS * slowest)
+        self._on_hung = on_hung
+        self._unwatched = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="yolojet-serve-watchdog", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        if self.watched:
+            self._watchdog.start()
 
     def enqueue(self, model: str, job: Job, deadline: float, key: Any) -> None:
         """Queue a request for `model` (raises `Refused` when it cannot meet its deadline)."""
@@ -121,12 +159,46 @@ class Runner:
         return len(gone)
 
     def stop(self, timeout: float | None = None) -> None:
-        """Answer every queued request, then end the thread."""
+        """Answer every queued request, then end the thread (the watchdog stays until it has ended)."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._unwatched.set()
+
+    # -- the watchdog -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _waiting_on_a_batch(self) -> Iterator[None]:
+        self._waiting_since = self.clock()
+        try:
+            yield
+        finally:
+            self._waiting_since = None
+
+    def _watch(self) -> None:
+        while not self._unwatched.wait(min(5.0, self.hung_after_s / 4)):
+            since = self._waiting_since
+            if since is not None and self.clock() - since > self.hung_after_s:
+                self._hung(self.clock() - since)
+                return
+
+    def _hung(self, waited: float) -> None:
+        """Every request waiting or in flight answered UNAVAILABLE, new ones refused, and `on_hung` told why."""
+        message = (
+            f"the server's engine stopped answering: a batch has waited {waited:.0f} s on its device work (a GPU or "
+            "driver that no longer answers); the server process ends so that it is started again"
+        )
+        log.error(json.dumps({"event": "engine hung", "waited_s": round(waited, 1), "limit_s": self.hung_after_s}))
+        with self._cond:
+            self._stopping = True  # new requests are answered UNAVAILABLE from here on
+            waiting = self.scheduler.discard(lambda request: True)
+            held = [request for requests in self._held.values() for request in requests]
+        for request in held + waiting:  # a later answer from the runner finds each future already settled
+            self._answer(request, Outcome(code=grpc.StatusCode.UNAVAILABLE, message=message))
+        self._on_hung(message)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -149,12 +221,16 @@ class Runner:
                         continue
                     for name, queue in self.scheduler.queues.items():
                         self.metrics.child(self.metrics.queue_depth, name).set(len(queue.waiting))
+                    if chosen is not None:
+                        self._held[chosen[0]] = chosen[2]
                 pending = decoding.submit(self._decode, *chosen) if chosen is not None else None
                 # The batch that makes the scheduler's depth is answered while the next one decodes.
                 if in_flight and (pending is None or len(in_flight) + 1 >= self.scheduler.depth):
-                    self._finish(in_flight.popleft())
+                    with self._waiting_on_a_batch():
+                        self._finish(in_flight.popleft())
                 if pending is not None:
-                    in_flight.append(self._launch(pending.result()))
+                    with self._waiting_on_a_batch():
+                        in_flight.append(self._launch(pending.result()))
         finally:
             decoding.shutdown(wait=True)
 
@@ -247,6 +323,7 @@ class Runner:
             self._spare[launched.model.name].extend(launched.outputs)
         with self._cond:
             self.scheduler.finished(launched.ticket)
+            self._held.pop(launched.ticket, None)
 
     def _answer(self, request: Request, outcome: Outcome) -> None:
         name = request.model
