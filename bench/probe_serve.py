@@ -129,7 +129,7 @@ def probe(model_dir: Path, imgsz: int, bus: Path, processes: int, decoder: str, 
         worker = threading.Thread(target=calls, daemon=True)
         worker.start()
         worker.join(60)
-        if worker.is_alive() or any("detections" not in line for line in found["single"]):
+        if worker.is_alive() or any("detections" not in line for line in found.get("single", [])):
             dump([server.pid, os.getpid()], out / f"probe-dump-{key}-single.txt")
             worker.join(60)
         row["single"] = found.get("single", ["did not finish"])

@@ -400,6 +400,7 @@ def test_hardware_decode_waits_for_the_work_queued_on_its_stream():
                 total = torch.zeros((), dtype=torch.float64, device="cuda")
                 for victim in victims:
                     total = total + victim.sum(dtype=torch.float64)
+                del victim
                 victims.clear()  # freed while their sums are still queued
             batch = decoder.decode([Encoded.of(data)])
             torch.cuda.synchronize()

@@ -75,6 +75,30 @@ def test_a_hung_batch_answers_every_request_unavailable_and_says_why(model_dirs,
         runner.stop(timeout=30)
 
 
+def test_a_runner_thread_ended_by_an_unexpected_error_is_caught_too(model_dirs, monkeypatch):
+    model = served("detect", model_dirs["detect"])
+    scheduler = Scheduler(time.monotonic)
+    scheduler.add_model("detect", model.max_batch, model.latency, 64)
+    reasons: list[str] = []
+    hung = threading.Event()
+    runner = Runner({"detect": model}, scheduler, ServerMetrics(), on_hung=lambda r: (reasons.append(r), hung.set()))
+    runner.hung_after_s = 1.0
+
+    def broken(batch):
+        raise RuntimeError("an error the loop does not expect")
+
+    monkeypatch.setattr(runner, "_launch", broken)
+    outcomes: list[Outcome] = []
+    runner.start()
+    try:
+        runner.enqueue("detect", Job("r0", BUS, PredictOptions(), outcomes.append), time.monotonic() + 600, key=None)
+        assert hung.wait(timeout=30), "a runner thread that ended was not noticed"
+        assert "runner thread ended" in reasons[0]
+        assert [o.code for o in outcomes] == [grpc.StatusCode.UNAVAILABLE]  # the request it held is answered
+    finally:
+        runner.stop(timeout=30)
+
+
 # `yolojet serve` whose engine, once the server runs (its latency measured at load), never finishes a batch.
 SERVE_HUNG = """
 import sys, threading
@@ -112,9 +136,10 @@ def test_a_server_whose_engine_hangs_answers_unavailable_and_ends_to_be_started_
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     try:
         lines: list[str] = []
+        deadline = time.monotonic() + 120
         while not (found := re.search(r"listening on (\S+)", lines[-1] if lines else "")):
             line = process.stderr.readline()
-            assert line, "the server did not start:\n" + "".join(lines)
+            assert line and time.monotonic() < deadline, "the server did not start:\n" + "".join(lines)
             lines.append(line)
         stub = pb_grpc.InferenceStub(grpc.insecure_channel(found.group(1)))
         try:

@@ -558,6 +558,7 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
             if self._decode_call(datas, outputs) == 0:
                 decoded = [True] * len(jpegs)
             else:  # one image the header check let through failed the call: each alone, to find it
+                self.stream.synchronize()  # whatever the failed call left queued is done before the first write
                 alone = zip(datas, outputs, strict=True)
                 decoded = [self._hardware.decode([d], [o], self.stream.cuda_stream) == 0 for d, o in alone]
             pixels: list[torch.Tensor | None] = [None] * len(jpegs)

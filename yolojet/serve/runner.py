@@ -8,11 +8,13 @@ Requests reach it through `enqueue` (from the gRPC event loop's thread); each on
 callback, once, from this thread: a `Results` with its timings, or a status code and message (a bad image, a
 deadline that passed while it waited, an engine failure).
 
-A watchdog thread looks at how long the runner has been waiting on one step of a batch (its decode, its launch, its
-results). Past `hung_after_s` the work it waits for will not end (a GPU or driver that no longer answers: four servers
-on an H100 once waited for ever on a batch's device work with the GPU idle, bench/NOTES.md): every request waiting or
-in flight is answered UNAVAILABLE, and the process ends (`HUNG_EXIT_CODE`), so that whatever runs it (`serve
---processes`, Ray, a container) starts it again, rather than a server that takes calls and never answers them.
+A watchdog thread looks at how long the runner has been waiting on a batch's decode or its results (not its launch,
+which builds the network of a shape not seen before). Past `hung_after_s` the work it waits for will not end (a GPU
+or driver that no longer answers: four servers on an H100 once waited for ever on a batch's device work with the GPU
+idle, bench/NOTES.md); nor will requests be answered once the runner's thread has ended on an error it did not
+expect. Either way every request waiting or in flight is answered UNAVAILABLE, and the process ends
+(`HUNG_EXIT_CODE`), so that whatever runs it (`serve --processes`, Ray, a container) starts it again, rather than a
+server that takes calls and never answers them.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class Runner:
         self.models, self.scheduler, self.metrics, self.clock = models, scheduler, metrics, clock
         self._cond = threading.Condition()
         self._stopping = False
+        self._refusal = "the server is shutting down"  # what a request gets once stopping
         # Each model's answered batches' output images, taken by its next decode (a thread of its own).
         self._spare: dict[str, deque[Any]] = {name: deque() for name in models}
         self._thread = threading.Thread(target=self._loop, name="yolojet-serve-runner", daemon=True)
@@ -143,7 +146,7 @@ class Runner:
         now = self.clock()
         with self._cond:
             if self._stopping:
-                job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message="the server is shutting down"))
+                job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message=self._refusal))
                 return
             self.scheduler.admit(Request(model, deadline, now, key, job))
             self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
@@ -182,21 +185,29 @@ class Runner:
         while not self._unwatched.wait(min(5.0, self.hung_after_s / 4)):
             since = self._waiting_since
             if since is not None and self.clock() - since > self.hung_after_s:
-                self._hung(self.clock() - since)
+                waited = self.clock() - since
+                self._hung(
+                    f"a batch has waited {waited:.0f} s on its decode or device work (a GPU or driver that no longer "
+                    "answers)",
+                    {"event": "engine hung", "waited_s": round(waited, 1), "limit_s": self.hung_after_s},
+                )
+                return
+            if not self._thread.is_alive() and not self._stopping:  # an error the loop did not expect ended it
+                self._hung("its runner thread ended", {"event": "runner ended"})
                 return
 
-    def _hung(self, waited: float) -> None:
+    def _hung(self, why: str, event: dict[str, Any]) -> None:
         """Every request waiting or in flight answered UNAVAILABLE, new ones refused, and `on_hung` told why."""
-        message = (
-            f"the server's engine stopped answering: a batch has waited {waited:.0f} s on its device work (a GPU or "
-            "driver that no longer answers); the server process ends so that it is started again"
-        )
-        log.error(json.dumps({"event": "engine hung", "waited_s": round(waited, 1), "limit_s": self.hung_after_s}))
+        message = f"the server's engine stopped answering: {why}; the server process ends so that it is started again"
+        log.error(json.dumps(event))
         with self._cond:
-            self._stopping = True  # new requests are answered UNAVAILABLE from here on
+            self._stopping = True
+            self._refusal = message
             waiting = self.scheduler.discard(lambda request: True)
             held = [request for requests in self._held.values() for request in requests]
-        for request in held + waiting:  # a later answer from the runner finds each future already settled
+        # Some held requests may have been answered already (a bad image, or a batch finishing just now): their
+        # futures keep the first answer, and the process is about to end, so a second count in the metrics is moot.
+        for request in held + waiting:
             self._answer(request, Outcome(code=grpc.StatusCode.UNAVAILABLE, message=message))
         self._on_hung(message)
 
@@ -230,7 +241,12 @@ class Runner:
                         self._finish(in_flight.popleft())
                 if pending is not None:
                     with self._waiting_on_a_batch():
-                        in_flight.append(self._launch(pending.result()))
+                        decoded = pending.result()
+                    # The launch is not watched: it builds the network of each shape the engine has not seen yet (10.7 s
+                    # a shape with its tiles never tuned, H200), and a batch may bring several.
+                    in_flight.append(self._launch(decoded))
+        except Exception:  # the thread ends here; the watchdog answers what it held and ends the process
+            log.exception("the server's runner stopped on an error")
         finally:
             decoding.shutdown(wait=True)
 
