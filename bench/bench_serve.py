@@ -109,20 +109,28 @@ def label(source: Path, out: Path, where: list[str], spy: Path | None = None) ->
     }
 
 
-def dump_stacks(pid: int, out: Path) -> None:
-    """Every thread's stack (Python and native frames) of process `pid` and of its children, by py-spy, into `out`."""
+def dump_stacks(pids: list[int], out: Path) -> None:
+    """nvidia-smi's view of the GPU and its decoders, then every thread's stack (Python and native frames, by py-spy)
+    of each process in `pids` and of its children, each named by its command line, into `out`."""
     found = shutil.which("py-spy")
     if found is None:
         return
-    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    with out.open("w") as dump:
+    everyone: list[str] = []
+    for pid in pids:
+        everyone.append(str(pid))
+        everyone += subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    with out.open("a") as dump:
         # What the GPU and its JPEG decoders are doing meanwhile (a stall waiting on the device shows as busy or idle).
         for query in (["nvidia-smi"], ["nvidia-smi", "-q", "-d", "UTILIZATION"]):
             dump.write(f"== {' '.join(query)}\n")
             dump.flush()
             subprocess.run(query, stdout=dump, stderr=subprocess.STDOUT, timeout=60, check=False)
-        for process in [str(pid), *children]:
-            dump.write(f"== process {process}\n")
+        for process in everyone:
+            try:
+                line = Path(f"/proc/{process}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:  # gone meanwhile
+                continue
+            dump.write(f"== process {process}: {line[:300]}\n")
             dump.flush()
             command = [found, "dump", "--pid", process, "--native"]
             subprocess.run(command, stdout=dump, stderr=subprocess.STDOUT, timeout=120, check=False)
@@ -235,7 +243,7 @@ def server_stage(
         found.setdefault("failures", []).append(traceback.format_exc())
         print(traceback.format_exc(), flush=True)
         if server is not None:  # where each of the server's processes is, while it still is there
-            dump_stacks(server.pid, args.out / f"pyspy-dump-{key}.txt")
+            dump_stacks([server.pid], args.out / f"pyspy-dump-{key}.txt")
     finally:
         if server is not None:
             found[f"{key}_server_exit"] = stop(server)

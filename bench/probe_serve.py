@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,31 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from bench_serve import dump_stacks, launch_server, stop  # beside this script
+
 PORT = 50631
 STEP_TIMEOUT_S = 10.0
 TUNE: list[bool] = []  # --tune: the servers time their tiles (the first alone), as `yolojet serve` does by default
-
-
-def dump(pids: list[int], out: Path) -> None:
-    """nvidia-smi, then each process's threads (Python and native frames) and its children's, into `out`."""
-    spy = shutil.which("py-spy")
-    everyone: list[str] = []
-    for pid in pids:
-        everyone.append(str(pid))
-        everyone += subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    with out.open("a") as sink:
-        for query in (["nvidia-smi"], ["nvidia-smi", "-q", "-d", "UTILIZATION"]):
-            sink.write(f"== {' '.join(query)}\n")
-            sink.flush()
-            subprocess.run(query, stdout=sink, stderr=subprocess.STDOUT, timeout=60, check=False)
-        for pid in everyone:
-            command = ["cat", f"/proc/{pid}/cmdline"]
-            line = subprocess.run(command, capture_output=True).stdout.replace(b"\0", b" ")
-            sink.write(f"== process {pid}: {line.decode(errors='replace')[:300]}\n")
-            sink.flush()
-            if spy is not None:
-                command = [spy, "dump", "--pid", pid, "--native"]
-                subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, timeout=120, check=False)
 
 
 def start(model_dir: Path, imgsz: int, processes: int, decoder: str, log: Path) -> subprocess.Popen:
@@ -57,27 +35,7 @@ def start(model_dir: Path, imgsz: int, processes: int, decoder: str, log: Path) 
     command = [sys.executable, "-m", "yolojet", "serve", "--model", f"{model_dir}:64", "--shapes", shape]
     command += ["--port", str(PORT), "--decoder", decoder, *([] if TUNE else ["--no-tune"])]
     command += ["--processes", str(processes)] if processes > 1 else []
-    server = subprocess.Popen(command, stderr=log.open("w"), stdout=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}: {log.read_text()[-2000:]}")
-        if "listening on" in log.read_text():
-            return server
-        time.sleep(0.5)
-    raise RuntimeError(f"the server did not listen: {log.read_text()[-2000:]}")
-
-
-def stop(server: subprocess.Popen) -> None:
-    """SIGTERM to the server's whole process group, then SIGKILL after 40 s."""
-    try:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=40)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-    except ProcessLookupError:
-        pass
+    return launch_server(command, log, 400)
 
 
 def single_calls(bus: bytes, connections: int) -> list[str]:
@@ -130,7 +88,7 @@ def probe(model_dir: Path, imgsz: int, bus: Path, processes: int, decoder: str, 
         worker.start()
         worker.join(60)
         if worker.is_alive() or any("detections" not in line for line in found.get("single", [])):
-            dump([server.pid, os.getpid()], out / f"probe-dump-{key}-single.txt")
+            dump_stacks([server.pid, os.getpid()], out / f"probe-dump-{key}-single.txt")
             worker.join(60)
         row["single"] = found.get("single", ["did not finish"])
         print(f"{key}: " + "\n  ".join(found["single"]), flush=True)
@@ -148,7 +106,7 @@ def probe(model_dir: Path, imgsz: int, bus: Path, processes: int, decoder: str, 
         worker.start()
         worker.join(45)
         if worker.is_alive():  # the bench's four processes are this one's children
-            dump([server.pid, os.getpid()], out / f"probe-dump-{key}-bench.txt")
+            dump_stacks([server.pid, os.getpid()], out / f"probe-dump-{key}-bench.txt")
             worker.join(60)
         result = found.get("bench", {"error": "no result"})
         row["bench_s"] = time.perf_counter() - started

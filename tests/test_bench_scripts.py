@@ -31,6 +31,7 @@ def bench_on_path(monkeypatch):
         "bench_file_reads",
         "bench_label_formats",
         "launch_census",
+        "probe_serve",
         "sampler",
     ],
 )
