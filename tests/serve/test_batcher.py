@@ -227,3 +227,34 @@ def test_a_request_behind_another_with_an_earlier_deadline_is_dropped_at_its_own
     s.finished(ticket)
     assert [r.payload for r in s.next_batch()[2]] == ["patient"]
     assert s.next_wakeup() == float("inf")
+
+
+def test_answers_running_late_make_admission_keep_their_99th_percentile_as_a_margin():
+    clock = Clock()
+    s = scheduler(clock, max_batch=4)
+    for i in range(8):  # 51 ms of work ahead of the next request (the test of client deadlines above)
+        s.admit(request("a", clock, slo=1.0, tag=i))
+    s.admit(request("a", clock, slo=0.060))  # 9 ms to spare
+    lateness = [0.001 * (i % 7) for i in range(200)] + [0.012] * 10  # 95 % within 6 ms, 5 % at 12 ms
+    for late in lateness:
+        s.lateness.note(clock() - 0.5, clock() - 0.5 - late)
+    ordered = sorted(lateness)
+    assert s.lateness.margin() == pytest.approx(ordered[int(0.99 * (len(ordered) - 1))]) == pytest.approx(0.012)
+    with pytest.raises(Refused, match="12 ms kept for answers running late"):
+        s.admit(request("a", clock, slo=0.060))  # 52 ms of work ahead: 8 ms to spare, not 12
+    clock.now += 1.0  # a second without late answers: the margin goes
+    assert s.lateness.margin() == 0.0
+    s.admit(request("a", clock, slo=0.060))
+
+
+def test_the_margin_never_takes_more_than_half_of_what_is_left_of_a_deadline():
+    clock = Clock()
+    s = scheduler(clock, max_batch=4)
+    s.admit(request("a", clock, slo=1.0))
+    s.next_batch()  # busy: not the idle case, which never keeps a margin
+    for _ in range(100):  # a stall: answers a whole second late
+        s.lateness.note(clock(), clock() - 1.0)
+    s.admit(request("a", clock, slo=0.100))  # 22 ms of work ahead; 1 s of margin would refuse every request
+    with pytest.raises(Refused, match="20 ms kept"):
+        s.admit(request("a", clock, slo=0.040))  # 23 ms of work ahead: in time, but not with half its 40 ms kept
+    assert s.queued() == 1
