@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -140,6 +141,7 @@ def start_server(
     max_pending: int | None,
     max_calls: int | None,
     no_network: bool = False,
+    serve_args: str = "",
 ) -> subprocess.Popen:
     command = [sys.executable, "-m", "yolojet", "serve", "--port", str(PORT), "--slo-ms", str(slo_ms)]
     if no_network:  # bench_server_cpu.py's server: every image answered as soon as it is submitted
@@ -150,6 +152,7 @@ def start_server(
     for path in models.values():
         command += ["--model", f"{path}:64"]
     command += ["--shapes", shapes] if shapes else []
+    command += shlex.split(serve_args)
     return launch_server(command, log, 600)
 
 
@@ -180,6 +183,7 @@ def main() -> int:
         help="the server answers each image once submitted (bench_server_cpu.py's): its front alone, no GPU needed",
     )
     parser.add_argument("--py-spy", action="store_true", help="py-spy records the server for 5 s of the overload phase")
+    parser.add_argument("--serve-args", default="", help="further flags of the server, e.g. '--late-quantile 0'")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     if args.worker:
@@ -196,6 +200,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     found: dict = {"provenance": provenance(), "slo_ms": args.slo_ms, "models": args.models}
     found["max_pending"], found["max_calls"] = args.max_pending, args.max_calls
+    found["serve_args"] = args.serve_args
     work = Path(tempfile.mkdtemp(prefix="bench_overload_"))
     dirs = {}
     for cfg in args.models:
@@ -218,6 +223,7 @@ def main() -> int:
         args.max_pending,
         args.max_calls,
         args.no_network,
+        args.serve_args,
     )
     try:
         # The rate sustained, closed loop: each model alone with 64 in flight; the mix's rate, an image of each in

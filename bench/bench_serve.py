@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 PORT = 50611
 DECODER: list[str] = []  # --decoder NAME for the servers and labelers, where the command line names one
+SERVE_ARGS: list[str] = []  # further flags of every server (--serve-args)
 LOG_DIR: list[Path] = [Path("bench/results")]  # where each label command's output goes (--out)
 
 
@@ -47,7 +49,7 @@ def start_server(
 ) -> subprocess.Popen:
     """`scale`: --devices D (worker processes behind one front) or --processes N (whole servers sharing the port)."""
     model = ["--model", f"{model_dir}:64", "--shapes", "640x480", "--slo-ms", str(slo_ms), *(scale or [])]
-    command = [sys.executable, "-m", "yolojet", "serve", *model, *DECODER, "--port", str(PORT)]
+    command = [sys.executable, "-m", "yolojet", "serve", *model, *DECODER, *SERVE_ARGS, "--port", str(PORT)]
     if samples is not None:  # where the server's threads spend their time (bench/sampler.py)
         command[1:1] = [str(Path(__file__).with_name("sampler.py")), "--out", str(samples), "--"]
     return launch_server(command, log, 400)
@@ -297,11 +299,13 @@ def main() -> int:
     parser.add_argument(
         "--decoder", default=None, help="--decoder for every server and labeler started (default: theirs, auto)"
     )
+    parser.add_argument("--serve-args", default="", help="further flags of every server, e.g. '--late-quantile 0'")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     LOG_DIR[:] = [args.out]
     if args.decoder is not None:
         DECODER[:] = ["--decoder", args.decoder]
+    SERVE_ARGS[:] = shlex.split(args.serve_args)
     if args.switch_interval_ms is not None:  # inherited by every server and labeler process started below
         os.environ["YOLOJET_SWITCH_INTERVAL_MS"] = f"{args.switch_interval_ms:g}"
 

@@ -247,6 +247,19 @@ def test_answers_running_late_make_admission_keep_their_99th_percentile_as_a_mar
     s.admit(request("a", clock, slo=0.060))
 
 
+def test_a_late_quantile_of_zero_admits_on_the_estimate_alone():
+    clock = Clock()
+    s = Scheduler(clock, depth=1, late_quantile=0.0)
+    s.add_model("a", 4, LatencyModel({2: 0.010, 4: 0.016}, decode_per_image=0.001), 100)
+    s.admit(request("a", clock, slo=1.0))
+    s.next_batch()
+    for _ in range(100):
+        s.lateness.note(clock(), clock() - 0.030)
+    s.admit(request("a", clock, slo=0.040))  # 23 ms of work ahead; a margin (30 ms, 20 at most here) would refuse
+    with pytest.raises(ValueError, match=r"lateness quantile 1\.0"):
+        Scheduler(clock, late_quantile=1.0)
+
+
 def test_the_margin_never_takes_more_than_half_of_what_is_left_of_a_deadline():
     clock = Clock()
     s = scheduler(clock, max_batch=4)

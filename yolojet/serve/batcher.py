@@ -110,6 +110,8 @@ class Lateness:
         seconds: float = LATENESS_SECONDS,
         every: int = LATENESS_EVERY,
     ) -> None:
+        if not 0.0 <= quantile < 1.0:
+            raise ValueError(f"lateness quantile {quantile}: expected 0 (no margin) up to, not including, 1")
         self.clock, self.quantile, self.seconds, self.every = clock, quantile, seconds, every
         self._noted: deque[tuple[float, float]] = deque()  # (when answered, seconds past its promise)
         self._recent: deque[tuple[float, float]] = deque()
@@ -121,7 +123,11 @@ class Lateness:
         self._noted.append((answered, answered - promised))
 
     def margin(self) -> float:
-        """Seconds: the quantile of how late the last `seconds`' answers were against their promise (0 if early)."""
+        """Seconds: the quantile of how late the last `seconds`' answers were against their promise (0 if early, or
+        with a quantile of 0)."""
+        if self.quantile == 0.0:
+            self._noted.clear()
+            return 0.0
         while self._noted:
             self._recent.append(self._noted.popleft())
             self._since += 1
@@ -157,7 +163,10 @@ class ModelQueue:
 class Scheduler:
     """The queues of every model and the batches in flight; not thread-safe (the server holds a lock)."""
 
-    def __init__(self, clock: Callable[[], float], depth: int = 2, engines: int = 1) -> None:
+    def __init__(
+        self, clock: Callable[[], float], depth: int = 2, engines: int = 1, late_quantile: float = LATENESS_QUANTILE
+    ) -> None:
+        """`late_quantile`: the quantile of recent answers' lateness that admission keeps free (0: no margin)."""
         self.clock = clock
         self.depth_per_engine = depth
         self.engines = engines
@@ -170,7 +179,7 @@ class Scheduler:
         self._taken: dict[int, tuple[float, float, str]] = {}
         self._last_finished = -math.inf
         self._tickets = 0
-        self.lateness = Lateness(clock)
+        self.lateness = Lateness(clock, late_quantile)
 
     def add_model(self, name: str, max_batch: int, latency: LatencyModel, max_queue: int) -> None:
         self.queues[name] = ModelQueue(max_batch, latency, max_queue)
