@@ -183,7 +183,9 @@ def main() -> int:
         help="the server answers each image once submitted (bench_server_cpu.py's): its front alone, no GPU needed",
     )
     parser.add_argument("--py-spy", action="store_true", help="py-spy records the server for 5 s of the overload phase")
-    parser.add_argument("--serve-args", default="", help="further flags of the server, e.g. '--late-quantile 0'")
+    parser.add_argument(
+        "--serve-args", default="", help="further flags of the server, one argument: --serve-args='--slo-ms 80'"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     if args.worker:

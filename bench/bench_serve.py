@@ -299,7 +299,9 @@ def main() -> int:
     parser.add_argument(
         "--decoder", default=None, help="--decoder for every server and labeler started (default: theirs, auto)"
     )
-    parser.add_argument("--serve-args", default="", help="further flags of every server, e.g. '--late-quantile 0'")
+    parser.add_argument(
+        "--serve-args", default="", help="further flags of every server, one argument: --serve-args='--slo-ms 80'"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     LOG_DIR[:] = [args.out]

@@ -671,7 +671,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_pending=args.max_pending,
         max_calls=args.max_calls,
-        late_quantile=args.late_quantile,
         max_message_bytes=int(args.max_message_mb * (1 << 20)),
         max_pixels=args.max_pixels,
         device=args.device,
@@ -1187,15 +1186,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="calls under way at once in each server process (a stream, a health check and ListModels count as one "
         "each); past this gRPC turns new ones away at once (RESOURCE_EXHAUSTED), before the service reads them. "
         "With --max-pending, for a server that may be offered more than it sustains (default: no limit)",
-    )
-    p.add_argument(
-        "--late-quantile",
-        type=float,
-        default=0.99,
-        metavar="Q",
-        help="admission keeps free before each deadline this quantile of how late the last second's answers ran "
-        "against their estimate, so that under overload that share of admitted requests is answered in time; 0 admits "
-        "on the estimate alone (default 0.99)",
     )
     p.add_argument("--max-message-mb", type=float, default=64.0, help="largest request, MB (default 64)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")

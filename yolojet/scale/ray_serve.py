@@ -51,19 +51,12 @@ class InferenceReplica:
     of `yolojet serve`. Ray's gRPC proxy calls its methods by the gRPC method names, with the call's context as
     `grpc_context` (a status is set there: Ray's context cannot abort)."""
 
-    def __init__(
-        self,
-        specs: list[ModelSpec],
-        engine_options: dict[str, Any],
-        slo_s: float,
-        max_queue: int,
-        late_quantile: float = 0.99,
-    ) -> None:
+    def __init__(self, specs: list[ModelSpec], engine_options: dict[str, Any], slo_s: float, max_queue: int) -> None:
         self.models: dict[str, ServedModel] = {}  # set before loading: __del__ runs after a failed __init__ too
         self.runner: Runner | None = None
         self.models = load_models(specs, **engine_options)
         metrics = ServerMetrics()  # the runner counts into it; Ray Serve has metrics of its own for the cluster
-        scheduler = Scheduler(time.monotonic, late_quantile=late_quantile)
+        scheduler = Scheduler(time.monotonic)
         for name, model in self.models.items():
             scheduler.add_model(name, model.max_batch, model.latency, max_queue)
         self.runner = Runner(self.models, scheduler, metrics)
@@ -218,7 +211,7 @@ class RayService:
             graceful_shutdown_timeout_s=o.grace_s,
             max_constructor_retry_count=1,  # a model that cannot load fails the same way again: say so at once
         )
-        return deployment.bind(self.specs, engine_options, o.slo_ms / 1000, o.max_queue, o.late_quantile)
+        return deployment.bind(self.specs, engine_options, o.slo_ms / 1000, o.max_queue)
 
     def stop(self) -> None:
         serve, self._serve = self._serve, None

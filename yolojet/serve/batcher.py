@@ -16,11 +16,6 @@ moving average of decode time per image, updated by every batch.
   batch.
 - The estimates learn from the batches: each batch's time from being taken to being answered, against its estimate,
   moves the model's `slowdown` (an average ratio), so that admission counts what the host adds under load.
-- Admission also keeps a margin: how much later than admission estimated them the answers of the last second reached
-  the event loop, at their 99th percentile (`Lateness`). A batch's estimate is an average; under overload every
-  admitted request is near its deadline, and the spread of the answers around the average, with the event loop's own
-  lag before an answer leaves, is what makes some of them late. The margin never takes more than half of what is left
-  of a request's deadline, so that a stall (a new shape built, a slow spell) cannot close admission for good.
 - A request whose deadline has passed while it waited is dropped from its queue (DEADLINE_EXCEEDED), never run.
 - Several engines (worker processes, one a GPU: scale/) run batches side by side: `engines` of them take `depth`
   batches each, and the work ahead of a request is shared among them.
@@ -39,9 +34,6 @@ from typing import Any
 DECODE_EMA = 0.2  # weight of the newest batch in the decode-time average
 SLOWDOWN_EMA = 0.2  # weight of the newest batch in the average of measured / estimated batch time
 _SLOWDOWN_RANGE = (0.25, 50.0)  # one batch's ratio counts within this range (a stall or a clock jump, bounded)
-LATENESS_QUANTILE = 0.99  # the share of admitted requests the margin means to answer in time
-LATENESS_SECONDS = 1.0  # answers this recent make the margin (2,000 of them at a server's 2,000 a second)
-LATENESS_EVERY = 50  # answers between two computations of the margin (a sort of up to a second's answers)
 
 
 @dataclass
@@ -53,7 +45,6 @@ class Request:
     arrival: float
     key: Any = None
     payload: Any = None
-    promised: float = 0.0  # when admission expected it answered
 
 
 @dataclass
@@ -98,49 +89,6 @@ class LatencyModel:
                 self.decode_per_image += DECODE_EMA * (per_image - self.decode_per_image)
 
 
-class Lateness:
-    """How much later than promised at admission the recent answers reached the event loop, as a high quantile: the
-    margin admission keeps. Answers are noted from the event loop's thread (`note`: a deque's append, atomic) and
-    folded in under the scheduler's lock (`margin`)."""
-
-    def __init__(
-        self,
-        clock: Callable[[], float],
-        quantile: float = LATENESS_QUANTILE,
-        seconds: float = LATENESS_SECONDS,
-        every: int = LATENESS_EVERY,
-    ) -> None:
-        if not 0.0 <= quantile < 1.0:
-            raise ValueError(f"lateness quantile {quantile}: expected 0 (no margin) up to, not including, 1")
-        self.clock, self.quantile, self.seconds, self.every = clock, quantile, seconds, every
-        self._noted: deque[tuple[float, float]] = deque()  # (when answered, seconds past its promise)
-        self._recent: deque[tuple[float, float]] = deque()
-        self._since = 0  # answers folded in since the margin was last computed
-        self._computed = -math.inf
-        self._margin = 0.0
-
-    def note(self, answered: float, promised: float) -> None:
-        self._noted.append((answered, answered - promised))
-
-    def margin(self) -> float:
-        """Seconds: the quantile of how late the last `seconds`' answers were against their promise (0 if early, or
-        with a quantile of 0)."""
-        if self.quantile == 0.0:
-            self._noted.clear()
-            return 0.0
-        while self._noted:
-            self._recent.append(self._noted.popleft())
-            self._since += 1
-        now = self.clock()
-        if self._since >= self.every or now - self._computed > self.seconds / 10:
-            while self._recent and self._recent[0][0] < now - self.seconds:
-                self._recent.popleft()
-            late = sorted(x for _, x in self._recent)
-            self._margin = max(0.0, late[int(self.quantile * (len(late) - 1))]) if late else 0.0
-            self._since, self._computed = 0, now
-        return self._margin
-
-
 class Refused(Exception):
     """A request the server cannot serve in time (its queue is full, or its deadline would pass first)."""
 
@@ -163,10 +111,7 @@ class ModelQueue:
 class Scheduler:
     """The queues of every model and the batches in flight; not thread-safe (the server holds a lock)."""
 
-    def __init__(
-        self, clock: Callable[[], float], depth: int = 2, engines: int = 1, late_quantile: float = LATENESS_QUANTILE
-    ) -> None:
-        """`late_quantile`: the quantile of recent answers' lateness that admission keeps free (0: no margin)."""
+    def __init__(self, clock: Callable[[], float], depth: int = 2, engines: int = 1) -> None:
         self.clock = clock
         self.depth_per_engine = depth
         self.engines = engines
@@ -179,7 +124,6 @@ class Scheduler:
         self._taken: dict[int, tuple[float, float, str]] = {}
         self._last_finished = -math.inf
         self._tickets = 0
-        self.lateness = Lateness(clock, late_quantile)
 
     def add_model(self, name: str, max_batch: int, latency: LatencyModel, max_queue: int) -> None:
         self.queues[name] = ModelQueue(max_batch, latency, max_queue)
@@ -199,20 +143,15 @@ class Scheduler:
         queue = self.queues[request.model]
         if len(queue.waiting) >= queue.max_queue:
             raise Refused(f"model {request.model}: {len(queue.waiting)} requests already queued (the limit)")
-        now = self.clock()
-        finish = now + self.work_ahead(request)
-        margin = min(self.lateness.margin(), (request.deadline - now) / 2)
+        finish = self.clock() + self.work_ahead(request)
         if self.idle():
             # Nothing queued or running: the request would start at once, and refusing it on the decode average alone
             # would refuse forever, since only batches update that average (a transient slowdown, a profiler's pauses,
             # once left a server turning every request away). Only a run of one longer than the deadline refuses.
-            finish, margin = now + queue.latency.run_seconds[queue.latency.bucket(1)], 0.0
-        if finish + margin > request.deadline:
-            late = (finish + margin - request.deadline) * 1000
-            kept = f" (with {margin * 1000:.0f} ms kept for answers running late)" if margin > 0 else ""
-            ahead = f"the work queued ahead would end {late:.0f} ms past the deadline"
-            raise Refused(f"model {request.model}: {ahead}{kept}")
-        request.promised = finish
+            finish = self.clock() + queue.latency.run_seconds[queue.latency.bucket(1)]
+        if finish > request.deadline:
+            late = (finish - request.deadline) * 1000
+            raise Refused(f"model {request.model}: the work queued ahead would end {late:.0f} ms past the deadline")
         queue.waiting.append(request)
         queue.soonest = min(queue.soonest, request.deadline)
 

@@ -68,7 +68,6 @@ class Outcome:
     queue_s: float = 0.0
     decode_s: float = 0.0
     run_s: float = 0.0
-    promised: float = 0.0  # when admission expected the request answered (0: not said), for its margin
 
 
 @dataclass
@@ -152,10 +151,6 @@ class Runner:
             self.scheduler.admit(Request(model, deadline, now, key, job))
             self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
-
-    def note_answered(self, answered: float, promised: float) -> None:
-        """An answer reached the event loop at `answered`, promised at admission for `promised` (from any thread)."""
-        self.scheduler.lateness.note(answered, promised)
 
     def forget_gone(self) -> int:
         """Take the requests whose callers went away out of the queues (a stream closed with images read ahead:
@@ -350,7 +345,6 @@ class Runner:
         name = request.model
         self.metrics.child(self.metrics.requests, name, outcome.code.name).inc()
         if outcome.code == grpc.StatusCode.OK:
-            outcome.promised = request.promised
             metrics, stages = self.metrics, self.metrics.stage_seconds
             metrics.child(stages, name, "queue").observe(outcome.queue_s)
             metrics.child(stages, name, "decode").observe(outcome.decode_s)

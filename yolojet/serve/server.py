@@ -50,9 +50,6 @@ class ServeOptions:
     # Calls under way at once (gRPC's maximum_concurrent_rpcs): past it gRPC answers new ones RESOURCE_EXHAUSTED before
     # the service reads them. None: no limit.
     max_calls: int | None = None
-    # The quantile of how late recent answers ran against admission's estimate that admission keeps free before each
-    # deadline (batcher.Lateness); 0: admit on the estimate alone.
-    late_quantile: float = 0.99
     max_message_bytes: int = 64 << 20
     max_pixels: int = DEFAULT_MAX_PIXELS
     device: str | None = None
@@ -73,10 +70,6 @@ class ServeOptions:
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):  # a key alone would serve in the clear
             raise EngineConfigError("tls_cert and tls_key go together (--tls-cert and --tls-key): give both or neither")
-        if not 0.0 <= self.late_quantile < 1.0:
-            raise EngineConfigError(
-                f"--late-quantile {self.late_quantile}: expected 0 (no margin) up to, not including, 1"
-            )
         if self.event_loop not in EVENT_LOOPS:
             raise EngineConfigError(f"event loop {self.event_loop!r}: expected one of {', '.join(EVENT_LOOPS)}")
 
@@ -146,7 +139,7 @@ class Server:
         self.models, self.options = models, options
         self.metrics = ServerMetrics()
         self.metrics.watch_gpu_memory(sorted({torch.device(m.card.device) for m in models.values()}, key=str))
-        self.scheduler = Scheduler(time.monotonic, late_quantile=options.late_quantile)
+        self.scheduler = Scheduler(time.monotonic)
         for name, model in models.items():
             self.scheduler.add_model(name, model.max_batch, model.latency, options.max_queue)
         self.runner = runner(models, self.scheduler, self.metrics)

@@ -89,7 +89,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         future: asyncio.Future = loop.create_future()
         settler = self._settlers.get(loop)
         if settler is None:
-            settler = self._settlers[loop] = Settler(loop, self.runner.note_answered, self.clock)
+            settler = self._settlers[loop] = Settler(loop)
         job = Job(request.id, data, options, functools.partial(settler.put, future), gone=future.cancelled)
         try:
             self.runner.enqueue(model.name, job, deadline, key=(options.iou, options.agnostic))
@@ -238,16 +238,10 @@ class Settler:
     """Outcomes handed over from the runner's thread to the event loop's futures, settled in one wake-up of the loop
     for all that arrive together (a batch's requests, answered one after another), rather than a wake-up each: each
     wake-up is a write to the loop's socket on the runner's side, and a read and a pass of the loop on its own, and
-    each lets go of the GIL and waits to take it back. When each answer reached the loop, with when admission promised
-    it, goes to `note` (the admission margin: the loop's own lag under load is part of what makes answers late)."""
+    each lets go of the GIL and waits to take it back."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        note: Callable[[float, float], None] = lambda answered, promised: None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.loop, self.note, self.clock = loop, note, clock
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
         self._lock = threading.Lock()
         self._waiting: list[tuple[asyncio.Future, Outcome]] = []
 
@@ -262,12 +256,9 @@ class Settler:
     def _settle_waiting(self) -> None:
         with self._lock:
             waiting, self._waiting = self._waiting, []
-        now = self.clock()
         for future, outcome in waiting:
             if not future.done():  # the client may have gone away (the call cancelled its future)
                 future.set_result(outcome)
-            if outcome.promised:
-                self.note(now, outcome.promised)
 
 
 def _reply(outcome: Outcome, model: ServedModel, request_id: str) -> pb.InferReply:
