@@ -141,7 +141,8 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     tail -30 "$OUT/network.log" ;;
   esac
 done
-# More than eight result files go into one archive, one file to copy back from a remote machine.
-if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+# More than PACK_AT result files (8: what one call brings back from a remote machine) go into one archive. A call that
+# runs this script several times, each with an OUT of its own below the call's, sets PACK_AT=1: one archive each.
+if [ "$(find "$OUT" -type f | wc -l)" -gt "${PACK_AT:-8}" ]; then
   tar czf /tmp/all.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/all.tgz "$OUT/all.tgz"
 fi
