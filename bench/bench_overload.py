@@ -184,7 +184,7 @@ def main() -> int:
     )
     parser.add_argument("--py-spy", action="store_true", help="py-spy records the server for 5 s of the overload phase")
     parser.add_argument(
-        "--serve-args", default="", help="further flags of the server, one argument: --serve-args='--slo-ms 80'"
+        "--serve-args", default="", help="further flags of the server, one argument: --serve-args='--max-queue 256'"
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()

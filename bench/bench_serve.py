@@ -300,7 +300,7 @@ def main() -> int:
         "--decoder", default=None, help="--decoder for every server and labeler started (default: theirs, auto)"
     )
     parser.add_argument(
-        "--serve-args", default="", help="further flags of every server, one argument: --serve-args='--slo-ms 80'"
+        "--serve-args", default="", help="further flags of every server, one argument: --serve-args='--max-queue 256'"
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
