@@ -761,13 +761,22 @@ def preprocess_parts(engine, pixels: torch.Tensor, repeats: int = 300) -> dict:
     from yolojet.images.frames import frame_from_pixels
 
     buffer = torch.empty_like(pixels)
+    index = engine.device.index if engine.device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(engine.device)
+    done = torch.cuda.Event()
     parts = {
         "frame_from_pixels": lambda: frame_from_pixels(pixels),
         "current_stream": lambda: torch.cuda.current_stream(engine.device),
+        "current_stream_cached": engine._current_stream,
+        "stream_identity": lambda: torch._C._cuda_getCurrentStream(index),
+        "event_record": lambda: done.record(stream),
         "copy_into_buffer": lambda: buffer.copy_(pixels),
         "clone": lambda: pixels.clone(),
         "preprocess": lambda: engine.preprocess(pixels, 0),
     }
+    driver_copy = _driver_copy()
+    if driver_copy is not None:
+        parts["copy_driver"] = lambda: driver_copy(buffer, pixels, stream)
     found = {}
     for name, part in parts.items():
         samples = []
@@ -780,12 +789,60 @@ def preprocess_parts(engine, pixels: torch.Tensor, repeats: int = 300) -> dict:
     return found
 
 
+def _driver_copy():
+    """A device-to-device copy through cuda-bindings' driver API (one cuMemcpyDtoDAsync), or None where it is
+    missing: what the slot's copy would cost without torch's TensorIterator."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+
+    def copy(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        (error,) = driver.cuMemcpyDtoDAsync(dst.data_ptr(), src.data_ptr(), src.nbytes, stream.cuda_stream)
+        if error != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuMemcpyDtoDAsync: {error}")
+
+    return copy
+
+
 def stage_latency(found: dict, model_dir: Path) -> None:
     from yolojet.engine.engine import Engine
 
     engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
     rows = batch1_latency(engine, bus_rgb_cuda())
     rows["trio_steps_p50_us"] = trio_steps(engine, bus_rgb_cuda())
+    # A, B, A, B in one process: the cached current stream against torch's, and the slot's copy through the driver.
+    cached = engine._current_stream
+    public = functools.partial(torch.cuda.current_stream, engine.device)
+    slot_copy = type(engine)._slot_copy
+    driver_copy = _driver_copy()
+
+    def driver_slot_copy(self, slot, pixels, stream):
+        held = self._slot_copies[slot]
+        if held is None or held.shape != pixels.shape or stream is None or not pixels.is_contiguous():
+            return slot_copy(self, slot, pixels, stream)
+        read_on = self._slot_read_on[slot]
+        if read_on is not None and read_on != stream:
+            stream.wait_stream(read_on)
+        driver_copy(held, pixels, stream)
+        return held
+
+    variants = {"public_stream": (public, slot_copy), "cached_stream": (cached, slot_copy)}
+    if driver_copy is not None:
+        variants["cached_stream_driver_copy"] = (cached, driver_slot_copy)
+    rows["trio_variants_p50_us"] = collections.defaultdict(list)
+    try:
+        for _ in range(2):
+            for name, (current, copy) in variants.items():
+                engine._current_stream = current
+                type(engine)._slot_copy = copy
+                steps = trio_steps(engine, bus_rgb_cuda())
+                rows["trio_variants_p50_us"][name].append(steps)
+                shown = {k: round(v, 1) for k, v in steps.items()}
+                print(f"batch 1, trio with {name}: {json.dumps(shown)}", flush=True)
+    finally:
+        engine._current_stream = cached
+        type(engine)._slot_copy = slot_copy
     # The same with a new copy of the frame every preprocess (as before the slots' own buffers): one process, one
     # machine, so the difference is the change's.
     own_buffers = type(engine)._slot_copy

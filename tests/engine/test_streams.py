@@ -307,3 +307,27 @@ def test_predict_graphs_follow_a_new_network_capture(tmp_path):
     assert engine(photo, conf=0.01)[0].to_json() == before
     assert engine._path.captured_with == engine.network.captures
     assert all(graph not in old_graphs for graph, _ in engine._path.graphs.values())
+
+
+@pytest.mark.gpu(reason="CUDA streams need a CUDA GPU")
+def test_current_stream_follows_the_callers_stream_in_every_thread():
+    """The cached current stream is torch's current stream: the default one, a stream entered with
+    `torch.cuda.stream`, another thread's own; one object per stream."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from yolojet.engine.cuda_calls import CurrentStream
+
+    current = CurrentStream(torch.device("cuda"))
+    assert current() == torch.cuda.current_stream() and current() is current()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert current() == side != torch.cuda.default_stream()
+    assert current() == torch.cuda.current_stream()
+
+    def in_thread() -> bool:
+        own = torch.cuda.Stream()
+        with torch.cuda.stream(own):
+            return current() == own and current().cuda_stream == own.cuda_stream
+
+    with ThreadPoolExecutor(2) as pool:
+        assert all(pool.map(lambda _: in_thread(), range(4)))

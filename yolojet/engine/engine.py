@@ -31,6 +31,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from yolojet.engine.cuda_calls import CurrentStream
 from yolojet.engine.feed import FedBatch, FrameFeed, to_device
 from yolojet.engine.models import resolve_graph
 from yolojet.engine.network import FamilyProfile, TritonNetwork
@@ -235,6 +236,7 @@ class Engine:
         # The paths of rectangles other than the model's own input, least recently used first.
         self._shapes: OrderedDict[tuple[int, int], PredictPath] = OrderedDict()
         self._lock = _DeviceLock(self.device)
+        self._current_stream = CurrentStream(self.device) if self.device.type == "cuda" else None
         self._in_flight: list[_Part] = []
         self._last_launch: tuple[torch.cuda.Event, torch.cuda.Stream] | None = None  # its end, and where it ran
         # The low-latency trio's state: each slot's staged frame, and the run that has found its results.
@@ -743,7 +745,7 @@ class Engine:
         parity = next(p for p in range(PARITIES) if p not in used)
         # Every run writes the same activations (the arena) and a path's device buffers: one launched from another
         # stream than the last (another thread's) waits for it, as runs on one stream follow each other.
-        stream = torch.cuda.current_stream(self.device) if path.cuda else None
+        stream = self._current_stream() if self._current_stream is not None and path.cuda else None
         if stream is not None and self._last_launch is not None and self._last_launch[1] != stream:
             stream.wait_event(self._last_launch[0])
         path.wait_for(ready, stream)
@@ -782,7 +784,7 @@ class Engine:
         """Stage one image (any accepted kind; a CUDA tensor stays on the GPU, copied) in batch slot `slot`."""
         if not _integral(slot) or not 0 <= slot < self.max_batch:
             raise EngineConfigError(f"slot {slot}: this engine has slots 0..{self.max_batch - 1}")
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        stream = self._current_stream() if self._current_stream is not None else None
         if is_encoded(frame):
             batch = self.decoder.decode([Encoded.of(frame)])
             decoded = batch.items[0]
@@ -829,7 +831,7 @@ class Engine:
             if any(s is None for s in staged):
                 raise EngineConfigError(f"run({batch}): stage a frame into each of slots 0..{batch - 1} first")
             frames = [s.frame for s in staged if s is not None]
-            launch = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+            launch = self._current_stream() if self._current_stream is not None else None
             if launch is not None:
                 # Frames staged on other streams than the one the run is launched on: it waits for them.
                 for ready_on in {s.stream for s in staged if s is not None and s.stream not in (None, launch)}:
