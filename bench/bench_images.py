@@ -757,7 +757,9 @@ def run1_walls(engine, repeats: int) -> Timing:
 
 def preprocess_parts(engine, pixels: torch.Tensor, repeats: int = 300) -> dict:
     """Host microseconds (p50) of what `preprocess` of a GPU frame does, each alone: the frame made from the tensor,
-    the current stream asked for, a copy into a buffer of the same shape, a clone; and the whole preprocess."""
+    the current stream asked for (torch's, the engine's cached one, its identity alone), an event recorded, a copy
+    into a buffer of the same shape (torch's, the product's), a clone; and the whole preprocess."""
+    from yolojet.engine.cuda_calls import copy_on_stream
     from yolojet.images.frames import frame_from_pixels
 
     buffer = torch.empty_like(pixels)
@@ -772,11 +774,9 @@ def preprocess_parts(engine, pixels: torch.Tensor, repeats: int = 300) -> dict:
         "event_record": lambda: done.record(stream),
         "copy_into_buffer": lambda: buffer.copy_(pixels),
         "clone": lambda: pixels.clone(),
+        "copy_on_stream": lambda: copy_on_stream(buffer, pixels, stream),
         "preprocess": lambda: engine.preprocess(pixels, 0),
     }
-    driver_copy = _driver_copy()
-    if driver_copy is not None:
-        parts["copy_driver"] = lambda: driver_copy(buffer, pixels, stream)
     found = {}
     for name, part in parts.items():
         samples = []
@@ -789,60 +789,37 @@ def preprocess_parts(engine, pixels: torch.Tensor, repeats: int = 300) -> dict:
     return found
 
 
-def _driver_copy():
-    """A device-to-device copy through cuda-bindings' driver API (one cuMemcpyDtoDAsync), or None where it is
-    missing: what the slot's copy would cost without torch's TensorIterator."""
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        return None
-
-    def copy(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> None:
-        (error,) = driver.cuMemcpyDtoDAsync(dst.data_ptr(), src.data_ptr(), src.nbytes, stream.cuda_stream)
-        if error != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuMemcpyDtoDAsync: {error}")
-
-    return copy
-
-
 def stage_latency(found: dict, model_dir: Path) -> None:
     from yolojet.engine.engine import Engine
 
     engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
     rows = batch1_latency(engine, bus_rgb_cuda())
     rows["trio_steps_p50_us"] = trio_steps(engine, bus_rgb_cuda())
-    # A, B, A, B in one process: the cached current stream against torch's, and the slot's copy through the driver.
-    cached = engine._current_stream
+    # A, B, A, B in one process: the current stream cached or torch's, the slot's copy through the driver or torch.
+    import yolojet.engine.engine as engine_module
+
+    cached, product_copy = engine._current_stream, engine_module.copy_on_stream
     public = functools.partial(torch.cuda.current_stream, engine.device)
-    slot_copy = type(engine)._slot_copy
-    driver_copy = _driver_copy()
 
-    def driver_slot_copy(self, slot, pixels, stream):
-        held = self._slot_copies[slot]
-        if held is None or held.shape != pixels.shape or stream is None or not pixels.is_contiguous():
-            return slot_copy(self, slot, pixels, stream)
-        read_on = self._slot_read_on[slot]
-        if read_on is not None and read_on != stream:
-            stream.wait_stream(read_on)
-        driver_copy(held, pixels, stream)
-        return held
+    def torch_copy(dst, src, stream):
+        dst.copy_(src)
 
-    variants = {"public_stream": (public, slot_copy), "cached_stream": (cached, slot_copy)}
-    if driver_copy is not None:
-        variants["cached_stream_driver_copy"] = (cached, driver_slot_copy)
+    variants = {
+        "public_stream_torch_copy": (public, torch_copy),
+        "cached_stream_torch_copy": (cached, torch_copy),
+        "cached_stream_driver_copy": (cached, product_copy),
+    }
     rows["trio_variants_p50_us"] = collections.defaultdict(list)
     try:
         for _ in range(2):
             for name, (current, copy) in variants.items():
-                engine._current_stream = current
-                type(engine)._slot_copy = copy
+                engine._current_stream, engine_module.copy_on_stream = current, copy
                 steps = trio_steps(engine, bus_rgb_cuda())
                 rows["trio_variants_p50_us"][name].append(steps)
                 shown = {k: round(v, 1) for k, v in steps.items()}
                 print(f"batch 1, trio with {name}: {json.dumps(shown)}", flush=True)
     finally:
-        engine._current_stream = cached
-        type(engine)._slot_copy = slot_copy
+        engine._current_stream, engine_module.copy_on_stream = cached, product_copy
     # The same with a new copy of the frame every preprocess (as before the slots' own buffers): one process, one
     # machine, so the difference is the change's.
     own_buffers = type(engine)._slot_copy

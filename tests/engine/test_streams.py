@@ -331,3 +331,26 @@ def test_current_stream_follows_the_callers_stream_in_every_thread():
 
     with ThreadPoolExecutor(2) as pool:
         assert all(pool.map(lambda _: in_thread(), range(4)))
+
+
+@pytest.mark.gpu(reason="a device-to-device copy needs a CUDA GPU")
+def test_copy_on_stream_copies_after_the_streams_earlier_work():
+    """The slot's copy, through the driver where it can: the bytes of the source as the stream's earlier work left
+    them (a write landing late), into a poisoned buffer; a strided source goes through torch's copy."""
+    from yolojet.engine.cuda_calls import copy_on_stream
+
+    stream = torch.cuda.Stream()
+    src = torch.randint(0, 256, (810, 1080, 3), dtype=torch.uint8, device="cuda")
+    fresh = torch.randint(0, 256, src.shape, dtype=torch.uint8, device="cuda")
+    dst = torch.full_like(src, 7)
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(20_000_000)
+        src.copy_(fresh)  # lands late: a copy not ordered after it would read the old bytes
+        copy_on_stream(dst, src, stream)
+    stream.synchronize()
+    assert torch.equal(dst, fresh)
+    strided = fresh.permute(1, 0, 2)
+    dst = torch.full(strided.shape, 7, dtype=torch.uint8, device="cuda")
+    copy_on_stream(dst, strided, torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    assert torch.equal(dst, strided)

@@ -31,7 +31,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from yolojet.engine.cuda_calls import CurrentStream
+from yolojet.engine.cuda_calls import CurrentStream, copy_on_stream
 from yolojet.engine.feed import FedBatch, FrameFeed, to_device
 from yolojet.engine.models import resolve_graph
 from yolojet.engine.network import FamilyProfile, TritonNetwork
@@ -818,9 +818,12 @@ class Engine:
             held = self._slot_copies[slot] = pixels.clone(memory_format=torch.contiguous_format)
             return held
         read_on = self._slot_read_on[slot]
-        if stream is not None and read_on is not None and read_on != stream:
+        if stream is None:
+            return held.copy_(pixels)
+        if read_on is not None and read_on != stream:
             stream.wait_stream(read_on)
-        return held.copy_(pixels)
+        copy_on_stream(held, pixels, stream)
+        return held
 
     def run_async(self, batch: int = 1) -> None:
         """Start the whole path on slots [0, batch); on a GPU this is one graph launch and returns at once."""
