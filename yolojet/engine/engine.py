@@ -785,6 +785,7 @@ class Engine:
         if not _integral(slot) or not 0 <= slot < self.max_batch:
             raise EngineConfigError(f"slot {slot}: this engine has slots 0..{self.max_batch - 1}")
         stream = self._current_stream() if self._current_stream is not None else None
+        on_device = False  # a frame on the engine's device, copied into the slot's own buffer
         if is_encoded(frame):
             batch = self.decoder.decode([Encoded.of(frame)])
             decoded = batch.items[0]
@@ -792,16 +793,16 @@ class Engine:
                 raise decoded
         else:
             decoded = frame_from_pixels(frame)
-            if decoded.pixels.device == self.device:
-                # The caller may reuse its tensor: copied on the caller's stream (no copy stream, so no event).
-                decoded = Frame(self._slot_copy(slot, decoded.pixels, stream), decoded.bgr, decoded.path)
-                batch = DecodedBatch([decoded])
-            else:
+            on_device = decoded.pixels.device == self.device
+            if not on_device:
                 decoded = to_device(decoded, self.decoder)
                 batch = DecodedBatch([decoded], self.decoder.cpu.ready_events())
-        if stream is not None and batch.ready:
+        if stream is not None and not on_device and batch.ready:
             batch.wait_on(stream)  # ready on the caller's stream, which the run follows or waits for
-        with self._lock:
+        with self._lock:  # the engine's GPU current, so the slot's copy is made in its context
+            if on_device:
+                # The caller may reuse its tensor: copied on the caller's stream (no copy stream, so no event).
+                decoded = Frame(self._slot_copy(slot, decoded.pixels, stream), decoded.bgr, decoded.path)
             self._staged[slot] = _Staged(decoded, None if is_encoded(frame) else frame, stream)
             self._ran[slot] = None
             if decoded.pixels is not self._slot_copies[slot]:
