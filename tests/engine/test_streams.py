@@ -343,6 +343,7 @@ def test_copy_on_stream_copies_after_the_streams_earlier_work():
     src = torch.randint(0, 256, (810, 1080, 3), dtype=torch.uint8, device="cuda")
     fresh = torch.randint(0, 256, src.shape, dtype=torch.uint8, device="cuda")
     dst = torch.full_like(src, 7)
+    stream.wait_stream(torch.cuda.current_stream())  # the tensors are made on the default stream
     with torch.cuda.stream(stream):
         torch.cuda._sleep(20_000_000)
         src.copy_(fresh)  # lands late: a copy not ordered after it would read the old bytes
