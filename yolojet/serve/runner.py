@@ -141,14 +141,19 @@ class Runner:
         if self.watched:
             self._watchdog.start()
 
-    def enqueue(self, model: str, job: Job, deadline: float, key: Any) -> None:
-        """Queue a request for `model` (raises `Refused` when it cannot meet its deadline)."""
+    def enqueue(self, model: str, job: Job, deadline: float, key: Any, admitted: bool = False) -> None:
+        """Queue a request for `model` (raises `Refused` when it cannot meet its deadline); `admitted`: a front
+        process admitted it already (a shared device worker's requests), so it is queued without a check."""
         now = self.clock()
         with self._cond:
             if self._stopping:
                 job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message=self._refusal))
                 return
-            self.scheduler.admit(Request(model, deadline, now, key, job))
+            request = Request(model, deadline, now, key, job)
+            if admitted:
+                self.scheduler.queue_admitted(request)
+            else:
+                self.scheduler.admit(request)
             self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
 
