@@ -81,9 +81,11 @@ class _Front:
     def _take(self, ticket: int, name: str, items: list[WorkerItem]) -> None:
         with self._lock:
             self._pending[ticket] = ([None] * len(items), [len(items)])
-        for index, (request_id, data, options, deadline, key) in enumerate(items):
-            job = Job(request_id, data, options, partial(self._answered, ticket, index), lambda: self.closed)
-            self.runner.enqueue(name, job, deadline, key, admitted=True)
+        jobs = [
+            (Job(request_id, data, options, partial(self._answered, ticket, index), lambda: self.closed), deadline, key)
+            for index, (request_id, data, options, deadline, key) in enumerate(items)
+        ]
+        self.runner.enqueue_admitted(name, jobs)
 
     def _answered(self, ticket: int, index: int, outcome: Outcome) -> None:
         if outcome.result is not None:

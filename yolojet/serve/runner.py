@@ -141,19 +141,28 @@ class Runner:
         if self.watched:
             self._watchdog.start()
 
-    def enqueue(self, model: str, job: Job, deadline: float, key: Any, admitted: bool = False) -> None:
-        """Queue a request for `model` (raises `Refused` when it cannot meet its deadline); `admitted`: a front
-        process admitted it already (a shared device worker's requests), so it is queued without a check."""
+    def enqueue(self, model: str, job: Job, deadline: float, key: Any) -> None:
+        """Queue a request for `model` (raises `Refused` when it cannot meet its deadline)."""
         now = self.clock()
         with self._cond:
             if self._stopping:
                 job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message=self._refusal))
                 return
-            request = Request(model, deadline, now, key, job)
-            if admitted:
-                self.scheduler.queue_admitted(request)
-            else:
-                self.scheduler.admit(request)
+            self.scheduler.admit(Request(model, deadline, now, key, job))
+            self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
+            self._cond.notify()
+
+    def enqueue_admitted(self, model: str, jobs: list[tuple[Job, float, Any]]) -> None:
+        """Queue requests a front process admitted already, as (job, deadline, key), without a check and together
+        (a front's batch, for the device worker it shares: no batch of the runner's takes only part of it because
+        it was taken while the rest were being queued)."""
+        now = self.clock()
+        with self._cond:
+            for job, deadline, key in jobs:
+                if self._stopping:
+                    job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message=self._refusal))
+                else:
+                    self.scheduler.queue_admitted(Request(model, deadline, now, key, job))
             self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
 
