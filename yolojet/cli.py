@@ -702,25 +702,28 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 0
     if args.ray_replicas is not None:
         raise EngineConfigError("--ray-replicas goes with --ray (the most Ray Serve replicas)")
-    if args.devices is None and args.processes == 1:
-        run_server(serve_forever(build_models(specs, options), options), options.event_loop)
-        return 0
-    if args.device is not None and args.devices is not None:
-        raise EngineConfigError("--device and --devices: give one (--devices runs a worker process a device)")
-    from yolojet.scale.devices import parse_devices
-
-    devices = parse_devices(args.devices) if args.devices is not None else []
-    engine_options = {"half": not args.fp32, "decoder": args.decoder, "max_pixels": args.max_pixels, **options.engine}
-    if args.processes > 1:  # whole servers, or with --devices fronts sharing a worker a device
+    if args.processes > 1:
         from yolojet.scale.server_processes import serve_processes
 
-        serve_processes(specs, options, args.processes, devices, engine_options)
+        if args.devices is not None:
+            raise EngineConfigError(
+                "--processes and --devices: give one (--processes runs whole servers sharing the "
+                "port, --devices one front with a worker process a device)"
+            )
+        serve_processes(specs, options, args.processes)
+        return 0
+    if args.devices is None:
+        run_server(serve_forever(build_models(specs, options), options), options.event_loop)
         return 0
     from functools import partial
 
+    from yolojet.scale.devices import parse_devices
     from yolojet.scale.server_workers import PoolRunner, WorkerPool
 
-    pool = WorkerPool(specs, devices, engine_options)
+    if args.device is not None:
+        raise EngineConfigError("--device and --devices: give one (--devices runs a worker process a device)")
+    engine_options = {"half": not args.fp32, "decoder": args.decoder, "max_pixels": args.max_pixels, **options.engine}
+    pool = WorkerPool(specs, parse_devices(args.devices), engine_options)
     try:
         models = pool.start()
         run_server(serve_forever(models, options, runner=partial(PoolRunner, pool=pool)), options.event_loop)
@@ -1191,8 +1194,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="all|0,1|cpu,...",
         help="one engine worker process a device "
-        "behind the front end (or the --processes fronts): every GPU (all), GPU indices, or device names; a "
-        "worker that dies is restarted and its batches sent to another",
+        "behind this one front end: every GPU (all), GPU indices, or device names; a worker that dies is "
+        "restarted and its batches sent to another",
     )
     p.add_argument(
         "--processes",
@@ -1201,9 +1204,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="N whole servers (front, batcher, "
         "engines) in processes of their own sharing --port, each new connection to one of them, so that "
-        "more than one interpreter's worth of calls is served (default 1); with --devices, N fronts sharing "
-        "one engine worker process a device, so that one CUDA context a GPU runs every front's requests in "
-        "shared batches; metrics on --metrics-port + the process's index",
+        "more than one interpreter's worth of calls is served (default 1); metrics on --metrics-port + "
+        "the process's index",
     )
     p.add_argument(
         "--ray",

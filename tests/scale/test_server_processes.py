@@ -152,7 +152,7 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
         children = server_children(server.pid)
         assert len(children) == 2
         os.kill(children[0], signal.SIGKILL)
-        wait_for(log, r'"event": "restarted", "process": "server process', server)
+        wait_for(log, r'"event": "server process restarted"', server)
         assert len(server_children(server.pid)) == 2
         for _ in range(4):
             np.testing.assert_allclose(rows(call()), want, rtol=1e-5, atol=0.02)
@@ -180,10 +180,10 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
             server.wait()
 
 
-def test_processes_go_without_ray_or_device_and_streams_only_with_a_server(capsys, tmp_path):
-    for extra, message in ((["--ray"], "--ray and --processes"), (["--devices", "cpu", "--device", "cpu"], "--device")):
+def test_processes_go_with_neither_devices_nor_ray_and_streams_only_with_a_server(capsys, tmp_path):
+    for extra in (["--devices", "cpu,cpu"], ["--ray"]):
         code, _, stderr = run_cli(capsys, "serve", "--model", str(tmp_path / "m"), "--processes", "2", *extra)
-        assert code == 2 and message in stderr, stderr
+        assert code == 2 and "--processes" in stderr, stderr
     out = str(tmp_path / "out.jsonl")
     refusals = (
         (["--local", "--model", "m"], "give it with --server"),

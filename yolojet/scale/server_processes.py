@@ -15,9 +15,6 @@ on `--metrics-port` plus its index (with `--metrics-port 0`, each on a free port
 them all gracefully (each answers what it accepted). A process that dies is started again; the calls it held fail
 with UNAVAILABLE, which clients retry. Each process watches its pipe to the parent: a parent that is gone (killed, not
 stopped) stops them too, so no orphan keeps serving the port.
-
-With `--devices` too, the N processes are fronts without engines, sharing one engine worker process a device
-(`shared_workers.py`), which this parent starts first, starts again when it dies, and stops last.
 """
 
 from __future__ import annotations
@@ -25,21 +22,16 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import replace
-from functools import partial
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from yolojet.errors import EngineConfigError
 from yolojet.options import apply_switch_interval
-from yolojet.scale.shared_workers import DeviceWorker
 from yolojet.serve.models import ModelSpec
 from yolojet.serve.server import ServeOptions
 
@@ -51,39 +43,26 @@ class _Stopped(Exception):
     """SIGTERM or SIGINT came while a process was loading."""
 
 
-def _process_main(
-    connection: Connection, specs: list[ModelSpec], options: ServeOptions, workers: list[tuple[str, str]]
-) -> None:
-    """One of the servers: load (or, with `workers`, (device, address) pairs, connect to the shared device workers),
-    serve, report the port bound, stop on SIGTERM or SIGINT or when the parent is gone."""
-    from functools import partial
-
-    from yolojet.scale.server_workers import PoolRunner
-    from yolojet.scale.shared_workers import SharedWorkerPool
-    from yolojet.serve.runner import Runner
+def _process_main(connection: Connection, specs: list[ModelSpec], options: ServeOptions) -> None:
+    """One of the servers: load, serve, report the port bound, stop on SIGTERM or SIGINT or when the parent is gone."""
     from yolojet.serve.server import build_models, configure_logging, run_server, serve_forever
 
     apply_switch_interval()
     configure_logging()
-    pool = SharedWorkerPool(workers) if workers else None
     try:
-        models = pool.start() if pool is not None else build_models(specs, options)
+        models = build_models(specs, options)
     except BaseException as e:  # reported to the parent, which says which process failed
         connection.send(("failed", f"{type(e).__name__}: {e}"))
         return
-    runner: Any = partial(PoolRunner, pool=pool) if pool is not None else Runner
 
     def started(port: int) -> None:
         connection.send(("ready", port))
         threading.Thread(target=_stop_when_orphaned, args=(connection,), daemon=True).start()
 
     try:
-        run_server(serve_forever(models, options, runner, started=started), options.event_loop)
+        run_server(serve_forever(models, options, started=started), options.event_loop)
     except EngineConfigError as e:  # the port could not be bound
         connection.send(("failed", str(e)))
-    finally:
-        if pool is not None:
-            pool.close()
 
 
 def _stop_when_orphaned(connection: Connection) -> None:
@@ -96,38 +75,16 @@ def _stop_when_orphaned(connection: Connection) -> None:
 
 
 class ServerProcesses:
-    """The N server processes (and, with `devices`, their shared engine workers): `start()` returns once all of them
-    listen, `run()` serves until a signal."""
+    """The N server processes: `start()` returns once all of them listen, `run()` serves until a signal."""
 
-    def __init__(
-        self,
-        specs: list[ModelSpec],
-        options: ServeOptions,
-        processes: int,
-        devices: Sequence[str] = (),
-        engine_options: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, specs: list[ModelSpec], options: ServeOptions, processes: int) -> None:
         if processes < 1:
             raise EngineConfigError(f"--processes {processes}: at least one")
         self.specs, self.count = specs, processes
         self.options = replace(options, reuse_port=True, processes=processes)
-        self.engine_options = engine_options or {}
         self._context = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
         self.processes: list[Any] = [None] * processes
         self.pipes: list[Connection | None] = [None] * processes  # kept open: a child sees the parent go by its end
-        # The workers' sockets, in a directory only this user can enter (mkdtemp's mode 0700).
-        self._sockets = tempfile.mkdtemp(prefix="yolojet-serve-") if devices else None
-        # Each worker's metrics on --metrics-port plus the processes' count plus its index (0: a free port each).
-        metrics = options.metrics_port
-        self.workers = [
-            DeviceWorker(
-                i,
-                device,
-                os.path.join(self._sockets or "", f"worker-{i}.sock"),
-                None if metrics is None else (options.host, metrics + processes + i if metrics else 0),
-            )
-            for i, device in enumerate(devices)
-        ]
         self.restarts = 0
         self.port = options.port
         self._stopping = False
@@ -140,10 +97,9 @@ class ServerProcesses:
 
     def _spawn(self, index: int) -> Connection:
         ours, theirs = self._context.Pipe()
-        workers = [(w.device, w.address) for w in self.workers]
         process = self._context.Process(
             target=_process_main,
-            args=(theirs, self.specs, self._options_of(index), workers),
+            args=(theirs, self.specs, self._options_of(index)),
             name=f"yolojet-serve-{index}",
             daemon=True,
         )
@@ -155,44 +111,32 @@ class ServerProcesses:
         self.processes[index], self.pipes[index] = process, ours
         return ours
 
-    def _ready(self, name: str, process: Any, connection: Connection) -> int:
-        """What the process reports once ready (a server its port, a worker its pid); in one-second waits, so that a
-        signal ends the wait."""
+    def _ready(self, index: int, connection: Connection) -> int:
+        """The port the process listens on, once it reports; in one-second waits, so that a signal ends the wait."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while not connection.poll(1.0):
             if self._stopping:
                 raise _Stopped
             if time.monotonic() > deadline:
-                raise EngineConfigError(f"{name} did not load its models in {START_TIMEOUT_S:.0f} s")
+                raise EngineConfigError(f"server process {index} did not load its models in {START_TIMEOUT_S:.0f} s")
         try:
             kind, body = connection.recv()
         except EOFError:
-            raise EngineConfigError(f"{name} exited while loading (exit code {process.exitcode})") from None
+            code = self.processes[index].exitcode
+            raise EngineConfigError(f"server process {index} exited while loading (exit code {code})") from None
         if kind == "failed":
-            raise EngineConfigError(f"{name}: {body}")
+            raise EngineConfigError(f"server process {index}: {body}")
         return int(body)
-
-    def _server_ready(self, index: int, connection: Connection) -> int:
-        return self._ready(f"server process {index}", self.processes[index], connection)
-
-    def _start_worker(self, worker: DeviceWorker) -> None:
-        pipe = worker.spawn(self._context, self.specs, self.engine_options)
-        self._ready(worker.name, worker.process, pipe)
 
     def start(self) -> None:
         """Start every process; returns once all listen (raises _Stopped on SIGTERM or SIGINT meanwhile)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._request_stop())
         try:
-            # The workers first, side by side (a device each: each tunes alone on its GPU), then the first server
-            # alone (without workers it tunes; its port is everyone's), then the others.
-            pipes = [(w, w.spawn(self._context, self.specs, self.engine_options)) for w in self.workers]
-            for worker, pipe in pipes:
-                self._ready(worker.name, worker.process, pipe)
-            self.port = self._server_ready(0, self._spawn(0))
+            self.port = self._ready(0, self._spawn(0))  # alone: it tunes; its port is everyone's
             pending = [(i, self._spawn(i)) for i in range(1, self.count)]
             for index, connection in pending:
-                self._server_ready(index, connection)
+                self._ready(index, connection)
         except BaseException:
             self.stop()
             raise
@@ -201,47 +145,35 @@ class ServerProcesses:
         """Serve until SIGTERM or SIGINT; a process that dies is started again."""
         try:
             while not self._stopping:
-                children: dict[Any, Any] = {p.sentinel: i for i, p in enumerate(self.processes) if p is not None}
-                children.update({w.process.sentinel: w for w in self.workers if w.process is not None})
-                for sentinel in wait(list(children), timeout=1.0):
+                sentinels = {p.sentinel: i for i, p in enumerate(self.processes) if p is not None}
+                for sentinel in wait(list(sentinels), timeout=1.0):
+                    index = sentinels[sentinel]  # type: ignore[index]
                     if self._stopping:
                         break
-                    child = children[sentinel]
-                    if isinstance(child, DeviceWorker):
-                        code = child.process.exitcode
-                        log.error(
-                            '{"event": "engine worker died", "device": "%s", "exit_code": %s}', child.device, code
-                        )
-                        self._restart(child.name, partial(self._start_worker, child))
-                    else:
-                        code = self.processes[child].exitcode
-                        log.error('{"event": "server process died", "index": %d, "exit_code": %s}', child, code)
-                        self._restart(f"server process {child}", partial(self._restart_server, child))
+                    code = self.processes[index].exitcode
+                    log.error('{"event": "server process died", "index": %d, "exit_code": %s}', index, code)
+                    self._restart(index)
         finally:
             self.stop()
 
-    def _restart_server(self, index: int) -> None:
-        self._server_ready(index, self._spawn(index))
-
-    def _restart(self, name: str, start: Any) -> None:
+    def _restart(self, index: int) -> None:
         while not self._stopping:
             try:
-                start()
+                self._ready(index, self._spawn(index))
                 self.restarts += 1
-                log.info('{"event": "restarted", "process": "%s"}', name)
+                log.info('{"event": "server process restarted", "index": %d}', index)
                 return
             except _Stopped:
                 return
             except EngineConfigError as e:
-                log.error('{"event": "restart failed", "process": "%s", "error": "%s"}', name, e)
+                log.error('{"event": "server process restart failed", "index": %d, "error": "%s"}', index, e)
                 time.sleep(5.0)
 
     def _request_stop(self) -> None:
         self._stopping = True
 
     def stop(self) -> None:
-        """SIGTERM to every server process (each answers what it accepted, up to --grace-s), then wait for them; then
-        the workers (each answers what it queued)."""
+        """SIGTERM to every process (each answers what it accepted, up to --grace-s), then wait for them."""
         self._stopping = True
         for process in self.processes:
             if process is not None and process.is_alive():
@@ -256,27 +188,16 @@ class ServerProcesses:
         for pipe in self.pipes:
             if pipe is not None:
                 pipe.close()
-        for worker in self.workers:
-            worker.stop(timeout=60.0)
-        if self._sockets is not None:
-            shutil.rmtree(self._sockets, ignore_errors=True)
 
 
-def serve_processes(
-    specs: list[ModelSpec],
-    options: ServeOptions,
-    processes: int,
-    devices: Sequence[str] = (),
-    engine_options: dict[str, Any] | None = None,
-) -> None:
-    servers = ServerProcesses(specs, options, processes, devices, engine_options)
+def serve_processes(specs: list[ModelSpec], options: ServeOptions, processes: int) -> None:
+    servers = ServerProcesses(specs, options, processes)
     try:
         servers.start()
     except _Stopped:  # stopped while loading: every process is stopped already
         return
-    shared = f", sharing {len(devices)} engine worker{'s' if len(devices) > 1 else ''}" if devices else ""
     print(
-        f"yolojet serve: listening on {options.host}:{servers.port} ({processes} processes{shared})",
+        f"yolojet serve: listening on {options.host}:{servers.port} ({processes} processes)",
         file=sys.stderr,
         flush=True,
     )

@@ -38,11 +38,6 @@ from yolojet.serve.models import ModelCard, ModelSpec, ServedModel
 from yolojet.serve.runner import HUNG_AFTER_S, Outcome, Runner
 
 log = logging.getLogger("yolojet.serve")
-# What a batch's request carries to a worker: (request id, the image's bytes, its options, its deadline, its batching
-# key); and what comes back for it: (status code name, results or message, seconds queued in the worker, decoding,
-# running).
-WorkerItem = tuple[str, bytes, Any, float, Any]
-WorkerOutcome = tuple[str, Any, float, float, float]
 BATCHES_PER_WORKER = 2  # one running, the next waiting in the pipe
 START_TIMEOUT_S = 900.0  # a cold start tunes every model's tiles: minutes on a GPU
 
@@ -72,10 +67,10 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
             _, ticket, name, items = message
             engine = models[name].engine
             assert engine is not None
-            outcomes: list[WorkerOutcome] = []
+            outcomes: list[tuple[str, Any, float, float]] = []
             started = time.perf_counter()
             try:
-                encoded = [Encoded(item[1], f"image of request {item[0]!r}") for item in items]
+                encoded = [Encoded(data, f"image of request {rid!r}") for rid, data, _ in items]
                 decoded = engine.decoder.decode(encoded, spare.pop(name, []))
                 decode_s = time.perf_counter() - started
                 frames = [(i, item) for i, item in enumerate(decoded.items) if not isinstance(item, ImageReadError)]
@@ -92,13 +87,13 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
                 for i, item in enumerate(decoded.items):
                     if i in by_slot:
                         by_slot[i].image = None  # the original image stays here: replies never carry it
-                        outcomes.append(("OK", by_slot[i], 0.0, decode_s, run_s))
+                        outcomes.append(("OK", by_slot[i], decode_s, run_s))
                     else:
-                        outcomes.append(("INVALID_ARGUMENT", str(item), 0.0, decode_s, 0.0))
+                        outcomes.append(("INVALID_ARGUMENT", str(item), decode_s, 0.0))
                 spare[name] = decoded.outputs
             except Exception as e:  # an engine failure, not a bad image: every request of the batch gets it
                 log.error("a batch of %s failed on %s: %s", name, device, traceback.format_exc())
-                outcomes = [("INTERNAL", f"the engine on {device} failed: {e}", 0.0, 0.0, 0.0)] * len(items)
+                outcomes = [("INTERNAL", f"the engine on {device} failed: {e}", 0.0, 0.0)] * len(items)
             connection.send(("done", ticket, outcomes))
     except (EOFError, OSError, KeyboardInterrupt):  # the front went away, or Ctrl-C reached the whole group
         return
@@ -147,11 +142,11 @@ class WorkerPool:
 
     def start(self) -> dict[str, ServedModel]:
         for worker in self.workers:
-            self.spawn(worker)
+            self._spawn(worker)
         reports = []
         try:
             for worker in self.workers:
-                reports.append(self.wait_ready(worker))
+                reports.append(self._wait_ready(worker))
         except BaseException:
             self.close()
             raise
@@ -161,7 +156,7 @@ class WorkerPool:
             models[name] = ServedModel(name, version, card, LatencyModel(slowest))
         return models
 
-    def spawn(self, worker: _Worker) -> None:
+    def _spawn(self, worker: _Worker) -> None:
         ours, theirs = self._context.Pipe()
         worker.process = self._context.Process(
             target=_worker_main,
@@ -173,7 +168,7 @@ class WorkerPool:
         theirs.close()  # the child holds its end: ours sees EOF when the child dies
         worker.connection = ours
 
-    def wait_ready(self, worker: _Worker) -> dict[str, tuple[str, ModelCard, dict[int, float]]]:
+    def _wait_ready(self, worker: _Worker) -> dict[str, tuple[str, ModelCard, dict[int, float]]]:
         assert worker.connection is not None
         if not worker.connection.poll(START_TIMEOUT_S):
             raise EngineConfigError(f"the worker on {worker.device} did not load its models in {START_TIMEOUT_S:.0f} s")
@@ -188,7 +183,7 @@ class WorkerPool:
         worker.live = True
         return body
 
-    def send(self, worker: _Worker, batch: _Batch, items: list[WorkerItem]) -> bool:
+    def send(self, worker: _Worker, batch: _Batch, items: list[tuple[str, bytes, Any]]) -> bool:
         """Hand a batch to a worker; False where its pipe is broken (it died)."""
         assert worker.connection is not None
         try:
@@ -291,7 +286,7 @@ class PoolRunner(Runner):
         worker = min(live, key=lambda w: len(w.in_flight))
         worker.in_flight[batch.ticket] = batch
         batch.dispatched = self.clock()
-        items = [(r.payload.request_id, r.payload.data, r.payload.options, r.deadline, r.key) for r in batch.requests]
+        items = [(r.payload.request_id, r.payload.data, r.payload.options) for r in batch.requests]
         worker.outbox.put((batch, items))
 
     def _send(self, worker: _Worker) -> None:
@@ -357,12 +352,12 @@ class PoolRunner(Runner):
                 continue
             self._answer_batch(batch, outcomes)
 
-    def _answer_batch(self, batch: _Batch, outcomes: list[WorkerOutcome]) -> None:
+    def _answer_batch(self, batch: _Batch, outcomes: list[tuple[str, Any, float, float]]) -> None:
         model = self.models[batch.model]
-        decode_s = outcomes[0][3] if outcomes else 0.0
+        decode_s = outcomes[0][2] if outcomes else 0.0
         model.latency.observe_decode(len(outcomes), decode_s)
-        for request, (code, body, waited_s, decode_s, run_s) in zip(batch.requests, outcomes, strict=True):
-            queue_s = batch.started - request.arrival + waited_s
+        for request, (code, body, decode_s, run_s) in zip(batch.requests, outcomes, strict=True):
+            queue_s = batch.started - request.arrival
             if code == "OK":
                 self._answer(request, Outcome(body, queue_s=queue_s, decode_s=decode_s, run_s=run_s))
             else:
@@ -405,8 +400,8 @@ class PoolRunner(Runner):
                 worker.connection.close()
         while not self.pool.closing:
             try:
-                self.pool.spawn(worker)
-                self.pool.wait_ready(worker)
+                self.pool._spawn(worker)
+                self.pool._wait_ready(worker)
                 break
             except EngineConfigError as e:
                 log.error('{"event": "worker restart failed", "device": "%s", "error": "%s"}', worker.device, e)

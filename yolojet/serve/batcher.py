@@ -152,11 +152,6 @@ class Scheduler:
         if finish > request.deadline:
             late = (finish - request.deadline) * 1000
             raise Refused(f"model {request.model}: the work queued ahead would end {late:.0f} ms past the deadline")
-        self.queue_admitted(request)
-
-    def queue_admitted(self, request: Request) -> None:
-        """Queue a request admitted elsewhere (a front's, for the device worker it shares: scale/), without checks."""
-        queue = self.queues[request.model]
         queue.waiting.append(request)
         queue.soonest = min(queue.soonest, request.deadline)
 

@@ -152,20 +152,6 @@ class Runner:
             self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
 
-    def enqueue_admitted(self, model: str, jobs: list[tuple[Job, float, Any]]) -> None:
-        """Queue requests a front process admitted already, as (job, deadline, key), without a check and together
-        (a front's batch, for the device worker it shares: no batch of the runner's takes only part of it because
-        it was taken while the rest were being queued)."""
-        now = self.clock()
-        with self._cond:
-            for job, deadline, key in jobs:
-                if self._stopping:
-                    job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message=self._refusal))
-                else:
-                    self.scheduler.queue_admitted(Request(model, deadline, now, key, job))
-            self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
-            self._cond.notify()
-
     def forget_gone(self) -> int:
         """Take the requests whose callers went away out of the queues (a stream closed with images read ahead:
         up to STREAM_WINDOW of them, seconds of work the next caller would wait behind); how many."""
