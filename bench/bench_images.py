@@ -758,8 +758,7 @@ def run1_walls(engine, repeats: int) -> Timing:
 def preprocess_parts(engine, pixels: torch.Tensor, repeats: int = 300) -> dict:
     """Host microseconds (p50) of what `preprocess` of a GPU frame does, each alone: the frame made from the tensor,
     the current stream asked for (torch's, the engine's cached one, its identity alone), an event recorded, a copy
-    into a buffer of the same shape (torch's, the product's), a clone; and the whole preprocess."""
-    from yolojet.engine.cuda_calls import copy_on_stream
+    into a buffer of the same shape, a clone; and the whole preprocess."""
     from yolojet.images.frames import frame_from_pixels
 
     buffer = torch.empty_like(pixels)
@@ -774,7 +773,6 @@ def preprocess_parts(engine, pixels: torch.Tensor, repeats: int = 300) -> dict:
         "event_record": lambda: done.record(stream),
         "copy_into_buffer": lambda: buffer.copy_(pixels),
         "clone": lambda: pixels.clone(),
-        "copy_on_stream": lambda: copy_on_stream(buffer, pixels, stream),
         "preprocess": lambda: engine.preprocess(pixels, 0),
     }
     found = {}
@@ -795,31 +793,20 @@ def stage_latency(found: dict, model_dir: Path) -> None:
     engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1])
     rows = batch1_latency(engine, bus_rgb_cuda())
     rows["trio_steps_p50_us"] = trio_steps(engine, bus_rgb_cuda())
-    # A, B, A, B in one process: the current stream cached or torch's, the slot's copy through the driver or torch.
-    import yolojet.engine.engine as engine_module
-
-    cached, product_copy = engine._current_stream, engine_module.copy_on_stream
-    public = functools.partial(torch.cuda.current_stream, engine.device)
-
-    def torch_copy(dst, src, stream):
-        dst.copy_(src)
-
-    variants = {
-        "public_stream_torch_copy": (public, torch_copy),
-        "cached_stream_torch_copy": (cached, torch_copy),
-        "cached_stream_driver_copy": (cached, product_copy),
-    }
+    # A, B, A, B in one process: the current stream torch's or the engine's cached one.
+    cached = engine._current_stream
+    variants = {"public_stream": functools.partial(torch.cuda.current_stream, engine.device), "cached_stream": cached}
     rows["trio_variants_p50_us"] = collections.defaultdict(list)
     try:
         for _ in range(2):
-            for name, (current, copy) in variants.items():
-                engine._current_stream, engine_module.copy_on_stream = current, copy
+            for name, current in variants.items():
+                engine._current_stream = current
                 steps = trio_steps(engine, bus_rgb_cuda())
                 rows["trio_variants_p50_us"][name].append(steps)
                 shown = {k: round(v, 1) for k, v in steps.items()}
                 print(f"batch 1, trio with {name}: {json.dumps(shown)}", flush=True)
     finally:
-        engine._current_stream, engine_module.copy_on_stream = cached, product_copy
+        engine._current_stream = cached
     # The same with a new copy of the frame every preprocess (as before the slots' own buffers): one process, one
     # machine, so the difference is the change's.
     own_buffers = type(engine)._slot_copy

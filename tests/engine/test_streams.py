@@ -331,33 +331,3 @@ def test_current_stream_follows_the_callers_stream_in_every_thread():
 
     with ThreadPoolExecutor(2) as pool:
         assert all(pool.map(lambda _: in_thread(), range(4)))
-
-
-@pytest.mark.gpu(reason="a device-to-device copy needs a CUDA GPU")
-def test_copy_on_stream_copies_after_the_streams_earlier_work(monkeypatch):
-    """The slot's copy, through the driver where cuda-bindings is installed (torch's copy never called then): the
-    bytes of the source as the stream's earlier work left them (a write landing late), into a poisoned buffer; a
-    strided source goes through torch's copy."""
-    from yolojet.engine.cuda_calls import _driver, copy_on_stream
-
-    stream = torch.cuda.Stream()
-    src = torch.randint(0, 256, (810, 1080, 3), dtype=torch.uint8, device="cuda")
-    fresh = torch.randint(0, 256, src.shape, dtype=torch.uint8, device="cuda")
-    dst = torch.full_like(src, 7)
-    stream.wait_stream(torch.cuda.current_stream())  # the tensors are made on the default stream
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(20_000_000)
-        src.copy_(fresh)  # lands late: a copy not ordered after it would read the old bytes
-        torch_copies: list[torch.Tensor] = []
-        torch_copy = torch.Tensor.copy_
-        monkeypatch.setattr(torch.Tensor, "copy_", lambda t, *a, **k: torch_copies.append(t) or torch_copy(t, *a, **k))
-        copy_on_stream(dst, src, stream)
-        monkeypatch.undo()
-    stream.synchronize()
-    assert torch.equal(dst, fresh)
-    assert len(torch_copies) == (0 if _driver() is not None else 1)  # the driver took the call, where it is there
-    strided = fresh.permute(1, 0, 2)
-    dst = torch.full(strided.shape, 7, dtype=torch.uint8, device="cuda")
-    copy_on_stream(dst, strided, torch.cuda.current_stream())
-    torch.cuda.synchronize()
-    assert torch.equal(dst, strided)

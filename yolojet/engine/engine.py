@@ -31,7 +31,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from yolojet.engine.cuda_calls import CurrentStream, copy_on_stream
+from yolojet.engine.cuda_calls import CurrentStream
 from yolojet.engine.feed import FedBatch, FrameFeed, to_device
 from yolojet.engine.models import resolve_graph
 from yolojet.engine.network import FamilyProfile, TritonNetwork
@@ -799,7 +799,7 @@ class Engine:
                 batch = DecodedBatch([decoded], self.decoder.cpu.ready_events())
         if stream is not None and not on_device and batch.ready:
             batch.wait_on(stream)  # ready on the caller's stream, which the run follows or waits for
-        with self._lock:  # the engine's GPU current, so the slot's copy is made in its context
+        with self._lock:  # the slot's buffer and what reads it change together
             if on_device:
                 # The caller may reuse its tensor: copied on the caller's stream (no copy stream, so no event).
                 decoded = Frame(self._slot_copy(slot, decoded.pixels, stream), decoded.bgr, decoded.path)
@@ -823,8 +823,7 @@ class Engine:
             return held.copy_(pixels)
         if read_on is not None and read_on != stream:
             stream.wait_stream(read_on)
-        copy_on_stream(held, pixels, stream)
-        return held
+        return held.copy_(pixels)  # on the current stream, which `stream` is
 
     def run_async(self, batch: int = 1) -> None:
         """Start the whole path on slots [0, batch); on a GPU this is one graph launch and returns at once."""
