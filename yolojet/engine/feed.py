@@ -12,7 +12,9 @@ kept as the simpler.
 
 A decoder whose `finish` is one long call that lets go of the GIL while the GPU's hardware decodes (the `hardware`
 decoder: nvJPEG's batched call returns when the batch is decoded) is fed by two threads, as an iterable is below, so
-that the next images are read and checked while a batch decodes.
+that the next images are read and checked while a batch decodes; but not a list of at most two batches (one call of
+`engine(paths)`), which one thread fed faster in each of seven GPU runs that timed both (+0.1 to +27 %, bench/NOTES.md):
+there the caller's thread, launching the first chunk and making its results, is the third wanting the GIL.
 
 A thread that hands over a chunk's worth of work (a chunk's worth of images queued for the decode thread, a decoded
 chunk for the engine waiting on an empty queue) lets go of the GIL right after, so that the thread it woke takes the
@@ -93,9 +95,11 @@ class FrameFeed:
         # goes on the caller's current stream: after the caller's writes of its frames, before the runs launched there.
         device = decoder.cpu.device
         self._caller_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        # A list (nothing of it on its way slowly) has one thread and full chunks, unless the decoder's `finish` is
-        # one long call that lets go of the GIL (the `hardware` decoder's), which preparing beside it overlaps.
-        if isinstance(images, Sized) and not getattr(decoder, "blocking_finish", False):
+        # A list (nothing of it on its way slowly) has one thread and full chunks, unless it is longer than two
+        # batches and the decoder's `finish` is one long call that lets go of the GIL (the `hardware` decoder's),
+        # which preparing beside it overlaps.
+        short = isinstance(images, Sized) and len(images) <= 2 * batch
+        if isinstance(images, Sized) and (short or not getattr(decoder, "blocking_finish", False)):
             work: list[tuple[str, Callable[..., None], tuple[Any, ...]]] = [
                 ("yolojet-feed", self._prepare_and_decode, (images,))
             ]
