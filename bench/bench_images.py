@@ -313,13 +313,16 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
             + ", ".join(f"{k} {v * 1e3 / repeats:.2f}" for k, v in totals.most_common(8)),
             flush=True,
         )
-    # The hardware decoder's call of `batch` paths fed by one thread (prepare a chunk, decode the one before) rather
-    # than two, and with two threads at a 0.5 ms switch interval: a thread that wants the GIL from one running Python
-    # waits up to the interval (5 ms by default) for it.
+    # The hardware decoder's call of `batch` paths fed by two threads (a source thread preparing, a decode thread),
+    # as a list longer than two batches is, rather than the product's one for a call's list; and with two threads at
+    # a 0.5 ms switch interval: a thread that wants the GIL from one running Python waits up to the interval (5 ms by
+    # default) for it.
     if with_decoder(engine, "hardware"):
-        interval = sys.getswitchinterval()
-        for label, one_thread, switch in (("one_thread", True, interval), ("switch_0.5ms", False, 0.0005)):
-            engine.decoder.blocking_finish = not one_thread
+        import yolojet.engine.feed as feed_module
+
+        interval, one_thread_batches = sys.getswitchinterval(), feed_module.ONE_THREAD_BATCHES
+        for label, switch in (("two_threads", interval), ("two_threads_switch_0.5ms", 0.0005)):
+            feed_module.ONE_THREAD_BATCHES = 0
             sys.setswitchinterval(switch)
             try:
                 engine(paths)
@@ -330,7 +333,7 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
                     samples.append(time.perf_counter() - start)
             finally:
                 sys.setswitchinterval(interval)
-                del engine.decoder.blocking_finish
+                feed_module.ONE_THREAD_BATCHES = one_thread_batches
             ms = Timing(tuple(samples)).p50 * 1000
             rows[f"hardware_{label}"] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(samples) * 1000}
             print(f"engine({batch} paths), hardware, {label}: {ms:.2f} ms, {batch * 1000 / ms:,.0f} img/s", flush=True)
