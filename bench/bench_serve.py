@@ -173,12 +173,62 @@ WARM_CALL_TIMEOUT_S = 15.0  # a warm-up call's deadline (the buckets' graphs are
 BENCH_LIMIT_S = 300.0
 
 
+def cpu_now(root: int) -> tuple[float, float, float, float]:
+    """Seconds of CPU so far: the machine's busy and all (every core, /proc/stat), `root`'s and its descendants'
+    (the server's processes), and this process's waited-for children's (the bench's client processes)."""
+    import resource
+
+    tick = os.sysconf("SC_CLK_TCK")
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    parents: dict[int, int] = {}
+    used: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            after_name = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a process that ended meanwhile
+            continue
+        pid = int(stat.parent.name)
+        parents[pid], used[pid] = int(after_name[1]), int(after_name[11]) + int(after_name[12])
+    family, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in family} - family
+        family |= more
+        grew = bool(more)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (
+        (sum(fields) - idle) / tick,
+        sum(fields) / tick,
+        sum(used.get(pid, 0) for pid in family) / tick,
+        children.ru_utime + children.ru_stime,
+    )
+
+
+def cpu_used(before: tuple[float, float, float, float], after: tuple[float, float, float, float]) -> dict:
+    """Cores busy between two `cpu_now`s: the machine's (of os.cpu_count()), the server's, the bench clients'."""
+    wall = (after[1] - before[1]) / (os.cpu_count() or 1)
+    return {
+        "machine_busy_cores": round((after[0] - before[0]) / wall, 2),
+        "server_cores": round((after[2] - before[2]) / wall, 2),
+        "client_cores": round((after[3] - before[3]) / wall, 2),
+        "cores": os.cpu_count(),
+    }
+
+
 def unary_calls(
-    found: dict, key: str, bus: Path, requests: int, clients: int, profile: tuple[int, Path] | None = None
+    found: dict,
+    key: str,
+    bus: Path,
+    requests: int,
+    clients: int,
+    profile: tuple[int, Path] | None = None,
+    server_pid: int | None = None,
 ) -> None:
     """Unary calls of bus.jpg's bytes, 64 in flight over `clients` processes then 8 over 2, after a warm-up that
     reaches every bucket; then the same bytes over streams (`STREAM_RPCS`, `STREAM_IN_FLIGHT` images in flight);
-    `profile` (the server's pid, a file): py-spy records the server for the first seconds of the 64 in flight."""
+    `profile` (the server's pid, a file): py-spy records the server for the first seconds of the 64 in flight. With
+    `server_pid`, each row says how many cores the machine, the server's processes and the bench's clients kept busy
+    (`cpu`): whether the host's cores, rather than the GPU, bound a row."""
     from yolojet.client.remote import Connection, bench
 
     connection = Connection(f"127.0.0.1:{PORT}")
@@ -193,21 +243,27 @@ def unary_calls(
     for concurrency, processes in ((64, clients), (8, 2)):
         spy = py_spy(profile[0], profile[1], 5) if profile is not None and concurrency == 64 else None
         count = requests if concurrency == 64 else requests // 4
+        before = cpu_now(server_pid) if server_pid is not None else None
         row = bench(connection, bus, count, concurrency, processes, {}, limit_s=BENCH_LIMIT_S)
+        if before is not None and server_pid is not None:
+            row["cpu"] = cpu_used(before, cpu_now(server_pid))
         if spy is not None:
             spy.wait(timeout=60)
         found[f"{key}_{concurrency}"] = row
         print(
             f"{key}, {concurrency} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
-            f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}",
+            f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}, cpu {row.get('cpu')}",
             flush=True,
         )
     for rpc in STREAM_RPCS:
+        before = cpu_now(server_pid) if server_pid is not None else None
         row = bench(connection, bus, requests, STREAM_IN_FLIGHT, clients, {}, rpc, limit_s=BENCH_LIMIT_S)
+        if before is not None and server_pid is not None:
+            row["cpu"] = cpu_used(before, cpu_now(server_pid))
         found[f"{key}_{rpc}"] = row
         print(
             f"{key}, {rpc}, {STREAM_IN_FLIGHT} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "
-            f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}",
+            f"p99 {row['p99_ms']:.2f} ms, {row['codes']}, server {row['server_ms']}, cpu {row.get('cpu')}",
             flush=True,
         )
 
@@ -232,7 +288,7 @@ def server_stage(
         server = start_server(model_dir, args.out / f"serve-{key}.log", args.slo_ms, samples, scale)
         found[f"{key}_server_start_s"] = time.perf_counter() - start
         profile = (server.pid, args.out / f"pyspy-{key}.txt") if args.py_spy else None
-        unary_calls(found, key, bus, args.requests, args.client_processes, profile)
+        unary_calls(found, key, bus, args.requests, args.client_processes, profile, server_pid=server.pid)
         if not args.no_label:
             where = ["--server", f"127.0.0.1:{PORT}", "--streams", str(streams)]
             found[f"label_server_{key}"] = label(files, work / f"server-{key}.jsonl", where)
