@@ -173,11 +173,9 @@ WARM_CALL_TIMEOUT_S = 15.0  # a warm-up call's deadline (the buckets' graphs are
 BENCH_LIMIT_S = 300.0
 
 
-def cpu_now(root: int) -> tuple[float, float, float, float]:
-    """Seconds of CPU so far: the machine's busy and all (every core, /proc/stat), `root`'s and its descendants'
-    (the server's processes), and this process's waited-for children's (the bench's client processes)."""
-    import resource
-
+def cpu_now(root: int) -> tuple[float, float, float]:
+    """Seconds of CPU so far: the machine's busy and all (every core, /proc/stat), and `root`'s and its descendants'
+    (the server's processes)."""
     tick = os.sysconf("SC_CLK_TCK")
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]  # idle and iowait
@@ -195,24 +193,44 @@ def cpu_now(root: int) -> tuple[float, float, float, float]:
         more = {pid for pid, parent in parents.items() if parent in family} - family
         family |= more
         grew = bool(more)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (
-        (sum(fields) - idle) / tick,
-        sum(fields) / tick,
-        sum(used.get(pid, 0) for pid in family) / tick,
-        children.ru_utime + children.ru_stime,
-    )
+    return (sum(fields) - idle) / tick, sum(fields) / tick, sum(used.get(pid, 0) for pid in family) / tick
 
 
-def cpu_used(before: tuple[float, float, float, float], after: tuple[float, float, float, float]) -> dict:
-    """Cores busy between two `cpu_now`s: the machine's (of os.cpu_count()), the server's, the bench clients'."""
-    wall = (after[1] - before[1]) / (os.cpu_count() or 1)
-    return {
-        "machine_busy_cores": round((after[0] - before[0]) / wall, 2),
-        "server_cores": round((after[2] - before[2]) / wall, 2),
-        "client_cores": round((after[3] - before[3]) / wall, 2),
-        "cores": os.cpu_count(),
-    }
+class CpuSampler:
+    """`cpu_now` every `every_s` on a thread of its own, with the wall-clock time of each, so that a bench row's
+    cores are read over its measured window only (the bench's client processes start for seconds before it)."""
+
+    def __init__(self, root: int, every_s: float = 0.1) -> None:
+        import threading
+
+        self.root, self.every_s = root, every_s
+        self.samples: list[tuple[float, tuple[float, float, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), cpu_now(self.root)))
+            self._stop.wait(self.every_s)
+
+    def cores(self, row: dict) -> dict:
+        """Cores busy over the row's window (`started`..`finished`): the machine's (of os.cpu_count()), the
+        server's processes', and the bench clients' (their own CPU while they sent)."""
+        self._stop.set()
+        self._thread.join()
+        start, end = row["started"] - self.every_s, row["finished"] + self.every_s
+        inside = [(t, c) for t, c in self.samples if start <= t <= end]
+        if len(inside) < 2:
+            return {}
+        (t0, first), (t1, last) = inside[0], inside[-1]
+        cores = os.cpu_count() or 1
+        return {
+            "machine_busy_cores": round((last[0] - first[0]) / (last[1] - first[1]) * cores, 2),
+            "server_cores": round((last[2] - first[2]) / (t1 - t0), 2),
+            "client_cores": round(row["client_cpu_s"] / (row["finished"] - row["started"]), 2),
+            "cores": cores,
+        }
 
 
 def unary_calls(
@@ -243,10 +261,10 @@ def unary_calls(
     for concurrency, processes in ((64, clients), (8, 2)):
         spy = py_spy(profile[0], profile[1], 5) if profile is not None and concurrency == 64 else None
         count = requests if concurrency == 64 else requests // 4
-        before = cpu_now(server_pid) if server_pid is not None else None
+        sampler = CpuSampler(server_pid) if server_pid is not None else None
         row = bench(connection, bus, count, concurrency, processes, {}, limit_s=BENCH_LIMIT_S)
-        if before is not None and server_pid is not None:
-            row["cpu"] = cpu_used(before, cpu_now(server_pid))
+        if sampler is not None:
+            row["cpu"] = sampler.cores(row)
         if spy is not None:
             spy.wait(timeout=60)
         found[f"{key}_{concurrency}"] = row
@@ -256,10 +274,10 @@ def unary_calls(
             flush=True,
         )
     for rpc in STREAM_RPCS:
-        before = cpu_now(server_pid) if server_pid is not None else None
+        sampler = CpuSampler(server_pid) if server_pid is not None else None
         row = bench(connection, bus, requests, STREAM_IN_FLIGHT, clients, {}, rpc, limit_s=BENCH_LIMIT_S)
-        if before is not None and server_pid is not None:
-            row["cpu"] = cpu_used(before, cpu_now(server_pid))
+        if sampler is not None:
+            row["cpu"] = sampler.cores(row)
         found[f"{key}_{rpc}"] = row
         print(
             f"{key}, {rpc}, {STREAM_IN_FLIGHT} in flight: {row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']:.2f} ms, "

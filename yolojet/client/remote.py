@@ -385,6 +385,9 @@ def bench(
         "p99_ms": quantile(0.99),
         "max_ms": latencies[-1] * 1000 if latencies else 0,
         "server_ms": split,
+        "started": started,  # wall-clock seconds (time.time), the first process's start to the last one's end
+        "finished": finished,
+        "client_cpu_s": sum(o["cpu_s"] for o in outputs),  # the bench processes' own CPU while they sent
     }
 
 
@@ -491,17 +494,24 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
 
     for channel in channels:  # every connection up before the timing, without a call (--max-calls counts those)
         await asyncio.wait_for(channel.channel_ready(), timeout=60)
-    started = time.time()
+    started, cpu_started = time.time(), time.process_time()
     if job["rpc"] == "Infer":
         await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(job["concurrency"])))
     else:  # a stream a connection, the window shared out between them
         share = [job["concurrency"] // len(stubs) + (i < job["concurrency"] % len(stubs)) for i in range(len(stubs))]
         batched = job["rpc"] == "InferBatchStream"
         await asyncio.gather(*(streamer(stub, n, batched) for stub, n in zip(stubs, share, strict=True)))
-    finished = time.time()
+    finished, cpu_s = time.time(), time.process_time() - cpu_started
     for channel in channels:
         await channel.close()
-    return {"latencies": latencies, "timings": timings, "codes": codes, "started": started, "finished": finished}
+    return {
+        "latencies": latencies,
+        "timings": timings,
+        "codes": codes,
+        "started": started,
+        "finished": finished,
+        "cpu_s": cpu_s,
+    }
 
 
 if __name__ == "__main__":  # a bench worker: one JSON job on the command line, its measurements on stdout
