@@ -275,7 +275,9 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
     threads = cpu_threads()
     rows: dict = {"opencv_alone_img_per_s": opencv_alone([Path(p).read_bytes() for p in paths], threads)}
     print(f"cv2.imdecode alone on {threads} threads: {rows['opencv_alone_img_per_s']:,.0f} img/s", flush=True)
-    for name in ("auto", *DECODERS):
+    # hardware-2lanes: the hardware decoder with two nvJPEG states, a chunk's halves decoded side by side (not the
+    # default: one stream run gave it +6.5 %, bench/NOTES.md).
+    for name in ("auto", *DECODERS, "hardware-2lanes"):
         if not with_decoder(engine, name):
             continue
         engine(paths)  # warm: graphs captured, decoder started
