@@ -819,9 +819,7 @@ class Engine:
             held = self._slot_copies[slot] = pixels.clone(memory_format=torch.contiguous_format)
             return held
         read_on = self._slot_read_on[slot]
-        if stream is None:
-            return held.copy_(pixels)
-        if read_on is not None and read_on != stream:
+        if stream is not None and read_on is not None and read_on != stream:
             stream.wait_stream(read_on)
         return held.copy_(pixels)  # on the current stream, which `stream` is
 

@@ -60,8 +60,7 @@ CHUNK = 32
 # back behind the other threads' Python. Over 10,000 files on H200s, calls of 64 beat calls of 32 in each of five pairs
 # run in turn, by 15-34 % (8,164 against 6,084 img/s in the first; bench/NOTES.md).
 LONG_CHUNK = 64
-# A list of at most this many batches has one feed thread whatever its decoder (one call of `engine(paths)`): with the
-# hardware decoder one thread beat two in each of seven GPU runs of 64 paths (+0.1 to +27 %, bench/NOTES.md).
+# A list of at most this many batches (one call of `engine(paths)`) has one feed thread whatever its decoder (above).
 ONE_THREAD_BATCHES = 2
 
 
@@ -101,8 +100,9 @@ class FrameFeed:
         # A list (nothing of it on its way slowly) has one thread and full chunks, unless it is longer than two
         # batches and the decoder's `finish` is one long call that lets go of the GIL (the `hardware` decoder's),
         # which preparing beside it overlaps.
-        short = isinstance(images, Sized) and len(images) <= ONE_THREAD_BATCHES * batch
-        if isinstance(images, Sized) and (short or not getattr(decoder, "blocking_finish", False)):
+        if isinstance(images, Sized) and (
+            len(images) <= ONE_THREAD_BATCHES * batch or not getattr(decoder, "blocking_finish", False)
+        ):
             work: list[tuple[str, Callable[..., None], tuple[Any, ...]]] = [
                 ("yolojet-feed", self._prepare_and_decode, (images,))
             ]
