@@ -4,10 +4,11 @@ whose `prepare` runs ~95 us of Python an image (the H200's read and header check
 
 A thread woken for work another thread handed over (a queue's item) must still take the GIL from that thread, which
 goes on running Python: it waits for the switch interval (5 ms) unless the GIL is let go. The variants:
-  product      the feed as it is: one thread for a list of at most two batches, else two threads (source and decode)
-               for a blocking decoder, where a thread that has queued a chunk's worth of images, or a decoded chunk
-               in an empty queue, lets go of the GIL (time.sleep(0))
-  two_threads  two threads for every list (as the product's long lists)
+  product      the feed as it is, for a blocking decoder: a list of at most two batches prepared on one thread and
+               its chunks handed whole to a finishing thread, a longer one handed image by image from a source thread
+               to a decode thread; a thread that has queued a chunk's worth of work where a thread may wait for it
+               lets go of the GIL (time.sleep(0))
+  two_threads  every list handed image by image (as the product's long lists)
   no_yield     two threads without letting go of the GIL after a handover
   one_thread   one thread that prepares a chunk, then decodes the one before (the decoder not said to block)
 Lists of --short and --long images in batches of 64, chunks as the product's (32 for a short list, 64 for a long one).
@@ -94,12 +95,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     decoder = StandIn()
-    product_put, one_thread_batches = FrameFeed._put, feed_module.ONE_THREAD_BATCHES
+    product_put, short_list_batches = FrameFeed._put, feed_module.SHORT_LIST_BATCHES
     found: dict = {}
     try:
         for variant in ("product", "two_threads", "no_yield", "one_thread"):
             FrameFeed._put = put_without_yielding if variant == "no_yield" else product_put  # type: ignore[method-assign]
-            feed_module.ONE_THREAD_BATCHES = 0 if variant in ("two_threads", "no_yield") else one_thread_batches
+            feed_module.SHORT_LIST_BATCHES = 0 if variant in ("two_threads", "no_yield") else short_list_batches
             decoder.blocking_finish = variant != "one_thread"
             for count in (args.short, args.long):
                 rounds = args.rounds if count == args.short else max(3, args.rounds // 3)
@@ -108,7 +109,7 @@ def main() -> int:
                 print(f"{key}: {json.dumps({k: round(v, 1) for k, v in found[key].items()})}", flush=True)
     finally:
         FrameFeed._put = product_put  # type: ignore[method-assign]
-        feed_module.ONE_THREAD_BATCHES = one_thread_batches
+        feed_module.SHORT_LIST_BATCHES = short_list_batches
         decoder.close()
     return 0
 

@@ -315,17 +315,17 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
             + ", ".join(f"{k} {v * 1e3 / repeats:.2f}" for k, v in totals.most_common(8)),
             flush=True,
         )
-    # The hardware decoder's call of `batch` paths fed by two threads (a source thread preparing, a decode thread),
-    # as a list longer than two batches is, rather than the product's one for a call's list; and with two threads at
-    # a 0.5 ms switch interval: a thread that wants the GIL from one running Python waits up to the interval (5 ms by
-    # default) for it.
+    # The hardware decoder's call of `batch` paths fed as the product feeds it (a preparing thread handing whole chunks
+    # to a finishing thread) against one thread doing both (the product until 2026-12-06: both chunks prepared before
+    # the first decodes), and two threads handing over image by image (as a list longer than two batches is).
     if with_decoder(engine, "hardware"):
         import yolojet.engine.feed as feed_module
 
-        interval, one_thread_batches = sys.getswitchinterval(), feed_module.ONE_THREAD_BATCHES
-        for label, switch in (("two_threads", interval), ("two_threads_switch_0.5ms", 0.0005)):
-            feed_module.ONE_THREAD_BATCHES = 0
-            sys.setswitchinterval(switch)
+        short_list_batches = feed_module.SHORT_LIST_BATCHES
+        for label in ("one_thread", "two_threads", "chunks_handed_over"):
+            feed_module.SHORT_LIST_BATCHES = 0 if label == "two_threads" else short_list_batches
+            if label == "one_thread":
+                engine.decoder.blocking_finish = False  # the instance's, over its class's
             try:
                 engine(paths)
                 samples = []
@@ -334,8 +334,8 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
                     engine(paths)
                     samples.append(time.perf_counter() - start)
             finally:
-                sys.setswitchinterval(interval)
-                feed_module.ONE_THREAD_BATCHES = one_thread_batches
+                feed_module.SHORT_LIST_BATCHES = short_list_batches
+                vars(engine.decoder).pop("blocking_finish", None)
             ms = Timing(tuple(samples)).p50 * 1000
             rows[f"hardware_{label}"] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(samples) * 1000}
             print(f"engine({batch} paths), hardware, {label}: {ms:.2f} ms, {batch * 1000 / ms:,.0f} img/s", flush=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
@@ -340,10 +341,10 @@ def test_a_long_stream_of_files_on_the_hardware_decoder_gives_each_file_its_own_
         engine.close()
 
 
-def test_a_blocking_decoder_is_fed_by_two_threads_past_two_batches_and_every_image_arrives_in_order():
-    """A decoder whose `finish` is one long call letting go of the GIL (the hardware decoder's) has the next images
-    prepared on a second thread while a chunk decodes, for a list longer than two batches; a list of at most two (one
-    call's) has one thread. The handovers between the threads lose and reorder nothing."""
+def test_a_blocking_decoder_is_fed_by_two_threads_and_every_image_arrives_in_order():
+    """A decoder whose `finish` is one long call letting go of the GIL (the hardware decoder's) is fed by two threads:
+    a list of at most two batches (one call's) handed over in whole chunks to a finishing thread, a longer one image by
+    image to a decode thread. The handovers lose and reorder nothing."""
     from yolojet.engine.feed import FrameFeed
 
     lending = _LendingDecoder()
@@ -354,7 +355,62 @@ def test_a_blocking_decoder_is_fed_by_two_threads_past_two_batches_and_every_ima
             images = [np.full((4, 6, 3), i, np.uint8) for i in range(count)]
             values = [int(f.pixels[0, 0, 0]) for fed in FrameFeed(images, lending, batch=4) for f in fed.decoded.items]
             assert values == list(range(count)), count
-            # pixels in memory: the two threads' prepare is never called
-            assert lending.threads == ({"yolojet-feed"} if count <= 8 else {"yolojet-feed-decode"}), count
+            # pixels in memory: the decoder's prepare is never called
+            assert lending.threads == ({"yolojet-feed-finish"} if count <= 8 else {"yolojet-feed-decode"}), count
     finally:
         lending.close()
+
+
+class _SlowBlockingDecoder:
+    """A stand-in for the hardware decoder's costs: `prepare` holds the GIL 5 ms an image, `finish` lets go of it for
+    30 ms; records when each ran."""
+
+    blocking_finish = True
+    name = "slow-blocking"
+
+    def __init__(self) -> None:
+        from yolojet.images.decoders import CpuDecoder
+
+        self.cpu = CpuDecoder(torch.device("cpu"), threads=1)
+        self.prepared: list[float] = []
+        self.finishing: list[tuple[float, float]] = []
+
+    def prepare(self, item):
+        from yolojet.images.decoders import Pending
+        from yolojet.images.frames import Frame
+
+        end = time.perf_counter() + 0.005
+        while time.perf_counter() < end:
+            pass
+        self.prepared.append(time.perf_counter())
+        return Pending(item, outcome=Frame(torch.full((2, 2, 3), item.read()[0], dtype=torch.uint8), bgr=True))
+
+    def finish(self, pending, reuse=()):
+        from yolojet.images.decoders import DecodedBatch
+
+        start = time.perf_counter()
+        time.sleep(0.03)
+        self.finishing.append((start, time.perf_counter()))
+        return DecodedBatch([p.result() for p in pending], [], list(reuse))
+
+    def close(self) -> None:
+        self.cpu.close()
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_short_list_prepares_its_next_chunk_while_a_blocking_decoder_decodes(blocking):
+    """One call's list (two chunks of 4) on a decoder whose `finish` lets go of the GIL: the second chunk's images are
+    prepared while the first decodes, not all before it; a decoder that does not say it blocks gets one thread, which
+    prepares the next chunk before finishing the one before."""
+    from yolojet.engine.feed import FrameFeed
+
+    decoder = _SlowBlockingDecoder()
+    decoder.blocking_finish = blocking
+    try:
+        fed = list(FrameFeed([bytes([i]) * 8 for i in range(8)], decoder, batch=4))
+        assert [int(f.pixels[0, 0, 0]) for batch in fed for f in batch.decoded.items] == list(range(8))
+        first_start, first_end = decoder.finishing[0]
+        during = [t for t in decoder.prepared[4:] if first_start < t < first_end]
+        assert (len(during) > 0) == blocking, (decoder.prepared, decoder.finishing)
+    finally:
+        decoder.close()

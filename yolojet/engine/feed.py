@@ -1,20 +1,22 @@
 """A stream of images in, batches of decoded frames out: files read and decoded ahead of the engine, on threads of
 their own, so that decoding the next images overlaps running the ones before.
 
-A list (any sized collection) has one feed thread: it prepares a chunk of up to `chunk` images (`chunk_for`: 64, or 32
-for a list of at most two batches; `prepare`: the CPU pool starts decoding them, the hardware decoder's nvImageCodec
-reads its JPEG files, other images are read and their header checked), then finishes the chunk before it (`finish`: one
-GPU decode call, then the CPU pool's results), so the pool always has the next chunk to work on. One thread, not two,
-because a decode call that lets go of the GIL and takes it back for each image waits behind any other thread running
-Python each time; the hardware decoder fed this way ran the engine's stream over 10,000 files at 5,100-7,660 img/s on an
-H200, two threads 6,219-7,008, in two runs whose spread is larger than the difference (bench/NOTES.md): one thread is
-kept as the simpler.
+A list (any sized collection) has one feed thread, unless its decoder's `finish` lets go of the GIL for long (below):
+it prepares a chunk of up to `chunk` images (`chunk_for`: 64, or 32 for a list of at most two batches; `prepare`: the
+CPU pool starts decoding them, the hardware decoder's nvImageCodec reads its JPEG files, other images are read and
+their header checked), then finishes the chunk before it (`finish`: one GPU decode call, then the CPU pool's results),
+so the pool always has the next chunk to work on. One thread, not two, because a decode call that lets go of the GIL
+and takes it back for each image waits behind any other thread running Python each time; nvImageCodec fed this way ran
+the engine's stream over 10,000 files at 5,100-7,660 img/s on an H200, two threads 6,219-7,008, in two runs whose
+spread is larger than the difference (bench/NOTES.md): one thread is kept as the simpler.
 
 A decoder whose `finish` is one long call that lets go of the GIL while the GPU's hardware decodes (the `hardware`
-decoder: nvJPEG's batched call returns when the batch is decoded) is fed by two threads, as an iterable is below, so
-that the next images are read and checked while a batch decodes; but not a list of at most two batches (one call of
-`engine(paths)`), which one thread fed faster in each of seven GPU runs that timed both (+0.1 to +27 %, bench/NOTES.md):
-there the caller's thread, launching the first chunk and making its results, is the third wanting the GIL.
+decoder: nvJPEG's batched call returns when the batch is decoded) has its chunks decoded on a thread of their own, so
+that the next images are read and checked while a chunk decodes. A list of at most `SHORT_LIST_BATCHES` batches (one
+call of `engine(paths)`) hands its chunks over whole: one thread prepares them, the other finishes each as it comes
+(on an H100 a call of 64 files spent 6 of its 15 ms preparing both chunks before the first decode began, one thread
+doing both; bench/NOTES.md). A longer list, like an iterable, hands its images over one by one, and the decode thread
+cuts its chunks from them.
 
 A thread that hands over a chunk's worth of work (a chunk's worth of images queued for the decode thread, a decoded
 chunk for the engine waiting on an empty queue) lets go of the GIL right after, so that the thread it woke takes the
@@ -60,8 +62,8 @@ CHUNK = 32
 # back behind the other threads' Python. Over 10,000 files on H200s, calls of 64 beat calls of 32 in each of five pairs
 # run in turn, by 15-34 % (8,164 against 6,084 img/s in the first; bench/NOTES.md).
 LONG_CHUNK = 64
-# A list of at most this many batches (one call of `engine(paths)`) has one feed thread whatever its decoder (above).
-ONE_THREAD_BATCHES = 2
+# A list of at most this many batches (one call of `engine(paths)`) hands its chunks over whole (above).
+SHORT_LIST_BATCHES = 2
 
 
 def chunk_for(images: Iterable[Any], batch: int) -> int:
@@ -88,6 +90,7 @@ class FrameFeed:
         chunk = chunk_for(images, batch) if chunk is None else chunk
         self.decoder, self.batch, self.chunk = decoder, batch, max(1, min(chunk, batch))
         self._items: queue.Queue = queue.Queue(maxsize=2 * batch)
+        self._prepared: queue.Queue = queue.Queue(maxsize=2)  # a short list's prepared chunks, whole
         self._chunks: queue.Queue = queue.Queue(maxsize=max(2, 2 * batch // self.chunk))
         self._stop = threading.Event()
         self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
@@ -97,20 +100,21 @@ class FrameFeed:
         # goes on the caller's current stream: after the caller's writes of its frames, before the runs launched there.
         device = decoder.cpu.device
         self._caller_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        # A list (nothing of it on its way slowly) has one thread and full chunks, unless it is longer than two
-        # batches and the decoder's `finish` is one long call that lets go of the GIL (the `hardware` decoder's),
-        # which preparing beside it overlaps.
-        if isinstance(images, Sized) and (
-            len(images) <= ONE_THREAD_BATCHES * batch or not getattr(decoder, "blocking_finish", False)
-        ):
-            work: list[tuple[str, Callable[..., None], tuple[Any, ...]]] = [
-                ("yolojet-feed", self._prepare_and_decode, (images,))
+        # A list (nothing of it on its way slowly) has one thread and full chunks, unless its decoder's `finish` is one
+        # long call that lets go of the GIL (the `hardware` decoder's), which preparing the next images overlaps.
+        listed = isinstance(images, Sized)
+        work: list[tuple[str, Callable[..., None], tuple[Any, ...]]]
+        if listed and not getattr(decoder, "blocking_finish", False):
+            work = [("yolojet-feed", self._prepare_and_decode, (images,))]
+        elif isinstance(images, Sized) and len(images) <= SHORT_LIST_BATCHES * batch:
+            work = [
+                ("yolojet-feed", self._prepare_chunks, (images,)),
+                ("yolojet-feed-finish", self._finish_chunks, ()),
             ]
         else:
             # An iterable's frames are copied as they come; a list's cannot be rewritten between its items.
-            own_copies = not isinstance(images, Sized)
             work = [
-                ("yolojet-feed-source", self._walk, (images, own_copies)),
+                ("yolojet-feed-source", self._walk, (images, not listed)),
                 ("yolojet-feed-decode", self._decode, ()),
             ]
         self._threads = [
@@ -193,7 +197,7 @@ class FrameFeed:
 
     def close(self) -> None:
         self._stop.set()
-        for q in (self._items, self._chunks):  # unblock a thread waiting to put
+        for q in (self._items, self._prepared, self._chunks):  # unblock a thread waiting to put
             while True:
                 try:
                     q.get_nowait()
@@ -209,9 +213,9 @@ class FrameFeed:
                 q.put(item, timeout=0.1)
             except queue.Full:
                 continue
-            if q.qsize() == (1 if q is self._chunks else self.chunk):
-                # A chunk's worth of work now waits where a thread may be waiting for it (a decoded chunk in an empty
-                # queue, a chunk's worth of images): that thread, woken, must still take the GIL from this one, which
+            if q.qsize() == (self.chunk if q is self._items else 1):
+                # A chunk's worth of work now waits where a thread may be waiting for it (a chunk in an empty queue, a
+                # chunk's worth of images): that thread, woken, must still take the GIL from this one, which
                 # goes on running Python, and would wait for the switch interval (5 ms) unless the GIL is let go now.
                 # bench/bench_feed_handoff.py, a stand-in for the hardware decoder on the 2-core machine: 64 images
                 # through two threads in 10.1-10.6 ms against 12.8-13.1 without this, 1,280 in 145-148 against 144-148.
@@ -269,6 +273,35 @@ class FrameFeed:
 
     def _prepare_chunk(self, source: Iterator[Any]) -> list[tuple[Any, Pending]]:
         return [(image, self._prepare(image)) for image in itertools.islice(source, self.chunk)]
+
+    def _prepare_chunks(self, images: Iterable[Any]) -> None:
+        """A short list's preparing thread: its chunks, prepared, handed to the finishing thread whole."""
+        try:
+            source = iter(images)
+            while chunk := self._prepare_chunk(source):
+                if not self._put(self._prepared, chunk):
+                    return
+        except BaseException as e:  # the collection's own iterator
+            self._put(self._prepared, _Failure(e))
+            return
+        self._put(self._prepared, _END)
+
+    def _finish_chunks(self) -> None:
+        """A short list's finishing thread: each prepared chunk decoded, in order, while the next is prepared."""
+        try:
+            while not self._stop.is_set():
+                try:
+                    chunk = self._prepared.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if chunk is _END or isinstance(chunk, _Failure):
+                    self._put(self._chunks, chunk.error if isinstance(chunk, _Failure) else _END)
+                    return
+                decoded = self.decoder.finish([pending for _, pending in chunk], self._spares())
+                if not self._put(self._chunks, FedBatch([image for image, _ in chunk], decoded)):
+                    return
+        except BaseException as e:  # a decoder's failure
+            self._put(self._chunks, e)
 
     def _decode(self) -> None:
         try:
