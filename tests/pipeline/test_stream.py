@@ -315,9 +315,9 @@ def test_a_list_feeds_on_one_thread_and_buffers_come_back_only_after_their_resul
 @pytest.mark.gpu(reason="the hardware decoder needs a CUDA GPU")
 @pytest.mark.parametrize("decoder", ["nvimgcodec", "hardware"])
 def test_a_long_stream_of_files_on_the_hardware_decoder_gives_each_file_its_own_result(tmp_path, decoder):
-    """Files of two sizes in turn, many batches long: the hardware decoder (nvImageCodec reading the files itself, or
-    nvJPEG's C API fed by two threads) decodes later batches into earlier batches' released buffers, and every result
-    equals the file's own run alone."""
+    """Files of two sizes in turn, many batches long, and a call of two batches: the hardware decoder (nvImageCodec
+    reading the files itself, or nvJPEG's C API fed by two threads) decodes later batches into earlier batches' released
+    buffers, and every result equals the file's own run alone."""
     model_dir = yolojet.export(calibrated_model("yolov8n.yaml", 640), out=tmp_path / "m", imgsz=640)
     try:
         engine = Engine.load(model_dir, max_batch=16, decoder=decoder)
@@ -332,6 +332,8 @@ def test_a_long_stream_of_files_on_the_hardware_decoder_gives_each_file_its_own_
         alone = [engine([path], conf=CONF)[0] for path in originals]
         results = list(engine.stream([str(p) for p in paths], conf=CONF))
         assert len(results) == len(paths)
+        # A call's list (two batches: whole chunks handed to the hardware decoder's finishing thread) as well.
+        results[:32] = engine([str(p) for p in paths[:32]], conf=CONF)
         for i, result in enumerate(results):
             want = alone[i % 2]
             assert result.error is None and result.orig_shape == want.orig_shape, i
