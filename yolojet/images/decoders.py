@@ -35,6 +35,7 @@ import functools
 import hashlib
 import io
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -186,8 +187,11 @@ class CpuDecoder:
         event.record(self.copy_stream)
         return [event]
 
-    def finish(self, pending: list[Pending], reuse: Sequence[Any] = ()) -> DecodedBatch:
-        """The batch's frames; `reuse` (another decoder's buffers) is handed back untouched in `outputs`."""
+    def finish(
+        self, pending: list[Pending], reuse: Sequence[Any] = (), entering: threading.Event | None = None
+    ) -> DecodedBatch:
+        """The batch's frames; `reuse` (another decoder's buffers) is handed back untouched in `outputs`; `entering`
+        is for decoders with one long call (`blocking_finish`), which this is not."""
         outcomes = [p.result() for p in pending]
         return DecodedBatch(outcomes, self.ready_events(), list(reuse))
 
@@ -264,10 +268,12 @@ class _GpuJpegDecoder:
         """Whether this JPEG goes to the GPU decoder."""
         return info.jpeg is not None
 
-    def _decode_jpegs(self, jpegs: list[Pending], reuse: Sequence[Any]) -> tuple[list[torch.Tensor | None], list[Any]]:
+    def _decode_jpegs(
+        self, jpegs: list[Pending], reuse: Sequence[Any], entering: threading.Event | None = None
+    ) -> tuple[list[torch.Tensor | None], list[Any]]:
         """Each JPEG's (H, W, C) RGB pixels on the device, None where the GPU refused it; and the output buffers to
         hand back once the frames are consumed (`reuse`'s among them). `jpegs`: `prepare`'s, each with its bytes or
-        its code stream."""
+        its code stream; `entering`: `finish`'s."""
         raise NotImplementedError
 
     def prepare(self, item: Encoded, data: bytes | None = None) -> Pending:
@@ -282,13 +288,17 @@ class _GpuJpegDecoder:
         orientation = info.jpeg.orientation if info.jpeg else 1
         return Pending(item, data=data, orientation=orientation, size=(info.height, info.width))
 
-    def finish(self, pending: list[Pending], reuse: Sequence[Any] = ()) -> DecodedBatch:
+    def finish(
+        self, pending: list[Pending], reuse: Sequence[Any] = (), entering: threading.Event | None = None
+    ) -> DecodedBatch:
         """The batch's frames: its JPEGs in one GPU call, decoded into `reuse` (an earlier batch's `outputs`, whose
-        frames nothing reads any more) where there are enough of them."""
+        frames nothing reads any more) where there are enough of them. `entering` (a `blocking_finish` decoder's) is
+        set just before the call that lets go of the GIL, so that a thread waiting on it takes the GIL once this
+        thread is inside that call rather than at a point where it would soon want the GIL back."""
         gpu = [p for p in pending if p.for_the_gpu]
         outputs = list(reuse)
         if gpu:
-            decoded, outputs = self._decode_jpegs(gpu, reuse)
+            decoded, outputs = self._decode_jpegs(gpu, reuse, entering)
             for p, pixels in zip(gpu, decoded, strict=True):
                 if pixels is None:  # refused by the GPU decoder: the CPU pool instead (reading the file if not read)
                     p.future = self.cpu.submit(p.item, p.data, checked=p.data is not None).future
@@ -408,7 +418,9 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
                 return Pending(item, code_stream=stream)
         return super().prepare(item, data)
 
-    def _decode_jpegs(self, jpegs: list[Pending], reuse: Sequence[Any]) -> tuple[list[torch.Tensor | None], list[Any]]:
+    def _decode_jpegs(
+        self, jpegs: list[Pending], reuse: Sequence[Any], entering: threading.Event | None = None
+    ) -> tuple[list[torch.Tensor | None], list[Any]]:
         # nvImageCodec applies EXIF orientation itself (its params).
         streams = [p.code_stream if p.code_stream is not None else self._nv.CodeStream(p.data) for p in jpegs]
         spare = list(reuse)
@@ -528,7 +540,9 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
             return self.cpu.submit(item, pending.data, checked=True)
         return pending
 
-    def _decode_jpegs(self, jpegs: list[Pending], reuse: Sequence[Any]) -> tuple[list[torch.Tensor | None], list[Any]]:
+    def _decode_jpegs(
+        self, jpegs: list[Pending], reuse: Sequence[Any], entering: threading.Event | None = None
+    ) -> tuple[list[torch.Tensor | None], list[Any]]:
         # The images of one stored size lie one after another in the buffer, so that their frames are made by two
         # tensor ops for the size rather than two an image (each lets go of the GIL and waits to take it back).
         groups: dict[tuple[int, int], list[int]] = {}
@@ -555,6 +569,8 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
             # may still be read by kernels queued on this stream. Only a host barrier orders it; the call blocks
             # until its images are done anyway, so the barrier costs what the queued work had left.
             self.stream.synchronize()
+            if entering is not None:
+                entering.set()
             if self._decode_call(datas, outputs) == 0:
                 decoded = [True] * len(jpegs)
             else:  # one image the header check let through failed the call: each alone, to find it
@@ -581,7 +597,9 @@ class NvjpegDecoder(_GpuJpegDecoder):
     def describe(self) -> str:
         return f"nvjpeg (torchvision's nvJPEG on the GPU's SMs; other images on {self.cpu.describe()})"
 
-    def _decode_jpegs(self, jpegs: list[Pending], reuse: Sequence[Any]) -> tuple[list[torch.Tensor | None], list[Any]]:
+    def _decode_jpegs(
+        self, jpegs: list[Pending], reuse: Sequence[Any], entering: threading.Event | None = None
+    ) -> tuple[list[torch.Tensor | None], list[Any]]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         encoded = [torch.frombuffer(bytearray(p.data or b""), dtype=torch.uint8) for p in jpegs]
