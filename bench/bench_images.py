@@ -317,13 +317,15 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
         )
     # The hardware decoder's call of `batch` paths fed as the product feeds it (a preparing thread handing whole chunks
     # to a finishing thread) against one thread doing both (the product until 2026-12-06: both chunks prepared before
-    # the first decodes), and two threads handing over image by image (as a list longer than two batches is).
+    # the first decodes), two threads handing over image by image (as a list longer than two batches is), and chunks
+    # of 16 rather than 32 (a shorter tail after the last image is read: its decode and run).
     if with_decoder(engine, "hardware"):
         import yolojet.engine.feed as feed_module
 
-        short_list_batches = feed_module.SHORT_LIST_BATCHES
-        for label in ("one_thread", "two_threads", "chunks_handed_over"):
+        short_list_batches, chunk = feed_module.SHORT_LIST_BATCHES, feed_module.CHUNK
+        for label in ("one_thread", "two_threads", "chunks_handed_over", "chunks_of_16_handed_over"):
             feed_module.SHORT_LIST_BATCHES = 0 if label == "two_threads" else short_list_batches
+            feed_module.CHUNK = 16 if label == "chunks_of_16_handed_over" else chunk
             if label == "one_thread":
                 engine.decoder.blocking_finish = False  # the instance's, over its class's
             try:
@@ -334,7 +336,7 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
                     engine(paths)
                     samples.append(time.perf_counter() - start)
             finally:
-                feed_module.SHORT_LIST_BATCHES = short_list_batches
+                feed_module.SHORT_LIST_BATCHES, feed_module.CHUNK = short_list_batches, chunk
                 vars(engine.decoder).pop("blocking_finish", None)
             ms = Timing(tuple(samples)).p50 * 1000
             rows[f"hardware_{label}"] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(samples) * 1000}
@@ -565,7 +567,7 @@ def image_path_steps(engine) -> list[tuple[object, str]]:
     if decoder_type.__name__ == "NvjpegHardwareDecoder":
         from yolojet.images.nvjpeg_hardware import NvjpegHardware
 
-        steps.append((NvjpegHardware, "takes"))
+        steps += [(NvjpegHardware, "takes"), (NvjpegHardware, "decode")]
     if hasattr(decoder_type, "_decode_jpegs"):
         steps.append((decoder_type, "_decode_jpegs"))
     return steps
