@@ -365,7 +365,7 @@ def test_a_blocking_decoder_is_fed_by_two_threads_and_every_image_arrives_in_ord
 
 class _SlowBlockingDecoder:
     """A stand-in for the hardware decoder's costs: `prepare` holds the GIL 5 ms an image, `finish` lets go of it for
-    30 ms (saying so first, as the hardware decoder does); records when each ran."""
+    80 ms (saying so first, as the hardware decoder does); records when each ran."""
 
     blocking_finish = True
     name = "slow-blocking"
@@ -393,7 +393,7 @@ class _SlowBlockingDecoder:
         start = time.perf_counter()
         if entering is not None:
             entering.set()
-        time.sleep(0.03)
+        time.sleep(0.08)
         self.finishing.append((start, time.perf_counter()))
         return DecodedBatch([p.result() for p in pending], [], list(reuse))
 
