@@ -318,29 +318,36 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
     # The hardware decoder's call of `batch` paths fed as the product feeds it (a preparing thread handing whole chunks
     # to a finishing thread) against one thread doing both (the product until 2026-12-06: both chunks prepared before
     # the first decodes), two threads handing over image by image (as a list longer than two batches is), and chunks
-    # of 16 rather than 32 (a shorter tail after the last image is read: its decode and run).
+    # of 16 rather than 32 (a shorter tail after the last image is read: its decode and run). The variants take turns,
+    # a few calls each a round: timed one after another, a later one came out faster than the same configuration timed
+    # earlier in 7 of 10 runs (bench/NOTES.md), a drift that turns would spread over all of them.
     if with_decoder(engine, "hardware"):
         import yolojet.engine.feed as feed_module
 
         short_list_batches, chunk = feed_module.SHORT_LIST_BATCHES, feed_module.CHUNK
-        for label in ("one_thread", "two_threads", "chunks_handed_over", "chunks_of_16_handed_over"):
-            feed_module.SHORT_LIST_BATCHES = 0 if label == "two_threads" else short_list_batches
-            feed_module.CHUNK = 16 if label == "chunks_of_16_handed_over" else chunk
-            if label == "one_thread":
-                engine.decoder.blocking_finish = False  # the instance's, over its class's
-            try:
-                engine(paths)
-                samples = []
-                for _ in range(repeats):
-                    start = time.perf_counter()
+        labels = ("product", "one_thread", "two_threads", "chunks_of_16")
+        samples: dict[str, list[float]] = {label: [] for label in labels}
+        rounds = max(1, repeats // 3)
+        for _ in range(rounds):
+            for label in labels:
+                feed_module.SHORT_LIST_BATCHES = 0 if label == "two_threads" else short_list_batches
+                feed_module.CHUNK = 16 if label == "chunks_of_16" else chunk
+                if label == "one_thread":
+                    engine.decoder.blocking_finish = False  # the instance's, over its class's
+                try:
                     engine(paths)
-                    samples.append(time.perf_counter() - start)
-            finally:
-                feed_module.SHORT_LIST_BATCHES, feed_module.CHUNK = short_list_batches, chunk
-                vars(engine.decoder).pop("blocking_finish", None)
-            ms = Timing(tuple(samples)).p50 * 1000
-            rows[f"hardware_{label}"] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(samples) * 1000}
-            print(f"engine({batch} paths), hardware, {label}: {ms:.2f} ms, {batch * 1000 / ms:,.0f} img/s", flush=True)
+                    for _ in range(3):
+                        start = time.perf_counter()
+                        engine(paths)
+                        samples[label].append(time.perf_counter() - start)
+                finally:
+                    feed_module.SHORT_LIST_BATCHES, feed_module.CHUNK = short_list_batches, chunk
+                    vars(engine.decoder).pop("blocking_finish", None)
+        for label, taken in samples.items():
+            ms = Timing(tuple(taken)).p50 * 1000
+            rows[f"hardware_turns_{label}"] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(taken) * 1000}
+            rate = batch * 1000 / ms
+            print(f"engine({batch} paths), hardware in turns, {label}: {ms:.2f} ms, {rate:,.0f} img/s", flush=True)
     found["call"] = rows
 
 
