@@ -418,3 +418,38 @@ def test_a_short_list_prepares_its_next_chunk_while_a_blocking_decoder_decodes(b
         assert (len(during) > 0) == blocking, (decoder.prepared, decoder.finishing)
     finally:
         decoder.close()
+
+
+class _FailsAt:
+    """A sized collection whose iteration raises at item `at` (a dataset whose loading of one item fails)."""
+
+    def __init__(self, size: int, at: int) -> None:
+        self.size, self.at = size, at
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        for i in range(self.size):
+            if i == self.at:
+                raise OSError(f"item {i} could not be loaded")
+            yield np.full((4, 6, 3), i, np.uint8)
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+@pytest.mark.parametrize("at", [0, 2, 6])
+def test_a_collection_failing_midway_gives_every_image_before_it_then_its_error(blocking, at):
+    """One call's list (two batches of 4) whose iteration raises at item `at`: the feed gives every image before it,
+    in order, then raises the collection's error, on one thread and with a blocking decoder's two."""
+    from yolojet.engine.feed import FrameFeed
+
+    lending = _LendingDecoder()
+    lending.blocking_finish = blocking
+    values: list[int] = []
+    try:
+        with pytest.raises(OSError, match=f"item {at} could not be loaded"):
+            for fed in FrameFeed(_FailsAt(8, at), lending, batch=4):
+                values += [int(f.pixels[0, 0, 0]) for f in fed.decoded.items]
+        assert values == list(range(at))
+    finally:
+        lending.close()

@@ -260,19 +260,28 @@ class FrameFeed:
         """A list's one thread: the next chunk prepared before this one is finished."""
         try:
             source = iter(images)
-            ahead = self._prepare_chunk(source)
+            ahead, failed = self._prepare_chunk(source)
             while ahead and not self._stop.is_set():
-                items, ahead = ahead, self._prepare_chunk(source)
+                items = ahead
+                ahead, failed = self._prepare_chunk(source) if failed is None else ([], failed)
                 decoded = self.decoder.finish([pending for _, pending in items], self._spares())
                 if not self._put(self._chunks, FedBatch([image for image, _ in items], decoded)):
                     return
-        except BaseException as e:  # a decoder's failure, or the collection's own iterator
+        except BaseException as e:  # a decoder's failure, or the collection's own `iter`
             self._put(self._chunks, e)
             return
-        self._put(self._chunks, _END)
+        self._put(self._chunks, _END if failed is None else failed)
 
-    def _prepare_chunk(self, source: Iterator[Any]) -> list[tuple[Any, Pending]]:
-        return [(image, self._prepare(image)) for image in itertools.islice(source, self.chunk)]
+    def _prepare_chunk(self, source: Iterator[Any]) -> tuple[list[tuple[Any, Pending]], BaseException | None]:
+        """Up to `chunk` images prepared, and what the caller's collection raised while giving the next one, if it did:
+        the images given before it are kept, to be answered before the error is raised."""
+        items: list[tuple[Any, Pending]] = []
+        try:
+            for image in itertools.islice(source, self.chunk):
+                items.append((image, self._prepare(image)))
+        except BaseException as e:
+            return items, e
+        return items, None
 
     def _prepare_chunks(self, images: Iterable[Any]) -> None:
         """A short list's preparing thread: its chunks, prepared, handed to the finishing thread whole. After handing
@@ -281,15 +290,23 @@ class FrameFeed:
         GIL only once the next chunk was prepared (seen on an H100: the first decode began after all 64 images)."""
         try:
             source = iter(images)
-            while chunk := self._prepare_chunk(source):
+        except BaseException as e:  # the collection's own `iter`
+            self._put(self._prepared, _Failure(e))
+            return
+        while True:
+            chunk, failed = self._prepare_chunk(source)
+            if chunk:
                 entering = threading.Event()
                 if not self._put(self._prepared, (chunk, entering)):
                     return
-                while not entering.wait(0.1) and not self._stop.is_set():
-                    pass
-        except BaseException as e:  # the collection's own iterator
-            self._put(self._prepared, _Failure(e))
-            return
+                while not entering.wait(0.1):
+                    if self._stop.is_set():
+                        return
+            if failed is not None:
+                self._put(self._prepared, _Failure(failed))
+                return
+            if not chunk:
+                break
         self._put(self._prepared, _END)
 
     def _finish_chunks(self) -> None:

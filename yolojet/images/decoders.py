@@ -305,6 +305,8 @@ class _GpuJpegDecoder:
                 else:
                     at_path = p.code_stream is not None
                     p.outcome = Frame(pixels, bgr=False, path=p.item.path, encoded=p.data, encoded_at_path=at_path)
+        if entering is not None:  # a batch without JPEGs for the GPU: its wait is for the CPU pool, the GIL let go
+            entering.set()
         outcomes = [p.result() for p in pending]
         ready = self.cpu.ready_events()
         if gpu:
