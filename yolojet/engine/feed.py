@@ -102,11 +102,12 @@ class FrameFeed:
         self._caller_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         # A list (nothing of it on its way slowly) has one thread and full chunks, unless its decoder's `finish` is one
         # long call that lets go of the GIL (the `hardware` decoder's), which preparing the next images overlaps.
-        listed = isinstance(images, Sized)
+        size = len(images) if isinstance(images, Sized) else None
+        listed = size is not None
         work: list[tuple[str, Callable[..., None], tuple[Any, ...]]]
         if listed and not getattr(decoder, "blocking_finish", False):
             work = [("yolojet-feed", self._prepare_and_decode, (images,))]
-        elif isinstance(images, Sized) and len(images) <= SHORT_LIST_BATCHES * batch:
+        elif size is not None and size <= SHORT_LIST_BATCHES * batch:
             work = [
                 ("yolojet-feed", self._prepare_chunks, (images,)),
                 ("yolojet-feed-finish", self._finish_chunks, ()),

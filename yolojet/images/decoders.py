@@ -305,7 +305,7 @@ class _GpuJpegDecoder:
                 else:
                     at_path = p.code_stream is not None
                     p.outcome = Frame(pixels, bgr=False, path=p.item.path, encoded=p.data, encoded_at_path=at_path)
-        if entering is not None:  # a batch without JPEGs for the GPU: its wait is for the CPU pool, the GIL let go
+        if entering is not None:  # what is left is waiting for the CPU pool, the GIL let go (all of it, without JPEGs)
             entering.set()
         outcomes = [p.result() for p in pending]
         ready = self.cpu.ready_events()
