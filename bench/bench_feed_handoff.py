@@ -4,10 +4,12 @@ whose `prepare` runs ~95 us of Python an image (the H200's read and header check
 
 A thread woken for work another thread handed over (a queue's item) must still take the GIL from that thread, which
 goes on running Python: it waits for the switch interval (5 ms) unless the GIL is let go. The variants:
-  product      the feed as it is, for a blocking decoder: a list of at most two batches prepared on one thread and
-               its chunks handed whole to a finishing thread, a longer one handed image by image from a source thread
-               to a decode thread; a thread that has queued a chunk's worth of work where a thread may wait for it
-               lets go of the GIL (time.sleep(0))
+  product      the feed as it is, for a blocking decoder: a list of at most two batches fed by two threads taking
+               turns (each prepares a chunk and decodes it while the other prepares the next), a longer one handed
+               image by image from a source thread to a decode thread; a thread that has queued a chunk's worth of
+               work where a thread may wait for it lets go of the GIL (time.sleep(0))
+  handed_over  a short list prepared on one thread and its chunks handed whole to a finishing thread (the product
+               before the turns)
   two_threads  every list handed image by image (as the product's long lists)
   no_yield     two threads without letting go of the GIL after a handover
   one_thread   one thread that prepares a chunk, then decodes the one before (the decoder not said to block)
@@ -25,6 +27,7 @@ import statistics
 import time
 
 import torch
+from feed_variants import short_list_fed
 
 import yolojet.engine.feed as feed_module
 from yolojet.engine.feed import FrameFeed
@@ -100,14 +103,15 @@ def main() -> int:
     product_put, short_list_batches = FrameFeed._put, feed_module.SHORT_LIST_BATCHES
     found: dict = {}
     try:
-        for variant in ("product", "two_threads", "no_yield", "one_thread"):
+        for variant in ("product", "handed_over", "two_threads", "no_yield", "one_thread"):
             FrameFeed._put = put_without_yielding if variant == "no_yield" else product_put  # type: ignore[method-assign]
             feed_module.SHORT_LIST_BATCHES = 0 if variant in ("two_threads", "no_yield") else short_list_batches
             decoder.blocking_finish = variant != "one_thread"
             for count in (args.short, args.long):
                 rounds = args.rounds if count == args.short else max(3, args.rounds // 3)
                 key = f"{variant}_{count}"
-                found[key] = timed(decoder, count, rounds)
+                with short_list_fed("handed_over" if variant == "handed_over" else "product"):
+                    found[key] = timed(decoder, count, rounds)
                 print(f"{key}: {json.dumps({k: round(v, 1) for k, v in found[key].items()})}", flush=True)
     finally:
         FrameFeed._put = product_put  # type: ignore[method-assign]

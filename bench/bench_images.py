@@ -315,33 +315,35 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
             + ", ".join(f"{k} {v * 1e3 / repeats:.2f}" for k, v in totals.most_common(8)),
             flush=True,
         )
-    # The hardware decoder's call of `batch` paths fed as the product feeds it (a preparing thread handing whole chunks
-    # to a finishing thread) against one thread doing both (the product until 2026-12-06: both chunks prepared before
-    # the first decodes), two threads handing over image by image (as a list longer than two batches is), and chunks
-    # of 16 rather than 32 (a shorter tail after the last image is read: its decode and run). The variants take turns,
-    # a few calls each a round: timed one after another, a later one came out faster than the same configuration timed
-    # earlier in 7 of 10 runs (bench/NOTES.md), a drift that turns would spread over all of them.
+    # The hardware decoder's call of `batch` paths fed as the product feeds it (two threads taking turns, each preparing
+    # a chunk and decoding it) against the product before it (one thread preparing, handing whole chunks to a finishing
+    # thread), one thread doing both (both chunks prepared before the first decodes), and turns with chunks of 16 rather
+    # than 32 (a shorter tail after the last image is read: its decode and run). The variants take turns, a few calls
+    # each a round: timed one after another, a later one came out faster than the same configuration timed earlier in 7
+    # of 10 runs (bench/NOTES.md), a drift that turns would spread over all of them.
     if with_decoder(engine, "hardware"):
+        from feed_variants import short_list_fed
+
         import yolojet.engine.feed as feed_module
 
-        short_list_batches, chunk = feed_module.SHORT_LIST_BATCHES, feed_module.CHUNK
-        labels = ("product", "one_thread", "two_threads", "chunks_of_16")
+        chunk = feed_module.CHUNK
+        labels = ("product", "handed_over", "one_thread", "chunks_of_16")
         samples: dict[str, list[float]] = {label: [] for label in labels}
         rounds = max(1, repeats // 3)
         for _ in range(rounds):
             for label in labels:
-                feed_module.SHORT_LIST_BATCHES = 0 if label == "two_threads" else short_list_batches
                 feed_module.CHUNK = 16 if label == "chunks_of_16" else chunk
                 if label == "one_thread":
                     engine.decoder.blocking_finish = False  # the instance's, over its class's
                 try:
-                    engine(paths)
-                    for _ in range(3):
-                        start = time.perf_counter()
+                    with short_list_fed("handed_over" if label == "handed_over" else "product"):
                         engine(paths)
-                        samples[label].append(time.perf_counter() - start)
+                        for _ in range(3):
+                            start = time.perf_counter()
+                            engine(paths)
+                            samples[label].append(time.perf_counter() - start)
                 finally:
-                    feed_module.SHORT_LIST_BATCHES, feed_module.CHUNK = short_list_batches, chunk
+                    feed_module.CHUNK = chunk
                     vars(engine.decoder).pop("blocking_finish", None)
         for label, taken in samples.items():
             ms = Timing(tuple(taken)).p50 * 1000

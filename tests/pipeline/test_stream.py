@@ -345,8 +345,8 @@ def test_a_long_stream_of_files_on_the_hardware_decoder_gives_each_file_its_own_
 
 def test_a_blocking_decoder_is_fed_by_two_threads_and_every_image_arrives_in_order():
     """A decoder whose `finish` is one long call letting go of the GIL (the hardware decoder's) is fed by two threads:
-    a list of at most two batches (one call's) handed over in whole chunks to a finishing thread, a longer one image by
-    image to a decode thread. The handovers lose and reorder nothing."""
+    a list of at most two batches (one call's) by two taking turns chunk by chunk, a longer one handed over image by
+    image to a decode thread. The turns and handovers lose and reorder nothing."""
     from yolojet.engine.feed import FrameFeed
 
     lending = _LendingDecoder()
@@ -358,7 +358,8 @@ def test_a_blocking_decoder_is_fed_by_two_threads_and_every_image_arrives_in_ord
             values = [int(f.pixels[0, 0, 0]) for fed in FrameFeed(images, lending, batch=4) for f in fed.decoded.items]
             assert values == list(range(count)), count
             # pixels in memory: the decoder's prepare is never called
-            assert lending.threads == ({"yolojet-feed-finish"} if count <= 8 else {"yolojet-feed-decode"}), count
+            taking_turns = {"yolojet-feed-0", "yolojet-feed-1"}
+            assert lending.threads == (taking_turns if count <= 8 else {"yolojet-feed-decode"}), count
     finally:
         lending.close()
 
@@ -453,3 +454,60 @@ def test_a_collection_failing_midway_gives_every_image_before_it_then_its_error(
         assert values == list(range(at))
     finally:
         lending.close()
+
+
+class _FailingOnSecondCall(_LendingDecoder):
+    """The lending decoder, whose second `finish` raises (a decoder's own failure, not one image's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def finish(self, pending, reuse=(), entering=None):
+        with self.lock:
+            self.calls += 1
+            second = self.calls == 2
+        if second:
+            raise RuntimeError("the decoder broke")
+        return super().finish(pending, reuse, entering)
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+@pytest.mark.parametrize("count", [8, 12, 16])
+def test_a_decoder_failing_on_a_later_chunk_gives_the_chunks_before_it_then_its_error(blocking, count):
+    """One call's list (up to two batches of 4, chunks of 4) whose decoder raises at its second chunk: the first
+    chunk's images come first, in order, then the decoder's error, and no feed thread is left running."""
+    from yolojet.engine.feed import FrameFeed
+
+    decoder = _FailingOnSecondCall()
+    decoder.blocking_finish = blocking
+    images = [np.full((4, 6, 3), i, np.uint8) for i in range(count)]
+    values: list[int] = []
+    before = set(threading.enumerate())
+    try:
+        with pytest.raises(RuntimeError, match="the decoder broke"):
+            for fed in FrameFeed(images, decoder, batch=4):
+                values += [int(f.pixels[0, 0, 0]) for f in fed.decoded.items]
+        assert values == list(range(4))
+        assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("yolojet-feed")]
+    finally:
+        decoder.close()
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_short_list_left_after_its_first_batch_stops_its_feed_threads(blocking):
+    """A consumer that stops after the first batch of one call's list (two batches of 4): closing the feed ends its
+    threads, however far each had got."""
+    from yolojet.engine.feed import FrameFeed
+
+    decoder = _SlowBlockingDecoder()
+    decoder.blocking_finish = blocking
+    before = set(threading.enumerate())
+    try:
+        feed = FrameFeed([bytes([i]) * 8 for i in range(8)], decoder, batch=4)
+        first = feed.next_batch()
+        assert first is not None and [int(f.pixels[0, 0, 0]) for f in first.decoded.items] == [0, 1, 2, 3]
+        feed.close()
+        assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("yolojet-feed")]
+    finally:
+        decoder.close()

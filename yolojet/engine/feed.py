@@ -13,10 +13,10 @@ spread is larger than the difference (bench/NOTES.md): one thread is kept as the
 A decoder whose `finish` is one long call that lets go of the GIL while the GPU's hardware decodes (the `hardware`
 decoder: nvJPEG's batched call returns when the batch is decoded) has its chunks decoded on a thread of their own, so
 that the next images are read and checked while a chunk decodes. A list of at most `SHORT_LIST_BATCHES` batches (one
-call of `engine(paths)`) hands its chunks over whole: one thread prepares them, the other finishes each as it comes
-(on an H100 a call of 64 files spent 6 of its 15 ms preparing both chunks before the first decode began, one thread
-doing both; bench/NOTES.md). A longer list, like an iterable, hands its images over one by one, and the decode thread
-cuts its chunks from them.
+call of `engine(paths)`) has two threads taking turns: each prepares a chunk and decodes it itself, and the other
+prepares the next chunk while it decodes (on an H100 a call of 64 files spent 6 of its 15 ms preparing both chunks
+before the first decode began, one thread doing both; bench/NOTES.md). A longer list, like an iterable, hands its
+images over one by one, and the decode thread cuts its chunks from them.
 
 A thread that hands over a chunk's worth of work (a chunk's worth of images queued for the decode thread, a decoded
 chunk for the engine waiting on an empty queue) lets go of the GIL right after, so that the thread it woke takes the
@@ -90,7 +90,6 @@ class FrameFeed:
         chunk = chunk_for(images, batch) if chunk is None else chunk
         self.decoder, self.batch, self.chunk = decoder, batch, max(1, min(chunk, batch))
         self._items: queue.Queue = queue.Queue(maxsize=2 * batch)
-        self._prepared: queue.Queue = queue.Queue(maxsize=2)  # a short list's prepared chunks, whole
         self._chunks: queue.Queue = queue.Queue(maxsize=max(2, 2 * batch // self.chunk))
         self._stop = threading.Event()
         self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
@@ -108,10 +107,7 @@ class FrameFeed:
         if listed and not getattr(decoder, "blocking_finish", False):
             work = [("yolojet-feed", self._prepare_and_decode, (images,))]
         elif size is not None and size <= SHORT_LIST_BATCHES * batch:
-            work = [
-                ("yolojet-feed", self._prepare_chunks, (images,)),
-                ("yolojet-feed-finish", self._finish_chunks, ()),
-            ]
+            work = self._short_list_work(images)
         else:
             # An iterable's frames are copied as they come; a list's cannot be rewritten between its items.
             work = [
@@ -198,7 +194,7 @@ class FrameFeed:
 
     def close(self) -> None:
         self._stop.set()
-        for q in (self._items, self._prepared, self._chunks):  # unblock a thread waiting to put
+        for q in (self._items, self._chunks):  # unblock a thread waiting to put
             while True:
                 try:
                     q.get_nowait()
@@ -284,52 +280,54 @@ class FrameFeed:
             return items, e
         return items, None
 
-    def _prepare_chunks(self, images: Iterable[Any]) -> None:
-        """A short list's preparing thread: its chunks, prepared, handed to the finishing thread whole. After handing
-        one over it waits, the GIL let go, until the finishing thread is inside the decoder's long call (or done with
-        the chunk): preparing holds the GIL throughout, and a finishing thread woken beside it would otherwise take the
-        GIL only once the next chunk was prepared (seen on an H100: the first decode began after all 64 images)."""
-        try:
-            source = iter(images)
-        except BaseException as e:  # the collection's own `iter`
-            self._put(self._prepared, _Failure(e))
-            return
-        while True:
-            chunk, failed = self._prepare_chunk(source)
-            if chunk:
-                entering = threading.Event()
-                if not self._put(self._prepared, (chunk, entering)):
-                    return
-                while not entering.wait(0.1):
-                    if self._stop.is_set():
-                        return
-            if failed is not None:
-                self._put(self._prepared, _Failure(failed))
-                return
-            if not chunk:
-                break
-        self._put(self._prepared, _END)
+    def _short_list_work(self, images: Iterable[Any]) -> list[tuple[str, Callable[..., None], tuple[Any, ...]]]:
+        """A short list's two threads, taking turns (`_take_turns`)."""
+        turns = _Turns(images)
+        return [(f"yolojet-feed-{first}", self._take_turns, (turns, first)) for first in (0, 1)]
 
-    def _finish_chunks(self) -> None:
-        """A short list's finishing thread: each prepared chunk decoded, in order, while the next is prepared."""
-        try:
-            while not self._stop.is_set():
-                try:
-                    taken = self._prepared.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                if taken is _END or isinstance(taken, _Failure):
-                    self._put(self._chunks, taken.error if isinstance(taken, _Failure) else _END)
-                    return
-                chunk, entering = taken
-                try:
+    def _take_turns(self, turns: _Turns, first: int) -> None:
+        """One of a short list's two threads: chunks `first`, `first` + 2, ... Each chunk is prepared once the one
+        before has begun decoding (its decode call lets go of the GIL: the other thread prepares meanwhile, and its
+        `entering` event is the turn's end), then decoded on the thread that prepared it, and handed on once the one
+        before has been. No thread waits for another to wake up and take its work: on an H100 a finishing thread fed
+        prepared chunks by another began each decode 0.25-0.5 ms after its chunk was ready (bench/NOTES.md)."""
+        index = first
+        while True:
+            if index and not self._wait(turns.began(index - 1)):
+                return
+            if turns.ended:  # the chunk before was the list's last: its thread hands on the end
+                return
+            chunk: list[tuple[Any, Pending]] = []
+            failed: BaseException | None = None
+            decoded: DecodedBatch | None = None
+            last = True  # whether this chunk is the list's last (also when something failed)
+            entering = turns.began(index)
+            try:
+                chunk, failed = self._prepare_chunk(turns.source())
+                last = failed is not None or len(chunk) < self.chunk
+                turns.ended = last  # read by the other thread only once `entering` is set
+                if chunk:
                     decoded = self.decoder.finish([pending for _, pending in chunk], self._spares(), entering)
-                finally:
-                    entering.set()
-                if not self._put(self._chunks, FedBatch([image for image, _ in chunk], decoded)):
-                    return
-        except BaseException as e:  # a decoder's failure
-            self._put(self._chunks, e)
+            except BaseException as e:  # a decoder's failure, or the collection's own `iter`
+                turns.ended, failed = True, e
+            finally:
+                entering.set()
+            if index and not self._wait(turns.handed(index - 1)):
+                return
+            if decoded is not None and not self._put(self._chunks, FedBatch([image for image, _ in chunk], decoded)):
+                return
+            if last or failed is not None:
+                self._put(self._chunks, _END if failed is None else failed)
+                return
+            turns.handed(index).set()
+            index += 2
+
+    def _wait(self, event: threading.Event) -> bool:
+        """Whether `event` was set before the feed was closed."""
+        while not event.wait(0.1):
+            if self._stop.is_set():
+                return False
+        return True
 
     def _decode(self) -> None:
         try:
@@ -349,6 +347,34 @@ class FrameFeed:
 @dataclass
 class _Failure:
     error: BaseException
+
+
+class _Turns:
+    """What a short list's two threads share: the list's iterator (only the thread whose turn it is to prepare
+    advances it), an event a chunk for its decode having begun (the next may be prepared) and one for its having been
+    handed on (the next may be), and whether the list has ended."""
+
+    def __init__(self, images: Iterable[Any]) -> None:
+        self._images = images
+        self._source: Iterator[Any] | None = None
+        self._events: dict[tuple[str, int], threading.Event] = {}
+        self._lock = threading.Lock()
+        self.ended = False
+
+    def source(self) -> Iterator[Any]:
+        if self._source is None:
+            self._source = iter(self._images)
+        return self._source
+
+    def began(self, index: int) -> threading.Event:
+        return self._event("began", index)
+
+    def handed(self, index: int) -> threading.Event:
+        return self._event("handed", index)
+
+    def _event(self, kind: str, index: int) -> threading.Event:
+        with self._lock:
+            return self._events.setdefault((kind, index), threading.Event())
 
 
 def _in_memory(item: Any, decoder: Decoder, own_copy: bool = False) -> Frame | ImageReadError:
