@@ -317,24 +317,31 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
         )
     # The hardware decoder's call of `batch` paths fed as the product feeds it (two threads taking turns, each preparing
     # a chunk and decoding it) against the product before it (one thread preparing, handing whole chunks to a finishing
-    # thread), one thread doing both (both chunks prepared before the first decodes), and turns with chunks of 16 rather
-    # than 32 (a shorter tail after the last image is read: its decode and run). The variants take turns, a few calls
-    # each a round: timed one after another, a later one came out faster than the same configuration timed earlier in 7
-    # of 10 runs (bench/NOTES.md), a drift that turns would spread over all of them.
+    # thread), one thread doing both (both chunks prepared before the first decodes), and turns whose next chunk's
+    # preparing begins as the decoder's call is entered, before its preamble (the barrier on its stream, the output
+    # buffer) rather than just before nvJPEG's call. The variants take turns, a few calls each a round: timed one after
+    # another, a later one came out faster than the same configuration timed earlier in 7 of 10 runs (bench/NOTES.md),
+    # a drift that turns would spread over all of them.
     if with_decoder(engine, "hardware"):
         from feed_variants import short_list_fed
 
-        import yolojet.engine.feed as feed_module
+        decoder = engine.decoder
+        finish = decoder.finish
 
-        chunk = feed_module.CHUNK
-        labels = ("product", "handed_over", "one_thread", "chunks_of_16")
+        def entering_at_start(pending, reuse=(), entering=None):
+            if entering is not None:
+                entering.set()
+            return finish(pending, reuse, entering)
+
+        labels = ("product", "handed_over", "entering_at_start", "one_thread")
         samples: dict[str, list[float]] = {label: [] for label in labels}
         rounds = max(1, repeats // 3)
         for _ in range(rounds):
             for label in labels:
-                feed_module.CHUNK = 16 if label == "chunks_of_16" else chunk
                 if label == "one_thread":
-                    engine.decoder.blocking_finish = False  # the instance's, over its class's
+                    decoder.blocking_finish = False  # the instance's, over its class's
+                if label == "entering_at_start":
+                    decoder.finish = entering_at_start
                 try:
                     with short_list_fed("handed_over" if label == "handed_over" else "product"):
                         engine(paths)
@@ -343,8 +350,8 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
                             engine(paths)
                             samples[label].append(time.perf_counter() - start)
                 finally:
-                    feed_module.CHUNK = chunk
-                    vars(engine.decoder).pop("blocking_finish", None)
+                    vars(decoder).pop("blocking_finish", None)
+                    vars(decoder).pop("finish", None)
         for label, taken in samples.items():
             ms = Timing(tuple(taken)).p50 * 1000
             rows[f"hardware_turns_{label}"] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(taken) * 1000}
@@ -576,7 +583,7 @@ def image_path_steps(engine) -> list[tuple[object, str]]:
     if decoder_type.__name__ == "NvjpegHardwareDecoder":
         from yolojet.images.nvjpeg_hardware import NvjpegHardware
 
-        steps += [(NvjpegHardware, "takes"), (NvjpegHardware, "decode")]
+        steps += [(NvjpegHardware, "takes"), (NvjpegHardware, "decode"), (decoder_type, "_queued_work_done")]
     if hasattr(decoder_type, "_decode_jpegs"):
         steps.append((decoder_type, "_decode_jpegs"))
     return steps

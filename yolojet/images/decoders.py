@@ -542,6 +542,13 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
             return self.cpu.submit(item, pending.data, checked=True)
         return pending
 
+    def _queued_work_done(self) -> None:
+        """nvJPEG's hardware engine does not wait for the work queued before it on the stream it is given (seen on
+        H100s, and fixed so in torchcodec's nvJPEG decoder): a buffer the caching allocator just handed back may still
+        be read by kernels queued on this stream. Only a host barrier orders it; the call blocks until its images
+        are done anyway, so the barrier costs what the queued work had left."""
+        self.stream.synchronize()
+
     def _decode_jpegs(
         self, jpegs: list[Pending], reuse: Sequence[Any], entering: threading.Event | None = None
     ) -> tuple[list[torch.Tensor | None], list[Any]]:
@@ -566,11 +573,7 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
                 for j, i in enumerate(members):
                     outputs[i] = (base + starts[height, width] + j * height * width * 3, width * 3)
             datas = [p.data or b"" for p in jpegs]
-            # nvJPEG's hardware engine does not wait for the work queued before it on the stream it is given (seen on
-            # H100s, and fixed so in torchcodec's nvJPEG decoder): a buffer the caching allocator just handed back
-            # may still be read by kernels queued on this stream. Only a host barrier orders it; the call blocks
-            # until its images are done anyway, so the barrier costs what the queued work had left.
-            self.stream.synchronize()
+            self._queued_work_done()
             if entering is not None:
                 entering.set()
             if self._decode_call(datas, outputs) == 0:
