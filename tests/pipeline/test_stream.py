@@ -263,6 +263,9 @@ class _LendingDecoder:
         from yolojet.images.decoders import DecodedBatch
 
         self.threads.add(threading.current_thread().name)
+        if entering is not None:  # as the hardware decoder does before its long call: the other feed thread goes on
+            entering.set()
+            time.sleep(0.001)
         with self.lock:
             self.early += [token for token in reuse if token.split("#")[0] not in self.consumed]
             self.reused += len(reuse)
@@ -345,21 +348,23 @@ def test_a_long_stream_of_files_on_the_hardware_decoder_gives_each_file_its_own_
 
 def test_a_blocking_decoder_is_fed_by_two_threads_and_every_image_arrives_in_order():
     """A decoder whose `finish` is one long call letting go of the GIL (the hardware decoder's) is fed by two threads:
-    a list of at most two batches (one call's) by two taking turns chunk by chunk, a longer one handed over image by
-    image to a decode thread. The turns and handovers lose and reorder nothing."""
+    a list of at most two batches (one call's) by two taking turns chunk by chunk (up to four chunks of 4 here, full
+    or not), a longer one handed over image by image to a decode thread. The turns and handovers lose and reorder
+    nothing."""
     from yolojet.engine.feed import FrameFeed
 
     lending = _LendingDecoder()
     lending.blocking_finish = True
     try:
-        for count in (8, 9, 37):
+        for count in (0, 3, 8, 9, 13, 16, 37):
             lending.threads.clear()
             images = [np.full((4, 6, 3), i, np.uint8) for i in range(count)]
-            values = [int(f.pixels[0, 0, 0]) for fed in FrameFeed(images, lending, batch=4) for f in fed.decoded.items]
+            feed = FrameFeed(images, lending, batch=8, chunk=4)
+            values = [int(f.pixels[0, 0, 0]) for fed in feed for f in fed.decoded.items]
             assert values == list(range(count)), count
             # pixels in memory: the decoder's prepare is never called
-            taking_turns = {"yolojet-feed-0", "yolojet-feed-1"}
-            assert lending.threads == (taking_turns if count <= 8 else {"yolojet-feed-decode"}), count
+            taking_turns = {"yolojet-feed-0", "yolojet-feed-1"} if count > 4 else {"yolojet-feed-0"} if count else set()
+            assert lending.threads == (taking_turns if count <= 16 else {"yolojet-feed-decode"}), count
     finally:
         lending.close()
 
@@ -457,57 +462,75 @@ def test_a_collection_failing_midway_gives_every_image_before_it_then_its_error(
 
 
 class _FailingOnSecondCall(_LendingDecoder):
-    """The lending decoder, whose second `finish` raises (a decoder's own failure, not one image's)."""
+    """The lending decoder, whose second `finish` raises (a decoder's own failure, not one image's), before or after
+    saying it has entered its long call."""
 
-    def __init__(self) -> None:
+    def __init__(self, after_entering: bool) -> None:
         super().__init__()
         self.calls = 0
+        self.after_entering = after_entering
 
     def finish(self, pending, reuse=(), entering=None):
         with self.lock:
             self.calls += 1
             second = self.calls == 2
         if second:
+            if self.after_entering and entering is not None:
+                entering.set()
+                time.sleep(0.02)  # the other thread prepares (and may begin decoding) the next chunk meanwhile
             raise RuntimeError("the decoder broke")
         return super().finish(pending, reuse, entering)
 
 
 @pytest.mark.parametrize("blocking", [True, False])
+@pytest.mark.parametrize("after_entering", [False, True])
 @pytest.mark.parametrize("count", [8, 12, 16])
-def test_a_decoder_failing_on_a_later_chunk_gives_the_chunks_before_it_then_its_error(blocking, count):
-    """One call's list (up to two batches of 4, chunks of 4) whose decoder raises at its second chunk: the first
-    chunk's images come first, in order, then the decoder's error, and no feed thread is left running."""
+def test_a_decoder_failing_on_a_later_chunk_gives_the_chunks_before_it_then_its_error(blocking, after_entering, count):
+    """One call's list (two batches of 8, in chunks of 4: two to four chunks) whose decoder raises at its second chunk,
+    before or after entering its long call: the first chunk's images come first, in order, then the decoder's error,
+    no chunk after the failed one is decoded, and no feed thread is left running even without closing the feed."""
     from yolojet.engine.feed import FrameFeed
 
-    decoder = _FailingOnSecondCall()
+    decoder = _FailingOnSecondCall(after_entering)
     decoder.blocking_finish = blocking
     images = [np.full((4, 6, 3), i, np.uint8) for i in range(count)]
     values: list[int] = []
     before = set(threading.enumerate())
+    feed = FrameFeed(images, decoder, batch=8, chunk=4)
     try:
         with pytest.raises(RuntimeError, match="the decoder broke"):
-            for fed in FrameFeed(images, decoder, batch=4):
+            while (fed := feed.next_batch()) is not None:
                 values += [int(f.pixels[0, 0, 0]) for f in fed.decoded.items]
         assert values == list(range(4))
+        for thread in feed._threads:
+            thread.join(timeout=5)
         assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("yolojet-feed")]
+        # the one thread prepares one chunk ahead and decodes nothing past the failure; two taking turns at most begin
+        # the chunk after the failed one, and decode it only where the failure came before its turn was over
+        assert decoder.calls <= (3 if blocking and after_entering else 2), decoder.calls
     finally:
+        feed.close()
         decoder.close()
 
 
 @pytest.mark.parametrize("blocking", [True, False])
-def test_a_short_list_left_after_its_first_batch_stops_its_feed_threads(blocking):
-    """A consumer that stops after the first batch of one call's list (two batches of 4): closing the feed ends its
-    threads, however far each had got."""
+def test_a_short_list_left_after_its_first_batch_begins_nothing_once_closed(blocking):
+    """A consumer that stops after the first batch of one call's list (16 images in four chunks of 4, batches of 8):
+    closing the feed ends its threads, and no image is prepared nor chunk decoded that had not begun before."""
     from yolojet.engine.feed import FrameFeed
 
     decoder = _SlowBlockingDecoder()
     decoder.blocking_finish = blocking
     before = set(threading.enumerate())
     try:
-        feed = FrameFeed([bytes([i]) * 8 for i in range(8)], decoder, batch=4)
+        feed = FrameFeed([bytes([i]) * 8 for i in range(16)], decoder, batch=8, chunk=4)
         first = feed.next_batch()
-        assert first is not None and [int(f.pixels[0, 0, 0]) for f in first.decoded.items] == [0, 1, 2, 3]
+        assert first is not None and [int(f.pixels[0, 0, 0]) for f in first.decoded.items][:4] == [0, 1, 2, 3]
+        closed_at = time.perf_counter()
         feed.close()
         assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("yolojet-feed")]
+        # (an image's prepare takes 5 ms; a thread may pass its last look at the stop just before close sets it)
+        assert all(ended - 0.005 < closed_at + 0.001 for ended in decoder.prepared), (closed_at, decoder.prepared)
+        assert all(started < closed_at + 0.001 for started, _ in decoder.finishing), (closed_at, decoder.finishing)
     finally:
         decoder.close()

@@ -62,7 +62,7 @@ CHUNK = 32
 # back behind the other threads' Python. Over 10,000 files on H200s, calls of 64 beat calls of 32 in each of five pairs
 # run in turn, by 15-34 % (8,164 against 6,084 img/s in the first; bench/NOTES.md).
 LONG_CHUNK = 64
-# A list of at most this many batches (one call of `engine(paths)`) hands its chunks over whole (above).
+# A list of at most this many batches (one call of `engine(paths)`) is fed by two threads taking turns (above).
 SHORT_LIST_BATCHES = 2
 
 
@@ -261,6 +261,8 @@ class FrameFeed:
             while ahead and not self._stop.is_set():
                 items = ahead
                 ahead, failed = self._prepare_chunk(source) if failed is None else ([], failed)
+                if self._stop.is_set():
+                    return
                 decoded = self.decoder.finish([pending for _, pending in items], self._spares())
                 if not self._put(self._chunks, FedBatch([image for image, _ in items], decoded)):
                     return
@@ -275,6 +277,8 @@ class FrameFeed:
         items: list[tuple[Any, Pending]] = []
         try:
             for image in itertools.islice(source, self.chunk):
+                if self._stop.is_set():  # closed: no more files read
+                    break
                 items.append((image, self._prepare(image)))
         except BaseException as e:
             return items, e
@@ -290,44 +294,49 @@ class FrameFeed:
         before has begun decoding (its decode call lets go of the GIL: the other thread prepares meanwhile, and its
         `entering` event is the turn's end), then decoded on the thread that prepared it, and handed on once the one
         before has been. No thread waits for another to wake up and take its work: on an H100 a finishing thread fed
-        prepared chunks by another began each decode 0.25-0.5 ms after its chunk was ready (bench/NOTES.md)."""
+        prepared chunks by another began each decode 0.25-0.5 ms after its chunk was ready (bench/NOTES.md). So the
+        decoder's `finish` may run on both threads at once (the second waiting for the first's long call)."""
         index = first
         while True:
             if index and not self._wait(turns.began(index - 1)):
                 return
-            if turns.ended:  # the chunk before was the list's last: its thread hands on the end
+            if turns.ends_before(index):  # an earlier chunk was the list's last, or failed: its thread ends the feed
                 return
             chunk: list[tuple[Any, Pending]] = []
             failed: BaseException | None = None
             decoded: DecodedBatch | None = None
-            last = True  # whether this chunk is the list's last (also when something failed)
             entering = turns.began(index)
             try:
                 chunk, failed = self._prepare_chunk(turns.source())
-                last = failed is not None or len(chunk) < self.chunk
-                turns.ended = last  # read by the other thread only once `entering` is set
-                if chunk:
+                if failed is not None or len(chunk) < self.chunk:
+                    turns.end_at(index)  # read by the other thread only once `entering` is set
+                if chunk and not self._stop.is_set() and not turns.ends_before(index):
                     decoded = self.decoder.finish([pending for _, pending in chunk], self._spares(), entering)
             except BaseException as e:  # a decoder's failure, or the collection's own `iter`
-                turns.ended, failed = True, e
+                turns.end_at(index)
+                failed = e
             finally:
                 entering.set()
             if index and not self._wait(turns.handed(index - 1)):
                 return
+            if turns.ends_before(index):  # the chunk before failed after this one began: nothing more is handed on
+                return
             if decoded is not None and not self._put(self._chunks, FedBatch([image for image, _ in chunk], decoded)):
                 return
-            if last or failed is not None:
+            ends_here = turns.ends_before(index + 1)
+            if ends_here:
                 self._put(self._chunks, _END if failed is None else failed)
+            turns.handed(index).set()  # also after the end: the other thread, waiting on it, then sees the end
+            if ends_here:
                 return
-            turns.handed(index).set()
             index += 2
 
     def _wait(self, event: threading.Event) -> bool:
-        """Whether `event` was set before the feed was closed."""
+        """Whether `event` was set before the feed was closed (False once it is closed, set or not)."""
         while not event.wait(0.1):
             if self._stop.is_set():
                 return False
-        return True
+        return not self._stop.is_set()
 
     def _decode(self) -> None:
         try:
@@ -352,19 +361,29 @@ class _Failure:
 class _Turns:
     """What a short list's two threads share: the list's iterator (only the thread whose turn it is to prepare
     advances it), an event a chunk for its decode having begun (the next may be prepared) and one for its having been
-    handed on (the next may be), and whether the list has ended."""
+    handed on (the next may be), and the first chunk after which nothing follows (the list's last, or a failed one)."""
 
     def __init__(self, images: Iterable[Any]) -> None:
         self._images = images
         self._source: Iterator[Any] | None = None
         self._events: dict[tuple[str, int], threading.Event] = {}
         self._lock = threading.Lock()
-        self.ended = False
+        self._last: int | None = None
 
     def source(self) -> Iterator[Any]:
         if self._source is None:
             self._source = iter(self._images)
         return self._source
+
+    def end_at(self, index: int) -> None:
+        """Nothing follows chunk `index` (an earlier end stands)."""
+        with self._lock:
+            self._last = index if self._last is None else min(self._last, index)
+
+    def ends_before(self, index: int) -> bool:
+        """Whether an earlier chunk than `index` is the last."""
+        with self._lock:
+            return self._last is not None and self._last < index
 
     def began(self, index: int) -> threading.Event:
         return self._event("began", index)

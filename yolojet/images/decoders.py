@@ -455,7 +455,9 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
 
     name = "hardware"
     # Its `finish` is one long call that lets go of the GIL while the hardware decodes: a feed prepares the next
-    # images on another thread meanwhile (yolojet/engine/feed.py).
+    # images on another thread meanwhile (yolojet/engine/feed.py), which then calls `finish` too, while the first call
+    # may still be running: the nvJPEG state's calls are serialised by `NvjpegHardware`'s lock, and each call's barrier
+    # on the stream orders it after the one before.
     blocking_finish = True
 
     def __init__(self, cpu: CpuDecoder, lanes: int = HARDWARE_LANES) -> None:
