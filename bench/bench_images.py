@@ -317,28 +317,29 @@ def stage_call(found: dict, engine, files: list[Path], batch: int, repeats: int)
         )
     # The hardware decoder's call of `batch` paths fed as the product feeds it (two threads taking turns, each preparing
     # a chunk and decoding it) against the product before it (one thread preparing, handing whole chunks to a finishing
-    # thread), and against two threads preparing the images between them, image by image, the next chunk decoded by
-    # whichever finds it prepared (`together`: both prepare while neither decodes, the first chunk), each also with the
-    # file read and nvJPEG's header check letting go of the GIL (`_gil_free`; the product holds it through both). The
-    # variants take turns, a few calls each a round: timed one after another, a later one came out faster than the same
-    # configuration timed earlier in 7 of 10 runs (bench/NOTES.md), a drift that turns would spread over all of them.
+    # thread) and one thread doing both (both chunks prepared before the first decodes). The variants take turns, a few
+    # calls each a round: timed one after another, a later one came out faster than the same configuration timed
+    # earlier in 7 of 10 runs (bench/NOTES.md), a drift that turns would spread over all of them.
     if with_decoder(engine, "hardware"):
-        from feed_variants import preparing_without_the_gil, short_list_fed
+        from feed_variants import short_list_fed
 
         decoder = engine.decoder
-        labels = ("product", "handed_over", "together", "together_gil_free", "product_gil_free")
+        labels = ("product", "handed_over", "one_thread")
         samples: dict[str, list[float]] = {label: [] for label in labels}
         rounds = max(1, repeats // 3)
         for _ in range(rounds):
             for label in labels:
-                fed = label.removesuffix("_gil_free")
-                gil = preparing_without_the_gil(decoder) if label.endswith("_gil_free") else contextlib.nullcontext()
-                with short_list_fed(fed), gil:
-                    engine(paths)
-                    for _ in range(3):
-                        start = time.perf_counter()
+                if label == "one_thread":
+                    decoder.blocking_finish = False  # the instance's, over its class's
+                try:
+                    with short_list_fed("handed_over" if label == "handed_over" else "product"):
                         engine(paths)
-                        samples[label].append(time.perf_counter() - start)
+                        for _ in range(3):
+                            start = time.perf_counter()
+                            engine(paths)
+                            samples[label].append(time.perf_counter() - start)
+                finally:
+                    vars(decoder).pop("blocking_finish", None)
         for label, taken in samples.items():
             ms = Timing(tuple(taken)).p50 * 1000
             rows[f"hardware_turns_{label}"] = {"ms": ms, "img_per_s": batch * 1000 / ms, "min_ms": min(taken) * 1000}
