@@ -23,6 +23,7 @@ yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped pho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -68,6 +69,44 @@ def launch_server(command: list[str], log: Path, limit_s: float) -> subprocess.P
         time.sleep(0.5)
     server.kill()
     raise RuntimeError(f"the server did not listen within {limit_s:g} s: {log.read_text()[-2000:]}")
+
+
+@contextlib.contextmanager
+def mps_daemon(folder: Path):
+    """A CUDA MPS control daemon of this run's own (its pipe and log folders under `folder`), whose clients the
+    processes started inside the block are: the kernels of several server processes then share the GPU at once
+    rather than taking turns, context by context. Yields what was started ({"running": False, "why": ...} where
+    nvidia-cuda-mps-control is missing or fails); the daemon is told to quit afterwards. It changes no setting of the
+    GPU, and processes outside the block do not see it."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        print("--mps: no nvidia-cuda-mps-control on PATH", flush=True)
+        yield {"running": False, "why": "no nvidia-cuda-mps-control on PATH"}
+        return
+    pipes, logs = folder / "pipe", folder / "log"
+    pipes.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipes), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+    started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=30)
+    if started.returncode != 0:
+        why = f"nvidia-cuda-mps-control -d exited with {started.returncode}: {started.stderr[-500:]}"
+        print(f"--mps: {why}", flush=True)
+        yield {"running": False, "why": why}
+        return
+    kept = {k: os.environ.get(k) for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
+    os.environ.update(CUDA_MPS_PIPE_DIRECTORY=str(pipes), CUDA_MPS_LOG_DIRECTORY=str(logs))
+    try:
+        yield {"running": True}
+    finally:
+        for key, value in kept.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True, timeout=60)
+        control_log = logs / "control.log"
+        if control_log.exists():
+            shutil.copyfile(control_log, LOG_DIR[0] / "mps-control.log")
 
 
 def stop(server: subprocess.Popen) -> int:
@@ -376,6 +415,11 @@ def main() -> int:
     parser.add_argument(
         "--serve-args", default="", help="further flags of every server, one argument: --serve-args='--max-queue 256'"
     )
+    parser.add_argument(
+        "--mps",
+        action="store_true",
+        help="also measure each --processes N with the servers as clients of a CUDA MPS daemon of this run's own",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     LOG_DIR[:] = [args.out]
@@ -413,6 +457,14 @@ def main() -> int:
         scale = ["--processes", str(processes)]
         server_stage(found, args, f"processes{processes}", scale, model_dir, bus, files, work, streams=processes)
         out_file.write_text(json.dumps(found, indent=1))
+    if args.mps and args.processes:
+        with mps_daemon(work / "mps") as started:
+            found["mps"] = started
+            for processes in args.processes if started["running"] else []:
+                scale = ["--processes", str(processes)]
+                key = f"processes{processes}-mps"
+                server_stage(found, args, key, scale, model_dir, bus, files, work, streams=processes)
+                out_file.write_text(json.dumps(found, indent=1))
     try:
         if not args.no_label and not args.no_local:
             found["label_local"] = label(files, work / "local.jsonl", ["--local", "--model", str(model_dir)])
