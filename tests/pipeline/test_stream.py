@@ -534,3 +534,150 @@ def test_a_short_list_left_after_its_first_batch_begins_nothing_once_closed(bloc
         assert all(started < closed_at + 0.001 for started, _ in decoder.finishing), (closed_at, decoder.finishing)
     finally:
         decoder.close()
+
+
+class _SizedFailingAtOnce:
+    """A sized collection whose `__iter__` itself raises (not a generator, which raises at its first item)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __iter__(self):
+        raise OSError("the collection could not be opened")
+
+
+class _LyingLength(list):
+    """A list that says it holds `said` items."""
+
+    def __init__(self, items, said: int) -> None:
+        super().__init__(items)
+        self.said = said
+
+    def __len__(self) -> int:
+        return self.said
+
+
+class _PrepareFailsAt(_SlowBlockingDecoder):
+    """The slow blocking decoder, whose `prepare` raises (a decoder's own failure, not a bad image's) at image `at`."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def prepare(self, item):
+        if item.read()[0] == self.at:
+            raise RuntimeError(f"prepare broke at {self.at}")
+        return super().prepare(item)
+
+
+def _feed_values(feed) -> list[int]:
+    return [int(f.pixels[0, 0, 0]) for fed in feed for f in fed.decoded.items]
+
+
+def test_a_short_list_taking_turns_handles_odd_collections():
+    """The two threads taking turns over one call's list: a collection whose `__iter__` raises at once gives its error;
+    one whose `len()` says more or fewer items than it holds gives every item it holds, in order; a decoder whose
+    `prepare` raises at one image gives every image before it, then its error."""
+    from yolojet.engine.feed import FrameFeed
+
+    lending = _LendingDecoder()
+    lending.blocking_finish = True
+    try:
+        with pytest.raises(OSError, match="could not be opened"):
+            _feed_values(FrameFeed(_SizedFailingAtOnce(), lending, batch=8, chunk=4))
+        for held, said in ((10, 4), (3, 16), (16, 12)):
+            images = _LyingLength([np.full((4, 6, 3), i, np.uint8) for i in range(held)], said)
+            assert _feed_values(FrameFeed(images, lending, batch=8, chunk=4)) == list(range(held)), (held, said)
+    finally:
+        lending.close()
+    for at in (0, 5, 9):
+        failing = _PrepareFailsAt(at)
+        failing.blocking_finish = True
+        values: list[int] = []
+        try:
+            with pytest.raises(RuntimeError, match=f"prepare broke at {at}"):
+                for fed in FrameFeed([bytes([i]) * 8 for i in range(12)], failing, batch=8, chunk=4):
+                    values += [int(f.pixels[0, 0, 0]) for f in fed.decoded.items]
+            assert values == list(range(at)), at
+        finally:
+            failing.close()
+
+
+def _feeds(decoder):
+    """One feed of each kind over `decoder` (batches of 4): a list on one thread, a short list taking turns, a long
+    list and an iterable handed over image by image; each of 8-bit images whose first byte is their index."""
+    from yolojet.engine.feed import FrameFeed
+
+    def made(images, blocking):
+        decoder.blocking_finish = blocking
+        return FrameFeed(images, decoder, batch=4)
+
+    return {
+        "one thread": lambda: made([bytes([i]) * 8 for i in range(8)], False),
+        "turns": lambda: made([bytes([i]) * 8 for i in range(8)], True),
+        "long list": lambda: made([bytes([i % 256]) * 8 for i in range(40)], True),
+        "iterable": lambda: made(iter([bytes([i % 256]) * 8 for i in range(40)]), True),
+    }
+
+
+@pytest.mark.parametrize("kind", ["one thread", "turns", "long list", "iterable"])
+def test_a_closed_feed_gives_no_more_batches_and_begins_no_decode(kind):
+    """Closed after its first batch, a feed of each kind: `next_batch` then says the end at once, no decode call
+    begins after the close, no feed thread is left; closing inside a `for` over the feed ends the loop."""
+    decoder = _SlowBlockingDecoder()
+    before = set(threading.enumerate())
+    try:
+        feed = _feeds(decoder)[kind]()
+        assert feed.next_batch() is not None
+        closed_at = time.perf_counter()
+        feed.close()
+        assert feed.next_batch() is None
+        assert all(started < closed_at + 0.001 for started, _ in decoder.finishing), (closed_at, decoder.finishing)
+        assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("yolojet-feed")]
+        looped = 0
+        feed = _feeds(decoder)[kind]()
+        for _fed in feed:
+            looped += 1
+            feed.close()
+        assert looped == 1
+    finally:
+        decoder.close()
+
+
+@pytest.mark.parametrize("kind", ["one thread", "turns", "long list", "iterable"])
+def test_a_feed_closed_from_another_thread_wakes_its_waiting_consumer(kind):
+    """A consumer waiting in `next_batch` for a slow decoder's first batch, and the feed closed from another thread:
+    the consumer is told the end (or given the batch that was on its way) within a second, not left waiting."""
+    decoder = _SlowBlockingDecoder()
+    try:
+        feed = _feeds(decoder)[kind]()
+        closer = threading.Timer(0.01, feed.close)
+        closer.start()
+        start = time.perf_counter()
+        while feed.next_batch() is not None:
+            pass
+        assert time.perf_counter() - start < 1.0
+        closer.join()
+    finally:
+        decoder.close()
+
+
+def test_a_decoder_failure_on_a_long_list_stops_its_source_thread():
+    """A long list (1,000 images) whose decoder fails on its first chunk: the consumer gets the error, and the source
+    thread stops reading the list without the feed being closed."""
+    from yolojet.engine.feed import FrameFeed
+
+    failing = _FailingOnSecondCall(after_entering=False)
+    failing.calls = 1  # the first call is the failing one
+    failing.blocking_finish = True
+    feed = FrameFeed([np.full((4, 6, 3), i % 256, np.uint8) for i in range(1000)], failing, batch=4)
+    try:
+        with pytest.raises(RuntimeError, match="the decoder broke"):
+            while feed.next_batch() is not None:
+                pass
+        for thread in feed._threads:
+            thread.join(timeout=5)
+        assert not [t.name for t in feed._threads if t.is_alive()]
+    finally:
+        feed.close()
+        failing.close()

@@ -179,13 +179,17 @@ class FrameFeed:
                 return taken
 
     def _get(self, block: bool) -> object | None:
-        """A chunk, the end marker or a failure from the decode thread; None when none is there (not blocking)."""
-        if self._done:
-            return _END
-        try:
-            return self._chunks.get(block=block)
-        except queue.Empty:
-            return None
+        """A chunk, the end marker or a failure from the decode thread; None when none is there (not blocking); the
+        end marker once the feed is closed (from another thread too, while this waits)."""
+        while not self._done:
+            try:
+                return self._chunks.get(block=block, timeout=0.1 if block else None)
+            except queue.Empty:
+                if not block:
+                    return None
+                if self._stop.is_set() and self._chunks.empty():
+                    break
+        return _END
 
     def _ended(self, marker: object | None) -> None:
         self._done = True
@@ -193,7 +197,10 @@ class FrameFeed:
             raise marker
 
     def close(self) -> None:
+        """Stop the threads (each before its next image or decode call) and wait for them; the feed then gives no
+        more batches."""
         self._stop.set()
+        self._done, self._held = True, None
         for q in (self._items, self._chunks):  # unblock a thread waiting to put
             while True:
                 try:
@@ -342,15 +349,16 @@ class FrameFeed:
         try:
             while not self._stop.is_set():
                 items, last = self._take()
-                if items:
+                if items and not self._stop.is_set():
                     decoded = self.decoder.finish([pending for _, pending in items], self._spares())
                     if not self._put(self._chunks, FedBatch([image for image, _ in items], decoded)):
                         return
                 if last is not None:
                     self._put(self._chunks, last.error if isinstance(last, _Failure) else _END)
                     return
-        except BaseException as e:
+        except BaseException as e:  # a decoder's failure ends the feed: the source thread stops reading, too
             self._put(self._chunks, e)
+            self._stop.set()
 
 
 @dataclass
