@@ -513,29 +513,6 @@ def test_a_decoder_failing_on_a_later_chunk_gives_the_chunks_before_it_then_its_
         decoder.close()
 
 
-@pytest.mark.parametrize("blocking", [True, False])
-def test_a_short_list_left_after_its_first_batch_begins_nothing_once_closed(blocking):
-    """A consumer that stops after the first batch of one call's list (16 images in four chunks of 4, batches of 8):
-    closing the feed ends its threads, and no image is prepared nor chunk decoded that had not begun before."""
-    from yolojet.engine.feed import FrameFeed
-
-    decoder = _SlowBlockingDecoder()
-    decoder.blocking_finish = blocking
-    before = set(threading.enumerate())
-    try:
-        feed = FrameFeed([bytes([i]) * 8 for i in range(16)], decoder, batch=8, chunk=4)
-        first = feed.next_batch()
-        assert first is not None and [int(f.pixels[0, 0, 0]) for f in first.decoded.items][:4] == [0, 1, 2, 3]
-        closed_at = time.perf_counter()
-        feed.close()
-        assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("yolojet-feed")]
-        # (an image's prepare takes 5 ms; a thread may pass its last look at the stop just before close sets it)
-        assert all(ended - 0.005 < closed_at + 0.001 for ended in decoder.prepared), (closed_at, decoder.prepared)
-        assert all(started < closed_at + 0.001 for started, _ in decoder.finishing), (closed_at, decoder.finishing)
-    finally:
-        decoder.close()
-
-
 class _SizedFailingAtOnce:
     """A sized collection whose `__iter__` itself raises (not a generator, which raises at its first item)."""
 
@@ -604,34 +581,39 @@ def test_a_short_list_taking_turns_handles_odd_collections():
 
 
 def _feeds(decoder):
-    """One feed of each kind over `decoder` (batches of 4): a list on one thread, a short list taking turns, a long
-    list and an iterable handed over image by image; each of 8-bit images whose first byte is their index."""
+    """One feed of each kind over `decoder`: a list on one thread and a short list taking turns (16 images, batches of
+    8, chunks of 4), a long list and an iterable handed over image by image (40 images, batches of 4); each of 8-byte
+    images whose first byte is their index."""
     from yolojet.engine.feed import FrameFeed
 
-    def made(images, blocking):
+    def made(images, blocking, batch, chunk=None):
         decoder.blocking_finish = blocking
-        return FrameFeed(images, decoder, batch=4)
+        return FrameFeed(images, decoder, batch=batch, chunk=chunk)
 
     return {
-        "one thread": lambda: made([bytes([i]) * 8 for i in range(8)], False),
-        "turns": lambda: made([bytes([i]) * 8 for i in range(8)], True),
-        "long list": lambda: made([bytes([i % 256]) * 8 for i in range(40)], True),
-        "iterable": lambda: made(iter([bytes([i % 256]) * 8 for i in range(40)]), True),
+        "one thread": lambda: made([bytes([i]) * 8 for i in range(16)], False, 8, 4),
+        "turns": lambda: made([bytes([i]) * 8 for i in range(16)], True, 8, 4),
+        "long list": lambda: made([bytes([i % 256]) * 8 for i in range(40)], True, 4),
+        "iterable": lambda: made(iter([bytes([i % 256]) * 8 for i in range(40)]), True, 4),
     }
 
 
 @pytest.mark.parametrize("kind", ["one thread", "turns", "long list", "iterable"])
 def test_a_closed_feed_gives_no_more_batches_and_begins_no_decode(kind):
-    """Closed after its first batch, a feed of each kind: `next_batch` then says the end at once, no decode call
-    begins after the close, no feed thread is left; closing inside a `for` over the feed ends the loop."""
+    """Closed after its first batch, a feed of each kind: `next_batch` then says the end at once, no image's prepare
+    and no decode call begins after the close, no feed thread is left; closing inside a `for` over the feed ends the
+    loop."""
     decoder = _SlowBlockingDecoder()
     before = set(threading.enumerate())
     try:
         feed = _feeds(decoder)[kind]()
-        assert feed.next_batch() is not None
+        first = feed.next_batch()
+        assert first is not None and [int(f.pixels[0, 0, 0]) for f in first.decoded.items][:4] == [0, 1, 2, 3]
         closed_at = time.perf_counter()
         feed.close()
         assert feed.next_batch() is None
+        # (an image's prepare takes 5 ms; a thread may pass its last look at the stop just before close sets it)
+        assert all(ended - 0.005 < closed_at + 0.001 for ended in decoder.prepared), (closed_at, decoder.prepared)
         assert all(started < closed_at + 0.001 for started, _ in decoder.finishing), (closed_at, decoder.finishing)
         assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("yolojet-feed")]
         looped = 0
