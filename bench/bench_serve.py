@@ -15,7 +15,7 @@ yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped pho
   asyncio  with --asyncio: the same unary calls and `label --server` against `yolojet serve --event-loop
            asyncio`, beside the default server on uvloop, in the same run
   processes with --processes N: the same unary calls and `label --server` against `yolojet serve --processes N`
-           (N whole servers sharing the port)
+           (N whole servers sharing the port); with --mps, also with `--mps on`, the two in turns for --mps-rounds
 
     python3 bench/bench_serve.py --out results/
 """
@@ -23,7 +23,6 @@ yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped pho
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -69,44 +68,6 @@ def launch_server(command: list[str], log: Path, limit_s: float) -> subprocess.P
         time.sleep(0.5)
     server.kill()
     raise RuntimeError(f"the server did not listen within {limit_s:g} s: {log.read_text()[-2000:]}")
-
-
-@contextlib.contextmanager
-def mps_daemon(folder: Path):
-    """A CUDA MPS control daemon of this run's own (its pipe and log folders under `folder`), whose clients the
-    processes started inside the block are: the kernels of several server processes then share the GPU at once
-    rather than taking turns, context by context. Yields what was started ({"running": False, "why": ...} where
-    nvidia-cuda-mps-control is missing or fails); the daemon is told to quit afterwards. It changes no setting of the
-    GPU, and processes outside the block do not see it."""
-    control = shutil.which("nvidia-cuda-mps-control")
-    if control is None:
-        print("--mps: no nvidia-cuda-mps-control on PATH", flush=True)
-        yield {"running": False, "why": "no nvidia-cuda-mps-control on PATH"}
-        return
-    pipes, logs = folder / "pipe", folder / "log"
-    pipes.mkdir(parents=True, exist_ok=True)
-    logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipes), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
-    started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=30)
-    if started.returncode != 0:
-        why = f"nvidia-cuda-mps-control -d exited with {started.returncode}: {started.stderr[-500:]}"
-        print(f"--mps: {why}", flush=True)
-        yield {"running": False, "why": why}
-        return
-    kept = {k: os.environ.get(k) for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
-    os.environ.update(CUDA_MPS_PIPE_DIRECTORY=str(pipes), CUDA_MPS_LOG_DIRECTORY=str(logs))
-    try:
-        yield {"running": True}
-    finally:
-        for key, value in kept.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True, timeout=60)
-        control_log = logs / "control.log"
-        if control_log.exists():
-            shutil.copyfile(control_log, LOG_DIR[0] / "mps-control.log")
 
 
 def stop(server: subprocess.Popen) -> int:
@@ -418,7 +379,10 @@ def main() -> int:
     parser.add_argument(
         "--mps",
         action="store_true",
-        help="also measure each --processes N with the servers as clients of a CUDA MPS daemon of this run's own",
+        help="also measure each --processes N with `--mps on` (the servers as clients of an MPS daemon of their own)",
+    )
+    parser.add_argument(
+        "--mps-rounds", type=int, default=2, help="--mps: rounds of the two settings, each in the other order"
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
@@ -454,15 +418,13 @@ def main() -> int:
         server_stage(found, args, "asyncio", ["--event-loop", "asyncio"], model_dir, bus, files, work)
         out_file.write_text(json.dumps(found, indent=1))
     for processes in args.processes:
-        scale = ["--processes", str(processes)]
-        server_stage(found, args, f"processes{processes}", scale, model_dir, bus, files, work, streams=processes)
-        out_file.write_text(json.dumps(found, indent=1))
-    if args.mps and args.processes:
-        with mps_daemon(work / "mps") as started:
-            found["mps"] = started
-            for processes in args.processes if started["running"] else []:
-                scale = ["--processes", str(processes)]
-                key = f"processes{processes}-mps"
+        # With --mps, the servers without and with `--mps on` in turns, each round in the other order (a row timed
+        # later in a run has come out faster than the same setting timed earlier).
+        variants = [("", []), ("-mps", ["--mps", "on"])] if args.mps else [("", [])]
+        for turn in range(args.mps_rounds if args.mps else 1):
+            for suffix, flags in variants if turn % 2 == 0 else variants[::-1]:
+                key = f"processes{processes}{suffix}" + (f"-r{turn + 1}" if turn else "")
+                scale = ["--processes", str(processes), *flags]
                 server_stage(found, args, key, scale, model_dir, bus, files, work, streams=processes)
                 out_file.write_text(json.dumps(found, indent=1))
     try:
@@ -504,7 +466,14 @@ def print_table(found: dict, files: int, processes: list[int], label_workers: li
     interval = found.get("switch_interval_ms")
     print(f"\nswitch interval: {'5 ms (the default)' if interval is None else f'{interval:g} ms'}")
     print("| measure | value |\n|---|---|")
-    fronts = [(f"processes{n}", f"Infer, serve --processes {n}") for n in processes]
+    fronts = [
+        (
+            key,
+            "Infer, serve --processes "
+            + key.removeprefix("processes").replace("-mps", " --mps on").replace("-r", ", round "),
+        )
+        for key in dict.fromkeys(k.removesuffix("_64") for k in found if re.fullmatch(r"processes\d+[-\w]*_64", k))
+    ]
     servers = (
         ("unary", "Infer"),
         ("asyncio", "Infer, serve --event-loop asyncio"),

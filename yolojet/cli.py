@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from yolojet import __version__
 from yolojet.errors import EngineConfigError, ImageReadError, ModelDirError, OutputPathError, YolojetError
-from yolojet.options import EVENT_LOOPS, apply_switch_interval
+from yolojet.options import EVENT_LOOPS, MPS_CHOICES, apply_switch_interval
 
 if TYPE_CHECKING:
     import torch
@@ -683,7 +683,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         grace_s=args.grace_s,
         engine={**_letterbox(args), **_engine_switches(args)},
         event_loop=args.event_loop,
+        mps=args.mps,
     )
+    if args.mps == "on" and args.processes == 1:
+        raise EngineConfigError("--mps on shares one GPU between whole servers: give it with --processes N (N > 1)")
     event_loop_name(options.event_loop)  # uvloop asked for but not installed: said before any model loads
     configure_logging()
     if args.ray is not None:
@@ -1244,6 +1247,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--grace-s", type=float, default=30.0, help="on SIGTERM, seconds to finish accepted requests (default 30)"
+    )
+    p.add_argument(
+        "--mps",
+        choices=MPS_CHOICES,
+        default="off",
+        help="--processes: run the servers as clients of an MPS daemon of their own, so that their kernels share "
+        "the GPU at once rather than taking turns (4 servers on an H100: the p50 at 8 calls in flight 5.1 -> 3.1 "
+        "ms); on: an error where none can start, auto: where one can, off (default)",
     )
     p.add_argument(
         "--event-loop",

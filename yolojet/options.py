@@ -27,6 +27,7 @@ from yolojet.errors import EngineConfigError
 # How files and bytes are decoded (yolojet/images/decoders.py).
 DECODER_NAMES = ("auto", "nvimgcodec", "hardware", "cpu", "nvjpeg")
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")  # yolojet serve's event loop (serve/server.py's run_server)
+MPS_CHOICES = ("auto", "on", "off")  # yolojet serve --processes --mps (scale/mps.py)
 # Pillow's own decompression-bomb bound (PIL.Image.MAX_IMAGE_PIXELS): about 9,459 x 9,459.
 DEFAULT_MAX_PIXELS = 89_478_485
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from yolojet.errors import EngineConfigError
 from yolojet.options import apply_switch_interval
+from yolojet.scale.mps import MpsDaemon
 from yolojet.serve.models import ModelSpec
 from yolojet.serve.server import ServeOptions
 
@@ -191,14 +192,21 @@ class ServerProcesses:
 
 
 def serve_processes(specs: list[ModelSpec], options: ServeOptions, processes: int) -> None:
-    servers = ServerProcesses(specs, options, processes)
-    try:
-        servers.start()
-    except _Stopped:  # stopped while loading: every process is stopped already
-        return
-    print(
-        f"yolojet serve: listening on {options.host}:{servers.port} ({processes} processes)",
-        file=sys.stderr,
-        flush=True,
-    )
-    servers.run()
+    """Serve until SIGTERM or SIGINT; with `options.mps`, the processes as clients of an MPS daemon of their own (it
+    quits once they have stopped)."""
+    on_cpu = options.device is not None and not options.device.startswith("cuda")
+    if options.mps == "on" and on_cpu:
+        raise EngineConfigError(f"--mps shares a GPU between the server's processes; --device {options.device} is none")
+    with MpsDaemon("off" if on_cpu else options.mps) as mps:
+        servers = ServerProcesses(specs, options, processes)
+        try:
+            servers.start()
+        except _Stopped:  # stopped while loading: every process is stopped already
+            return
+        sharing = ", sharing the GPU through MPS" if mps.running else ""
+        print(
+            f"yolojet serve: listening on {options.host}:{servers.port} ({processes} processes{sharing})",
+            file=sys.stderr,
+            flush=True,
+        )
+        servers.run()

@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from yolojet.errors import EngineConfigError
 from yolojet.images import DEFAULT_MAX_PIXELS
-from yolojet.options import EVENT_LOOPS
+from yolojet.options import EVENT_LOOPS, MPS_CHOICES
 from yolojet.serve.batcher import Scheduler
 from yolojet.serve.metrics import ServerMetrics
 from yolojet.serve.models import ModelSpec, ServedModel, load_models
@@ -66,12 +66,15 @@ class ServeOptions:
     reuse_port: bool = False
     processes: int = 1  # the whole servers sharing the port (`serve --processes`), which ListModels tells clients
     event_loop: str = "auto"  # EVENT_LOOPS: the asyncio loop the server runs on (`run_server`)
+    mps: str = "off"  # MPS_CHOICES: `serve --processes` as clients of an MPS daemon of their own (scale/mps.py)
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):  # a key alone would serve in the clear
             raise EngineConfigError("tls_cert and tls_key go together (--tls-cert and --tls-key): give both or neither")
         if self.event_loop not in EVENT_LOOPS:
             raise EngineConfigError(f"event loop {self.event_loop!r}: expected one of {', '.join(EVENT_LOOPS)}")
+        if self.mps not in MPS_CHOICES:
+            raise EngineConfigError(f"--mps {self.mps!r}: expected one of {', '.join(MPS_CHOICES)}")
 
 
 # The server's event loop (options.EVENT_LOOPS): uvloop where it is installed ("auto"), or asyncio's own. On the 2-core
