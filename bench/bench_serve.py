@@ -15,7 +15,7 @@ yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped pho
   asyncio  with --asyncio: the same unary calls and `label --server` against `yolojet serve --event-loop
            asyncio`, beside the default server on uvloop, in the same run
   processes with --processes N: the same unary calls and `label --server` against `yolojet serve --processes N`
-           (N whole servers sharing the port); with --mps, also with `--mps on`, the two in turns for --mps-rounds
+           (N whole servers sharing the port); with --mps, `--mps off` and `--mps on` in turns for --mps-rounds
 
     python3 bench/bench_serve.py --out results/
 """
@@ -379,7 +379,7 @@ def main() -> int:
     parser.add_argument(
         "--mps",
         action="store_true",
-        help="also measure each --processes N with `--mps on` (the servers as clients of an MPS daemon of their own)",
+        help="measure each --processes N with `--mps off` and `--mps on` in turns (without it: the default, auto)",
     )
     parser.add_argument(
         "--mps-rounds", type=int, default=2, help="--mps: rounds of the two settings, each in the other order"
@@ -420,7 +420,7 @@ def main() -> int:
     for processes in args.processes:
         # With --mps, the servers without and with `--mps on` in turns, each round in the other order (a row timed
         # later in a run has come out faster than the same setting timed earlier).
-        variants = [("", []), ("-mps", ["--mps", "on"])] if args.mps else [("", [])]
+        variants = [("", ["--mps", "off"]), ("-mps", ["--mps", "on"])] if args.mps else [("", [])]
         for turn in range(args.mps_rounds if args.mps else 1):
             for suffix, flags in variants if turn % 2 == 0 else variants[::-1]:
                 key = f"processes{processes}{suffix}" + (f"-r{turn + 1}" if turn else "")

@@ -25,7 +25,7 @@ from test_server_processes import BUS, CONF, rows, server_children, wait_for
 import yolojet
 from yolojet.engine.engine import Engine
 from yolojet.errors import EngineConfigError
-from yolojet.scale.mps import CONTROL, MpsDaemon
+from yolojet.scale.mps import CONTROL, MpsDaemon, probe
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 
@@ -82,7 +82,7 @@ def wait_until(check, seconds: float = 30.0) -> bool:
 
 def test_the_daemon_serves_processes_started_inside_and_quits_after_its_clients_leave(stand_in, tmp_path):
     log, client = stand_in
-    with MpsDaemon("on") as daemon:
+    with MpsDaemon("on", probe=False) as daemon:
         assert daemon.running and daemon.folder is not None
         pipes = daemon.folder / "pipe"
         seen = subprocess.run(
@@ -97,7 +97,7 @@ def test_the_daemon_serves_processes_started_inside_and_quits_after_its_clients_
 
     # A client still connected (a killed server's processes stopping by themselves): the guardian waits for it.
     client.touch()
-    daemon = MpsDaemon("on")
+    daemon = MpsDaemon("on", probe=False)
     daemon.__enter__()
     leaving = subprocess.Popen([sys.executable, "-c", f"import os, time; time.sleep(1.0); os.remove({str(client)!r})"])
     daemon.stop()
@@ -114,7 +114,7 @@ def test_a_killed_parent_leaves_no_daemon(stand_in, tmp_path):
             sys.executable,
             "-c",
             "import sys, time; from yolojet.scale.mps import MpsDaemon\n"
-            "daemon = MpsDaemon('on').__enter__(); print(daemon.folder, flush=True); time.sleep(300)",
+            "daemon = MpsDaemon('on', probe=False).__enter__(); print(daemon.folder, flush=True); time.sleep(300)",
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -144,12 +144,24 @@ def test_mps_refusals_name_what_is_missing(capsys, tmp_path, monkeypatch):
     if Path("/tmp/nvidia-mps/control").exists():
         pytest.skip("this machine runs an MPS daemon of its own")
     with pytest.raises(EngineConfigError, match=f"{CONTROL} is not on PATH"):
-        MpsDaemon("on").__enter__()
+        MpsDaemon("on", probe=False).__enter__()
     with MpsDaemon("auto") as daemon:  # auto: said, and the servers run without
         assert not daemon.running and CONTROL in daemon.why
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "theirs"))
-    with MpsDaemon("on") as daemon:  # the environment names a daemon already: its clients, none started
+    with MpsDaemon("on", probe=False) as daemon:  # the environment names a daemon already: its clients, none started
         assert not daemon.running and str(tmp_path / "theirs") in daemon.why
+
+
+@pytest.mark.skipif(probe() == "", reason="a CUDA driver here: a stand-in daemon's clients would run without it")
+def test_a_daemon_its_clients_cannot_use_is_quit_and_said(stand_in):
+    log, _ = stand_in
+    with pytest.raises(EngineConfigError, match="a CUDA context through it failed: no CUDA driver"):
+        MpsDaemon("on").__enter__()
+    assert commands(log)[0] == "-d" and commands(log)[-1] == "quit"
+    with MpsDaemon("auto") as daemon:  # auto: said, the daemon quit, and the servers run without
+        assert not daemon.running and "CUDA context" in daemon.why
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    assert commands(log).count("quit") == 2
 
 
 def mps_processes(pipes: Path) -> list[int]:

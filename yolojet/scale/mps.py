@@ -50,11 +50,12 @@ class MpsDaemon:
     the reason logged and the processes run as they would without; "off": nothing. Where the environment already names
     an MPS daemon (or the machine runs one), the processes are its clients and none is started."""
 
-    def __init__(self, choice: str, control: str | None = None) -> None:
+    def __init__(self, choice: str, control: str | None = None, probe: bool = True) -> None:
         if choice not in MPS_CHOICES:
             raise EngineConfigError(f"--mps {choice!r}: expected one of {', '.join(MPS_CHOICES)}")
         self.choice = choice
         self.control = control if control is not None else shutil.which(CONTROL)
+        self.probe = probe  # a CUDA context made through the daemon before it is used (tests without a GPU: off)
         self.folder: Path | None = None
         self.guardian: subprocess.Popen[bytes] | None = None
         self.running = False
@@ -75,7 +76,7 @@ class MpsDaemon:
             if self.choice == "on":
                 raise
             self.why = str(e)
-            log.warning('{"event": "mps", "daemon": "not started", "why": "%s"}', str(e).replace('"', "'"))
+            log.info('{"event": "mps", "daemon": "not started", "why": "%s"}', str(e).replace('"', "'"))
         return self
 
     def _start(self) -> None:
@@ -102,10 +103,27 @@ class MpsDaemon:
             raise EngineConfigError(f"--mps: {CONTROL} -d exited with {started.returncode}, no daemon: {said}")
         # The guardian outlives a killed server: a session of its own, so a terminal's Ctrl-C reaches only the server.
         self.guardian = subprocess.Popen(
-            [sys.executable, "-m", "yolojet.scale.mps", self.control, str(self.folder)],
+            [sys.executable, "-m", "yolojet.scale.mps", "guard", self.control, str(self.folder)],
             stdin=subprocess.PIPE,
             start_new_session=True,
         )
+        if self.probe:
+            # A daemon can start where its clients cannot connect (a container without the rights MPS needs, a GPU
+            # in a compute mode that refuses it): known here, before every server fails to load.
+            try:
+                made = subprocess.run(
+                    [sys.executable, "-m", "yolojet.scale.mps", "probe"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=START_TIMEOUT_S,
+                )
+                failed = made.stderr.strip()[-300:] if made.returncode else ""
+            except subprocess.TimeoutExpired:
+                failed = f"no CUDA context within {START_TIMEOUT_S:g} s"
+            if failed:
+                self.stop()
+                raise EngineConfigError(f"--mps: the MPS daemon started; a CUDA context through it failed: {failed}")
         for key, value in (("CUDA_MPS_PIPE_DIRECTORY", str(pipes)), ("CUDA_MPS_LOG_DIRECTORY", str(logs))):
             self._kept[key] = os.environ.get(key)
             os.environ[key] = value  # inherited by every process started from here on
@@ -178,5 +196,35 @@ def guard(control: str, folder: Path, clients_wait_s: float = CLIENTS_WAIT_S) ->
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def probe() -> str:
+    """Make the first GPU's primary CUDA context (through the MPS daemon the environment names): "" where that works,
+    else the driver's error."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no CUDA driver ({e})"
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    steps = (
+        ("cuInit", lambda: cuda.cuInit(0)),
+        ("cuDeviceGet", lambda: cuda.cuDeviceGet(ctypes.byref(device), 0)),
+        ("cuDevicePrimaryCtxRetain", lambda: cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)),
+    )
+    for name, step in steps:
+        code = step()
+        if code:
+            said = ctypes.c_char_p()
+            cuda.cuGetErrorName(code, ctypes.byref(said))
+            return f"{name}: {(said.value or b'error').decode()} ({code})"
+    cuda.cuDevicePrimaryCtxRelease(device)
+    return ""
+
+
 if __name__ == "__main__":
-    guard(sys.argv[1], Path(sys.argv[2]))
+    if sys.argv[1] == "guard":
+        guard(sys.argv[2], Path(sys.argv[3]))
+    else:
+        failed = probe()
+        print(failed, file=sys.stderr)
+        sys.exit(1 if failed else 0)

@@ -66,7 +66,7 @@ class ServeOptions:
     reuse_port: bool = False
     processes: int = 1  # the whole servers sharing the port (`serve --processes`), which ListModels tells clients
     event_loop: str = "auto"  # EVENT_LOOPS: the asyncio loop the server runs on (`run_server`)
-    mps: str = "off"  # MPS_CHOICES: `serve --processes` as clients of an MPS daemon of their own (scale/mps.py)
+    mps: str = "auto"  # MPS_CHOICES: `serve --processes` as clients of an MPS daemon of their own (scale/mps.py)
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):  # a key alone would serve in the clear
