@@ -379,7 +379,8 @@ def main() -> int:
     parser.add_argument(
         "--mps",
         action="store_true",
-        help="measure each --processes N with `--mps off` and `--mps on` in turns (without it: the default, auto)",
+        help="measure each --processes N with `--mps off` and `--mps on` in turns, and each --label-workers N with "
+        "both (without it: the default, auto)",
     )
     parser.add_argument(
         "--mps-rounds", type=int, default=2, help="--mps: rounds of the two settings, each in the other order"
@@ -448,10 +449,13 @@ def main() -> int:
             print(f"label --local --devices: {found['label_local_workers']}", flush=True)
         out_file.write_text(json.dumps(found, indent=1))
     for workers in args.label_workers if not args.no_label else []:
-        where = ["--local", "--model", str(model_dir), "--workers", str(workers), "--overwrite"]
-        found[f"label_local_workers{workers}"] = label(files, work / f"local-workers{workers}.jsonl", where)
-        print(f"label --local --workers {workers}: {found[f'label_local_workers{workers}']}", flush=True)
-        out_file.write_text(json.dumps(found, indent=1))
+        # With --mps, without and with an MPS daemon for the workers sharing the GPU, one after the other.
+        for suffix, flags in [("", ["--mps", "off"]), ("_mps", ["--mps", "on"])] if args.mps else [("", [])]:
+            where = ["--local", "--model", str(model_dir), "--workers", str(workers), "--overwrite", *flags]
+            key = f"label_local_workers{workers}{suffix}"
+            found[key] = label(files, work / f"local-workers{workers}{suffix}.jsonl", where)
+            print(f"label --local --workers {workers} {' '.join(flags)}: {found[key]}", flush=True)
+            out_file.write_text(json.dumps(found, indent=1))
     if args.py_spy and args.label_workers and not args.no_label:
         workers = args.label_workers[-1]
         where = ["--local", "--model", str(model_dir), "--workers", str(workers), "--overwrite"]
@@ -500,6 +504,7 @@ def print_table(found: dict, files: int, processes: list[int], label_workers: li
         ("label_local", "label --local"),
         ("label_local_workers", "label --local --devices"),
         *((f"label_local_workers{n}", f"label --local --workers {n}") for n in label_workers),
+        *((f"label_local_workers{n}_mps", f"label --local --workers {n} --mps on") for n in label_workers),
         ("label_server_workers", "label --server, --devices"),
         *((f"label_server_processes{n}", f"label --server --streams {n}, --processes {n}") for n in processes),
     )

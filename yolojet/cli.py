@@ -421,6 +421,23 @@ def _unique_target(folder: Path, stem: str, taken: set[str]) -> Path:
     return folder / name
 
 
+def _shares_a_gpu(devices: list[str]) -> bool:
+    """Whether some GPU runs more than one of these worker processes."""
+    gpus = [device for device in devices if device.startswith("cuda")]
+    return len(gpus) > len(set(gpus))
+
+
+def _add_mps_flag(parser: argparse.ArgumentParser, who: str) -> None:
+    parser.add_argument(
+        "--mps",
+        choices=MPS_CHOICES,
+        default="auto",
+        help=f"{who} as clients of an MPS daemon of their own, so that their kernels share the GPU at once rather "
+        "than taking turns (4 servers on an H100: Infer at 64 in flight +18-30 %%, p50 at 8 -22-30 %%); auto "
+        "(default): where nvidia-cuda-mps-control can start one, on: an error where it cannot, off",
+    )
+
+
 def _add_decoder_flag(parser: argparse.ArgumentParser) -> None:
     from yolojet.options import DECODER_NAMES, DEFAULT_MAX_PIXELS
 
@@ -777,6 +794,10 @@ def _cmd_label(args: argparse.Namespace) -> int:
 
         named = devices if devices is not None else [args.device or default_device()]
         devices = [device for device in named for _ in range(args.workers)]
+    if args.mps == "on" and (devices is None or not _shares_a_gpu(devices)):
+        raise EngineConfigError(
+            "--mps on shares a GPU between labeling processes: give it with --local --workers N (N > 1) on a GPU"
+        )
     options = {k: v for k, v in (("conf", args.conf), ("iou", args.iou), ("max_det", args.max_det)) if v is not None}
     if args.classes:
         options["classes"] = args.classes
@@ -829,14 +850,24 @@ def _cmd_label(args: argparse.Namespace) -> int:
             facts, label, close = labeler.facts, labeler, labeler.close
         else:
             from yolojet.scale.local_workers import MultiDeviceLabeler
+            from yolojet.scale.mps import MpsDaemon
 
-            workers = MultiDeviceLabeler(
-                args.model, args.concurrency, options, devices, first_images=paths, **engine_options
-            )
+            # Several processes on one GPU share it through MPS; the daemon quits with this process at the latest.
+            mps = MpsDaemon(args.mps if _shares_a_gpu(devices) else "off").__enter__()
+            try:
+                workers = MultiDeviceLabeler(
+                    args.model, args.concurrency, options, devices, first_images=paths, **engine_options
+                )
+            except BaseException:
+                mps.stop()
+                raise
             facts, label = workers.facts, workers
 
             def close() -> None:
                 workers.close()
+                if mps.running:
+                    summary.notes.append("the workers shared each GPU through an MPS daemon of their own (--mps)")
+                mps.stop()
                 summary.notes.extend(workers.notes())
     elif args.ray is not None:
         from yolojet.scale.ray_label import RayLabeler
@@ -1248,14 +1279,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--grace-s", type=float, default=30.0, help="on SIGTERM, seconds to finish accepted requests (default 30)"
     )
-    p.add_argument(
-        "--mps",
-        choices=MPS_CHOICES,
-        default="auto",
-        help="--processes: the servers as clients of an MPS daemon of their own, so that their kernels share the "
-        "GPU at once rather than taking turns (4 servers on an H100: Infer at 64 in flight +18-30 %%, p50 at 8 "
-        "-22-30 %%); auto (default): where nvidia-cuda-mps-control can start one, on: an error where it cannot, off",
-    )
+    _add_mps_flag(p, "--processes: the servers")
     p.add_argument(
         "--event-loop",
         choices=EVENT_LOOPS,
@@ -1390,6 +1414,7 @@ def build_parser() -> argparse.ArgumentParser:
         "own engine: one interpreter feeds an H200 about 5,500 images a second, four together 8,200 "
         "(bench/NOTES.md), for a few seconds more of start-up (default 1: this process)",
     )
+    _add_mps_flag(p, "--workers N: the processes sharing a GPU")
     _add_decoder_flag(p)
     _add_letterbox_flags(p)
     _add_engine_switches(p)

@@ -137,6 +137,23 @@ def test_mps_refusals_name_what_is_missing(capsys, tmp_path, monkeypatch):
     code, _, stderr = run_cli(capsys, "serve", "--model", model, "--processes", "2", "--mps", "sometimes")
     assert code == 2 and "--mps" in stderr, stderr
 
+    source = str(tmp_path)
+    for extra in ([], ["--workers", "2", "--device", "cpu"]):
+        code, _, stderr = run_cli(
+            capsys,
+            "label",
+            source,
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--local",
+            "--model",
+            model,
+            "--mps",
+            "on",
+            *extra,
+        )
+        assert code == 2 and "--mps on shares a GPU between labeling processes" in stderr, stderr
+
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
@@ -177,6 +194,21 @@ def mps_processes(pipes: Path) -> list[int]:
     return found
 
 
+def our_daemons() -> list[int]:
+    """MPS daemons and servers started by yolojet (their environment names a yolojet-mps- folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                entry.joinpath("comm").read_text().startswith("nvidia-cuda-mps")
+                and b"/yolojet-mps-" in (entry / "environ").read_bytes()
+            ):
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which(CONTROL) is None, reason=f"needs {CONTROL}")
 def test_two_servers_share_the_gpu_through_a_daemon_of_their_own(tmp_path):
@@ -210,6 +242,19 @@ def test_two_servers_share_the_gpu_through_a_daemon_of_their_own(tmp_path):
         orphaned.kill()
         orphaned.wait()
         assert wait_until(lambda: not mps_processes(pipes) and not pipes.exists(), 150), mps_processes(pipes)
+
+        # Two labeling processes on the GPU: every image once, through a daemon that is gone afterwards.
+        photos = tmp_path / "photos"
+        photos.mkdir()
+        for i in range(6):
+            (photos / f"{i}.jpg").write_bytes(BUS)
+        out = tmp_path / "labels.jsonl"
+        command = [sys.executable, "-m", "yolojet", "label", str(photos), "--local", "--model", str(model_dir)]
+        command += ["--workers", "2", "--mps", "on", "--out", str(out), "--quiet"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0 and "through an MPS daemon of their own" in done.stderr, done.stderr
+        assert len(out.read_text().splitlines()) == 6
+        assert wait_until(lambda: not our_daemons(), 30), our_daemons()
     finally:
         if server.poll() is None:
             server.kill()
