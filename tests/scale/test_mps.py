@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -99,11 +100,19 @@ def test_the_daemon_serves_processes_started_inside_and_quits_after_its_clients_
     client.touch()
     daemon = MpsDaemon("on", probe=False)
     daemon.__enter__()
-    leaving = subprocess.Popen([sys.executable, "-c", f"import os, time; time.sleep(1.0); os.remove({str(client)!r})"])
+
+    def leave_once_asked() -> None:  # the client leaves only after the guardian has found it there
+        assert wait_until(lambda: "get_client_list" in commands(log), 60)
+        client.unlink()
+
+    leaving = threading.Thread(target=leave_once_asked)
+    leaving.start()
     daemon.stop()
-    leaving.wait()
+    leaving.join()
     said = commands(log)
-    assert said[-1] == "quit" and said.count("get_client_list") >= 2, said  # asked while the client was there
+    second = said[len(said) - 1 - said[::-1].index("-d") :]
+    # Asked, found the client, asked again once it had left, then quit.
+    assert second == ["-d", "get_server_list", "get_client_list", "get_server_list", "quit"], said
     assert not daemon.folder.exists()  # type: ignore[union-attr]
 
 
