@@ -38,13 +38,14 @@ STAND_IN = textwrap.dedent(
     said = pathlib.Path({log!r})
     client = pathlib.Path({client!r})
     command = "-d" if sys.argv[1:] == ["-d"] else sys.stdin.read().strip()
+    connected = client.exists()  # before the command is written down: it answers what was there when asked
     with said.open("a") as f:
         f.write(f"{{command}} {{pipes}}\\n")
     if command == "-d":
         (pipes / "control").touch()
-    elif command == "get_server_list" and client.exists():
+    elif command == "get_server_list" and connected:
         print(4242)
-    elif command.startswith("get_client_list") and client.exists():
+    elif command.startswith("get_client_list") and connected:
         print(4343)
     elif command == "quit":
         (pipes / "control").unlink()
