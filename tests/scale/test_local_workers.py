@@ -23,7 +23,7 @@ from ultralytics.utils import ASSETS
 
 import yolojet
 from yolojet.errors import EngineConfigError
-from yolojet.scale.devices import parse_devices
+from yolojet.scale.devices import cuda_device_count, parse_devices
 
 CONF = "0.001"
 
@@ -111,6 +111,8 @@ def test_two_workers_give_the_records_of_one_engine(model_dir, tmp_path, capsys)
             CONF,
             "-c",
             "2",
+            "--device",
+            "cpu",  # the workers' device: on a GPU machine the default would be the GPU, in half precision
             "--quiet",
         )[0]
         == 1
@@ -187,8 +189,16 @@ def test_a_killed_worker_loses_no_image_and_writes_none_twice(model_dir, tmp_pat
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--devices", "all"], "--devices all: no CUDA device; name devices, e.g. --devices cpu,cpu"),
-        (["--devices", "0"], "--devices 0: no CUDA device 0 (this machine has none)"),
+        pytest.param(
+            ["--devices", "all"],
+            "--devices all: no CUDA device; name devices, e.g. --devices cpu,cpu",
+            marks=pytest.mark.skipif(cuda_device_count() > 0, reason="a machine without a GPU"),
+        ),
+        pytest.param(
+            ["--devices", "0"],
+            "--devices 0: no CUDA device 0 (this machine has none)",
+            marks=pytest.mark.skipif(cuda_device_count() > 0, reason="a machine without a GPU"),
+        ),
         (["--devices", "cpu,tpu"], "--devices cpu,tpu: 'tpu' is no device (expected all, CUDA indices"),
         (["--devices", "cpu,,cpu"], "--devices cpu,,cpu: '' is no device"),
         (["--devices", "cpu,cpu", "--device", "cpu"], "--device and --devices: give one"),
