@@ -67,7 +67,7 @@ class MpsDaemon:
             return self
         elsewhere = running_daemon()
         if elsewhere is not None:
-            self.why = f"the server's processes are clients of the MPS daemon at {elsewhere}; none started"
+            self.why = f"the processes are clients of the MPS daemon at {elsewhere}; none started"
             log.info('{"event": "mps", "daemon": "already running", "pipes": "%s"}', elsewhere)
             return self
         try:
@@ -83,7 +83,7 @@ class MpsDaemon:
         if self.control is None:
             raise EngineConfigError(
                 f"--mps: {CONTROL} is not on PATH (it comes with NVIDIA's driver utilities); "
-                "without it the server's processes take turns on the GPU"
+                "without it the processes take turns on the GPU"
             )
         self.folder = Path(tempfile.mkdtemp(prefix="yolojet-mps-"))
         pipes, logs = self.folder / "pipe", self.folder / "log"
@@ -128,7 +128,7 @@ class MpsDaemon:
             self._kept[key] = os.environ.get(key)
             os.environ[key] = value  # inherited by every process started from here on
         self.running = True
-        self.why = f"an MPS daemon of this server's own ({pipes})"
+        self.why = f"an MPS daemon of these processes' own ({pipes})"
         log.info('{"event": "mps", "daemon": "started", "pipes": "%s"}', pipes)
 
     def __exit__(self, *exc: object) -> None:
