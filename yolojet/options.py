@@ -54,6 +54,12 @@ class EngineOptions:
         return replace(self, **{k: v for k, v in keywords.items() if v != getattr(defaults, k)})
 
 
+def mps_directories() -> dict[str, str | None]:
+    """CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY as the environment has them: CUDA's own variables, which
+    name an MPS daemon its clients connect to (scale/mps.py starts one only where none is named)."""
+    return {key: os.environ.get(key) for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
+
+
 def serve_token() -> str | None:
     """The bearer token `yolojet serve` requires, from YOLOJET_TOKEN (a flag would show in the process list)."""
     token = os.environ.get("YOLOJET_TOKEN", "").strip()

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from yolojet.errors import EngineConfigError
-from yolojet.options import MPS_CHOICES
+from yolojet.options import MPS_CHOICES, mps_directories
 
 log = logging.getLogger("yolojet.serve")
 CONTROL = "nvidia-cuda-mps-control"
@@ -37,7 +37,7 @@ START_TIMEOUT_S = 30.0
 
 def running_daemon() -> str | None:
     """The pipe folder of an MPS daemon the server's processes would already be clients of, or None."""
-    named = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    named = mps_directories()["CUDA_MPS_PIPE_DIRECTORY"]
     if named:
         return named
     return str(DEFAULT_PIPES) if (DEFAULT_PIPES / "control").exists() else None
@@ -124,9 +124,9 @@ class MpsDaemon:
             if failed:
                 self.stop()
                 raise EngineConfigError(f"--mps: the MPS daemon started; a CUDA context through it failed: {failed}")
-        for key, value in (("CUDA_MPS_PIPE_DIRECTORY", str(pipes)), ("CUDA_MPS_LOG_DIRECTORY", str(logs))):
-            self._kept[key] = os.environ.get(key)
-            os.environ[key] = value  # inherited by every process started from here on
+        self._kept = mps_directories()
+        # Inherited by every process started from here on.
+        os.environ.update(CUDA_MPS_PIPE_DIRECTORY=str(pipes), CUDA_MPS_LOG_DIRECTORY=str(logs))
         self.running = True
         self.why = f"an MPS daemon of these processes' own ({pipes})"
         log.info('{"event": "mps", "daemon": "started", "pipes": "%s"}', pipes)
@@ -137,10 +137,9 @@ class MpsDaemon:
     def stop(self) -> None:
         """Tell the daemon to quit (through its guardian) and wait for it; the environment as it was before."""
         for key, value in self._kept.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ.update({key: value})
         self._kept = {}
         if self.guardian is not None:
             assert self.guardian.stdin is not None
