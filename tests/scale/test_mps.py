@@ -26,7 +26,9 @@ from test_server_processes import BUS, CONF, rows, server_children, wait_for
 import yolojet
 from yolojet.engine.engine import Engine
 from yolojet.errors import EngineConfigError
-from yolojet.scale.mps import CONTROL, MpsDaemon, probe
+from yolojet.scale import mps
+from yolojet.scale.devices import cuda_driver
+from yolojet.scale.mps import CONTROL, MpsDaemon
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
 
@@ -168,18 +170,22 @@ def test_mps_refusals_name_what_is_missing(capsys, tmp_path, monkeypatch):
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
-    if Path("/tmp/nvidia-mps/control").exists():
-        pytest.skip("this machine runs an MPS daemon of its own")
+    machine = tmp_path / "machine"  # the folder a machine-wide daemon would use, here none
+    monkeypatch.setattr(mps, "DEFAULT_PIPES", machine)
     with pytest.raises(EngineConfigError, match=f"{CONTROL} is not on PATH"):
         MpsDaemon("on", probe=False).__enter__()
     with MpsDaemon("auto") as daemon:  # auto: said, and the servers run without
         assert not daemon.running and CONTROL in daemon.why
+    machine.mkdir()
+    (machine / "control").touch()
+    with MpsDaemon("on", probe=False) as daemon:  # the machine runs a daemon: its clients, none started
+        assert not daemon.running and str(machine) in daemon.why
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "theirs"))
     with MpsDaemon("on", probe=False) as daemon:  # the environment names a daemon already: its clients, none started
         assert not daemon.running and str(tmp_path / "theirs") in daemon.why
 
 
-@pytest.mark.skipif(probe() == "", reason="a CUDA driver here: a stand-in daemon's clients would run without it")
+@pytest.mark.skipif(cuda_driver() is not None, reason="a CUDA driver here: the stand-in's clients run without it")
 def test_a_daemon_its_clients_cannot_use_is_quit_and_said(stand_in):
     log, _ = stand_in
     with pytest.raises(EngineConfigError, match="a CUDA context through it failed: no CUDA driver"):
@@ -191,32 +197,24 @@ def test_a_daemon_its_clients_cannot_use_is_quit_and_said(stand_in):
     assert commands(log).count("quit") == 2
 
 
-def mps_processes(pipes: Path) -> list[int]:
-    """Processes whose environment names the daemon's pipe folder: the daemon, its MPS server, its clients."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            environ = (entry / "environ").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if f"CUDA_MPS_PIPE_DIRECTORY={pipes}".encode() in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
-
-
-def our_daemons() -> list[int]:
-    """MPS daemons and servers started by yolojet (their environment names a yolojet-mps- folder)."""
+def processes_with(environ_has: bytes, name_prefix: str = "") -> list[int]:
+    """Processes whose name begins with `name_prefix` and whose environment holds the bytes `environ_has`."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             if (
-                entry.joinpath("comm").read_text().startswith("nvidia-cuda-mps")
-                and b"/yolojet-mps-" in (entry / "environ").read_bytes()
+                entry.joinpath("comm").read_text().startswith(name_prefix)
+                and environ_has in (entry / "environ").read_bytes() + b"\0"
             ):
                 found.append(int(entry.name))
         except (OSError, ValueError):
             continue
     return found
+
+
+def mps_processes(pipes: Path) -> list[int]:
+    """The daemon, its MPS server and its clients: their environment names its pipe folder."""
+    return processes_with(f"CUDA_MPS_PIPE_DIRECTORY={pipes}\0".encode())
 
 
 @pytest.mark.gpu
@@ -264,7 +262,8 @@ def test_two_servers_share_the_gpu_through_a_daemon_of_their_own(tmp_path):
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0 and "through an MPS daemon of their own" in done.stderr, done.stderr
         assert len(out.read_text().splitlines()) == 6
-        assert wait_until(lambda: not our_daemons(), 30), our_daemons()
+        # No MPS program of yolojet's left (any test's: their folders are all named so).
+        assert wait_until(lambda: not processes_with(b"/yolojet-mps-", "nvidia-cuda-mps"), 30)
     finally:
         if server.poll() is None:
             server.kill()

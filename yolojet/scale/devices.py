@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from yolojet.errors import EngineConfigError
 
 
@@ -52,14 +54,23 @@ def cuda_device_count() -> int:
         import torch
 
         return torch.cuda.device_count()
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+    driver = cuda_driver()
+    if driver is None:
         return 0
     count = ctypes.c_int(0)
     if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
         return 0
     return count.value
+
+
+def cuda_driver() -> Any:
+    """The CUDA driver's library (ctypes), or None where there is none (Linux's name for it)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
 
 
 def select_device(device: str) -> None:

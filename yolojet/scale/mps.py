@@ -1,14 +1,15 @@
-"""An MPS control daemon of the server's own, for `yolojet serve --processes N --mps`.
+"""An MPS control daemon of a command's own: the servers of `yolojet serve --processes N`, the workers of `yolojet
+label --local --workers N` sharing a GPU (`--mps auto`, the default).
 
-Each server process holds a CUDA context of its own, and a GPU runs one context's kernels at a time, taking turns
-between them. As clients of one MPS (Multi-Process Service) server, the processes' kernels share one context and run
-side by side. Four servers on an H100 (bench/NOTES.md, "four servers as clients of one MPS daemon"): a batch's run
-1.59 -> 0.88 ms and the p50 of 8 calls in flight 5.10 -> 3.10 ms, InferBatchStream +24 %, Infer at 64 in flight +6 %.
+Each process holds a CUDA context of its own, and a GPU runs one context's kernels at a time, taking turns between
+them. As clients of one MPS (Multi-Process Service) server, the processes' kernels share one context and run side by
+side. Four servers on an H100, with and without it in turns (bench/NOTES.md, "four servers as clients of one MPS
+daemon"): Infer at 64 calls in flight +18-30 %, the p50 at 8 in flight -22-30 %; four labeling workers +10 %.
 
-The daemon is the server's alone: its pipe and log folders are in a temporary folder, which the server processes are
-told of by CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY in their environment; no other process sees it and no
-setting of the GPU changes. A guardian process (this module run as a script) holds a pipe from the server and tells the
-daemon to quit once that pipe ends: when the server stops, and also when it is killed, so no daemon outlives it.
+The daemon is the command's alone: its pipe and log folders are in a temporary folder, which the processes are told of
+by CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY in their environment; no other process sees it and no setting of
+the GPU changes. A guardian process (this module run as a script) holds a pipe from the command and tells the daemon
+to quit once that pipe ends: when the command stops, and also when it is killed, so no daemon outlives it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from yolojet.errors import EngineConfigError
 from yolojet.options import MPS_CHOICES, mps_directories
+from yolojet.scale.devices import cuda_driver
 
 log = logging.getLogger("yolojet.serve")
 CONTROL = "nvidia-cuda-mps-control"
@@ -200,10 +202,9 @@ def probe() -> str:
     else the driver's error."""
     import ctypes
 
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        return f"no CUDA driver ({e})"
+    cuda = cuda_driver()
+    if cuda is None:
+        return "no CUDA driver (libcuda.so.1)"
     device, context = ctypes.c_int(), ctypes.c_void_p()
     steps = (
         ("cuInit", lambda: cuda.cuInit(0)),
