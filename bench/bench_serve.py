@@ -15,7 +15,9 @@ yolo11n at 640 (random weights, BatchNorm statistics measured on the shipped pho
   asyncio  with --asyncio: the same unary calls and `label --server` against `yolojet serve --event-loop
            asyncio`, beside the default server on uvloop, in the same run
   processes with --processes N: the same unary calls and `label --server` against `yolojet serve --processes N`
-           (N whole servers sharing the port); with --mps, `--mps off` and `--mps on` in turns for --mps-rounds
+           (N whole servers sharing the port); with --mps, `--mps off` and `--mps on` in turns for --mps-rounds;
+           with --spread-turns, the unary and stream rows with the bench's connections spread over the processes
+           (as the product does) and where the kernel hands them, in turns
 
     python3 bench/bench_serve.py --out results/
 """
@@ -241,12 +243,14 @@ def unary_calls(
     clients: int,
     profile: tuple[int, Path] | None = None,
     server_pid: int | None = None,
+    server_processes: int = 1,
 ) -> None:
     """Unary calls of bus.jpg's bytes, 64 in flight over `clients` processes then 8 over 2, after a warm-up that
     reaches every bucket; then the same bytes over streams (`STREAM_RPCS`, `STREAM_IN_FLIGHT` images in flight);
     `profile` (the server's pid, a file): py-spy records the server for the first seconds of the 64 in flight. With
     `server_pid`, each row says how many cores the machine, the server's processes and the bench's clients kept busy
-    (`cpu`): whether the host's cores, rather than the GPU, bound a row."""
+    (`cpu`): whether the host's cores, rather than the GPU, bound a row. `server_processes` > 1: the bench's
+    connections spread evenly over the server's processes (`Connection.reach`), else where the kernel hands them."""
     from yolojet.client.remote import Connection, bench
 
     connection = Connection(f"127.0.0.1:{PORT}")
@@ -255,14 +259,26 @@ def unary_calls(
     # A first round of 64 calls alone: a server that answers none fails the stage one deadline later, not after the
     # warm-up's every round has waited out its own.
     for count in (64, min(2000, requests // 10)):
-        warm = bench(connection, bus, count, 64, clients, {}, call_timeout_s=WARM_CALL_TIMEOUT_S, limit_s=BENCH_LIMIT_S)
+        warm = bench(
+            connection,
+            bus,
+            count,
+            64,
+            clients,
+            {},
+            call_timeout_s=WARM_CALL_TIMEOUT_S,
+            limit_s=BENCH_LIMIT_S,
+            server_processes=server_processes,
+        )
         if warm["codes"].get("DEADLINE_EXCEEDED"):
             raise RuntimeError(f"warm-up: calls not answered within {WARM_CALL_TIMEOUT_S:g} s: {warm['codes']}")
     for concurrency, processes in ((64, clients), (8, 2)):
         spy = py_spy(profile[0], profile[1], 5) if profile is not None and concurrency == 64 else None
         count = requests if concurrency == 64 else requests // 4
         sampler = CpuSampler(server_pid) if server_pid is not None else None
-        row = bench(connection, bus, count, concurrency, processes, {}, limit_s=BENCH_LIMIT_S)
+        row = bench(
+            connection, bus, count, concurrency, processes, {}, limit_s=BENCH_LIMIT_S, server_processes=server_processes
+        )
         if sampler is not None:
             row["cpu"] = sampler.cores(row)
         if spy is not None:
@@ -275,7 +291,17 @@ def unary_calls(
         )
     for rpc in STREAM_RPCS:
         sampler = CpuSampler(server_pid) if server_pid is not None else None
-        row = bench(connection, bus, requests, STREAM_IN_FLIGHT, clients, {}, rpc, limit_s=BENCH_LIMIT_S)
+        row = bench(
+            connection,
+            bus,
+            requests,
+            STREAM_IN_FLIGHT,
+            clients,
+            {},
+            rpc,
+            limit_s=BENCH_LIMIT_S,
+            server_processes=server_processes,
+        )
         if sampler is not None:
             row["cpu"] = sampler.cores(row)
         found[f"{key}_{rpc}"] = row
@@ -306,7 +332,21 @@ def server_stage(
         server = start_server(model_dir, args.out / f"serve-{key}.log", args.slo_ms, samples, scale)
         found[f"{key}_server_start_s"] = time.perf_counter() - start
         profile = (server.pid, args.out / f"pyspy-{key}.txt") if args.py_spy else None
-        unary_calls(found, key, bus, args.requests, args.client_processes, profile, server_pid=server.pid)
+        # With --spread-turns, the bench's connections where the kernel hands them (`-kernel`, as every bench before
+        # the spreading) and spread over the processes, in turns, each round in the other order.
+        spread = [("", streams), ("-kernel", 1)] if args.spread_turns and streams > 1 else [("", streams)]
+        for turn in range(args.spread_turns if len(spread) > 1 else 1):
+            for suffix, server_processes in spread if turn % 2 == 0 else spread[::-1]:
+                unary_calls(
+                    found,
+                    key + suffix + (f"-t{turn + 1}" if turn else ""),
+                    bus,
+                    args.requests,
+                    args.client_processes,
+                    profile,
+                    server_pid=server.pid,
+                    server_processes=server_processes,
+                )
         if not args.no_label:
             where = ["--server", f"127.0.0.1:{PORT}", "--streams", str(streams)]
             found[f"label_server_{key}"] = label(files, work / f"server-{key}.jsonl", where)
@@ -384,6 +424,14 @@ def main() -> int:
     )
     parser.add_argument(
         "--mps-rounds", type=int, default=2, help="--mps: rounds of the two settings, each in the other order"
+    )
+    parser.add_argument(
+        "--spread-turns",
+        type=int,
+        default=0,
+        metavar="N",
+        help="against each --processes N: the bench's calls with their connections spread over the processes and "
+        "where the kernel hands them, in turns, N rounds",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
@@ -474,7 +522,11 @@ def print_table(found: dict, files: int, processes: list[int], label_workers: li
         (
             key,
             "Infer, serve --processes "
-            + key.removeprefix("processes").replace("-mps", " --mps on").replace("-r", ", round "),
+            + key.removeprefix("processes")
+            .replace("-mps", " --mps on")
+            .replace("-r", ", round ")
+            .replace("-kernel", ", connections where the kernel put them")
+            .replace("-t", ", turn "),
         )
         for key in dict.fromkeys(k.removesuffix("_64") for k in found if re.fullmatch(r"processes\d+[-\w]*_64", k))
     ]

@@ -755,7 +755,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_label(args: argparse.Namespace) -> int:
     from yolojet.client import records
     from yolojet.client.label import LabelJob, Summary, check_label_options, check_outputs, job_paths, run
-    from yolojet.client.remote import Connection, RemoteLabeler, bench, model_facts
+    from yolojet.client.remote import REACH_TRIES_A_PROCESS, Connection, RemoteLabeler, bench, model_facts
     from yolojet.options import serve_token
 
     if [args.server is not None, args.local, args.ray is not None].count(True) != 1:
@@ -806,11 +806,20 @@ def _cmd_label(args: argparse.Namespace) -> int:
         if args.local or args.ray is not None:
             raise EngineConfigError("--bench measures a server: give --server HOST:PORT")
         connection = Connection(args.server, args.model or "", args.tls_ca, token, args.retries)
-        model_facts(connection)  # a clear error now rather than in every worker
+        facts = model_facts(connection)  # a clear error now rather than in every worker
         source = Path(args.source[0])
         if not source.is_file():
             raise ImageReadError(f"{source}: not a file; --bench sends one image file again and again")
-        found = bench(connection, source, args.bench, args.concurrency, args.processes, options, args.bench_rpc)
+        found = bench(
+            connection,
+            source,
+            args.bench,
+            args.concurrency,
+            args.processes,
+            options,
+            args.bench_rpc,
+            server_processes=facts.servers,
+        )
         _print_bench(found)
         return 0 if found["answered"] == found["requests"] else 1
     if args.out is None:
@@ -905,11 +914,16 @@ def _cmd_label(args: argparse.Namespace) -> int:
             if streams > 1:
                 summary.notes.append(f"{streams} streams, one a process of the server's (--streams sets them)")
 
-        def server_notes(refusals: int, reconnects: int) -> None:
+        def server_notes(refusals: int, reconnects: int, missed_process: int = 0) -> None:
             if refusals or reconnects:
                 summary.notes.append(
                     f"the server refused {refusals} requests for a while (sent again) and "
                     f"the connection was reopened {reconnects} times"
+                )
+            if missed_process:
+                summary.notes.append(
+                    f"{missed_process} streams ran on another of the server's processes than their own "
+                    f"(none of {REACH_TRIES_A_PROCESS} connections a process reached it)"
                 )
 
         if streams > 1:  # a client process a stream: one interpreter sent 5,205 images a second (H200)
@@ -923,7 +937,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
             def close() -> None:
                 workers.close()
                 summary.notes.extend(workers.notes())
-                server_notes(workers.counts["refusals"], workers.counts["reconnects"])
+                server_notes(workers.counts["refusals"], workers.counts["reconnects"], workers.counts["missed_process"])
 
         else:
             remote = RemoteLabeler(connection, args.concurrency, options)

@@ -21,6 +21,7 @@ from support import calibrated_model, run_cli
 from ultralytics.utils import ASSETS
 
 import yolojet
+from yolojet.client.remote import Connection, bench
 from yolojet.engine.engine import Engine
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
@@ -101,9 +102,21 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
         counts = [answered(metrics), answered(metrics + 1)]
         assert sum(counts) == 16 and min(counts) > 0, counts  # both took connections (2 * 2**-16 odds otherwise)
 
-        # ListModels tells clients how many servers share the address.
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            assert pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=60).processes == 2
+        # ListModels tells clients how many servers share the address and which one answered; a client reaches the
+        # one it asks for (the kernel picks one at random for each connection: 2**-6 odds of six right by chance).
+        indices = set()
+        for wanted in (0, 1, 0, 1, 1, 0):
+            channel, listing = Connection(f"127.0.0.1:{port}").reach(wanted)
+            with channel:
+                again = pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=60)
+            assert (listing.processes, listing.process_index, again.process_index) == (2, wanted, wanted)
+            indices.add(listing.process_index)
+        assert indices == {0, 1}
+        # The bench mode's connections too (two processes of two connections: each server gets two).
+        before = [answered(metrics), answered(metrics + 1)]
+        row = bench(Connection(f"127.0.0.1:{port}"), ASSETS / "bus.jpg", 8, 4, 2, {"conf": CONF}, server_processes=2)
+        assert row["codes"] == {"OK": 8}, row
+        assert min(answered(metrics) - before[0], answered(metrics + 1) - before[1]) > 0
 
         # The labeling client over four streams, each a connection of its own, and by default over one a server
         # process: every image once, and the same records as one stream gives.
@@ -113,6 +126,7 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
             (photos / f"{i:02d}.jpg").write_bytes(BUS)
         outputs = {}
         for streams in (1, 4, None):
+            before = [answered(metrics), answered(metrics + 1)]
             out = tmp_path / f"labels-{streams}.jsonl"
             chosen = [] if streams is None else ["--streams", str(streams)]
             done = subprocess.run(
@@ -140,6 +154,9 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
             )
             assert done.returncode == 0, done.stderr
             assert ("2 streams, one a process of the server's" in done.stderr) == (streams is None), done.stderr
+            assert "ran on another of the server's processes" not in done.stderr, done.stderr
+            if streams is None:  # a stream on each process: both answered
+                assert min(answered(metrics) - before[0], answered(metrics + 1) - before[1]) > 0
             records = [json.loads(line) for line in out.read_text().splitlines()]
             assert sorted(Path(r["path"]).name for r in records) == [f"{i:02d}.jpg" for i in range(12)]
             outputs[streams] = {Path(r["path"]).name: r["detections"] for r in records}
@@ -147,7 +164,7 @@ def test_two_server_processes_share_the_port_and_restart_and_stop_together(tmp_p
             assert outputs[1].keys() == outputs[streams].keys()
             for name, detections in outputs[streams].items():
                 assert len(detections) == len(outputs[1][name])
-        assert answered(metrics) + answered(metrics + 1) == 16 + 36
+        assert answered(metrics) + answered(metrics + 1) == 16 + 8 + 36
 
         children = server_children(server.pid)
         assert len(children) == 2

@@ -56,8 +56,25 @@ REQUEST_ROOM = 16 << 10  # a request's bytes besides its image (its id, a path; 
 CHANNEL_MAX_MESSAGE = 64 << 20  # this client's own limit a message, each way
 
 
+# Connections opened in turn to reach one given process of a server of N (`serve --processes`): each lands on one of
+# the N at random, so a given one is missed 8N times in a row with odds (1 - 1/N)^(8N) < e^-8 (3 in 10,000).
+REACH_TRIES_A_PROCESS = 8
+
+
 class ServerUnavailable(YolojetError):
     """The server could not be reached, or went away, and did not come back within the retries."""
+
+
+def lands_on(listing: pb.ListModelsReply, process: int | None) -> bool:
+    """Whether the connection whose ListModels answered `listing` reached server process `process` (modulo the
+    server's processes); any connection does where no process is wanted or the server is one process."""
+    return process is None or listing.processes <= 1 or listing.process_index == process % listing.processes
+
+
+def keeps(listing: pb.ListModelsReply, process: int | None, tries: int) -> bool:
+    """Whether the `tries`-th connection opened to reach `process`, which ListModels answered so, is the one to keep:
+    it reached it, or the tries are used up."""
+    return lands_on(listing, process) or tries >= REACH_TRIES_A_PROCESS * listing.processes
 
 
 @dataclass(frozen=True)
@@ -71,9 +88,12 @@ class Connection:
     retries: int = 8  # a broken connection is reopened this many times, 0.5 s, 1 s, 2 s, ... apart (2 min in all)
 
     def channel(self) -> grpc.Channel:
+        """A channel on a connection of its own (gRPC shares one between a process's channels otherwise, and a server
+        of several processes gets each connection to one of them)."""
         options = [
             ("grpc.max_receive_message_length", CHANNEL_MAX_MESSAGE),
             ("grpc.max_send_message_length", CHANNEL_MAX_MESSAGE),
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         if self.ca_file is not None:
             credentials = grpc.ssl_channel_credentials(Path(self.ca_file).read_bytes())
@@ -82,6 +102,26 @@ class Connection:
 
     def metadata(self) -> tuple[tuple[str, str], ...] | None:
         return (("authorization", f"Bearer {self.token}"),) if self.token else None
+
+    def reach(self, process: int | None = None) -> tuple[grpc.Channel, pb.ListModelsReply]:
+        """A channel and the server's ListModels answered over it. With `process`, a server of N processes
+        (`serve --processes N`) is connected to again until a connection reaches that one (modulo N), at most
+        REACH_TRIES_A_PROCESS x N connections, after which the last is kept: the load spread evenly is worth a few
+        connections, never a failure (`lands_on` says which it was). ListModels' errors are the caller's to retry."""
+        tries = 1
+        while True:
+            channel = self.channel()
+            try:
+                listing = pb_grpc.InferenceStub(channel).ListModels(
+                    pb.ListModelsRequest(), timeout=30, metadata=self.metadata()
+                )
+            except BaseException:
+                channel.close()
+                raise
+            if keeps(listing, process, tries):
+                return channel, listing
+            channel.close()
+            tries += 1
 
 
 @dataclass
@@ -125,13 +165,16 @@ class RemoteLabeler:
 
     give_up_after_s = 300.0
 
-    def __init__(self, connection: Connection, window: int, options: dict[str, Any]) -> None:
+    def __init__(
+        self, connection: Connection, window: int, options: dict[str, Any], process: int | None = None
+    ) -> None:
         """`window` requests in flight on one stream (`label --server --streams N` runs N of these, a process each:
-        scale/stream_workers.py)."""
+        scale/stream_workers.py), to server process `process` where the server is several (`Connection.reach`)."""
         keep_freed_memory()  # each file read into new memory would page-fault on every page it fills
-        self.connection, self.window_size, self.options = connection, window, options
+        self.connection, self.window_size, self.options, self.process = connection, window, options, process
         self.refusals = 0  # answers refusing for load (RESOURCE_EXHAUSTED, or a deadline that passed), sent again
         self.reconnects = 0
+        self.missed_process = 0  # streams opened on another server process than `process`, every try having missed
         self._first_refused: dict[str, float] = {}  # request id -> when the server first refused it
 
     def run(
@@ -142,16 +185,14 @@ class RemoteLabeler:
         window = _Window(self.window_size)
         failures = 0
         while True:
-            channel = self.connection.channel()
-            stub = pb_grpc.InferenceStub(channel)
+            channel: grpc.Channel | None = None
             with window.lock:
                 generation = window.generation
             try:
-                server_max = stub.ListModels(
-                    pb.ListModelsRequest(), timeout=30, metadata=self.connection.metadata()
-                ).max_message_bytes
-                messages = stub.InferBatchStream(
-                    self._requests(window, generation, source, on_error, server_max),
+                channel, listing = self.connection.reach(self.process)
+                self.missed_process += not lands_on(listing, self.process)
+                messages = pb_grpc.InferenceStub(channel).InferBatchStream(
+                    self._requests(window, generation, source, on_error, listing.max_message_bytes),
                     metadata=self.connection.metadata(),
                 )
                 for message in messages:
@@ -183,7 +224,8 @@ class RemoteLabeler:
                     if window.generation == generation:
                         window.generation += 1
                     window.lock.notify_all()
-                channel.close()
+                if channel is not None:
+                    channel.close()
 
     def _requests(
         self,
@@ -322,13 +364,16 @@ def bench(
     rpc: str = "Infer",
     call_timeout_s: float | None = None,
     limit_s: float | None = None,
+    server_processes: int = 1,
 ) -> dict[str, Any]:
     """`requests` requests with one image, `concurrency` in flight over `processes` processes, as unary calls (`rpc`
     Infer) or over streams (InferStream, InferBatchStream: a stream a connection): img/s, latency quantiles (a
     streamed request's from its message's send to its reply), and the server's own queue / decode / run split (its
     replies' timings, averaged). `call_timeout_s`: each unary call's gRPC deadline, which the server then keeps
     instead of its own (a call past it is counted DEADLINE_EXCEEDED); None, the server's. `limit_s`: the whole
-    bench's bound, past which it ends with an error (a server that stopped answering) rather than waits; None, none."""
+    bench's bound, past which it ends with an error (a server that stopped answering) rather than waits; None, none.
+    `server_processes`: the server's (ListModels' `processes`); with several, the connections of all the bench's
+    processes are spread evenly over them (`Connection.reach`), not left to where the kernel hands them."""
     processes = max(1, min(processes, concurrency))
     share = [requests // processes + (i < requests % processes) for i in range(processes)]
     inflight = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
@@ -341,10 +386,14 @@ def bench(
         "options": options,
         "rpc": rpc,
         "call_timeout_s": call_timeout_s,
+        "spread": server_processes > 1,
     }
     workers = []
+    first_connection = 0  # the connections of all processes, numbered, are spread over the server's processes
     for n, c in zip(share, inflight, strict=True):
-        command = [sys.executable, "-m", "yolojet.client.remote", json.dumps({**job, "requests": n, "concurrency": c})]
+        work = {**job, "requests": n, "concurrency": c, "first_connection": first_connection}
+        first_connection += _bench_connections(c)
+        command = [sys.executable, "-m", "yolojet.client.remote", json.dumps(work)]
         workers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(os.environ)))
     end = time.monotonic() + limit_s if limit_s is not None else None
     try:
@@ -391,6 +440,10 @@ def bench(
     }
 
 
+def _bench_connections(concurrency: int) -> int:
+    return max(1, min(concurrency, BENCH_CONNECTIONS))
+
+
 async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
     import asyncio
 
@@ -405,13 +458,31 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
         ("grpc.max_send_message_length", CHANNEL_MAX_MESSAGE),
         ("grpc.use_local_subchannel_pool", 1),
     ]
-    channels = []
-    for _ in range(max(1, min(job["concurrency"], BENCH_CONNECTIONS))):
+
+    def plain() -> grpc.aio.Channel:
         if connection.ca_file is not None:
             credentials = grpc.ssl_channel_credentials(connection.ca_file.read_bytes())
-            channels.append(grpc.aio.secure_channel(connection.address, credentials, options=options))
-        else:
-            channels.append(grpc.aio.insecure_channel(connection.address, options=options))
+            return grpc.aio.secure_channel(connection.address, credentials, options=options)
+        return grpc.aio.insecure_channel(connection.address, options=options)
+
+    async def reach(process: int) -> grpc.aio.Channel:
+        """A connection to server process `process`, as `Connection.reach` opens one (its ListModels ends before the
+        timing starts, so a server's `--max-calls` does not count it)."""
+        tries = 1
+        while True:
+            channel = plain()
+            listing = await pb_grpc.InferenceStub(channel).ListModels(
+                pb.ListModelsRequest(), timeout=60, metadata=connection.metadata()
+            )
+            if keeps(listing, process, tries):
+                return channel
+            await channel.close()
+            tries += 1
+
+    first, count = job["first_connection"], _bench_connections(job["concurrency"])
+    channels = [await reach(first + i) for i in range(count)] if job["spread"] else [plain() for _ in range(count)]
+    for channel in channels:  # every connection up before the timing, without a call (--max-calls counts those)
+        await asyncio.wait_for(channel.channel_ready(), timeout=60)
     stubs = [pb_grpc.InferenceStub(channel) for channel in channels]
     request = pb.InferRequest(model=connection.model, image=data, **job["options"])
     latencies: list[float] = []
@@ -492,8 +563,6 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
             timings.append((reply.timings.queue_ms, reply.timings.decode_ms, reply.timings.run_ms))
             codes["OK"] = codes.get("OK", 0) + 1
 
-    for channel in channels:  # every connection up before the timing, without a call (--max-calls counts those)
-        await asyncio.wait_for(channel.channel_ready(), timeout=60)
     started, cpu_started = time.time(), time.process_time()
     if job["rpc"] == "Infer":
         await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(job["concurrency"])))
@@ -528,18 +597,14 @@ def model_facts(connection: Connection) -> Any:
     from yolojet.client.label import ModelFacts
 
     for attempt in range(connection.retries + 1):
-        channel = connection.channel()
         try:
-            reply = pb_grpc.InferenceStub(channel).ListModels(
-                pb.ListModelsRequest(), timeout=30, metadata=connection.metadata()
-            )
+            channel, reply = connection.reach()
+            channel.close()
             break
         except grpc.RpcError as e:
             if not (retryable(e) or e.code() == grpc.StatusCode.DEADLINE_EXCEEDED) or attempt == connection.retries:
                 raise ServerUnavailable(f"server {connection.address}: {e.code().name}: {e.details()}") from None
             time.sleep(0.5 * 2**attempt)
-        finally:
-            channel.close()
     served = {m.name: m for m in reply.models}
     if connection.model:
         if connection.model not in served:

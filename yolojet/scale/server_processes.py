@@ -5,8 +5,10 @@ One interpreter runs a server's gRPC event loop and its batch dispatching: on an
 images a second at 64 calls in flight, with one engine worker process as with the engine in-process, while the
 network alone runs 12,700 a second (bench/NOTES.md). Several processes listen on the same port (SO_REUSEPORT: the
 kernel hands each new connection to one of them), each with its own engines on the same device, so the fronts'
-Python runs side by side and the GPU interleaves their graphs. A client spreads its calls over the processes by
-opening several connections (the labeling client's bench mode opens one a process).
+Python runs side by side and the GPU interleaves their graphs. The kernel gives each connection to a process picked by
+a hash of its addresses, so N connections reach all N processes only now and then (four of four one time in ten):
+ListModels says which process answered, and the labeling client opens connections until each of its streams (the
+bench mode: each of its connections) reaches a process of its own (client/remote.py, `Connection.reach`).
 
 The first process loads alone, so that it alone tunes what the tuning cache lacks (timing tiles while another
 process runs kernels on the same GPU would time them wrong); the others then load from the caches, together. The
@@ -94,7 +96,7 @@ class ServerProcesses:
         metrics = self.options.metrics_port
         if metrics:  # 0 (a free port) stays 0 for each
             metrics += index
-        return replace(self.options, port=self.port, metrics_port=metrics)
+        return replace(self.options, port=self.port, metrics_port=metrics, process_index=index)
 
     def _spawn(self, index: int) -> Connection:
         ours, theirs = self._context.Pipe()

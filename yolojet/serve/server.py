@@ -65,6 +65,7 @@ class ServeOptions:
     # than silently shared (gRPC's own default on Linux is to share).
     reuse_port: bool = False
     processes: int = 1  # the whole servers sharing the port (`serve --processes`), which ListModels tells clients
+    process_index: int = 0  # which of them this one is (0 to processes - 1), which ListModels tells clients too
     event_loop: str = "auto"  # EVENT_LOOPS: the asyncio loop the server runs on (`run_server`)
     mps: str = "auto"  # MPS_CHOICES: `serve --processes` as clients of an MPS daemon of their own (scale/mps.py)
 
@@ -179,6 +180,7 @@ class Server:
             o.slo_ms / 1000,
             max_message_bytes=o.max_message_bytes,
             processes=o.processes,
+            process_index=o.process_index,
         )
         pb_grpc.add_InferenceServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -49,11 +49,12 @@ class InferenceService(pb_grpc.InferenceServicer):
         clock: Callable[[], float] = time.monotonic,
         max_message_bytes: int = 0,
         processes: int = 1,
+        process_index: int = 0,
     ) -> None:
-        """`max_message_bytes`: the largest request message the server takes, and `processes` the whole servers
-        sharing its port, both of which ListModels tells clients (0: not said)."""
+        """`max_message_bytes`: the largest request message the server takes, `processes` the whole servers sharing
+        its port and `process_index` which of them this is, all of which ListModels tells clients (0: not said)."""
         self.models, self.runner, self.metrics, self.slo_s, self.clock = models, runner, metrics, slo_s, clock
-        self.max_message_bytes, self.processes = max_message_bytes, processes
+        self.max_message_bytes, self.processes, self.process_index = max_message_bytes, processes, process_index
         self._settlers: dict[asyncio.AbstractEventLoop, Settler] = {}
 
     # -- one request --------------------------------------------------------------------------
@@ -205,7 +206,12 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     def model_list(self) -> pb.ListModelsReply:
         models = [convert.model_info(self.models[n]) for n in sorted(self.models)]
-        return pb.ListModelsReply(models=models, max_message_bytes=self.max_message_bytes, processes=self.processes)
+        return pb.ListModelsReply(
+            models=models,
+            max_message_bytes=self.max_message_bytes,
+            processes=self.processes,
+            process_index=self.process_index,
+        )
 
     # -- the methods --------------------------------------------------------------------------
 

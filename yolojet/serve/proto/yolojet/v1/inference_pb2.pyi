@@ -181,11 +181,13 @@ class ModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., task: _Optional[str] = ..., max_batch: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., class_names: _Optional[_Iterable[str]] = ..., backend: _Optional[str] = ..., decoder: _Optional[str] = ..., keypoint_shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ListModelsReply(_message.Message):
-    __slots__ = ("models", "max_message_bytes", "processes")
+    __slots__ = ("models", "max_message_bytes", "processes", "process_index")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_INDEX_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     max_message_bytes: int
     processes: int
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., processes: _Optional[int] = ...) -> None: ...
+    process_index: int
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., processes: _Optional[int] = ..., process_index: _Optional[int] = ...) -> None: ...
