@@ -59,12 +59,12 @@ class StandIn:
         burn(PREPARE_US)
         return Pending(item, outcome=Frame(self.pixels, bgr=True))
 
-    def finish(self, pending, reuse=(), entering=None):
+    def finish(self, pending, pool=None, entering=None):
         if entering is not None:
             entering.set()
         time.sleep(DECODE_US * 1e-6 * len(pending))
         burn(FRAMES_US)
-        return DecodedBatch([p.outcome for p in pending], [], list(reuse))
+        return DecodedBatch([p.outcome for p in pending], [])
 
     def close(self) -> None:
         self.cpu.close()

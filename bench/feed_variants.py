@@ -55,7 +55,7 @@ def _handed_over_work(feed: FrameFeed, images: Iterable[Any]) -> list:
                     return
                 chunk, entering = taken
                 try:
-                    decoded = feed.decoder.finish([pending for _, pending in chunk], feed._spares(), entering)
+                    decoded = feed.decoder.finish([pending for _, pending in chunk], feed._spare, entering)
                 finally:
                     entering.set()
                 if not feed._put(feed._chunks, FedBatch([image for image, _ in chunk], decoded)):

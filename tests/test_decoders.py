@@ -20,7 +20,7 @@ from ultralytics.utils import ASSETS
 from yolojet.errors import EngineConfigError, ImageReadError
 from yolojet.images import Frame
 from yolojet.images.codecs import check_encoded, jpeg_info
-from yolojet.images.decoders import CpuDecoder, Encoded, _upright, make_decoder
+from yolojet.images.decoders import CpuDecoder, Encoded, OutputPool, _upright, make_decoder
 
 BUS = ASSETS / "bus.jpg"
 CUDA = torch.cuda.is_available()
@@ -320,13 +320,16 @@ def test_hardware_decoder_reads_files_itself_and_decodes_into_released_images(tm
             assert ours.reads_again and np.array_equal(ours.original_bgr(), cv2.imread(str(files[name]))), name
             frames[name] = rgb(ours)
         assert by_path.outputs, "the file route's images are handed back for reuse"
-        # Released: the next batch (other images, another order) decodes into the same images.
+        # Released: the next batch (other images, another order) decodes into the same images, taking what it needs.
         again = ["zidane.jpg", "whole.jpg", "grey.jpg", "rotated.jpg", "whole.jpg"]
-        reused = decoder.finish([decoder.prepare(Encoded.of(files[n])) for n in again], by_path.outputs)
+        pool = OutputPool()
+        pool.give(by_path.outputs)
+        reused = decoder.finish([decoder.prepare(Encoded.of(files[n])) for n in again], pool)
         reused.wait_on(torch.cuda.current_stream())
         for name, frame in zip(again, reused.items, strict=True):
             assert isinstance(frame, Frame) and np.array_equal(rgb(frame), frames[name]), name
-        assert len(reused.outputs) == len(by_path.outputs)  # the same images cycle: none lost, none added
+        assert {id(o) for o in reused.outputs} <= {id(o) for o in by_path.outputs}, "decoded into released images"
+        assert len(pool) == len(by_path.outputs) - len(reused.outputs)  # the rest stay for the next batch
     finally:
         decoder.close()
         cpu.close()
@@ -368,11 +371,25 @@ def test_nvjpeg_hardware_decoder_gives_nvimgcodecs_pixels_and_decodes_into_relea
         assert {"whole.jpg", "rotated.jpg", "grey.jpg", "trailer.jpg", "cmyk.jpg", "bus.png"} <= set(frames)
         assert by_path.outputs, "the batch's buffer is handed back for reuse"
         again_names = ["zidane.jpg", "whole.jpg", "grey.jpg", "rotated.jpg", "whole.jpg"]
-        reused = decoder.finish([decoder.prepare(Encoded.of(files[n])) for n in again_names], by_path.outputs)
-        assert reused.outputs[0] is by_path.outputs[0], "decoded into the released buffer, which is large enough"
+        pool = OutputPool()
+        pool.give(by_path.outputs)
+        reused = decoder.finish([decoder.prepare(Encoded.of(files[n])) for n in again_names], pool)
+        assert reused.outputs == [by_path.outputs[0]], "decoded into the released buffer, which is large enough"
         reused.wait_on(torch.cuda.current_stream())
         for name, frame in zip(again_names, reused.items, strict=True):
             assert isinstance(frame, Frame) and np.array_equal(rgb(frame), frames[name]), name
+
+        # Batches decoded three ahead of their release, many times over: the buffers stay as many as are held at once
+        # (each batch carried every spare buffer before, and the next batch made a new one each round).
+        pool, made = OutputPool(), set()
+        bus = [Encoded.of(files["whole.jpg"])] * 4
+        for _ in range(6):
+            held = [decoder.decode(bus, pool) for _ in range(3)]
+            made |= {o.data_ptr() for batch in held for o in batch.outputs}
+            torch.cuda.synchronize()
+            for batch in held:
+                pool.give(batch.outputs)
+        assert len(made) == 3 and len(pool) == 3, (made, len(pool))
     finally:
         decoder.close()
         cpu.close()
@@ -464,3 +481,32 @@ def test_nvimgcodec_loads_its_jpeg_extension_alone_and_keeps_a_users_folder(tmp_
     env["NVIMGCODEC_EXTENSIONS_PATH"] = str(users)
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == str(users), done.stderr
+
+
+def test_output_pool_hands_out_the_smallest_buffer_that_fits_and_keeps_the_rest():
+    """A decoder takes only what it decodes into; a buffer too small for every batch is replaced, not kept beside
+    the new one; images (nvImageCodec's) go out all or none."""
+    pool = OutputPool()
+    small, middle, large = torch.empty(10), torch.empty(20), torch.empty(30)
+    pool.give([large, small, "image-a", middle, "image-b"])
+    assert pool.take_buffer(15) is middle and len(pool) == 4
+    assert pool.take_buffer(40) is None and len(pool) == 3  # `large`, the largest too small, dropped
+    assert pool.take_buffer(5) is small and len(pool) == 2
+    assert pool.take_images(3) == [] and len(pool) == 2
+    assert pool.take_images(2) == ["image-a", "image-b"] and len(pool) == 0
+
+
+def test_output_pool_stays_as_large_as_the_batches_held_at_once():
+    """Decodes running ahead of releases by a depth that rises and falls, as a server's batches do: the buffers made
+    are at most the most held at once, however long it runs (before, a batch carried every spare buffer until its
+    release, and each rise of the depth made one more)."""
+    rng = np.random.default_rng(0)
+    pool, held, most = OutputPool(), [], 0
+    for step in range(2000):
+        size = int(rng.integers(1, 65)) * 100
+        buffer = pool.take_buffer(size)
+        held.append(torch.empty(size) if buffer is None else buffer)
+        most = max(most, len(held))
+        assert len(pool) + len(held) <= most, step  # the old way held 876 buffers by the end, at most 4 at once
+        while len(held) > int(rng.integers(1, 4)):
+            pool.give([held.pop(0)])

@@ -224,9 +224,9 @@ def test_a_long_list_is_decoded_in_long_chunks():
     class Recording(CpuDecoder):
         calls: ClassVar[list[int]] = []
 
-        def finish(self, pending, reuse=()):
+        def finish(self, pending, pool=None):
             self.calls.append(len(pending))
-            return super().finish(pending, reuse)
+            return super().finish(pending, pool)
 
     decoder = Recording(torch.device("cpu"), threads=2)
     try:
@@ -259,13 +259,14 @@ class _LendingDecoder:
         self.threads.add(threading.current_thread().name)
         return self.inner.prepare(item)
 
-    def finish(self, pending, reuse=(), entering=None):
+    def finish(self, pending, pool=None, entering=None):
         from yolojet.images.decoders import DecodedBatch
 
         self.threads.add(threading.current_thread().name)
         if entering is not None:  # as the hardware decoder does before its long call: the other feed thread goes on
             entering.set()
             time.sleep(0.001)
+        reuse = pool.take_images(len(pool)) if pool is not None else []  # every token released so far
         with self.lock:
             self.early += [token for token in reuse if token.split("#")[0] not in self.consumed]
             self.reused += len(reuse)
@@ -393,7 +394,7 @@ class _SlowBlockingDecoder:
         self.prepared.append(time.perf_counter())
         return Pending(item, outcome=Frame(torch.full((2, 2, 3), item.read()[0], dtype=torch.uint8), bgr=True))
 
-    def finish(self, pending, reuse=(), entering=None):
+    def finish(self, pending, pool=None, entering=None):
         from yolojet.images.decoders import DecodedBatch
 
         start = time.perf_counter()
@@ -401,7 +402,7 @@ class _SlowBlockingDecoder:
             entering.set()
         time.sleep(0.08)
         self.finishing.append((start, time.perf_counter()))
-        return DecodedBatch([p.result() for p in pending], [], list(reuse))
+        return DecodedBatch([p.result() for p in pending], [])
 
     def close(self) -> None:
         self.cpu.close()
@@ -470,7 +471,7 @@ class _FailingOnSecondCall(_LendingDecoder):
         self.calls = 0
         self.after_entering = after_entering
 
-    def finish(self, pending, reuse=(), entering=None):
+    def finish(self, pending, pool=None, entering=None):
         with self.lock:
             self.calls += 1
             second = self.calls == 2
@@ -479,7 +480,7 @@ class _FailingOnSecondCall(_LendingDecoder):
                 entering.set()
                 time.sleep(0.02)  # the other thread prepares (and may begin decoding) the next chunk meanwhile
             raise RuntimeError("the decoder broke")
-        return super().finish(pending, reuse, entering)
+        return super().finish(pending, pool, entering)
 
 
 @pytest.mark.parametrize("blocking", [True, False])

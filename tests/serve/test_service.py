@@ -469,9 +469,10 @@ class _LendingDecoder:
         self.reused: list[str] = []
         self.early: list[str] = []
 
-    def decode(self, items, reuse=()):
+    def decode(self, items, pool=None):
         from yolojet.images.decoders import DecodedBatch
 
+        reuse = pool.take_images(len(pool)) if pool is not None else []  # every token handed back so far
         with self.lock:
             self.reused += reuse
             self.early += [token for token in reuse if token.split("#")[0] not in self.answered]

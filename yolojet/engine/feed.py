@@ -35,7 +35,6 @@ its output buffers again instead of allocating new ones.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import queue
 import threading
@@ -49,7 +48,7 @@ import torch
 
 from yolojet.errors import ImageReadError
 from yolojet.images import Frame, is_encoded
-from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, Pending
+from yolojet.images.decoders import DecodedBatch, Decoder, Encoded, OutputPool, Pending
 from yolojet.images.frames import frame_from_pixels
 
 _END = object()
@@ -94,7 +93,7 @@ class FrameFeed:
         self._stop = threading.Event()
         self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
         self._done = False
-        self._spare: collections.deque = collections.deque()  # released batches' output buffers, to decode into
+        self._spare = OutputPool()  # released batches' output buffers, to decode into
         # The threads' own GPU work (a float frame's conversion, a frame from another GPU, an iterable's frame copied)
         # goes on the caller's current stream: after the caller's writes of its frames, before the runs launched there.
         device = decoder.cpu.device
@@ -167,16 +166,8 @@ class FrameFeed:
     def release(self, fed: FedBatch) -> None:
         """`fed`'s frames are no longer read by anything (its batch has run and its results are made, and they keep
         no decoded pixels): the decoder may decode later images into the same buffers."""
-        self._spare.extend(fed.decoded.outputs)
+        self._spare.give(fed.decoded.outputs)
         fed.decoded.outputs = []
-
-    def _spares(self) -> list[Any]:
-        taken = []
-        while True:
-            try:
-                taken.append(self._spare.popleft())
-            except IndexError:
-                return taken
 
     def _get(self, block: bool) -> object | None:
         """A chunk, the end marker or a failure from the decode thread; None when none is there (not blocking); the
@@ -270,7 +261,7 @@ class FrameFeed:
                 ahead, failed = self._prepare_chunk(source) if failed is None else ([], failed)
                 if self._stop.is_set():
                     return
-                decoded = self.decoder.finish([pending for _, pending in items], self._spares())
+                decoded = self.decoder.finish([pending for _, pending in items], self._spare)
                 if not self._put(self._chunks, FedBatch([image for image, _ in items], decoded)):
                     return
         except BaseException as e:  # a decoder's failure, or the collection's own `iter`
@@ -318,7 +309,7 @@ class FrameFeed:
                 if failed is not None or len(chunk) < self.chunk:
                     turns.end_at(index)  # read by the other thread only once `entering` is set
                 if chunk and not self._stop.is_set() and not turns.ends_before(index):
-                    decoded = self.decoder.finish([pending for _, pending in chunk], self._spares(), entering)
+                    decoded = self.decoder.finish([pending for _, pending in chunk], self._spare, entering)
             except BaseException as e:  # a decoder's failure, or the collection's own `iter`
                 turns.end_at(index)
                 failed = e
@@ -350,7 +341,7 @@ class FrameFeed:
             while not self._stop.is_set():
                 items, last = self._take()
                 if items and not self._stop.is_set():
-                    decoded = self.decoder.finish([pending for _, pending in items], self._spares())
+                    decoded = self.decoder.finish([pending for _, pending in items], self._spare)
                     if not self._put(self._chunks, FedBatch([image for image, _ in items], decoded)):
                         return
                 if last is not None:

@@ -11,7 +11,7 @@ read the file and check its header) and `finish(pending)` (a batch: the GPU deco
   class GPUs), which leave the SMs to the network; their pixels are within one level of OpenCV's. What they refuse
   (progressive, CMYK, arithmetic-coded or lossless JPEGs) and other formats go to the CPU pool. Local JPEG files are
   read by nvImageCodec itself (`jpeg_file_stream`), and a batch may be decoded into an earlier batch's output
-  images once its frames are consumed (`finish(pending, reuse=earlier.outputs)`): each saves the GIL round trips of
+  images once its frames are consumed (`finish(pending, pool)`, an `OutputPool`): each saves the GIL round trips of
   a Python file read and of allocating an output an image. On an H200 over 10,000 files the engine's stream ran
   6,239-7,660 img/s with them against 5,100-6,948 without, two runs whose spread is as large as the gain
   (bench/NOTES.md).
@@ -36,7 +36,7 @@ import hashlib
 import io
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,13 +87,58 @@ class DecodedBatch:
 
     items: list[Frame | ImageReadError]
     ready: list[torch.cuda.Event] = field(default_factory=list)
-    # The decoder's own output buffers behind these frames (the hardware decoder's images): once nothing reads the
-    # frames any more, `finish(..., reuse=outputs)` may decode into them again rather than allocate new ones.
+    # The decoder's own output buffers behind these frames (the hardware decoders' images): once nothing reads the
+    # frames any more, they go to an `OutputPool`, from which later batches decode into them rather than allocate.
     outputs: list[Any] = field(default_factory=list)
 
     def wait_on(self, stream: torch.cuda.Stream) -> None:
         for event in self.ready:
             stream.wait_event(event)
+
+
+class OutputPool:
+    """Output buffers of batches whose frames nothing reads any more (`give`), which later batches decode into
+    (`finish(pending, pool)`). A decoder takes only what it decodes into and leaves the rest for the next batch: a
+    batch that carried every spare buffer until it was released left the batch decoded after it none, so each time
+    two batches were decoded with no release between them a buffer was made, and the pool grew without bound (four
+    server processes ran an 80 GB GPU out of memory after ~120,000 requests, 168 MB a buffer of 64 photos). Now the
+    buffers are at most the batches holding one at once, plus one. Batches are released on one thread while another
+    decodes, so it locks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spare: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self._spare)
+
+    def give(self, outputs: Iterable[Any]) -> None:
+        with self._lock:
+            self._spare.extend(outputs)
+
+    def take_buffer(self, size: int) -> torch.Tensor | None:
+        """The smallest spare tensor of at least `size` elements, taken out. None where none is that large; the
+        largest spare tensor is then dropped, since a new buffer takes its place (a pool of buffers grown too small
+        would otherwise be kept beside the new ones)."""
+        with self._lock:
+            tensors = [(b.numel(), i) for i, b in enumerate(self._spare) if isinstance(b, torch.Tensor)]
+            fitting = [(n, i) for n, i in tensors if n >= size]
+            if fitting:
+                return self._spare.pop(min(fitting)[1])
+            if tensors:
+                del self._spare[max(tensors)[1]]
+            return None
+
+    def take_images(self, count: int) -> list[Any]:
+        """`count` spare images (nvImageCodec's, not tensors) taken out, or none where there are fewer."""
+        with self._lock:
+            at = [i for i, b in enumerate(self._spare) if not isinstance(b, torch.Tensor)][:count]
+            if len(at) < count:
+                return []
+            taken = [self._spare[i] for i in at]
+            for i in reversed(at):
+                del self._spare[i]
+            return taken
 
 
 @dataclass
@@ -188,15 +233,15 @@ class CpuDecoder:
         return [event]
 
     def finish(
-        self, pending: list[Pending], reuse: Sequence[Any] = (), entering: threading.Event | None = None
+        self, pending: list[Pending], pool: OutputPool | None = None, entering: threading.Event | None = None
     ) -> DecodedBatch:
-        """The batch's frames; `reuse` (another decoder's buffers) is handed back untouched in `outputs`; `entering`
-        is for decoders with one long call (`blocking_finish`), which this is not."""
+        """The batch's frames (its arrays own their memory: nothing is taken from `pool`); `entering` is for
+        decoders with one long call (`blocking_finish`), which this is not."""
         outcomes = [p.result() for p in pending]
-        return DecodedBatch(outcomes, self.ready_events(), list(reuse))
+        return DecodedBatch(outcomes, self.ready_events())
 
-    def decode(self, items: list[Encoded], reuse: Sequence[Any] = ()) -> DecodedBatch:
-        return self.finish([self.prepare(item) for item in items], reuse)
+    def decode(self, items: list[Encoded], pool: OutputPool | None = None) -> DecodedBatch:
+        return self.finish([self.prepare(item) for item in items], pool)
 
 
 def _outcome(fn, *args):
@@ -269,11 +314,11 @@ class _GpuJpegDecoder:
         return info.jpeg is not None
 
     def _decode_jpegs(
-        self, jpegs: list[Pending], reuse: Sequence[Any], entering: threading.Event | None = None
+        self, jpegs: list[Pending], pool: OutputPool | None, entering: threading.Event | None = None
     ) -> tuple[list[torch.Tensor | None], list[Any]]:
-        """Each JPEG's (H, W, C) RGB pixels on the device, None where the GPU refused it; and the output buffers to
-        hand back once the frames are consumed (`reuse`'s among them). `jpegs`: `prepare`'s, each with its bytes or
-        its code stream; `entering`: `finish`'s."""
+        """Each JPEG's (H, W, C) RGB pixels on the device, None where the GPU refused it; and the output buffers
+        behind them, to give to a pool once the frames are consumed (those taken from `pool` among them). `jpegs`:
+        `prepare`'s, each with its bytes or its code stream; `entering`: `finish`'s."""
         raise NotImplementedError
 
     def prepare(self, item: Encoded, data: bytes | None = None) -> Pending:
@@ -289,16 +334,16 @@ class _GpuJpegDecoder:
         return Pending(item, data=data, orientation=orientation, size=(info.height, info.width))
 
     def finish(
-        self, pending: list[Pending], reuse: Sequence[Any] = (), entering: threading.Event | None = None
+        self, pending: list[Pending], pool: OutputPool | None = None, entering: threading.Event | None = None
     ) -> DecodedBatch:
-        """The batch's frames: its JPEGs in one GPU call, decoded into `reuse` (an earlier batch's `outputs`, whose
-        frames nothing reads any more) where there are enough of them. `entering` (a `blocking_finish` decoder's) is
+        """The batch's frames: its JPEGs in one GPU call, decoded into buffers from `pool` (earlier batches'
+        `outputs`, whose frames nothing reads any more) where it has them. `entering` (a `blocking_finish` decoder's) is
         set just before the call that lets go of the GIL, so that a thread waiting on it takes the GIL once this
         thread is inside that call rather than at a point where it would soon want the GIL back."""
         gpu = [p for p in pending if p.for_the_gpu]
-        outputs = list(reuse)
+        outputs: list[Any] = []
         if gpu:
-            decoded, outputs = self._decode_jpegs(gpu, reuse, entering)
+            decoded, outputs = self._decode_jpegs(gpu, pool, entering)
             for p, pixels in zip(gpu, decoded, strict=True):
                 if pixels is None:  # refused by the GPU decoder: the CPU pool instead (reading the file if not read)
                     p.future = self.cpu.submit(p.item, p.data, checked=p.data is not None).future
@@ -315,8 +360,8 @@ class _GpuJpegDecoder:
             ready.append(event)
         return DecodedBatch(outcomes, ready, outputs)
 
-    def decode(self, items: list[Encoded], reuse: Sequence[Any] = ()) -> DecodedBatch:
-        return self.finish([self.prepare(item) for item in items], reuse)
+    def decode(self, items: list[Encoded], pool: OutputPool | None = None) -> DecodedBatch:
+        return self.finish([self.prepare(item) for item in items], pool)
 
 
 # Where the nvJPEG wheels put their library, relative to nvImageCodec's extensions (the extension's own RUNPATH).
@@ -394,7 +439,7 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
             # Interleaved RGB, turned upright by EXIF orientation, 8 bits (cv2.imread's IMREAD_COLOR, in RGB order).
             self._params = nvimgcodec.DecodeParams(apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.SRGB)
             probe = Pending(Encoded(_probe_jpeg(), "probe"), data=_probe_jpeg())
-            decodes = self._decode_jpegs([probe], ())[0][0] is not None
+            decodes = self._decode_jpegs([probe], None)[0][0] is not None
         except Exception as e:  # a driver too old for this build, a library that fails to load: no hardware path
             raise EngineConfigError(f"decoder 'nvimgcodec': nvImageCodec could not start here ({e})") from e
         if not decodes:
@@ -421,20 +466,19 @@ class HardwareJpegDecoder(_GpuJpegDecoder):
         return super().prepare(item, data)
 
     def _decode_jpegs(
-        self, jpegs: list[Pending], reuse: Sequence[Any], entering: threading.Event | None = None
+        self, jpegs: list[Pending], pool: OutputPool | None, entering: threading.Event | None = None
     ) -> tuple[list[torch.Tensor | None], list[Any]]:
         # nvImageCodec applies EXIF orientation itself (its params).
         streams = [p.code_stream if p.code_stream is not None else self._nv.CodeStream(p.data) for p in jpegs]
-        spare = list(reuse)
-        if len(spare) >= len(streams):  # its own images, of frames consumed: resized in place where they must grow
-            into, spare = spare[: len(streams)], spare[len(streams) :]
+        into = pool.take_images(len(streams)) if pool is not None else []
+        if into:  # its own images, of frames consumed: resized in place where they must grow
             images = self._decoder.decode(
                 streams, images=into, params=self._params, cuda_stream=self.stream.cuda_stream
             )
         else:
             images = self._decoder.decode(streams, params=self._params, cuda_stream=self.stream.cuda_stream)
         pixels = [None if im is None else torch.as_tensor(im, device=self.device) for im in images]
-        return pixels, [im for im in images if im is not None] + spare
+        return pixels, [im for im in images if im is not None]
 
 
 # Each image's output starts on this boundary in its batch's buffer (nvJPEG's own allocations are aligned as much).
@@ -484,7 +528,7 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
             )
         try:  # a first decode, checked: a GPU without hardware decoders may still make a handle
             probe = Pending(Encoded(_probe_jpeg(), "probe"), data=_probe_jpeg(), size=(48, 64))
-            pixels = self._decode_jpegs([probe], ())[0][0] if self._hardware.takes(_probe_jpeg()) else None
+            pixels = self._decode_jpegs([probe], None)[0][0] if self._hardware.takes(_probe_jpeg()) else None
             self.stream.synchronize()
             colour = torch.tensor(_PROBE_RGB, dtype=torch.int16)
             decodes = pixels is not None and bool((pixels.cpu().to(torch.int16) - colour).abs().max() <= 2)
@@ -552,7 +596,7 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
         self.stream.synchronize()
 
     def _decode_jpegs(
-        self, jpegs: list[Pending], reuse: Sequence[Any], entering: threading.Event | None = None
+        self, jpegs: list[Pending], pool: OutputPool | None, entering: threading.Event | None = None
     ) -> tuple[list[torch.Tensor | None], list[Any]]:
         # The images of one stored size lie one after another in the buffer, so that their frames are made by two
         # tensor ops for the size rather than two an image (each lets go of the GIL and waits to take it back).
@@ -564,11 +608,10 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
         for (height, width), members in groups.items():
             starts[height, width] = end
             end += -(-len(members) * height * width * 3 // _OUTPUT_ALIGN) * _OUTPUT_ALIGN
-        spare = [b for b in reuse if isinstance(b, torch.Tensor)]
-        others = [b for b in reuse if not isinstance(b, torch.Tensor)]
-        fits = [i for i, b in enumerate(spare) if b.numel() >= end]
+        buffer = pool.take_buffer(end) if pool is not None else None
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            buffer = spare.pop(fits[0]) if fits else torch.empty(end, dtype=torch.uint8, device=self.device)
+            if buffer is None:
+                buffer = torch.empty(end, dtype=torch.uint8, device=self.device)
             base = buffer.data_ptr()
             outputs: list[tuple[int, int]] = [(0, 0)] * len(jpegs)
             for (height, width), members in groups.items():
@@ -592,7 +635,7 @@ class NvjpegHardwareDecoder(_GpuJpegDecoder):
                 for i, frame in zip(members, frames, strict=True):
                     if decoded[i]:
                         pixels[i] = _upright(frame, jpegs[i].orientation)
-        return pixels, [buffer, *spare, *others]
+        return pixels, [buffer]
 
 
 class NvjpegDecoder(_GpuJpegDecoder):
@@ -605,7 +648,7 @@ class NvjpegDecoder(_GpuJpegDecoder):
         return f"nvjpeg (torchvision's nvJPEG on the GPU's SMs; other images on {self.cpu.describe()})"
 
     def _decode_jpegs(
-        self, jpegs: list[Pending], reuse: Sequence[Any], entering: threading.Event | None = None
+        self, jpegs: list[Pending], pool: OutputPool | None, entering: threading.Event | None = None
     ) -> tuple[list[torch.Tensor | None], list[Any]]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -625,7 +668,7 @@ class NvjpegDecoder(_GpuJpegDecoder):
                 None if im is None else _upright(im.permute(1, 2, 0), o)
                 for im, o in zip(images, orientations, strict=True)
             ]
-            return frames, list(reuse)  # torch's allocator recycles its memory already
+            return frames, []  # torch's allocator recycles its memory already
 
 
 def _upright(pixels: torch.Tensor, orientation: int) -> torch.Tensor:

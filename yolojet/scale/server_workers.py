@@ -47,7 +47,7 @@ START_TIMEOUT_S = 900.0  # a cold start tunes every model's tiles: minutes on a 
 
 def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, engine_options: dict[str, Any]) -> None:
     """A worker: load the models on `device`, report them, then answer batches until told to stop."""
-    from yolojet.images.decoders import Encoded
+    from yolojet.images.decoders import Encoded, OutputPool
     from yolojet.serve.models import load_models
 
     apply_switch_interval()
@@ -58,7 +58,8 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
         connection.send(("failed", f"{type(e).__name__}: {e}"))
         return
     connection.send(("ready", {name: (m.version, m.card, m.latency.run_seconds) for name, m in models.items()}))
-    spare: dict[str, list[Any]] = {}  # a model's last batch's decoded images, decoded into again once it is answered
+    # A model's answered batches' decode buffers, decoded into again (one batch at a time here: one buffer a model).
+    pools: dict[str, OutputPool] = {}
     try:
         while True:
             message = connection.recv()
@@ -71,7 +72,7 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
             started = time.perf_counter()
             try:
                 encoded = [Encoded(data, f"image of request {rid!r}") for rid, data, _ in items]
-                decoded = engine.decoder.decode(encoded, spare.pop(name, []))
+                decoded = engine.decoder.decode(encoded, pools.setdefault(name, OutputPool()))
                 decode_s = time.perf_counter() - started
                 frames = [(i, item) for i, item in enumerate(decoded.items) if not isinstance(item, ImageReadError)]
                 ran = time.perf_counter()
@@ -90,7 +91,7 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
                         outcomes.append(("OK", by_slot[i], decode_s, run_s))
                     else:
                         outcomes.append(("INVALID_ARGUMENT", str(item), decode_s, 0.0))
-                spare[name] = decoded.outputs
+                pools[name].give(decoded.outputs)
             except Exception as e:  # an engine failure, not a bad image: every request of the batch gets it
                 log.error("a batch of %s failed on %s: %s", name, device, traceback.format_exc())
                 outcomes = [("INTERNAL", f"the engine on {device} failed: {e}", 0.0, 0.0)] * len(items)

@@ -36,7 +36,7 @@ import grpc
 from yolojet.engine.engine import Submitted
 from yolojet.engine.predict_path import PredictOptions
 from yolojet.errors import ImageReadError
-from yolojet.images.decoders import DecodedBatch, Encoded
+from yolojet.images.decoders import DecodedBatch, Encoded, OutputPool
 from yolojet.serve.batcher import Request, Scheduler
 from yolojet.serve.metrics import ServerMetrics
 from yolojet.serve.models import ServedModel
@@ -124,7 +124,7 @@ class Runner:
         self._stopping = False
         self._refusal = "the server is shutting down"  # what a request gets once stopping
         # Each model's answered batches' output images, taken by its next decode (a thread of its own).
-        self._spare: dict[str, deque[Any]] = {name: deque() for name in models}
+        self._spare = {name: OutputPool() for name in models}  # released batches' decode buffers, a model's
         self._thread = threading.Thread(target=self._loop, name="yolojet-serve-runner", daemon=True)
         # The batches taken from the scheduler and not yet answered (ticket -> requests), and since when the runner
         # has waited on a batch's step (None while it is not waiting on one): what the watchdog reads.
@@ -268,10 +268,8 @@ class Runner:
         assert engine is not None  # this runner serves the engines of its own process
         started = self.clock()
         items = [Encoded(r.payload.data, f"image of request {r.payload.request_id!r}") for r in requests]
-        spare = self._spare[name]
-        reuse = [spare.popleft() for _ in range(len(spare))]
         try:
-            decoded = engine.decoder.decode(items, reuse)
+            decoded = engine.decoder.decode(items, self._spare[name])
         except Exception as e:  # a decoder failure, not a bad image: every request of the batch gets it
             log.exception("decoding a batch of %s failed", name)
             return _Decoded(ticket, name, requests, started, None, f"decoding failed: {e}")
@@ -336,7 +334,7 @@ class Runner:
                 outcome = Outcome(results[i], queue_s=queue_s, decode_s=launched.decode_s, run_s=run_s)
             self._answer(request, outcome)
         if failure is None:  # a failed run may not be done with them
-            self._spare[launched.model.name].extend(launched.outputs)
+            self._spare[launched.model.name].give(launched.outputs)
         with self._cond:
             self.scheduler.finished(launched.ticket)
             self._held.pop(launched.ticket, None)
