@@ -343,7 +343,7 @@ def server_stage(
                     bus,
                     args.requests,
                     args.client_processes,
-                    profile,
+                    profile if turn == 0 and not suffix else None,  # py-spy's file once a server
                     server_pid=server.pid,
                     server_processes=server_processes,
                 )

@@ -209,3 +209,13 @@ def test_processes_go_with_neither_devices_nor_ray_and_streams_only_with_a_serve
     for where, message in refusals:
         code, _, stderr = run_cli(capsys, "label", str(ASSETS / "bus.jpg"), "--out", out, "--streams", "3", *where)
         assert code == 2 and message in stderr, stderr
+
+
+def test_a_connection_lands_on_the_process_asked_for_modulo_the_servers_or_any_that_does_not_say():
+    from yolojet.client.remote import lands_on
+
+    assert lands_on(pb.ListModelsReply(processes=3, process_index=1), 4)
+    assert not lands_on(pb.ListModelsReply(processes=3, process_index=0), 4)
+    assert lands_on(pb.ListModelsReply(processes=3, process_index=0), None)
+    assert lands_on(pb.ListModelsReply(processes=1, process_index=0), 5)
+    assert lands_on(pb.ListModelsReply(processes=3), 2)  # a server older than process_index: any connection does

@@ -67,8 +67,11 @@ class ServerUnavailable(YolojetError):
 
 def lands_on(listing: pb.ListModelsReply, process: int | None) -> bool:
     """Whether the connection whose ListModels answered `listing` reached server process `process` (modulo the
-    server's processes); any connection does where no process is wanted or the server is one process."""
-    return process is None or listing.processes <= 1 or listing.process_index == process % listing.processes
+    server's processes); any connection does where no process is wanted, the server is one process, or it does not
+    say which it is (a server older than `process_index`)."""
+    if process is None or listing.processes <= 1 or not listing.HasField("process_index"):
+        return True
+    return listing.process_index == process % listing.processes
 
 
 def keeps(listing: pb.ListModelsReply, process: int | None, tries: int) -> bool:
@@ -373,7 +376,8 @@ def bench(
     instead of its own (a call past it is counted DEADLINE_EXCEEDED); None, the server's. `limit_s`: the whole
     bench's bound, past which it ends with an error (a server that stopped answering) rather than waits; None, none.
     `server_processes`: the server's (ListModels' `processes`); with several, the connections of all the bench's
-    processes are spread evenly over them (`Connection.reach`), not left to where the kernel hands them."""
+    processes are spread evenly over them (as `Connection.reach` spreads a labeler's), not left to where the kernel
+    hands them."""
     processes = max(1, min(processes, concurrency))
     share = [requests // processes + (i < requests % processes) for i in range(processes)]
     inflight = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
@@ -471,15 +475,20 @@ async def _bench_worker(job: dict[str, Any]) -> dict[str, Any]:
         tries = 1
         while True:
             channel = plain()
-            listing = await pb_grpc.InferenceStub(channel).ListModels(
-                pb.ListModelsRequest(), timeout=60, metadata=connection.metadata()
-            )
+            try:
+                listing = await pb_grpc.InferenceStub(channel).ListModels(
+                    pb.ListModelsRequest(), timeout=60, metadata=connection.metadata(), wait_for_ready=True
+                )
+            except BaseException:
+                await channel.close()
+                raise
             if keeps(listing, process, tries):
                 return channel
             await channel.close()
             tries += 1
 
     first, count = job["first_connection"], _bench_connections(job["concurrency"])
+    # A worker is a process of its own, which ends right after: a failure here leaves no channel behind it.
     channels = [await reach(first + i) for i in range(count)] if job["spread"] else [plain() for _ in range(count)]
     for channel in channels:  # every connection up before the timing, without a call (--max-calls counts those)
         await asyncio.wait_for(channel.channel_ready(), timeout=60)

@@ -102,8 +102,8 @@ class OutputPool:
     batch that carried every spare buffer until it was released left the batch decoded after it none, so each time
     two batches were decoded with no release between them a buffer was made, and the pool grew without bound (four
     server processes ran an 80 GB GPU out of memory after ~120,000 requests, 168 MB a buffer of 64 photos). Now the
-    buffers are at most the batches holding one at once, plus one. Batches are released on one thread while another
-    decodes, so it locks."""
+    hardware decoder's buffers are at most the batches holding one at once (nvImageCodec's images: those held, plus up
+    to a batch's worth). Batches are released on one thread while another decodes, so it locks."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -58,7 +58,7 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
         connection.send(("failed", f"{type(e).__name__}: {e}"))
         return
     connection.send(("ready", {name: (m.version, m.card, m.latency.run_seconds) for name, m in models.items()}))
-    # A model's answered batches' decode buffers, decoded into again (one batch at a time here: one buffer a model).
+    # A model's answered batches' decode buffers, decoded into again (one batch at a time here: one batch's worth).
     pools: dict[str, OutputPool] = {}
     try:
         while True:
