@@ -609,7 +609,11 @@ def test_a_closed_feed_gives_no_more_batches_and_begins_no_decode(kind):
     try:
         feed = _feeds(decoder)[kind]()
         first = feed.next_batch()
-        assert first is not None and [int(f.pixels[0, 0, 0]) for f in first.decoded.items][:4] == [0, 1, 2, 3]
+        assert first is not None
+        # In order from the first image; an iterable's feed may cut its first batch short (a busy machine's next image
+        # arrives after the cut's linger), so only its length is left open.
+        got = [int(f.pixels[0, 0, 0]) for f in first.decoded.items]
+        assert got and got == list(range(len(got))), got
         closed_at = time.perf_counter()
         feed.close()
         assert feed.next_batch() is None
