@@ -362,6 +362,11 @@ def test_outputs_never_overwrite_inputs_and_go_where_asked(model_dir, photos, tm
 
     code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--json", photos, "--quiet")
     assert code == 2 and "is a directory" in stderr, stderr
+    # JSON lines written over a photo or a file of the model would destroy it: refused, nothing touched.
+    for target in (photos / "bus.jpg", model_dir / "graph.json"):
+        kept = target.read_bytes()
+        code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--json", target, "--quiet")
+        assert code == 2 and "writing there would destroy it" in stderr and target.read_bytes() == kept, stderr
 
     code, stdout, stderr = run_cli(capsys, "detect", model_dir, photos / "bus.jpg", "--json", "-")
     assert code == 0, stderr

@@ -302,6 +302,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
         check_output_file,
         check_output_folder,
         is_stdout,
+        refuse_overwriting_inputs,
         shown_path,
         write_atomically,
     )
@@ -311,6 +312,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     if not sources:
         raise ImageReadError(f"{' '.join(args.source)}: no images found")
     check_output_file(args.json, "--json")
+    refuse_overwriting_inputs({"--json": args.json}, sources, args.model)
     targets: Sequence[Path | None] = [None] * len(sources)
     if args.save is not None:
         check_output_folder(args.save, "--save")
@@ -837,7 +839,8 @@ def _cmd_label(args: argparse.Namespace) -> int:
         options,
     )
     check_outputs(job)
-    paths = job_paths(job)  # before the model loads: no images is said at once, and the first ones shape the load
+    # Before the model loads: no images is said at once, and the first ones shape the load.
+    paths = job_paths(job, args.model if args.server is None else None)
     summary = Summary()
     label: Callable[[list[str], Callable[[dict], None], Callable[[str, str], None]], None]
     if args.local:

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -73,6 +73,40 @@ def check_output_file(path: Path | None, flag: str) -> None:
     if target.exists() and not os.access(target, os.W_OK):
         raise OutputPathError(f"{flag} {path}: {target} is not writable")
     check_output_folder(target.parent, flag, shown=path)
+
+
+def refuse_overwriting_inputs(
+    outputs: dict[str, Path | None], images: Iterable[str], model: str | os.PathLike[str] | None = None
+) -> None:
+    """Fail before any work if an output file is one of the images the command reads, or a file of the model it loads
+    (its file, or one already in its directory): writing there would destroy it. Images are compared by name first,
+    the output's own and its link's target's, then by where they lead: a realpath an image would cost a million-image
+    run seconds."""
+    by_name: dict[str, list[tuple[str, Path, str]]] = {}
+    for flag, path in outputs.items():
+        if path is None or is_stdout(path) or is_special(path):
+            continue
+        where = os.path.realpath(path)
+        if model is not None and _holds_model_file(str(model), where):
+            raise OutputPathError(f"{flag} {path}: a file of the model {model}; writing there would destroy it")
+        for name in {path.name, os.path.basename(where)}:
+            by_name.setdefault(name, []).append((flag, path, where))
+    if not by_name:
+        return
+    for image in images:
+        for flag, path, where in by_name.get(os.path.basename(image), ()):
+            if os.path.realpath(image) == where:
+                raise OutputPathError(f"{flag} {path}: an input image; writing there would destroy it")
+
+
+def _holds_model_file(model: str, where: str) -> bool:
+    """Whether `where` (a resolved path) is the model's file, or a file that exists in the model's directory."""
+    if not os.path.exists(model):  # a name ultralytics fetches, or an architecture: no file of the user's
+        return False
+    home = os.path.realpath(model)
+    if os.path.isdir(home):
+        return where.startswith(home + os.sep) and os.path.exists(where)
+    return where == home
 
 
 def check_output_folder(folder: Path, flag: str, shown: Path | None = None) -> None:

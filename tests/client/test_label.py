@@ -292,7 +292,13 @@ def test_outputs_that_would_destroy_an_input_or_each_other_are_refused(server, p
     image = photos / "bus.jpg"
     before = image.read_bytes()
     code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "a.jsonl", "--coco", image)
-    assert code == 2 and "an image to label; writing there would destroy it" in stderr and image.read_bytes() == before
+    assert code == 2 and "an input image; writing there would destroy it" in stderr and image.read_bytes() == before
+    code, _, stderr = run_cli(capsys, *base, "--out", image)  # an image, not a file of records: said as such
+    assert code == 2 and "an input image; writing there would destroy it" in stderr and image.read_bytes() == before
+    link = tmp_path / "link.json"
+    link.symlink_to(image)
+    code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "a.jsonl", "--coco", link)
+    assert code == 2 and "an input image" in stderr and image.read_bytes() == before
     code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "b.jsonl", "--coco", tmp_path / "b.jsonl")
     assert code == 2 and "the same file as --out" in stderr
     code, _, stderr = run_cli(capsys, *base, "--out", "-", "--coco", tmp_path / "c.json")
@@ -322,6 +328,15 @@ def test_reruns_replace_stale_outputs_and_skip_their_own_dataset(server, photos,
     assert len(lines(out)) == 3 and (dataset / "images" / "bus.jpg").is_symlink()
     code, _, stderr = run_cli(capsys, *base, "--yolo-txt", dataset, "--resume")
     assert code == 0 and "0 images labeled" in stderr and len(lines(out)) == 3  # not the dataset's own links
+    # A dataset made in the photos' own folder: its links are left out, the photos there labeled.
+    own = tmp_path / "own"
+    shutil.copytree(photos, own, ignore=shutil.ignore_patterns("dataset"))
+    beside = tmp_path / "beside.jsonl"
+    place = ["label", own, "--server", server.address, "--model", "detect", "--out", beside, "--yolo-txt", own]
+    code, _, stderr = run_cli(capsys, *place)
+    assert code == 0 and len(lines(beside)) == 3 and (own / "images" / "bus.jpg").is_symlink(), stderr
+    code, _, stderr = run_cli(capsys, *place, "--resume")
+    assert code == 0 and "0 images labeled" in stderr and len(lines(beside)) == 3
     odd = os.fsdecode(b"odd\xff.jpg")
     shutil.copy(ASSETS / "bus.jpg", photos / odd)
     for _ in range(2):  # once in the error log however many resumes fail on it

@@ -31,6 +31,7 @@ from yolojet.outputs import (
     is_special,
     is_stdout,
     json_line,
+    refuse_overwriting_inputs,
     shown_path,
     write_atomically,
 )
@@ -197,8 +198,7 @@ def check_label_options(options: dict[str, Any], names: dict[int, str]) -> None:
 
 
 def check_outputs(job: LabelJob) -> None:
-    """Fail before any work if an output cannot be written, or if the output holds records and neither --resume
-    nor --overwrite says what to do with them."""
+    """Fail before any work if an output cannot be written, or two of them are one file."""
     check_output_file(job.out, "--out")
     check_output_file(error_log(job), "--errors")
     if job.coco is not None:
@@ -221,26 +221,22 @@ def check_outputs(job: LabelJob) -> None:
             raise OutputPathError(f"{flag} {path}: the same file as {seen[where]}; give each output its own")
         seen[where] = f"{flag} {path}"
 
-    if not job.resume and not job.overwrite and job.out.is_file() and job.out.stat().st_size > 0:
-        raise OutputPathError(f"--out {job.out}: holds records already; --resume continues it, --overwrite replaces it")
 
-
-def job_paths(job: LabelJob) -> list[str]:
-    """The image paths the job's sources name, but the YOLO dataset's own (its links: a dataset made inside a source
-    folder would otherwise be labeled again by every run); an ImageReadError where they name none, an OutputPathError
-    where an output would overwrite one of them."""
+def job_paths(job: LabelJob, model: str | None = None) -> list[str]:
+    """The image paths the job's sources name, but the YOLO dataset's own image links (a dataset made inside a source
+    folder would otherwise be labeled again by every run; the folder's other images are labeled); an ImageReadError
+    where they name none, an OutputPathError where an output would overwrite one of them or a file of the local
+    `model`, or where --out holds records and neither --resume nor --overwrite says what to do with them (said after
+    the images, so that an output that is an image is named as one)."""
     sources = label_sources(job.sources)
     if job.yolo_txt is not None:
-        inside = os.path.abspath(job.yolo_txt) + os.sep
-        sources = [path for path in sources if not os.path.abspath(path).startswith(inside)]
+        links = os.path.join(os.path.abspath(job.yolo_txt), "images") + os.sep
+        sources = [path for path in sources if not (os.path.abspath(path).startswith(links) and os.path.islink(path))]
     if not sources:
         raise ImageReadError(f"{' '.join(job.sources)}: no images found")
-    outputs = _output_files(job)
-    named = {path.name: flag for flag, path in outputs.items() if path is not None and not is_stdout(path)}
-    for source in sources:  # the name first: a realpath an image would cost a million-image run seconds
-        flag = named.get(os.path.basename(source))
-        if flag is not None and os.path.realpath(source) == os.path.realpath(outputs[flag]):  # type: ignore[arg-type]
-            raise OutputPathError(f"{flag} {outputs[flag]}: an image to label; writing there would destroy it")
+    refuse_overwriting_inputs(_output_files(job), sources, model)
+    if not job.resume and not job.overwrite and job.out.is_file() and job.out.stat().st_size > 0:
+        raise OutputPathError(f"--out {job.out}: holds records already; --resume continues it, --overwrite replaces it")
     return sources
 
 
