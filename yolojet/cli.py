@@ -61,6 +61,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number")
+    return value
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from yolojet import export
 
@@ -1212,9 +1222,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--slo-ms",
-        type=float,
-        default=50.0,
-        help="deadline of a request whose client sets none, ms after it arrives (default 50)",
+        type=_positive_float,
+        default=None,
+        help="deadline of a request whose client sets none, ms after it arrives (default 50; where a model's largest "
+        "batch alone runs longer, as on a CPU, eight such runs)",
     )
     p.add_argument(
         "--max-queue",
@@ -1238,7 +1249,7 @@ def build_parser() -> argparse.ArgumentParser:
         "each); past this gRPC turns new ones away at once (RESOURCE_EXHAUSTED), before the service reads them. "
         "With --max-pending, for a server that may be offered more than it sustains (default: no limit)",
     )
-    p.add_argument("--max-message-mb", type=float, default=64.0, help="largest request, MB (default 64)")
+    p.add_argument("--max-message-mb", type=_positive_float, default=64.0, help="largest request, MB (default 64)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
     p.add_argument(
         "--devices",

@@ -109,6 +109,8 @@ def test_uvloop_asked_for_where_it_is_missing_is_a_clear_error(monkeypatch):
         (["--model", "nowhere_model_dir", "--devices", "cpu"], "the worker on cpu could not load its models"),
         (["--model", "m", "--port", "70000"], "70000: a port is a number from 0 to 65535"),
         (["--model", "m", "--metrics-port", "-1"], "-1: a port is a number from 0 to 65535"),
+        (["--model", "m", "--slo-ms", "-5"], "'-5': expected a positive number"),
+        (["--model", "m", "--max-message-mb", "0"], "'0': expected a positive number"),
     ],
 )
 def test_bad_command_lines_are_one_clear_line(capsys, monkeypatch, tmp_path, flags, fragment):

@@ -280,6 +280,35 @@ def test_overload_is_refused_at_once_then_the_server_recovers(model_dirs):
         running.stop()
 
 
+def test_without_slo_ms_a_slow_device_gets_a_deadline_its_batches_can_meet(model_dirs):
+    """No --slo-ms on a CPU, where a batch of sixteen runs past 50 ms: the default deadline is eight such runs, so a
+    burst of two batches' requests without deadlines of their own is answered; with 50 ms most of it is refused."""
+    from yolojet.serve.server import DEFAULT_SLO_MS, SLO_RUNS, deadline_ms
+
+    models = {"detect": served("detect", model_dirs["detect"], max_batch=16)}
+    longest_ms = max(models["detect"].latency.run_seconds.values()) * 1000
+    assert deadline_ms(70.0, models) == 70.0
+    if longest_ms <= DEFAULT_SLO_MS:  # a CPU fast enough for 50 ms keeps it
+        assert deadline_ms(None, models) == DEFAULT_SLO_MS
+        return
+    assert deadline_ms(None, models) == round(SLO_RUNS * longest_ms, 1)
+    for slo_ms, answered_all in ((None, True), (DEFAULT_SLO_MS, False)):
+        # A server's stop closes its engines: each server its own.
+        models = models or {"detect": served("detect", model_dirs["detect"], max_batch=16)}
+        running = RunningServer(models, replace(ServeOptions(), port=0, slo_ms=slo_ms))
+        try:
+            assert running.server.slo_ms == (round(SLO_RUNS * longest_ms, 1) if slo_ms is None else slo_ms)
+            calls = [running.stub().Infer.future(pb.InferRequest(image=BUS)) for _ in range(32)]
+            errors = [call.exception() for call in calls]
+            refused = [e for e in errors if e is not None]
+            late = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)  # refused, or dropped late
+            assert all(e.code() in late for e in refused), [(e.code(), e.details()) for e in refused]
+            assert (not refused) == answered_all, (slo_ms, len(refused))
+        finally:
+            running.stop()
+            models = {}
+
+
 def test_a_deadline_the_work_ahead_would_miss_is_refused_at_once(model_dirs):
     running = RunningServer(
         {"detect": served("detect", model_dirs["detect"], max_batch=1)}, replace(ServeOptions(), port=0, slo_ms=60_000)

@@ -33,7 +33,7 @@ from yolojet.serve.metrics import ServerMetrics
 from yolojet.serve.models import ModelSpec, ServedModel, load_models
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.runner import Runner
-from yolojet.serve.server import ServeOptions
+from yolojet.serve.server import ServeOptions, deadline_ms
 from yolojet.serve.service import InferenceService, Problem
 
 log = logging.getLogger("yolojet.serve")
@@ -51,7 +51,9 @@ class InferenceReplica:
     of `yolojet serve`. Ray's gRPC proxy calls its methods by the gRPC method names, with the call's context as
     `grpc_context` (a status is set there: Ray's context cannot abort)."""
 
-    def __init__(self, specs: list[ModelSpec], engine_options: dict[str, Any], slo_s: float, max_queue: int) -> None:
+    def __init__(
+        self, specs: list[ModelSpec], engine_options: dict[str, Any], slo_ms: float | None, max_queue: int
+    ) -> None:
         self.models: dict[str, ServedModel] = {}  # set before loading: __del__ runs after a failed __init__ too
         self.runner: Runner | None = None
         self.models = load_models(specs, **engine_options)
@@ -61,7 +63,7 @@ class InferenceReplica:
             scheduler.add_model(name, model.max_batch, model.latency, max_queue)
         self.runner = Runner(self.models, scheduler, metrics)
         self.runner.start()
-        self.service = InferenceService(self.models, self.runner, metrics, slo_s)
+        self.service = InferenceService(self.models, self.runner, metrics, deadline_ms(slo_ms, self.models) / 1000)
 
     async def Infer(self, request: pb.InferRequest, grpc_context: Any) -> pb.InferReply:
         try:
@@ -211,7 +213,7 @@ class RayService:
             graceful_shutdown_timeout_s=o.grace_s,
             max_constructor_retry_count=1,  # a model that cannot load fails the same way again: say so at once
         )
-        return deployment.bind(self.specs, engine_options, o.slo_ms / 1000, o.max_queue)
+        return deployment.bind(self.specs, engine_options, o.slo_ms, o.max_queue)
 
     def stop(self) -> None:
         serve, self._serve = self._serve, None

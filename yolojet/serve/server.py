@@ -36,13 +36,31 @@ log = logging.getLogger("yolojet.serve")
 SERVICE = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # yolojet.v1.Inference
 
 
+DEFAULT_SLO_MS = 50.0
+# A model whose largest batch alone runs longer than DEFAULT_SLO_MS (any model on the CPU's reference backend: 64
+# images at 160x160 took 213 ms on two cores; a large model at a large batch on a GPU) could never run a full batch
+# within it: a busy server would refuse nearly every request. Without --slo-ms the deadline is then this many runs of
+# that batch: room for the batch running, those waiting (label's default 256 images in flight are four batches of
+# 64), its own, and the decoding on the CPU's threads.
+SLO_RUNS = 8
+
+
+def deadline_ms(slo_ms: float | None, models: dict[str, ServedModel]) -> float:
+    """The deadline of a request whose client sets none: `slo_ms` where given, else DEFAULT_SLO_MS, or SLO_RUNS runs
+    of the longest-running model's largest batch where that batch alone runs longer."""
+    if slo_ms is not None:
+        return slo_ms
+    longest = max((max(m.latency.run_seconds.values()) for m in models.values()), default=0.0) * 1000
+    return DEFAULT_SLO_MS if longest <= DEFAULT_SLO_MS else round(SLO_RUNS * longest, 1)
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """How `yolojet serve` runs (its flags)."""
 
     host: str = "127.0.0.1"
     port: int = 50051
-    slo_ms: float = 50.0
+    slo_ms: float | None = None  # None: `deadline_ms`'s default, from the models' measured run times
     max_queue: int = 1024
     # Calls gRPC's core holds before the event loop takes them (its pending-request limit); past it new calls are
     # cancelled there, without the loop. None: gRPC's own limit.
@@ -141,6 +159,7 @@ class Server:
     ) -> None:
         """`runner`: what runs the batches (this process's engines; scale/'s worker processes)."""
         self.models, self.options = models, options
+        self.slo_ms = deadline_ms(options.slo_ms, models)
         self.metrics = ServerMetrics()
         self.metrics.watch_gpu_memory(sorted({torch.device(m.card.device) for m in models.values()}, key=str))
         self.scheduler = Scheduler(time.monotonic)
@@ -177,7 +196,7 @@ class Server:
             self.models,
             self.runner,
             self.metrics,
-            o.slo_ms / 1000,
+            self.slo_ms / 1000,
             max_message_bytes=o.max_message_bytes,
             processes=o.processes,
             process_index=o.process_index,
@@ -218,6 +237,7 @@ class Server:
                     "tls": o.tls_cert is not None,
                     "metrics_port": self.metrics_port,
                     "models": sorted(self.models),
+                    "slo_ms": self.slo_ms,
                     "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
                 }
             )
@@ -293,7 +313,8 @@ def build_models(specs: list[ModelSpec], options: ServeOptions) -> dict[str, Ser
             )
         )
         fastest = min(latency.values())
-        if fastest > options.slo_ms:  # admission would refuse every request that sets no deadline of its own
+        # Admission would refuse every request that sets no deadline of its own (a default one is never this short).
+        if options.slo_ms is not None and fastest > options.slo_ms:
             log.warning(
                 json.dumps(
                     {
