@@ -35,6 +35,7 @@ def docs_snippets(result) -> dict:
     found["keypoints"] = result.keypoints.xy.cpu().numpy().tolist()
     found["keypoints_conf"] = result.keypoints.conf.cpu().numpy().tolist()
     found["verbose"] = result.verbose()
+    found["shapes"] = [*result.boxes.shape, *result.masks.shape, *result.keypoints.shape]
     return found
 
 
@@ -127,8 +128,12 @@ def test_predict_takes_what_ultralytics_predict_takes(engine, tmp_path, capsys):
     assert printed[0].startswith(f"{files[0]}: 1080x810 ") and printed[1].startswith(f"{files[1]}: 720x1280 ")
     with pytest.raises(EngineConfigError, match="loaded for"):
         engine.predict(files, imgsz=320)
-    with pytest.raises(EngineConfigError, match="save"):
+    with pytest.raises(EngineConfigError, match=r"predict\(save=...\): files are written by `yolojet detect`"):
         engine.predict(files, save=True)
+    with pytest.raises(EngineConfigError, match=r"give max_batch= to Engine\.load"):
+        engine.predict(files, batch=8)
+    with pytest.raises(EngineConfigError, match=r"predict\(augment=...\): not supported"):
+        engine.predict(files, augment=True)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

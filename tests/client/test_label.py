@@ -375,6 +375,7 @@ def test_an_unreachable_server_is_reported_with_what_was_done(photos, tmp_path, 
         capsys, "label", photos, "--server", "127.0.0.1:9", "--out", tmp_path / "o.jsonl", "--retries", "1"
     )
     assert code == 2 and "server 127.0.0.1:9" in stderr and "UNAVAILABLE" in stderr
+    assert "server 127.0.0.1:9: UNAVAILABLE; trying again in 0.5 s (1 of 1, --retries)" in stderr  # said meanwhile
     assert time.monotonic() - started < 60
     assert not (tmp_path / "o.jsonl").exists()
 

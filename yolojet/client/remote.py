@@ -613,7 +613,15 @@ def model_facts(connection: Connection) -> Any:
         except grpc.RpcError as e:
             if not (retryable(e) or e.code() == grpc.StatusCode.DEADLINE_EXCEEDED) or attempt == connection.retries:
                 raise ServerUnavailable(f"server {connection.address}: {e.code().name}: {e.details()}") from None
-            time.sleep(0.5 * 2**attempt)
+            pause = 0.5 * 2**attempt
+            # Said as it happens: the retries of a server that is not there take two minutes in all.
+            print(
+                f"server {connection.address}: {e.code().name}; trying again in {pause:g} s "
+                f"({attempt + 1} of {connection.retries}, --retries)",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(pause)
     served = {m.name: m for m in reply.models}
     if connection.model:
         if connection.model not in served:

@@ -652,12 +652,21 @@ class Engine:
             raise EngineConfigError(
                 f"predict(rect=...): this engine was loaded with rect={self.rect}; give rect to Engine.load"
             )
-        elsewhere = sorted(set(options) & PREDICT_ELSEWHERE)
-        if elsewhere:
+        at_load = sorted(set(options) & set(PREDICT_AT_LOAD))
+        if at_load:
+            given = ", ".join(f"{PREDICT_AT_LOAD[name]}=" for name in at_load)
             raise EngineConfigError(
-                f"predict({', '.join(elsewhere)}=...): set when the engine is loaded or done by "
-                "`yolojet detect` (--save, --json); not an option of predict here"
+                f"predict({', '.join(at_load)}=...): fixed when the engine is loaded; give {given} to Engine.load"
             )
+        outputs = sorted(set(options) & PREDICT_OUTPUTS)
+        if outputs:
+            raise EngineConfigError(
+                f"predict({', '.join(outputs)}=...): files are written by `yolojet detect` (--save, --json), or from "
+                "the results (`result.plot()`, `result.summary()`); not an option of predict here"
+            )
+        unsupported = sorted(set(options) & PREDICT_UNSUPPORTED)
+        if unsupported:
+            raise EngineConfigError(f"predict({', '.join(unsupported)}=...): not supported by yolojet")
         if isinstance(source, (str, Path)) and not is_url(str(source)):
             from yolojet.images import expand_sources
 
@@ -955,25 +964,11 @@ class Submitted:
         return out
 
 
-# ultralytics predict options that are the engine's load-time choices or `yolojet detect`'s outputs.
-PREDICT_ELSEWHERE = {
-    "device",
-    "half",
-    "batch",
-    "save",
-    "save_txt",
-    "save_conf",
-    "save_crop",
-    "show",
-    "project",
-    "name",
-    "augment",
-    "visualize",
-    "embed",
-    "vid_stride",
-    "stream_buffer",
-    "line_width",
-}
+# ultralytics predict options that are the engine's load-time choices (and Engine.load's name for each), `yolojet
+# detect`'s outputs, or not offered.
+PREDICT_AT_LOAD = {"device": "device", "half": "half", "batch": "max_batch"}
+PREDICT_OUTPUTS = {"save", "save_txt", "save_conf", "save_crop", "show", "project", "name", "line_width"}
+PREDICT_UNSUPPORTED = {"augment", "visualize", "embed", "vid_stride", "stream_buffer"}
 
 
 def _printed(results: Iterator[Results]) -> Iterator[Results]:

@@ -44,8 +44,8 @@ Part = TypeVar("Part", bound="HostData")
 
 class HostData:
     """A result part holding its rows in `data` (boxes, keypoints, masks, oriented boxes), as ultralytics' BaseTensor:
-    `.cpu()` / `.numpy()` give the part itself, and `part[i]` the part of row i (a one-row part, so iterating gives
-    one-instance parts whose `.xyxy[0]` is that instance's box)."""
+    `.cpu()` / `.numpy()` give the part itself, `.shape` its rows' shape, and `part[i]` the part of row i (a one-row
+    part, so iterating gives one-instance parts whose `.xyxy[0]` is that instance's box)."""
 
     data: np.ndarray
 
@@ -54,6 +54,10 @@ class HostData:
 
     def numpy(self: Part) -> Part:
         return self
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
 
     def __getitem__(self: Part, index: Any) -> Part:
         rows = self.data[index]
