@@ -5,6 +5,7 @@ the .proto gives."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import os
 import re
 import signal
@@ -66,6 +67,37 @@ def test_sigterm_answers_every_accepted_request(model_dirs):
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         log = process.stderr.read()
         assert '"event": "shutting down"' in log and '"event": "stopped"' in log and "Traceback" not in log
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_sigterm_ends_an_open_stream_unavailable_after_answering_what_it_read(model_dirs):
+    """A stream that would go on sending: after SIGTERM the server answers what it has read, ends the stream
+    UNAVAILABLE (its client sends the rest elsewhere), and exits long before the grace period would have ended it."""
+    from yolojet.serve.service import SHUTTING_DOWN
+
+    process, address = start(model_dirs["detect"], "--slo-ms", "60000", "--grace-s", "60")
+    try:
+        stub = pb_grpc.InferenceStub(grpc.insecure_channel(address))
+
+        def endless():
+            for i in itertools.count():
+                yield pb.InferRequest(id=str(i), image=BUS)
+                time.sleep(0.05)
+
+        replies = stub.InferStream(endless(), timeout=120)
+        ids = [int(next(replies).id)]
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            for reply in replies:
+                ids.append(int(reply.id))
+                assert reply.width == 810 and not reply.error.message
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE and info.value.details() == SHUTTING_DOWN
+        assert ids == list(range(len(ids)))  # in order, none lost before the end
+        assert process.wait(timeout=60) == 0
+        assert time.monotonic() - signalled < 30, "the stream held the shutdown open"
     finally:
         if process.poll() is None:
             process.kill()

@@ -170,6 +170,7 @@ class Server:
         self.port = 0
         self.metrics_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
+        self.service: InferenceService | None = None
         self._http: Any = None
 
     async def start(self) -> None:
@@ -192,7 +193,7 @@ class Server:
                 ),
             ],
         )
-        service = InferenceService(
+        service = self.service = InferenceService(
             self.models,
             self.runner,
             self.metrics,
@@ -249,7 +250,11 @@ class Server:
             return
         log.info(json.dumps({"event": "shutting down", "grace_s": self.options.grace_s}))
         await self.health.enter_graceful_shutdown()
-        await self._grpc.stop(self.options.grace_s)
+        stopping = asyncio.ensure_future(self._grpc.stop(self.options.grace_s))  # no new calls from here on
+        await asyncio.sleep(0)
+        assert self.service is not None  # made with the grpc server
+        self.service.drain()
+        await stopping
         await asyncio.get_running_loop().run_in_executor(None, self.runner.stop)
         if self._http is not None:
             self._http.shutdown()

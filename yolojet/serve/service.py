@@ -39,6 +39,9 @@ class Problem(Exception):
         self.code, self.message = code, message
 
 
+SHUTTING_DOWN = "the server is shutting down: the requests after those answered were not read; send them again"
+
+
 class InferenceService(pb_grpc.InferenceServicer):
     def __init__(
         self,
@@ -56,6 +59,8 @@ class InferenceService(pb_grpc.InferenceServicer):
         self.models, self.runner, self.metrics, self.slo_s, self.clock = models, runner, metrics, slo_s, clock
         self.max_message_bytes, self.processes, self.process_index = max_message_bytes, processes, process_index
         self._settlers: dict[asyncio.AbstractEventLoop, Settler] = {}
+        self._readers: set[asyncio.Future] = set()  # the open streams' readers, which `drain` stops
+        self.draining = False
 
     # -- one request --------------------------------------------------------------------------
 
@@ -167,6 +172,7 @@ class InferenceService(pb_grpc.InferenceServicer):
                 pending.put_nowait(end)
 
         reader = asyncio.ensure_future(read())
+        self._readers.add(reader)
         waiting: Any = None
         try:
             while (waiting := await pending.get()) is not end:
@@ -184,11 +190,25 @@ class InferenceService(pb_grpc.InferenceServicer):
                 yield reply_of(replies)
                 ahead -= len(waiting)
                 room.set()
-            await reader  # raises what ended the reading, if anything but the stream's end did
             waiting = None
+            try:
+                await reader  # raises what ended the reading, if anything but the stream's end did
+            except asyncio.CancelledError:
+                if not self.draining or asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise
+                raise Problem(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN) from None
         finally:
             reader.cancel()
+            self._readers.discard(reader)
             self._cancel_unanswered(waiting, pending, end)
+
+    def drain(self) -> None:
+        """The server is shutting down: each open stream stops reading, answers what it has read, and ends
+        UNAVAILABLE, so that its client sends the rest elsewhere, rather than holding the shutdown open until its
+        last image or the grace period's end."""
+        self.draining = True
+        for reader in self._readers:
+            reader.cancel()
 
     def _cancel_unanswered(self, waiting: Any, pending: asyncio.Queue, end: object) -> None:
         """A stream closed before its replies were sent (the client went away): the requests it read ahead are
@@ -226,15 +246,21 @@ class InferenceService(pb_grpc.InferenceServicer):
         self, request_iterator: AsyncIterator[pb.InferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.InferReply]:
         async with aclosing(self.replies(request_iterator)) as replies:  # a cancelled call ends its reader at once
-            async for reply in replies:
-                yield reply
+            try:
+                async for reply in replies:
+                    yield reply
+            except Problem as p:  # a shutdown: the requests after these were not read
+                await context.abort(p.code, p.message)
 
     async def InferBatchStream(
         self, batch_iterator: AsyncIterator[pb.InferBatch], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.InferBatchReply]:
         async with aclosing(self.batch_replies(batch_iterator)) as replies:
-            async for reply in replies:
-                yield reply
+            try:
+                async for reply in replies:
+                    yield reply
+            except Problem as p:
+                await context.abort(p.code, p.message)
 
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ListModelsReply:
         return self.model_list()
