@@ -1113,7 +1113,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write detections as JSON lines to this file as they are found (- for stdout, which then carries only "
         "them; a link is written through to its target)",
     )
-    p.add_argument("--quiet", action="store_true", help="print nothing per image")
+    p.add_argument("--quiet", action="store_true", help="print only errors: no line an image, no summary")
     _add_decoder_flag(p)
     _add_letterbox_flags(p)
     _add_engine_switches(p)

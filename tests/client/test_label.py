@@ -539,6 +539,14 @@ def test_plot(server, photos, tmp_path, capsys):
         assert Image.open(tmp_path / "plots" / name).size[0] > 100
     code, _, stderr = run_cli(capsys, "plot", tmp_path / "missing.jsonl", "--out", tmp_path / "p2")
     assert code == 2 and "no such file" in stderr and not (tmp_path / "p2").exists()
+    # The lines `yolojet detect --json` writes (ultralytics' summary rows) are named as such.
+    result = server.server.models["detect"].engine([str(photos / "bus.jpg")], conf=float(CONF))[0]
+    assert result.summary()
+    detected = tmp_path / "detect.jsonl"
+    line = {"path": str(photos / "bus.jpg"), "height": 1080, "width": 810, "detections": result.summary()}
+    detected.write_text(json.dumps(line) + "\n")
+    code, _, stderr = run_cli(capsys, "plot", detected, "--out", tmp_path / "p3")
+    assert code == 2 and "the lines of `yolojet detect --json`; plot reads the records of `yolojet label`" in stderr
 
 
 def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(

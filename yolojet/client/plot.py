@@ -95,6 +95,11 @@ def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path
         for d in record.get("detections") or record.get("top5", [])[:1]:
             if not isinstance(d, dict) or not isinstance(d.get("confidence"), (int, float)):
                 raise RecordsError(f"{labels}: a detection of {record['path']} is not one yolojet label writes")
+            if isinstance(d.get("box"), dict):  # ultralytics' summary() rows, as `yolojet detect --json` writes them
+                raise RecordsError(
+                    f"{labels}: the lines of `yolojet detect --json`; plot reads the records of `yolojet label` "
+                    "(yolojet label IMAGES --local --model MODEL --out FILE)"
+                )
             name = str(d.get("name", d.get("class")))
             counts[name] = counts.get(name, 0) + 1
             pending.append(d["confidence"])
