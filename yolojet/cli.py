@@ -680,6 +680,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from yolojet.serve.server import (
         ServeOptions,
         build_models,
+        check_ports_free,
         configure_logging,
         event_loop_name,
         run_server,
@@ -734,6 +735,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 0
     if args.ray_replicas is not None:
         raise EngineConfigError("--ray-replicas goes with --ray (the most Ray Serve replicas)")
+    # `--processes N`'s servers share --port; each has a metrics port of its own, from --metrics-port on.
+    metrics = {} if args.metrics_port is None else {"--metrics-port": args.metrics_port}
+    if args.metrics_port:
+        metrics.update({f"--metrics-port (+{i})": args.metrics_port + i for i in range(1, args.processes)})
+    check_ports_free(args.host, {"--port": args.port, **metrics})
     if args.processes > 1:
         from yolojet.scale.server_processes import serve_processes
 

@@ -167,6 +167,7 @@ def test_ports_in_use_are_one_clear_line(model_dirs, capsys, tmp_path, monkeypat
         ):
             code, _, stderr = run_cli(capsys, "serve", "--model", model, "--slo-ms", "60000", *flags)
             assert code == 2 and fragment in stderr and "Traceback" not in stderr, stderr
+            assert "model loaded" not in stderr, "said only after the models loaded"
 
 
 def test_generated_code_is_what_the_proto_gives(tmp_path):

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -52,6 +53,27 @@ def deadline_ms(slo_ms: float | None, models: dict[str, ServedModel]) -> float:
         return slo_ms
     longest = max((max(m.latency.run_seconds.values()) for m in models.values()), default=0.0) * 1000
     return DEFAULT_SLO_MS if longest <= DEFAULT_SLO_MS else round(SLO_RUNS * longest, 1)
+
+
+def check_ports_free(host: str, ports: dict[str, int]) -> None:
+    """Fail before any model loads (a minute on a cold GPU) where a port the server would listen on is taken or
+    cannot be bound: gRPC would say so only once the models are loaded. Probed with SO_REUSEADDR, as gRPC binds,
+    so that a port a closed server left in TIME_WAIT is not taken for one in use. A host that does not resolve is left
+    to gRPC's own error."""
+    for flag, port in ports.items():
+        if port == 0:
+            continue
+        try:
+            addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except OSError:
+            continue
+        for family, kind, protocol, _, address in addresses:
+            with socket.socket(family, kind, protocol) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(address)
+                except OSError as e:
+                    raise EngineConfigError(f"{flag} {port}: cannot listen there ({e.strerror})") from None
 
 
 @dataclass(frozen=True)
