@@ -539,6 +539,12 @@ def test_plot(server, photos, tmp_path, capsys):
         assert Image.open(tmp_path / "plots" / name).size[0] > 100
     code, _, stderr = run_cli(capsys, "plot", tmp_path / "missing.jsonl", "--out", tmp_path / "p2")
     assert code == 2 and "no such file" in stderr and not (tmp_path / "p2").exists()
+    # Records whose images have all gone since: the charts, no grid, and said so.
+    gone = tmp_path / "gone.jsonl"
+    gone.write_text("".join(json.dumps({**r, "path": r["path"] + ".moved"}) + "\n" for r in lines(out)))
+    code, _, stderr = run_cli(capsys, "plot", gone, "--out", tmp_path / "p4")
+    assert code == 0 and "3 of the 3 sampled images could not be read" in stderr and "no grid is drawn" in stderr
+    assert sorted(p.name for p in (tmp_path / "p4").iterdir()) == ["classes.png", "scores.png"]
     # The lines `yolojet detect --json` writes (ultralytics' summary rows) are named as such.
     result = server.server.models["detect"].engine([str(photos / "bus.jpg")], conf=float(CONF))[0]
     assert result.summary()

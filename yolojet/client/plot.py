@@ -122,7 +122,8 @@ def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path
             raise RecordsError(f"{named} is not one yolojet label writes ({e!r})") from e
     if missing:
         unread = f"{len(missing)} of the {len(chosen)} sampled images could not be read"
-        print(f"plot: {unread} (first: {missing[0]}); the grid shows the others", file=sys.stderr)
+        shown = "the grid shows the others" if tiles else "no grid is drawn"
+        print(f"plot: {unread} (first: {missing[0]}); {shown}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if tiles:
@@ -148,7 +149,7 @@ def plot(labels: Path, out: Path, samples: int = 16, seed: int = 0) -> list[Path
     plt.close(figure)
     figure, axis = plt.subplots(figsize=(6, 4))
     axis.hist(edges[:-1], bins=edges.tolist(), weights=scores, color="#d8743b")
-    axis.set_title("confidences")
+    axis.set_title("confidences" if found else "confidences (no detections)")
     axis.set_xlabel("confidence")
     figure.tight_layout()
     write_atomically(out / "scores.png", lambda p: figure.savefig(p, format="png", dpi=100))
