@@ -1330,8 +1330,10 @@ def build_parser() -> argparse.ArgumentParser:
         "label", help="label images into JSON lines, COCO and YOLO label files, through a server or locally; resumable"
     )
     p.add_argument(
-        "source", nargs="+", help="image files, globs, directories (searched recursively) or .txt files of image paths, a path a "
-        "line (relative ones from the .txt file's folder; # starts a comment)"
+        "source",
+        nargs="+",
+        help="image files, globs, directories (searched recursively) or .txt files of image paths, a path a "
+        "line (relative ones from the .txt file's folder; # starts a comment)",
     )
     p.add_argument("--out", type=Path, default=None, help="JSON-lines file of one record an image (required to label)")
     where = p.add_mutually_exclusive_group()
