@@ -105,7 +105,10 @@ def test_dump_without_a_gpu_or_the_interpreter_says_what_it_needs(tmp_path, caps
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     code, _, stderr = run_cli(capsys, "dump", tmp_path, "--device", "cpu", "--out", tmp_path / "dump")
     assert code == 2
-    assert "the triton backend runs on a CUDA device, not cpu; on the CPU set TRITON_INTERPRET=1" in stderr, stderr
+    assert (
+        stderr.strip()
+        == "yolojet dump: error: dump runs the Triton kernels: on the CPU set TRITON_INTERPRET=1 (slow, for tests)"
+    )
 
 
 def test_version(capsys):

@@ -151,10 +151,15 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
     from yolojet.engine.engine import Engine
+    from yolojet.options import interpreting
     from yolojet.outputs import check_output_folder
     from yolojet.reference.executor import load_reference
 
     check_output_folder(args.out, "--out")
+    on_cpu = str(args.device).startswith("cpu") if args.device is not None else not torch.cuda.is_available()
+    if on_cpu and not interpreting():
+        # dump compares the Triton kernels with the reference: on a CPU they run only under Triton's interpreter.
+        raise EngineConfigError("dump runs the Triton kernels: on the CPU set TRITON_INTERPRET=1 (slow, for tests)")
     # Engine.load refuses the triton backend where it cannot run (no GPU, no TRITON_INTERPRET=1). The tiles and
     # launches are those a predict would run (tuned on a GPU, from the tuning cache once known), unless the engine
     # switches say otherwise: the gate speaks for what users run.
