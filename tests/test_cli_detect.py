@@ -103,15 +103,19 @@ def assert_matches_ultralytics(record: dict, name: str, **options) -> torch.Tens
 
 
 def printed_detections(stdout: str, path: str) -> list[tuple[str, float, list[float]]]:
-    """The lines `detect` printed under `path: WxH, 2 person, 1 bus, 3.1ms`, parsed (the column names, printed once, may
-    come first); checks the counts per class add up to the number of lines, and agree with them."""
+    """The lines `detect` printed under `path: HxW, 2 person, 1 bus, 3.1ms`, parsed (the column names, printed once, may
+    come first); checks the size is the photo's height x width, and the counts per class add up to the number of
+    lines and agree with them."""
     import re
+
+    from PIL import Image, ImageOps
 
     lines = stdout.splitlines()
     header = [i for i, line in enumerate(lines) if line.startswith(f"{path}: ")]
     assert len(header) == 1, f"no single line for {path} in {stdout[:500]!r}"
     size, *found, took = lines[header[0]].removeprefix(f"{path}: ").split(", ")
-    assert re.fullmatch(r"\d+x\d+", size), lines[header[0]]
+    width, height = ImageOps.exif_transpose(Image.open(path)).size  # bus.jpg 1080x810, as predict(verbose=True) says
+    assert size == f"{height}x{width}", lines[header[0]]
     assert re.fullmatch(r"\d+\.\dms", took), lines[header[0]]
     counts = {} if found == ["no detections"] else {name: int(n) for n, name in (f.split(" ", 1) for f in found)}
     first = header[0] + 1 + (header[0] + 1 < len(lines) and bool(re.match(COLUMNS, lines[header[0] + 1])))

@@ -297,7 +297,7 @@ def _format_detections(result: Results) -> list[str]:
 def _found(result: Results, seconds: float) -> str:
     """An image's line: its size, what it holds per class and its time, as ultralytics prints it ("2 persons, 1 bus,
     4.1ms"). Images run in overlapping batches, so an image's time is the wait since the result before it."""
-    size = f"{result.orig_shape[1]}x{result.orig_shape[0]}"
+    size = f"{result.orig_shape[0]}x{result.orig_shape[1]}"  # height x width, as predict(verbose=True) and `info`
     took = f"{seconds * 1000:.1f}ms"
     if result.probs is not None:
         top1 = result.names.get(result.probs.top1, result.probs.top1)

@@ -158,7 +158,7 @@ def check_encoded(data: bytes, name: str, max_pixels: int) -> EncodedInfo:
         raise ImageReadError(f"{name}: the image has zero size")
     if info.height * info.width > max_pixels:
         raise ImageReadError(
-            f"{name}: {info.width}x{info.height} is {info.height * info.width:,} pixels, over the limit of "
+            f"{name}: {info.height}x{info.width} is {info.height * info.width:,} pixels, over the limit of "
             f"{max_pixels:,} (raise it with --max-pixels, or max_pixels= in Python)"
         )
     if info.jpeg is not None and not info.jpeg.complete:
