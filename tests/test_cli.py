@@ -111,6 +111,15 @@ def test_dump_without_a_gpu_or_the_interpreter_says_what_it_needs(tmp_path, caps
     )
 
 
+def test_a_bad_model_on_a_machine_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
+    """The notice that the reference executor runs comes once a model has loaded, not before the model's error."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.is_available():
+        pytest.skip("the notice is for machines without a CUDA GPU")
+    code, _, stderr = run_cli(capsys, "detect", tmp_path / "nowhere_model", tmp_path / "x.jpg")
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "nowhere_model: no such file" in stderr, stderr
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])

@@ -298,13 +298,9 @@ class Engine:
         if imgsz is not None:
             imgsz = _image_size(imgsz)
         triton_possible = device.type == "cuda" or (device.type == "cpu" and interpreting())
+        chose_reference = backend is None and not triton_possible  # said once the model loads, not before its errors
         if backend is None:
             backend = "triton" if triton_possible else "reference"
-            if backend == "reference":
-                print(
-                    "yolojet: no CUDA GPU here; running the float32 reference executor on the CPU (slow)",
-                    file=sys.stderr,
-                )
         if backend not in ("triton", "reference"):
             raise EngineConfigError(f"backend {backend!r}: expected 'triton' or 'reference'")
         if backend == "triton" and not triton_possible:
@@ -335,6 +331,10 @@ class Engine:
                 _close_when_started(starting)
                 raise
             chosen, decoder_seconds = starting.result()
+        if chose_reference:
+            print(
+                "yolojet: no CUDA GPU here; running the float32 reference executor on the CPU (slow)", file=sys.stderr
+            )
         if isinstance(network, TritonNetwork):
             network.startup_seconds["decoder"] = decoder_seconds  # on its own thread, beside the network's phases
         if verbose:
