@@ -366,11 +366,19 @@ def test_outputs_never_overwrite_inputs_and_go_where_asked(model_dir, photos, tm
 
     code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--json", photos, "--quiet")
     assert code == 2 and "is a directory" in stderr, stderr
-    # JSON lines written over a photo or a file of the model would destroy it: refused, nothing touched.
-    for target in (photos / "bus.jpg", model_dir / "graph.json"):
+    # JSON lines written over a photo or a file of the model would destroy it: refused, nothing touched (a copy of
+    # the model, so that a refusal that failed would not spoil the other tests'). Beside the model's files they are
+    # written, and written again.
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    for target in (photos / "bus.jpg", model / "graph.json", model / "weights.safetensors"):
         kept = target.read_bytes()
-        code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--json", target, "--quiet")
+        code, _, stderr = run_cli(capsys, "detect", model, photos, "--json", target, "--quiet")
         assert code == 2 and "writing there would destroy it" in stderr and target.read_bytes() == kept, stderr
+    for _ in range(2):
+        found = model / "found.jsonl"
+        code, _, stderr = run_cli(capsys, "detect", model, photos / "bus.jpg", "--json", found, "--quiet")
+        assert code == 0 and found.is_file(), stderr
 
     code, stdout, stderr = run_cli(capsys, "detect", model_dir, photos / "bus.jpg", "--json", "-")
     assert code == 0, stderr

@@ -82,6 +82,7 @@ def test_ultralytics_style_code_runs_unchanged_on_our_results():
     assert mine.verbose() == theirs.verbose()
     assert mine.probs.data.cpu().numpy().tolist() == theirs.probs.data.cpu().numpy().tolist()
     assert mine.probs.top5 == theirs.probs.top5
+    assert mine.probs.shape == tuple(theirs.probs.shape)
     rotated = np.array([[20, 20, 10, 5, 0.3, 0.9, 1]], np.float32)
     mine = Results(names=names, orig_shape=(h, w), obb=OBB(rotated, (h, w)))
     theirs = UltralyticsResults(np.zeros((h, w, 3), np.uint8), "x.jpg", names, obb=torch.from_numpy(rotated))

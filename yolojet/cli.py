@@ -1235,8 +1235,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--slo-ms",
         type=_positive_float,
         default=None,
-        help="deadline of a request whose client sets none, ms after it arrives (default 50; where a model's largest "
-        "batch alone runs longer, as on a CPU, eight such runs)",
+        help="deadline of a request whose client sets none, ms after it arrives (default 50; where two runs of a "
+        "model's largest batch take longer, as on a CPU, eight such runs)",
     )
     p.add_argument(
         "--max-queue",

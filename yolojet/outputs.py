@@ -25,6 +25,7 @@ from typing import IO, Any
 import orjson
 
 from yolojet.errors import OutputPathError
+from yolojet.ir import GRAPH_FILE, WEIGHTS_FILE
 
 STDOUT = "-"
 
@@ -79,7 +80,7 @@ def refuse_overwriting_inputs(
     outputs: dict[str, Path | None], images: Iterable[str], model: str | os.PathLike[str] | None = None
 ) -> None:
     """Fail before any work if an output file is one of the images the command reads, or a file of the model it loads
-    (its file, or one already in its directory): writing there would destroy it. Images are compared by name first,
+    (its file, or its directory's graph or weights): writing there would destroy it. Images are compared by name first,
     the output's own and its link's target's, then by where they lead: a realpath an image would cost a million-image
     run seconds."""
     by_name: dict[str, list[tuple[str, Path, str]]] = {}
@@ -100,12 +101,12 @@ def refuse_overwriting_inputs(
 
 
 def _holds_model_file(model: str, where: str) -> bool:
-    """Whether `where` (a resolved path) is the model's file, or a file that exists in the model's directory."""
+    """Whether `where` (a resolved path) is the model's file, or one of the files a model directory is made of."""
     if not os.path.exists(model):  # a name ultralytics fetches, or an architecture: no file of the user's
         return False
     home = os.path.realpath(model)
     if os.path.isdir(home):
-        return where.startswith(home + os.sep) and os.path.exists(where)
+        return where in {os.path.join(home, GRAPH_FILE), os.path.join(home, WEIGHTS_FILE)}
     return where == home
 
 

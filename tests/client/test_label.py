@@ -337,6 +337,16 @@ def test_reruns_replace_stale_outputs_and_skip_their_own_dataset(server, photos,
     assert code == 0 and len(lines(beside)) == 3 and (own / "images" / "bus.jpg").is_symlink(), stderr
     code, _, stderr = run_cli(capsys, *place, "--resume")
     assert code == 0 and "0 images labeled" in stderr and len(lines(beside)) == 3
+    # A dataset of links the user made (no data.yaml of label's): its images are labeled.
+    theirs = tmp_path / "theirs"
+    (theirs / "images").mkdir(parents=True)
+    (theirs / "images" / "bus.jpg").symlink_to(photos / "bus.jpg")
+    mine = tmp_path / "mine.jsonl"
+    code, _, stderr = run_cli(
+        capsys, "label", theirs / "images", "--server", server.address, "--model", "detect", "--out", mine,
+        "--yolo-txt", theirs, "--quiet",
+    )  # fmt: skip
+    assert code == 0 and len(lines(mine)) == 1, stderr
     odd = os.fsdecode(b"odd\xff.jpg")
     shutil.copy(ASSETS / "bus.jpg", photos / odd)
     for _ in range(2):  # once in the error log however many resumes fail on it

@@ -142,6 +142,11 @@ def test_uvloop_asked_for_where_it_is_missing_is_a_clear_error(monkeypatch):
         (["--model", "m", "--port", "70000"], "70000: a port is a number from 0 to 65535"),
         (["--model", "m", "--metrics-port", "-1"], "-1: a port is a number from 0 to 65535"),
         (["--model", "m", "--slo-ms", "-5"], "'-5': expected a positive number"),
+        (
+            ["--model", "m", "--port", "50999", "--metrics-port", "50999"],
+            "--metrics-port 50999: the same port as --port",
+        ),
+        (["--model", "m", "--metrics-port", "65535", "--processes", "2"], "65536: a port is a number from 0 to 65535"),
         (["--model", "m", "--max-message-mb", "0"], "'0': expected a positive number"),
     ],
 )

@@ -332,19 +332,23 @@ def write_yolo_dataset(
     return written
 
 
+def made_by_label(folder: Path) -> bool:
+    """Whether `folder` holds a dataset this pass made (its data.yaml begins with DATASET_MARK)."""
+    try:
+        with open(folder / "data.yaml", encoding="utf-8") as yaml:
+            return yaml.readline().rstrip("\n") == DATASET_MARK
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _clear_earlier_dataset(folder: Path) -> bool:
     """A dataset this pass made before (its data.yaml begins with DATASET_MARK) loses its image links and label files,
     so that the new one is made from this output alone, not merged with images the output no longer holds; any other
     folder keeps what it holds (it may be the user's), its files of the same names replaced. Whether the folder is
     this pass's: one it made, or one with no data.yaml yet."""
-    try:
-        with open(folder / "data.yaml", encoding="utf-8") as yaml:
-            ours = yaml.readline().rstrip("\n") == DATASET_MARK
-    except FileNotFoundError:
+    if not os.path.lexists(folder / "data.yaml"):
         return True
-    except (OSError, UnicodeDecodeError):
-        return False
-    if not ours:
+    if not made_by_label(folder):
         return False
     for part, earlier in (("images", os.path.islink), ("labels", lambda path: path.endswith(".txt"))):
         for here, _, names in os.walk(folder / part):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from yolojet.client import records as recs
+from yolojet.client.formats import made_by_label
 from yolojet.client.sources import label_sources
 from yolojet.errors import EngineConfigError, ImageReadError, OutputPathError, RecordsError
 from yolojet.outputs import (
@@ -223,13 +224,14 @@ def check_outputs(job: LabelJob) -> None:
 
 
 def job_paths(job: LabelJob, model: str | None = None) -> list[str]:
-    """The image paths the job's sources name, but the YOLO dataset's own image links (a dataset made inside a source
-    folder would otherwise be labeled again by every run; the folder's other images are labeled); an ImageReadError
+    """The image paths the job's sources name, but the YOLO dataset's own image links where label made the dataset (one
+    made inside a source folder would otherwise be labeled again by every run; the folder's other images, and a
+    user's own dataset of links, are labeled); an ImageReadError
     where they name none, an OutputPathError where an output would overwrite one of them or a file of the local
     `model`, or where --out holds records and neither --resume nor --overwrite says what to do with them (said after
     the images, so that an output that is an image is named as one)."""
     sources = label_sources(job.sources)
-    if job.yolo_txt is not None:
+    if job.yolo_txt is not None and made_by_label(job.yolo_txt):
         links = os.path.join(os.path.abspath(job.yolo_txt), "images") + os.sep
         sources = [path for path in sources if not (os.path.abspath(path).startswith(links) and os.path.islink(path))]
     if not sources:

@@ -208,6 +208,9 @@ class RemoteLabeler:
                 # The server ended the stream with requests unanswered: as a broken stream, they go again.
                 raise _EndedEarly()
             except (grpc.RpcError, _EndedEarly) as e:
+                with window.lock:
+                    if window.source_done and not window.sent and not window.again:
+                        return  # every image answered: the stream's end (a server shutting down) costs nothing
                 code = e.code() if isinstance(e, grpc.RpcError) else grpc.StatusCode.UNAVAILABLE
                 details = e.details() if isinstance(e, grpc.RpcError) else "the stream ended with images unanswered"
                 again = retryable(e) if isinstance(e, grpc.RpcError) else True

@@ -39,7 +39,12 @@ class Problem(Exception):
         self.code, self.message = code, message
 
 
-SHUTTING_DOWN = "the server is shutting down: the requests after those answered were not read; send them again"
+SHUTTING_DOWN = "the server is shutting down: the requests after those answered were not run; send them again"
+
+
+def _cancelling(task: asyncio.Task | None) -> bool:
+    """Whether `task` itself is being cancelled (Python 3.11's `Task.cancelling`; on 3.10, taken as not)."""
+    return task is not None and bool(getattr(task, "cancelling", lambda: 0)())
 
 
 class InferenceService(pb_grpc.InferenceServicer):
@@ -60,6 +65,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         self.max_message_bytes, self.processes, self.process_index = max_message_bytes, processes, process_index
         self._settlers: dict[asyncio.AbstractEventLoop, Settler] = {}
         self._readers: set[asyncio.Future] = set()  # the open streams' readers, which `drain` stops
+        self._drained: set[asyncio.Future] = set()  # those it stopped: their streams end UNAVAILABLE
         self.draining = False
 
     # -- one request --------------------------------------------------------------------------
@@ -153,26 +159,29 @@ class InferenceService(pb_grpc.InferenceServicer):
 
         async def read() -> None:
             nonlocal ahead
-            try:
-                async for message in messages:
-                    while ahead >= STREAM_WINDOW:
-                        room.clear()
-                        await room.wait()
-                    waiting: list[tuple[str, ServedModel | None, asyncio.Future | Problem]] = []
-                    for request in requests_of(message):
-                        try:
-                            model, future = self._submit(request, self.clock() + self.slo_s, loop)
-                            waiting.append((request.id, model, future))
-                        except Problem as p:
-                            self._count(request.model, p.code)
-                            waiting.append((request.id, None, p))
-                    ahead += len(waiting)
-                    pending.put_nowait(waiting)
-            finally:
-                pending.put_nowait(end)
+            async for message in messages:
+                while ahead >= STREAM_WINDOW:
+                    room.clear()
+                    await room.wait()
+                waiting: list[tuple[str, ServedModel | None, asyncio.Future | Problem]] = []
+                for request in requests_of(message):
+                    try:
+                        model, future = self._submit(request, self.clock() + self.slo_s, loop)
+                        waiting.append((request.id, model, future))
+                    except Problem as p:
+                        self._count(request.model, p.code)
+                        waiting.append((request.id, None, p))
+                ahead += len(waiting)
+                pending.put_nowait(waiting)
 
         reader = asyncio.ensure_future(read())
+        # The end is posted when the reader is done, however: a task cancelled before its first step never runs its
+        # coroutine's own `finally`.
+        reader.add_done_callback(lambda _: pending.put_nowait(end))
         self._readers.add(reader)
+        if self.draining:  # a stream that began as the server shut down
+            self._drained.add(reader)
+            reader.cancel()
         waiting: Any = None
         try:
             while (waiting := await pending.get()) is not end:
@@ -194,12 +203,13 @@ class InferenceService(pb_grpc.InferenceServicer):
             try:
                 await reader  # raises what ended the reading, if anything but the stream's end did
             except asyncio.CancelledError:
-                if not self.draining or asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                if reader not in self._drained or _cancelling(asyncio.current_task()):
                     raise
                 raise Problem(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN) from None
         finally:
             reader.cancel()
             self._readers.discard(reader)
+            self._drained.discard(reader)
             self._cancel_unanswered(waiting, pending, end)
 
     def drain(self) -> None:
@@ -208,6 +218,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         last image or the grace period's end."""
         self.draining = True
         for reader in self._readers:
+            self._drained.add(reader)
             reader.cancel()
 
     def _cancel_unanswered(self, waiting: Any, pending: asyncio.Queue, end: object) -> None:

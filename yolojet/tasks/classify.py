@@ -27,6 +27,10 @@ class Probs:
             raise ValueError(f"class probabilities of dtype {data.dtype}: expected real numbers")
         self.data = host(data.astype(np.float32, copy=False))
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
     def __len__(self) -> int:
         return int(self.data.shape[0])
 
