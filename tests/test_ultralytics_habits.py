@@ -131,8 +131,14 @@ def test_predict_takes_what_ultralytics_predict_takes(engine, tmp_path, capsys):
         engine.predict(files, imgsz=320)
     with pytest.raises(EngineConfigError, match=r"predict\(save=...\): files are written by `yolojet detect`"):
         engine.predict(files, save=True)
-    with pytest.raises(EngineConfigError, match=r"give max_batch= to Engine\.load"):
-        engine.predict(files, batch=8)
+    with pytest.raises(EngineConfigError, match=r"predict\(device=...\): fixed when the engine is loaded"):
+        engine.predict(files, device="cuda:7" if engine.device.type == "cpu" else "cpu")
+    # The values that ask for nothing, as ultralytics-style code passes them, are taken.
+    half = getattr(engine.network, "dtype", torch.float32) == torch.float16
+    quiet = {"save": False, "show": False, "augment": False, "vid_stride": 1, "batch": 8, "half": half}
+    device = engine.device.index if engine.device.type == "cuda" else "cpu"
+    for a, b in zip(engine.predict(files, conf=0.001, device=device, **quiet), want, strict=True):
+        np.testing.assert_array_equal(a.boxes.data, b.boxes.data)
     with pytest.raises(EngineConfigError, match=r"predict\(augment=...\): not supported"):
         engine.predict(files, augment=True)
 

@@ -640,7 +640,9 @@ class Engine:
         `source` may also be a folder or a glob (their images, sorted), as ultralytics takes them. Options as
         `__call__` (conf, iou, max_det, classes, agnostic_nms, retina_masks); `imgsz` and `rect` may be given if they
         are the engine's (they are fixed when it is loaded); `verbose` prints each image's detections as
-        ultralytics does. Options that save or show files are for `yolojet detect`, and refused here by name."""
+        ultralytics does. Options that save or show files (for `yolojet detect`), or that would change what was fixed
+        at load (device, half), are refused by name where they ask for something; at values that ask for nothing
+        (save=False, the engine's own device, a batch size) they are taken."""
         if "imgsz" in options:
             wanted = _image_size(options.pop("imgsz"))
             wanted = (wanted, wanted) if isinstance(wanted, int) else wanted
@@ -652,6 +654,11 @@ class Engine:
             raise EngineConfigError(
                 f"predict(rect=...): this engine was loaded with rect={self.rect}; give rect to Engine.load"
             )
+        # ultralytics-style code often passes an option at the value that asks for nothing (save=False, the
+        # engine's own device or precision, a batch size): taken as said and dropped.
+        for name in [n for n in options if n in PREDICT_AT_LOAD or n in PREDICT_OUTPUTS or n in PREDICT_UNSUPPORTED]:
+            if not self._asks_otherwise(name, options[name]):
+                options.pop(name)
         at_load = sorted(set(options) & set(PREDICT_AT_LOAD))
         if at_load:
             given = ", ".join(f"{PREDICT_AT_LOAD[name]}=" for name in at_load)
@@ -786,6 +793,23 @@ class Engine:
             for slot, outputs in zip(part.slots, part.found, strict=True):  # type: ignore[arg-type]
                 found[slot] = outputs
         run.found = found  # type: ignore[assignment]
+
+    def _asks_otherwise(self, name: str, value: Any) -> bool:
+        """Whether ultralytics' predict option `name` at `value` asks for something this engine does not do as
+        loaded: a device or precision other than the engine's, a file written or shown, an unsupported mode on."""
+        if name == "batch":
+            return False  # how many images run together: the engine batches on its own, with the same results
+        if name == "device":
+            asked = f"cuda:{value}" if isinstance(value, int) or (isinstance(value, str) and value.isdigit()) else value
+            try:
+                return _device(asked) != self.device
+            except EngineConfigError:
+                return True
+        if name == "half":
+            return bool(value) != (getattr(self.network, "dtype", torch.float32) == torch.float16)
+        if name == "vid_stride":
+            return value != 1
+        return value not in (None, False, 0, "")
 
     # -- the low-latency trio -------------------------------------------------------------------
 
