@@ -295,6 +295,10 @@ def test_outputs_that_would_destroy_an_input_or_each_other_are_refused(server, p
     assert code == 2 and "an input image; writing there would destroy it" in stderr and image.read_bytes() == before
     code, _, stderr = run_cli(capsys, *base, "--out", image)  # an image, not a file of records: said as such
     assert code == 2 and "an input image; writing there would destroy it" in stderr and image.read_bytes() == before
+    listed = tmp_path / "list.txt"
+    listed.write_text(f"{image}\n")
+    code, _, stderr = run_cli(capsys, "label", listed, *base[2:], "--out", tmp_path / "a.jsonl", "--coco", listed)
+    assert code == 2 and "the list of images this run reads" in stderr and listed.read_text() == f"{image}\n"
     link = tmp_path / "link.json"
     link.symlink_to(image)
     code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "a.jsonl", "--coco", link)

@@ -23,7 +23,7 @@ from typing import Any
 
 from yolojet.client import records as recs
 from yolojet.client.formats import made_by_label
-from yolojet.client.sources import label_sources
+from yolojet.client.sources import LIST_SUFFIXES, label_sources
 from yolojet.errors import EngineConfigError, ImageReadError, OutputPathError, RecordsError
 from yolojet.outputs import (
     JsonLines,
@@ -236,7 +236,14 @@ def job_paths(job: LabelJob, model: str | None = None) -> list[str]:
         sources = [path for path in sources if not (os.path.abspath(path).startswith(links) and os.path.islink(path))]
     if not sources:
         raise ImageReadError(f"{' '.join(job.sources)}: no images found")
-    refuse_overwriting_inputs(_output_files(job), sources, model)
+    outputs = _output_files(job)
+    refuse_overwriting_inputs(outputs, sources, model)
+    for listed in (s for s in job.sources if Path(s).suffix.lower() in LIST_SUFFIXES and Path(s).is_file()):
+        for flag, path in outputs.items():
+            if path is not None and not is_stdout(path) and os.path.realpath(path) == os.path.realpath(listed):
+                raise OutputPathError(
+                    f"{flag} {path}: the list of images this run reads; writing there would destroy it"
+                )
     if not job.resume and not job.overwrite and job.out.is_file() and job.out.stat().st_size > 0:
         raise OutputPathError(f"--out {job.out}: holds records already; --resume continues it, --overwrite replaces it")
     return sources
