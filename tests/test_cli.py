@@ -11,7 +11,7 @@ from torch import nn
 
 import yolojet
 from yolojet.cli import main
-from yolojet.errors import UnsupportedModuleError
+from yolojet.errors import UnsupportedModuleError, YolojetError
 
 
 def test_export_yaml_then_info(tmp_path, capsys):
@@ -106,16 +106,23 @@ def test_dump_without_a_gpu_or_the_interpreter_says_what_it_needs(tmp_path, caps
     code, _, stderr = run_cli(capsys, "dump", tmp_path, "--device", "cpu", "--out", tmp_path / "dump")
     assert code == 2
     assert "dump runs the Triton kernels: on the CPU set TRITON_INTERPRET=1 (slow, for tests)" in stderr, stderr
-    assert "no CUDA GPU here" not in stderr  # said before any model loads
+    assert "reference executor" not in stderr  # said before any model loads
 
 
-def test_a_bad_model_on_a_machine_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
-    """The notice that the reference executor runs comes once a model has loaded, not before the model's error."""
+def test_the_reference_notice_comes_once_a_model_loads(tmp_path, capsys, monkeypatch):
+    """On the CPU without Triton's interpreter the reference executor runs, and says so once the model has loaded:
+    not before a model's own error, which stays one line."""
+    from yolojet.engine.engine import Engine
+
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    if torch.cuda.is_available():
-        pytest.skip("the notice is for machines without a CUDA GPU")
-    code, _, stderr = run_cli(capsys, "detect", tmp_path / "nowhere_model", tmp_path / "x.jpg")
-    assert code == 2 and "nowhere_model: no such file" in stderr and "no CUDA GPU here" not in stderr, stderr
+    notice = "running the float32 reference executor on the CPU"
+    with pytest.raises(YolojetError, match="nowhere_model: no such file"):
+        Engine.load(tmp_path / "nowhere_model", device="cpu")
+    assert notice not in capsys.readouterr().err
+    model_dir = yolojet.export(random_model("yolov8n-cls.yaml"), out=tmp_path / "cls", imgsz=64)
+    capsys.readouterr()
+    Engine.load(model_dir, device="cpu").close()
+    assert notice in capsys.readouterr().err
 
 
 def test_version(capsys):

@@ -77,12 +77,15 @@ def check_output_file(path: Path | None, flag: str) -> None:
 
 
 def refuse_overwriting_inputs(
-    outputs: dict[str, Path | None], images: Iterable[str], model: str | os.PathLike[str] | None = None
+    outputs: dict[str, Path | None],
+    images: Iterable[str],
+    model: str | os.PathLike[str] | None = None,
+    lists: Iterable[str] = (),
 ) -> None:
-    """Fail before any work if an output file is one of the images the command reads, or a file of the model it loads
-    (its file, or its directory's graph or weights): writing there would destroy it. Images are compared by name first,
-    the output's own and its link's target's, then by where they lead: a realpath an image would cost a million-image
-    run seconds."""
+    """Fail before any work if an output file is one of the images the command reads, one of the `lists` of images it
+    reads, or a file of the model it loads (its file, or its directory's graph or weights): writing there would destroy
+    it. Inputs are compared by name first, the output's own and its link's target's, then by where they lead: a
+    realpath an image would cost a million-image run seconds."""
     by_name: dict[str, list[tuple[str, Path, str]]] = {}
     for flag, path in outputs.items():
         if path is None or is_stdout(path) or is_special(path):
@@ -94,10 +97,11 @@ def refuse_overwriting_inputs(
             by_name.setdefault(name, []).append((flag, path, where))
     if not by_name:
         return
-    for image in images:
-        for flag, path, where in by_name.get(os.path.basename(image), ()):
-            if os.path.realpath(image) == where:
-                raise OutputPathError(f"{flag} {path}: an input image; writing there would destroy it")
+    for what, inputs in (("the list of images this run reads", lists), ("an input image", images)):
+        for read in inputs:
+            for flag, path, where in by_name.get(os.path.basename(read), ()):
+                if os.path.realpath(read) == where:
+                    raise OutputPathError(f"{flag} {path}: {what}; writing there would destroy it")
 
 
 def _holds_model_file(model: str, where: str) -> bool:

@@ -236,14 +236,8 @@ def job_paths(job: LabelJob, model: str | None = None) -> list[str]:
         sources = [path for path in sources if not (os.path.abspath(path).startswith(links) and os.path.islink(path))]
     if not sources:
         raise ImageReadError(f"{' '.join(job.sources)}: no images found")
-    outputs = _output_files(job)
-    refuse_overwriting_inputs(outputs, sources, model)
-    for listed in (s for s in job.sources if Path(s).suffix.lower() in LIST_SUFFIXES and Path(s).is_file()):
-        for flag, path in outputs.items():
-            if path is not None and not is_stdout(path) and os.path.realpath(path) == os.path.realpath(listed):
-                raise OutputPathError(
-                    f"{flag} {path}: the list of images this run reads; writing there would destroy it"
-                )
+    lists = [s for s in job.sources if Path(s).suffix.lower() in LIST_SUFFIXES and Path(s).is_file()]
+    refuse_overwriting_inputs(_output_files(job), sources, model, lists)
     if not job.resume and not job.overwrite and job.out.is_file() and job.out.stat().st_size > 0:
         raise OutputPathError(f"--out {job.out}: holds records already; --resume continues it, --overwrite replaces it")
     return sources

@@ -332,9 +332,8 @@ class Engine:
                 raise
             chosen, decoder_seconds = starting.result()
         if chose_reference:
-            print(
-                "yolojet: no CUDA GPU here; running the float32 reference executor on the CPU (slow)", file=sys.stderr
-            )
+            why = "" if torch.cuda.is_available() else "; no CUDA GPU here"
+            print(f"yolojet: running the float32 reference executor on the CPU (slow{why})", file=sys.stderr)
         if isinstance(network, TritonNetwork):
             network.startup_seconds["decoder"] = decoder_seconds  # on its own thread, beside the network's phases
         if verbose:
