@@ -305,14 +305,43 @@ def test_profile(tmp_path, capsys):
         assert code == 2 and "no CUDA device" in stderr
 
 
+def timed_rows(stdout: str) -> dict[str, list[float]]:
+    """The rows of a timing table `pipeline` or `bench` printed: a name, then its p20, p50, p80 (and img/s)."""
+    import re
+
+    rows = {}
+    for line in stdout.splitlines():
+        match = re.fullmatch(r"(\S.*?)\s{2,}(\d+\.\d{4})\s+(\d+\.\d{4})\s+(\d+\.\d{4})(?:\s+([\d,]+))?\s*", line)
+        if match:
+            rows[match[1]] = [float(v.replace(",", "")) for v in match.groups()[1:] if v is not None]
+    return rows
+
+
+# What each timing command prints a row for, in order.
+TIMED = {
+    "pipeline": [
+        "frame in pinned host memory -> boxes in pinned memory",
+        "frame in GPU memory -> boxes in pinned memory",
+        "network only (graph replay)",
+    ],
+    "bench": ["stream launches", "CUDA graph replay"],
+}
+
+
 def test_pipeline_and_bench(tmp_path, capsys):
     model_dir = yolojet.export(random_model("yolov8n.yaml"), out=tmp_path / "det", imgsz=64)
-    for command in ("pipeline", "bench"):
+    for command, names in TIMED.items():
         code, stdout, stderr = run_cli(capsys, command, model_dir, "--iters", "5", "--warmup", "1")
-        if torch.cuda.is_available():
-            assert code == 0 and "ms/" in stdout
-        else:
+        if not torch.cuda.is_available():
             assert code == 2 and f"{command} times the GPU path" in stderr
+            continue
+        assert code == 0, stderr
+        rows = timed_rows(stdout)
+        assert list(rows) == names, stdout
+        for name, (p20, p50, p80, *rate) in rows.items():
+            assert 0 < p20 <= p50 <= p80, f"{name}: {stdout}"
+            if rate:  # bench: the batch of 1 over the median
+                assert rate[0] == pytest.approx(1000 / p50, rel=0.01, abs=1), f"{name}: {stdout}"
 
 
 def test_export_defaults_to_the_training_size(tmp_path, capsys):
