@@ -395,6 +395,20 @@ def test_unwritable_output_folders_fail_before_any_work(tmp_path, capsys):
         assert "Traceback" not in stderr
 
 
+def test_val_and_report_never_write_over_their_dataset(tmp_path, capsys):
+    """A dataset file named as an output of `val` or `report` in its --out folder is refused before any work, and is
+    left as it was (the model does not exist: nothing was loaded)."""
+    for command, name in (("val", "metrics.json"), ("val", "predictions.json"), ("report", "report.json")):
+        folder = tmp_path / command / name.split(".")[0]
+        folder.mkdir(parents=True)
+        data = folder / name
+        data.write_text('{"images": [], "annotations": [], "categories": []}')
+        before = data.read_bytes()
+        code, _, stderr = run_cli(capsys, command, tmp_path / "no_model", "--data", data, "--out", folder)
+        assert code == 2 and f"--out {data}: the dataset this run scores against" in stderr, stderr
+        assert data.read_bytes() == before
+
+
 def test_labeling_through_a_server_never_imports_torch(tmp_path):
     """`yolojet label --server` reads files and sends bytes: torch (seconds of every client process's start) stays
     unimported, through the command line to the server's refusal, and in the modules its streams run."""

@@ -644,10 +644,12 @@ def _cmd_val(args: argparse.Namespace) -> int:
     import json
 
     from yolojet.eval.val import validate_model
-    from yolojet.outputs import check_output_folder, write_atomically
+    from yolojet.outputs import check_output_folder, refuse_overwriting_inputs, write_atomically
 
     if args.out is not None:
         check_output_folder(args.out, "--out")
+        for name in ("predictions.json", "metrics.json"):
+            refuse_overwriting_inputs({"--out": args.out / name}, (), args.model, datasets=[str(args.data)])
     result = validate_model(
         args.model,
         args.data,
@@ -1047,11 +1049,14 @@ def _print_bench(found: dict) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from yolojet.eval.report import report_files, run_report
-    from yolojet.outputs import check_output_folder, write_atomically
+    from yolojet.eval.report import REPORT_FILES, report_files, run_report
+    from yolojet.outputs import check_output_folder, refuse_overwriting_inputs, write_atomically
 
     if args.out is not None:
         check_output_folder(args.out, "--out")
+        for model in args.model:
+            for name in REPORT_FILES:
+                refuse_overwriting_inputs({"--out": args.out / name}, (), model, datasets=[str(args.data)])
     report = run_report(
         args.model,
         args.data,

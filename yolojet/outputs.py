@@ -81,11 +81,13 @@ def refuse_overwriting_inputs(
     images: Iterable[str],
     model: str | os.PathLike[str] | None = None,
     lists: Iterable[str] = (),
+    datasets: Iterable[str] = (),
 ) -> None:
     """Fail before any work if an output file is one of the images the command reads, one of the `lists` of images it
-    reads, or a file of the model it loads (its file, or its directory's graph or weights): writing there would destroy
-    it. Inputs are compared by name first, the output's own and its link's target's, then by where they lead: a
-    realpath an image would cost a million-image run seconds."""
+    reads, a dataset description it scores against (`datasets`: a COCO JSON or a dataset YAML), or a file of the model
+    it loads (its file, or its directory's graph or weights): writing there would destroy it. Inputs are compared by
+    name first, the output's own and its link's target's, then by where they lead: a realpath an image would cost a
+    million-image run seconds."""
     by_name: dict[str, list[tuple[str, Path, str]]] = {}
     for flag, path in outputs.items():
         if path is None or is_stdout(path) or is_special(path):
@@ -97,7 +99,11 @@ def refuse_overwriting_inputs(
             by_name.setdefault(name, []).append((flag, path, where))
     if not by_name:
         return
-    for what, inputs in (("the list of images this run reads", lists), ("an input image", images)):
+    for what, inputs in (
+        ("the dataset this run scores against", datasets),
+        ("the list of images this run reads", lists),
+        ("an input image", images),
+    ):
         for read in inputs:
             for flag, path, where in by_name.get(os.path.basename(read), ()):
                 if os.path.realpath(read) == where:

@@ -721,13 +721,17 @@ def run_report(
     return report
 
 
+REPORT_FILES = ("report.json", "report.md", "latency.png")  # what `yolojet report --out DIR` writes into DIR
+
+
 def report_files(report: Report) -> dict[str, Callable[[Path], object]]:
     """report.json, report.md and latency.png, each as a writer of its finished content (all rendered first)."""
     text = json.dumps(report.to_json(), indent=1)
     markdown = report.to_markdown()
     png = report.plot_png()
-    return {
-        "report.json": lambda p: p.write_text(text),
-        "report.md": lambda p: p.write_text(markdown),
-        "latency.png": lambda p: p.write_bytes(png),
-    }
+    writers: tuple[Callable[[Path], object], ...] = (
+        lambda p: p.write_text(text),
+        lambda p: p.write_text(markdown),
+        lambda p: p.write_bytes(png),
+    )
+    return dict(zip(REPORT_FILES, writers, strict=True))
