@@ -643,9 +643,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_val(args: argparse.Namespace) -> int:
     import json
 
-    from yolojet.eval.val import validate_model
+    from yolojet.eval.val import check_val_options, validate_model
     from yolojet.outputs import check_output_folder, refuse_overwriting_inputs, write_atomically
 
+    check_val_options(args.conf, args.iou, args.max_det)  # before the model loads
     if args.out is not None:
         check_output_folder(args.out, "--out")
         for name in ("predictions.json", "metrics.json"):
@@ -671,7 +672,7 @@ def _cmd_val(args: argparse.Namespace) -> int:
         if scores is not None:
             rows += [(f"{kind} {k}", f"{v:.4f}") for k, v in scores.to_json().items() if isinstance(v, float)]
     print(_format_table(rows, ("metric", "value")))
-    for note in result.unscored:
+    for note in result.unscored + result.notes:
         print(note)
     if args.out is not None:
         metrics = {"model": str(args.model), "data": str(args.data), "images": result.images, **result.to_json()}

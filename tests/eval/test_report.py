@@ -84,6 +84,9 @@ def test_report_rows_share_images_letterbox_and_evaluator(dataset, tmp_path, cap
     assert f"{ours['mAP50-95']:.4f}" in markdown
     # The tables (and their notes) are what is printed on stdout, after everything else has run.
     assert captured.out.startswith(f"### {model_dir}") and "| pytorch-fp32" in captured.out
+    # Its mAP is at the engine's own square input, not val's rectangles: both outputs say so.
+    assert f"({model['imgsz'][0]}x{model['imgsz'][1]}, every image letterboxed to it)" in captured.out
+    assert "rect=False; yolojet val scores ultralytics' rectangles" in markdown
     assert captured.out.strip() in markdown
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "no staging files left behind"
 

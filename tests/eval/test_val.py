@@ -235,3 +235,19 @@ def test_a_dataset_with_a_subset_of_the_classes_is_scored_on_those(dataset):
     (note,) = [n for n in part.unscored if "without a category" in n]
     assert "and 70 more" in note  # 78 classes unscored: eight named, then the count
     assert part.scores.map50_95 == evaluate(load_dataset(root / "subset.json").ground_truth, part.predictions).map50_95
+
+
+def test_a_wide_input_under_the_val_protocol_says_it_runs_at_its_long_side(dataset, tmp_path):
+    """`yolo val` takes one imgsz and letterboxes each image's long side to it; a model exported 480x640 is validated
+    that way at 640, and the result says so (the predict protocol keeps the 480x640 input and says nothing)."""
+    root, model, _ = dataset
+    wide = yolojet.export(model, out=tmp_path / "wide", imgsz=(480, 640))
+    with Engine.load(wide, device="cpu", backend="reference") as engine:
+        data = load_dataset(root / "instances.json")
+        val = validate(engine, data, progress=False)
+        predict = validate(engine, data, progress=False, protocol="predict")
+    assert val.notes == [
+        "the val protocol letterboxes each image's long side to 640, as yolo val does with a 480x640 imgsz; "
+        "--protocol predict runs the 480x640 input"
+    ]
+    assert predict.notes == []

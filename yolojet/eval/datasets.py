@@ -8,6 +8,8 @@ category ids when the names are COCO's 80, as ultralytics does). Labels may be b
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,9 +136,27 @@ def load_dataset(data: str | Path, images: str | Path | None = None) -> Dataset:
     raise DatasetError(f"{path}: expected a COCO instances .json or an ultralytics dataset .yaml")
 
 
+def _entries(path: Path, document: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """A COCO document's list under `key`, each entry an object."""
+    entries = document[key]
+    if not isinstance(entries, list):
+        raise DatasetError(f"{path}: '{key}' is not a list")
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise DatasetError(f"{path}: an entry of '{key}' is not an object: {entry!r}")
+    return entries
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(document, dict) or not {"images", "annotations", "categories"} <= document.keys():
@@ -144,36 +164,59 @@ def _read_json(path: Path) -> dict[str, Any]:
     return document
 
 
+def _is_id(value: Any) -> bool:
+    """A COCO id: an integer (pycocotools matches results to images by id, so "1" would match nothing)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _numbers(value: Any, count: int | None = None) -> bool:
+    """A list of `count` (any, if None) finite numbers."""
+    return (
+        isinstance(value, list)
+        and (count is None or len(value) == count)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    )
+
+
 def _load_coco(path: Path, root: Path) -> Dataset:
     gt = _read_json(path)
     images: list[EvalImage] = []
     missing: list[EvalImage] = []
-    for record in gt["images"]:
+    for record in _entries(path, gt, "images"):
         try:
-            image = EvalImage(
-                int(record["id"]), root / record["file_name"], int(record["width"]), int(record["height"])
-            )
+            image = EvalImage(record["id"], root / record["file_name"], int(record["width"]), int(record["height"]))
         except (KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"{path}: image entry {record!r} lacks id, file_name, width or height") from e
+        if not _is_id(image.id):
+            raise DatasetError(f"{path}: image entry {record!r}: its id is not an integer")
         (images if image.path.is_file() else missing).append(image)
     if missing:
         listed = ", ".join(f"{m.id} ({m.path.name})" for m in missing[:10])
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         raise DatasetError(f"{path}: {len(missing)} images not found under {root}: {listed}{more}")
-    ids = {i.id for i in images}
-    categories = {int(c["id"]): str(c["name"]) for c in gt["categories"]}
-    for a in gt["annotations"]:
+    ids = Counter(i.id for i in images)
+    repeated = sorted(i for i, n in ids.items() if n > 1)
+    if repeated:
+        raise DatasetError(f"{path}: image ids {repeated[:10]} are given to more than one image")
+    categories: dict[int, str] = {}
+    for c in _entries(path, gt, "categories"):
+        if not _is_id(c.get("id")) or not isinstance(c.get("name"), str):
+            raise DatasetError(f"{path}: category {c!r} needs an integer id and a name")
+        if c["id"] in categories:
+            raise DatasetError(f"{path}: category id {c['id']} is given twice ({categories[c['id']]}, {c['name']})")
+        categories[c["id"]] = c["name"]
+    for a in _entries(path, gt, "annotations"):
         if a.get("image_id") not in ids:
-            raise DatasetError(f"{path}: annotation {a.get('id')} refers to unknown image {a.get('image_id')}")
+            raise DatasetError(f"{path}: annotation {a.get('id')} refers to unknown image {a.get('image_id')!r}")
         if a.get("category_id") not in categories:
-            raise DatasetError(f"{path}: annotation {a.get('id')} has unknown category {a.get('category_id')}")
-        if len(a.get("bbox", ())) != 4:
-            raise DatasetError(f"{path}: annotation {a.get('id')} has no [x, y, w, h] bbox")
+            raise DatasetError(f"{path}: annotation {a.get('id')} has unknown category {a.get('category_id')!r}")
+        if not _numbers(a.get("bbox"), 4):
+            raise DatasetError(f"{path}: annotation {a.get('id')}: bbox {a.get('bbox')!r}, expected [x, y, w, h]")
         a.setdefault("iscrowd", 0)
         a.setdefault("area", a["bbox"][2] * a["bbox"][3])
         if "keypoints" in a:
-            if len(a["keypoints"]) % 3:
-                raise DatasetError(f"{path}: annotation {a.get('id')} keypoints are not [x, y, v] triples")
+            if not _numbers(a["keypoints"]) or len(a["keypoints"]) % 3:
+                raise DatasetError(f"{path}: annotation {a.get('id')} keypoints are not [x, y, v] triples of numbers")
             a.setdefault("num_keypoints", sum(1 for v in a["keypoints"][2::3] if v > 0))
     annotations = gt["annotations"]
     has_masks = bool(annotations) and all(a.get("segmentation") for a in annotations)
@@ -184,13 +227,20 @@ def _load_coco(path: Path, root: Path) -> Dataset:
     return Dataset(images, categories, gt, str(path), has_masks, keypoints)
 
 
+# EXIF orientations that turn the stored image a quarter (5 and 7 mirrored too): the image is read, as cv2.imread
+# reads it, with its width and height swapped.
+_QUARTER_TURNS = {5, 6, 7, 8}
+
+
 def _image_size(path: Path) -> tuple[int, int]:
+    """The image's width and height as it is read (its EXIF orientation applied), from its header."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as image:
-            return image.width, image.height
-    except (OSError, UnidentifiedImageError) as e:
+            turned = image.getexif().get(0x0112) in _QUARTER_TURNS
+            return (image.height, image.width) if turned else (image.width, image.height)
+    except (OSError, UnidentifiedImageError, SyntaxError) as e:  # PIL raises SyntaxError for some broken headers
         raise DatasetError(f"{path}: cannot read the image's size ({e})") from e
 
 
@@ -200,9 +250,10 @@ def _yaml_images(root: Path, entry: str | list[str]) -> list[Path]:
     for item in entries:
         target = root / item
         if target.is_dir():
-            files += sorted(p for p in target.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            # Files only: a FIFO named like an image would hold the run for ever at its first read.
+            files += sorted(p for p in target.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         elif target.is_file() and target.suffix == ".txt":
-            for line in target.read_text().splitlines():
+            for line in _read_text(target).splitlines():
                 if line.strip():
                     candidate = Path(line.strip())
                     files.append(candidate if candidate.is_absolute() else root / candidate)
@@ -224,15 +275,15 @@ def _load_yolo_yaml(path: Path) -> Dataset:
     import yaml
 
     try:
-        spec = yaml.safe_load(path.read_text())
+        spec = yaml.safe_load(_read_text(path))
     except yaml.YAMLError as e:
         raise DatasetError(f"{path}: not valid YAML ({e})") from e
     if not isinstance(spec, dict) or "val" not in spec or "names" not in spec:
         raise DatasetError(f"{path}: a dataset YAML needs 'val' and 'names'")
     names = spec["names"]
     names = dict(enumerate(names)) if isinstance(names, list) else {int(k): str(v) for k, v in names.items()}
-    root = Path(spec.get("path") or path.parent)
-    root = root if root.is_absolute() else path.parent / root
+    declared = spec.get("path")  # the dataset's root; relative to the YAML's folder, which is the default
+    root = path.parent / declared if declared else path.parent
     is_coco = len(names) == 80 and tuple(names[i] for i in range(8)) == COCO80_FIRST_NAMES
     category_of = (lambda c: COCO80_TO_COCO91[c]) if is_coco else (lambda c: c)
     kpt_shape = _kpt_shape(path, spec.get("kpt_shape"))
@@ -248,7 +299,7 @@ def _load_yolo_yaml(path: Path) -> Dataset:
         label = _label_file(file)
         if not label.is_file():
             continue  # an image without a label file has no objects, as in ultralytics
-        for line_no, line in enumerate(label.read_text().splitlines(), 1):
+        for line_no, line in enumerate(_read_text(label).splitlines(), 1):
             if not line.strip():
                 continue
             where = f"{label}:{line_no}"
@@ -284,6 +335,8 @@ def _label_annotation(
         values = [float(v) for v in line.split()]
     except ValueError as e:
         raise DatasetError(f"{where}: expected numbers, got {line!r}") from e
+    if not all(math.isfinite(v) for v in values):
+        raise DatasetError(f"{where}: expected finite numbers, got {line!r}")
     if not values or int(values[0]) != values[0] or int(values[0]) not in names:
         shown = f"{values[0]:g}" if values else "(none)"
         raise DatasetError(f"{where}: class {shown} is not among the {len(names)} names")

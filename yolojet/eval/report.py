@@ -47,6 +47,12 @@ class PostprocessOptions(TypedDict):
 
 
 VAL_OPTIONS: PostprocessOptions = {"conf": 0.001, "iou": 0.7, "max_det": 300}  # as `yolojet val` and ultralytics' val
+# Every runtime is given identical inputs, so that its mAP is its own: every image at the model's input size. `yolojet
+# val` letterboxes each batch to its own rectangle, as `yolo val` does, so its mAP of the same weights differs a little.
+SAME_INPUTS = (
+    "every image letterboxed to the model's input size for every runtime (rect=False; yolojet val scores "
+    "ultralytics' rectangles, so its mAP differs slightly)"
+)
 VAL_BATCH = 8  # `yolojet val`'s default (at most the big batch)
 TIMING_OPTIONS: PostprocessOptions = {"conf": 0.25, "iou": 0.7, "max_det": 300}  # as predict
 DEFAULT_BIG_BATCH = {"cuda": 64, "cpu": 4}
@@ -327,7 +333,7 @@ class Report:
             "iters": self.iters,
             "warmup": self.warmup,
             "batches": self.batches,
-            "accuracy": {"evaluator": "pycocotools bbox", **VAL_OPTIONS},
+            "accuracy": {"evaluator": "pycocotools bbox", "inputs": SAME_INPUTS, **VAL_OPTIONS},
             "timing": {
                 "covers": "decoded frames in host memory -> boxes in original pixels in host memory "
                 "(letterbox, network, post-processing)",
@@ -356,7 +362,8 @@ class Report:
                 )
                 for r in m.rows
             ]
-            text = f"### {m.model} ({m.imgsz[0]}x{m.imgsz[1]})\n\n" + markdown_table(rows, header)
+            size = f"{m.imgsz[0]}x{m.imgsz[1]}, every image letterboxed to it"
+            text = f"### {m.model} ({size})\n\n" + markdown_table(rows, header)
             if m.notes:
                 text += "\n\n" + "\n".join(f"- {n}" for n in m.notes)
             parts.append(text)
@@ -371,7 +378,7 @@ class Report:
             f"- data: {self.data} ({self.images} images)",
             f"- device: {self.device}",
             f"- accuracy: pycocotools bbox at conf {VAL_OPTIONS['conf']}, iou {VAL_OPTIONS['iou']}, "
-            f"max_det {VAL_OPTIONS['max_det']}, the same letterbox and evaluator for every runtime",
+            f"max_det {VAL_OPTIONS['max_det']}, the same evaluator for every runtime, {SAME_INPUTS}",
             f"- timing: decoded frames in host memory to boxes in host memory (letterbox, network, post-processing "
             f"at conf {TIMING_OPTIONS['conf']}), median of {self.iters} runs after {self.warmup} warm-up",
             "",

@@ -5,6 +5,7 @@ OBB models with ultralytics' OBB metric against four-point (DOTA-style) ground t
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from yolojet.errors import DatasetError
+from yolojet.errors import DatasetError, EngineConfigError
 from yolojet.eval.coco import (
     CocoScores,
     attach_keypoints,
@@ -33,6 +34,7 @@ class ValResult:
     mask_scores: CocoScores | None = None
     keypoint_scores: CocoScores | None = None
     unscored: list[str] = field(default_factory=list)  # what the model predicts that the dataset cannot score
+    notes: list[str] = field(default_factory=list)  # how the run differed from what was asked
 
     def to_json(self) -> dict[str, Any]:
         document = self.scores.to_json()
@@ -49,11 +51,21 @@ def category_map(model_names: dict[int, str], dataset: Dataset) -> list[int | No
     dataset may hold a subset of them), else, with as many categories as classes, by order of category id."""
     names = [model_names[i] for i in range(len(model_names))]
     by_name = {name: cat for cat, name in dataset.categories.items()}
-    if set(by_name) <= set(names):
+    repeated = sorted(
+        {n for n, count in Counter(dataset.categories.values()).items() if count > 1}
+        | {n for n, count in Counter(names).items() if count > 1}
+    )
+    if not repeated and set(by_name) <= set(names):
         return [by_name.get(name) for name in names]
     ids = sorted(dataset.categories)
     if len(ids) == len(names):
         return list(ids)
+    if repeated:
+        raise DatasetError(
+            f"{dataset.source}: the class names {', '.join(repeated[:5])} are given more than once, so categories "
+            f"cannot be matched by name, and its {len(ids)} categories are not the model's {len(names)} classes to "
+            "match by order"
+        )
     strangers = sorted(set(by_name) - set(names))
     listed = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more" if len(strangers) > 5 else "")
     raise DatasetError(
@@ -71,6 +83,7 @@ def _without_category(model_names: dict[int, str], categories: list[int | None])
 
 
 PROTOCOLS = ("val", "predict")
+MAX_DET = 300  # the most detections an image, for runtimes that do not say (an engine's `capacity`)
 
 
 def _predicted(engine: Any, dataset: Dataset, batch: int, options: dict[str, Any]) -> Iterator:
@@ -103,6 +116,15 @@ def _checked(pairs: Iterator, total: int, progress: bool) -> Iterator:
         raise DatasetError(f"{len(failed)} images could not be read: " + "; ".join(failed[:5]))
 
 
+def check_val_options(conf: Any, iou: Any, max_det: Any, capacity: int = MAX_DET) -> None:
+    """conf and iou in [0, 1], max_det in 1..capacity: out of range, val would score nothing or the wrong boxes."""
+    for name, value in (("conf", conf), ("iou", iou)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise EngineConfigError(f"{name} {value!r}: expected a number in [0, 1]")
+    if isinstance(max_det, bool) or not isinstance(max_det, int) or not 1 <= max_det <= capacity:
+        raise EngineConfigError(f"max_det {max_det!r}: expected an int in 1..{capacity}")
+
+
 def validate(
     engine: Any,
     dataset: Dataset,
@@ -122,6 +144,7 @@ def validate(
     their letterbox, NMS with every class over conf per box), so the same weights score the same through both;
     "predict" scores what `engine(images)` gives (any object that takes a list of paths and options and returns
     `Results`: `yolojet report`'s runtimes)."""
+    check_val_options(conf, iou, max_det, getattr(engine, "capacity", MAX_DET))
     if not dataset.images:
         raise DatasetError(f"{dataset.source}: no images to evaluate")
     if not dataset.ground_truth.get("annotations"):
@@ -139,9 +162,17 @@ def validate(
     else:
         pairs = _predicted(engine, dataset, batch, {"conf": conf, "iou": iou, "max_det": max_det})
     results = _checked(pairs, len(dataset.images), progress)
+    notes = []
+    height, width = engine.meta.imgsz if protocol == "val" else (0, 0)  # report's runtimes take the predict protocol
+    if height != width:
+        notes.append(
+            f"the val protocol letterboxes each image's long side to {max(height, width)}, as yolo val does with a "
+            f"{height}x{width} imgsz; --protocol predict runs the {height}x{width} input"
+        )
     if task == "obb":
         scored = _validate_obb(dataset, categories, results)
         scored.unscored += _without_category(engine.names, categories)
+        scored.notes = notes
         return scored
     with_masks = task == "segment" and dataset.has_masks
     with_keypoints = task == "pose" and dataset.keypoints > 0
@@ -174,6 +205,7 @@ def validate(
         if with_keypoints
         else None,
         unscored=unscored,
+        notes=notes,
     )
 
 
