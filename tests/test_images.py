@@ -268,6 +268,20 @@ def test_expand_sources_keeps_links_to_files_and_does_not_follow_links_to_folder
     assert expand_sources([str(root) + "/"]) == [str(root / name) for name in ("a.jpg", "b_link.png", "gone.jpg")]
 
 
+def test_expand_sources_passes_over_fifos_and_sockets_named_like_images(tmp_path):
+    """A FIFO called pipe.jpg in a folder would hold the run for ever at its first read (no writer ever comes); a
+    socket cannot be read at all: neither is an image file. A link to a FIFO is passed over too."""
+    import os
+    import socket
+
+    touch(tmp_path / "a.jpg")
+    os.mkfifo(tmp_path / "pipe.jpg")
+    (tmp_path / "pipe_link.jpg").symlink_to(tmp_path / "pipe.jpg")
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(tmp_path / "socket.png"))
+        assert expand_sources([str(tmp_path)]) == [str(tmp_path / "a.jpg")]
+
+
 def test_expand_sources_names_files_below_the_current_folder_as_pathlib_does(tmp_path, monkeypatch):
     for name in ("p/a.jpg", "p/..jpg", "p/.hidden.jpg", "p/.jpg", "p/q/b.PNG"):
         touch(tmp_path / name)

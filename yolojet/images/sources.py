@@ -199,8 +199,9 @@ def expand_sources(sources: list[str]) -> list[str]:
 def _images_below(folder: str) -> list[str]:
     """The files named like images anywhere below `folder`, sorted, named as pathlib names them (`a/b.jpg` below `.`,
     not `./a/b.jpg`). A broken link or an unreadable file so named is kept, so that reading it reports it; a folder
-    called 2024.jpg is searched like any other; links to folders are not followed (no cycles); a folder that cannot be
-    listed is passed over. One `scandir` a folder, whose entries say whether they are folders without a `stat` a file
+    called 2024.jpg is searched like any other; links to folders are not followed (no cycles); a FIFO, socket or
+    device so named is no image file and is passed over (reading a FIFO waits for a writer, for ever); a folder that
+    cannot be listed is passed over. One `scandir` a folder, whose entries say whether they are folders without a `stat` a file
     (a sixth of pathlib's `rglob` time: 100,000 files in 0.17 s against 1.10 s on a 2-core machine)."""
     found: list[str] = []
     folders = [folder]
@@ -212,7 +213,7 @@ def _images_below(folder: str) -> list[str]:
                     path = entry.name if here == "." else entry.path
                     if entry.is_dir(follow_symlinks=False):
                         folders.append(path)
-                    elif _suffix(entry.name).lower() in IMAGE_SUFFIXES and not _is_folder(entry):
+                    elif _suffix(entry.name).lower() in IMAGE_SUFFIXES and _is_file_to_read(entry):
                         found.append(path)
         except OSError:
             continue
@@ -225,9 +226,14 @@ def _suffix(name: str) -> str:
     return name[at:] if 0 < at < len(name) - 1 else ""
 
 
-def _is_folder(entry: os.DirEntry) -> bool:
-    """A link to a folder (the link itself was not one)."""
-    try:
-        return entry.is_dir()
-    except OSError:
+def _is_file_to_read(entry: os.DirEntry) -> bool:
+    """A regular file, a link to one, or a broken link (reported when read); not a link to a folder, nor a FIFO,
+    socket or device. A regular file costs no `stat`: scandir's entry says what it is."""
+    if entry.is_file(follow_symlinks=False):
+        return True
+    if not entry.is_symlink():
         return False
+    try:
+        return entry.is_file() or not os.path.exists(entry.path)
+    except OSError:
+        return True  # cannot be looked at: kept, so that reading it says why
