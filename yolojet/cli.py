@@ -703,7 +703,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise ModelDirError(f"{flag} {path}: no such file")
     token = args.token_file.read_text().strip() if args.token_file is not None else serve_token()
     options = ServeOptions(
-        host=args.host,
+        host=args.host if args.host is not None else "127.0.0.1",
         port=args.port,
         slo_ms=args.slo_ms,
         max_queue=args.max_queue,
@@ -739,6 +739,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise EngineConfigError("--device and --ray: give one (the replicas take the devices Ray gives them)")
         if args.processes > 1:
             raise EngineConfigError("--ray and --processes: give one (Ray Serve runs its replicas as processes)")
+        if args.host is not None:
+            raise EngineConfigError(
+                f"--host {args.host} is not available with --ray: Ray Serve's own gRPC proxy listens on every "
+                "interface of each node with a replica (keep --port behind the cluster's firewall)"
+            )
         serve_on_ray(specs, options, args.ray, args.ray_replicas)
         return 0
     if args.ray_replicas is not None:
@@ -747,7 +752,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     metrics = {} if args.metrics_port is None else {"--metrics-port": args.metrics_port}
     if args.metrics_port:
         metrics.update({f"--metrics-port (+{i})": args.metrics_port + i for i in range(1, args.processes)})
-    check_ports_free(args.host, {"--port": args.port, **metrics})
+    check_ports_free(options.host, {"--port": args.port, **metrics})
     if args.processes > 1:
         from yolojet.scale.server_processes import serve_processes
 
@@ -1232,7 +1237,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a model directory, .pt checkpoint, ultralytics name or .yaml, and its largest batch; repeat for more "
         "models (requests name them by file or folder name without its suffix)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument(
+        "--host", default=None, help="address to listen on (default 127.0.0.1; 0.0.0.0 for all; not with --ray)"
+    )
     p.add_argument("--port", type=_port, default=50051, help="gRPC port (default 50051; 0 picks a free one)")
     p.add_argument(
         "--max-batch", type=_positive_int, default=64, help="largest batch of a model given without one (default 64)"

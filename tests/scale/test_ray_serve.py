@@ -79,6 +79,7 @@ def test_an_unreachable_head_and_flags_that_do_not_go_together_are_refused(capsy
     for argv, reason in (
         (("--ray", "--devices", "cpu"), "--ray and --devices"),
         (("--ray", "--device", "cpu"), "--device and --ray"),
+        (("--ray", "--host", "127.0.0.1"), "--host 127.0.0.1 is not available with --ray"),
         (
             (
                 "--ray-replicas",

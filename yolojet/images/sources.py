@@ -201,8 +201,8 @@ def _images_below(folder: str) -> list[str]:
     not `./a/b.jpg`). A broken link or an unreadable file so named is kept, so that reading it reports it; a folder
     called 2024.jpg is searched like any other; links to folders are not followed (no cycles); a FIFO, socket or
     device so named is no image file and is passed over (reading a FIFO waits for a writer, for ever); a folder that
-    cannot be listed is passed over. One `scandir` a folder, whose entries say whether they are folders without a `stat` a file
-    (a sixth of pathlib's `rglob` time: 100,000 files in 0.17 s against 1.10 s on a 2-core machine)."""
+    cannot be listed is passed over. One `scandir` a folder, whose entries say whether they are folders without a
+    `stat` a file (a sixth of pathlib's `rglob` time: 100,000 files in 0.17 s against 1.10 s on a 2-core machine)."""
     found: list[str] = []
     folders = [folder]
     while folders:
