@@ -36,7 +36,25 @@ EXIT_CODES = """exit status:
   3    label stopped part-way (the server went away, an output could not be written): the records finished before
        it are kept, and --resume continues
   130  interrupted (Ctrl-C); results finished before it are kept
-  141  the reader of standard output went away (yolojet detect ... | head)"""
+  141  the reader of standard output went away (yolojet detect ... | head)
+  143  terminated (SIGTERM: detect, label, val, report end as on Ctrl-C); results finished before it are kept"""
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+# The commands that work through a list and keep what they finished: SIGTERM (a scheduler's, a container's stop) ends
+# them as Ctrl-C does. Ray's driver would otherwise print a crash report for it; servers drain on it by themselves.
+ENDS_ON_SIGTERM = ("detect", "label", "val", "report")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C's KeyboardInterrupt is, so that a run ends the same way."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _stopped_by(interrupt: KeyboardInterrupt) -> tuple[str, int]:
+    """What to call the stop, and the exit status."""
+    return ("terminated", EXIT_TERMINATED) if isinstance(interrupt, Terminated) else ("interrupted", 130)
 
 
 def _imgsz(text: str) -> int | tuple[int, int]:
@@ -984,9 +1002,10 @@ def _cmd_label(args: argparse.Namespace) -> int:
 
     try:
         run(job, label, facts, summary, paths)
-    except KeyboardInterrupt:
-        print(f"interrupted after {summary.labeled} images; run again with --resume to label the rest", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        what, status = _stopped_by(interrupt)
+        print(f"{what} after {summary.labeled} images; run again with --resume to label the rest", file=sys.stderr)
+        return status
     except YolojetError as e:
         if not (summary.labeled or summary.failed):  # stopped before any image: nothing was done
             raise
@@ -1499,16 +1518,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+    import threading
+
     args = build_parser().parse_args(argv)
+    ending = args.command in ENDS_ON_SIGTERM and threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminated) if ending else None
     try:
         apply_switch_interval()
         return args.run(args)
     except YolojetError as e:
         print(f"yolojet {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        what, status = _stopped_by(interrupt)
+        print(what, file=sys.stderr)
+        return status
     except BrokenPipeError:
         # The reader went away (`yolojet detect ... | head`): stop quietly. Standard output goes to /dev/null so that
         # the interpreter's own flush at exit cannot fail again.
@@ -1516,6 +1541,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    finally:
+        if ending:  # main() called in a process that goes on (a test, a script): its own handler back
+            signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":

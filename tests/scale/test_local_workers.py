@@ -264,11 +264,12 @@ def test_a_model_the_workers_cannot_load_names_the_device_and_stops_them(tmp_pat
     assert not out.exists() and not workers_alive()
 
 
-def test_ctrl_c_ends_the_workers_with_the_command(model_dir, tmp_path):
-    """SIGINT to the command's process group, as Ctrl-C in a terminal sends: the command stops (130) with what it
-    labeled kept, and its workers with it. Enough images that the run is still going when the interrupt comes,
-    however fast the machine (16 were all done first on a quiet CI machine): one copy of each photo, then hard
-    links to it."""
+@pytest.mark.parametrize(("stop", "status", "said"), [("ctrl-c", 130, "interrupted"), ("sigterm", 143, "terminated")])
+def test_ctrl_c_or_sigterm_ends_the_workers_with_the_command(model_dir, tmp_path, stop, status, said):
+    """SIGINT to the command's process group, as Ctrl-C in a terminal sends, or SIGTERM to the command alone, as a
+    scheduler stopping a job sends: the command stops (130 or 143) with what it labeled kept and says how to go on,
+    and its workers stop with it. Enough images that the run is still going when the signal comes, however fast the
+    machine (16 were all done first on a quiet CI machine): one copy of each photo, then hard links to it."""
     folder = photos(tmp_path / "photos", 2)
     for i in range(2, 400):
         os.link(folder / f"{i % 2:02d}.jpg", folder / f"{i:03d}.jpg")
@@ -301,13 +302,16 @@ def test_ctrl_c_ends_the_workers_with_the_command(model_dir, tmp_path):
             time.sleep(0.02)
         workers = workers_alive(process.pid)
         assert len(workers) == 2
-        os.killpg(process.pid, signal.SIGINT)
+        if stop == "ctrl-c":
+            os.killpg(process.pid, signal.SIGINT)
+        else:
+            os.kill(process.pid, signal.SIGTERM)
         _, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 130, stderr.decode()
-    assert "run again with --resume" in stderr.decode()
+    assert process.returncode == status, stderr.decode()
+    assert f"{said} after" in stderr.decode() and "run again with --resume" in stderr.decode()
     assert 1 <= len(lines(out)) < 400
     for pid in workers:  # gone, or at most a zombie waiting for init to reap it
         stat = Path(f"/proc/{pid}/stat")

@@ -4,7 +4,9 @@ when called)."""
 from __future__ import annotations
 
 import logging
+import signal
 import socket
+import threading
 
 from yolojet.errors import EngineConfigError
 
@@ -48,11 +50,17 @@ def connect(address: str | None) -> bool:
             raise EngineConfigError(f"--ray {address}: cannot reach the Ray cluster there ({e}); {hint}") from None
     if ray.is_initialized():
         return False
+    # Ray's driver installs a SIGTERM handler of its own that prints a crash report; the command's handler (which
+    # ends a labeling run as Ctrl-C does) is put back.
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if on_main_thread else None
     try:
         if address:
             ray.init(address=address, logging_level=logging.WARNING)
         else:  # the dashboard is a web server and a second set of processes a labeling run does not look at
             ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        if callable(handler):
+            signal.signal(signal.SIGTERM, handler)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
         if not address:
             raise EngineConfigError(f"--ray: cannot start Ray here ({e})") from None
