@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -407,6 +408,20 @@ def test_val_and_report_never_write_over_their_dataset(tmp_path, capsys):
         code, _, stderr = run_cli(capsys, command, tmp_path / "no_model", "--data", data, "--out", folder)
         assert code == 2 and f"--out {data}: the dataset this run scores against" in stderr, stderr
         assert data.read_bytes() == before
+
+
+def test_a_resume_with_other_options_is_refused_before_the_model_loads(tmp_path, capsys):
+    """The records' options are compared before any model loads or cluster starts (the model here does not exist, so
+    a check made after the load would name it instead)."""
+    from ultralytics.utils import ASSETS
+
+    out = tmp_path / "labels.jsonl"
+    out.write_text(json.dumps({"path": str(ASSETS / "bus.jpg"), "detections": []}) + "\n")
+    (tmp_path / "labels.jsonl.settings.json").write_text(json.dumps({"options": {"conf": 0.3}}) + "\n")
+    code, _, stderr = run_cli(
+        capsys, "label", ASSETS, "--local", "--model", tmp_path / "no_model", "--out", out, "--resume", "--conf", "0.5"
+    )
+    assert code == 2 and "its records were made with --conf 0.3; this run asks for --conf 0.5" in stderr, stderr
 
 
 def test_labeling_through_a_server_never_imports_torch(tmp_path):

@@ -803,7 +803,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_label(args: argparse.Namespace) -> int:
     from yolojet.client import records
-    from yolojet.client.label import LabelJob, Summary, check_label_options, check_outputs, job_paths, run
+    from yolojet.client.label import (
+        LabelJob,
+        Summary,
+        check_kept_settings,
+        check_label_options,
+        check_outputs,
+        job_paths,
+        run,
+    )
     from yolojet.client.remote import REACH_TRIES_A_PROCESS, Connection, RemoteLabeler, bench, model_facts
     from yolojet.options import serve_token
 
@@ -888,6 +896,8 @@ def _cmd_label(args: argparse.Namespace) -> int:
     check_outputs(job)
     # Before the model loads: no images is said at once, and the first ones shape the load.
     paths = job_paths(job, args.model if args.server is None else None)
+    if job.resume and job.out.is_file():
+        check_kept_settings(job)  # other options than the records': said before a model or a cluster starts
     summary = Summary()
     label: Callable[[list[str], Callable[[dict], None], Callable[[str, str], None]], None]
     if args.local:

@@ -130,7 +130,7 @@ def _asked(job: LabelJob) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in job.options.items()}
 
 
-def _check_kept_settings(job: LabelJob) -> None:
+def check_kept_settings(job: LabelJob) -> None:
     """A resumed run asks for what its records were made with, which would otherwise mix two sets of options
     silently; checked before anything is changed."""
     where = settings_file(job)
@@ -253,7 +253,7 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
     if job.yolo_txt is not None and facts.task == "classify":  # said before the labeling, not after it
         raise OutputPathError("--yolo-txt: a classification dataset is folders of images by class, not label files")
     if job.resume and job.out.is_file():
-        _check_kept_settings(job)
+        check_kept_settings(job)
         models: set[tuple[Any, Any]] = set()
         for r in recs.iter_records(job.out):  # every line a record (a RecordsError otherwise) before any change
             done.add(_key(r["path"]))
