@@ -682,6 +682,7 @@ def _cmd_val(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         protocol=args.protocol,
         rect=args.rect,
+        device=args.device,
         **_engine_switches(args),
     )
     print(f"{result.images} images, {len(result.predictions)} detections (conf {args.conf}, iou {args.iou})")
@@ -1099,6 +1100,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         imgsz=args.imgsz,
         big_batch=args.big_batch,
         iters=args.iters,
+        device=args.device,
         progress=sys.stderr.isatty(),
     )
     if args.out is not None:
@@ -1108,6 +1110,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(f"wrote {', '.join(str(args.out / name) for name in files)}", file=sys.stderr)
     print(report.tables(), end="")
     return 0
+
+
+IMAGES_HELP = "the folder a COCO JSON's file_names are relative to (default: the JSON's own folder)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1173,7 +1178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("val", help="COCO evaluation (pycocotools) of a model on a dataset")
     p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
     p.add_argument("--data", required=True, type=Path, help="a COCO instances .json or an ultralytics dataset .yaml")
-    p.add_argument("--images", type=Path, default=None, help="folder the JSON's file_names are relative to")
+    p.add_argument("--images", type=Path, default=None, help=IMAGES_HELP)
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument(
         "--batch",
@@ -1495,8 +1501,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="--local: N labeling processes on each device (--device's, or each of --devices), each with its "
-        "own engine: one interpreter feeds an H200 about 5,500 images a second, four together 8,200 "
-        "(bench/NOTES.md), for a few seconds more of start-up (default 1: this process)",
+        "own engine: one labeled about 7,900 images a second on an H200, four together 8,300 (README), "
+        "for a few seconds more of start-up (default 1: this process)",
     )
     _add_mps_flag(p, "--workers N: the processes sharing a GPU")
     _add_decoder_flag(p)
@@ -1516,7 +1522,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", nargs="+", help="model directories, .pt checkpoints, ultralytics names or .yaml files")
     p.add_argument("--data", required=True, type=Path, help="a COCO instances .json or an ultralytics dataset .yaml")
-    p.add_argument("--images", type=Path, default=None, help="folder the JSON's file_names are relative to")
+    p.add_argument("--images", type=Path, default=None, help=IMAGES_HELP)
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument("--big-batch", type=int, default=None, help="batch for the img/s column (default 64; 4 on a CPU)")
     p.add_argument("--iters", type=int, default=None, help="timed runs per batch size (default 50; 5 on a CPU)")

@@ -251,3 +251,36 @@ def test_a_wide_input_under_the_val_protocol_says_it_runs_at_its_long_side(datas
         "--protocol predict runs the 480x640 input"
     ]
     assert predict.notes == []
+
+
+def test_images_that_cannot_be_read_or_are_not_the_size_given_are_named_once(dataset, tmp_path, capsys, monkeypatch):
+    """On the CPU by --device (whatever the machine has; the reference executor, not Triton's interpreter): an image
+    that is not one is named once with why, after the others ran; an image whose size is not the one the dataset
+    gives is named with both sizes, height first."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    root, _, model_dir = dataset
+    document = json.loads((root / "instances.json").read_text())
+    first, second = document["images"][:2]
+    (tmp_path / "images").mkdir()
+    broken = tmp_path / first["file_name"]
+    broken.write_bytes(b"not an image")
+    shutil.copy(root / second["file_name"], tmp_path / second["file_name"])
+    kept = {first["id"], second["id"]}
+    two = {
+        **document,
+        "images": [first, second],
+        "annotations": [a for a in document["annotations"] if a["image_id"] in kept],
+    }
+    (tmp_path / "broken.json").write_text(json.dumps(two))
+    argv = ["val", str(model_dir), "--images", str(tmp_path), "--device", "cpu", "--quiet"]
+    code = main([*argv, "--data", str(tmp_path / "broken.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "1 images could not be read" in err and err.count(broken.name) == 1, err
+
+    shutil.copy(root / first["file_name"], broken)
+    wrong = {**two, "images": [{**first, "width": 7, "height": 5}, second]}
+    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+    for protocol in ("val", "predict"):
+        code = main([*argv, "--data", str(tmp_path / "wrong.json"), "--protocol", protocol])
+        message = f"the dataset gives it as 5x7 (height x width), it reads as {first['height']}x{first['width']}"
+        assert code == 2 and message in capsys.readouterr().err, protocol

@@ -158,7 +158,7 @@ def test_a_path_is_delivered_once_and_one_without_an_answer_is_an_error():
     assert errors == [("bad", "bad: cannot decode"), ("lost", NO_ANSWER)]
     assert (delivery.restarts, delivery.repeats, delivery.missing) == (1, 2, 1)
     notes = " ".join(delivery.notes())
-    assert "Ray restarted 1 workers" in notes and "2 answers" in notes and "1 images got no answer" in notes
+    assert "Ray restarted a worker that died" in notes and "2 answers" in notes and "an image got no answer" in notes
     failed = batch(["d"], "A", "node:3")
     failed["failure"] = np.array(["EngineConfigError: max_det 1000: expected an int in 1..300"], dtype=object)
     with pytest.raises(yolojet.errors.EngineConfigError, match="on a Ray worker: max_det 1000"):

@@ -110,6 +110,14 @@ class EvalImage:
     height: int
 
 
+def wrong_size(image: EvalImage, height: int, width: int) -> DatasetError:
+    """The error for an image that reads at another size than its dataset gives (its boxes would be scaled wrong)."""
+    return DatasetError(
+        f"{image.path}: the dataset gives it as {image.height}x{image.width} (height x width), it reads as "
+        f"{height}x{width}"
+    )
+
+
 @dataclass
 class Dataset:
     """Images to run and the COCO ground truth to score them against."""

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from yolojet.errors import DatasetError, ImageReadError
-from yolojet.eval.datasets import EvalImage
+from yolojet.errors import ImageReadError
+from yolojet.eval.datasets import EvalImage, wrong_size
 from yolojet.geometry import Letterbox
 from yolojet.reference.pipeline import non_max_suppression, scale_boxes, select_end2end
 from yolojet.tasks import Boxes, Results
@@ -188,10 +188,7 @@ def validation_results(
                 except ImageReadError as e:
                     return e
                 if bgr.shape[:2] != (image.height, image.width):
-                    raise DatasetError(
-                        f"{image.path}: the annotation says {image.width}x{image.height}, the file "
-                        f"is {bgr.shape[1]}x{bgr.shape[0]}"
-                    )
+                    raise wrong_size(image, *bgr.shape[:2])
                 return letterboxed(bgr, imgsz, group.shape)
 
             return list(pool.map(one, group.images))

@@ -22,7 +22,7 @@ from yolojet.eval.coco import (
     evaluate,
     keypoint_sigmas,
 )
-from yolojet.eval.datasets import Dataset, load_dataset
+from yolojet.eval.datasets import Dataset, load_dataset, wrong_size
 from yolojet.eval.obb import ObbScores, evaluate_obb, quad_to_xywhr
 
 
@@ -103,14 +103,12 @@ def _checked(pairs: Iterator, total: int, progress: bool) -> Iterator:
     with tqdm(total=total, disable=not progress, unit="img", file=sys.stderr, desc="val", mininterval=interval) as bar:
         for image, result in pairs:
             bar.update(1)
-            if result.error:
-                failed.append(f"{image.path}: {result.error}")
+            if result.error:  # the reader's message names the image already
+                named = result.error.startswith(str(image.path))
+                failed.append(result.error if named else f"{image.path}: {result.error}")
                 continue
             if result.orig_shape != (image.height, image.width):
-                raise DatasetError(
-                    f"{image.path}: the annotation says {image.width}x{image.height}, "
-                    f"the file is {result.orig_shape[1]}x{result.orig_shape[0]}"
-                )
+                raise wrong_size(image, *result.orig_shape)
             yield image, result
     if failed:
         raise DatasetError(f"{len(failed)} images could not be read: " + "; ".join(failed[:5]))

@@ -175,14 +175,14 @@ class Delivery:
     def notes(self) -> list[str]:
         notes = []
         if self.restarts:
-            notes.append(f"Ray restarted {self.restarts} workers that died; the batches they held ran again")
+            workers = "a worker that" if self.restarts == 1 else f"{self.restarts} workers that"
+            notes.append(f"Ray restarted {workers} died; the batches they held ran again")
         if self.repeats:
-            notes.append(f"{self.repeats} answers for images answered already (a batch run again) were dropped")
+            answers = "an answer" if self.repeats == 1 else f"{self.repeats} answers"
+            notes.append(f"{answers} for images answered already (a batch run again) dropped")
         if self.missing:
-            notes.append(
-                f"{self.missing} images got no answer from the Ray workers (in the error log; --resume "
-                "tries them again)"
-            )
+            images = "an image" if self.missing == 1 else f"{self.missing} images"
+            notes.append(f"{images} got no answer from the Ray workers (in the error log; --resume tries them again)")
         return notes
 
 
