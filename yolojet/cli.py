@@ -816,6 +816,13 @@ def _cmd_label(args: argparse.Namespace) -> int:
     from yolojet.client.remote import REACH_TRIES_A_PROCESS, Connection, RemoteLabeler, bench, model_facts
     from yolojet.options import serve_token
 
+    if args.ray and Path(args.ray).exists():  # nargs='?' takes the word after --ray, even an image folder
+        raise EngineConfigError(
+            f"--ray {args.ray}: an image source, not a cluster address; give --ray after the "
+            "sources, or --ray= for a cluster started here"
+        )
+    if not args.source:
+        raise EngineConfigError("give the images to label: files, globs, folders or .txt lists of image paths")
     if [args.server is not None, args.local, args.ray is not None].count(True) != 1:
         raise EngineConfigError(
             "give --server HOST:PORT (label through yolojet serve), --local (an engine here) or "
@@ -830,11 +837,6 @@ def _cmd_label(args: argparse.Namespace) -> int:
     if args.streams is not None and args.streams > args.concurrency:
         raise EngineConfigError(
             f"--streams {args.streams}: between 1 and the requests in flight (-c {args.concurrency})"
-        )
-    if args.ray and Path(args.ray).exists():  # nargs='?' takes the word after --ray, even an image folder
-        raise EngineConfigError(
-            f"--ray {args.ray}: an image source, not a cluster address; give --ray after the "
-            "sources, or --ray= for a cluster started here"
         )
     devices = None
     if args.devices is not None:  # checked before any work: a worker process a device is started only to label
@@ -1384,9 +1386,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "source",
-        nargs="+",
+        nargs="*",  # one at least, checked by the command: `--ray photos/` takes the folder as the cluster's address
         help="image files, globs, directories (searched recursively) or .txt files of image paths, a path a "
-        "line (relative ones from the .txt file's folder; # starts a comment)",
+        "line (relative ones from the .txt file's folder; # starts a comment); one at least",
     )
     p.add_argument("--out", type=Path, default=None, help="JSON-lines file of one record an image (required to label)")
     where = p.add_mutually_exclusive_group()

@@ -103,6 +103,10 @@ def test_flags_that_do_not_go_together(model_dir, photos, tmp_path, capsys):
     assert code == 2 and "--bench measures a server" in stderr
     code, _, stderr = run_cli(capsys, "label", photos / "bus.jpg", "--ray", photos, *out)  # --ray took the folder
     assert code == 2 and f"--ray {photos}: an image source, not a cluster address" in stderr
+    code, _, stderr = run_cli(capsys, "label", "--ray", photos, *out)  # the only source, taken by --ray
+    assert code == 2 and f"--ray {photos}: an image source, not a cluster address" in stderr
+    code, _, stderr = run_cli(capsys, "label", *out, "--local")
+    assert code == 2 and "give the images to label" in stderr
     code, _, stderr = run_cli(capsys, "label", photos, *out, "--device", "cuda:1", "--ray")
     assert code == 2 and "expected cuda or cpu" in stderr
     assert not (tmp_path / "o.jsonl").exists()
