@@ -152,10 +152,9 @@ def assert_same_predictions(ours: list[dict], theirs: list[dict], rotated: bool)
     broad regions of mask logits near the threshold, where rounding flips pixels (on an AMD EPYC, 1 of 1,107 masks at
     IoU 0.9825, 15 of 857 pixels). A prediction may be missing from the other set only where the two networks
     may put it either side of a cut: scoring within 1e-4 of val's conf 0.001, within 2e-4 of the lowest score of an
-    image the other set filled to max_det (300), overlapping a higher-scoring box of its class there by an IoU
-    (probiou for rotated boxes) within 1e-4 of val's iou 0.7, or overlapping one past that IoU whose score is within
-    2e-4 of its own: two such boxes suppress each other, and which one is kept depends on their order, which the two
-    networks' rounding may swap (OBB's thousands of near-duplicate rotated boxes on an Intel host)."""
+    image the other set filled to max_det (300), or overlapping a higher-scoring box of its class there by an IoU
+    (probiou for rotated boxes) within 3e-4 of val's iou 0.7 (a rotated box 1.2e-4 from it, 0.69988, was suppressed by
+    one network and not the other on an Intel host: probiou of boxes a rounding apart moves by that much)."""
     from pycocotools import mask as coco_mask
     from torchvision.ops import box_convert, box_iou
     from ultralytics.utils.metrics import batch_probiou
@@ -186,10 +185,8 @@ def assert_same_predictions(ours: list[dict], theirs: list[dict], rotated: bool)
     def at_a_cut(p: dict, other_side: str) -> bool:
         if p["score"] <= 0.0011 or p["score"] <= lowest[other_side].get(p["image_id"], -1.0) + 2e-4:
             return True
-        others = groups[key(p)][other_side]
-        higher = [o for o in others if o["score"] > p["score"]]
-        tied = [o for o in others if abs(o["score"] - p["score"]) <= 2e-4]
-        return abs(overlap(p, higher) - 0.7) <= 1e-4 or overlap(p, tied) > 0.7 - 1e-4
+        higher = [o for o in groups[key(p)][other_side] if o["score"] > p["score"]]
+        return abs(overlap(p, higher) - 0.7) <= 3e-4
 
     def nearest(p: dict, others: list[dict]) -> str:
         """The other set's prediction of the same image and class that overlaps p most: what a failure shows."""
