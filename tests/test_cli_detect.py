@@ -312,6 +312,35 @@ def test_save_keeps_one_annotated_image_per_input(model_dir, tmp_path, capsys):
     assert shapes == sorted(PHOTOS.values()), f"annotated images {[p.name for p in saved]} of sizes {shapes}"
 
 
+def test_save_replaces_its_own_annotated_images_and_no_other_file(model_dir, tmp_path, capsys):
+    """photo.png is annotated as photo.jpg: beside the user's own photo.jpg that is refused before any work, the file
+    untouched; into a folder of its own it is written, and a second run replaces it (the annotated image says it is
+    one). An annotated image JPEG cannot hold (a side over 65,500 pixels) is that image's error: the others are
+    still detected and saved."""
+    import PIL.Image
+
+    photos, shared = tmp_path / "photos", tmp_path / "shared"
+    photos.mkdir()
+    shared.mkdir()
+    PIL.Image.open(ASSETS / "bus.jpg").save(photos / "photo.png")
+    shutil.copy(ASSETS / "zidane.jpg", shared / "photo.jpg")
+    mine = (shared / "photo.jpg").read_bytes()
+    code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--save", shared, "--quiet")
+    assert code == 2 and "photo.jpg is there and is not an annotated image detect wrote" in stderr, stderr
+    assert (shared / "photo.jpg").read_bytes() == mine
+
+    saved = tmp_path / "annotated"
+    for _ in range(2):
+        code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--save", saved, "--quiet")
+        assert code == 0, stderr
+        assert cv2.imread(str(saved / "photo.jpg")).shape[:2] == PHOTOS["bus.jpg"]
+
+    cv2.imwrite(str(photos / "wide.png"), np.random.default_rng(0).integers(0, 255, (4, 70_000, 3), dtype=np.uint8))
+    code, _, stderr = run_cli(capsys, "detect", model_dir, photos, "--save", tmp_path / "wide", "--quiet")
+    assert code == 1 and "wide.png: error: its annotated image cannot be saved" in stderr, stderr
+    assert sorted(p.name for p in (tmp_path / "wide").iterdir()) == ["photo.jpg"]
+
+
 @pytest.mark.parametrize(
     ("option", "fragment"),
     [

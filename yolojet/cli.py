@@ -356,6 +356,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
         clash = next((t for t in saved if t.resolve() in inputs), None)
         if clash is not None:
             raise OutputPathError(f"--save {args.save}: the annotated image would overwrite the input {clash}")
+        _refuse_replacing_other_files(args.save, saved)
     engine = Engine.load(
         args.model,
         imgsz=args.imgsz,
@@ -410,9 +411,13 @@ def _cmd_detect(args: argparse.Namespace) -> int:
                 image = Image.fromarray(result.plot()[..., ::-1])
 
                 def save_jpeg(p: Path, image: Image.Image = image) -> None:
-                    image.save(p, format="JPEG", quality=90)
+                    image.save(p, format="JPEG", quality=90, comment=ANNOTATED)
 
-                write_atomically(target, save_jpeg)
+                try:
+                    write_atomically(target, save_jpeg)
+                except (OSError, ValueError, OutputPathError) as e:  # JPEG's 65,500-pixel sides, a full disk
+                    failed += 1
+                    progress.write(f"{source}: error: its annotated image cannot be saved ({e})", file=sys.stderr)
     finally:
         progress.close()
         engine.close()
@@ -444,6 +449,40 @@ def _detect_summary(
     if args.save is not None:
         lines.append(f"annotated images: {args.save}")
     return "\n".join(lines)
+
+
+# The comment `detect --save` writes into each annotated JPEG: a file carrying it may be replaced by the next run's
+# (a run again with other options), any other file at an annotated image's name is the user's and is not.
+ANNOTATED = b"annotated by yolojet detect"
+
+
+def _refuse_replacing_other_files(folder: Path, targets: Sequence[Path]) -> None:
+    """Fail before any work where an annotated image would replace a file of the folder that is not one (`photo.png`
+    annotated as `photo.jpg` beside the user's own `photo.jpg`). The folder is listed once; only the files whose names
+    the run would write are opened."""
+    import os
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        present = set(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return  # made by the run: nothing to replace
+    except OSError as e:
+        raise OutputPathError(f"--save {folder}: cannot list it ({e.strerror})") from None
+    for target in targets:
+        if target.name not in present:
+            continue
+        try:
+            with Image.open(target) as image:
+                ours = image.format == "JPEG" and image.info.get("comment") == ANNOTATED
+        except (OSError, UnidentifiedImageError, SyntaxError):
+            ours = False
+        if not ours:
+            raise OutputPathError(
+                f"--save {folder}: {target.name} is there and is not an annotated image detect wrote, which the "
+                "annotated image of the same name would replace; give a folder of its own"
+            )
 
 
 def _unique_target(folder: Path, stem: str, taken: set[str]) -> Path:
@@ -1163,7 +1202,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument("--batch", type=_positive_int, default=1, help="images per batch (default 1)")
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
-    p.add_argument("--save", type=Path, default=None, help="write annotated images into this directory")
+    p.add_argument(
+        "--save",
+        type=Path,
+        default=None,
+        help="write annotated images into this directory, as NAME.jpg for each input NAME.* (an earlier run's are "
+        "replaced; any other file of that name is not: the run is refused)",
+    )
     p.add_argument(
         "--json",
         type=Path,
