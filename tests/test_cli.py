@@ -443,3 +443,29 @@ def test_labeling_through_a_server_never_imports_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "UNAVAILABLE" in done.stderr  # it got as far as asking the server
+
+
+def test_sigterm_mid_export_leaves_no_staging_folder(tmp_path, capsys, monkeypatch):
+    """SIGTERM (a scheduler's stop) while the weights are written ends the export as Ctrl-C does: exit 143, and
+    neither a half-written model directory nor its hidden staging folder is left."""
+    import os
+    import signal
+
+    import yolojet.ir
+
+    def stopped(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, mid-write
+
+    def not_handled(*args):
+        raise AssertionError("export left SIGTERM to its default: it would have ended the process there")
+
+    monkeypatch.setattr(yolojet.ir, "save_file", stopped)
+    checkpoint = tmp_path / "cls.pt"
+    torch.save({"model": random_model("yolov8n-cls.yaml")}, checkpoint)
+    before = signal.signal(signal.SIGTERM, not_handled)  # (the test process's own: this test must not end it)
+    try:
+        code, _, stderr = run_cli(capsys, "export", checkpoint, "--imgsz", "64", "--out", tmp_path / "out")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert code == 143 and "terminated" in stderr, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cls.pt"]

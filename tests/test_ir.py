@@ -56,6 +56,22 @@ def test_save_replaces_only_model_directories_and_writes_shareable_files(seg_dir
     assert (again / "weights.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+def test_save_writes_through_a_link_and_removes_nothing_else(seg_dir, tmp_path):
+    """A link to a model directory is written through (the link stays, its target gets the new model), and a folder
+    named like the one a replacement parks the old directory in (`.m.old`) is the user's: it is left alone."""
+    graph = Graph.load(seg_dir)
+    target = graph.save(tmp_path / "m")
+    (tmp_path / "link").symlink_to(target)
+    (target / "graph.json").write_text("{}")  # an old model, to tell the new one from
+    keep = tmp_path / ".m.old"
+    keep.mkdir()
+    (keep / "important.txt").write_text("mine")
+    assert graph.save(tmp_path / "link") == target
+    assert (tmp_path / "link").is_symlink() and Graph.load(tmp_path / "link").meta == graph.meta
+    assert (keep / "important.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".m.old", "link", "m"]  # no staging or old copy left
+
+
 def test_directory_is_json_and_safetensors(seg_dir):
     document = json.loads((seg_dir / "graph.json").read_text())
     assert document["meta"]["task"] == "segment" and document["meta"]["imgsz"] == [96, 64]

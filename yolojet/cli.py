@@ -37,11 +37,12 @@ EXIT_CODES = """exit status:
        it are kept, and --resume continues
   130  interrupted (Ctrl-C); results finished before it are kept
   141  the reader of standard output went away (yolojet detect ... | head)
-  143  terminated (SIGTERM: detect, label, val, report end as on Ctrl-C); results finished before it are kept"""
+  143  terminated (SIGTERM: export, detect, label, val, report end as on Ctrl-C); results finished before it are
+       kept"""
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 # The commands that work through a list and keep what they finished: SIGTERM (a scheduler's, a container's stop) ends
 # them as Ctrl-C does. Ray's driver would otherwise print a crash report for it; servers drain on it by themselves.
-ENDS_ON_SIGTERM = ("detect", "label", "val", "report")
+ENDS_ON_SIGTERM = ("export", "detect", "label", "val", "report")
 
 
 class Terminated(KeyboardInterrupt):

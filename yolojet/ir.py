@@ -349,8 +349,10 @@ class Graph:
         return digest.hexdigest()[:12]
 
     def save(self, directory: str | Path) -> Path:
-        """Write the model directory atomically: a half-written directory never appears under `directory`."""
-        directory = Path(directory).absolute()
+        """Write the model directory atomically: a half-written directory never appears under `directory`. A link is
+        written through to the directory it leads to, as outputs are; nothing but the model directory it replaces is
+        removed."""
+        directory = Path(os.path.realpath(directory))
         self.validate()
         if directory.exists() and not _replaceable(directory):
             raise ModelDirError(
@@ -379,8 +381,9 @@ class Graph:
             for written in (GRAPH_FILE, WEIGHTS_FILE):
                 (staging / written).chmod(0o666 & ~umask)
             if directory.exists():
-                backup = directory.with_name(f".{directory.name}.old")
-                shutil.rmtree(backup, ignore_errors=True)
+                # The old directory is moved onto an empty one of a fresh name (a rename may replace an empty
+                # directory), so that no file of the user's is in the way or removed.
+                backup = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
                 os.replace(directory, backup)
                 os.replace(staging, directory)
                 shutil.rmtree(backup, ignore_errors=True)
