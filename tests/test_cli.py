@@ -30,6 +30,9 @@ def test_export_yaml_then_info(tmp_path, capsys):
     assert "(RANDOM weights)" in stdout
     assert "a 1080x810 photo runs at 128x96" in stdout
 
+    code, _, stderr = run_cli(capsys, "export", out, "--imgsz", "64")  # a model directory is not exported again
+    assert code == 2 and "already a yolojet model directory; export takes a .pt checkpoint" in stderr, stderr
+
     code, stdout, stderr = run_cli(capsys, "info", "yolov8n-cls.yaml")  # what every other command takes
     assert code == 0, stderr
     assert "task          classify" in stdout and "resize and centre crop" in stdout

@@ -14,6 +14,7 @@ from typing import cast
 from torch import nn
 
 from yolojet.errors import CheckpointError, ModelNotFoundError, NotAYoloModelError
+from yolojet.ir import GRAPH_FILE
 
 log = logging.getLogger("yolojet")
 
@@ -159,6 +160,11 @@ def load_model(source: str | Path | nn.Module) -> LoadedModel:
             loaded = _load_yaml(text)
         elif suffix == ".pt":
             loaded = _load_checkpoint(text)
+        elif Path(text, GRAPH_FILE).is_file():
+            raise NotAYoloModelError(
+                f"{text}: already a yolojet model directory; export takes a .pt checkpoint or a .yaml architecture "
+                "(any input size runs from this directory: --imgsz on detect, label, serve, or Engine.load(imgsz=))"
+            )
         elif Path(text).is_dir():
             raise NotAYoloModelError(
                 f"{text}: a folder but not a yolojet model directory (expected graph.json and weights.safetensors), "
