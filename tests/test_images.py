@@ -329,15 +329,22 @@ def test_16_bit_png_loads_as_8_bit_pixels(tmp_path):
     assert np.array_equal(rgb(frame), reference[..., ::-1])
 
 
-def test_animated_gif_loads_its_first_frame(tmp_path):
-    """An animated GIF is one image: its first frame, as cv2.imread reads it."""
+def test_an_animated_gif_is_a_video_and_a_corrupt_one_is_named(tmp_path):
+    """ultralytics' predict runs every frame of a GIF, as a video's: its first frame alone would be an answer predict
+    never gives, so an animated GIF is refused as video is; a still GIF is an image. A GIF whose header is corrupt is
+    named as the file, not as the in-memory buffer Pillow read it from."""
     frames = [Image.fromarray(np.full((14, 20, 3), level, np.uint8)) for level in (40, 200)]
     path = tmp_path / "moving.gif"
     frames[0].save(path, save_all=True, append_images=frames[1:])
-    reference = cv2.imread(str(path))
-    frame = load_frame(path)
+    with pytest.raises(ImageReadError, match=r"moving.gif: an animated GIF of 2 frames, a video, which is not supp"):
+        load_frame(path)
+    frames[0].save(tmp_path / "still.gif")
+    frame = load_frame(tmp_path / "still.gif")
     assert frame.shape == (14, 20)
-    assert np.array_equal(rgb(frame), reference[..., ::-1])
+    assert np.array_equal(rgb(frame), cv2.imread(str(tmp_path / "still.gif"))[..., ::-1])
+    (tmp_path / "broken.gif").write_bytes(b"GIF89a" + bytes(20))
+    with pytest.raises(ImageReadError, match=r"broken.gif: cannot decode as an image \(its GIF header is corrupt\)"):
+        load_frame(tmp_path / "broken.gif")
 
 
 def test_pil_image_is_turned_upright_by_its_exif_orientation():

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from yolojet.errors import ImageReadError
+from yolojet.images.sources import NOT_YET
 from yolojet.options import DEFAULT_MAX_PIXELS  # noqa: F401 - where the images room names it
 
 _JPEG_SOI = b"\xff\xd8"
@@ -143,9 +144,15 @@ def encoded_info(data: bytes, name: str) -> EncodedInfo:
 
     try:
         with Image.open(io.BytesIO(data)) as image:  # reads the header only
-            return EncodedInfo(kind, image.height, image.width)
-    except Exception as e:  # Pillow raises many types for corrupt headers (OSError, SyntaxError, struct.error)
-        raise ImageReadError(f"{name}: cannot decode as an image ({e})") from e
+            frames = getattr(image, "n_frames", 1) if kind == "gif" else 1  # a GIF's frames: read through once
+            found = EncodedInfo(kind, image.height, image.width)
+    except Exception:  # Pillow raises many types for a corrupt header, each naming its buffer or an opener it tried
+        raise ImageReadError(f"{name}: cannot decode as an image (its {kind.upper()} header is corrupt)") from None
+    if frames > 1:  # ultralytics predicts every frame of a GIF, as a video's; its first alone would be a wrong answer
+        raise ImageReadError(
+            f"{name}: an animated GIF of {frames} frames, a video, which is not supported yet ({NOT_YET})"
+        )
+    return found
 
 
 def check_encoded(data: bytes, name: str, max_pixels: int) -> EncodedInfo:
