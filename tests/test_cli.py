@@ -288,6 +288,18 @@ def test_compare_flags_values_over_the_gate(tmp_path, capsys):
     code, stdout, _ = run_cli(capsys, "compare", tmp_path)
     assert code == 1 and "1 of them never reach fp16's normal range" in stdout
 
+    overflowed = torch.full((2, 8), float("inf"))  # past fp16's largest value, 65504
+    save_file({"h": overflowed}, str(tmp_path / "engine.safetensors"), {"precision": "fp16"})
+    save_file({"h": torch.full((2, 8), 1.05e5)}, str(tmp_path / "reference.safetensors"), {"precision": "fp16"})
+    code, stdout, _ = run_cli(capsys, "compare", tmp_path)
+    assert code == 1 and "1 of them go past fp16's largest value (65504)" in stdout and "--fp32" in stdout
+
+
+def test_a_one_to_one_head_asked_of_a_model_without_one_is_a_bad_option(tmp_path, capsys):
+    code, _, stderr = run_cli(capsys, "export", "yolo11n.yaml", "--head", "one2one", "--out", tmp_path / "m")
+    assert code == 2 and "--head one2one (end2end=True): this model's Detect head has no one-to-one branch" in stderr
+    assert "unsupported module" not in stderr and not (tmp_path / "m").exists()
+
 
 def test_dump_and_compare_errors(tmp_path, capsys):
     model_dir = yolojet.export(random_model("yolov8n-cls.yaml"), out=tmp_path / "cls", imgsz=64)

@@ -180,6 +180,7 @@ def test_detect_directory_matches_ultralytics_predict(model_dir, photos, tmp_pat
         else:
             assert diff.mean() < 3, f"{name}: nothing to draw, yet the image changed"
     assert total >= 10, "the comparison needs detections to mean something"
+    assert f"2 images, {total:,} detections (" in stdout and "), 0 errors" in stdout
     # Written through staging files renamed into place: nothing else is left beside the outputs.
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(PHOTOS)
     assert [p.name for p in out_json.parent.iterdir()] == ["out.jsonl"]
@@ -222,6 +223,7 @@ def test_bad_images_are_reported_and_the_good_ones_still_detected(model_dir, pho
     expected = assert_matches_ultralytics(record, "bus.jpg")
     assert len(expected) > 0
     assert len(printed_detections(stdout, str(good))) == len(expected)
+    assert f"1 image, {len(expected):,} detections" in stdout and ", 2 errors" in stdout  # the summary
     assert sorted(p.name for p in out_dir.iterdir()) == ["bus.jpg"]
 
 
@@ -235,7 +237,9 @@ def test_a_name_that_is_not_utf8_is_shown_escaped_and_a_run_of_errors_leaves_no_
     odd.mkdir()
     shutil.copy(photos / "bus.jpg", odd / os.fsdecode(b"bus\xff.jpg"))
     out_json = tmp_path / "out.jsonl"
-    code, stdout, stderr = run_cli(capsys, "detect", model_dir, odd, "--conf", CONF, "--json", out_json, *SAME_PIXELS)
+    code, stdout, stderr = run_cli(  # on the CPU wherever it runs (--device)
+        capsys, "detect", model_dir, odd, "--conf", CONF, "--json", out_json, *SAME_PIXELS, "--device", "cpu"
+    )
     assert code == 0, stderr
     (record,) = read_json_lines(out_json)
     assert record["path"] == str(odd / "bus\\xff.jpg") and len(record["detections"]) > 0

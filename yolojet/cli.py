@@ -229,6 +229,7 @@ def compare_dumps(directory: Path) -> tuple[list[tuple[str, float, float]], str]
 
 GATES = {"fp16": 1e-2, "fp32": 1e-4}
 FP16_SMALLEST_NORMAL = 6.1e-5
+FP16_LARGEST = 65504.0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -242,6 +243,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     failing = [peak for _, err, peak in errors if err > gate or err != err]
     print(f"{len(errors)} values, {len(failing)} over the {precision} gate of {gate:g}")
     tiny = sum(peak < FP16_SMALLEST_NORMAL for peak in failing)
+    huge = sum(peak > FP16_LARGEST for peak in failing)
+    if precision == "fp16" and huge:
+        print(
+            f"{huge} of them go past fp16's largest value ({FP16_LARGEST:g}): they overflow in fp16 whatever the "
+            "kernels do; --fp32 checks the kernels"
+        )
     if precision == "fp16" and tiny:
         print(
             f"{tiny} of them never reach fp16's normal range (|x| < {FP16_SMALLEST_NORMAL:.1e}), where fp16 keeps "
@@ -360,6 +367,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
         _refuse_replacing_other_files(args.save, saved)
     engine = Engine.load(
         args.model,
+        device=args.device,
         imgsz=args.imgsz,
         max_batch=args.batch,
         half=not args.fp32,
@@ -440,9 +448,11 @@ def _detect_summary(
     """The closing lines of `yolojet detect`: images, detections by class, errors, time an image, outputs."""
     done = images - failed
     top = ", ".join(f"{n} {name}" for name, n in classes.most_common(5))
-    more = f", and {len(classes) - 5} other classes" if len(classes) > 5 else ""
+    others = len(classes) - 5
+    more = f", and {_counted(others, 'other class', 'other classes')}" if others > 0 else ""
+    found = f"{_counted(done, 'image')}, {_counted(instances, 'detection')}" + (f" ({top}{more})" if top else "")
     lines = [
-        f"{done} images, {instances} detections" + (f" ({top}{more})" if top else "") + f", {failed} errors",
+        f"{found}, {_counted(failed, 'error')}",
         f"{seconds * 1000 / max(1, images):.1f} ms an image ({seconds:.2f} s for {images}, model load not included)",
     ]
     if args.json is not None:
@@ -472,7 +482,7 @@ def _refuse_replacing_other_files(folder: Path, targets: Sequence[Path]) -> None
     except OSError as e:
         raise OutputPathError(f"--save {folder}: cannot list it ({e.strerror})") from None
     for target in targets:
-        if target.name not in present:
+        if target.name not in present or not target.exists():  # a link to no file yet: writing through it is safe
             continue
         try:
             with Image.open(target) as image:
@@ -484,6 +494,11 @@ def _refuse_replacing_other_files(folder: Path, targets: Sequence[Path]) -> None
                 f"--save {folder}: {target.name} is there and is not an annotated image detect wrote, which the "
                 "annotated image of the same name would replace; give a folder of its own"
             )
+
+
+def _counted(n: int, one: str, many: str | None = None) -> str:
+    """`1 image`, `2 images`."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
 
 
 def _unique_target(folder: Path, stem: str, taken: set[str]) -> Path:
@@ -549,7 +564,8 @@ def _add_letterbox_flags(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="letterbox each image to the smallest rectangle of stride multiples that holds it, as yolo predict does "
-        "(640x480 for a 4:3 photo at imgsz 640; the default), running the network derived for that shape; --no-rect "
+        "(480x640, height x width, for a landscape 4:3 photo at imgsz 640; the default), running the network "
+        "derived for that shape; --no-rect "
         "letterboxes every image to the square imgsz",
     )
     group.add_argument(
@@ -1202,6 +1218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument("--batch", type=_positive_int, default=1, help="images per batch (default 1)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
     p.add_argument(
         "--save",

@@ -8,7 +8,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from yolojet.errors import ImageSizeError, UnsupportedModuleError
+from yolojet.errors import EngineConfigError, ImageSizeError
 from yolojet.export.builder import GraphBuilder, batch_shape
 from yolojet.export.converters import ConvertContext, head_task, is_end2end_capable
 from yolojet.export.loader import load_model
@@ -59,10 +59,9 @@ def export_graph(model: nn.Module, imgsz: int | tuple[int, int] = 640, end2end: 
     if end2end is None:
         end2end = bool(getattr(model, "end2end", False)) and is_end2end_capable(head)
     if end2end and not is_end2end_capable(head):
-        raise UnsupportedModuleError(
-            type(head).__name__,
-            len(layers) - 1,
-            "no one-to-one (end2end) branch: --head one2one (end2end=True) needs a head that has one, as YOLO26's",
+        raise EngineConfigError(
+            f"--head one2one (end2end=True): this model's {type(head).__name__} head has no one-to-one branch "
+            "(YOLO26's heads have one); leave --head out or give --head one2many"
         )
 
     channels = int(getattr(model, "yaml", {}).get("channels", 3))
