@@ -90,6 +90,11 @@ def rows_of(detections: list[dict]) -> torch.Tensor:
     ).reshape(-1, 6)
 
 
+def detect_at_conf(capsys, model_dir: Path, image: Path, out_json: Path, *options) -> tuple[int, str, str]:
+    """`yolojet detect` of one image at the tests' conf, on the pixels and network ultralytics' predict has."""
+    return run_cli(capsys, "detect", model_dir, image, "--conf", CONF, *options, "--json", out_json, *SAME_PIXELS)
+
+
 def read_json_lines(path: Path) -> list[dict]:
     text = path.read_text()
     assert text.endswith("\n") or text == ""
@@ -257,19 +262,7 @@ def test_classes_keeps_only_those_classes(model_dir, photos, tmp_path, capsys):
     chosen = tuple(sorted(counts.argsort(descending=True)[:2].tolist()))
     assert counts[list(chosen)].sum() < len(everything), "the filter must have something to remove"
     out_json = tmp_path / "out.jsonl"
-    code, _, stderr = run_cli(
-        capsys,
-        "detect",
-        model_dir,
-        photos / "bus.jpg",
-        "--conf",
-        CONF,
-        "--classes",
-        *chosen,
-        "--json",
-        out_json,
-        *SAME_PIXELS,
-    )
+    code, _, stderr = detect_at_conf(capsys, model_dir, photos / "bus.jpg", out_json, "--classes", *chosen)
     assert code == 0, stderr
     (record,) = read_json_lines(out_json)
     found = {d["class"] for d in record["detections"]}
@@ -279,19 +272,7 @@ def test_classes_keeps_only_those_classes(model_dir, photos, tmp_path, capsys):
 
 def test_max_det_caps_the_count(model_dir, photos, tmp_path, capsys):
     out_json = tmp_path / "out.jsonl"
-    code, stdout, stderr = run_cli(
-        capsys,
-        "detect",
-        model_dir,
-        photos / "bus.jpg",
-        "--conf",
-        CONF,
-        "--max-det",
-        2,
-        "--json",
-        out_json,
-        *SAME_PIXELS,
-    )
+    code, stdout, stderr = detect_at_conf(capsys, model_dir, photos / "bus.jpg", out_json, "--max-det", 2)
     assert code == 0, stderr
     (record,) = read_json_lines(out_json)
     assert len(record["detections"]) == 2
