@@ -162,11 +162,12 @@ def test_non_yolo_checkpoints(tmp_path, capsys):
     assert code == 2
     assert "not an ultralytics YOLO model" in stderr
 
-    state_dict = tmp_path / "state_dict.pt"
-    torch.save({"state_dict": nn.Linear(3, 2).state_dict()}, state_dict)
-    code, _, stderr = run_cli(capsys, "export", state_dict)
-    assert code == 2
-    assert "not an ultralytics YOLO checkpoint" in stderr
+    for name, content in (("state_dict.pt", {"state_dict": nn.Linear(3, 2).state_dict()}), ("t.pt", torch.zeros(3))):
+        torch.save(content, tmp_path / name)
+        code, _, stderr = run_cli(capsys, "export", tmp_path / name)
+        assert code == 2
+        assert f"{name}: a PyTorch file, but not an ultralytics YOLO checkpoint (no model saved under 'model'" in stderr
+        assert "has no attribute" not in stderr and "yolo predict" not in stderr  # ultralytics' internals, not ours
 
 
 def test_imgsz_not_multiple_of_stride(tmp_path, capsys):

@@ -127,8 +127,10 @@ def _load_checkpoint(source: str) -> LoadedModel:
         model, _ = load_checkpoint(str(path), device="cpu")
     except (TypeError, KeyError, AttributeError) as e:
         if zipfile.is_zipfile(path) or "Ultralytics checkpoint format" in str(e):
+            # ultralytics' own reason speaks of its internals (a tensor's missing attribute, its pickle's types).
             raise NotAYoloModelError(
-                f"{path}: a PyTorch file, but not an ultralytics YOLO checkpoint ({_first_line(e)})"
+                f"{path}: a PyTorch file, but not an ultralytics YOLO checkpoint (no model saved under 'model' or "
+                "'ema', as YOLO training and YOLO(...).save() write one)"
             ) from e
         raise CheckpointError(f"{path}: cannot read as a PyTorch checkpoint ({_first_line(e)})") from e
     except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError) as e:
