@@ -102,15 +102,19 @@ def test_jpeg_decoders_agree_across_kinds(bus_rgb):
     assert np.array_equal(from_file, from_array)
 
 
-def test_float_tensor_is_clamped_and_rounded():
+def test_float_tensor_is_clamped_and_rounded_and_one_of_0_to_255_divided():
+    """A float tensor is RGB in [0, 1], clamped below 0; one with values past 1 holds 0-255 pixels, which ultralytics
+    divides by 255 (clamping it would leave an almost white image)."""
     g = torch.Generator().manual_seed(4)
-    chw = torch.rand(3, 17, 23, generator=g) * 1.4 - 0.2  # values outside [0, 1] on both sides
+    chw = torch.rand(3, 17, 23, generator=g) * 1.2 - 0.2  # values below 0 too
     frame = load_frame(chw)
     expected = (np.clip(chw.numpy(), 0, 1) * 255 + 0.5).astype(np.uint8).transpose(1, 2, 0)
     assert np.array_equal(frame.pixels.numpy(), expected)
     grey = load_frame(chw[:1])
     assert tuple(grey.pixels.shape) == (17, 23, 1)
     assert np.array_equal(grey.pixels.numpy(), expected[..., :1])
+    pixels = torch.randint(0, 256, (3, 17, 23), generator=g).float()
+    assert np.array_equal(load_frame(pixels).pixels.numpy(), pixels.permute(1, 2, 0).numpy().astype(np.uint8))
 
 
 def test_uint8_tensor_in_torchvision_layout():

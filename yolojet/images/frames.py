@@ -118,7 +118,11 @@ def frame_from_pixels(source: Any) -> Frame:
                 raise ImageReadError(
                     f"{describe(given)}: a float tensor must be (C, H, W) or (1, C, H, W) RGB in [0, 1]"
                 )
-            source = (source.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0)
+            # Values past 1 are 0-255 pixels, which ultralytics divides by 255 (with a warning); decided on the
+            # tensor's device, so that a GPU frame costs no wait for its maximum.
+            past_one = source.amax() > 1.0 + torch.finfo(source.dtype).eps
+            unit = torch.where(past_one, source / 255.0, source)
+            source = (unit.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0)
         elif source.ndim in (3, 4) and _channels_first(source):  # torchvision's read_image / decode_jpeg layout
             source = (source[0] if source.ndim == 4 else source).permute(1, 2, 0)
         return Frame(check_pixels(source, given), bgr=False)
