@@ -153,6 +153,26 @@ def test_a_stream_of_one_tensor_rewritten_for_every_frame_gives_each_frame_its_o
         np.testing.assert_allclose(ours.boxes.data, wants[i % 3].boxes.data, rtol=1e-5, atol=1e-2)  # are pixels off
 
 
+def test_leaving_a_stream_over_a_waiting_iterable_returns_at_once(reference):
+    """A camera's iterable that waits for its next frame (a queue here): a caller that takes one result and leaves
+    gets control back at once; the thread inside the iterable is not waited for (it held the caller 30 s)."""
+    import queue
+
+    frames: queue.Queue = queue.Queue()
+    for _ in range(2):
+        frames.put(real_photos()["bus.jpg"])
+
+    def camera():
+        while True:
+            yield frames.get()  # waits for ever after the two frames
+
+    started = time.monotonic()
+    stream = reference.stream(camera(), conf=CONF)
+    assert next(stream).boxes is not None
+    stream.close()
+    assert time.monotonic() - started < 10
+
+
 def test_mixed_sizes_in_one_batch_give_each_the_result_it_gets_alone(tmp_path):
     """On our kernels (interpreter on the CPU, at 96 pixels to keep it short), letterboxed to the square input: one
     batch of three photos of three sizes, read through the frame table by one letterbox launch and one captured path,

@@ -53,6 +53,7 @@ from yolojet.images.frames import frame_from_pixels
 
 _END = object()
 _LINGER_S = 0.002  # how long a cut of an iterable's images waits for a next image that may be on its way
+_SOURCE = "yolojet-feed-source"  # the thread that walks the caller's iterable
 # Images a decode call. On the H200 the hardware decoders took 1080x810 JPEGs at 5,206 / 7,365 / 9,190 / 9,684
 # img/s in calls of 8 / 16 / 32 / 64 (bench/NOTES.md): 32 is near full speed and still lets a call of 64 images
 # overlap decoding its second half with running its first.
@@ -93,6 +94,7 @@ class FrameFeed:
         self._stop = threading.Event()
         self._held: object | None = None  # taken but not yet handed on: a chunk for the next batch, or the end
         self._done = False
+        self._in_callers_iterable = False  # the source thread waits in the caller's iterable for its next image
         self._spare = OutputPool()  # released batches' output buffers, to decode into
         # The threads' own GPU work (a float frame's conversion, a frame from another GPU, an iterable's frame copied)
         # goes on the caller's current stream: after the caller's writes of its frames, before the runs launched there.
@@ -110,7 +112,7 @@ class FrameFeed:
         else:
             # An iterable's frames are copied as they come; a list's cannot be rewritten between its items.
             work = [
-                ("yolojet-feed-source", self._walk, (images, not listed)),
+                (_SOURCE, self._walk, (images, not listed)),
                 ("yolojet-feed-decode", self._decode, ()),
             ]
         self._threads = [
@@ -199,8 +201,11 @@ class FrameFeed:
                 except queue.Empty:
                     break
         for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=30)
+            if thread is threading.current_thread() or (thread.name == _SOURCE and self._in_callers_iterable):
+                # A thread inside the caller's iterable (a camera's queue that waits for the next frame) cannot be
+                # stopped from here, and holds nothing the feed frees: it ends, as a daemon, when the iterable answers.
+                continue
+            thread.join(timeout=30)
 
     def _put(self, q: queue.Queue, item: object) -> bool:
         while not self._stop.is_set():
@@ -222,7 +227,15 @@ class FrameFeed:
         """`own_copies`: an iterable may hand out one tensor rewritten for every frame (a camera's buffer), rewritten
         here, on this thread, as soon as the next frame is asked for, while the runs read frames later."""
         try:
-            for image in images:
+            iterator = iter(images)
+            while True:
+                self._in_callers_iterable = True
+                try:
+                    image = next(iterator)
+                except StopIteration:
+                    break
+                finally:
+                    self._in_callers_iterable = False
                 if self._stop.is_set() or not self._put(self._items, (image, self._prepare(image, own_copies))):
                     return
         except BaseException as e:  # the caller's iterable failed: report it after the images before it
