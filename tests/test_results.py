@@ -32,6 +32,27 @@ def test_plot_keeps_the_image_bgr_and_labels_boxes_at_the_top_edge():
     assert (above_second != BACKGROUND).any(axis=2).mean() > 0.5
 
 
+def test_plot_takes_ultralytics_switches_and_boxes_say_they_are_not_tracked():
+    """ultralytics' `plot(conf=False)` draws labels without scores (narrower), `labels=False` none, `boxes=False`
+    neither boxes nor labels; `boxes.id` is None and `is_track` False, as ultralytics' untracked boxes say."""
+    image = _image()
+    boxes = Boxes(np.array([[10, 20, 120, 100, 0.9, 0], [160, 60, 280, 120, 0.8, 1]], np.float32), (200, 300))
+    result = Results(names={0: "person", 1: "car"}, image=image, orig_shape=(200, 300), boxes=boxes)
+    changed = {
+        name: (result.plot(**switch) != image).any(axis=2)
+        for name, switch in (
+            ("all", {}),
+            ("no conf", {"conf": False}),
+            ("no labels", {"labels": False}),
+            ("no boxes", {"boxes": False}),
+        )
+    }
+    assert not changed["no boxes"].any()
+    assert changed["no labels"].sum() < changed["no conf"].sum() < changed["all"].sum()
+    assert not changed["no labels"][8:18, 14:50].any() and changed["all"][8:18, 14:50].any()  # the first label's place
+    assert boxes.id is None and boxes.is_track is False
+
+
 def test_classifier_length_is_its_class_count_and_boxes_normalise():
     probs = Results(names={i: str(i) for i in range(7)}, orig_shape=(4, 5), probs=Probs(np.full(7, 1 / 7)))
     assert len(probs) == 7  # as ultralytics' Results

@@ -182,3 +182,22 @@ def test_help_answers_without_torch_and_lists_the_exit_codes():
     )
     said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert said == ["False", "True", "True"]
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"model": None}, "model None: expected the path or name of a model directory"),
+        ({"model": 3}, "model 3: expected the path or name"),
+        ({"switches": "fast"}, "switches 'fast': expected an EngineOptions"),
+        ({"shapes": 64}, r"shapes 64: expected a list of \(height, width\) pairs"),
+        ({"max_batch": 10**9}, "max_batch 1000000000: at most 4,096 images a batch"),
+    ],
+)
+def test_load_arguments_of_the_wrong_kind_are_named_before_any_work(given, message):
+    """Each refused before anything is built or allocated (a batch of 10**9 exhausted the memory of the machine)."""
+    from yolojet import Engine
+
+    arguments = {"model": "no_model_anywhere", "device": "cpu", **given}
+    with pytest.raises(EngineConfigError, match=message):
+        Engine.load(arguments.pop("model"), **arguments)

@@ -67,10 +67,12 @@ def test_trio_errors(engine):
         fresh.run(1)
     with pytest.raises(EngineConfigError, match=rf"run\({engine.max_batch + 1}\): this engine runs 1\.\."):
         fresh.run(engine.max_batch + 1)
-    with pytest.raises(EngineConfigError, match="no results for the frame staged there"):
+    with pytest.raises(EngineConfigError, match="slot 0: no frame staged there"):
         fresh.get(0)
     with pytest.raises(EngineConfigError, match="slot 5"):
         fresh.get(5)
+    with pytest.raises(EngineConfigError, match="slot '0': this engine has slots"):
+        fresh.preprocess(real_photos()["bus.jpg"], "0")
     bus = real_photos()["bus.jpg"]
     fresh.preprocess(bus, 0)
     fresh.run(1)
@@ -78,6 +80,15 @@ def test_trio_errors(engine):
     fresh.preprocess(np.zeros((100, 100, 3), np.uint8), 0)  # staged after the run: its results are not the bus's
     with pytest.raises(EngineConfigError, match="no results for the frame staged there"):
         fresh.get(0)
+    fresh.close()  # then every way in says so, for files (whose decoder threads are gone) and arrays alike
+    for call in (
+        lambda: fresh(bus),
+        lambda: fresh("bus.jpg"),
+        lambda: next(fresh.stream([bus])),
+        lambda: fresh.preprocess(bus),
+    ):
+        with pytest.raises(EngineConfigError, match="this engine is closed"):
+            call()
 
 
 def test_call_keeps_configured_options_and_its_own_hold_for_the_call(engine):

@@ -17,6 +17,7 @@ staged frames in the engine itself: use it from one thread at a time.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -97,6 +98,11 @@ def _image_size(imgsz: object) -> int | tuple[int, int]:
     if not isinstance(imgsz, (tuple, list)):
         return int(values[0])
     return int(values[0]), int(values[-1])  # a one-element list is a square
+
+
+# The largest batch an engine is built for: each slot holds a frame and a plan's share of memory, and yolo11n's 64 run
+# at 17,000 img/s on an H200 already (README); past this a typo (10**9) would exhaust memory before any check said so.
+MAX_BATCH = 4096
 
 
 def _count(name: str, value: object) -> int:
@@ -237,6 +243,7 @@ class Engine:
         self._shapes: OrderedDict[tuple[int, int], PredictPath] = OrderedDict()
         self._lock = _DeviceLock(self.device)
         self._current_stream = CurrentStream(self.device) if self.device.type == "cuda" else None
+        self._closed = False
         self._in_flight: list[_Part] = []
         self._last_launch: tuple[torch.cuda.Event, torch.cuda.Stream] | None = None  # its end, and where it ran
         # The low-latency trio's state: each slot's staged frame, and the run that has found its results.
@@ -292,9 +299,19 @@ class Engine:
         like those to come (a labeler's first files, a sample of a folder): the rectangles their headers call for
         are built at load too, the most common first (nothing is decoded; one that cannot be read is passed over).
         """
+        if not isinstance(model, (str, os.PathLike)):
+            raise EngineConfigError(
+                f"model {model!r}: expected the path or name of a model directory, .pt checkpoint or .yaml architecture"
+            )
+        if switches is not None and not isinstance(switches, EngineOptions):
+            raise EngineConfigError(f"switches {switches!r}: expected an EngineOptions (yolojet.options)")
+        if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Iterable):
+            raise EngineConfigError(f"shapes {shapes!r}: expected a list of (height, width) pairs")
         device = _device(device)
         switches = (switches or EngineOptions()).overridden(tune=tune, fuse=fuse, pdl=pdl, branches=branches)
         max_batch, max_shapes = _count("max_batch", max_batch), _count("max_shapes", max_shapes)
+        if max_batch > MAX_BATCH:
+            raise EngineConfigError(f"max_batch {max_batch}: at most {MAX_BATCH:,} images a batch")
         if imgsz is not None:
             imgsz = _image_size(imgsz)
         triton_possible = device.type == "cuda" or (device.type == "cpu" and interpreting())
@@ -358,8 +375,14 @@ class Engine:
         return engine
 
     def close(self) -> None:
-        """Stop the decoder's threads (an engine left to the garbage collector stops them at exit)."""
+        """Stop the decoder's threads (an engine left to the garbage collector stops them at exit); the engine
+        takes no more images."""
+        self._closed = True
         self.decoder.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineConfigError("this engine is closed (close() or the end of its with block): load another")
 
     def __enter__(self) -> Engine:
         return self
@@ -562,6 +585,7 @@ class Engine:
         self._options = check_options(given, self.meta.nc, self.capacity)
 
     def _call_options(self, options: dict[str, Any]) -> PredictOptions:
+        self._check_open()
         if "agnostic_nms" in options:  # ultralytics' name for it
             options["agnostic"] = options.pop("agnostic_nms")
         known = set(PredictOptions.__dataclass_fields__)
@@ -814,8 +838,9 @@ class Engine:
 
     def preprocess(self, frame: Any, slot: int = 0) -> None:
         """Stage one image (any accepted kind; a CUDA tensor stays on the GPU, copied) in batch slot `slot`."""
+        self._check_open()
         if not _integral(slot) or not 0 <= slot < self.max_batch:
-            raise EngineConfigError(f"slot {slot}: this engine has slots 0..{self.max_batch - 1}")
+            raise EngineConfigError(f"slot {slot!r}: this engine has slots 0..{self.max_batch - 1}")
         stream = self._current_stream() if self._current_stream is not None else None
         on_device = False  # a frame on the engine's device, copied into the slot's own buffer
         if is_encoded(frame):
@@ -891,7 +916,9 @@ class Engine:
         with self._lock:
             run = self._ran[slot]
             if run is None:
-                raise EngineConfigError(f"slot {slot}: no results for the frame staged there; run() after preprocess()")
+                ran = "no results for the frame staged there"
+                what = ran if self._staged[slot] is not None else "no frame staged there"
+                raise EngineConfigError(f"slot {slot}: {what}; run() after preprocess()")
             self._collect(run)
             staged = self._staged[slot]
         assert run.found is not None and staged is not None

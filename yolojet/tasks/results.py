@@ -42,6 +42,11 @@ class Boxes(HostData):
     def cls(self) -> np.ndarray:
         return self.data[:, 5]
 
+    # Track ids, as ultralytics' tracker sets them: yolojet does not track, so there are none (code written for both
+    # checks `boxes.id is not None`, or `is_track`).
+    id = None
+    is_track = False
+
     @property
     def xywh(self) -> np.ndarray:
         xyxy = self.xyxy
@@ -178,14 +183,24 @@ class Results:
             return "(no detections), "
         return "".join(f"{n} {self._name(i)}{'s' * (n > 1)}, " for i, n in counts)
 
-    def plot(self, line_width: int | None = None) -> np.ndarray:
-        """The original image with the results drawn, as a BGR uint8 array (OpenCV's order, as ultralytics)."""
+    def plot(
+        self,
+        conf: bool = True,
+        line_width: int | None = None,
+        labels: bool = True,
+        boxes: bool = True,
+        masks: bool = True,
+        probs: bool = True,
+    ) -> np.ndarray:
+        """The original image with the results drawn, as a BGR uint8 array (OpenCV's order, as ultralytics); the
+        switches are ultralytics' (`conf=False`: labels without the score, `labels=False`: no labels, `boxes`, `masks`,
+        `probs`: whether to draw those)."""
         from PIL import Image, ImageDraw
 
         if self.orig_img is None:
             raise ValueError("this result holds no image to draw on")
         canvas = self.orig_img[..., ::-1].astype(np.float32)  # drawn in RGB (the palette's order and PIL's)
-        if self.masks is not None:
+        if self.masks is not None and masks:
             for i, mask in enumerate(self.masks.data):
                 assert self.boxes is not None  # segment results: a mask per box
                 color = np.array(_PALETTE[int(self.boxes.cls[i]) % len(_PALETTE)], dtype=np.float32)
@@ -194,25 +209,28 @@ class Results:
         draw = ImageDraw.Draw(image)
         width = line_width or max(round(sum(image.size) / 2 * 0.003), 2)
         font = _font(max(round(sum(image.size) / 2 * 0.02), 12))
-        if self.probs is not None:
-            text = "\n".join(f"{r['name']} {r['confidence']:.2f}" for r in self.summary())
+        if self.probs is not None and probs:
+            text = "\n".join(f"{r['name']} {r['confidence']:.2f}" if conf else r["name"] for r in self.summary())
             draw.text((8, 8), text, fill=(255, 255, 255), font=font)
         for i, row in enumerate(self.summary() if self.probs is None else []):
             color = _PALETTE[row["class"] % len(_PALETTE)]
             if "corners" in row:
-                draw.polygon([tuple(p) for p in row["corners"]], outline=color, width=width)
                 anchor = tuple(row["corners"][0])
+                if boxes:
+                    draw.polygon([tuple(p) for p in row["corners"]], outline=color, width=width)
             else:
                 box = row["box"]
-                draw.rectangle((box["x1"], box["y1"], box["x2"], box["y2"]), outline=color, width=width)
                 anchor = (box["x1"], box["y1"])
-            label = f"{row['name']} {row['confidence']:.2f}"
-            left, top, right, bottom = draw.textbbox(anchor, label, font=font)
-            lift = bottom - anchor[1] + 2
-            if anchor[1] - lift < 0:  # no room above the box (it touches the image's top): inside it instead
-                lift = 0
-            draw.rectangle((left, top - lift, right + 2, bottom - lift), fill=color)
-            draw.text((anchor[0] + 1, anchor[1] - lift), label, fill=(255, 255, 255), font=font)
+                if boxes:
+                    draw.rectangle((box["x1"], box["y1"], box["x2"], box["y2"]), outline=color, width=width)
+            if boxes and labels:
+                label = f"{row['name']} {row['confidence']:.2f}" if conf else row["name"]
+                left, top, right, bottom = draw.textbbox(anchor, label, font=font)
+                lift = bottom - anchor[1] + 2
+                if anchor[1] - lift < 0:  # no room above the box (it touches the image's top): inside it instead
+                    lift = 0
+                draw.rectangle((left, top - lift, right + 2, bottom - lift), fill=color)
+                draw.text((anchor[0] + 1, anchor[1] - lift), label, fill=(255, 255, 255), font=font)
             if self.keypoints is not None:
                 for x, y, *visible in self.keypoints.data[i]:
                     if not visible or visible[0] >= 0.5:
