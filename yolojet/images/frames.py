@@ -120,9 +120,10 @@ def frame_from_pixels(source: Any) -> Frame:
                 )
             # Values past 1 are 0-255 pixels, which ultralytics divides by 255 (with a warning); decided on the
             # tensor's device, so that a GPU frame costs no wait for its maximum.
-            past_one = source.amax() > 1.0 + torch.finfo(source.dtype).eps
-            unit = torch.where(past_one, source / 255.0, source)
-            source = (unit.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0)
+            if source.numel():  # an empty frame has no maximum: check_pixels names its zero size
+                past_one = source.amax() > 1.0 + torch.finfo(source.dtype).eps
+                source = torch.where(past_one, source / 255.0, source)
+            source = (source.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0)
         elif source.ndim in (3, 4) and _channels_first(source):  # torchvision's read_image / decode_jpeg layout
             source = (source[0] if source.ndim == 4 else source).permute(1, 2, 0)
         return Frame(check_pixels(source, given), bgr=False)
