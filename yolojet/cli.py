@@ -1171,6 +1171,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 IMAGES_HELP = "the folder a COCO JSON's file_names are relative to (default: the JSON's own folder)"
+DEVICE_HELP = "cuda, cuda:N or cpu (default: a GPU where there is one)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1218,7 +1219,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument("--batch", type=_positive_int, default=1, help="images per batch (default 1)")
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
     p.add_argument(
         "--save",
@@ -1244,7 +1245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
     p.add_argument("--data", required=True, type=Path, help="a COCO instances .json or an ultralytics dataset .yaml")
     p.add_argument("--images", type=Path, default=None, help=IMAGES_HELP)
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument(
         "--batch",
@@ -1374,7 +1375,7 @@ def build_parser() -> argparse.ArgumentParser:
         "With --max-pending, for a server that may be offered more than it sustains (default: no limit)",
     )
     p.add_argument("--max-message-mb", type=_positive_float, default=64.0, help="largest request, MB (default 64)")
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument(
         "--devices",
         default=None,
@@ -1588,7 +1589,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="+", help="model directories, .pt checkpoints, ultralytics names or .yaml files")
     p.add_argument("--data", required=True, type=Path, help="a COCO instances .json or an ultralytics dataset .yaml")
     p.add_argument("--images", type=Path, default=None, help=IMAGES_HELP)
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: a GPU where there is one)")
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument("--big-batch", type=int, default=None, help="batch for the img/s column (default 64; 4 on a CPU)")
     p.add_argument("--iters", type=int, default=None, help="timed runs per batch size (default 50; 5 on a CPU)")
