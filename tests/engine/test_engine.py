@@ -349,6 +349,46 @@ def test_a_batch_smaller_than_its_bucket_fills_it_with_its_last_frame(tmp_path):
     engine.close()
 
 
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo11n-obb.yaml"])
+def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path, monkeypatch):
+    """In the predict path the head's decode writes NMS's best-class pass (for the whole bucket, here 4 slots for 3
+    frames), so NMS never launches its own, and every detection, with and without a class filter, equals that of the
+    path whose NMS runs the pass (the network's `writing_best_class` block refused)."""
+    import contextlib
+
+    import numpy as np
+
+    from yolojet.kernels import nms
+
+    imgsz = 64
+    model_dir = yolojet.export(calibrated_model(cfg, imgsz), out=tmp_path / "m", imgsz=imgsz)
+    engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=4, tune=False, rect=False)
+    engine.shape_path(imgsz).fill_bucket = True
+    rng = np.random.default_rng(5)
+    frames = [rng.integers(0, 255, (imgsz, imgsz + 16 * i, 3), dtype=np.uint8) for i in range(3)]
+    launches: list = []
+    monkeypatch.setattr(nms, "_best_class_kernel", _Counting(nms._best_class_kernel, launches))
+
+    @contextlib.contextmanager
+    def refused(bucket, targets):
+        yield False
+
+    found = {}
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(engine.network, "writing_best_class", refused)
+        for classes in (None, (0, 2, 5)):
+            before = len(launches)
+            results = engine(frames, conf=0.01, classes=classes)
+            assert (len(launches) == before) == fused, "the best-class pass ran where the decode wrote it"
+            found[fused, classes] = [r.obb.data if r.obb is not None else r.boxes.data for r in results]
+    for classes in (None, (0, 2, 5)):
+        assert sum(len(rows) for rows in found[True, classes]) > 0
+        for fused_rows, unfused_rows in zip(found[True, classes], found[False, classes], strict=True):
+            np.testing.assert_array_equal(np.asarray(fused_rows), np.asarray(unfused_rows))
+    engine.close()
+
+
 def test_bad_inputs_and_options(model_dirs):
     model_dir = model_dirs("yolov8n-cls.yaml", None)
     engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=1, tune=False)

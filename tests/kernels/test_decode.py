@@ -7,6 +7,7 @@ import torch
 
 from yolojet.ir import Node
 from yolojet.kernels.decode import DecodeSpec, decode_heads
+from yolojet.kernels.nms import BestClassTargets
 from yolojet.reference.executor import OPS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -125,3 +126,75 @@ def test_decode_rejects_maps_and_outputs_that_do_not_fit_the_head():
         decode(5, score, [keypoints], DecodeSpec("detect", nc=1, reg_max=1, strides=(8,)))
     with pytest.raises(ValueError, match="not whole keypoints"):
         decode(54, score, [keypoints[..., :50]], DecodeSpec("pose", nc=1, reg_max=1, strides=(8,), extra=50))
+
+
+@pytest.mark.parametrize(
+    ("head", "nc", "sizes", "classes", "widen"),
+    [
+        ("detect-dfl", 40, LEVEL_SIZES["three"], None, True),  # two chunks of classes, widened score maps
+        ("segment", 7, LEVEL_SIZES["three"], [0, 3, 6], False),
+        ("obb-sigmoid", 1, LEVEL_SIZES["five"], None, False),  # rotated NMS's single class; two launches
+    ],
+)
+def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
+    """With BestClassTargets the decode also writes what NMS's best-class pass would: each anchor's best score
+    (−inf unless above conf and of a kept class) and its first best class, against torch's max over the decoded
+    scores. Ties between classes of different chunks (a class past 32 repeating an earlier one's best score) keep
+    the earlier class; anchors past the images' rows and every other element stay as they were."""
+    strides = [8 * 2**i for i in range(len(sizes))]
+    attrs = dict(HEADS[head], levels=len(sizes), nc=nc, strides=strides)
+    batch, conf = 2, 0.4
+    g = torch.Generator().manual_seed(11 + nc)
+    extra = attrs["extra_channels"]
+    boxes = [torch.randn(batch, 4 * attrs["reg_max"], h, w, generator=g) for h, w in sizes]
+    scores = [torch.randn(batch, nc, h, w, generator=g) * 2 for h, w in sizes]
+    if nc > 33:
+        for s in scores:
+            s[:, 33] = s.max(1).values + 0.5  # class 33 wins everywhere, tied by class 1 at half the cells
+            s[:, 1, ::2] = s[:, 33, ::2]
+    extras = [torch.randn(batch, extra, h, w, generator=g) for h, w in sizes] if extra else []
+    anchors = sum(h * w for h, w in sizes)
+    out = torch.full((batch, 4 + nc + extra, anchors), float("nan"), device=DEVICE)
+    best_score = torch.full((batch + 1, anchors), 7.0, device=DEVICE)  # a spare row: must stay as it is
+    best_class = torch.full((batch + 1, anchors), -3, dtype=torch.int32, device=DEVICE)
+    mask = None
+    if classes is not None:
+        mask = torch.zeros(nc, dtype=torch.bool, device=DEVICE)
+        mask[classes] = True
+    thresholds = torch.tensor([conf, 0.7], device=DEVICE)
+    decode_heads(
+        out,
+        [nhwc_slice(b.to(DEVICE), 3) for b in boxes],
+        [nhwc_slice(s.to(DEVICE), 1, widen) for s in scores],
+        [nhwc_slice(e.to(DEVICE), 2) for e in extras] or None,
+        DecodeSpec.from_attrs(attrs),
+        best=BestClassTargets(best_score[:batch], best_class[:batch], thresholds, mask),
+    )
+    decoded = out[:, 4 : 4 + nc].cpu()
+    top, first = decoded.max(1)
+    keep = top > conf
+    if mask is not None:
+        keep &= mask.cpu()[first]
+    assert torch.equal(best_class[:batch].cpu(), first.int())
+    assert torch.equal(best_score[:batch].cpu(), torch.where(keep, top, float("-inf")))
+    assert bool((best_score[batch] == 7.0).all()) and bool((best_class[batch] == -3).all())
+    if nc > 33:
+        assert set(first.unique().tolist()) == {1, 33}, "a tie across chunks must keep the earlier class"
+    if classes is not None:
+        assert 0 < int(keep.sum()) < int((top > conf).sum()), "the class filter must drop some candidates, not all"
+
+
+def test_decode_refuses_best_class_targets_that_do_not_fit():
+    spec = DecodeSpec("detect", nc=2, reg_max=1, strides=(8,))
+    out = torch.zeros(1, 6, 4, device=DEVICE)
+    box, score = torch.zeros(1, 2, 2, 4, device=DEVICE), torch.zeros(1, 2, 2, 2, device=DEVICE)
+    thresholds = torch.tensor([0.25, 0.7], device=DEVICE)
+    wrong_rows = BestClassTargets(
+        torch.zeros(2, 4, device=DEVICE), torch.zeros(2, 4, dtype=torch.int32, device=DEVICE), thresholds, None
+    )
+    with pytest.raises(ValueError, match="decode best_score"):
+        decode_heads(out, [box], [score], None, spec, best=wrong_rows)
+    scores_twice = torch.zeros(1, 4, device=DEVICE), torch.zeros(1, 4, device=DEVICE)
+    float_classes = BestClassTargets(*scores_twice, thresholds, None)
+    with pytest.raises(ValueError, match="decode best_class"):
+        decode_heads(out, [box], [score], None, spec, best=float_classes)

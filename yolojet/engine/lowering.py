@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -34,9 +34,12 @@ from yolojet.kernels.conv import (
 from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
+from yolojet.kernels.nms import BestClassTargets
 from yolojet.kernels.one_to_one import OneToOneScratch, select_one_to_one
 from yolojet.kernels.pool import maxpool2d_nhwc, sppf_pools
 from yolojet.options import EngineOptions
+
+T = TypeVar("T")
 
 # view(name) -> the value's device view; view(name, widened=True) -> with the extra channels its convs work on
 ViewFn = Callable[..., torch.Tensor]
@@ -65,6 +68,8 @@ class Launch:
     # Launches that can also write their output to pinned host memory (the classifier's probabilities): sets or
     # clears that copy; TritonNetwork.copying_output scopes it to one block of runs or captures.
     copy_output: Callable[[torch.Tensor | None], None] | None = None
+    # The head's decode, which can also write NMS's best-class pass (TritonNetwork.writing_best_class scopes it).
+    best_class_output: Callable[[BestClassTargets | None], None] | None = None
 
 
 class _TunedTile:
@@ -95,14 +100,15 @@ class _TunedTile:
             self.launch_tile(tile, True)
 
 
-class _CopyTarget:
-    """Where a launch also writes its output (the classifier's probabilities into pinned host memory), or None."""
+class _SideTarget(Generic[T]):
+    """What a launch also writes besides its output while a block of runs or captures asks it to (the classifier's
+    probabilities into pinned host memory, the decode's best classes into NMS's scratch), or None."""
 
     def __init__(self) -> None:
-        self.target: torch.Tensor | None = None
+        self.value: T | None = None
 
-    def set(self, target: torch.Tensor | None) -> None:
-        self.target = target
+    def set(self, value: T | None) -> None:
+        self.value = value
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -467,10 +473,12 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
         maps = [view(i, widened=True) for i in node.inputs]  # widened maps are read whole: aligned vector loads
         boxes, scores, extras = maps[:levels], maps[levels : 2 * levels], maps[2 * levels :] or None
 
-        def run(compile_only: bool = False) -> None:
-            decode_heads(outs[0], boxes, scores, extras, spec, pdl=pdl, compile_only=compile_only)
+        best: _SideTarget[BestClassTargets] = _SideTarget()
 
-        family = "decode"
+        def run(compile_only: bool = False) -> None:
+            decode_heads(outs[0], boxes, scores, extras, spec, best=best.value, pdl=pdl, compile_only=compile_only)
+
+        return Launch("decode", [node.name], list(node.outputs), run, best_class_output=best.set)
     elif node.op == "topk":
         return _lower_one_to_one(node, ins[0], outs[0], pdl)
     else:
@@ -583,11 +591,11 @@ def _lower_classify_head(head: Sequence[Node], view: ViewFn, weights: PackedWeig
     probs = view(following.outputs[0])
     weight, bias = weights.get(linear, "weight"), weights.get(linear, "bias")
     partials, arrivals = classify_head_scratch(features.shape[0], features.shape[3], weight.shape[0], features.device)
-    copy = _CopyTarget()
+    copy: _SideTarget[torch.Tensor] = _SideTarget()
 
     def run(compile_only: bool = False) -> None:
         classify_head(
-            probs, features, weight, bias, partials, arrivals, copy_to=copy.target, pdl=pdl, compile_only=compile_only
+            probs, features, weight, bias, partials, arrivals, copy_to=copy.value, pdl=pdl, compile_only=compile_only
         )
 
     return Launch("classify", [n.name for n in head], list(following.outputs), run, copy_output=copy.set)

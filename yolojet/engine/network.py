@@ -39,6 +39,7 @@ from yolojet.engine.streams import (
 )
 from yolojet.errors import EngineConfigError
 from yolojet.ir import Graph, ModelMeta
+from yolojet.kernels.nms import BestClassTargets
 from yolojet.kernels.pdl import pdl_available
 from yolojet.options import EngineOptions, branches_off
 from yolojet.timing import Timing, time_on_device
@@ -328,6 +329,21 @@ class TritonNetwork:
             yield True
         finally:
             writer.copy_output(None)
+
+    @contextlib.contextmanager
+    def writing_best_class(self, bucket: int, targets: BestClassTargets) -> Iterator[bool]:
+        """Within the block, the bucket's decode launch also writes NMS's best-class pass into `targets` (rows for the
+        bucket's images), so that NMS skips that pass (`best_ready`): a graph captured inside records it. Yields False,
+        changing nothing, where no launch can (a classifier). Outside the block the decode writes only its output."""
+        write = next((launch.best_class_output for launch in self.launches[bucket] if launch.best_class_output), None)
+        if write is None:
+            yield False
+            return
+        write(targets)
+        try:
+            yield True
+        finally:
+            write(None)
 
     def input_view(self, batch: int) -> torch.Tensor:
         return self.value_view(self.graph.inputs[0], batch)

@@ -44,7 +44,7 @@ from yolojet.images import Frame
 from yolojet.kernels.boxes import scale_boxes, select_rows
 from yolojet.kernels.keypoints import scale_keypoints
 from yolojet.kernels.masks import assemble_masks, masks_to_original
-from yolojet.kernels.nms import NmsScratch, non_max_suppression
+from yolojet.kernels.nms import BestClassTargets, NmsScratch, best_class_pass, non_max_suppression
 from yolojet.kernels.preprocess import FRAME_FIELDS, frame_row, letterbox_frames
 from yolojet.kernels.rotated_nms import RotatedNmsScratch, rotated_non_max_suppression, scale_rotated_boxes
 from yolojet.reference.classify import classify_plan
@@ -365,6 +365,11 @@ class DetectionHead(CapturedPath):
         mask = inputs["class_mask"] if self.filtered[parity] else None
         thresholds, limits = inputs["thresholds"], inputs["limits"]
         kpt_shape = self.meta.kpt_shape or ()
+        # The decode writes the best-class pass for the bucket's images where NMS would run it, saving NMS a launch.
+        best = None
+        if self.scratch is not None and best_class_pass(self.meta.nc, rotated=self.task == "obb"):
+            bucket_scratch = self.scratch.first(bucket)
+            best = BestClassTargets(bucket_scratch.best_score, bucket_scratch.best_class, thresholds, mask)
         if self.segment:
             proto = network.value_view(network.graph.outputs[1], bucket)[:batch]
             masks_input, boxes_input = self.masks_input[:batch], self.boxes_input[:batch]
@@ -372,7 +377,12 @@ class DetectionHead(CapturedPath):
         def run() -> None:
             self.inputs.device.copy_(pinned, non_blocking=True)
             letterbox_frames(images, table, pad_row=pad_row)
-            network.run_launches(bucket)
+            best_ready = False
+            if best is None:
+                network.run_launches(bucket)
+            else:
+                with network.writing_best_class(bucket, best) as best_ready:
+                    network.run_launches(bucket)
             if self.end2end:
                 select_rows(rows, count, preds, thresholds, limits, mask)
             elif self.task == "obb":
@@ -385,6 +395,7 @@ class DetectionHead(CapturedPath):
                     limits=limits,
                     class_mask=mask,
                     scratch=cast(RotatedNmsScratch, scratch),
+                    best_ready=best_ready,
                 )
             else:
                 non_max_suppression(
@@ -396,6 +407,7 @@ class DetectionHead(CapturedPath):
                     limits=limits,
                     class_mask=mask,
                     scratch=cast(NmsScratch, scratch),
+                    best_ready=best_ready,
                 )
             if self.segment:  # masks from the boxes in input pixels, so before they are mapped back
                 assemble_masks(masks_input, rows, count, proto, input_hw=self.meta.imgsz)

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.launch import network_launcher
+from yolojet.kernels.nms import BestClassTargets, fold_best_class, store_best_class
 from yolojet.kernels.pdl import wait_for_previous_kernel
 
 DETECT, SEGMENT, OBB, POSE = 0, 1, 2, 3
@@ -91,12 +92,22 @@ def _decode_level(
     BLOCK_A: tl.constexpr,
     BLOCK_C: tl.constexpr,
     PDL: tl.constexpr,
+    best_ptr,
+    best_class_ptr,
+    best_row,
+    thresholds_ptr,
+    class_mask_ptr,
+    BEST: tl.constexpr,
+    HAS_CLASS_MASK: tl.constexpr,
 ):
     """BLOCK_A anchors of one level, starting at the level's anchor `block`·BLOCK_A.
 
     NC_MAP and EXTRA_MAP are the channels the score and extra maps hold, NC and EXTRA the ones decoded: maps
     widened to a multiple of 16 (plan.widened) are loaded whole, so that Triton sees aligned rows and a mask
-    constant over 16 channels and loads 16-byte vectors, and the padding is never stored."""
+    constant over 16 channels and loads 16-byte vectors, and the padding is never stored.
+
+    With BEST, the anchors' best class and score also go to NMS's best-class scratch (rows of `best_row` anchors),
+    from the scores as stored: NMS then skips a pass that reads every score back (kernels/nms.py)."""
     idx = block * BLOCK_A + tl.arange(0, BLOCK_A)
     a_ok = idx < H * W
     gy = idx // W
@@ -138,11 +149,23 @@ def _decode_level(
     tl.store(out_col + 3 * so_c, b3, mask=a_ok)
 
     cls_pix = n * sc_n + gy * sc_h + gx * sc_w
+    if BEST:
+        best = tl.full([BLOCK_A], float("-inf"), tl.float32)
+        best_class = tl.zeros([BLOCK_A], tl.int32)
     for c0 in range(0, NC, BLOCK_C):
         ch = c0 + tl.arange(0, BLOCK_C)
         loaded = a_ok[:, None] & (ch < NC_MAP)[None, :]
         logits = tl.load(cls_ptr + cls_pix[:, None] + ch[None, :], mask=loaded, other=0.0).to(tl.float32)
-        tl.store(out_col[:, None] + (4 + ch)[None, :] * so_c, tl.sigmoid(logits), mask=loaded & (ch < NC)[None, :])
+        decoded = loaded & (ch < NC)[None, :]
+        scores = tl.sigmoid(logits)
+        tl.store(out_col[:, None] + (4 + ch)[None, :] * so_c, scores, mask=decoded)
+        if BEST:
+            best, best_class = fold_best_class(best, best_class, tl.where(decoded, scores, float("-inf")), ch, NC, 1)
+    if BEST:
+        offsets = n * best_row + anchor_offset + idx
+        store_best_class(
+            best_ptr, best_class_ptr, offsets, a_ok, best, best_class, thresholds_ptr, class_mask_ptr, HAS_CLASS_MASK
+        )
 
     for c0 in range(0, EXTRA, BLOCK_C):
         ch = c0 + tl.arange(0, BLOCK_C)
@@ -186,6 +209,10 @@ def _decode_kernel(
     BLOCK_A: tl.constexpr,
     BLOCK_C: tl.constexpr,
     PDL: tl.constexpr,
+    # NMS's best-class scratch (rows of best_row anchors) and what that pass reads; any valid pointers without BEST.
+    best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr,
+    BEST: tl.constexpr,
+    HAS_CLASS_MASK: tl.constexpr,
 ):  # fmt: skip
     # Every level in one launch: program ids are dealt out level by level (each level starts a fresh block), so a
     # program decodes anchors of exactly one level and the head costs one launch instead of one per level.
@@ -197,6 +224,7 @@ def _decode_kernel(
             box0, sb0_n, sb0_h, sb0_w, cls0, sc0_n, sc0_h, sc0_w, ext0, se0_n, se0_h, se0_w, H0, W0, off0, stride0,
             NC, EXTRA, NC_MAP, EXTRA_MAP,
             REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
+            best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK,
         )  # fmt: skip
     elif LEVELS > 1:
         if pid < end1:
@@ -205,6 +233,7 @@ def _decode_kernel(
                 box1, sb1_n, sb1_h, sb1_w, cls1, sc1_n, sc1_h, sc1_w, ext1, se1_n, se1_h, se1_w, H1, W1, off1, stride1,
                 NC, EXTRA, NC_MAP, EXTRA_MAP,
                 REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
+                best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK,
             )  # fmt: skip
         elif LEVELS > 2:
             if pid < end2:
@@ -213,6 +242,7 @@ def _decode_kernel(
                     box2, sb2_n, sb2_h, sb2_w, cls2, sc2_n, sc2_h, sc2_w, ext2, se2_n, se2_h, se2_w, H2, W2, off2,
                     stride2, NC, EXTRA, NC_MAP, EXTRA_MAP,
                     REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
+                    best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK,
                 )  # fmt: skip
             elif LEVELS > 3:
                 _decode_level(
@@ -220,6 +250,7 @@ def _decode_kernel(
                     box3, sb3_n, sb3_h, sb3_w, cls3, sc3_n, sc3_h, sc3_w, ext3, se3_n, se3_h, se3_w, H3, W3, off3,
                     stride3, NC, EXTRA, NC_MAP, EXTRA_MAP,
                     REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
+                    best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK,
                 )  # fmt: skip
 
 
@@ -264,6 +295,7 @@ def decode_heads(
     extras: list[torch.Tensor] | None,
     spec: DecodeSpec,
     *,
+    best: BestClassTargets | None = None,
     pdl: bool = False,
     compile_only: bool = False,
 ) -> None:
@@ -273,7 +305,8 @@ def decode_heads(
     views with unit channel stride, levels in ultralytics' order (P3 first); extras None when spec.extra is 0.
     A score or extra map may instead be widened to the next multiple of 16 channels (the plan's widened
     rows), the same on every level: the padding is read with the real channels and never stored.
-    `compile_only`: compile this launch's kernel without launching it.
+    `best`: also write NMS's best-class pass's output there, (N, A) (kernels/nms.py). `compile_only`: compile this
+    launch's kernel without launching it.
     """
     if spec.task not in TASK_CODES:
         raise ValueError(f"decode: unknown task {spec.task!r}")
@@ -292,6 +325,8 @@ def decode_heads(
     expected = (batch, 4 + spec.nc + spec.extra, anchors)
     if tuple(out.shape) != expected or out.dtype != torch.float32 or out.stride(2) != 1:
         raise ValueError(f"decode: out must be float32 {expected} with contiguous anchors, got {tuple(out.shape)}")
+    if best is not None:
+        best.check("decode", spec.nc, (batch, anchors), out.device)
     # (maps, channels decoded, whether the maps may be widened)
     kinds = {
         "box": (boxes, 4 * spec.reg_max, False),
@@ -320,7 +355,8 @@ def decode_heads(
         offset += h * w
     map_widths = (spec.extra, scores[0].shape[3], extras[0].shape[3] if extras else 0)
     for first in range(0, levels, MAX_LEVELS_PER_LAUNCH):
-        _launch(out, level_args[first : first + MAX_LEVELS_PER_LAUNCH], batch, spec, map_widths, pdl, compile_only)
+        launched = level_args[first : first + MAX_LEVELS_PER_LAUNCH]
+        _launch(out, launched, batch, spec, map_widths, best, pdl, compile_only)
 
 
 def _launch(
@@ -329,10 +365,16 @@ def _launch(
     batch: int,
     spec: DecodeSpec,
     widths: tuple[int, int, int],
+    best: BestClassTargets | None,
     pdl: bool,
     compile_only: bool,
 ) -> None:
     extra, nc_map, extra_map = widths
+    if best is None:
+        best_args = [out, out, 0, out, out]  # never read
+    else:
+        mask = best.thresholds if best.class_mask is None else best.class_mask.view(torch.uint8)
+        best_args = [best.best_score, best.best_class, best.best_score.shape[1], best.thresholds, mask]
     args = []
     end = 0
     for slot in range(MAX_LEVELS_PER_LAUNCH):
@@ -354,4 +396,8 @@ def _launch(
         KPT_V26=spec.kpt_v26,
         BLOCK_A=_BLOCK_A,
         BLOCK_C=_BLOCK_C,
+        best_ptr=best_args[0], best_class_ptr=best_args[1], best_row=best_args[2],
+        thresholds_ptr=best_args[3], class_mask_ptr=best_args[4],
+        BEST=best is not None,
+        HAS_CLASS_MASK=best is not None and best.class_mask is not None,
     )  # fmt: skip

@@ -15,8 +15,10 @@ Launches: (1) best class per anchor → best_score (−inf: not a candidate) and
 candidate's rank = #{candidates before it} counted over all anchors, scattered to order[rank]; (3) one program
 per image runs the greedy pass over `order` in chunks (see _greedy_nms_kernel). With a single class (pose, and
 many custom detectors) there is no best class to find: launch (1) is skipped and the other two read the class's
-scores straight from preds, applying the confidence threshold and class filter as they load them. Thresholds
-and limits are read from device tensors, so a captured graph follows changes to them without re-capture.
+scores straight from preds, applying the confidence threshold and class filter as they load them. The engine's
+head decode writes launch (1)'s output itself as it stores the scores (BestClassTargets, `best_ready`), so there
+NMS is two launches for any number of classes. Thresholds and limits are read from device tensors, so a captured
+graph follows changes to them without re-capture.
 """
 
 from __future__ import annotations
@@ -54,6 +56,33 @@ def rank_group(batch: int) -> int:
 
 
 @triton.jit
+def fold_best_class(best, best_cls, s, c, NC, AXIS: tl.constexpr):
+    """A chunk of class scores `s` (classes `c` along AXIS, −inf past NC) folded into each anchor's running best
+    score and class: the first maximum, as torch's max returns it."""
+    top = tl.max(s, AXIS)
+    if AXIS == 0:
+        first = tl.min(tl.where(s == top[None, :], c[:, None], NC), 0)
+    else:
+        first = tl.min(tl.where(s == top[:, None], c[None, :], NC), 1)
+    # Strictly greater: on a tie the earlier chunk's class stays.
+    better = top > best
+    return tl.where(better, top, best), tl.where(better, first, best_cls)
+
+
+@triton.jit
+def store_best_class(
+    score_ptr, class_ptr, offsets, ok, best, best_cls, thresholds_ptr, class_mask_ptr, HAS_CLASS_MASK: tl.constexpr
+):
+    """The best-class pass's output for anchors at `offsets`: the best score, −inf where it is not above the
+    confidence threshold or its class is filtered out, and the class."""
+    keep = best > tl.load(thresholds_ptr)
+    if HAS_CLASS_MASK:
+        keep &= tl.load(class_mask_ptr + best_cls, mask=ok, other=0) != 0
+    tl.store(score_ptr + offsets, tl.where(keep, best, float("-inf")), mask=ok)
+    tl.store(class_ptr + offsets, best_cls, mask=ok)
+
+
+@triton.jit
 def _best_class_kernel(
     score_ptr,
     class_ptr,
@@ -77,17 +106,9 @@ def _best_class_kernel(
         c = c0 + tl.arange(0, BLOCK_C)
         ok = (c < NC)[:, None] & a_ok[None, :]
         s = tl.load(preds_ptr + n * sp_n + (4 + c)[:, None] * sp_c + a[None, :], mask=ok, other=float("-inf"))
-        top = tl.max(s, 0)
-        first = tl.min(tl.where(s == top[None, :], c[:, None], NC), 0)
-        # Strictly greater: on a tie the earlier chunk's class stays, as torch's max returns the first maximum.
-        better = top > best
-        best = tl.where(better, top, best)
-        best_cls = tl.where(better, first, best_cls)
-    keep = best > tl.load(thresholds_ptr)
-    if HAS_CLASS_MASK:
-        keep &= tl.load(class_mask_ptr + best_cls, mask=a_ok, other=0) != 0
-    tl.store(score_ptr + n * A + a, tl.where(keep, best, float("-inf")), mask=a_ok)
-    tl.store(class_ptr + n * A + a, best_cls, mask=a_ok)
+        best, best_cls = fold_best_class(best, best_cls, s, c, NC, 0)
+    mask_ptr = class_mask_ptr
+    store_best_class(score_ptr, class_ptr, n * A + a, a_ok, best, best_cls, thresholds_ptr, mask_ptr, HAS_CLASS_MASK)
 
 
 @triton.jit
@@ -332,6 +353,31 @@ class NmsScratch:
         return NmsScratch(self.best_score[:batch], self.best_class[:batch], self.order[:batch])
 
 
+@dataclass(frozen=True)
+class BestClassTargets:
+    """Where a launch that already holds every anchor's class scores writes the best-class pass's output, so that
+    NMS skips that pass (`best_ready`): the head's decode does, while the scores are still in its registers.
+    best_score and best_class: NmsScratch's (N, A) tensors for the N images the launch decodes; thresholds and
+    class_mask: what NMS then reads (class_mask None: every class kept)."""
+
+    best_score: torch.Tensor
+    best_class: torch.Tensor
+    thresholds: torch.Tensor
+    class_mask: torch.Tensor | None
+
+    def check(self, label: str, nc: int, shape: tuple[int, int], device: torch.device) -> None:
+        for name in ("best_score", "best_class"):
+            _check_scratch_tensor(f"{label} {name}", getattr(self, name), shape, NmsScratch.dtypes[name], device)
+        check_view(f"{label} thresholds", self.thresholds, (2,), torch.float32, device)
+        _check_class_mask(label, self.class_mask, nc, device)
+
+
+def best_class_pass(nc: int, rotated: bool) -> bool:
+    """Whether NMS of `nc` classes runs the best-class pass: a single class's scores are read as they are, except by
+    rotated NMS, whose fast pass reads best_class."""
+    return rotated or nc > 1
+
+
 def check_scratch_and_class_mask(
     label: str,
     scratch: NmsScratch,
@@ -343,10 +389,19 @@ def check_scratch_and_class_mask(
     """Every (N, A) tensor of `scratch` (this module's or rotated NMS's, which adds fields) contiguous with its
     dtype on `device`; class_mask None or (nc,) uint8/bool there."""
     for name, dtype in scratch.dtypes.items():
-        t = getattr(scratch, name)
-        check_view(f"{label} scratch.{name}", t, shape, dtype, device)
-        if not t.is_contiguous():
-            raise ValueError(f"{label} scratch.{name}: strides {t.stride()}, expected contiguous")
+        _check_scratch_tensor(f"{label} scratch.{name}", getattr(scratch, name), shape, dtype, device)
+    _check_class_mask(label, class_mask, nc, device)
+
+
+def _check_scratch_tensor(
+    label: str, t: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype, device: torch.device
+) -> None:
+    check_view(label, t, shape, dtype, device)
+    if not t.is_contiguous():
+        raise ValueError(f"{label}: strides {t.stride()}, expected contiguous")
+
+
+def _check_class_mask(label: str, class_mask: torch.Tensor | None, nc: int, device: torch.device) -> None:
     if class_mask is not None:
         if class_mask.dtype not in (torch.uint8, torch.bool):
             raise ValueError(f"{label} class_mask: dtype {class_mask.dtype}, expected torch.uint8 or torch.bool")
@@ -361,16 +416,20 @@ def rank_candidates(
     class_mask: torch.Tensor | None,
     *,
     raw_scores: bool,
+    best_ready: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launches (1) and (2): candidates in scratch.order by descending score. Returns the (N, A) scores the later
     passes read (best_score, or with `raw_scores` the single class's row of preds) and the class-mask tensor
-    to pass them (any valid pointer when there is no class filter)."""
+    to pass them (any valid pointer when there is no class filter). `best_ready`: scratch.best_score and best_class
+    already hold launch (1)'s output for these thresholds and class mask (written by the decode: BestClassTargets),
+    so (1) is not launched."""
     batch, _, anchors = preds.shape
     mask = thresholds if class_mask is None else class_mask.view(torch.uint8)  # unused when HAS_CLASS_MASK is false
     if raw_scores:
         scores = preds[:, 4]  # the class's scores, thresholded where they are read
     else:
         scores = scratch.best_score
+    if not raw_scores and not best_ready:
         _best_class_kernel[(triton.cdiv(anchors, _BLOCK_A), batch)](
             scratch.best_score, scratch.best_class,
             preds, preds.stride(0), preds.stride(1),
@@ -399,6 +458,7 @@ def non_max_suppression(
     limits: torch.Tensor,
     class_mask: torch.Tensor | None,
     scratch: NmsScratch,
+    best_ready: bool = False,
 ) -> None:
     """NMS of every image of `preds` (N, 4 + nc + E, A) float32, anchors contiguous, into `out` (N, capacity,
     6 + E) float32 rows [x1, y1, x2, y2, conf, cls, extras...] and `count` (N,) int32; rows past the count
@@ -408,7 +468,8 @@ def non_max_suppression(
     clamped to [0, capacity]; class_mask: (nc,) uint8/bool, 1 keeps a class, None keeps all. All three are read
     on the device at run time. The IoU test is in float32 where torchvision compares with the float64
     threshold: they differ only for an IoU equal to float32(iou_thres) when that rounded up, so write
-    iou_thres rounded down to float32 for an exact match.
+    iou_thres rounded down to float32 for an exact match. `best_ready`: the decode wrote scratch.best_score and
+    best_class (BestClassTargets with these thresholds and class mask); NMS then takes two launches, not three.
     """
     if preds.dim() != 3 or preds.shape[1] < 4 + nc or nc < 1:
         raise ValueError(f"nms: preds shape {tuple(preds.shape)} does not hold 4 boxes + {nc} classes")
@@ -422,8 +483,10 @@ def non_max_suppression(
     check_view("nms limits", limits, (3,), torch.int32, device)
     check_scratch_and_class_mask("nms", scratch, class_mask, nc, (batch, anchors), device)
 
-    raw_scores = nc == 1
-    scores, mask = rank_candidates(scratch, preds, nc, thresholds, class_mask, raw_scores=raw_scores)
+    raw_scores = not best_class_pass(nc, rotated=False)
+    scores, mask = rank_candidates(
+        scratch, preds, nc, thresholds, class_mask, raw_scores=raw_scores, best_ready=best_ready and not raw_scores
+    )
     _greedy_nms_kernel[(batch,)](
         out, out.stride(0), out.stride(1),
         count,

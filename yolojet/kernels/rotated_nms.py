@@ -303,6 +303,7 @@ def rotated_non_max_suppression(
     limits: torch.Tensor,
     class_mask: torch.Tensor | None,
     scratch: RotatedNmsScratch,
+    best_ready: bool = False,
 ) -> None:
     """Rotated NMS of every image of `preds` (N, 4 + nc + 1, A) float32 [cx, cy, w, h, scores..., angle], anchors
     contiguous, into `out` (N, capacity, 7) float32 rows [cx, cy, w, h, conf, cls, angle] (model-input pixels,
@@ -311,7 +312,8 @@ def rotated_non_max_suppression(
     thresholds: float32 [conf_thres, iou_thres]; limits: int32 [max_det, max_nms, agnostic (0/1)], max_det
     clamped to [0, capacity]; class_mask: (nc,) uint8/bool, 1 keeps a class, None keeps all. All three are read
     on the device at run time, as by kernels/nms.py's non_max_suppression (whose kernels and scratch this shares:
-    `scratch` is a RotatedNmsScratch of (N, A)). Equals yolojet.reference.obb.rotated_nms.
+    `scratch` is a RotatedNmsScratch of (N, A)). Equals yolojet.reference.obb.rotated_nms. `best_ready`: the decode
+    wrote scratch.best_score and best_class (kernels/nms.py's BestClassTargets), so that pass is not launched.
     """
     if preds.dim() != 3 or nc < 1 or preds.shape[1] != 4 + nc + 1:
         raise ValueError(f"rotated nms: preds shape {tuple(preds.shape)}, expected (N, 4 + {nc} + 1, A)")
@@ -327,7 +329,7 @@ def rotated_non_max_suppression(
     check_scratch_and_class_mask("rotated nms", scratch, class_mask, nc, (batch, anchors), device)
 
     # The fast-NMS pass reads best_class, so a single class still takes the best-class pass.
-    rank_candidates(scratch, preds, nc, thresholds, class_mask, raw_scores=False)
+    rank_candidates(scratch, preds, nc, thresholds, class_mask, raw_scores=False, best_ready=best_ready)
     block_i, block_j = _FAST_TILES if preds.is_cuda else _INTERPRETER_FAST_TILES
     _fast_nms_kernel[(triton.cdiv(anchors, block_i), batch)](
         scratch.suppressed,
