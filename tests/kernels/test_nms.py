@@ -13,6 +13,7 @@ import torch
 import torchvision  # noqa: F401  ultralytics takes torchvision's nms, the default predict path, once it is imported
 from ultralytics.utils.nms import non_max_suppression as ultralytics_nms
 
+from yolojet.kernels.boxes import scale_boxes
 from yolojet.kernels.nms import NmsScratch, non_max_suppression, rank_group
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -276,6 +277,57 @@ def test_nms_follows_device_settings_between_runs():
         )
         options = dict(max_det=max_det, max_nms=max_nms, agnostic=bool(agnostic), classes=classes)
         assert_matches(out.cpu(), count.cpu(), reference(preds.cpu(), 80, conf, iou, **options))
+
+
+@pytest.mark.parametrize("nc", [80, 1])
+def test_nms_maps_the_kept_boxes_where_given_box_params(nc):
+    """With box_params the greedy pass maps its kept boxes to original pixels and clips them itself: the same rows
+    as NMS followed by scale_boxes, bit for bit, boxes past an image's edge among them; the other columns and the rows
+    past the count untouched."""
+    preds = clustered(3, nc, 900, 2, seed=9).to(DEVICE)
+    params = torch.tensor(
+        [
+            [0.0, 80.0, 1.0, 1.0, 640.0, 480.0],
+            [12.5, 0.0, 0.5, 0.5, 1230.0, 1280.0],
+            [3.0, 7.0, 2.0, 1.5, 200.0, 250.0],
+        ],
+        device=DEVICE,
+    )
+    found = []
+    for mapped_in_nms in (True, False):
+        out = torch.full((3, CAPACITY, 8), float("nan"), device=DEVICE)
+        count = torch.full((3,), -7, dtype=torch.int32, device=DEVICE)
+        non_max_suppression(
+            out,
+            count,
+            preds,
+            nc=nc,
+            thresholds=torch.tensor([0.05, 0.5], device=DEVICE),
+            limits=torch.tensor([300, 30000, 0], dtype=torch.int32, device=DEVICE),
+            class_mask=None,
+            scratch=poisoned_scratch(3, 900),
+            box_params=params if mapped_in_nms else None,
+        )
+        if not mapped_in_nms:
+            scale_boxes(out, count, params)
+        found.append((out.cpu(), count.cpu()))
+    (mapped, count), (expected, expected_count) = found
+    assert torch.equal(count, expected_count) and int(count.min()) > 0
+    assert torch.equal(mapped.isnan(), expected.isnan())
+    assert torch.equal(mapped.nan_to_num(), expected.nan_to_num())
+    assert bool((expected[2, : count[2], 2] == 200.0).any()), "no box was clipped at an image's edge"
+    with pytest.raises(ValueError, match="box_params"):
+        non_max_suppression(
+            out,
+            count.to(DEVICE),
+            preds,
+            nc=nc,
+            thresholds=torch.tensor([0.05, 0.5], device=DEVICE),
+            limits=torch.tensor([300, 30000, 0], dtype=torch.int32, device=DEVICE),
+            class_mask=None,
+            scratch=poisoned_scratch(3, 900),
+            box_params=params[:2],
+        )
 
 
 def test_nms_rejects_bad_arguments():

@@ -370,6 +370,8 @@ class DetectionHead(CapturedPath):
         if self.scratch is not None and best_class_pass(self.meta.nc, rotated=self.task == "obb"):
             bucket_scratch = self.scratch.first(bucket)
             best = BestClassTargets(bucket_scratch.best_score, bucket_scratch.best_class, thresholds, mask)
+        # A detector's greedy NMS pass maps its kept boxes itself (segment's masks need them in input pixels first).
+        boxes_mapped_in_nms = self.task == "detect" and not self.end2end
         if self.segment:
             proto = network.value_view(network.graph.outputs[1], bucket)[:batch]
             masks_input, boxes_input = self.masks_input[:batch], self.boxes_input[:batch]
@@ -408,6 +410,7 @@ class DetectionHead(CapturedPath):
                     class_mask=mask,
                     scratch=cast(NmsScratch, scratch),
                     best_ready=best_ready,
+                    box_params=box_params if boxes_mapped_in_nms else None,
                 )
             if self.segment:  # masks from the boxes in input pixels, so before they are mapped back
                 assemble_masks(masks_input, rows, count, proto, input_hw=self.meta.imgsz)
@@ -416,7 +419,7 @@ class DetectionHead(CapturedPath):
                 scale_rotated_boxes(rows, count, box_params)
             elif self.task == "pose":  # boxes and keypoints in one launch
                 scale_keypoints(rows, count, box_params, kpt_shape=kpt_shape, first_column=6, boxes=True)
-            else:
+            elif not boxes_mapped_in_nms:
                 scale_boxes(rows, count, box_params)
             results_host[:used].copy_(self.results[:used], non_blocking=True)
 

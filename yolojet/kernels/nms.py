@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from yolojet.kernels.boxes import map_box_columns
 from yolojet.kernels.views import check_view
 
 _MAX_WH = tl.constexpr(7680.0)  # ultralytics' per-class box offset for class-aware NMS
@@ -219,8 +220,10 @@ def _greedy_nms_kernel(
     NC,
     EXTRA,
     CAPACITY,
+    params_ptr,
     RAW_SCORES: tl.constexpr,
     HAS_CLASS_MASK: tl.constexpr,
+    MAP_BOXES: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_A: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -232,7 +235,9 @@ def _greedy_nms_kernel(
     overlapping, iterated from alive = base until nothing changes. Position m is final after m + 1 rounds, and
     the fixed point is unique (induction over m), so this is exactly the sequential greedy result in a few
     rounds. Survivors are appended with a cumsum; the walk stops once max_det boxes are kept, which leaves
-    torchvision's keep[:max_det] unchanged because kept boxes come out in walk order.
+    torchvision's keep[:max_det] unchanged because kept boxes come out in walk order. With MAP_BOXES the kept rows'
+    boxes then go to original pixels (boxes.py's scale_boxes, params at `params_ptr`): only once the walk, which
+    reads kept boxes back in input pixels, is over.
     """
     n = tl.program_id(0).to(tl.int64)
     row = n * A
@@ -319,6 +324,14 @@ def _greedy_nms_kernel(
         # The next chunk reads these rows back from other threads of the program: make the stores visible.
         tl.debug_barrier()
         start += CHUNK
+    if MAP_BOXES:
+        p = params_ptr + n * 6
+        pad_x, pad_y = tl.load(p), tl.load(p + 1)
+        gain_x, gain_y = tl.load(p + 2), tl.load(p + 3)
+        w0, h0 = tl.load(p + 4), tl.load(p + 5)
+        for k0 in range(0, kept, CHUNK):
+            k = k0 + lane
+            map_box_columns(out_img + k * so_r, k < kept, pad_x, pad_y, gain_x, gain_y, w0, h0)
     tl.store(count_ptr + n, kept)
 
 
@@ -459,6 +472,7 @@ def non_max_suppression(
     class_mask: torch.Tensor | None,
     scratch: NmsScratch,
     best_ready: bool = False,
+    box_params: torch.Tensor | None = None,
 ) -> None:
     """NMS of every image of `preds` (N, 4 + nc + E, A) float32, anchors contiguous, into `out` (N, capacity,
     6 + E) float32 rows [x1, y1, x2, y2, conf, cls, extras...] and `count` (N,) int32; rows past the count
@@ -470,6 +484,8 @@ def non_max_suppression(
     threshold: they differ only for an IoU equal to float32(iou_thres) when that rounded up, so write
     iou_thres rounded down to float32 for an exact match. `best_ready`: the decode wrote scratch.best_score and
     best_class (BestClassTargets with these thresholds and class mask); NMS then takes two launches, not three.
+    `box_params`: (N, 6) float32 [pad_x, pad_y, gain_x, gain_y, w0, h0] an image, contiguous: the kept boxes are then
+    mapped to original pixels and clipped as boxes.py's scale_boxes does, in the greedy pass's launch.
     """
     if preds.dim() != 3 or preds.shape[1] < 4 + nc or nc < 1:
         raise ValueError(f"nms: preds shape {tuple(preds.shape)} does not hold 4 boxes + {nc} classes")
@@ -482,6 +498,10 @@ def non_max_suppression(
     check_view("nms thresholds", thresholds, (2,), torch.float32, device)
     check_view("nms limits", limits, (3,), torch.int32, device)
     check_scratch_and_class_mask("nms", scratch, class_mask, nc, (batch, anchors), device)
+    if box_params is not None:
+        check_view("nms box_params", box_params, (batch, 6), torch.float32, device)
+        if not box_params.is_contiguous():
+            raise ValueError("nms box_params: expected a contiguous (N, 6) tensor")
 
     raw_scores = not best_class_pass(nc, rotated=False)
     scores, mask = rank_candidates(
@@ -494,8 +514,10 @@ def non_max_suppression(
         scores, scores.stride(0), scratch.best_class, scratch.order,
         thresholds, mask, limits,
         anchors, nc, extra, out.shape[1],
+        box_params if box_params is not None else thresholds,  # never read without MAP_BOXES
         RAW_SCORES=raw_scores,
         HAS_CLASS_MASK=raw_scores and class_mask is not None,  # best_class applied it otherwise
+        MAP_BOXES=box_params is not None,
         CHUNK=_CHUNK,
         BLOCK_A=_BLOCK_COUNT,
         BLOCK_E=_BLOCK_E,
