@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -267,6 +268,37 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
         code = e.code if isinstance(e.code, int) else 1
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def self_signed_pem(folder: Path, stem: str) -> tuple[Path, Path]:
+    """A self-signed certificate for `localhost` and its private key, as PEM files `STEM.cert.pem` and `STEM.key.pem`
+    in `folder` (a key of its own each call)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / f"{stem}.cert.pem", folder / f"{stem}.key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, pkcs8, serialization.NoEncryption()))
+    return cert_file, key_file
 
 
 class RunningServer:

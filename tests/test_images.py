@@ -272,6 +272,34 @@ def test_expand_sources_keeps_links_to_files_and_does_not_follow_links_to_folder
     assert expand_sources([str(root) + "/"]) == [str(root / name) for name in ("a.jpg", "b_link.png", "gone.jpg")]
 
 
+def test_a_folder_that_cannot_be_listed_is_named_in_a_warning_and_the_others_are_searched(tmp_path):
+    """A folder without read permission below a source: its images cannot be found, which is said (a YolojetWarning
+    naming it), and the other folders' images are still found. Run in a process that cannot read past permissions (a
+    root user's is made to drop that right), as a user's would be."""
+    import shutil
+    import subprocess
+    import sys
+
+    touch(tmp_path / "a.jpg")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    touch(locked / "hidden.jpg")
+    locked.chmod(0)
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("as root, dropping the right to read past permissions needs setpriv (util-linux)")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps", "-all"]
+    code = "import sys; from yolojet.images import expand_sources; print(expand_sources([sys.argv[1]]))"
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    finally:
+        locked.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr([str(tmp_path / "a.jpg")])
+    assert f"YolojetWarning: {locked}: cannot list this folder (Permission denied)" in done.stderr
+
+
 def test_expand_sources_passes_over_fifos_and_sockets_named_like_images(tmp_path):
     """A FIFO called pipe.jpg in a folder would hold the run for ever at its first read (no writer ever comes); a
     socket cannot be read at all: neither is an image file. A link to a FIFO is passed over too."""

@@ -6,13 +6,21 @@ import argparse
 import math
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from yolojet import __version__
-from yolojet.errors import EngineConfigError, ImageReadError, ModelDirError, OutputPathError, YolojetError
+from yolojet.errors import (
+    EngineConfigError,
+    ImageReadError,
+    ModelDirError,
+    OutputPathError,
+    YolojetError,
+    YolojetWarning,
+)
 from yolojet.options import EVENT_LOOPS, MPS_CHOICES, apply_switch_interval
 
 if TYPE_CHECKING:
@@ -77,6 +85,26 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, 0 or more") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, 0 or more")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number, 0 or more") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number, 0 or more")
     return value
 
 
@@ -776,7 +804,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--token-file", args.token_file)):
         if path is not None and not path.is_file():
             raise ModelDirError(f"{flag} {path}: no such file")
-    token = args.token_file.read_text().strip() if args.token_file is not None else serve_token()
+    token = _token_from(args.token_file) if args.token_file is not None else serve_token()
+    if args.tls_cert is not None and args.tls_key is not None:
+        _check_tls_pair(args.tls_cert, args.tls_key)  # before the models load: gRPC would say only that it cannot bind
     options = ServeOptions(
         host=args.host if args.host is not None else "127.0.0.1",
         port=args.port,
@@ -858,18 +888,33 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token_from(path: Path) -> str:
+    """The bearer token in a --token-file: an empty one (a secret that was not mounted) is refused, never taken for no
+    token, which would leave a server open to anyone."""
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise OutputPathError(f"--token-file {path}: cannot read it ({e})") from e
+    if not token:
+        raise OutputPathError(f"--token-file {path}: empty; it must hold the bearer token")
+    return token
+
+
+def _check_tls_pair(cert: Path, key: Path) -> None:
+    """The certificate chain and private key read and matched as the server will use them."""
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as e:
+        raise OutputPathError(
+            f"--tls-cert {cert} --tls-key {key}: not a PEM certificate chain and its private key ({e})"
+        ) from e
+
+
 def _cmd_label(args: argparse.Namespace) -> int:
-    from yolojet.client import records
-    from yolojet.client.label import (
-        LabelJob,
-        Summary,
-        check_kept_settings,
-        check_label_options,
-        check_outputs,
-        job_paths,
-        run,
-    )
-    from yolojet.client.remote import REACH_TRIES_A_PROCESS, Connection, RemoteLabeler, bench, model_facts
+    from yolojet.client.label import LabelJob, check_kept_settings, check_outputs, job_paths, sole_writer
+    from yolojet.client.remote import Connection, bench, model_facts
     from yolojet.options import serve_token
 
     if args.ray and Path(args.ray).exists():  # nargs='?' takes the word after --ray, even an image folder
@@ -917,7 +962,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
     options = {k: v for k, v in (("conf", args.conf), ("iou", args.iou), ("max_det", args.max_det)) if v is not None}
     if args.classes:
         options["classes"] = args.classes
-    token = args.token_file.read_text().strip() if args.token_file is not None else serve_token()
+    token = _token_from(args.token_file) if args.token_file is not None else serve_token()
     if args.bench is not None:
         if args.local or args.ray is not None:
             raise EngineConfigError("--bench measures a server: give --server HOST:PORT")
@@ -957,6 +1002,24 @@ def _cmd_label(args: argparse.Namespace) -> int:
     paths = job_paths(job, args.model if args.server is None else None)
     if job.resume and job.out.is_file():
         check_kept_settings(job)  # other options than the records': said before a model or a cluster starts
+    with sole_writer(job.out):  # before the model loads: a second run on this --out is refused at once
+        return _label_job(args, job, paths, devices, options, token)
+
+
+def _label_job(
+    args: argparse.Namespace,
+    job: Any,
+    paths: list[str],
+    devices: list[str] | None,
+    options: dict[str, Any],
+    token: str | None,
+) -> int:
+    """`yolojet label`'s run once its outputs are checked and held: the labeler (local, workers, Ray or a server),
+    the run, and what it says at the end."""
+    from yolojet.client import records
+    from yolojet.client.label import Summary, check_label_options, run
+    from yolojet.client.remote import REACH_TRIES_A_PROCESS, Connection, RemoteLabeler, model_facts
+
     summary = Summary()
     label: Callable[[list[str], Callable[[dict], None], Callable[[str, str], None]], None]
     if args.local:
@@ -1073,7 +1136,11 @@ def _cmd_label(args: argparse.Namespace) -> int:
         run(job, label, facts, summary, paths)
     except KeyboardInterrupt as interrupt:
         what, status = _stopped_by(interrupt)
-        print(f"{what} after {summary.labeled} images; run again with --resume to label the rest", file=sys.stderr)
+        if summary.writing_formats:
+            print(f"{what} while writing the COCO file or YOLO dataset; every image is labeled in {job.out}: "
+                  "--resume writes them again", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"{what} after {summary.labeled} images; run again with --resume to label the rest", file=sys.stderr)
         return status
     except YolojetError as e:
         if not (summary.labeled or summary.failed):  # stopped before any image: nothing was done
@@ -1430,7 +1497,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on this port (0: any free one; default: none)",
     )
     p.add_argument(
-        "--grace-s", type=float, default=30.0, help="on SIGTERM, seconds to finish accepted requests (default 30)"
+        "--grace-s",
+        type=_non_negative_float,
+        default=30.0,
+        help="on SIGTERM, seconds to finish accepted requests (default 30)",
     )
     _add_mps_flag(p, "--processes: the servers")
     p.add_argument(
@@ -1539,7 +1609,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--retries",
-        type=int,
+        type=_non_negative_int,
         default=8,
         help="--server: times an unreachable or lost server is tried "
         "again, 0.5 s, 1 s, 2 s, ... apart (default 8, about 2 minutes)",
@@ -1609,7 +1679,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     before = signal.signal(signal.SIGTERM, _terminated) if ending else None
     try:
         apply_switch_interval()
-        return args.run(args)
+        with warnings.catch_warnings():
+            shown = warnings.showwarning
+
+            def show(message: Warning | str, category: type[Warning], *rest: Any, **named: Any) -> None:
+                if issubclass(category, YolojetWarning):
+                    print(f"yolojet {args.command}: warning: {message}", file=sys.stderr)
+                else:
+                    shown(message, category, *rest, **named)
+
+            warnings.showwarning = show
+            return args.run(args)
     except YolojetError as e:
         print(f"yolojet {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

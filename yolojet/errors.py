@@ -59,3 +59,8 @@ class OutputPathError(YolojetError, ValueError):
 
 class RecordsError(YolojetError, ValueError):
     """A labeling output (JSON lines) holding a line that is not one of `yolojet label`'s records."""
+
+
+class YolojetWarning(UserWarning):
+    """Something the user should know that does not stop the work (a folder that could not be listed); the command
+    line prints these as `yolojet COMMAND: warning: ...`."""

@@ -14,8 +14,9 @@ import pytest
 from ultralytics.utils import ASSETS
 
 from yolojet.client import records as recs
-from yolojet.client.formats import write_coco, write_yolo_dataset
+from yolojet.client.formats import made_by_label, write_coco, write_yolo_dataset
 from yolojet.client.plot import plot
+from yolojet.errors import OutputPathError, RecordsError
 from yolojet.tasks.segment import encode_rle
 
 NAMES = {0: "person", 1: "bus", 2: "dog"}
@@ -412,10 +413,56 @@ def test_a_dataset_made_again_holds_only_the_new_records_and_a_users_folder_keep
     write_yolo_dataset(dataset, records(["d.jpg"]), NAMES, "detect")  # an --overwrite run of other images
     assert sorted(p.name for p in (dataset / "labels").iterdir()) == ["d.txt"]
     assert sorted(p.name for p in (dataset / "images").iterdir()) == ["d.jpg"]
-    users = tmp_path / "users"
+    # A dataset of the user's own (their data.yaml, or their label files or images) is never written into.
+    users, truth = tmp_path / "users", "0 0.5 0.5 1 1\n"
     (users / "labels").mkdir(parents=True)
-    (users / "labels" / "theirs.txt").write_text("0 0.5 0.5 1 1\n")
+    (users / "labels" / "d.txt").write_text(truth)
     (users / "data.yaml").write_text("names:\n  0: person\n")
-    for _ in range(2):  # and again: their folder never becomes one a later run clears
+    with pytest.raises(OutputPathError, match=r"a data\.yaml yolojet label did not write"):
         write_yolo_dataset(users, records(["d.jpg"]), NAMES, "detect")
-        assert sorted(p.name for p in (users / "labels").iterdir()) == ["d.txt", "theirs.txt"]
+    (users / "data.yaml").unlink()
+    with pytest.raises(OutputPathError, match="labels holds files yolojet label did not make"):
+        write_yolo_dataset(users, records(["d.jpg"]), NAMES, "detect")
+    assert sorted(users.rglob("*")) == [users / "labels", users / "labels" / "d.txt"]
+    assert (users / "labels" / "d.txt").read_text() == truth
+
+
+def test_label_files_are_where_ultralytics_looks_for_them_below_folders_called_images(tmp_path):
+    """Images below a folder of their own called `images` (Roboflow's `train/images/`): each label file is where
+    ultralytics' img2label_paths looks for its image's link (its last `/images/` made `/labels/`), and a dataset made
+    again removes those too."""
+    from ultralytics.data.utils import img2label_paths
+
+    rows = [
+        {"path": f"/rf/{part}/images/{name}", "width": 10, "height": 10, "task": "detect",
+         "detections": [{"class": 0, "name": "person", "confidence": 0.5, "box": [1.0, 1.0, 5.0, 5.0]}]}
+        for part, name in (("train", "bus.jpg"), ("valid", "zidane.jpg"), ("train", "more/x.png"))
+    ]  # fmt: skip
+    records = tmp_path / "r.jsonl"
+    records.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    dataset = tmp_path / "dataset"
+    write_yolo_dataset(dataset, records, NAMES, "detect")
+    links = sorted(str(p) for p in (dataset / "images").rglob("*") if p.is_symlink())
+    assert len(links) == 3
+    for label in img2label_paths(links):
+        assert Path(label).read_text() == "0 0.3 0.3 0.4 0.4\n", label
+    records.write_bytes(b"")  # made again from no records: no label file of the earlier links is left
+    write_yolo_dataset(dataset, records, NAMES, "detect")
+    assert [p for p in dataset.rglob("*") if p.is_file() or p.is_symlink()] == [dataset / "data.yaml"]
+
+
+def test_a_dataset_stopped_part_way_is_known_as_labels_own(tmp_path):
+    """data.yaml, with label's mark, is written before any link: a run that stops part way (here at a record that is
+    not one label writes, a box of three numbers) leaves a folder the next run makes again, not one it refuses or
+    whose links it labels as images."""
+    good = {"path": "/p/a.jpg", "width": 10, "height": 10, "task": "detect", "detections": []}
+    bad = {**good, "path": "/p/b.jpg", "detections": [{"class": 0, "confidence": 0.5, "box": [1.0, 2.0, 3.0]}]}
+    records = tmp_path / "r.jsonl"
+    records.write_bytes(orjson.dumps(good) + b"\n" + orjson.dumps(bad) + b"\n")
+    dataset = tmp_path / "dataset"
+    with pytest.raises(RecordsError, match=r"the record of /p/b\.jpg is not one yolojet label writes"):
+        write_yolo_dataset(dataset, records, NAMES, "detect", workers=1)
+    assert made_by_label(dataset)
+    records.write_bytes(orjson.dumps(good) + b"\n")
+    write_yolo_dataset(dataset, records, NAMES, "detect")
+    assert sorted(p.name for p in (dataset / "labels").rglob("*.txt")) == ["a.txt"]

@@ -285,6 +285,31 @@ def test_resume_asks_for_the_options_the_records_were_made_with(server, photos, 
     (tmp_path / "labels.jsonl.settings.json").write_text("{not json")
     code, _, stderr = run_cli(capsys, *base, "--resume")
     assert code == 2 and "labels.jsonl.settings.json: not the settings label keeps" in stderr
+    # Settings kept by a run stopped before its first record are this run's to replace, not to hold it to.
+    (tmp_path / "labels.jsonl.settings.json").write_text('{"options": {"max_det": 5}}\n')
+    out.write_bytes(b"")
+    code, _, stderr = run_cli(capsys, *base, "--resume", "--max-det", "2")
+    assert code == 0 and len(lines(out)) == 3, stderr
+    code, _, stderr = run_cli(capsys, *base, "--resume", "--max-det", "5")
+    assert code == 2 and "its records were made with --max-det 2" in stderr
+
+
+def test_one_run_at_a_time_writes_an_output(server, photos, tmp_path, capsys):
+    """A second run on an --out another run holds (here this process's lock, as a run started beside it would see
+    it) is refused before it loads or labels anything; the first run's file is left as it was."""
+    from yolojet.client.label import sole_writer
+
+    out = tmp_path / "labels.jsonl"
+    base = ["label", photos, "--server", server.address, "--model", "detect", "--out", out, "--quiet"]
+    with sole_writer(out):
+        for more in ([], ["--resume"]):
+            code, _, stderr = run_cli(capsys, *base, *more)
+            assert code == 2 and "another yolojet label is writing it now" in stderr
+        assert out.read_bytes() == b""
+    assert not out.exists()  # the lock's empty file goes with it
+    assert run_cli(capsys, *base)[0] == 0 and len(lines(out)) == 3
+    code, _, stderr = run_cli(capsys, *base, "--resume", "--retries", "-1")
+    assert code == 2 and "'-1': expected a whole number, 0 or more" in stderr
 
 
 def test_outputs_that_would_destroy_an_input_or_each_other_are_refused(server, photos, tmp_path, capsys):
@@ -311,6 +336,8 @@ def test_outputs_that_would_destroy_an_input_or_each_other_are_refused(server, p
     text.write_bytes(b'{"a": 1}\nnot a record, cut short')
     code, _, stderr = run_cli(capsys, *base, "--out", text, "--resume")
     assert code == 2 and "not a record" in stderr
+    code, _, stderr = run_cli(capsys, *base, "--out", text)  # no --overwrite offered for a file that is not records
+    assert code == 2 and "not records label wrote" in stderr and "--overwrite" not in stderr
     assert text.read_bytes() == b'{"a": 1}\nnot a record, cut short'  # refused before any change
     code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "d.jsonl", "--conf", "7")
     assert code == 2 and "--conf 7.0: expected a number in [0, 1]" in stderr
@@ -341,16 +368,18 @@ def test_reruns_replace_stale_outputs_and_skip_their_own_dataset(server, photos,
     assert code == 0 and len(lines(beside)) == 3 and (own / "images" / "bus.jpg").is_symlink(), stderr
     code, _, stderr = run_cli(capsys, *place, "--resume")
     assert code == 0 and "0 images labeled" in stderr and len(lines(beside)) == 3
-    # A dataset of links the user made (no data.yaml of label's): its images are labeled.
+    # A dataset of links the user made (no data.yaml of label's): its images are labeled, and it is never the place
+    # for label's own dataset, which would delete or mix with the user's links.
     theirs = tmp_path / "theirs"
     (theirs / "images").mkdir(parents=True)
     (theirs / "images" / "bus.jpg").symlink_to(photos / "bus.jpg")
     mine = tmp_path / "mine.jsonl"
-    code, _, stderr = run_cli(
-        capsys, "label", theirs / "images", "--server", server.address, "--model", "detect", "--out", mine,
-        "--yolo-txt", theirs, "--quiet",
-    )  # fmt: skip
-    assert code == 0 and len(lines(mine)) == 1, stderr
+    yours = ["label", theirs / "images", "--server", server.address, "--model", "detect", "--out", mine, "--quiet"]
+    code, _, stderr = run_cli(capsys, *yours, "--yolo-txt", theirs)
+    assert code == 2 and "images holds files yolojet label did not make" in stderr
+    assert not mine.exists() and [p.name for p in theirs.rglob("*")] == ["images", "bus.jpg"]
+    code, _, stderr = run_cli(capsys, *yours, "--yolo-txt", tmp_path / "made")
+    assert code == 0 and len(lines(mine)) == 1 and (tmp_path / "made" / "labels" / "bus.txt").is_file(), stderr
     odd = os.fsdecode(b"odd\xff.jpg")
     shutil.copy(ASSETS / "bus.jpg", photos / odd)
     for _ in range(2):  # once in the error log however many resumes fail on it

@@ -194,6 +194,33 @@ def test_batches_slower_than_their_estimate_make_admission_count_what_they_reall
     s.admit(request("a", clock, slo=0.080))  # admitted again: 36 ms of work ahead
 
 
+def test_a_start_up_measured_under_load_is_corrected_by_the_batches_and_an_idle_server_admits_by_them():
+    """A start-up timing taken while other work held the machine (runs of 1 and 2 at a second, against 20 ms) refused
+    an idle server's every request with a 0.5 s deadline, although each ran in 20 ms. Batches that take a fiftieth of
+    their estimate bring admission down to what they take, the idle branch included; a smaller bucket measured slower
+    than a larger one is capped at the larger one's time."""
+    from yolojet.serve.models import no_faster_when_larger
+
+    assert no_faster_when_larger({1: 1.129, 4: 0.094, 8: 0.2}) == {1: 0.094, 4: 0.094, 8: 0.2}
+    clock = Clock()
+    s = Scheduler(clock, depth=1)
+    latency = LatencyModel({1: 1.0, 2: 1.0})
+    s.add_model("a", 2, latency, 100)
+    with pytest.raises(Refused, match="past the deadline"):
+        s.admit(request("a", clock, slo=0.5))
+    s.admit(request("a", clock, slo=5.0))
+    for _ in range(30):  # the batches a client with a generous deadline sends: each done in 20 ms
+        ticket = s.next_batch()[0]
+        clock.now += 0.020
+        s.finished(ticket)
+        s.admit(request("a", clock, slo=5.0))
+    assert latency.slowdown < 0.05
+    while (chosen := s.next_batch()) is not None:
+        s.finished(chosen[0])
+    s.admit(request("a", clock, slo=0.5))  # idle: a run of one now fits
+    s.admit(request("a", clock, slo=0.5))  # and behind it
+
+
 def test_a_batch_in_flight_counts_only_what_is_left_of_it():
     """A request that arrives late in a batch's run waits only for the rest of it: the full batch's estimate once
     refused requests the engine would have answered in time (half of them at half the sustained rate)."""

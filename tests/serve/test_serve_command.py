@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support import run_cli
+from support import run_cli, self_signed_pem
 from ultralytics.utils import ASSETS
 
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
@@ -148,6 +148,8 @@ def test_uvloop_asked_for_where_it_is_missing_is_a_clear_error(monkeypatch):
         ),
         (["--model", "m", "--metrics-port", "65535", "--processes", "2"], "65536: a port is a number from 0 to 65535"),
         (["--model", "m", "--max-message-mb", "0"], "'0': expected a positive number"),
+        (["--model", "m", "--grace-s", "nan"], "'nan': expected a number, 0 or more"),
+        (["--model", "m", "--grace-s", "-1"], "'-1': expected a number, 0 or more"),
     ],
 )
 def test_bad_command_lines_are_one_clear_line(capsys, monkeypatch, tmp_path, flags, fragment):
@@ -155,6 +157,23 @@ def test_bad_command_lines_are_one_clear_line(capsys, monkeypatch, tmp_path, fla
     monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path / "cache"))
     code, _, stderr = run_cli(capsys, "serve", *flags)
     assert code == 2 and fragment in stderr and "Traceback" not in stderr, stderr
+
+
+def test_an_empty_token_file_or_a_mismatched_tls_pair_is_refused_before_the_models_load(capsys, monkeypatch, tmp_path):
+    """An empty --token-file (a secret that was not mounted) would serve without authentication, and a certificate with
+    another key's private key would fail only as 'cannot listen' after the models load: each is said at once."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "empty.tok").write_text("\n")
+    code, _, stderr = run_cli(capsys, "serve", "--model", "nowhere_model_dir", "--token-file", "empty.tok")
+    assert code == 2 and "--token-file empty.tok: empty; it must hold the bearer token" in stderr, stderr
+    cert, _ = self_signed_pem(tmp_path, "one")
+    _, other_key = self_signed_pem(tmp_path, "two")
+    for pair in ((cert, other_key), (other_key, cert)):
+        code, _, stderr = run_cli(
+            capsys, "serve", "--model", "nowhere_model_dir", "--tls-cert", pair[0], "--tls-key", pair[1]
+        )
+        assert code == 2 and "not a PEM certificate chain and its private key" in stderr, stderr
 
 
 def test_ports_in_use_are_one_clear_line(model_dirs, capsys, tmp_path, monkeypatch):

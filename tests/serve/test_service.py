@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 from pycocotools import mask as mask_utils
-from support import OpenStream, RunningServer, served
+from support import OpenStream, RunningServer, self_signed_pem, served
 from ultralytics.utils import ASSETS
 
 from yolojet.errors import EngineConfigError
@@ -231,6 +231,9 @@ def test_health_and_reflection(server):
         ({"image": BUS, "max_det": 0}, grpc.StatusCode.INVALID_ARGUMENT, "max_det 0"),
         ({"image": BUS, "max_det": 301}, grpc.StatusCode.INVALID_ARGUMENT, "max_det 301"),
         ({"image": BUS, "classes": [80]}, grpc.StatusCode.INVALID_ARGUMENT, "class ids are ints from 0 to 79"),
+        # Names sent back in an error are cut: an error travels in gRPC's metadata, 16 KiB at most.
+        ({"image": BUS, "model": "m" * 100_000}, grpc.StatusCode.NOT_FOUND, "... (100000 characters)"),
+        ({"image": b"\x00" * 100, "id": "i" * 20_000}, grpc.StatusCode.INVALID_ARGUMENT, "... (20000 characters)"),
     ],
 )
 def test_bad_requests_get_a_clear_status_and_the_server_keeps_serving(server, request_fields, code, fragment):
@@ -444,8 +447,12 @@ def test_a_bearer_token_is_required_where_set_but_not_for_health(model_dirs):
                 batch = pb.InferBatch(requests=[pb.InferRequest(image=BUS)])
                 list(stub.InferBatchStream(iter([batch]), timeout=30, metadata=metadata))
             assert streamed.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        reply = stub.Infer(pb.InferRequest(image=BUS), timeout=60, metadata=(("authorization", "Bearer s3cret"),))
-        assert reply.width == 810
+        for scheme in ("Bearer", "bearer"):  # the scheme's case is the client's (RFC 7235), the token's is not
+            metadata = (("authorization", f"{scheme} s3cret"),)
+            assert stub.Infer(pb.InferRequest(image=BUS), timeout=60, metadata=metadata).width == 810
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Infer(pb.InferRequest(image=BUS), timeout=30, metadata=(("authorization", "Bearer S3CRET"),))
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         channel = grpc.insecure_channel(running.address)
         assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status == 1
     finally:
@@ -453,38 +460,12 @@ def test_a_bearer_token_is_required_where_set_but_not_for_health(model_dirs):
 
 
 def test_tls(model_dirs, tmp_path):
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-    (tmp_path / "cert.pem").write_bytes(cert_pem)
-    (tmp_path / "key.pem").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    for alone in ({"tls_key": tmp_path / "key.pem"}, {"tls_cert": tmp_path / "cert.pem"}):  # never in the clear
+    cert, key = self_signed_pem(tmp_path, "server")
+    cert_pem = cert.read_bytes()
+    for alone in ({"tls_key": key}, {"tls_cert": cert}):  # never in the clear
         with pytest.raises(EngineConfigError, match="go together"):
             ServeOptions(**alone)
-    options = replace(
-        ServeOptions(), port=0, slo_ms=60_000, tls_cert=tmp_path / "cert.pem", tls_key=tmp_path / "key.pem"
-    )
+    options = replace(ServeOptions(), port=0, slo_ms=60_000, tls_cert=cert, tls_key=key)
     running = RunningServer({"detect": served("detect", model_dirs["detect"])}, options)
     try:
         channel = grpc.secure_channel(f"localhost:{running.server.port}", grpc.ssl_channel_credentials(cert_pem))
@@ -595,3 +576,76 @@ def test_the_hardware_decoder_decodes_requests_into_answered_batches_images(mode
             assert_same_rows_across_batches(rows_of(reply), alone[i % 2])
     finally:
         running.stop()
+
+
+def test_unary_calls_gone_and_calls_past_the_grace_leave_nothing_to_run(model_dirs):
+    """A unary call its client cancels, or one still queued when the server's grace ends, is taken out of the queue,
+    not run for nobody: far fewer batches run than calls were queued, and a shutdown does not run the queue first."""
+    options = replace(ServeOptions(), port=0, slo_ms=600_000, grace_s=0.2)
+    running = RunningServer({"detect": served("detect", model_dirs["detect"], max_batch=1)}, options)
+    registry = running.server.metrics.registry
+
+    def sample(name: str) -> float:
+        return registry.get_sample_value(name, {"model": "detect"}) or 0.0
+
+    def queue_reaches(depth: int, above: bool) -> None:
+        end = time.monotonic() + 60
+        while (sample("yolojet_queue_depth") >= depth) != above:
+            assert time.monotonic() < end, f"queue depth {sample('yolojet_queue_depth')}"
+            time.sleep(0.02)
+
+    stopped = False
+    try:
+        stub = running.stub()
+        calls = [stub.Infer.future(pb.InferRequest(model="detect", image=BUS), timeout=600) for _ in range(40)]
+        queue_reaches(20, above=True)
+        for call in calls:
+            call.cancel()
+        queue_reaches(1, above=False)
+        time.sleep(0.5)  # anything left queued would run now
+        assert sample("yolojet_batch_size_count") < 20
+        calls = [stub.Infer.future(pb.InferRequest(model="detect", image=BUS), timeout=600) for _ in range(40)]
+        queue_reaches(20, above=True)
+        before = sample("yolojet_batch_size_count")
+        running.stop()
+        stopped = True
+        assert sample("yolojet_batch_size_count") - before < 20
+        assert sum(call.exception() is None for call in calls) < 20
+    finally:
+        if not stopped:
+            running.stop()
+
+
+def test_an_ipv6_host_serves_grpc_and_metrics_and_replies_are_not_held_to_the_request_limit(model_dirs):
+    """`--host ::1` (or `[::1]`) listens there, metrics too; and a reply larger than the request limit (many
+    detections of a small image, here 300 of a 6 KB PNG under a 5 KB limit) is sent whole, the stream going on."""
+    import socket
+
+    from yolojet.serve.server import host_port
+
+    assert host_port("::1", 5) == host_port("[::1]", 5) == "[::1]:5" and host_port("127.0.0.1", 5) == "127.0.0.1:5"
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    rng = np.random.default_rng(3)
+    small = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(small, format="PNG")
+    assert len(small.getvalue()) < 5120
+    for host in ("::1", "[::1]"):
+        options = replace(ServeOptions(), host=host, port=0, metrics_port=0, slo_ms=600_000, max_message_bytes=5120)
+        running = RunningServer({"detect": served("detect", model_dirs["detect"])}, options)
+        try:
+            stub = pb_grpc.InferenceStub(grpc.insecure_channel(host_port(host, running.server.port)))
+            asked = [
+                pb.InferRequest(model="detect", image=small.getvalue(), conf=0.0, iou=1.0, max_det=300, id=str(i))
+                for i in range(3)
+            ]
+            replies = list(stub.InferStream(iter(asked), timeout=120))
+            assert [r.id for r in replies] == ["0", "1", "2"] and not any(r.HasField("error") for r in replies)
+            assert min(r.ByteSize() for r in replies) > 5120 and len(replies[0].detections) == 300
+            metrics = urllib.request.urlopen(f"http://[::1]:{running.server.metrics_port}/metrics", timeout=10).read()
+            assert b"yolojet_requests_total" in metrics
+        finally:
+            running.stop()

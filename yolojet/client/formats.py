@@ -193,7 +193,7 @@ def _as_a_record(records: str, record: dict) -> Iterator[None]:
     naming it, not a KeyError from deep inside."""
     try:
         yield
-    except (KeyError, TypeError, IndexError, AttributeError) as e:
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
         named = f"{records}: the record of {record.get('path')}"
         raise RecordsError(f"{named} is not one yolojet label writes ({e!r})") from e
 
@@ -236,6 +236,14 @@ def _stem_key(source: str) -> int:
     return int.from_bytes(hashlib.blake2b(stem, digest_size=8).digest(), "big")
 
 
+def label_file_of(image: str) -> str:
+    """Where ultralytics looks for an image's labels (its `img2label_paths`): the image's path with its last
+    `/images/` made `/labels/` and its suffix `.txt`. Below a folder itself called `images` (Roboflow's
+    `train/images/`) that is beside the image's folder, not under the dataset's `labels/`."""
+    images, labels = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
+    return os.path.splitext(labels.join(image.rsplit(images, 1)))[0] + ".txt"
+
+
 class _DatasetFiles:
     """A YOLO dataset folder's files, a record at a time: its image's link under `images/` and its label file under
     `labels/`, at the image's path below `root` (the labeled images' common folder); each folder is made once.
@@ -272,8 +280,8 @@ class _DatasetFiles:
                 os.symlink(source, self._in_folder(os.path.join(self.images, relative)))
             except FileExistsError:  # linked by an earlier run (or the user's own file there): kept
                 pass
-            label = os.path.join(self.labels, os.path.splitext(relative)[0] + ".txt")
-            write_small_file(self._in_folder(label), text.encode())
+            link = os.path.join(self.images, relative)
+            write_small_file(self._in_folder(label_file_of(link)), text.encode())
         except OSError as e:
             where = e.filename or relative
             raise OutputPathError(f"--yolo-txt {self.folder}: cannot write {where} ({e.strerror})") from e
@@ -318,18 +326,19 @@ def write_yolo_dataset(
         key = _stem_key(source)
         (clashing if key in stems else stems).add(key)
     root = os.path.commonpath(list(folders)) if folders else os.getcwd()
-    ours = _clear_earlier_dataset(folder)
-    args = [(str(folder), root, frozenset(clashing), str(records), start, end) for start, end in shares]
-    written = sum(run_shares(_yolo_share, args, progress, f"--yolo-txt {folder}"))
-    lines = [DATASET_MARK] if ours else []  # a folder with the user's own data.yaml is never cleared later
-    lines += [f"path: {folder.absolute()}", "train: images", "val: images"]
+    check_dataset_folder(folder)
+    _clear_earlier_dataset(folder)
+    # data.yaml, with the mark, before any link: a run stopped part way leaves a folder the next run knows as its own
+    # (to make again, and whose links are not labeled as sources).
+    lines = [DATASET_MARK, f"path: {folder.absolute()}", "train: images", "val: images"]
     if kpt_shape:
         lines.append(f"kpt_shape: [{kpt_shape[0]}, {kpt_shape[1]}]")
     lines.append("names:")
     lines += [f"  {c}: {_yaml_string(names[c])}" for c in sorted(names)]
     yaml_text = "\n".join(lines) + "\n"
     write_atomically(folder / "data.yaml", lambda p: p.write_text(yaml_text))
-    return written
+    args = [(str(folder), root, frozenset(clashing), str(records), start, end) for start, end in shares]
+    return sum(run_shares(_yolo_share, args, progress, f"--yolo-txt {folder}"))
 
 
 def made_by_label(folder: Path) -> bool:
@@ -341,22 +350,49 @@ def made_by_label(folder: Path) -> bool:
         return False
 
 
-def _clear_earlier_dataset(folder: Path) -> bool:
-    """A dataset this pass made before (its data.yaml begins with DATASET_MARK) loses its image links and label files,
-    so that the new one is made from this output alone, not merged with images the output no longer holds; any other
-    folder keeps what it holds (it may be the user's), its files of the same names replaced. Whether the folder is
-    this pass's: one it made, or one with no data.yaml yet."""
-    if not os.path.lexists(folder / "data.yaml"):
-        return True
+def check_dataset_folder(folder: Path) -> None:
+    """A YOLO dataset is written only where it replaces nothing of the user's: into a folder label made before (made
+    again), or one with no data.yaml and no files under `images/` or `labels/` (a new folder, or the photos' own).
+    Anything else is a dataset of the user's own (its labels, its data.yaml), which it must not replace or mix with.
+    Checked before any image is labeled, and again before the folder is written."""
+    if made_by_label(folder):
+        return
+    if os.path.lexists(folder / "data.yaml"):
+        raise OutputPathError(
+            f"--yolo-txt {folder}: holds a data.yaml yolojet label did not write (a dataset of your own?), which it "
+            "would replace: give another folder"
+        )
+    for part in ("images", "labels"):
+        try:
+            with os.scandir(folder / part) as entries:
+                empty = next(entries, None) is None
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            raise OutputPathError(f"--yolo-txt {folder}: cannot read {folder / part} ({e.strerror})") from e
+        if not empty:
+            raise OutputPathError(
+                f"--yolo-txt {folder}: {folder / part} holds files yolojet label did not make, which it would replace "
+                "or mix with its own: give another folder"
+            )
+
+
+def _clear_earlier_dataset(folder: Path) -> None:
+    """A dataset label made before loses its image links and their label files, so that the new one is made from this
+    output alone, not merged with images the output no longer holds."""
     if not made_by_label(folder):
-        return False
-    for part, earlier in (("images", os.path.islink), ("labels", lambda path: path.endswith(".txt"))):
-        for here, _, names in os.walk(folder / part):
-            for name in names:
-                path = os.path.join(here, name)
-                if earlier(path):
-                    os.unlink(path)
-    return True
+        return
+    for here, _, names in os.walk(folder / "images"):
+        for name in names:
+            link = os.path.join(here, name)
+            if os.path.islink(link):
+                os.unlink(link)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(label_file_of(link))
+    for here, _, names in os.walk(folder / "labels"):
+        for name in names:
+            if name.endswith(".txt"):
+                os.unlink(os.path.join(here, name))
 
 
 def _yaml_string(text: str) -> str:

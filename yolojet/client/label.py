@@ -12,17 +12,20 @@ run.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from yolojet.client import records as recs
-from yolojet.client.formats import made_by_label
+from yolojet.client.formats import check_dataset_folder, made_by_label
 from yolojet.client.sources import LIST_SUFFIXES, label_sources
 from yolojet.errors import EngineConfigError, ImageReadError, OutputPathError, RecordsError
 from yolojet.outputs import (
@@ -33,6 +36,7 @@ from yolojet.outputs import (
     is_stdout,
     json_line,
     refuse_overwriting_inputs,
+    resolved,
     shown_path,
     write_atomically,
 )
@@ -81,6 +85,7 @@ class Summary:
     detections: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    writing_formats: bool = False  # every image done; the COCO file or YOLO dataset being written
 
     def lines(self, job: LabelJob) -> list[str]:
         rate = self.labeled / self.seconds if self.seconds > 0 else 0.0
@@ -134,7 +139,7 @@ def check_kept_settings(job: LabelJob) -> None:
     """A resumed run asks for what its records were made with, which would otherwise mix two sets of options
     silently; checked before anything is changed."""
     where = settings_file(job)
-    if where is None or not where.is_file():  # records of a run that kept none: nothing to compare
+    if where is None or not where.is_file() or not _holds_records(job.out):  # nothing to compare with
         return
     try:
         kept = json.loads(where.read_text())["options"]
@@ -147,10 +152,15 @@ def check_kept_settings(job: LabelJob) -> None:
         )
 
 
+def _holds_records(out: Path) -> bool:
+    return out.is_file() and out.stat().st_size > 0
+
+
 def _keep_settings(job: LabelJob) -> None:
-    """The run's options kept for the next resume, written before any record (a resume keeps the file it found)."""
+    """The run's options kept for the next resume, written before any record (a resume of records keeps the file it
+    found; one of a run that wrote none, stopped or failed before its first record, is this run's to write)."""
     where = settings_file(job)
-    if where is None or (job.resume and where.is_file()):
+    if where is None or (job.resume and where.is_file() and _holds_records(job.out)):
         return
     write_atomically(where, lambda p: p.write_text(json.dumps({"options": _asked(job)}) + "\n"))
 
@@ -206,6 +216,7 @@ def check_outputs(job: LabelJob) -> None:
         check_output_file(job.coco, "--coco")
     if job.yolo_txt is not None:
         check_output_folder(job.yolo_txt, "--yolo-txt")
+        check_dataset_folder(job.yolo_txt)
     if job.resume and job.overwrite:
         raise OutputPathError("--resume and --overwrite: choose one")
     if is_stdout(job.out):
@@ -238,9 +249,43 @@ def job_paths(job: LabelJob, model: str | None = None) -> list[str]:
         raise ImageReadError(f"{' '.join(job.sources)}: no images found")
     lists = [s for s in job.sources if Path(s).suffix.lower() in LIST_SUFFIXES and Path(s).is_file()]
     refuse_overwriting_inputs(_output_files(job), sources, model, lists)
-    if not job.resume and not job.overwrite and job.out.is_file() and job.out.stat().st_size > 0:
+    if not job.resume and not job.overwrite and _holds_records(job.out):
+        try:
+            next(recs.iter_records(job.out), None)
+        except RecordsError as e:  # not label's output: never invite replacing it
+            raise OutputPathError(f"--out {job.out}: not records label wrote ({e}); give another file") from e
         raise OutputPathError(f"--out {job.out}: holds records already; --resume continues it, --overwrite replaces it")
     return sources
+
+
+@contextlib.contextmanager
+def sole_writer(out: Path) -> Iterator[None]:
+    """An exclusive lock on the records file, held by the label command from before its model loads until its formats
+    are written: two runs on one --out (a resume started beside the run it resumes) would each label every image and
+    write each record twice. The system releases it when the process ends, however it ends."""
+    if is_stdout(out) or is_special(out):
+        yield
+        return
+    target = resolved(out)
+    created = not target.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        held = open(target, "a", encoding="utf-8")  # held open for the run: the lock lives with it
+    except OSError as e:
+        raise OutputPathError(f"--out {out}: cannot write there ({e.strerror})") from e
+    try:
+        with held:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                created = False  # the other run's file
+                raise OutputPathError(
+                    f"--out {out}: another yolojet label is writing it now; wait for it to end, or give another --out"
+                ) from None
+            yield
+    finally:
+        if created and target.is_file() and target.stat().st_size == 0:  # made only to hold the lock: no output
+            target.unlink()
 
 
 def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources: list[str] | None = None) -> Summary:
@@ -252,7 +297,7 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
     done: set[str] = set()
     if job.yolo_txt is not None and facts.task == "classify":  # said before the labeling, not after it
         raise OutputPathError("--yolo-txt: a classification dataset is folders of images by class, not label files")
-    if job.resume and job.out.is_file():
+    if job.resume and _holds_records(job.out):
         check_kept_settings(job)
         models: set[tuple[Any, Any]] = set()
         for r in recs.iter_records(job.out):  # every line a record (a RecordsError otherwise) before any change
@@ -327,6 +372,7 @@ def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources:
             if lines is not None and lines.written == 0 and output is not None and output.is_file():
                 output.write_bytes(b"")
     if job.coco is not None or job.yolo_txt is not None:
+        summary.writing_formats = True
         write_formats(job, facts)
     return summary
 

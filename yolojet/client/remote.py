@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from yolojet.errors import ImageReadError, YolojetError
+from yolojet.errors import EngineConfigError, ImageReadError, YolojetError
 from yolojet.images import read_image_file
 from yolojet.images.sources import keep_freed_memory
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
@@ -89,6 +89,10 @@ class Connection:
     ca_file: Path | None = None  # TLS, trusting this certificate
     token: str | None = None
     retries: int = 8  # a broken connection is reopened this many times, 0.5 s, 1 s, 2 s, ... apart (2 min in all)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.retries, int) or self.retries < 0:
+            raise EngineConfigError(f"retries {self.retries!r}: expected a whole number, 0 or more")
 
     def channel(self) -> grpc.Channel:
         """A channel on a connection of its own (gRPC shares one between a process's channels otherwise, and a server

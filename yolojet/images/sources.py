@@ -7,9 +7,10 @@ import ctypes
 import functools
 import glob
 import os
+import warnings
 from pathlib import Path
 
-from yolojet.errors import ImageReadError
+from yolojet.errors import ImageReadError, YolojetWarning
 from yolojet.options import keeping_freed_memory_off
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
@@ -201,8 +202,9 @@ def _images_below(folder: str) -> list[str]:
     not `./a/b.jpg`). A broken link or an unreadable file so named is kept, so that reading it reports it; a folder
     called 2024.jpg is searched like any other; links to folders are not followed (no cycles); a FIFO, socket or
     device so named is no image file and is passed over (reading a FIFO waits for a writer, for ever); a folder that
-    cannot be listed is passed over. One `scandir` a folder, whose entries say whether they are folders without a
-    `stat` a file (a sixth of pathlib's `rglob` time: 100,000 files in 0.17 s against 1.10 s on a 2-core machine)."""
+    cannot be listed is passed over with a warning naming it. One `scandir` a folder, whose entries say whether they
+    are folders without a `stat` a file (a sixth of pathlib's `rglob` time: 100,000 files in 0.17 s against 1.10 s
+    on a 2-core machine)."""
     found: list[str] = []
     folders = [folder]
     while folders:
@@ -215,7 +217,10 @@ def _images_below(folder: str) -> list[str]:
                         folders.append(path)
                     elif _suffix(entry.name).lower() in IMAGE_SUFFIXES and _is_file_to_read(entry):
                         found.append(path)
-        except OSError:
+        except OSError as e:
+            # Said, not failed: the other folders' images are still the run's.
+            said = f"{here}: cannot list this folder ({e.strerror}); images below it are left out"
+            warnings.warn(said, YolojetWarning, stacklevel=2)
             continue
     return sorted(found)
 

@@ -14,6 +14,7 @@ to quit once that pipe ends: when the command stops, and also when it is killed,
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -70,7 +71,7 @@ class MpsDaemon:
         elsewhere = running_daemon()
         if elsewhere is not None:
             self.why = f"the processes are clients of the MPS daemon at {elsewhere}; none started"
-            log.info('{"event": "mps", "daemon": "already running", "pipes": "%s"}', elsewhere)
+            log.info(json.dumps({"event": "mps", "daemon": "already running", "pipes": str(elsewhere)}))
             return self
         try:
             self._start()
@@ -78,7 +79,7 @@ class MpsDaemon:
             if self.choice == "on":
                 raise
             self.why = str(e)
-            log.info('{"event": "mps", "daemon": "not started", "why": "%s"}', str(e).replace('"', "'"))
+            log.info(json.dumps({"event": "mps", "daemon": "not started", "why": str(e)}))
         return self
 
     def _start(self) -> None:
@@ -131,7 +132,7 @@ class MpsDaemon:
         os.environ.update(CUDA_MPS_PIPE_DIRECTORY=str(pipes), CUDA_MPS_LOG_DIRECTORY=str(logs))
         self.running = True
         self.why = f"an MPS daemon of these processes' own ({pipes})"
-        log.info('{"event": "mps", "daemon": "started", "pipes": "%s"}', pipes)
+        log.info(json.dumps({"event": "mps", "daemon": "started", "pipes": str(pipes)}))
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -149,7 +150,7 @@ class MpsDaemon:
             try:
                 self.guardian.wait(timeout=QUIT_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                log.error('{"event": "mps", "daemon": "did not quit", "folder": "%s"}', self.folder)
+                log.error(json.dumps({"event": "mps", "daemon": "did not quit", "folder": str(self.folder)}))
             self.guardian = None
         self.running = False
 

@@ -21,6 +21,7 @@ stopped) stops them too, so no orphan keeps serving the port.
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
@@ -36,7 +37,7 @@ from yolojet.errors import EngineConfigError
 from yolojet.options import apply_switch_interval
 from yolojet.scale.mps import MpsDaemon
 from yolojet.serve.models import ModelSpec
-from yolojet.serve.server import ServeOptions
+from yolojet.serve.server import ServeOptions, host_port
 
 log = logging.getLogger("yolojet.serve")
 START_TIMEOUT_S = 900.0  # a cold start tunes every model's tiles: minutes on a GPU
@@ -154,7 +155,7 @@ class ServerProcesses:
                     if self._stopping:
                         break
                     code = self.processes[index].exitcode
-                    log.error('{"event": "server process died", "index": %d, "exit_code": %s}', index, code)
+                    log.error(json.dumps({"event": "server process died", "index": index, "exit_code": code}))
                     self._restart(index)
         finally:
             self.stop()
@@ -164,12 +165,12 @@ class ServerProcesses:
             try:
                 self._ready(index, self._spawn(index))
                 self.restarts += 1
-                log.info('{"event": "server process restarted", "index": %d}', index)
+                log.info(json.dumps({"event": "server process restarted", "index": index}))
                 return
             except _Stopped:
                 return
             except EngineConfigError as e:
-                log.error('{"event": "server process restart failed", "index": %d, "error": "%s"}', index, e)
+                log.error(json.dumps({"event": "server process restart failed", "index": index, "error": str(e)}))
                 time.sleep(5.0)
 
     def _request_stop(self) -> None:
@@ -207,7 +208,7 @@ def serve_processes(specs: list[ModelSpec], options: ServeOptions, processes: in
             return
         sharing = ", sharing the GPU through MPS" if mps.running else ""
         print(
-            f"yolojet serve: listening on {options.host}:{servers.port} ({processes} processes{sharing})",
+            f"yolojet serve: listening on {host_port(options.host, servers.port)} ({processes} processes{sharing})",
             file=sys.stderr,
             flush=True,
         )

@@ -16,6 +16,7 @@ process) and killed, which makes it a worker that died.
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import queue
@@ -93,7 +94,8 @@ def _worker_main(connection: Connection, specs: list[ModelSpec], device: str, en
                         outcomes.append(("INVALID_ARGUMENT", str(item), decode_s, 0.0))
                 pools[name].give(decoded.outputs)
             except Exception as e:  # an engine failure, not a bad image: every request of the batch gets it
-                log.error("a batch of %s failed on %s: %s", name, device, traceback.format_exc())
+                failure = {"event": "batch failed", "model": name, "device": device, "error": traceback.format_exc()}
+                log.error(json.dumps(failure))
                 outcomes = [("INTERNAL", f"the engine on {device} failed: {e}", 0.0, 0.0)] * len(items)
             connection.send(("done", ticket, outcomes))
     except (EOFError, OSError, KeyboardInterrupt):  # the front went away, or Ctrl-C reached the whole group
@@ -318,11 +320,8 @@ class PoolRunner(Runner):
         for worker in self.pool.workers:
             oldest = min((b.dispatched for b in worker.in_flight.values()), default=now)
             if worker.live and now - oldest > HUNG_AFTER_S and worker.process is not None:
-                log.error(
-                    '{"event": "worker hung", "device": "%s", "seconds_without_answer": %.0f}',
-                    worker.device,
-                    now - oldest,
-                )
+                hung = {"event": "worker hung", "device": worker.device, "seconds_without_answer": round(now - oldest)}
+                log.error(json.dumps(hung))
                 worker.live = False
                 worker.process.kill()
 
@@ -373,12 +372,13 @@ class PoolRunner(Runner):
         """Retry the dead worker's batches elsewhere (once each), then start it again (outside the lock: loading
         takes seconds to minutes)."""
         code = worker.process.exitcode if worker.process is not None else None
-        log.error(
-            '{"event": "worker died", "device": "%s", "exit_code": %s, "batches_in_flight": %d}',
-            worker.device,
-            code,
-            len(worker.in_flight),
-        )
+        died = {
+            "event": "worker died",
+            "device": worker.device,
+            "exit_code": code,
+            "batches_in_flight": len(worker.in_flight),
+        }
+        log.error(json.dumps(died))
         with self._cond:
             worker.live = False
             self.scheduler.engines = sum(w.live for w in self.pool.workers)
@@ -405,10 +405,10 @@ class PoolRunner(Runner):
                 self.pool._wait_ready(worker)
                 break
             except EngineConfigError as e:
-                log.error('{"event": "worker restart failed", "device": "%s", "error": "%s"}', worker.device, e)
+                log.error(json.dumps({"event": "worker restart failed", "device": worker.device, "error": str(e)}))
                 time.sleep(5.0)
         with self._cond:
             worker.restarts += 1
             self.scheduler.engines = sum(w.live for w in self.pool.workers)
             self._cond.notify()
-        log.info('{"event": "worker restarted", "device": "%s"}', worker.device)
+        log.info(json.dumps({"event": "worker restarted", "device": worker.device}))

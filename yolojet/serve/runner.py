@@ -106,6 +106,12 @@ class _Launched:
     outputs: list[Any] = field(default_factory=list)  # the decoder's output images, free once answered
 
 
+def shown_name(text: str, limit: int = 100) -> str:
+    """A name the client sent (a model's, a request id), quoted, its first `limit` characters where it is longer: an
+    error travels in gRPC's metadata (16 KiB at most), and one quoting a 20 KB id became a metadata-size failure."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 class Runner:
     watched = True  # a watchdog ends the process when the runner hangs (PoolRunner: its workers are watched instead)
 
@@ -152,11 +158,13 @@ class Runner:
             self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
 
-    def forget_gone(self) -> int:
+    def forget_gone(self, everything: bool = False) -> int:
         """Take the requests whose callers went away out of the queues (a stream closed with images read ahead:
-        up to STREAM_WINDOW of them, seconds of work the next caller would wait behind); how many."""
+        up to STREAM_WINDOW of them, seconds of work the next caller would wait behind; a unary call cancelled or past
+        its deadline), or with `everything` every queued request (a shutdown past its grace, whose calls are all
+        ended); how many."""
         with self._cond:
-            gone = self.scheduler.discard(lambda request: request.payload.gone())
+            gone = self.scheduler.discard(lambda request: everything or request.payload.gone())
             for name, queue in self.scheduler.queues.items():
                 self.metrics.child(self.metrics.queue_depth, name).set(len(queue.waiting))
         return len(gone)
@@ -267,7 +275,7 @@ class Runner:
         engine = self.models[name].engine
         assert engine is not None  # this runner serves the engines of its own process
         started = self.clock()
-        items = [Encoded(r.payload.data, f"image of request {r.payload.request_id!r}") for r in requests]
+        items = [Encoded(r.payload.data, f"image of request {shown_name(r.payload.request_id)}") for r in requests]
         try:
             decoded = engine.decoder.decode(items, self._spare[name])
         except Exception as e:  # a decoder failure, not a bad image: every request of the batch gets it

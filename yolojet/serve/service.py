@@ -26,7 +26,7 @@ from yolojet.serve.metrics import ServerMetrics
 from yolojet.serve.models import ServedModel
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
 from yolojet.serve.proto.yolojet.v1 import inference_pb2_grpc as pb_grpc
-from yolojet.serve.runner import Job, Outcome, Runner
+from yolojet.serve.runner import Job, Outcome, Runner, shown_name
 
 STREAM_WINDOW = 512  # images of one stream in flight at once; reading the stream waits beyond this
 
@@ -76,7 +76,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         if name not in self.models:
             served = ", ".join(sorted(self.models))
             if name:
-                raise Problem(grpc.StatusCode.NOT_FOUND, f"no model named {name!r} (served: {served})")
+                raise Problem(grpc.StatusCode.NOT_FOUND, f"no model named {shown_name(name)} (served: {served})")
             raise Problem(grpc.StatusCode.NOT_FOUND, f"a model name is needed: this server runs {served}")
         return self.models[name]
 
@@ -128,7 +128,12 @@ class InferenceService(pb_grpc.InferenceServicer):
         except Problem as p:
             self._count(request.model, p.code)
             raise
-        outcome: Outcome = await future
+        try:
+            outcome: Outcome = await future
+        except asyncio.CancelledError:  # the caller went away (cancelled, past its deadline, the server's grace over)
+            future.cancel()
+            self.runner.forget_gone()  # its request leaves the queue, not run for nobody
+            raise
         if outcome.code != grpc.StatusCode.OK:
             raise Problem(outcome.code, outcome.message)
         return _reply(outcome, model, request.id)
