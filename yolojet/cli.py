@@ -78,44 +78,25 @@ def _imgsz(text: str) -> int | tuple[int, int]:
     return sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
+def _number_type(parse: Callable[[str], Any], fits: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse type: the text parsed, refused with what was expected where it does not parse or does not fit."""
+
+    def number(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}") from None
+        if not fits(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
+        return value
+
+    return number
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, 0 or more") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, 0 or more")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number, 0 or more") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number, 0 or more")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number")
-    return value
+_positive_int = _number_type(int, lambda v: v >= 1, "a positive integer")
+_non_negative_int = _number_type(int, lambda v: v >= 0, "a whole number, 0 or more")
+_positive_float = _number_type(float, lambda v: 0 < v < math.inf, "a positive number")  # NaN fits neither bound
+_non_negative_float = _number_type(float, lambda v: 0 <= v < math.inf, "a number, 0 or more")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:

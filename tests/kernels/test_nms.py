@@ -293,10 +293,8 @@ def test_nms_maps_the_kept_boxes_where_given_box_params(nc):
         ],
         device=DEVICE,
     )
-    found = []
-    for mapped_in_nms in (True, False):
-        out = torch.full((3, CAPACITY, 8), float("nan"), device=DEVICE)
-        count = torch.full((3,), -7, dtype=torch.int32, device=DEVICE)
+
+    def nms(out: torch.Tensor, count: torch.Tensor, box_params: torch.Tensor | None) -> None:
         non_max_suppression(
             out,
             count,
@@ -306,8 +304,14 @@ def test_nms_maps_the_kept_boxes_where_given_box_params(nc):
             limits=torch.tensor([300, 30000, 0], dtype=torch.int32, device=DEVICE),
             class_mask=None,
             scratch=poisoned_scratch(3, 900),
-            box_params=params if mapped_in_nms else None,
+            box_params=box_params,
         )
+
+    found = []
+    for mapped_in_nms in (True, False):
+        out = torch.full((3, CAPACITY, 8), float("nan"), device=DEVICE)
+        count = torch.full((3,), -7, dtype=torch.int32, device=DEVICE)
+        nms(out, count, params if mapped_in_nms else None)
         if not mapped_in_nms:
             scale_boxes(out, count, params)
         found.append((out.cpu(), count.cpu()))
@@ -317,17 +321,7 @@ def test_nms_maps_the_kept_boxes_where_given_box_params(nc):
     assert torch.equal(mapped.nan_to_num(), expected.nan_to_num())
     assert bool((expected[2, : count[2], 2] == 200.0).any()), "no box was clipped at an image's edge"
     with pytest.raises(ValueError, match="box_params"):
-        non_max_suppression(
-            out,
-            count.to(DEVICE),
-            preds,
-            nc=nc,
-            thresholds=torch.tensor([0.05, 0.5], device=DEVICE),
-            limits=torch.tensor([300, 30000, 0], dtype=torch.int32, device=DEVICE),
-            class_mask=None,
-            scratch=poisoned_scratch(3, 900),
-            box_params=params[:2],
-        )
+        nms(out, count.to(DEVICE), params[:2])
 
 
 def test_nms_rejects_bad_arguments():
