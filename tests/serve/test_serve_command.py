@@ -133,6 +133,8 @@ def test_uvloop_asked_for_where_it_is_missing_is_a_clear_error(monkeypatch):
     ("flags", "fragment"),
     [
         (["--model", "x.pt:0"], "max_batch must be at least 1"),
+        (["--model", "yolo11n:abc"], "'abc' after the colon is no max_batch"),
+        (["--model", "yolo11n:-4"], "'-4' after the colon is no max_batch"),
         (["--model", "m", "--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
         (["--model", "m", "--token-file", "missing.txt"], "--token-file missing.txt: no such file"),
         (["--model", "nowhere_model_dir"], "nowhere_model_dir"),

@@ -41,6 +41,10 @@ def parse_model_spec(text: str, default_batch: int) -> ModelSpec:
     match = _SPEC.match(text.strip())
     if not text.strip() or match is None:
         raise EngineConfigError(f"--model {text!r}: expected NAME_OR_DIR[:max_batch], e.g. yolo11n.pt:64")
+    _, colon, suffix = text.strip().rpartition(":")
+    meant_as_batch = colon and not match["batch"] and re.fullmatch(r"[\w-]+", suffix)  # not a URL's or path's colon
+    if meant_as_batch and not Path(text).exists():
+        raise EngineConfigError(f"--model {text!r}: {suffix!r} after the colon is no max_batch (a whole number)")
     batch = int(match["batch"]) if match["batch"] else default_batch
     if batch < 1:
         raise EngineConfigError(f"--model {text!r}: max_batch must be at least 1")
