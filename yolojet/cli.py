@@ -894,7 +894,14 @@ def _check_tls_pair(cert: Path, key: Path) -> None:
 
 
 def _cmd_label(args: argparse.Namespace) -> int:
-    from yolojet.client.label import LabelJob, check_kept_settings, check_outputs, job_paths, sole_writer
+    from yolojet.client.label import (
+        LabelJob,
+        check_kept_settings,
+        check_label_options,
+        check_outputs,
+        job_paths,
+        sole_writer,
+    )
     from yolojet.client.remote import Connection, bench, model_facts
     from yolojet.options import serve_token
 
@@ -979,6 +986,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
         options,
     )
     check_outputs(job)
+    check_label_options(options, None)  # said by their flags before any model loads, whichever labels
     # Before the model loads: no images is said at once, and the first ones shape the load.
     paths = job_paths(job, args.model if args.server is None else None)
     if job.resume and job.out.is_file():

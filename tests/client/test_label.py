@@ -341,6 +341,9 @@ def test_outputs_that_would_destroy_an_input_or_each_other_are_refused(server, p
     assert text.read_bytes() == b'{"a": 1}\nnot a record, cut short'  # refused before any change
     code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "d.jsonl", "--conf", "7")
     assert code == 2 and "--conf 7.0: expected a number in [0, 1]" in stderr
+    local = ["label", photos, "--local", "--model", tmp_path / "no-such-model", "--out", tmp_path / "d.jsonl"]
+    code, _, stderr = run_cli(capsys, *local, "--max-det", "0")  # said by its flag before any model loads
+    assert code == 2 and "--max-det 0: expected an int in 1..300" in stderr and "no-such-model" not in stderr
     code, _, stderr = run_cli(capsys, *base, "--out", tmp_path / "d.jsonl", "--no-rect", "--fp32")
     assert code == 2 and "--fp32, --no-rect: the server's engine has its own" in stderr
     code, _, stderr = run_cli(

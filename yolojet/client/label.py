@@ -196,13 +196,16 @@ def _output_files(job: LabelJob) -> dict[str, Path | None]:
     return {"--out": job.out, "--errors": error_log(job), "--coco": job.coco, "(settings)": settings_file(job)}
 
 
-def check_label_options(options: dict[str, Any], names: dict[int, str]) -> None:
-    """The prediction options checked once, before any image is sent (a server would refuse each image for them)."""
+def check_label_options(options: dict[str, Any], names: dict[int, str] | None) -> None:
+    """The prediction options checked once, before any image is sent (a server would refuse each image for them), by
+    their flags' names; the classes only where the model's `names` are known (None: before a model is loaded)."""
     for name in ("conf", "iou"):
         if name in options and not 0 <= options[name] <= 1:
             raise EngineConfigError(f"--{name} {options[name]}: expected a number in [0, 1]")
     if "max_det" in options and not 1 <= options["max_det"] <= MAX_DET:
         raise EngineConfigError(f"--max-det {options['max_det']}: expected an int in 1..{MAX_DET}")
+    if names is None:
+        return
     unknown = [c for c in options.get("classes") or () if c not in names]
     if unknown:
         raise EngineConfigError(f"--classes {unknown}: the model's class ids are 0 to {len(names) - 1}")
