@@ -886,10 +886,12 @@ def _check_tls_pair(cert: Path, key: Path) -> None:
     import ssl
 
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+        # An empty password: an encrypted key fails here instead of OpenSSL asking for its pass phrase on the terminal
+        # (gRPC takes no encrypted key either).
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=b"")
     except (ssl.SSLError, OSError) as e:
         raise OutputPathError(
-            f"--tls-cert {cert} --tls-key {key}: not a PEM certificate chain and its private key ({e})"
+            f"--tls-cert {cert} --tls-key {key}: not a PEM certificate chain and its unencrypted private key ({e})"
         ) from e
 
 

@@ -466,3 +466,24 @@ def test_a_dataset_stopped_part_way_is_known_as_labels_own(tmp_path):
     records.write_bytes(orjson.dumps(good) + b"\n")
     write_yolo_dataset(dataset, records, NAMES, "detect")
     assert sorted(p.name for p in (dataset / "labels").rglob("*.txt")) == ["a.txt"]
+
+
+def test_a_dataset_in_the_current_folder_and_a_folder_that_cannot_be_written(tmp_path, monkeypatch):
+    """`--yolo-txt .` (the photos' own folder, given as the current one): its label files are still where
+    img2label_paths looks for its links. A dataset that cannot be written (a file where `labels/` should be) is said as
+    the output's failure, never as a bad record."""
+    from ultralytics.data.utils import img2label_paths
+
+    row = {"path": str(tmp_path / "a.jpg"), "width": 10, "height": 10, "task": "detect",
+           "detections": [{"class": 0, "name": "person", "confidence": 0.5, "box": [1.0, 1.0, 5.0, 5.0]}]}  # fmt: skip
+    records = tmp_path / "r.jsonl"
+    records.write_bytes(orjson.dumps(row) + b"\n")
+    monkeypatch.chdir(tmp_path)
+    write_yolo_dataset(Path("."), records, NAMES, "detect")
+    (link,) = [str(p.absolute()) for p in (tmp_path / "images").iterdir()]
+    assert Path(img2label_paths([link])[0]).read_text() == "0 0.3 0.3 0.4 0.4\n"
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "labels").write_text("a file, not a folder")
+    with pytest.raises(OutputPathError, match=r"--yolo-txt .*blocked.*cannot write"):
+        write_yolo_dataset(blocked, records, NAMES, "detect", workers=1)

@@ -197,8 +197,8 @@ def test_batches_slower_than_their_estimate_make_admission_count_what_they_reall
 def test_a_start_up_measured_under_load_is_corrected_by_the_batches_and_an_idle_server_admits_by_them():
     """A start-up timing taken while other work held the machine (runs of 1 and 2 at a second, against 20 ms) refused
     an idle server's every request with a 0.5 s deadline, although each ran in 20 ms. Batches that take a fiftieth of
-    their estimate bring admission down to what they take, the idle branch included; a smaller bucket measured slower
-    than a larger one is capped at the larger one's time."""
+    their estimate bring admission down toward what they take (to a tenth at most), the idle branch included; a
+    smaller bucket measured slower than a larger one is capped at the larger one's time."""
     from yolojet.serve.models import no_faster_when_larger
 
     assert no_faster_when_larger({1: 1.129, 4: 0.094, 8: 0.2}) == {1: 0.094, 4: 0.094, 8: 0.2}
@@ -214,7 +214,7 @@ def test_a_start_up_measured_under_load_is_corrected_by_the_batches_and_an_idle_
         clock.now += 0.020
         s.finished(ticket)
         s.admit(request("a", clock, slo=5.0))
-    assert latency.slowdown < 0.05
+    assert latency.slowdown < 0.15
     while (chosen := s.next_batch()) is not None:
         s.finished(chosen[0])
     s.admit(request("a", clock, slo=0.5))  # idle: a run of one now fits

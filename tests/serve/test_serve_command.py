@@ -171,11 +171,23 @@ def test_an_empty_token_file_or_a_mismatched_tls_pair_is_refused_before_the_mode
     assert code == 2 and "--token-file empty.tok: empty; it must hold the bearer token" in stderr, stderr
     cert, _ = self_signed_pem(tmp_path, "one")
     _, other_key = self_signed_pem(tmp_path, "two")
-    for pair in ((cert, other_key), (other_key, cert)):
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(other_key.read_bytes(), password=None)
+    locked = tmp_path / "locked.key.pem"
+    locked.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    # A key of another certificate, the two swapped, and an encrypted key (refused, never a pass phrase prompt).
+    for pair in ((cert, other_key), (other_key, cert), (cert, locked)):
         code, _, stderr = run_cli(
             capsys, "serve", "--model", "nowhere_model_dir", "--tls-cert", pair[0], "--tls-key", pair[1]
         )
-        assert code == 2 and "not a PEM certificate chain and its private key" in stderr, stderr
+        assert code == 2 and "not a PEM certificate chain and its unencrypted private key" in stderr, stderr
 
 
 def test_ports_in_use_are_one_clear_line(model_dirs, capsys, tmp_path, monkeypatch):

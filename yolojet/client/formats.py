@@ -31,7 +31,7 @@ import orjson
 
 from yolojet.client.records import byte_shares, iter_records
 from yolojet.client.shares import Report, run_shares, share_records, worker_count
-from yolojet.errors import OutputPathError, RecordsError
+from yolojet.errors import OutputPathError, RecordsError, YolojetError
 from yolojet.outputs import is_special, is_stdout, write_atomically, write_small_file
 from yolojet.progress import Progress
 from yolojet.tasks.obb import xywhr_to_corners
@@ -193,6 +193,8 @@ def _as_a_record(records: str, record: dict) -> Iterator[None]:
     naming it, not a KeyError from deep inside."""
     try:
         yield
+    except YolojetError:  # the output's own failures (a folder that cannot be written), not the record's
+        raise
     except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
         named = f"{records}: the record of {record.get('path')}"
         raise RecordsError(f"{named} is not one yolojet label writes ({e!r})") from e
@@ -316,6 +318,8 @@ def write_yolo_dataset(
     records are written by worker processes (`workers`; by default several for many records)."""
     if task == "classify":
         raise OutputPathError("--yolo-txt: a classification dataset is folders of images by class, not label files")
+    # Absolute: a label file goes where its link's last `/images/` is made `/labels/`, which `images/x.jpg` lacks.
+    folder = folder.absolute()
     shares = byte_shares(records, worker_count(records, workers))
     folders: set[str] = set()
     stems: set[int] = set()

@@ -276,19 +276,20 @@ def sole_writer(out: Path) -> Iterator[None]:
         held = open(target, "a", encoding="utf-8")  # held open for the run: the lock lives with it
     except OSError as e:
         raise OutputPathError(f"--out {out}: cannot write there ({e.strerror})") from e
-    try:
-        with held:
-            try:
-                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                created = False  # the other run's file
-                raise OutputPathError(
-                    f"--out {out}: another yolojet label is writing it now; wait for it to end, or give another --out"
-                ) from None
+    with held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputPathError(
+                f"--out {out}: another yolojet label is writing it now; wait for it to end, or give another --out"
+            ) from None
+        try:
             yield
-    finally:
-        if created and target.is_file() and target.stat().st_size == 0:  # made only to hold the lock: no output
-            target.unlink()
+        finally:
+            # Made only to hold the lock and still empty: no output. Removed while the lock is held, so that no other
+            # run can lock this file between its release and its removal.
+            if created and target.is_file() and target.stat().st_size == 0:
+                target.unlink()
 
 
 def run(job: LabelJob, label: Any, facts: ModelFacts, summary: Summary, sources: list[str] | None = None) -> Summary:

@@ -34,8 +34,9 @@ from typing import Any
 DECODE_EMA = 0.2  # weight of the newest batch in the decode-time average
 SLOWDOWN_EMA = 0.2  # weight of the newest batch in the average of measured / estimated batch time
 # One batch's ratio counts within this range (a stall or a clock jump, bounded). Below 1 it corrects a start-up
-# measurement taken under load: one on a busy 2-core machine put a batch of 4 at 1,633 ms that ran in 33.
-_SLOWDOWN_RANGE = (0.02, 50.0)
+# measurement taken under load (one on a busy 2-core machine put a batch of 4 at 1,633 ms that ran in 33); not further
+# than a tenth, since a batch answered right after the one before it is timed at almost nothing.
+_SLOWDOWN_RANGE = (0.1, 50.0)
 
 
 @dataclass
