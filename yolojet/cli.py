@@ -26,6 +26,7 @@ from yolojet.options import EVENT_LOOPS, MPS_CHOICES, apply_switch_interval
 if TYPE_CHECKING:
     import torch
 
+    from yolojet.client.label import LabelJob
     from yolojet.options import EngineOptions
     from yolojet.tasks import Results
     from yolojet.timing import Timing
@@ -999,7 +1000,7 @@ def _cmd_label(args: argparse.Namespace) -> int:
 
 def _label_job(
     args: argparse.Namespace,
-    job: Any,
+    job: LabelJob,
     paths: list[str],
     devices: list[str] | None,
     options: dict[str, Any],
@@ -1128,8 +1129,8 @@ def _label_job(
     except KeyboardInterrupt as interrupt:
         what, status = _stopped_by(interrupt)
         if summary.writing_formats:
-            print(f"{what} while writing the COCO file or YOLO dataset; every image is labeled in {job.out}: "
-                  "--resume writes them again", file=sys.stderr)  # fmt: skip
+            said = f"every image is labeled in {job.out}; --resume writes the COCO file or YOLO dataset again"
+            print(f"{what} while writing the formats: {said}", file=sys.stderr)
         else:
             print(f"{what} after {summary.labeled} images; run again with --resume to label the rest", file=sys.stderr)
         return status

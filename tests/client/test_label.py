@@ -294,6 +294,22 @@ def test_resume_asks_for_the_options_the_records_were_made_with(server, photos, 
     assert code == 2 and "its records were made with --max-det 2" in stderr
 
 
+def test_ctrl_c_while_writing_the_formats_says_every_image_is_labeled(server, photos, tmp_path, capsys, monkeypatch):
+    """Ctrl-C after the last image, while the COCO file is written (its writer interrupted as it starts), ends the
+    run with 130 and says the records are whole and what --resume does, not 'after 0 images'."""
+    from yolojet.client import formats
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(formats, "write_coco", interrupted)
+    out = tmp_path / "labels.jsonl"
+    base = ["label", photos, "--server", server.address, "--model", "detect", "--out", out, "--quiet"]
+    code, _, stderr = run_cli(capsys, *base, "--coco", tmp_path / "c.json")
+    assert code == 130 and len(lines(out)) == 3, stderr
+    assert f"while writing the formats: every image is labeled in {out}; --resume writes" in stderr
+
+
 def test_one_run_at_a_time_writes_an_output(server, photos, tmp_path, capsys):
     """A second run on an --out another run holds (here this process's lock, as a run started beside it would see
     it) is refused before it loads or labels anything; the first run's file is left as it was."""

@@ -108,8 +108,9 @@ def _best_class_kernel(
         ok = (c < NC)[:, None] & a_ok[None, :]
         s = tl.load(preds_ptr + n * sp_n + (4 + c)[:, None] * sp_c + a[None, :], mask=ok, other=float("-inf"))
         best, best_cls = fold_best_class(best, best_cls, s, c, NC, 0)
-    mask_ptr = class_mask_ptr
-    store_best_class(score_ptr, class_ptr, n * A + a, a_ok, best, best_cls, thresholds_ptr, mask_ptr, HAS_CLASS_MASK)
+    store_best_class(
+        score_ptr, class_ptr, n * A + a, a_ok, best, best_cls, thresholds_ptr, class_mask_ptr, HAS_CLASS_MASK
+    )
 
 
 @triton.jit
