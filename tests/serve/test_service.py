@@ -616,6 +616,65 @@ def test_unary_calls_gone_and_calls_past_the_grace_leave_nothing_to_run(model_di
             running.stop()
 
 
+def test_a_caller_gone_costs_the_event_loop_a_flag_and_the_runner_drops_its_request(model_dirs):
+    """`note_gone`, called on the event loop's thread, neither scans the queues nor waits for the runner's lock (here
+    held by another thread, as while the runner takes a batch); the runner takes the gone request out before its next
+    batch, so it is never answered, and the others are."""
+    import threading
+
+    from yolojet.engine.predict_path import PredictOptions
+    from yolojet.serve.batcher import Scheduler
+    from yolojet.serve.metrics import ServerMetrics
+    from yolojet.serve.runner import Job, Outcome, Runner
+
+    model = served("detect", model_dirs["detect"], max_batch=4)
+    scheduler = Scheduler(time.monotonic)
+    scheduler.add_model("detect", model.max_batch, model.latency, 64)
+    runner = Runner({"detect": model}, scheduler, ServerMetrics())
+    outcomes: dict[str, Outcome] = {}
+    answered = threading.Event()
+    gone: set[str] = set()
+
+    def job(name: str) -> Job:
+        def done(outcome: Outcome) -> None:
+            outcomes[name] = outcome
+            if {"r0", "r2"} <= set(outcomes):
+                answered.set()
+
+        return Job(name, BUS, PredictOptions(conf=CONF), done, gone=lambda: name in gone)
+
+    for name in ("r0", "r1", "r2"):
+        runner.enqueue("detect", job(name), time.monotonic() + 600, key=None)
+    taking, release = threading.Event(), threading.Event()
+
+    def hold_the_runners_lock() -> None:
+        with runner._cond:
+            taking.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold_the_runners_lock)
+    holder.start()
+    try:
+        assert taking.wait(10)
+        gone.add("r1")
+        noting = threading.Thread(target=runner.note_gone)
+        noting.start()
+        noting.join(10)
+        assert not noting.is_alive(), "note_gone waited for the runner's lock"
+        assert len(scheduler.queues["detect"].waiting) == 3  # nothing scanned on the caller's thread
+    finally:
+        release.set()
+        holder.join()
+    runner.start()
+    try:
+        assert answered.wait(120), sorted(outcomes)
+        time.sleep(0.3)  # a batch holding r1 would be answered by now
+        assert sorted(outcomes) == ["r0", "r2"] and all(o.code == grpc.StatusCode.OK for o in outcomes.values())
+        assert not scheduler.queues["detect"].waiting
+    finally:
+        runner.stop(timeout=60)
+
+
 def test_replies_are_not_held_to_the_request_limit_and_an_ipv6_host_serves_grpc_and_metrics(model_dirs):
     """A reply larger than the request limit (many detections of a small image, here 300 of a PNG under 5 KB against
     a 5 KB limit) is sent whole, the stream going on; and `--host ::1` or `[::1]` listens there, metrics too (where the

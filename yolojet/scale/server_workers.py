@@ -260,7 +260,7 @@ class PoolRunner(Runner):
     def _loop(self) -> None:
         while True:
             with self._cond:
-                self._drop_expired()
+                self._drop_unwanted()
                 self._kill_hung()
                 chosen = self.scheduler.next_batch()
                 if chosen is None:
@@ -271,8 +271,7 @@ class PoolRunner(Runner):
                     self._cond.wait(timeout=wait)
                     continue
                 ticket, name, requests = chosen
-                for queue_name, queue in self.scheduler.queues.items():
-                    self.metrics.child(self.metrics.queue_depth, queue_name).set(len(queue.waiting))
+                self._show_queue_depths()
                 self.metrics.child(self.metrics.batch_size, name).observe(len(requests))
                 self._dispatch(_Batch(ticket, name, requests, self.clock()))
 

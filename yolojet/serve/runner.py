@@ -128,6 +128,7 @@ class Runner:
         self.models, self.scheduler, self.metrics, self.clock = models, scheduler, metrics, clock
         self._cond = threading.Condition()
         self._stopping = False
+        self._someone_gone = False  # a caller went away since the runner last looked (`note_gone`)
         self._refusal = "the server is shutting down"  # what a request gets once stopping
         # Each model's answered batches' output images, taken by its next decode (a thread of its own).
         self._spare = {name: OutputPool() for name in models}  # released batches' decode buffers, a model's
@@ -158,16 +159,25 @@ class Runner:
             self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
 
-    def forget_gone(self, everything: bool = False) -> int:
-        """Take the requests whose callers went away out of the queues (a stream closed with images read ahead:
-        up to STREAM_WINDOW of them, seconds of work the next caller would wait behind; a unary call cancelled or past
-        its deadline), or with `everything` every queued request (a shutdown past its grace, whose calls are all
-        ended); how many."""
+    def note_gone(self) -> None:
+        """A caller went away (a stream closed with images read ahead: up to STREAM_WINDOW of them, seconds of work the
+        next caller would wait behind; a unary call cancelled or past its deadline): its requests leave the queues at
+        the runner's next look, before it takes a batch. Called from the event loop's thread, which a scan of every
+        queue (1,024 requests a model) for each call that goes away would hold up, so the runner's thread scans once
+        for all the calls gone since its last look."""
+        self._someone_gone = True
+
+    def forget_queued(self) -> int:
+        """Take every queued request out of the queues (a shutdown past its grace, whose calls are all ended); how
+        many."""
         with self._cond:
-            gone = self.scheduler.discard(lambda request: everything or request.payload.gone())
-            for name, queue in self.scheduler.queues.items():
-                self.metrics.child(self.metrics.queue_depth, name).set(len(queue.waiting))
+            gone = self.scheduler.discard(lambda request: True)
+            self._show_queue_depths()
         return len(gone)
+
+    def _show_queue_depths(self) -> None:
+        for name, queue in self.scheduler.queues.items():
+            self.metrics.child(self.metrics.queue_depth, name).set(len(queue.waiting))
 
     def stop(self, timeout: float | None = None) -> None:
         """Answer every queued request, then end the thread (the watchdog stays until it has ended)."""
@@ -230,7 +240,7 @@ class Runner:
         try:
             while True:
                 with self._cond:
-                    self._drop_expired()
+                    self._drop_unwanted()
                     chosen = self.scheduler.next_batch()
                     if chosen is None and not in_flight:
                         if self._stopping and self.scheduler.queued() == 0:
@@ -238,8 +248,7 @@ class Runner:
                         wait = min(1.0, max(0.0, self.scheduler.next_wakeup() - self.clock()))
                         self._cond.wait(timeout=wait)
                         continue
-                    for name, queue in self.scheduler.queues.items():
-                        self.metrics.child(self.metrics.queue_depth, name).set(len(queue.waiting))
+                    self._show_queue_depths()
                     if chosen is not None:
                         self._held[chosen[0]] = chosen[2]
                 pending = decoding.submit(self._decode, *chosen) if chosen is not None else None
@@ -258,8 +267,13 @@ class Runner:
         finally:
             decoding.shutdown(wait=True)
 
-    def _drop_expired(self) -> None:
-        """Answer DEADLINE_EXCEEDED to every request whose deadline passed while it waited (under the lock)."""
+    def _drop_unwanted(self) -> None:
+        """Take out of the queues the requests whose callers went away since the last look, and answer
+        DEADLINE_EXCEEDED to every request whose deadline passed while it waited (under the lock)."""
+        if self._someone_gone:
+            self._someone_gone = False  # cleared first: a call going away during the scan is seen at the next look
+            if self.scheduler.discard(lambda request: request.payload.gone()):
+                self._show_queue_depths()
         for request in self.scheduler.expired():
             late = (self.clock() - request.deadline) * 1000
             self._answer(

@@ -132,7 +132,7 @@ class InferenceService(pb_grpc.InferenceServicer):
             outcome: Outcome = await future
         except asyncio.CancelledError:  # the caller went away (cancelled, past its deadline, the server's grace over)
             future.cancel()
-            self.runner.forget_gone()  # its request leaves the queue, not run for nobody
+            self.runner.note_gone()  # its request leaves the queue, not run for nobody
             raise
         if outcome.code != grpc.StatusCode.OK:
             raise Problem(outcome.code, outcome.message)
@@ -238,7 +238,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         for future in futures:
             future.cancel()
         if futures:
-            self.runner.forget_gone()
+            self.runner.note_gone()
 
     def model_list(self) -> pb.ListModelsReply:
         models = [convert.model_info(self.models[n]) for n in sorted(self.models)]
