@@ -24,6 +24,8 @@ from support import OpenStream, RunningServer, calibrated_model, detection_pairs
 from ultralytics.utils import ASSETS
 
 import yolojet
+from yolojet.client.label import DEFAULT_OPTIONS
+from yolojet.engine.predict_path import PredictOptions
 from yolojet.serve.server import ServeOptions
 
 CONF = "0.001"
@@ -292,6 +294,15 @@ def test_resume_asks_for_the_options_the_records_were_made_with(server, photos, 
     assert code == 0 and len(lines(out)) == 3, stderr
     code, _, stderr = run_cli(capsys, *base, "--resume", "--max-det", "5")
     assert code == 2 and "its records were made with --max-det 2" in stderr
+    # A default named on the resume of a run that left it out, or left out on the resume of one that named it, is the
+    # same run: the client's defaults are the engine's.
+    assert DEFAULT_OPTIONS == {name: getattr(PredictOptions(), name) for name in DEFAULT_OPTIONS}
+    assert run_cli(capsys, *base, "--overwrite", "--max-det", "2")[0] == 0
+    code, _, stderr = run_cli(capsys, *base, "--resume", "--max-det", "2", "--conf", "0.25", "--iou", "0.7")
+    assert code == 0 and "3 done before and skipped" in stderr
+    assert run_cli(capsys, *base, "--overwrite", "--conf", "0.25", "--max-det", "300")[0] == 0
+    code, _, stderr = run_cli(capsys, *base, "--resume")
+    assert code == 0 and "3 done before and skipped" in stderr
 
 
 def test_ctrl_c_while_writing_the_formats_says_every_image_is_labeled(server, photos, tmp_path, capsys, monkeypatch):

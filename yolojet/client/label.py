@@ -49,6 +49,9 @@ FIRST_IMAGES = 64
 # would bury the progress bar).
 ERRORS_SHOWN = 20
 MAX_DET = 300  # the engines' most detections an image (CapturedPath.capacity)
+# What a run without --conf, --iou or --max-det gets, locally and from a server (PredictOptions' defaults): a resume
+# that names one of them at its default asks for what its records were made with.
+DEFAULT_OPTIONS: dict[str, Any] = {"conf": 0.25, "iou": 0.7, "max_det": MAX_DET}
 
 
 @dataclass
@@ -145,11 +148,17 @@ def check_kept_settings(job: LabelJob) -> None:
         kept = json.loads(where.read_text())["options"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise OutputPathError(f"{where}: not the settings label keeps ({e}); remove it to resume anyway") from e
-    if kept != _asked(job):
+    if _in_effect(kept) != _in_effect(_asked(job)):
         raise OutputPathError(
             f"--resume {job.out}: its records were made with {_shown_options(kept)}; this run asks for "
             f"{_shown_options(_asked(job))}: give the same, or --overwrite to start again"
         )
+
+
+def _in_effect(options: dict[str, Any]) -> dict[str, Any]:
+    """The options a run predicts with: those given over the defaults (`--conf 0.25` is no flag at all)."""
+    given = {name: value for name, value in options.items() if value is not None}
+    return {**DEFAULT_OPTIONS, **given}
 
 
 def _holds_records(out: Path) -> bool:
