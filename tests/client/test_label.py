@@ -143,6 +143,22 @@ def test_server_records_coco_and_yolo_files(server, photos, tmp_path, capsys, ta
         assert checked > 0
     if task == "pose":
         assert all(len(a["keypoints"]) == 17 * 3 for a in document.dataset["annotations"])
+    if task == "obb":  # corners clipped to the image (some are past it at this conf), the rotated box as predicted
+        from yolojet.tasks.obb import xywhr_to_corners
+
+        past = 0
+        for image in document.dataset["images"]:
+            record = next(r for r in records if r["path"] == image["file_name"])
+            annotations = document.loadAnns(document.getAnnIds(imgIds=[image["id"]]))
+            for ann, d in zip(annotations, record["detections"], strict=True):
+                corners = xywhr_to_corners(np.asarray(d["rotated_box"], np.float64))
+                past += bool((corners < 0).any() or (corners > [image["width"], image["height"]]).any())
+                clipped = np.clip(corners, 0, [image["width"], image["height"]])
+                np.testing.assert_allclose(np.reshape(ann["segmentation"], (4, 2)), clipped, atol=0.01)
+                (x1, y1), (x2, y2) = clipped.min(0), clipped.max(0)
+                np.testing.assert_allclose(ann["bbox"], [x1, y1, x2 - x1, y2 - y1], atol=0.02)
+                assert ann["rotated_box"] == d["rotated_box"]
+        assert past > 0
 
     from ultralytics.data.utils import verify_image_label
 

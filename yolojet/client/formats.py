@@ -6,7 +6,9 @@ segment models add `segmentation` as the polygons of the mask's outer contours (
 thin, whose contour has fewer than three points, gets the rectangle its pixels cover) or, with
 `rle`, the mask's COCO RLE, exact; pose models add `keypoints` [x, y, v] a point (v 2 where the
 model's visibility is at least 0.5, else 1) and `num_keypoints`; OBB models the four corners as the
-`segmentation` polygon, the axis-aligned extent as `bbox`, and `rotated_box` [cx, cy, w, h, angle].
+`segmentation` polygon and the axis-aligned extent as `bbox`, both clipped to the image as detect's boxes are (a
+box past the border is where a COCO tool draws or crops nothing), and `rotated_box` [cx, cy, w, h, angle] as the
+model gave it.
 
 YOLO (`write_yolo_dataset`): an ultralytics dataset folder: `images/` (links to the labeled images, mirroring their
 folders below their common root), `labels/` (one .txt a labeled image: `class cx cy w h` normalized; the polygon for
@@ -78,8 +80,11 @@ def _coco_annotations(record: dict, rle: bool) -> list[dict[str, Any]]:
     """A record's detections as COCO annotations, less their `id` and `image_id` (given when the document is put
     together, in order)."""
     annotations: list[dict[str, Any]] = []
+    border = np.array([record["width"], record["height"]], np.float64)
     for d in record.get("detections", []):
         x1, y1, x2, y2 = _extent(d)
+        if "rotated_box" in d:  # its corners may be past the image (detect's boxes are clipped by the model's path)
+            (x1, y1), (x2, y2) = np.clip([[x1, y1], [x2, y2]], 0.0, border).tolist()
         ann: dict[str, Any] = {
             "category_id": d["class"],
             "bbox": [round(x1, 2), round(y1, 2), round(x2 - x1, 2), round(y2 - y1, 2)],
@@ -92,7 +97,7 @@ def _coco_annotations(record: dict, rle: bool) -> list[dict[str, Any]]:
             ann["segmentation"] = d["mask"] if rle else _polygons(d["mask"])
         if "rotated_box" in d:
             ann["rotated_box"] = d["rotated_box"]
-            ann["segmentation"] = [[round(float(v), 2) for v in _corners(d).reshape(-1)]]
+            ann["segmentation"] = [[round(float(v), 2) for v in np.clip(_corners(d), 0.0, border).reshape(-1)]]
             ann["area"] = round(d["rotated_box"][2] * d["rotated_box"][3], 2)
         if "keypoints" in d:
             flat = []
