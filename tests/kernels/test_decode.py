@@ -139,8 +139,9 @@ def test_decode_rejects_maps_and_outputs_that_do_not_fit_the_head():
 def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
     """With BestClassTargets the decode also writes what NMS's best-class pass would: each anchor's best score
     (−inf unless above conf and of a kept class) and its first best class, against torch's max over the decoded
-    scores. Ties between classes of different chunks (a class past 32 repeating an earlier one's best score) keep
-    the earlier class; anchors past the images' rows and every other element stay as they were."""
+    scores. Ties between classes of different chunks (a class past 32 repeating an earlier one's best score, in the
+    same lane of a chunk or another) keep the earlier class; anchors past the images' rows and every other element
+    stay as they were."""
     strides = [8 * 2**i for i in range(len(sizes))]
     attrs = dict(HEADS[head], levels=len(sizes), nc=nc, strides=strides)
     batch, conf = 2, 0.4
@@ -150,8 +151,11 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
     scores = [torch.randn(batch, nc, h, w, generator=g) * 2 for h, w in sizes]
     if nc > 33:
         for s in scores:
-            s[:, 33] = s.max(1).values + 0.5  # class 33 wins everywhere, tied by class 1 at half the cells
+            # Class 33 wins everywhere, tied by class 1 (its lane in the first chunk) at half the cells and by class
+            # 10 (another lane) at the other half: the earlier class wins either way.
+            s[:, 33] = s.max(1).values + 0.5
             s[:, 1, ::2] = s[:, 33, ::2]
+            s[:, 10, 1::2] = s[:, 33, 1::2]
     extras = [torch.randn(batch, extra, h, w, generator=g) for h, w in sizes] if extra else []
     anchors = sum(h * w for h, w in sizes)
     out = torch.full((batch, 4 + nc + extra, anchors), float("nan"), device=DEVICE)
@@ -179,7 +183,7 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
     assert torch.equal(best_score[:batch].cpu(), torch.where(keep, top, float("-inf")))
     assert bool((best_score[batch] == 7.0).all()) and bool((best_class[batch] == -3).all())
     if nc > 33:
-        assert set(first.unique().tolist()) == {1, 33}, "a tie across chunks must keep the earlier class"
+        assert set(first.unique().tolist()) == {1, 10}, "a tie across chunks must keep the earlier class"
     if classes is not None:
         assert 0 < int(keep.sum()) < int((top > conf).sum()), "the class filter must drop some candidates, not all"
 
