@@ -160,6 +160,20 @@ def test_nms_tied_scores_without_overlap():
     assert_matches(out, count, reference(preds, 3, 0.25, 0.45), ordered=False)
 
 
+def test_nms_best_class_ties_across_chunks_of_classes():
+    """80 classes, folded in chunks of 32: a best score that a class of a later chunk shares with an earlier class, in
+    the same lane of its chunk (33 and 1) or another (33 and 6), goes to the earlier class, as torch's max gives it."""
+    preds = clustered(1, 80, 600, 0, seed=9)
+    scores = preds[0, 4:]
+    top = scores.max(0).values + 0.3
+    scores[33] = top
+    scores[1, ::2] = top[::2]
+    scores[6, 1::2] = top[1::2]
+    out, count = run(preds, 80, 0.25, 0.45)
+    assert_matches(out, count, reference(preds, 80, 0.25, 0.45))
+    assert set(out[0, : int(count[0]), 5].tolist()) == {1.0, 6.0}
+
+
 def test_nms_boundaries():
     """An IoU exactly at the threshold does not suppress (the test is IoU > iou_thres), and of two equal scores
     the lower anchor index comes first, as in torchvision's stable sort; an extra channel carries the anchor index.
