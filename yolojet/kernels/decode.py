@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from yolojet.kernels.launch import network_launcher
-from yolojet.kernels.nms import BestClassTargets, first_best_class, fold_best_class, store_best_class
+from yolojet.kernels.nms import BestClassTargets, fold_best_class, store_best_class
 from yolojet.kernels.pdl import wait_for_previous_kernel
 
 DETECT, SEGMENT, OBB, POSE = 0, 1, 2, 3
@@ -150,8 +150,8 @@ def _decode_level(
 
     cls_pix = n * sc_n + gy * sc_h + gx * sc_w
     if BEST:
-        best = tl.full([BLOCK_A, BLOCK_C], float("-inf"), tl.float32)
-        best_class = tl.zeros([BLOCK_A, BLOCK_C], tl.int32)
+        best = tl.full([BLOCK_A], float("-inf"), tl.float32)
+        best_class = tl.zeros([BLOCK_A], tl.int32)
     for c0 in range(0, NC, BLOCK_C):
         ch = c0 + tl.arange(0, BLOCK_C)
         loaded = a_ok[:, None] & (ch < NC_MAP)[None, :]
@@ -160,9 +160,8 @@ def _decode_level(
         scores = tl.sigmoid(logits)
         tl.store(out_col[:, None] + (4 + ch)[None, :] * so_c, scores, mask=decoded)
         if BEST:
-            best, best_class = fold_best_class(best, best_class, tl.where(decoded, scores, float("-inf")), ch[None, :])
+            best, best_class = fold_best_class(best, best_class, tl.where(decoded, scores, float("-inf")), ch, NC, 1)
     if BEST:
-        best, best_class = first_best_class(best, best_class, NC, 1)
         offsets = n * best_row + anchor_offset + idx
         store_best_class(
             best_ptr, best_class_ptr, offsets, a_ok, best, best_class, thresholds_ptr, class_mask_ptr, HAS_CLASS_MASK

@@ -57,24 +57,17 @@ def rank_group(batch: int) -> int:
 
 
 @triton.jit
-def fold_best_class(best, best_cls, s, c):
-    """A chunk of class scores `s` (classes `c`, broadcast to its shape; −inf past NC) folded lane by lane into
-    running tiles of the chunk's shape: no reduction a chunk, only `first_best_class`'s one after the last. Strictly
-    greater, so on a tie a lane keeps its earlier chunk's class."""
-    better = s > best
-    return tl.where(better, s, best), tl.where(better, c, best_cls)
-
-
-@triton.jit
-def first_best_class(best, best_cls, NC, AXIS: tl.constexpr):
-    """Each anchor's best score and class from the folded tiles (classes along AXIS): the first maximum, as torch's
-    max returns it (each lane holds its earliest class at its own maximum; the least of those at the top wins)."""
-    top = tl.max(best, AXIS)
+def fold_best_class(best, best_cls, s, c, NC, AXIS: tl.constexpr):
+    """A chunk of class scores `s` (classes `c` along AXIS, −inf past NC) folded into each anchor's running best
+    score and class: the first maximum, as torch's max returns it."""
+    top = tl.max(s, AXIS)
     if AXIS == 0:
-        first = tl.min(tl.where(best == top[None, :], best_cls, NC), 0)
+        first = tl.min(tl.where(s == top[None, :], c[:, None], NC), 0)
     else:
-        first = tl.min(tl.where(best == top[:, None], best_cls, NC), 1)
-    return top, first
+        first = tl.min(tl.where(s == top[:, None], c[None, :], NC), 1)
+    # Strictly greater: on a tie the earlier chunk's class stays.
+    better = top > best
+    return tl.where(better, top, best), tl.where(better, first, best_cls)
 
 
 @triton.jit
@@ -108,14 +101,13 @@ def _best_class_kernel(
     n = tl.program_id(1).to(tl.int64)
     a = tl.program_id(0) * BLOCK_A + tl.arange(0, BLOCK_A)
     a_ok = a < A
-    best = tl.full([BLOCK_C, BLOCK_A], float("-inf"), tl.float32)
-    best_cls = tl.zeros([BLOCK_C, BLOCK_A], tl.int32)
+    best = tl.full([BLOCK_A], float("-inf"), tl.float32)
+    best_cls = tl.zeros([BLOCK_A], tl.int32)
     for c0 in range(0, NC, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
         ok = (c < NC)[:, None] & a_ok[None, :]
         s = tl.load(preds_ptr + n * sp_n + (4 + c)[:, None] * sp_c + a[None, :], mask=ok, other=float("-inf"))
-        best, best_cls = fold_best_class(best, best_cls, s, c[:, None])
-    best, best_cls = first_best_class(best, best_cls, NC, 0)
+        best, best_cls = fold_best_class(best, best_cls, s, c, NC, 0)
     store_best_class(
         score_ptr, class_ptr, n * A + a, a_ok, best, best_cls, thresholds_ptr, class_mask_ptr, HAS_CLASS_MASK
     )
