@@ -4,8 +4,8 @@ For each model (random weights, BatchNorm statistics measured on the shipped pho
 real work): build the engine (fp16, batch 1), check its results against the reference backend (fp32
 torch ops), then time with wall clock (what a caller waits, launch and sync included), median of
 --iters runs:
-  - the whole path from a frame in pinned host memory (H2D copy inside the graph),
-  - the whole path from a frame already on the GPU,
+  - the whole path from a frame in pinned host memory, `preprocess` (its copy to the GPU) and `run` each time,
+  - the whole path from a frame already on the GPU, `preprocess` (its copy into the engine's slot) and `run`,
   - the same path's graph replayed and timed with CUDA events (device time, no host launch or sync),
   - the network alone (graph replay, CUDA events), so that path (device) − network = what preprocess and
     the head add,
@@ -122,16 +122,23 @@ def timeline(run, replays: int = 5) -> dict:
     return {"span_us": span, "busy_us": busy, "idle_us": span - busy, "launches": rows}
 
 
+def whole_path_ms(engine: Engine, frame: np.ndarray, iters: int) -> dict[str, float]:
+    """`preprocess` and `run` of one BGR frame, wall clock, from pinned host memory and from the GPU. Each timed call
+    stages the frame and runs, as a caller does: the frame's copy into the engine is in the path."""
+    rgb = torch.from_numpy(frame[..., ::-1].copy())
+    timed = {}
+    for where, pixels in (("host", rgb.pin_memory()), ("gpu", rgb.cuda())):
+        timed[f"{where}_frame_ms"] = wall_ms(lambda pixels=pixels: (engine.preprocess(pixels, 0), engine.run(1)), iters)
+    return timed
+
+
 def time_sequential(model_dir: Path, frame: np.ndarray, parallel_result, conf: float, iters: int) -> dict:
     """The same path with every launch in order on one stream (same tile picks, from the tuning cache): its
     results must equal those of the engine with parallel streams; then its timings."""
     engine = Engine.load(model_dir, device="cuda", half=True, max_batch=1, buckets=[1], branches=False)
     found = {"same_results": engine(frame, conf=conf)[0].to_json() == parallel_result.to_json()}
     engine.configure(conf=conf)
-    engine.preprocess(frame, 0)
-    found["host_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
-    engine.preprocess(torch.from_numpy(frame[..., ::-1].copy()).cuda(), 0)
-    found["gpu_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
+    found.update(whole_path_ms(engine, frame, iters))
     found["network_ms"] = engine.time_network(1, repeats=iters).p50 * 1000
     return found
 
@@ -155,10 +162,7 @@ def bench(name: str, iters: int, conf: float, work: Path, profile: bool, sequent
     row["vs_reference_fp32"] = agreement(ours, truth)
 
     engine.configure(conf=conf)
-    engine.preprocess(frame, 0)
-    row["host_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
-    engine.preprocess(torch.from_numpy(frame[..., ::-1].copy()).cuda(), 0)
-    row["gpu_frame_ms"] = wall_ms(lambda: engine.run(1), iters)
+    row.update(whole_path_ms(engine, frame, iters))
     path_graph = next(reversed(engine._path.graphs.values()))[0]  # the graph the last run replayed
     row["gpu_frame_device_ms"] = replay_ms(path_graph, iters)
     row["network_ms"] = engine.time_network(1, repeats=iters).p50 * 1000

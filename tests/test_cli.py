@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,7 @@ def test_export_yaml_then_info(tmp_path, capsys):
     assert "input         3x128x96" in stdout
     assert "attention" in stdout and "conv" in stdout
     assert "(RANDOM weights)" in stdout
-    assert "a 1080x810 photo runs at 128x96" in stdout
+    assert "a photo of height 1080 and width 810 runs at 128x96, height x width" in stdout
 
     code, _, stderr = run_cli(capsys, "export", out, "--imgsz", "64")  # a model directory is not exported again
     assert code == 2 and "already a yolojet model directory; export takes a .pt checkpoint" in stderr, stderr
@@ -39,12 +41,22 @@ def test_export_yaml_then_info(tmp_path, capsys):
 
 
 def test_info_gflops_agree_with_ultralytics(tmp_path, capsys):
+    from copy import deepcopy
+
     from ultralytics.utils.torch_utils import get_flops
 
     model = random_model("yolo11n.yaml")
     graph = yolojet.Graph.load(yolojet.export(model, out=tmp_path / "m", imgsz=640))
     ultralytics_gflops = get_flops(model, 640)
     assert abs(graph.flops() / 1e9 - ultralytics_gflops) / ultralytics_gflops < 0.02
+    # Parameters as ultralytics counts the fused model's, a DFL head's fixed weights among them (yolo11n), or none
+    # (yolo26n: reg_max 1).
+    for name in ("yolo11n.yaml", "yolo26n.yaml"):
+        model = random_model(name)
+        code, stdout, stderr = run_cli(capsys, "info", yolojet.export(model, out=tmp_path / name, imgsz=64))
+        assert code == 0, stderr
+        fused = sum(p.numel() for p in deepcopy(model).fuse().parameters())
+        assert f"parameters    {fused:,}\n" in stdout, (name, fused, stdout)
 
 
 def test_export_checkpoint_file_beside_it(tmp_path, capsys, monkeypatch):
@@ -361,6 +373,38 @@ def test_pipeline_and_bench(tmp_path, capsys):
                 assert rate[0] == pytest.approx(1000 / p50, rel=0.01, abs=1), f"{name}: {stdout}"
 
 
+def test_timing_commands_refuse_bad_numbers_and_images_before_any_build(tmp_path, capsys):
+    """Runs, warm-up runs and thresholds out of range are argparse's errors (one line, exit 2), and a missing --image
+    is named before the engine is built or a GPU looked for: each would otherwise surface only after a build."""
+    for argv, fragment in (
+        (("pipeline", "m", "--iters", "0"), "'0': expected a positive integer"),
+        (("bench", "m", "--iters", "-1"), "'-1': expected a positive integer"),
+        (("bench", "m", "--warmup", "-5"), "'-5': expected a whole number, 0 or more"),
+        (("pipeline", "m", "--conf", "7"), "'7': expected a number in [0, 1]"),
+        (("pipeline", "m", "--conf", "nan"), "'nan': expected a number in [0, 1]"),
+        (("val", "m", "--data", "d.json", "--iou", "1.5"), "'1.5': expected a number in [0, 1]"),
+        (("report", "m", "--data", "d.json", "--iters", "0"), "'0': expected a positive integer"),
+    ):
+        code, _, stderr = run_cli(capsys, *argv)
+        assert code == 2 and fragment in stderr and "Traceback" not in stderr, (argv, stderr)
+    code, _, stderr = run_cli(capsys, "pipeline", tmp_path / "no_model", "--image", tmp_path / "absent.jpg")
+    assert code == 2 and "absent.jpg" in stderr and "CUDA" not in stderr, stderr
+
+
+def test_a_full_standard_output_is_a_line_not_a_traceback(tmp_path):
+    """`yolojet info MODEL > /dev/full`: the write fails for want of room; one line on stderr, exit 2."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    model_dir = yolojet.export(random_model("yolov8n-cls.yaml"), out=tmp_path / "cls", imgsz=64)
+    with open("/dev/full", "w") as full:
+        command = [sys.executable, "-m", "yolojet.cli", "info", str(model_dir)]
+        done = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "yolojet info: error: an output could not be written: [Errno 28] No space left on device"
+    ], done.stderr
+
+
 def test_export_defaults_to_the_training_size(tmp_path, capsys):
     """Without --imgsz a checkpoint exports at the size it was trained at (its train args), as predict runs it."""
     from copy import deepcopy
@@ -461,9 +505,11 @@ def test_labeling_through_a_server_never_imports_torch(tmp_path):
     assert "UNAVAILABLE" in done.stderr  # it got as far as asking the server
 
 
-def test_sigterm_mid_export_leaves_no_staging_folder(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("command", ["export", "info"])
+def test_sigterm_mid_export_leaves_no_staging_folder(tmp_path, capsys, monkeypatch, command):
     """SIGTERM (a scheduler's stop) while the weights are written ends the export as Ctrl-C does: exit 143, and
-    neither a half-written model directory nor its hidden staging folder is left."""
+    neither a half-written model directory nor its hidden staging folder is left; so does `info` of a checkpoint,
+    which exports it into the cache first."""
     import os
     import signal
 
@@ -478,10 +524,14 @@ def test_sigterm_mid_export_leaves_no_staging_folder(tmp_path, capsys, monkeypat
     monkeypatch.setattr(yolojet.ir, "save_file", stopped)
     checkpoint = tmp_path / "cls.pt"
     torch.save({"model": random_model("yolov8n-cls.yaml")}, checkpoint)
+    monkeypatch.setenv("YOLOJET_CACHE", str(tmp_path / "cache"))
+    exported = ["export", checkpoint, "--imgsz", "64", "--out", tmp_path / "out"]
+    argv = exported if command == "export" else ["info", checkpoint]
     before = signal.signal(signal.SIGTERM, not_handled)  # (the test process's own: this test must not end it)
     try:
-        code, _, stderr = run_cli(capsys, "export", checkpoint, "--imgsz", "64", "--out", tmp_path / "out")
+        code, _, stderr = run_cli(capsys, *argv)
     finally:
         signal.signal(signal.SIGTERM, before)
     assert code == 143 and "terminated" in stderr, stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cls.pt"]
+    left = [p for p in tmp_path.rglob("*") if p.name.startswith(".") or p.suffix in (".json", ".safetensors")]
+    assert not left and (command == "info" or not (tmp_path / "out").exists()), left

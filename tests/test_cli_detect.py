@@ -329,9 +329,9 @@ def test_save_replaces_its_own_annotated_images_and_no_other_file(model_dir, tmp
 @pytest.mark.parametrize(
     ("option", "fragment"),
     [
-        (["--conf", "1.5"], "conf 1.5"),
-        (["--conf", "-0.1"], "conf -0.1"),
-        (["--iou", "1.2"], "iou 1.2"),
+        (["--conf", "1.5"], "'1.5': expected a number in [0, 1]"),
+        (["--conf", "-0.1"], "'-0.1': expected a number in [0, 1]"),
+        (["--iou", "1.2"], "'1.2': expected a number in [0, 1]"),
         (["--max-det", "0"], "max_det 0"),
         (["--classes", "3", "80"], "classes 80: class ids are ints from 0 to 79"),
         (["--imgsz", "0"], "'0': expected an integer or HEIGHTxWIDTH"),

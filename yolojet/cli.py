@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import sys
 import time
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from yolojet.client.label import LabelJob
+    from yolojet.ir import Graph
     from yolojet.options import EngineOptions
     from yolojet.tasks import Results
     from yolojet.timing import Timing
@@ -46,12 +48,17 @@ EXIT_CODES = """exit status:
        it are kept, and --resume continues
   130  interrupted (Ctrl-C); results finished before it are kept
   141  the reader of standard output went away (yolojet detect ... | head)
-  143  terminated (SIGTERM: export, detect, label, val, report end as on Ctrl-C); results finished before it are
-       kept"""
+  143  terminated (SIGTERM: every command but serve ends as on Ctrl-C); results finished before it are kept"""
 EXIT_TERMINATED = 143  # 128 + SIGTERM
-# The commands that work through a list and keep what they finished: SIGTERM (a scheduler's, a container's stop) ends
-# them as Ctrl-C does. Ray's driver would otherwise print a crash report for it; servers drain on it by themselves.
-ENDS_ON_SIGTERM = ("export", "detect", "label", "val", "report")
+# SIGTERM (a scheduler's, a container's stop) ends these as Ctrl-C does: what they finished is kept and what they were
+# writing is taken back (a model exported into the cache by `info` or `bench` too, whose staging folder the default
+# action left behind). Ray's driver would otherwise print a crash report for it; servers drain on it by themselves.
+ENDS_ON_SIGTERM = (
+    "export", "info", "detect", "val", "pipeline", "bench", "dump", "compare", "profile", "label", "plot", "report",
+)  # fmt: skip
+# A write that failed for want of room or of a working device (`yolojet info > /dev/full`): said in a line, not a
+# traceback.
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS)
 
 
 class Terminated(KeyboardInterrupt):
@@ -98,6 +105,7 @@ _positive_int = _number_type(int, lambda v: v >= 1, "a positive integer")
 _non_negative_int = _number_type(int, lambda v: v >= 0, "a whole number, 0 or more")
 _positive_float = _number_type(float, lambda v: 0 < v < math.inf, "a positive number")  # NaN fits neither bound
 _non_negative_float = _number_type(float, lambda v: 0 <= v < math.inf, "a number, 0 or more")
+_fraction = _number_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -141,14 +149,14 @@ def describe(model: str | Path) -> str:
     else:
         (h, w), _ = rect_letterbox((1080, 810), tuple(meta.imgsz), max(meta.strides))  # type: ignore[arg-type]
         lines.append(
-            f"letterbox     each image to its own rectangle of stride multiples within the input (a 1080x810 "
-            f"photo runs at {h}x{w}); --no-rect: every image to the input"
+            f"letterbox     each image to its own rectangle of stride multiples within the input (a photo of height "
+            f"1080 and width 810 runs at {h}x{w}, height x width); --no-rect: every image to the input"
         )
     outputs = ", ".join(f"{tuple(graph.values[o].shape)}" for o in graph.outputs)
     lines += [
         f"outputs       {outputs}",
         f"nodes         {len(graph.nodes)}",
-        f"parameters    {graph.num_params():,}",
+        f"parameters    {_ultralytics_params(graph):,}",
         f"GFLOPs/image  {graph.flops() / 1e9:.2f}",
         "",
     ]
@@ -159,6 +167,14 @@ def describe(model: str | Path) -> str:
     rows = [(op, str(c), f"{flops[op] / 1e9:.3f}") for op, c in counts.most_common()]
     lines.append(_format_table(rows, ("op", "count", "GFLOPs")))
     return "\n".join(lines)
+
+
+def _ultralytics_params(graph: Graph) -> int:
+    """The parameters as ultralytics counts those of the fused model: the graph's weights, and a DFL head's fixed
+    1x16 conv (reg_max weights), which the graph holds as decode arithmetic rather than a weight."""
+    meta = graph.meta
+    dfl = meta.reg_max if meta.task != "classify" and meta.reg_max > 1 else 0
+    return graph.num_params() + dfl
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -646,6 +662,8 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     from yolojet.images import Frame
     from yolojet.timing import time_calls
 
+    image = args.image or _bundled_photo()
+    frame = _photo_pixels(image)  # first: a bad --image is named before anything else, and costs no engine build
     _require_cuda("pipeline")
     engine = Engine.load(
         args.model,
@@ -655,18 +673,20 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
         **_letterbox(args),
         **_engine_switches(args),
     )
-    image = args.image or _bundled_photo()
-    frame = _photo_pixels(image)
+    engine.configure(conf=args.conf)
     shape = engine.input_shape(Frame(frame, bgr=False))[0]
     rows = []
     for where in ("pinned host", "GPU"):
-        pixels = frame if where == "pinned host" else frame.to("cuda")
-        for slot in range(args.batch):
-            engine.preprocess(pixels, slot)
-        engine.configure(conf=args.conf)
-        timing = time_calls(lambda: engine.run(args.batch), args.iters, args.warmup)
+        pixels = frame.pin_memory() if where == "pinned host" else frame.to("cuda")
+
+        def staged_and_run(pixels: torch.Tensor = pixels) -> None:  # a caller's each time: its copies in the path
+            for slot in range(args.batch):
+                engine.preprocess(pixels, slot)
+            engine.run(args.batch)
+
+        timing = time_calls(staged_and_run, args.iters, args.warmup)
         rows.append((f"frame in {where} memory -> boxes in pinned memory", *_per_frame_ms(timing, args.batch)))
-    network = engine.time_network(args.batch, repeats=args.iters, shape=shape)
+    network = engine.time_network(args.batch, repeats=args.iters, warmup=args.warmup, shape=shape)
     rows.append(("network only (graph replay)", *_per_frame_ms(network, args.batch)))
     print(
         f"{image}: {tuple(frame.shape)} frames, input {shape[0]}x{shape[1]}, batch {args.batch}, "
@@ -1272,8 +1292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("detect", help="detect objects in images and print them in original image coordinates")
     p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
     p.add_argument("source", nargs="+", help="image files, globs or directories")
-    p.add_argument("--conf", type=float, default=0.25, help="confidence threshold (default 0.25)")
-    p.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold (default 0.7)")
+    p.add_argument("--conf", type=_fraction, default=0.25, help="confidence threshold (default 0.25)")
+    p.add_argument("--iou", type=_fraction, default=0.7, help="NMS IoU threshold (default 0.7)")
     p.add_argument("--max-det", type=int, default=300, help="most detections per image, at most 300 (default 300)")
     p.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
@@ -1312,8 +1332,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         help="images per batch (default 16, as yolo val; with --protocol val the batches' shapes depend on it)",
     )
-    p.add_argument("--conf", type=float, default=0.001, help="confidence threshold (default 0.001, as ultralytics val)")
-    p.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold (default 0.7)")
+    p.add_argument(
+        "--conf", type=_fraction, default=0.001, help="confidence threshold (default 0.001, as ultralytics val)"
+    )
+    p.add_argument("--iou", type=_fraction, default=0.7, help="NMS IoU threshold (default 0.7)")
     p.add_argument("--max-det", type=int, default=300, help="most detections per image, at most 300 (default 300)")
     p.add_argument("--fp32", action="store_true", help="run the GPU engine in fp32 instead of fp16")
     p.add_argument("--out", type=Path, default=None, help="write metrics.json and predictions.json here")
@@ -1342,9 +1364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", type=Path, default=None, help="the frame to time (default: ultralytics' bus.jpg)")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument("--batch", type=_positive_int, default=1, help="frames per run (default 1)")
-    p.add_argument("--conf", type=float, default=0.25, help="confidence threshold (default 0.25)")
-    p.add_argument("--iters", type=int, default=200, help="timed runs (default 200)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed runs first (default 20)")
+    p.add_argument("--conf", type=_fraction, default=0.25, help="confidence threshold (default 0.25)")
+    p.add_argument("--iters", type=_positive_int, default=200, help="timed runs (default 200)")
+    p.add_argument("--warmup", type=_non_negative_int, default=20, help="untimed runs first (default 20)")
     _add_letterbox_flags(p)
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_pipeline)
@@ -1353,8 +1375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument("--batch", type=_positive_int, default=1, help="images per run (default 1)")
-    p.add_argument("--iters", type=int, default=200, help="timed runs (default 200)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed runs first (default 20)")
+    p.add_argument("--iters", type=_positive_int, default=200, help="timed runs (default 200)")
+    p.add_argument("--warmup", type=_non_negative_int, default=20, help="untimed runs first (default 20)")
     _add_engine_switches(p)
     p.set_defaults(run=_cmd_bench)
 
@@ -1654,12 +1676,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument("--big-batch", type=int, default=None, help="batch for the img/s column (default 64; 4 on a CPU)")
-    p.add_argument("--iters", type=int, default=None, help="timed runs per batch size (default 50; 5 on a CPU)")
+    p.add_argument(
+        "--iters", type=_positive_int, default=None, help="timed runs per batch size (default 50; 5 on a CPU)"
+    )
     p.add_argument("--out", type=Path, default=None, help="write report.json, report.md and latency.png here")
     p.set_defaults(run=_cmd_report)
     for command in sub.choices.values():
         command.epilog, command.formatter_class = EXIT_CODES, argparse.RawDescriptionHelpFormatter
     return parser
+
+
+def _quiet_stdout() -> None:
+    """Standard output sent to /dev/null, so that the interpreter's own flush at exit cannot fail again."""
+    import os
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1690,12 +1721,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(what, file=sys.stderr)
         return status
     except BrokenPipeError:
-        # The reader went away (`yolojet detect ... | head`): stop quietly. Standard output goes to /dev/null so that
-        # the interpreter's own flush at exit cannot fail again.
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # The reader went away (`yolojet detect ... | head`): stop quietly.
+        _quiet_stdout()
         return EXIT_BROKEN_PIPE
+    except OSError as e:
+        if e.errno not in OUTPUT_ERRNOS:
+            raise
+        print(f"yolojet {args.command}: error: an output could not be written: {e}", file=sys.stderr)
+        _quiet_stdout()
+        return EXIT_USAGE
     finally:
         if ending:  # main() called in a process that goes on (a test, a script): its own handler back
             signal.signal(signal.SIGTERM, before)
