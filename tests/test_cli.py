@@ -387,6 +387,10 @@ def test_timing_commands_refuse_bad_numbers_and_images_before_any_build(tmp_path
     ):
         code, _, stderr = run_cli(capsys, *argv)
         assert code == 2 and fragment in stderr and "Traceback" not in stderr, (argv, stderr)
+    for argv in (("profile", "m", "--iters", "5"), ("bench", "m", "--device", "cpu")):  # options they do not take
+        code, _, stderr = run_cli(capsys, *argv)
+        assert code == 2 and f"usage: yolojet {argv[0]} " in stderr, stderr
+        assert f"unrecognized arguments: {' '.join(argv[2:])}" in stderr, stderr
     code, _, stderr = run_cli(capsys, "pipeline", tmp_path / "no_model", "--image", tmp_path / "absent.jpg")
     assert code == 2 and "absent.jpg" in stderr and "CUDA" not in stderr, stderr
 

@@ -289,7 +289,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     _require_cuda("profile")
     engine = Engine.load(
-        args.model_dir,
+        args.model,
+        imgsz=args.imgsz,
         device="cuda",
         half=not args.fp32,
         max_batch=args.batch,
@@ -1402,7 +1403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_compare)
 
     p = sub.add_parser("profile", help="device time per kernel family (needs a GPU)")
-    p.add_argument("model_dir", type=Path, help="a directory written by `yolojet export`")
+    p.add_argument("model", help="a model directory, .pt checkpoint, ultralytics name or architecture .yaml")
+    p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
     p.add_argument("--batch", type=_positive_int, default=1, help="images per run (default 1)")
     p.add_argument("--fp32", action="store_true", help="profile the fp32 engine")
     _add_engine_switches(p)
@@ -1675,7 +1677,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=Path, default=None, help=IMAGES_HELP)
     p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--imgsz", type=_imgsz, default=None, help="model input size (default: the model's, or 640)")
-    p.add_argument("--big-batch", type=int, default=None, help="batch for the img/s column (default 64; 4 on a CPU)")
+    p.add_argument(
+        "--big-batch", type=_positive_int, default=None, help="batch for the img/s column (default 64; 4 on a CPU)"
+    )
     p.add_argument(
         "--iters", type=_positive_int, default=None, help="timed runs per batch size (default 50; 5 on a CPU)"
     )
@@ -1683,6 +1687,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_report)
     for command in sub.choices.values():
         command.epilog, command.formatter_class = EXIT_CODES, argparse.RawDescriptionHelpFormatter
+        command.set_defaults(command_parser=command)  # an unknown option is said with this command's usage
     return parser
 
 
@@ -1697,7 +1702,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import signal
     import threading
 
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # said with the command's own usage, not the top level's (which lists only the commands)
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     ending = args.command in ENDS_ON_SIGTERM and threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminated) if ending else None
     try:
