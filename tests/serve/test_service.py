@@ -313,6 +313,27 @@ def test_without_slo_ms_a_slow_device_gets_a_deadline_its_batches_can_meet(model
             models = {}
 
 
+def test_a_streams_deadline_is_its_requests_deadline(model_dirs):
+    """A stream's requests are due at the stream's gRPC deadline where its client set one, as a unary call's is at
+    its own, and at arrival plus the SLO where it set none: with a 1 ms SLO the same 24 images are refused in part
+    over a stream without a deadline, and all answered over one of two minutes (either stream kind)."""
+    models = {"detect": served("detect", model_dirs["detect"], max_batch=4)}
+    running = RunningServer(models, replace(ServeOptions(), port=0, slo_ms=1.0))
+    try:
+        stub = running.stub()
+        requests = [pb.InferRequest(id=str(i), image=BUS, conf=CONF) for i in range(24)]
+        for timeout, all_answered in ((None, False), (120, True)):
+            replies = list(stub.InferStream(iter(requests), timeout=timeout))
+            refused = [r for r in replies if r.HasField("error")]
+            assert [r.id for r in replies] == [r.id for r in requests]
+            assert (not refused) == all_answered, (timeout, len(refused), refused[:1])
+            assert all(r.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] for r in refused)
+        batched = list(stub.InferBatchStream(iter([pb.InferBatch(requests=requests)]), timeout=120))
+        assert not [r for reply in batched for r in reply.replies if r.HasField("error")]
+    finally:
+        running.stop()
+
+
 def test_a_stream_opened_while_the_server_drains_ends_unavailable_at_once(model_dirs):
     """A stream that reaches the service after shutdown began draining the open ones is drained too: it ends
     UNAVAILABLE at once, not held open until the grace period's end (its reader is cancelled before it first runs)."""

@@ -110,8 +110,13 @@ class InferenceService(pb_grpc.InferenceServicer):
         return model, future
 
     def _deadline(self, context: grpc.aio.ServicerContext | None) -> float:
+        stream = self._stream_deadline(context)
+        return stream if stream is not None else self.clock() + self.slo_s
+
+    def _stream_deadline(self, context: grpc.aio.ServicerContext | None) -> float | None:
+        """The call's gRPC deadline on `clock`, None where its client set none."""
         remaining = context.time_remaining() if context is not None else None
-        return self.clock() + (remaining if remaining is not None else self.slo_s)
+        return self.clock() + remaining if remaining is not None else None
 
     def _count(self, model: str, code: grpc.StatusCode) -> None:
         # A name the server does not serve is counted as "(unknown)": clients choose it, and each label value would
@@ -138,19 +143,26 @@ class InferenceService(pb_grpc.InferenceServicer):
             raise Problem(outcome.code, outcome.message)
         return _reply(outcome, model, request.id)
 
-    def replies(self, request_iterator: AsyncIterator[pb.InferRequest]) -> AsyncGenerator[pb.InferReply, None]:
-        """A stream's replies in request order, a failed request's as a reply carrying its error."""
-        return self._answers(request_iterator, _alone, _first)
+    def replies(
+        self, request_iterator: AsyncIterator[pb.InferRequest], deadline: float | None = None
+    ) -> AsyncGenerator[pb.InferReply, None]:
+        """A stream's replies in request order, a failed request's as a reply carrying its error. `deadline`: the
+        stream's own (its client's gRPC deadline, on `clock`), each request's; None: each request's arrival plus the
+        SLO."""
+        return self._answers(request_iterator, _alone, _first, deadline)
 
-    def batch_replies(self, batch_iterator: AsyncIterator[pb.InferBatch]) -> AsyncGenerator[pb.InferBatchReply, None]:
-        """A batched stream's replies: each message's as one message, in request order."""
-        return self._answers(batch_iterator, _requests_of, _batch_reply)
+    def batch_replies(
+        self, batch_iterator: AsyncIterator[pb.InferBatch], deadline: float | None = None
+    ) -> AsyncGenerator[pb.InferBatchReply, None]:
+        """A batched stream's replies: each message's as one message, in request order (`deadline` as `replies`)."""
+        return self._answers(batch_iterator, _requests_of, _batch_reply, deadline)
 
     async def _answers(
         self,
         messages: AsyncIterator[Any],
         requests_of: Callable[[Any], Sequence[pb.InferRequest]],
         reply_of: Callable[[list[pb.InferReply]], Any],
+        deadline: float | None,
     ) -> AsyncGenerator[Any, None]:
         """Each message's replies, in order, as `reply_of` makes one message of them once all are in; reading the
         stream waits while STREAM_WINDOW images are read ahead of the replies sent (a message is read whole). A stream
@@ -171,7 +183,8 @@ class InferenceService(pb_grpc.InferenceServicer):
                 waiting: list[tuple[str, ServedModel | None, asyncio.Future | Problem]] = []
                 for request in requests_of(message):
                     try:
-                        model, future = self._submit(request, self.clock() + self.slo_s, loop)
+                        due = deadline if deadline is not None else self.clock() + self.slo_s
+                        model, future = self._submit(request, due, loop)
                         waiting.append((request.id, model, future))
                     except Problem as p:
                         self._count(request.model, p.code)
@@ -261,7 +274,8 @@ class InferenceService(pb_grpc.InferenceServicer):
     async def InferStream(
         self, request_iterator: AsyncIterator[pb.InferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.InferReply]:
-        async with aclosing(self.replies(request_iterator)) as replies:  # a cancelled call ends its reader at once
+        # A cancelled call ends its reader at once.
+        async with aclosing(self.replies(request_iterator, self._stream_deadline(context))) as replies:
             try:
                 async for reply in replies:
                     yield reply
@@ -271,7 +285,7 @@ class InferenceService(pb_grpc.InferenceServicer):
     async def InferBatchStream(
         self, batch_iterator: AsyncIterator[pb.InferBatch], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.InferBatchReply]:
-        async with aclosing(self.batch_replies(batch_iterator)) as replies:
+        async with aclosing(self.batch_replies(batch_iterator, self._stream_deadline(context))) as replies:
             try:
                 async for reply in replies:
                     yield reply
