@@ -225,7 +225,7 @@ def test_health_and_reflection(server):
         ({"image": b"\x00" * 100}, grpc.StatusCode.INVALID_ARGUMENT, "cannot decode as an image"),
         ({"image": BUS[: len(BUS) // 2]}, grpc.StatusCode.INVALID_ARGUMENT, "cut short"),
         ({"image": BUS, "model": "nope"}, grpc.StatusCode.NOT_FOUND, "no model named 'nope'"),
-        ({"image": BUS, "model": ""}, grpc.StatusCode.NOT_FOUND, "a model name is needed"),
+        ({"image": BUS, "model": ""}, grpc.StatusCode.INVALID_ARGUMENT, "a model name is needed"),
         ({"image": BUS, "conf": 1.5}, grpc.StatusCode.INVALID_ARGUMENT, "conf 1.5"),
         ({"image": BUS, "iou": -0.1}, grpc.StatusCode.INVALID_ARGUMENT, "iou -0.1"),
         ({"image": BUS, "max_det": 0}, grpc.StatusCode.INVALID_ARGUMENT, "max_det 0"),

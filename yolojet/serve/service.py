@@ -77,7 +77,7 @@ class InferenceService(pb_grpc.InferenceServicer):
             served = ", ".join(sorted(self.models))
             if name:
                 raise Problem(grpc.StatusCode.NOT_FOUND, f"no model named {shown_name(name)} (served: {served})")
-            raise Problem(grpc.StatusCode.NOT_FOUND, f"a model name is needed: this server runs {served}")
+            raise Problem(grpc.StatusCode.INVALID_ARGUMENT, f"a model name is needed: this server runs {served}")
         return self.models[name]
 
     def _submit(
