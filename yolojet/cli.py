@@ -56,9 +56,9 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 ENDS_ON_SIGTERM = (
     "export", "info", "detect", "val", "pipeline", "bench", "dump", "compare", "profile", "label", "plot", "report",
 )  # fmt: skip
-# A write that failed for want of room or of a working device (`yolojet info > /dev/full`): said in a line, not a
-# traceback.
-OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS)
+# A write that failed for want of room or of a writable file system (`yolojet info > /dev/full`): said in a line, not
+# a traceback. Only errors no read can give: an input's read error is not to be called an output's.
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 
 class Terminated(KeyboardInterrupt):

@@ -167,13 +167,11 @@ class Runner:
         for all the calls gone since its last look."""
         self._someone_gone = True
 
-    def forget_queued(self) -> int:
-        """Take every queued request out of the queues (a shutdown past its grace, whose calls are all ended); how
-        many."""
+    def forget_queued(self) -> None:
+        """Take every queued request out of the queues (a shutdown past its grace, whose calls are all ended)."""
         with self._cond:
-            gone = self.scheduler.discard(lambda request: True)
+            self.scheduler.discard(lambda request: True)
             self._show_queue_depths()
-        return len(gone)
 
     def _show_queue_depths(self) -> None:
         for name, queue in self.scheduler.queues.items():
