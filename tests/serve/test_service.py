@@ -216,6 +216,9 @@ def test_health_and_reflection(server):
     assert {"yolojet.v1.Inference", "grpc.health.v1.Health"} <= services
     described = database.FindFileContainingSymbol("yolojet.v1.Inference")
     assert [m.name for m in described.service[0].method] == ["Infer", "InferStream", "InferBatchStream", "ListModels"]
+    # Registered under the name other languages' generators give it, so a client asking by file name finds it.
+    assert described.name == "yolojet/v1/inference.proto"
+    assert database.FindFileByName("yolojet/v1/inference.proto").package == "yolojet.v1"
 
 
 @pytest.mark.parametrize(
