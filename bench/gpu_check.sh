@@ -6,8 +6,9 @@
 #   bash bench/gpu_check.sh   # for a GPU machine without network access: the cp312 wheels of ultralytics, ultralytics-thop
 #                             # and pycocotools in .whl/ beside the code (and pytest-xdist + execnet for parallel test workers;
 #                             # for the server and the labeling client, grpcio 1.85.1 and protobuf 7.35.1, which the generated
-#                             # code needs, grpcio-health-checking, grpcio-reflection and orjson; nvidia-nvjpeg and
-#                             # nvidia-nvimgcodec-cu13 for the hardware decoders; cryptography and cffi for the TLS test)
+#                             # code needs, grpcio-health-checking, grpcio-reflection, grpcio-status with
+#                             # googleapis-common-protos, and orjson; nvidia-nvjpeg and nvidia-nvimgcodec-cu13 for the
+#                             # hardware decoders; cryptography and cffi for the TLS test)
 #   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images reads formats switch serve overload one_to_one network compile
 #   STAGES=one_to_one bash bench/gpu_check.sh   # bench/bench_one_to_one.py: YOLO26's one-to-one selection, torch ops vs our kernels
 #   STAGES=images IMAGES_FLAGS="--stages decoders call --files 2000" bash bench/gpu_check.sh  # bench/bench_images.py

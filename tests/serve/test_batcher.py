@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from yolojet.serve.batcher import LatencyModel, Refused, Request, Scheduler
+from yolojet.serve.batcher import DEADLINE_CANNOT_BE_MET, QUEUE_FULL, LatencyModel, Refused, Request, Scheduler
 
 
 class Clock:
@@ -73,8 +73,11 @@ def test_a_client_deadline_that_the_work_ahead_would_miss_is_refused_at_once():
     for i in range(8):  # two full batches ahead: 2 x (16 ms + 4 ms of decode)
         s.admit(request("a", clock, slo=1.0, tag=i))
     assert s.work_ahead(request("a", clock)) == pytest.approx(0.040 + 0.011)
-    with pytest.raises(Refused, match="past the deadline"):
+    with pytest.raises(Refused, match="past the deadline") as refused:
         s.admit(request("a", clock, slo=0.045))
+    # Its client is told why, and that the same 45 ms would do once the 6 ms it is late by are worked through.
+    assert refused.value.reason == DEADLINE_CANNOT_BE_MET
+    assert refused.value.retry_after_s == pytest.approx(0.051 - 0.045)
     s.admit(request("a", clock, slo=0.060))  # a client that allows more time gets in
     assert s.queued() == 9
 
@@ -99,8 +102,10 @@ def test_a_full_queue_refuses():
     s = scheduler(clock, max_queue=3)
     for _ in range(3):
         s.admit(request("a", clock, slo=10.0))
-    with pytest.raises(Refused, match="3 requests already queued"):
+    with pytest.raises(Refused, match="3 requests already queued") as refused:
         s.admit(request("a", clock, slo=10.0))
+    assert refused.value.reason == QUEUE_FULL
+    assert refused.value.retry_after_s == pytest.approx(s.work_ahead(request("a", clock)))  # once the queue is done
 
 
 def test_requests_past_their_deadline_are_dropped_not_run():

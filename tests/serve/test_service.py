@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
+import pickle
 import time
 import urllib.request
 from dataclasses import replace
@@ -202,6 +203,9 @@ def test_list_models(server):
     assert reply.processes == 1  # one whole server at this address
 
 
+PROTO_FILE = "yolojet/serve/proto/yolojet/v1/inference.proto"
+
+
 def test_health_and_reflection(server):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
@@ -216,9 +220,12 @@ def test_health_and_reflection(server):
     assert {"yolojet.v1.Inference", "grpc.health.v1.Health"} <= services
     described = database.FindFileContainingSymbol("yolojet.v1.Inference")
     assert [m.name for m in described.service[0].method] == ["Infer", "InferStream", "InferBatchStream", "ListModels"]
-    # Registered under the name other languages' generators give it, so a client asking by file name finds it.
-    assert described.name == "yolojet/v1/inference.proto"
-    assert database.FindFileByName("yolojet/v1/inference.proto").package == "yolojet.v1"
+    # Known by the name every language's code is generated under (yolojet/serve/proto/README.md), which is also the
+    # Python module's path: the generated classes are found (and pickled, as Ray does) by it.
+    assert described.name == PROTO_FILE
+    assert database.FindFileByName(PROTO_FILE).package == "yolojet.v1"
+    request = pb.InferRequest(id="a", image=b"b", conf=0.5)
+    assert pickle.loads(pickle.dumps(request)) == request
 
 
 @pytest.mark.parametrize(
@@ -266,7 +273,11 @@ def test_an_image_over_the_pixel_limit(model_dirs):
 
 def test_overload_is_refused_at_once_then_the_server_recovers(model_dirs):
     """A queue of two: of many requests sent at once, those beyond what can wait are refused with
-    RESOURCE_EXHAUSTED without waiting, the rest answered; afterwards requests are served again."""
+    RESOURCE_EXHAUSTED without waiting, the rest answered; afterwards requests are served again. Each refusal says
+    why and when to try again in gRPC's rich status (ErrorInfo and RetryInfo), read as another client would."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
     running = RunningServer(
         {"detect": served("detect", model_dirs["detect"], max_batch=1)},
         replace(ServeOptions(), port=0, slo_ms=60_000, max_queue=2),
@@ -282,6 +293,13 @@ def test_overload_is_refused_at_once_then_the_server_recovers(model_dirs):
         assert refused and all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
         assert "already queued" in refused[0].details()
         assert len(refused) < 16
+        for error in refused:
+            status = rpc_status.from_call(error)
+            assert status is not None and status.message == error.details()
+            info, retry = error_details_pb2.ErrorInfo(), error_details_pb2.RetryInfo()
+            assert [status.details[0].Unpack(info), status.details[1].Unpack(retry)] == [True, True]
+            assert (info.reason, info.domain, dict(info.metadata)) == ("QUEUE_FULL", "yolojet", {"model": "detect"})
+            assert retry.retry_delay.ToNanoseconds() > 0  # the batches queued ahead of it
         assert stub.Infer(pb.InferRequest(image=ZIDANE), timeout=60).width == 1280
     finally:
         running.stop()
@@ -331,6 +349,7 @@ def test_a_streams_deadline_is_its_requests_deadline(model_dirs):
             assert [r.id for r in replies] == [r.id for r in requests]
             assert (not refused) == all_answered, (timeout, len(refused), refused[:1])
             assert all(r.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] for r in refused)
+            assert all(r.error.reason == "DEADLINE_CANNOT_BE_MET" and r.error.retry_delay_ms > 0 for r in refused)
         batched = list(stub.InferBatchStream(iter([pb.InferBatch(requests=requests)]), timeout=120))
         assert not [r for reply in batched for r in reply.replies if r.HasField("error")]
     finally:

@@ -71,6 +71,7 @@ class InferenceReplica:
         except Problem as p:
             grpc_context.set_code(p.code)
             grpc_context.set_details(p.message)
+            grpc_context.set_trailing_metadata(p.trailing_metadata())
             return pb.InferReply()
 
     async def InferStream(

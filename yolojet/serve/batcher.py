@@ -92,8 +92,19 @@ class LatencyModel:
                 self.decode_per_image += DECODE_EMA * (per_image - self.decode_per_image)
 
 
+# Why a request was refused, as clients read it (google.rpc.ErrorInfo's reason; Error.reason in a stream's reply).
+QUEUE_FULL = "QUEUE_FULL"
+DEADLINE_CANNOT_BE_MET = "DEADLINE_CANNOT_BE_MET"
+
+
 class Refused(Exception):
-    """A request the server cannot serve in time (its queue is full, or its deadline would pass first)."""
+    """A request the server cannot serve in time: its queue is full (QUEUE_FULL), or its deadline would pass first
+    (DEADLINE_CANNOT_BE_MET). `retry_after_s`: when the same request with the same time budget would be admitted, by
+    the estimates: once the work ahead of it is done, or once what makes it late is."""
+
+    def __init__(self, message: str, reason: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.reason, self.retry_after_s = reason, retry_after_s
 
 
 @dataclass
@@ -144,9 +155,11 @@ class Scheduler:
     def admit(self, request: Request) -> None:
         """Queue the request, or raise Refused saying why it cannot meet its deadline."""
         queue = self.queues[request.model]
+        ahead = self.work_ahead(request)
         if len(queue.waiting) >= queue.max_queue:
-            raise Refused(f"model {request.model}: {len(queue.waiting)} requests already queued (the limit)")
-        finish = self.clock() + self.work_ahead(request)
+            message = f"model {request.model}: {len(queue.waiting)} requests already queued (the limit)"
+            raise Refused(message, QUEUE_FULL, ahead)
+        finish = self.clock() + ahead
         if self.idle():
             # Nothing queued or running: the request would start at once, and refusing it on the decode average alone
             # would refuse forever, since only batches update that average (a transient slowdown, a profiler's pauses,
@@ -155,8 +168,9 @@ class Scheduler:
             alone = queue.latency.run_seconds[queue.latency.bucket(1)]
             finish = self.clock() + alone * min(1.0, queue.latency.slowdown)
         if finish > request.deadline:
-            late = (finish - request.deadline) * 1000
-            raise Refused(f"model {request.model}: the work queued ahead would end {late:.0f} ms past the deadline")
+            late = finish - request.deadline
+            message = f"model {request.model}: the work queued ahead would end {late * 1000:.0f} ms past the deadline"
+            raise Refused(message, DEADLINE_CANNOT_BE_MET, late)
         queue.waiting.append(request)
         queue.soonest = min(queue.soonest, request.deadline)
 

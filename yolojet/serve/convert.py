@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 import numpy as np
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from yolojet.serve.models import ServedModel
 from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
@@ -82,3 +86,17 @@ def model_info(model: ServedModel) -> pb.ModelInfo:
         decoder=model.card.decoder,
         keypoint_shape=list(meta.kpt_shape or ()),
     )
+
+
+def status_details(
+    code: grpc.StatusCode, message: str, reason: str, retry_after_s: float, model: str
+) -> tuple[tuple[str, str | bytes], ...]:
+    """A refusal's status as gRPC's rich error model carries it: google.rpc.Status with an ErrorInfo (why, for which
+    model) and a RetryInfo (when to try again), as trailing metadata for the call's abort."""
+    info, retry = any_pb2.Any(), any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason=reason, domain="yolojet", metadata={"model": model}))
+    retry_info = error_details_pb2.RetryInfo()
+    retry_info.retry_delay.FromNanoseconds(max(0, round(retry_after_s * 1e9)))
+    retry.Pack(retry_info)
+    status = status_pb2.Status(code=code.value[0], message=message, details=[info, retry])
+    return tuple(rpc_status.to_status(status).trailing_metadata)

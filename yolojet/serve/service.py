@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
@@ -32,11 +33,27 @@ STREAM_WINDOW = 512  # images of one stream in flight at once; reading the strea
 
 
 class Problem(Exception):
-    """A request answered with a status instead of results: refused before it reaches a batch, or failed in it."""
+    """A request answered with a status instead of results: refused before it reaches a batch, or failed in it.
+    `reason`, `retry_after_s` and `model`: a refusal for load's (batcher.Refused), which clients read from the status
+    details of a call or the error of a stream's reply."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, message: str, reason: str = "", retry_after_s: float = 0.0, model: str = ""
+    ) -> None:
         super().__init__(message)
         self.code, self.message = code, message
+        self.reason, self.retry_after_s, self.model = reason, retry_after_s, model
+
+    def error(self) -> pb.Error:
+        delay_ms = math.ceil(self.retry_after_s * 1000) if self.reason else 0
+        return pb.Error(code=self.code.value[0], message=self.message, reason=self.reason, retry_delay_ms=delay_ms)
+
+    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        """The call's status details (grpc-status-details-bin) for a refusal for load: google.rpc.ErrorInfo and
+        RetryInfo, which grpcio-status' `rpc_status.from_call` and other languages' status helpers read; none else."""
+        if not self.reason:
+            return ()
+        return convert.status_details(self.code, self.message, self.reason, self.retry_after_s, self.model)
 
 
 SHUTTING_DOWN = "the server is shutting down: the requests after those answered were not run; send them again"
@@ -106,7 +123,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         try:
             self.runner.enqueue(model.name, job, deadline, key=(options.iou, options.agnostic))
         except Refused as e:
-            raise Problem(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
+            raise Problem(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), e.reason, e.retry_after_s, model.name) from None
         return model, future
 
     def _deadline(self, context: grpc.aio.ServicerContext | None) -> float:
@@ -206,7 +223,7 @@ class InferenceService(pb_grpc.InferenceServicer):
                 replies = []
                 for request_id, model, answer in waiting:
                     if isinstance(answer, Problem):
-                        replies.append(_error_reply(request_id, answer.code, answer.message))
+                        replies.append(pb.InferReply(id=request_id, error=answer.error()))
                         continue
                     outcome: Outcome = await answer
                     if outcome.code != grpc.StatusCode.OK:
@@ -268,7 +285,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         try:
             return await self.infer(request, self._deadline(context))
         except Problem as p:
-            await context.abort(p.code, p.message)
+            await context.abort(p.code, p.message, p.trailing_metadata())
             raise  # abort raises; this only tells the type checker so
 
     async def InferStream(

@@ -109,12 +109,16 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., run_ms: _Optional[float] = ...) -> None: ...
 
 class Error(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "reason", "retry_delay_ms")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RETRY_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    reason: str
+    retry_delay_ms: int
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., retry_delay_ms: _Optional[int] = ...) -> None: ...
 
 class InferReply(_message.Message):
     __slots__ = ("id", "model", "model_version", "width", "height", "task", "detections", "top5", "timings", "error")

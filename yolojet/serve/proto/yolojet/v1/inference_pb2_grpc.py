@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from . import inference_pb2 as yolojet_dot_v1_dot_inference__pb2
+from yolojet.serve.proto.yolojet.v1 import inference_pb2 as yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in yolojet/v1/inference_pb2_grpc.py depends on'
+        + ' but the generated code in yolojet/serve/proto/yolojet/v1/inference_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,23 +36,23 @@ class InferenceStub:
         """
         self.Infer = channel.unary_unary(
                 '/yolojet.v1.Inference/Infer',
-                request_serializer=yolojet_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
-                response_deserializer=yolojet_dot_v1_dot_inference__pb2.InferReply.FromString,
+                request_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
+                response_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferReply.FromString,
                 _registered_method=True)
         self.InferStream = channel.stream_stream(
                 '/yolojet.v1.Inference/InferStream',
-                request_serializer=yolojet_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
-                response_deserializer=yolojet_dot_v1_dot_inference__pb2.InferReply.FromString,
+                request_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
+                response_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferReply.FromString,
                 _registered_method=True)
         self.InferBatchStream = channel.stream_stream(
                 '/yolojet.v1.Inference/InferBatchStream',
-                request_serializer=yolojet_dot_v1_dot_inference__pb2.InferBatch.SerializeToString,
-                response_deserializer=yolojet_dot_v1_dot_inference__pb2.InferBatchReply.FromString,
+                request_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatch.SerializeToString,
+                response_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatchReply.FromString,
                 _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/yolojet.v1.Inference/ListModels',
-                request_serializer=yolojet_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
-                response_deserializer=yolojet_dot_v1_dot_inference__pb2.ListModelsReply.FromString,
+                request_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.ListModelsReply.FromString,
                 _registered_method=True)
 
 
@@ -61,7 +61,10 @@ class InferenceServicer:
 
     def Infer(self, request, context):
         """One image. Errors are the call's status: INVALID_ARGUMENT (bad bytes or options), NOT_FOUND (unknown model),
-        RESOURCE_EXHAUSTED (the server cannot meet the request's deadline), UNAVAILABLE (shutting down).
+        RESOURCE_EXHAUSTED (refused for load, or a message over the size limit), UNAVAILABLE (shutting down). A refusal
+        for load carries google.rpc.ErrorInfo (domain "yolojet", `reason` as Error's below, metadata "model") and
+        google.rpc.RetryInfo in the status details (grpc-status-details-bin); a RESOURCE_EXHAUSTED without them is gRPC's
+        own: a message over the size limit (never passes) or the server's limit on calls under way.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -97,23 +100,23 @@ def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Infer': grpc.unary_unary_rpc_method_handler(
                     servicer.Infer,
-                    request_deserializer=yolojet_dot_v1_dot_inference__pb2.InferRequest.FromString,
-                    response_serializer=yolojet_dot_v1_dot_inference__pb2.InferReply.SerializeToString,
+                    request_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferRequest.FromString,
+                    response_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferReply.SerializeToString,
             ),
             'InferStream': grpc.stream_stream_rpc_method_handler(
                     servicer.InferStream,
-                    request_deserializer=yolojet_dot_v1_dot_inference__pb2.InferRequest.FromString,
-                    response_serializer=yolojet_dot_v1_dot_inference__pb2.InferReply.SerializeToString,
+                    request_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferRequest.FromString,
+                    response_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferReply.SerializeToString,
             ),
             'InferBatchStream': grpc.stream_stream_rpc_method_handler(
                     servicer.InferBatchStream,
-                    request_deserializer=yolojet_dot_v1_dot_inference__pb2.InferBatch.FromString,
-                    response_serializer=yolojet_dot_v1_dot_inference__pb2.InferBatchReply.SerializeToString,
+                    request_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatch.FromString,
+                    response_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatchReply.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
-                    request_deserializer=yolojet_dot_v1_dot_inference__pb2.ListModelsRequest.FromString,
-                    response_serializer=yolojet_dot_v1_dot_inference__pb2.ListModelsReply.SerializeToString,
+                    request_deserializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.ListModelsRequest.FromString,
+                    response_serializer=yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.ListModelsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -141,8 +144,8 @@ class Inference:
             request,
             target,
             '/yolojet.v1.Inference/Infer',
-            yolojet_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
-            yolojet_dot_v1_dot_inference__pb2.InferReply.FromString,
+            yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
+            yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -168,8 +171,8 @@ class Inference:
             request_iterator,
             target,
             '/yolojet.v1.Inference/InferStream',
-            yolojet_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
-            yolojet_dot_v1_dot_inference__pb2.InferReply.FromString,
+            yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
+            yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -195,8 +198,8 @@ class Inference:
             request_iterator,
             target,
             '/yolojet.v1.Inference/InferBatchStream',
-            yolojet_dot_v1_dot_inference__pb2.InferBatch.SerializeToString,
-            yolojet_dot_v1_dot_inference__pb2.InferBatchReply.FromString,
+            yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatch.SerializeToString,
+            yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.InferBatchReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -222,8 +225,8 @@ class Inference:
             request,
             target,
             '/yolojet.v1.Inference/ListModels',
-            yolojet_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
-            yolojet_dot_v1_dot_inference__pb2.ListModelsReply.FromString,
+            yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
+            yolojet_dot_serve_dot_proto_dot_yolojet_dot_v1_dot_inference__pb2.ListModelsReply.FromString,
             options,
             channel_credentials,
             insecure,
