@@ -827,6 +827,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         token=token,
         metrics_port=args.metrics_port,
         grace_s=args.grace_s,
+        drain_delay_s=args.drain_delay_s,
         engine={**_letterbox(args), **_engine_switches(args)},
         event_loop=args.event_loop,
         mps=args.mps,
@@ -1517,6 +1518,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_float,
         default=30.0,
         help="on SIGTERM, seconds to finish accepted requests (default 30)",
+    )
+    p.add_argument(
+        "--drain-delay-s",
+        type=_non_negative_float,
+        default=0.0,
+        help="on SIGTERM, seconds to go on serving with health NOT_SERVING before new calls are refused, so that a "
+        "load balancer takes the server out first (default 0)",
     )
     _add_mps_flag(p, "--processes: the servers")
     p.add_argument(

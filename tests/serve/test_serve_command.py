@@ -152,6 +152,7 @@ def test_uvloop_asked_for_where_it_is_missing_is_a_clear_error(monkeypatch):
         (["--model", "m", "--max-message-mb", "0"], "'0': expected a positive number"),
         (["--model", "m", "--grace-s", "nan"], "'nan': expected a number, 0 or more"),
         (["--model", "m", "--grace-s", "-1"], "'-1': expected a number, 0 or more"),
+        (["--model", "m", "--drain-delay-s", "inf"], "'inf': expected a number, 0 or more"),
     ],
 )
 def test_bad_command_lines_are_one_clear_line(capsys, monkeypatch, tmp_path, flags, fragment):

@@ -5,6 +5,7 @@ serving, overload refused at once then recovery, a bearer token, TLS and the met
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import io
 import pickle
@@ -354,6 +355,45 @@ def test_a_streams_deadline_is_its_requests_deadline(model_dirs):
         assert not [r for reply in batched for r in reply.replies if r.HasField("error")]
     finally:
         running.stop()
+
+
+def test_a_drain_delay_serves_on_with_health_not_serving_before_calls_are_refused(model_dirs):
+    """`drain_delay_s`: on shutdown health turns NOT_SERVING at once, and a call made after that, while a load
+    balancer would still be catching up, is answered; once the delay is over new calls are refused. Without it, the
+    same call after NOT_SERVING is refused (the listener closes at once)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    def status(health):
+        try:
+            return health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+        except grpc.RpcError as e:  # closed already: no delay
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, (e.code(), e.details())
+            return None
+
+    for delay_s, answered in ((3.0, True), (0.0, False)):
+        running = RunningServer(
+            {"detect": served("detect", model_dirs["detect"])},
+            replace(ServeOptions(), port=0, slo_ms=60_000, drain_delay_s=delay_s),
+        )
+        channel = grpc.insecure_channel(running.address)
+        stub, health = pb_grpc.InferenceStub(channel), health_pb2_grpc.HealthStub(channel)
+        assert stub.Infer(pb.InferRequest(image=BUS), timeout=60).width == 810
+        stopping = asyncio.run_coroutine_threadsafe(running.server.stop(), running.loop)
+        while (seen := status(health)) == health_pb2.HealthCheckResponse.SERVING:
+            time.sleep(0.01)
+        assert seen == health_pb2.HealthCheckResponse.NOT_SERVING or not answered, seen
+        try:
+            reply = stub.Infer(pb.InferRequest(image=ZIDANE), timeout=60)
+            assert answered and reply.width == 1280
+        except grpc.RpcError as e:
+            assert not answered and e.code() == grpc.StatusCode.UNAVAILABLE, (e.code(), e.details())
+        stopping.result(timeout=120)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Infer(pb.InferRequest(image=BUS), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        channel.close()
+        running.loop.call_soon_threadsafe(running.loop.stop)
+        running.thread.join(timeout=30)
 
 
 def test_a_stream_opened_while_the_server_drains_ends_unavailable_at_once(model_dirs):

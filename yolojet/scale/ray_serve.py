@@ -137,6 +137,7 @@ class RayService:
             ("--metrics-port", options.metrics_port),
             ("--max-pending", options.max_pending),
             ("--max-calls", options.max_calls),
+            ("--drain-delay-s", options.drain_delay_s or None),
         ):
             if given is not None:
                 why = "Ray Serve's own gRPC proxy takes the calls (plain gRPC, no bearer token; metrics of its own)"

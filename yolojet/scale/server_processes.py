@@ -177,12 +177,13 @@ class ServerProcesses:
         self._stopping = True
 
     def stop(self) -> None:
-        """SIGTERM to every process (each answers what it accepted, up to --grace-s), then wait for them."""
+        """SIGTERM to every process (each serves on for --drain-delay-s, then answers what it accepted, up to
+        --grace-s), then wait for them."""
         self._stopping = True
         for process in self.processes:
             if process is not None and process.is_alive():
                 process.terminate()
-        deadline = time.monotonic() + self.options.grace_s + 30
+        deadline = time.monotonic() + self.options.drain_delay_s + self.options.grace_s + 30
         for process in self.processes:
             if process is not None:
                 process.join(max(0.0, deadline - time.monotonic()))

@@ -123,6 +123,9 @@ class ServeOptions:
     token: str | None = None
     metrics_port: int | None = None
     grace_s: float = 30.0
+    # On SIGTERM, seconds of serving on as before with health NOT_SERVING, so that a load balancer polling it takes
+    # this server out before its listener closes (Kubernetes' endpoints lag the signal by a second or more).
+    drain_delay_s: float = 0.0
     engine: dict[str, Any] = field(default_factory=dict)  # further Engine.load arguments (the engine switches)
     # Share the port with other servers (`serve --processes`: SO_REUSEPORT). Off, a port in use is an error rather
     # than silently shared (gRPC's own default on Linux is to share).
@@ -139,8 +142,9 @@ class ServeOptions:
             raise EngineConfigError(f"event loop {self.event_loop!r}: expected one of {', '.join(EVENT_LOOPS)}")
         if self.mps not in MPS_CHOICES:
             raise EngineConfigError(f"--mps {self.mps!r}: expected one of {', '.join(MPS_CHOICES)}")
-        if not 0 <= self.grace_s < float("inf"):  # NaN too: the event loop cannot wait for it
-            raise EngineConfigError(f"--grace-s {self.grace_s!r}: expected seconds, 0 or more")
+        for flag, seconds in (("--grace-s", self.grace_s), ("--drain-delay-s", self.drain_delay_s)):
+            if not 0 <= seconds < float("inf"):  # NaN too: the event loop cannot wait for it
+                raise EngineConfigError(f"{flag} {seconds!r}: expected seconds, 0 or more")
 
 
 # The server's event loop (options.EVENT_LOOPS): uvloop where it is installed ("auto"), or asyncio's own. On the 2-core
@@ -295,12 +299,15 @@ class Server:
         )
 
     async def stop(self) -> None:
-        """Stop taking calls (health says NOT_SERVING first), answer every accepted request, close the engines."""
+        """Stop taking calls (health says NOT_SERVING first, `drain_delay_s` before), answer every accepted request,
+        close the engines."""
         if self._grpc is None:
             return
-        log.info(json.dumps({"event": "shutting down", "grace_s": self.options.grace_s}))
+        o = self.options
+        log.info(json.dumps({"event": "shutting down", "grace_s": o.grace_s, "drain_delay_s": o.drain_delay_s}))
         await self.health.enter_graceful_shutdown()
-        stopping = asyncio.ensure_future(self._grpc.stop(self.options.grace_s))  # no new calls from here on
+        await asyncio.sleep(o.drain_delay_s)  # calls still taken meanwhile, from clients that have not yet looked
+        stopping = asyncio.ensure_future(self._grpc.stop(o.grace_s))  # no new calls from here on
         await asyncio.sleep(0)
         assert self.service is not None  # made with the grpc server
         self.service.drain()
