@@ -153,7 +153,8 @@ def test_corrupt_checkpoint(tmp_path, capsys):
     bad.write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy().tobytes())
     code, _, stderr = run_cli(capsys, "export", bad, "--out", tmp_path / "out")
     assert code == 2
-    assert "bad.pt: cannot read as a PyTorch checkpoint" in stderr
+    assert "bad.pt: cannot read as a PyTorch checkpoint, corrupt or truncated? (" in stderr
+    assert stderr.count(str(bad)) == 1, stderr  # named once, not again in the reason
     assert not (tmp_path / "out").exists()
 
 
@@ -165,6 +166,7 @@ def test_truncated_checkpoint(tmp_path, capsys):
     code, _, stderr = run_cli(capsys, "export", truncated)
     assert code == 2
     assert "truncated.pt: cannot read as a PyTorch checkpoint" in stderr
+    assert stderr.count(str(truncated)) == 1, stderr
 
 
 def test_non_yolo_checkpoints(tmp_path, capsys):

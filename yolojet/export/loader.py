@@ -26,7 +26,8 @@ class LoadedModel:
     random_weights: bool
 
 
-def _is_bare_name(source: str) -> bool:
+def is_bare_name(source: str) -> bool:
+    """A name without a folder (yolo11n.pt): where no such file is here, ultralytics may fetch it."""
     return Path(source).name == source
 
 
@@ -52,7 +53,7 @@ def _load_yaml(source: str) -> LoadedModel:
     path = Path(source)
     if path.is_file():
         _check_architecture_yaml(path)
-    elif not _is_bare_name(source):
+    elif not is_bare_name(source):
         raise ModelNotFoundError(f"{source}: no such architecture file")
     level = LOGGER.level
     LOGGER.setLevel(logging.ERROR)  # the model summary ultralytics logs while building: not our output
@@ -107,10 +108,14 @@ def _fetch_named_checkpoint(source: str) -> Path:
 
 
 def _first_line(error: Exception) -> str:
-    """An exception's message without the advice ultralytics appends on further lines (its own CLI's)."""
+    """An exception's message without the advice ultralytics appends on further lines (its own CLI's), or torch's
+    request for a better message."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
     # ultralytics' log prefix ("ERROR ❌️ "): the message is already yolojet's error
-    return re.sub(r"^(ERROR|WARNING)\s*[^\w\s/.~]*\s*", "", lines[0]) if lines else type(error).__name__
+    line = re.sub(r"^(ERROR|WARNING)\s*[^\w\s/.~]*\s*", "", lines[0])
+    return re.sub(r"\s*\(Could this error message be improved\?.*$", "", line)
 
 
 def _load_checkpoint(source: str) -> LoadedModel:
@@ -118,7 +123,7 @@ def _load_checkpoint(source: str) -> LoadedModel:
 
     path = Path(source)
     if not path.is_file():
-        if not _is_bare_name(source):
+        if not is_bare_name(source):
             raise ModelNotFoundError(f"{source}: no such file")
         path = _fetch_named_checkpoint(source)
     if path.stat().st_size == 0:
@@ -126,6 +131,8 @@ def _load_checkpoint(source: str) -> LoadedModel:
     try:
         model, _ = load_checkpoint(str(path), device="cpu")
     except (TypeError, KeyError, AttributeError) as e:
+        if isinstance(e.__cause__, UNREADABLE):  # ultralytics' own wording of it, which names the path again
+            raise _unreadable(path, e.__cause__) from e
         if zipfile.is_zipfile(path) or "Ultralytics checkpoint format" in str(e):
             # ultralytics' own reason speaks of its internals (a tensor's missing attribute, its pickle's types).
             raise NotAYoloModelError(
@@ -133,11 +140,17 @@ def _load_checkpoint(source: str) -> LoadedModel:
                 "'ema', as YOLO training and YOLO(...).save() write one)"
             ) from e
         raise CheckpointError(f"{path}: cannot read as a PyTorch checkpoint ({_first_line(e)})") from e
-    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError) as e:
-        raise CheckpointError(
-            f"{path}: cannot read as a PyTorch checkpoint, corrupt or truncated? ({_first_line(e)})"
-        ) from e
+    except UNREADABLE as e:
+        raise _unreadable(path, e) from e
     return LoadedModel(model, str(path), random_weights=False)
+
+
+# What torch's load raises for a file it cannot read (cut short, not a zip or pickle, overwritten).
+UNREADABLE = (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError)
+
+
+def _unreadable(path: Path, error: Exception) -> CheckpointError:
+    return CheckpointError(f"{path}: cannot read as a PyTorch checkpoint, corrupt or truncated? ({_first_line(error)})")
 
 
 def check_yolo_model(model: nn.Module, source: str) -> None:
