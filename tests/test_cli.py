@@ -377,7 +377,8 @@ def test_pipeline_and_bench(tmp_path, capsys):
 
 def test_timing_commands_refuse_bad_numbers_and_images_before_any_build(tmp_path, capsys):
     """Runs, warm-up runs and thresholds out of range are argparse's errors (one line, exit 2), and a missing --image
-    is named before the engine is built or a GPU looked for: each would otherwise surface only after a build."""
+    or model is named before the engine is built or a GPU looked for: each would otherwise surface only after a build
+    (or, without a GPU, never)."""
     for argv, fragment in (
         (("pipeline", "m", "--iters", "0"), "'0': expected a positive integer"),
         (("bench", "m", "--iters", "-1"), "'-1': expected a positive integer"),
@@ -395,6 +396,9 @@ def test_timing_commands_refuse_bad_numbers_and_images_before_any_build(tmp_path
         assert f"unrecognized arguments: {' '.join(argv[2:])}" in stderr, stderr
     code, _, stderr = run_cli(capsys, "pipeline", tmp_path / "no_model", "--image", tmp_path / "absent.jpg")
     assert code == 2 and "absent.jpg" in stderr and "CUDA" not in stderr, stderr
+    for command in ("pipeline", "bench", "profile"):  # a missing model is named before any GPU is looked for
+        code, _, stderr = run_cli(capsys, command, tmp_path / "runs" / "best.pt")
+        assert code == 2 and "best.pt: no such file or model directory" in stderr and "CUDA" not in stderr, stderr
 
 
 def test_a_full_standard_output_is_a_line_not_a_traceback(tmp_path):

@@ -286,7 +286,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     from yolojet.engine.engine import Engine
+    from yolojet.engine.models import check_model_exists
 
+    check_model_exists(args.model)
     _require_cuda("profile")
     engine = Engine.load(
         args.model,
@@ -660,11 +662,13 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     import torch
 
     from yolojet.engine.engine import Engine
+    from yolojet.engine.models import check_model_exists
     from yolojet.images import Frame
     from yolojet.timing import time_calls
 
     image = args.image or _bundled_photo()
     frame = _photo_pixels(image)  # first: a bad --image is named before anything else, and costs no engine build
+    check_model_exists(args.model)
     _require_cuda("pipeline")
     engine = Engine.load(
         args.model,
@@ -723,7 +727,9 @@ def _photo_pixels(image: Path) -> torch.Tensor:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from yolojet.engine.engine import Engine
+    from yolojet.engine.models import check_model_exists
 
+    check_model_exists(args.model)
     _require_cuda("bench")
     engine = Engine.load(
         args.model, imgsz=args.imgsz, max_batch=args.batch, buckets=[args.batch], **_engine_switches(args)

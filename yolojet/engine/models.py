@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from yolojet.errors import ModelNotFoundError
 from yolojet.ir import GRAPH_FILE, Graph
 from yolojet.options import cache_dir
 
@@ -46,6 +47,17 @@ def at_size(graph: Graph, imgsz: int | tuple[int, int] | None) -> Graph:
             file=sys.stderr,
         )
     return graph.resized(*rounded)
+
+
+def check_model_exists(model: str | Path) -> None:
+    """Refuse a model that names a file or folder that is not there before any other check (`bench` on a machine
+    without a GPU names the missing model, not the GPU). A bare checkpoint name (yolo11n.pt) passes: the exporter
+    fetches it."""
+    from yolojet.export.loader import is_bare_name
+
+    path = Path(model)
+    if not path.exists() and not (is_bare_name(str(model)) and path.suffix.lower() == ".pt"):
+        raise ModelNotFoundError(f"{model}: no such file or model directory")
 
 
 def resolve_graph(model: str | Path, imgsz: int | tuple[int, int] | None = None) -> Graph:
