@@ -1530,7 +1530,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_float,
         default=0.0,
         help="on SIGTERM, seconds to go on serving with health NOT_SERVING before new calls are refused, so that a "
-        "load balancer takes the server out first (default 0)",
+        "load balancer takes the server out first (default 0; SIGINT or a second SIGTERM ends it; with --grace-s, "
+        "within the time a container manager gives, 30 s in Kubernetes)",
     )
     _add_mps_flag(p, "--processes: the servers")
     p.add_argument(

@@ -73,7 +73,7 @@ def test_an_unreachable_head_and_flags_that_do_not_go_together_are_refused(capsy
     if not ray.is_initialized():  # a process already on a cluster deploys there and never dials the address
         with pytest.raises(EngineConfigError, match="cannot reach the Ray cluster there"):
             service.start()
-    for front_only in ({"token": "secret"}, {"max_calls": 8}, {"max_pending": 8}):
+    for front_only in ({"token": "secret"}, {"max_calls": 8}, {"max_pending": 8}, {"drain_delay_s": 5.0}):
         with pytest.raises(EngineConfigError, match="not available with --ray"):
             RayService([ModelSpec(str(tmp_path), 2)], replace(ServeOptions(), **front_only))
     for argv, reason in (

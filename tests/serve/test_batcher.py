@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from yolojet.serve.batcher import DEADLINE_CANNOT_BE_MET, QUEUE_FULL, LatencyModel, Refused, Request, Scheduler
+from yolojet.serve.batcher import (
+    DEADLINE_CANNOT_BE_MET,
+    DEADLINE_TOO_SHORT,
+    QUEUE_FULL,
+    LatencyModel,
+    Refused,
+    Request,
+    Scheduler,
+)
 
 
 class Clock:
@@ -97,15 +105,30 @@ def test_engines_side_by_side_share_the_work_ahead_and_take_more_batches():
     assert s.next_batch() is None
 
 
-def test_a_full_queue_refuses():
+def test_a_full_queue_refuses_until_the_engine_takes_its_next_batch():
     clock = Clock()
     s = scheduler(clock, max_queue=3)
+    s.admit(request("a", clock, slo=10.0))
+    s.next_batch()  # a batch of one in flight: 10 ms run + 1 ms decode, the engine's one place (depth 1) taken
     for _ in range(3):
         s.admit(request("a", clock, slo=10.0))
+    clock.now += 0.004
     with pytest.raises(Refused, match="3 requests already queued") as refused:
         s.admit(request("a", clock, slo=10.0))
-    assert refused.value.reason == QUEUE_FULL
-    assert refused.value.retry_after_s == pytest.approx(s.work_ahead(request("a", clock)))  # once the queue is done
+    # Room comes when that batch is done and the next is taken: in 7 ms, not once the whole queue is (29 ms).
+    assert (refused.value.reason, refused.value.retry_after_s) == (QUEUE_FULL, pytest.approx(0.007))
+
+
+def test_a_deadline_shorter_than_a_run_of_one_is_refused_as_such_busy_or_idle():
+    """Its client is told that the same time budget will never pass (no retry delay), unlike a deadline the work
+    ahead would miss."""
+    clock = Clock()
+    s = scheduler(clock)
+    for busy in (False, True):
+        with pytest.raises(Refused, match=r"shorter than a run of one image \(10.0 ms\)") as refused:
+            s.admit(request("a", clock, slo=0.009))
+        assert (refused.value.reason, refused.value.retry_after_s) == (DEADLINE_TOO_SHORT, None), busy
+        s.admit(request("a", clock, slo=1.0))
 
 
 def test_requests_past_their_deadline_are_dropped_not_run():
@@ -158,7 +181,7 @@ def test_an_idle_server_admits_despite_an_inflated_decode_average_which_the_next
         s.admit(request("a", clock))
     assert latency.decode_per_image < 0.002
     s.admit(request("a", clock))  # queued behind one: admitted again
-    with pytest.raises(Refused, match="past the deadline"):  # idle or not, a run of one longer than the deadline
+    with pytest.raises(Refused, match="shorter than a run of one"):  # idle or not, a run of one past the deadline
         scheduler(clock).admit(request("a", clock, slo=0.005))
 
 
@@ -211,7 +234,7 @@ def test_a_start_up_measured_under_load_is_corrected_by_the_batches_and_an_idle_
     s = Scheduler(clock, depth=1)
     latency = LatencyModel({1: 1.0, 2: 1.0})
     s.add_model("a", 2, latency, 100)
-    with pytest.raises(Refused, match="past the deadline"):
+    with pytest.raises(Refused, match="shorter than a run of one"):
         s.admit(request("a", clock, slo=0.5))
     s.admit(request("a", clock, slo=5.0))
     for _ in range(30):  # the batches a client with a generous deadline sends: each done in 20 ms

@@ -71,7 +71,8 @@ class InferenceReplica:
         except Problem as p:
             grpc_context.set_code(p.code)
             grpc_context.set_details(p.message)
-            grpc_context.set_trailing_metadata(p.trailing_metadata())
+            if p.reason:  # Ray's context adds the list given to its own request-id list
+                grpc_context.set_trailing_metadata(list(p.trailing_metadata()))
             return pb.InferReply()
 
     async def InferStream(
@@ -137,11 +138,14 @@ class RayService:
             ("--metrics-port", options.metrics_port),
             ("--max-pending", options.max_pending),
             ("--max-calls", options.max_calls),
-            ("--drain-delay-s", options.drain_delay_s or None),
         ):
             if given is not None:
                 why = "Ray Serve's own gRPC proxy takes the calls (plain gRPC, no bearer token; metrics of its own)"
                 raise EngineConfigError(f"{flag} is not available with --ray: {why}")
+        if options.drain_delay_s:
+            raise EngineConfigError(
+                "--drain-delay-s is not available with --ray: Ray Serve's proxy and replicas shut down on its own terms"
+            )
         if options.port < 1:
             raise EngineConfigError(f"--port {options.port}: Ray Serve's gRPC proxy needs a fixed port (not 0)")
         self.specs, self.options, self.address, self.replicas = specs, options, address, replicas

@@ -93,16 +93,16 @@ class LatencyModel:
 
 
 # Why a request was refused, as clients read it (google.rpc.ErrorInfo's reason; Error.reason in a stream's reply).
-QUEUE_FULL = "QUEUE_FULL"
-DEADLINE_CANNOT_BE_MET = "DEADLINE_CANNOT_BE_MET"
+QUEUE_FULL = "QUEUE_FULL"  # its model's queue is at max_queue: room comes as the engines take the next batch
+DEADLINE_CANNOT_BE_MET = "DEADLINE_CANNOT_BE_MET"  # the work ahead of it would end past its deadline
+DEADLINE_TOO_SHORT = "DEADLINE_TOO_SHORT"  # shorter than a run of one image: the same time budget never passes
 
 
 class Refused(Exception):
-    """A request the server cannot serve in time: its queue is full (QUEUE_FULL), or its deadline would pass first
-    (DEADLINE_CANNOT_BE_MET). `retry_after_s`: when the same request with the same time budget would be admitted, by
-    the estimates: once the work ahead of it is done, or once what makes it late is."""
+    """A request the server cannot serve in time, and why (the reasons above). `retry_after_s`: when the same request
+    with the same time budget would be admitted, by the estimates; None where it never would (DEADLINE_TOO_SHORT)."""
 
-    def __init__(self, message: str, reason: str, retry_after_s: float) -> None:
+    def __init__(self, message: str, reason: str, retry_after_s: float | None) -> None:
         super().__init__(message)
         self.reason, self.retry_after_s = reason, retry_after_s
 
@@ -155,18 +155,18 @@ class Scheduler:
     def admit(self, request: Request) -> None:
         """Queue the request, or raise Refused saying why it cannot meet its deadline."""
         queue = self.queues[request.model]
-        ahead = self.work_ahead(request)
         if len(queue.waiting) >= queue.max_queue:
             message = f"model {request.model}: {len(queue.waiting)} requests already queued (the limit)"
-            raise Refused(message, QUEUE_FULL, ahead)
-        finish = self.clock() + ahead
-        if self.idle():
-            # Nothing queued or running: the request would start at once, and refusing it on the decode average alone
-            # would refuse forever, since only batches update that average (a transient slowdown, a profiler's pauses,
-            # once left a server turning every request away). Only a run of one longer than the deadline refuses:
-            # its start-up time, or less where batches have shown it faster (never more, for the same reason).
-            alone = queue.latency.run_seconds[queue.latency.bucket(1)]
-            finish = self.clock() + alone * min(1.0, queue.latency.slowdown)
+            raise Refused(message, QUEUE_FULL, self.until_a_batch_is_taken())
+        # A run of one: its start-up time, or less where batches have shown it faster (never more: a transient
+        # slowdown, a profiler's pauses, once left a server turning every request away for good).
+        alone = queue.latency.run_seconds[queue.latency.bucket(1)] * min(1.0, queue.latency.slowdown)
+        if self.clock() + alone > request.deadline:
+            message = f"model {request.model}: the deadline is shorter than a run of one image ({alone * 1000:.1f} ms)"
+            raise Refused(message, DEADLINE_TOO_SHORT, None)
+        # Nothing queued or running: the request starts at once. Refusing it on the decode average would refuse
+        # forever, since only batches update that average; the run of one above is all it is held to.
+        finish = self.clock() + (alone if self.idle() else self.work_ahead(request))
         if finish > request.deadline:
             late = finish - request.deadline
             message = f"model {request.model}: the work queued ahead would end {late * 1000:.0f} ms past the deadline"
@@ -176,6 +176,15 @@ class Scheduler:
 
     def idle(self) -> bool:
         return not self.in_flight and self.queued() == 0
+
+    def until_a_batch_is_taken(self) -> float:
+        """Seconds until the engines take another batch, by the estimates: none while fewer than `depth` batches are
+        in flight, else until the first of those in flight is done."""
+        if len(self.in_flight) < self.depth:
+            return 0.0
+        first = next(iter(self.in_flight.values()))  # taken first (dicts keep their order)
+        behind = (sum(self.in_flight.values()) - first) / max(1, self.engines)
+        return max(0.0, self._busy_until - self.clock() - behind)
 
     def work_ahead(self, request: Request) -> float:
         """Seconds until `request` would be done: what is left of the batches in flight, the queued requests served

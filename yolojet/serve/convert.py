@@ -89,14 +89,17 @@ def model_info(model: ServedModel) -> pb.ModelInfo:
 
 
 def status_details(
-    code: grpc.StatusCode, message: str, reason: str, retry_after_s: float, model: str
+    code: grpc.StatusCode, message: str, reason: str, retry_after_s: float | None, model: str
 ) -> tuple[tuple[str, str | bytes], ...]:
     """A refusal's status as gRPC's rich error model carries it: google.rpc.Status with an ErrorInfo (why, for which
-    model) and a RetryInfo (when to try again), as trailing metadata for the call's abort."""
-    info, retry = any_pb2.Any(), any_pb2.Any()
+    model) and, where the same request may pass later, a RetryInfo (when), as trailing metadata for the call's abort."""
+    info = any_pb2.Any()
     info.Pack(error_details_pb2.ErrorInfo(reason=reason, domain="yolojet", metadata={"model": model}))
-    retry_info = error_details_pb2.RetryInfo()
-    retry_info.retry_delay.FromNanoseconds(max(0, round(retry_after_s * 1e9)))
-    retry.Pack(retry_info)
-    status = status_pb2.Status(code=code.value[0], message=message, details=[info, retry])
+    details = [info]
+    if retry_after_s is not None:
+        retry_info, retry = error_details_pb2.RetryInfo(), any_pb2.Any()
+        retry_info.retry_delay.FromNanoseconds(max(0, round(retry_after_s * 1e9)))
+        retry.Pack(retry_info)
+        details.append(retry)
+    status = status_pb2.Status(code=code.value[0], message=message, details=details)
     return tuple(rpc_status.to_status(status).trailing_metadata)

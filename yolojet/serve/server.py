@@ -6,6 +6,7 @@ JSON-line logs, and a graceful shutdown on SIGTERM or SIGINT that answers every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -224,6 +225,11 @@ class Server:
         self._grpc: grpc.aio.Server | None = None
         self.service: InferenceService | None = None
         self._http: Any = None
+        self._drain_cut = asyncio.Event()
+
+    def cut_drain(self) -> None:
+        """End the drain delay now (a second signal, or Ctrl-C: an operator who wants the server gone)."""
+        self._drain_cut.set()
 
     async def start(self) -> None:
         o = self.options
@@ -306,7 +312,8 @@ class Server:
         o = self.options
         log.info(json.dumps({"event": "shutting down", "grace_s": o.grace_s, "drain_delay_s": o.drain_delay_s}))
         await self.health.enter_graceful_shutdown()
-        await asyncio.sleep(o.drain_delay_s)  # calls still taken meanwhile, from clients that have not yet looked
+        with contextlib.suppress(TimeoutError):  # calls still taken meanwhile, from clients that have not yet looked
+            await asyncio.wait_for(self._drain_cut.wait(), o.drain_delay_s)
         stopping = asyncio.ensure_future(self._grpc.stop(o.grace_s))  # no new calls from here on
         await asyncio.sleep(0)
         assert self.service is not None  # made with the grpc server
@@ -406,8 +413,14 @@ async def serve_forever(
     await server.start()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:  # SIGTERM drains first (--drain-delay-s); SIGINT, or a second one, not
+        if stopping.is_set() or sig == signal.SIGINT:
+            server.cut_drain()
+        stopping.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     if started is not None:
         started(server.port)
     else:

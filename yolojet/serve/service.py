@@ -38,14 +38,14 @@ class Problem(Exception):
     details of a call or the error of a stream's reply."""
 
     def __init__(
-        self, code: grpc.StatusCode, message: str, reason: str = "", retry_after_s: float = 0.0, model: str = ""
+        self, code: grpc.StatusCode, message: str, reason: str = "", retry_after_s: float | None = None, model: str = ""
     ) -> None:
         super().__init__(message)
         self.code, self.message = code, message
         self.reason, self.retry_after_s, self.model = reason, retry_after_s, model
 
     def error(self) -> pb.Error:
-        delay_ms = math.ceil(self.retry_after_s * 1000) if self.reason else 0
+        delay_ms = min(math.ceil(self.retry_after_s * 1000), INT32_MAX) if self.retry_after_s is not None else 0
         return pb.Error(code=self.code.value[0], message=self.message, reason=self.reason, retry_delay_ms=delay_ms)
 
     def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
@@ -55,6 +55,8 @@ class Problem(Exception):
             return ()
         return convert.status_details(self.code, self.message, self.reason, self.retry_after_s, self.model)
 
+
+INT32_MAX = 2**31 - 1  # Error.retry_delay_ms's field
 
 SHUTTING_DOWN = "the server is shutting down: the requests after those answered were not run; send them again"
 

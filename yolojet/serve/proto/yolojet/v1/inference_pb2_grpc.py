@@ -62,9 +62,10 @@ class InferenceServicer:
     def Infer(self, request, context):
         """One image. Errors are the call's status: INVALID_ARGUMENT (bad bytes or options), NOT_FOUND (unknown model),
         RESOURCE_EXHAUSTED (refused for load, or a message over the size limit), UNAVAILABLE (shutting down). A refusal
-        for load carries google.rpc.ErrorInfo (domain "yolojet", `reason` as Error's below, metadata "model") and
-        google.rpc.RetryInfo in the status details (grpc-status-details-bin); a RESOURCE_EXHAUSTED without them is gRPC's
-        own: a message over the size limit (never passes) or the server's limit on calls under way.
+        for load carries google.rpc.ErrorInfo (domain "yolojet", `reason` as Error's below, metadata "model") and, where
+        the same request may pass later, google.rpc.RetryInfo, in the status details (grpc-status-details-bin); a
+        RESOURCE_EXHAUSTED without them is not the scheduler's: a message over the size limit (never passes), the
+        server's limit on calls under way, or a proxy's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
