@@ -399,6 +399,10 @@ def test_timing_commands_refuse_bad_numbers_and_images_before_any_build(tmp_path
     for command in ("pipeline", "bench", "profile"):  # a missing model is named before any GPU is looked for
         code, _, stderr = run_cli(capsys, command, tmp_path / "runs" / "best.pt")
         assert code == 2 and "best.pt: no such file or model directory" in stderr and "CUDA" not in stderr, stderr
+    from yolojet.engine.models import check_model_exists
+
+    for name in ("yolo11n.pt", "yolo11n.yaml", "yolov8n-seg.yml"):  # fetched by ultralytics, or shipped with it
+        check_model_exists(name)
 
 
 def test_a_full_standard_output_is_a_line_not_a_traceback(tmp_path):

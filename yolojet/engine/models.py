@@ -51,12 +51,12 @@ def at_size(graph: Graph, imgsz: int | tuple[int, int] | None) -> Graph:
 
 def check_model_exists(model: str | Path) -> None:
     """Refuse a model that names a file or folder that is not there before any other check (`bench` on a machine
-    without a GPU names the missing model, not the GPU). A bare checkpoint name (yolo11n.pt) passes: the exporter
-    fetches it."""
+    without a GPU names the missing model, not the GPU). A bare name of a checkpoint or architecture (yolo11n.pt,
+    yolo11n.yaml) passes: ultralytics fetches the one and has the other."""
     from yolojet.export.loader import is_bare_name
 
     path = Path(model)
-    if not path.exists() and not (is_bare_name(str(model)) and path.suffix.lower() == ".pt"):
+    if not path.exists() and not (is_bare_name(str(model)) and path.suffix.lower() in (".pt", ".yaml", ".yml")):
         raise ModelNotFoundError(f"{model}: no such file or model directory")
 
 

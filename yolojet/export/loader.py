@@ -118,6 +118,10 @@ def _first_line(error: Exception) -> str:
     return re.sub(r"\s*\(Could this error message be improved\?.*$", "", line)
 
 
+# What torch's load raises for a file it cannot read (cut short, not a zip or pickle, overwritten).
+UNREADABLE = (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError)
+
+
 def _load_checkpoint(source: str) -> LoadedModel:
     from ultralytics.nn.tasks import load_checkpoint
 
@@ -131,7 +135,9 @@ def _load_checkpoint(source: str) -> LoadedModel:
     try:
         model, _ = load_checkpoint(str(path), device="cpu")
     except (TypeError, KeyError, AttributeError) as e:
-        if isinstance(e.__cause__, UNREADABLE):  # ultralytics' own wording of it, which names the path again
+        # ultralytics' wording of a file torch cannot read, which names the path again (TorchScript files and its
+        # safe loader's refusals wrap torch's errors too, and are told apart below)
+        if isinstance(e.__cause__, UNREADABLE) and "is not a loadable checkpoint" in str(e):
             raise _unreadable(path, e.__cause__) from e
         if zipfile.is_zipfile(path) or "Ultralytics checkpoint format" in str(e):
             # ultralytics' own reason speaks of its internals (a tensor's missing attribute, its pickle's types).
@@ -143,10 +149,6 @@ def _load_checkpoint(source: str) -> LoadedModel:
     except UNREADABLE as e:
         raise _unreadable(path, e) from e
     return LoadedModel(model, str(path), random_weights=False)
-
-
-# What torch's load raises for a file it cannot read (cut short, not a zip or pickle, overwritten).
-UNREADABLE = (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError)
 
 
 def _unreadable(path: Path, error: Exception) -> CheckpointError:
