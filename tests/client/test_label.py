@@ -647,11 +647,33 @@ def test_plot(server, photos, tmp_path, capsys):
 def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(
     model_dirs, photos, tmp_path, capsys, monkeypatch
 ):
-    """A server whose deadline no request can meet refuses every image for load; the client sends each again after
-    a pause, and after `give_up_after_s` logs it as an error and finishes."""
+    """A server whose queue never has room refuses every image for load; the client sends each again after a pause,
+    and after `give_up_after_s` logs it as an error and finishes."""
     from yolojet.client.remote import RemoteLabeler
 
     monkeypatch.setattr(RemoteLabeler, "give_up_after_s", 1.0)
+    full = RunningServer(
+        {"detect": served("detect", model_dirs["detect"])}, replace(ServeOptions(), port=0, slo_ms=60_000, max_queue=0)
+    )
+    out = tmp_path / "labels.jsonl"
+    try:
+        start = time.monotonic()
+        code, _, stderr = run_cli(capsys, "label", photos, "--server", full.address, "--out", out, "--quiet")
+        took = time.monotonic() - start
+    finally:
+        full.stop()
+    assert code == 1, stderr
+    assert not out.exists() or lines(out) == []
+    errors = lines(tmp_path / "labels.jsonl.errors.jsonl")
+    assert sorted(Path(e["path"]).name for e in errors) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
+    assert all("refused it for load for over 1 s" in e["error"] for e in errors), errors
+    assert took < 60
+
+
+def test_a_server_deadline_shorter_than_any_run_is_each_images_error_at_once(model_dirs, photos, tmp_path, capsys):
+    """A server whose --slo-ms is shorter than its model's run of one image refuses every image label sends
+    (DEADLINE_TOO_SHORT): no pause would help, so each is an error at once, saying why, not after minutes of
+    sending again."""
     strict = RunningServer(
         {"detect": served("detect", model_dirs["detect"])}, replace(ServeOptions(), port=0, slo_ms=0.001)
     )
@@ -663,11 +685,10 @@ def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(
     finally:
         strict.stop()
     assert code == 1, stderr
-    assert not out.exists() or lines(out) == []
     errors = lines(tmp_path / "labels.jsonl.errors.jsonl")
     assert sorted(Path(e["path"]).name for e in errors) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
-    assert all("refused it for load for over 1 s" in e["error"] for e in errors), errors
-    assert took < 60
+    assert all("shorter than a run of one image" in e["error"] and "--slo-ms" in e["error"] for e in errors), errors
+    assert took < 60  # not the 300 s a refusal for load is sent again for
 
 
 class _HeldCall:

@@ -45,6 +45,9 @@ def retryable(error: grpc.RpcError) -> bool:
 
 # An image's reply refusing it for load, not as bad: it goes again after a pause.
 LOAD_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.DEADLINE_EXCEEDED.value[0]}
+# Error.reason of a refusal that no pause helps (inference.proto): the server's deadline for an image sent without one
+# of its own, as label sends them, is shorter than its model's run of one image.
+DEADLINE_TOO_SHORT = "DEADLINE_TOO_SHORT"
 
 
 # A message's images: gRPC's own cost a message (~270 us of CPU on client and server together on a 2-core machine,
@@ -328,7 +331,7 @@ class RemoteLabeler:
         on_error: Callable[[str, str], None],
     ) -> None:
         code = reply.error.code if reply.HasField("error") else grpc.StatusCode.OK.value[0]
-        refused = code in LOAD_REFUSALS
+        refused = code in LOAD_REFUSALS and reply.error.reason != DEADLINE_TOO_SHORT
         given_up = refused and time.monotonic() - self._first_refused.setdefault(reply.id, time.monotonic()) > (
             self.give_up_after_s
         )
@@ -353,7 +356,10 @@ class RemoteLabeler:
         elif reply.HasField("error"):
             # The server names an image by its request's id (serve/runner.py), which label chose: the file's path
             # is the name its user knows.
-            on_error(path, reply.error.message.replace(f"image of request {reply.id!r}", path))
+            message = reply.error.message.replace(f"image of request {reply.id!r}", path)
+            if reply.error.reason == DEADLINE_TOO_SHORT:
+                message += " (label sets no deadline of its own: the server's --slo-ms is that short)"
+            on_error(path, message)
         else:
             on_reply(path, reply)
 
