@@ -84,7 +84,7 @@ def compiled(values: dict, warps: int) -> tuple[int, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", default=["4x64", "8x64", "4x32"], help="WARPSxBLOCK_A pairs")
+    parser.add_argument("--configs", nargs="+", default=["4x32", "4x64", "8x64", "8x32"], help="WARPSxBLOCK_A pairs")
     args = parser.parse_args()
     print("| best-class pass | warps | BLOCK_A | registers | spill bytes | warps an SM holds |")
     print("|---|---|---|---|---|---|")

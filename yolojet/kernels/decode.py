@@ -27,7 +27,10 @@ DETECT, SEGMENT, OBB, POSE = 0, 1, 2, 3
 TASK_CODES = {"detect": DETECT, "segment": SEGMENT, "obb": OBB, "pose": POSE}
 _OBB = tl.constexpr(OBB)
 _POSE = tl.constexpr(POSE)
-_BLOCK_A = 64
+# A program: 32 anchors by chunks of 32 classes, on Triton's default 4 warps. On an H100 at batch 64 the decode with
+# NMS's best-class pass took 142 us for 640x640 (150 with 64 anchors, 148 with 64 on 8 warps, 174 with 32 on 8) and
+# 110 for 640x480 (112, 110, 115): bench/NOTES.md, "The decode's tile timed".
+_BLOCK_A = 32
 _BLOCK_C = 32
 # Ultralytics heads have 3 levels, P2 and P6 variants 4; more would take a second launch.
 MAX_LEVELS_PER_LAUNCH = 4
