@@ -644,6 +644,22 @@ def test_plot(server, photos, tmp_path, capsys):
     assert code == 2 and "the lines of `yolojet detect --json`; plot reads the records of `yolojet label`" in stderr
 
 
+def _label_against(options: ServeOptions, model_dirs, photos, tmp_path, capsys) -> tuple[int, float, list[dict]]:
+    """`label --server` over the photos against a server run with `options`: its exit status, seconds and errors."""
+    server = RunningServer({"detect": served("detect", model_dirs["detect"])}, options)
+    out = tmp_path / "labels.jsonl"
+    try:
+        start = time.monotonic()
+        code, _, stderr = run_cli(capsys, "label", photos, "--server", server.address, "--out", out, "--quiet")
+        took = time.monotonic() - start
+    finally:
+        server.stop()
+    assert not out.exists() or lines(out) == [], stderr
+    errors = lines(tmp_path / "labels.jsonl.errors.jsonl")
+    assert sorted(Path(e["path"]).name for e in errors) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"], stderr
+    return code, took, errors
+
+
 def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(
     model_dirs, photos, tmp_path, capsys, monkeypatch
 ):
@@ -652,20 +668,9 @@ def test_images_a_server_keeps_refusing_for_load_end_as_errors_not_a_hang(
     from yolojet.client.remote import RemoteLabeler
 
     monkeypatch.setattr(RemoteLabeler, "give_up_after_s", 1.0)
-    full = RunningServer(
-        {"detect": served("detect", model_dirs["detect"])}, replace(ServeOptions(), port=0, slo_ms=60_000, max_queue=0)
-    )
-    out = tmp_path / "labels.jsonl"
-    try:
-        start = time.monotonic()
-        code, _, stderr = run_cli(capsys, "label", photos, "--server", full.address, "--out", out, "--quiet")
-        took = time.monotonic() - start
-    finally:
-        full.stop()
-    assert code == 1, stderr
-    assert not out.exists() or lines(out) == []
-    errors = lines(tmp_path / "labels.jsonl.errors.jsonl")
-    assert sorted(Path(e["path"]).name for e in errors) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
+    full = replace(ServeOptions(), port=0, slo_ms=60_000, max_queue=0)
+    code, took, errors = _label_against(full, model_dirs, photos, tmp_path, capsys)
+    assert code == 1
     assert all("refused it for load for over 1 s" in e["error"] for e in errors), errors
     assert took < 60
 
@@ -674,19 +679,9 @@ def test_a_server_deadline_shorter_than_any_run_is_each_images_error_at_once(mod
     """A server whose --slo-ms is shorter than its model's run of one image refuses every image label sends
     (DEADLINE_TOO_SHORT): no pause would help, so each is an error at once, saying why, not after minutes of
     sending again."""
-    strict = RunningServer(
-        {"detect": served("detect", model_dirs["detect"])}, replace(ServeOptions(), port=0, slo_ms=0.001)
-    )
-    out = tmp_path / "labels.jsonl"
-    try:
-        start = time.monotonic()
-        code, _, stderr = run_cli(capsys, "label", photos, "--server", strict.address, "--out", out, "--quiet")
-        took = time.monotonic() - start
-    finally:
-        strict.stop()
-    assert code == 1, stderr
-    errors = lines(tmp_path / "labels.jsonl.errors.jsonl")
-    assert sorted(Path(e["path"]).name for e in errors) == ["bus.jpg", "bus_again.jpg", "zidane.jpg"]
+    strict = replace(ServeOptions(), port=0, slo_ms=0.001)
+    code, took, errors = _label_against(strict, model_dirs, photos, tmp_path, capsys)
+    assert code == 1
     assert all("shorter than a run of one image" in e["error"] and "--slo-ms" in e["error"] for e in errors), errors
     assert took < 60  # not the 300 s a refusal for load is sent again for
 

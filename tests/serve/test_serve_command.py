@@ -103,14 +103,29 @@ def test_sigterm_ends_an_open_stream_unavailable_after_answering_what_it_read(mo
             process.kill()
 
 
-@pytest.mark.parametrize(("flags", "loop"), [([], "uvloop"), (["--event-loop", "asyncio"], "asyncio")])
-def test_the_event_loop_is_uvloop_unless_asked_otherwise(model_dirs, flags, loop):
-    process, address = start(model_dirs["detect"], *flags)
+@pytest.mark.parametrize(
+    ("flags", "loop", "second"),
+    [([], "uvloop", signal.SIGTERM), (["--event-loop", "asyncio"], "asyncio", signal.SIGINT)],
+)
+def test_the_event_loop_is_uvloop_unless_asked_otherwise_and_a_second_signal_ends_the_drain(
+    model_dirs, flags, loop, second
+):
+    """On either loop, SIGTERM with `--drain-delay-s` turns health NOT_SERVING while calls are still answered, and a
+    second SIGTERM, or SIGINT, ends the ten-minute delay: the server exits at once."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    process, address = start(model_dirs["detect"], "--drain-delay-s", "600", *flags)
     try:
-        reply = pb_grpc.InferenceStub(grpc.insecure_channel(address)).Infer(pb.InferRequest(image=BUS), timeout=120)
-        assert reply.width == 810
+        channel = grpc.insecure_channel(address)
+        stub, health = pb_grpc.InferenceStub(channel), health_pb2_grpc.HealthStub(channel)
+        assert stub.Infer(pb.InferRequest(image=BUS), timeout=120).width == 810
         assert f'"event_loop": "{loop}"' in process.startup_log  # type: ignore[attr-defined]
         process.send_signal(signal.SIGTERM)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        while health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == serving:
+            time.sleep(0.01)
+        assert stub.Infer(pb.InferRequest(image=BUS), timeout=120).width == 810  # draining, still serving
+        process.send_signal(second)
         assert process.wait(timeout=60) == 0
     finally:
         if process.poll() is None:

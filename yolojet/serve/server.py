@@ -312,7 +312,9 @@ class Server:
         o = self.options
         log.info(json.dumps({"event": "shutting down", "grace_s": o.grace_s, "drain_delay_s": o.drain_delay_s}))
         await self.health.enter_graceful_shutdown()
-        with contextlib.suppress(TimeoutError):  # calls still taken meanwhile, from clients that have not yet looked
+        # Calls are still taken meanwhile, from clients that have not yet looked. (asyncio's TimeoutError: on Python
+        # 3.10 it is not yet the builtin one.)
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._drain_cut.wait(), o.drain_delay_s)
         stopping = asyncio.ensure_future(self._grpc.stop(o.grace_s))  # no new calls from here on
         await asyncio.sleep(0)
