@@ -162,6 +162,40 @@ def test_strided_views_read_in_place():
     assert_matches(out[1], reference(planar.numpy().copy(), (64, 64)), placements[1])
 
 
+def test_shrunk_crops_equal_cv2_bit_for_bit():
+    """Shrunk, the letterbox is cv2.resize's INTER_LINEAR exactly (its taps from the quotient the table row holds, its
+    fixed-point weights), on random crops of real photos, laid out packed and planar."""
+    rng = random.Random(3)
+    for name in ("bus", "zidane", "coffee"):
+        img = photo_bgr(name)
+        h, w = img.shape[:2]
+        ch, cw = rng.randint(h // 3, h), rng.randint(w // 3, w)
+        y, x = rng.randint(0, h - ch), rng.randint(0, w - cw)
+        crop = torch.from_numpy(np.ascontiguousarray(img[y : y + ch, x : x + cw]))
+        planar = crop.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+        target = (rng.randint(40, 130), rng.randint(40, 130))
+        out, placements = run_batch([crop, planar], target, F32)
+        assert placements[0].new_h < ch and placements[0].new_w < cw
+        expected = (reference(crop.numpy(), target) * 255).round()
+        for got in out:
+            assert torch.equal((got.double() * 255).round(), expected), name
+
+
+@pytest.mark.parametrize("bgr", [True, False])
+def test_packed_frames_equal_the_general_path(bgr):
+    """A frame whose channels are neighbouring bytes takes the packed path (32-bit offsets, channels at fixed offsets),
+    others the general one: the same photo laid out both ways gives the same values bit for bit."""
+    packed = torch.from_numpy(photo_bgr("coffee"))
+    planar = packed.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    target = (96, 160)
+    rows = [frame_row(f, bgr=bgr, placement=Letterbox.fit(tuple(f.shape[:2]), target)) for f in (packed, planar)]
+    assert [row[12] for row in rows] == [1, 0]
+    out, _ = run_batch([packed, planar], target, F16, bgr=bgr)
+    assert torch.equal(out[0], out[1])
+    grey = frame_row(packed[..., :1], bgr=bgr, placement=Letterbox.fit(tuple(packed.shape[:2]), target))
+    assert grey[12] == 0  # one channel: its neighbours' bytes are other pixels
+
+
 def test_exact_size_is_a_copy():
     img = np.ascontiguousarray(photo_bgr("chelsea")[100:164, 200:248])  # 64×48 into 64×64: gain 1, no resize
     out, lb = run(img, (64, 64), F32, bgr=True)

@@ -17,6 +17,8 @@ percent of pixels differ by one grey level.
 
 from __future__ import annotations
 
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -37,8 +39,14 @@ LETTERBOX_TILE = (8, 32, 2)  # rows, pixels a row, warps
 _INTERPRETER_RESAMPLE = (1 << 18, 1 << 14)  # elements, pixels
 _INTERPRETER_LETTERBOX = (32, 1024, 4)  # rows, pixels a row, warps
 # One frame's row of a letterbox table, int64: address, row / pixel / channel strides (elements), height, width,
-# channels, BGR, pad top, pad left, resized height, resized width; the rest is padding to 128 bytes.
+# channels, BGR, pad top, pad left, resized height, resized width, whether the frame is packed (below), and the source
+# pixels a resized pixel spans down and across (float64 bits: h0 / new_h, w0 / new_w, the quotients cv2 takes, worked
+# out once here rather than in every thread); the rest is padding to 128 bytes.
 FRAME_FIELDS = 16
+# A frame whose three colour channels are neighbouring bytes and whose bytes all lie within 2**31 of its address (every
+# camera frame and photo): the kernel then takes a tap's address once, in 32-bit offsets, and its three channels at
+# fixed offsets from it, rather than a 64-bit address a channel.
+_PACKED_SPAN = 1 << 31
 
 
 def frame_row(pixels: torch.Tensor, *, bgr: bool, placement: Letterbox) -> list[int]:
@@ -60,6 +68,8 @@ def frame_row(pixels: torch.Tensor, *, bgr: bool, placement: Letterbox) -> list[
     if min(placement.new_h, placement.new_w, placement.pad_top + 1, placement.pad_left + 1) < 1:
         raise ValueError(f"placement: {placement} does not place the frame")
     row_stride, pixel_stride, channel_stride = pixels.stride()
+    span = (h0 - 1) * row_stride + (w0 - 1) * pixel_stride + (c - 1) * channel_stride + 1
+    packed = c >= 3 and channel_stride == 1 and span <= _PACKED_SPAN
     values = [
         pixels.data_ptr(),
         row_stride,
@@ -73,18 +83,25 @@ def frame_row(pixels: torch.Tensor, *, bgr: bool, placement: Letterbox) -> list[
         placement.pad_left,
         placement.new_h,
         placement.new_w,
+        int(packed),
+        _float64_bits(h0 / placement.new_h),
+        _float64_bits(w0 / placement.new_w),
     ]
     return values + [0] * (FRAME_FIELDS - len(values))
 
 
+def _float64_bits(value: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", value))[0]
+
+
 @triton.jit
-def _cv2_taps(d, size, resized):
-    """cv2.resize INTER_LINEAR source taps and 11-bit weights along one axis for destination indices d.
+def _cv2_taps(d, size, scale):
+    """cv2.resize INTER_LINEAR source taps and 11-bit weights along one axis for destination indices d, `scale` the
+    source size over the resized size (float64).
 
     The source coordinate is computed in double and rounded to float, as cv2 does (launched without FMA
     contraction, which cv2's build does not use either): float32 arithmetic moves some taps by a rounding step.
     """
-    scale = size.to(tl.float64) / resized.to(tl.float64)
     f = ((d.to(tl.float64) + 0.5) * scale - 0.5).to(tl.float32)
     i = tl.floor(f)
     frac = f - i
@@ -162,6 +179,9 @@ def _letterbox_kernel(
     pad_left = tl.load(row + 9).to(tl.int32)
     new_h = tl.load(row + 10).to(tl.int32)
     new_w = tl.load(row + 11).to(tl.int32)
+    packed = tl.load(row + 12)
+    scale_y = tl.load(row + 13).to(tl.float64, bitcast=True)
+    scale_x = tl.load(row + 14).to(tl.float64, bitcast=True)
 
     y = tl.program_id(0) * BLOCK_Y + tl.arange(0, BLOCK_Y)
     x = tl.program_id(1) * BLOCK_X + tl.arange(0, BLOCK_X)
@@ -169,25 +189,45 @@ def _letterbox_kernel(
     x_ok = x < W
     dy = y - pad_top
     dx = x - pad_left
-    y0, y1, wy0, wy1 = _cv2_taps(dy, H0, new_h)
-    x0, x1, wx0, wx1 = _cv2_taps(dx, W0, new_w)
-    row0 = (y0.to(tl.int64) * sf_h)[:, None]
-    row1 = (y1.to(tl.int64) * sf_h)[:, None]
-    col0 = (x0.to(tl.int64) * sf_w)[None, :]
-    col1 = (x1.to(tl.int64) * sf_w)[None, :]
-    p00 = frame_ptr + (row0 + col0)
-    p01 = frame_ptr + (row0 + col1)
-    p10 = frame_ptr + (row1 + col0)
-    p11 = frame_ptr + (row1 + col1)
+    y0, y1, wy0, wy1 = _cv2_taps(dy, H0, scale_y)
+    x0, x1, wx0, wx1 = _cv2_taps(dx, W0, scale_x)
     m = (y_ok & (dy >= 0) & (dy < new_h))[:, None] & (x_ok & (dx >= 0) & (dx < new_w))[None, :]
-    # The source channel of each output channel (RGB): BGR(A) flipped, RGB(A) as is (alpha never read), grey one.
-    grey = c_in == 1
-    red = tl.where(grey, 0, tl.where(bgr != 0, 2, 0)) * sf_c
-    green = tl.where(grey, 0, 1) * sf_c
-    blue = tl.where(grey, 0, tl.where(bgr != 0, 0, 2)) * sf_c
-    r = _scaled(_resampled(p00, p01, p10, p11, red, m, wx0, wx1, wy0, wy1), HALF).to(out_ptr.dtype.element_ty)
-    g = _scaled(_resampled(p00, p01, p10, p11, green, m, wx0, wx1, wy0, wy1), HALF).to(out_ptr.dtype.element_ty)
-    b = _scaled(_resampled(p00, p01, p10, p11, blue, m, wx0, wx1, wy0, wy1), HALF).to(out_ptr.dtype.element_ty)
+    if packed != 0:
+        # A tap's address once, from 32-bit offsets; its channels at +0, +1, +2, which the loads take as immediates.
+        top = (y0 * sf_h.to(tl.int32))[:, None]
+        bottom = (y1 * sf_h.to(tl.int32))[:, None]
+        left = (x0 * sf_w.to(tl.int32))[None, :]
+        right = (x1 * sf_w.to(tl.int32))[None, :]
+        q00 = frame_ptr + (top + left)
+        q01 = frame_ptr + (top + right)
+        q10 = frame_ptr + (bottom + left)
+        q11 = frame_ptr + (bottom + right)
+        first = _resampled(q00, q01, q10, q11, 0, m, wx0, wx1, wy0, wy1)
+        g = _resampled(q00, q01, q10, q11, 1, m, wx0, wx1, wy0, wy1)
+        third = _resampled(q00, q01, q10, q11, 2, m, wx0, wx1, wy0, wy1)
+        swap = bgr != 0
+        r = tl.where(swap, third, first)
+        b = tl.where(swap, first, third)
+    else:
+        row0 = (y0.to(tl.int64) * sf_h)[:, None]
+        row1 = (y1.to(tl.int64) * sf_h)[:, None]
+        col0 = (x0.to(tl.int64) * sf_w)[None, :]
+        col1 = (x1.to(tl.int64) * sf_w)[None, :]
+        p00 = frame_ptr + (row0 + col0)
+        p01 = frame_ptr + (row0 + col1)
+        p10 = frame_ptr + (row1 + col0)
+        p11 = frame_ptr + (row1 + col1)
+        # The source channel of each output channel (RGB): BGR(A) flipped, RGB(A) as is (alpha never read), grey one.
+        grey = c_in == 1
+        red = tl.where(grey, 0, tl.where(bgr != 0, 2, 0)) * sf_c
+        green = tl.where(grey, 0, 1) * sf_c
+        blue = tl.where(grey, 0, tl.where(bgr != 0, 0, 2)) * sf_c
+        r = _resampled(p00, p01, p10, p11, red, m, wx0, wx1, wy0, wy1)
+        g = _resampled(p00, p01, p10, p11, green, m, wx0, wx1, wy0, wy1)
+        b = _resampled(p00, p01, p10, p11, blue, m, wx0, wx1, wy0, wy1)
+    r = _scaled(r, HALF).to(out_ptr.dtype.element_ty)
+    g = _scaled(g, HALF).to(out_ptr.dtype.element_ty)
+    b = _scaled(b, HALF).to(out_ptr.dtype.element_ty)
 
     ok = y_ok[:, None] & x_ok[None, :]
     if PAD_ROW:  # rows of 4: r, g, b and a zero, one store a pixel (the literal 4 lets Triton vectorize it)
