@@ -50,6 +50,12 @@ SHAPE_SETS = {
         ("yolo11n 80x80 16->32", 64, 80, 80, 16, 16, 32, 3, 1),
         ("yolo11n 80x80 32->16", 64, 80, 80, 32, 96, 16, 3, 1),
     ],
+    # The three launches of yolo11n's batch 64 furthest above their bytes whose tiles gather their operands.
+    "yolo11n-gather": [
+        ("yolo11n model.2.m.0.cv1", 64, 160, 160, 16, 48, 8, 3, 1),
+        ("yolo11n model.2.m.0.cv2", 64, 160, 160, 8, 8, 16, 3, 1),
+        ("yolo11n model.1", 64, 320, 320, 16, 16, 32, 3, 2),
+    ],
 }
 DEVICE = "cuda"
 GATE = 1e-2  # relative L2 error of an fp16 output against fp32, as the engine's per-op gate
