@@ -30,6 +30,21 @@ def _split_range(steps, split, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
+def _taps_inside(m_mask, iy0, ix0, H_up, W_up, dil_y, dil_x, KH: tl.constexpr, KW: tl.constexpr):
+    """Bit ky·KW + kx of each GEMM row: whether tap (ky, kx) of its output pixel reads inside the (upsampled) input,
+    and the row is one of the output's (int64 bits past 31 taps)."""
+    bits = tl.zeros_like(iy0).to(tl.int64 if KH * KW > 31 else tl.int32)
+    for ky in tl.static_range(KH):
+        iy = iy0 + ky * dil_y
+        row = m_mask & (iy >= 0) & (iy < H_up)
+        for kx in tl.static_range(KW):
+            ix = ix0 + kx * dil_x
+            ok = row & (ix >= 0) & (ix < W_up)
+            bits = bits | (ok.to(bits.dtype) << (ky * KW + kx))
+    return bits
+
+
+@triton.jit
 def _conv2d_nhwc_kernel(
     out_ptr,
     stride_on,
@@ -211,15 +226,23 @@ def _conv2d_nhwc_kernel(
         # the channel blocks of one tap (the stem has a single channel block per tap).
         k_blocks = tl.cdiv(C_in, BLOCK_K)
         first, end = _split_range(KH * KW * k_blocks, split, SPLIT_K)
+        # Without an upsample a tap's input pixel is the first tap's moved by a fixed offset: each row's address is
+        # worked out once, and a tap adds one scalar (a row's 64-bit multiply-adds a tap were most of the loop).
+        x_first = x_img + iy0.to(tl.int64) * stride_xh + ix0.to(tl.int64) * stride_xw
+        # Which taps of each row lie inside the input, a bit a tap, worked out once rather than four compares a tap.
+        inside = _taps_inside(m_mask, iy0, ix0, H_up, W_up, dil_y, dil_x, KH, KW)
         for it in range(first, end):
             tap = it // k_blocks
             k0 = (it - tap * k_blocks) * BLOCK_K
             ky = tap // KW
             kx = tap % KW
-            iy = iy0 + ky * dil_y
-            ix = ix0 + kx * dil_x
-            row_ok = m_mask & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
-            x_rows = x_img + (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+            row_ok = ((inside >> tap) & 1) != 0
+            if UPSAMPLE == 1:
+                x_rows = x_first + ((ky * dil_y).to(tl.int64) * stride_xh + (kx * dil_x).to(tl.int64) * stride_xw)
+            else:
+                iy = iy0 + ky * dil_y
+                ix = ix0 + kx * dil_x
+                x_rows = x_img + (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
             k_mask = offs_k < C_in - k0
             a = tl.load(
                 x_rows[:, None] + (k0 + offs_k)[None, :],
