@@ -856,6 +856,7 @@ print(json.dumps(found))
 
 # (rows, pixels a row, warps) of a letterbox program, the product's first.
 LETTERBOX_TILES = [
+    (2, 128, 4),
     (8, 32, 2),
     (16, 32, 4),
     (8, 64, 4),
@@ -863,7 +864,6 @@ LETTERBOX_TILES = [
     (16, 64, 8),
     (32, 32, 8),
     (4, 64, 2),
-    (2, 128, 4),
     (16, 32, 2),
     (8, 64, 2),
 ]

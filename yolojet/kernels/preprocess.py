@@ -30,10 +30,10 @@ from yolojet.kernels.views import check_view
 # A resample program gathers (pixel, tap, channel) tiles of at most this many elements, all taps at once.
 _RESAMPLE_ELEMENTS = 8192
 _RESAMPLE_MAX_PIXELS = 512
-# A letterbox program: a tile of output pixels, all three channels of each. 8 x 32 pixels on two warps took 231 us for
-# 64 1080x810 frames into 640x480 slots on an H200, the fastest of eight tiles (244-426 us; the kernel before, an
-# element a lane, 566 us): bench_images.py --stages letterbox.
-LETTERBOX_TILE = (8, 32, 2)  # rows, pixels a row, warps
+# A letterbox program: a tile of output pixels, all three channels of each. 2 x 128 pixels on four warps took 182 us for
+# 64 1080x810 frames into 640x480 slots on an H100, the fastest of ten tiles (193-447 us; 8 x 32 on two warps, the
+# fastest before packed frames and the table's quotients, 216-219): bench_images.py --stages letterbox.
+LETTERBOX_TILE = (2, 128, 4)  # rows, pixels a row, warps
 # Triton's interpreter (CPU tensors) runs programs one after another and pays per operation rather than per element:
 # there the largest tiles, 32 to 64 times fewer programs (a classify resample of a photo takes seconds, not a minute).
 _INTERPRETER_RESAMPLE = (1 << 18, 1 << 14)  # elements, pixels
