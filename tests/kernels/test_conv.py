@@ -144,6 +144,9 @@ CASES = {
     "packed_1x3_stride_pairs": Case(
         3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, ConvKind.PACKED)
     ),
+    # A tap's bounds are a bit of one int32 up to 31 taps, of an int64 up to 63, and compared a step past that.
+    "7x7_gemm_49_taps": Case(1, 9, 7, 8, 16, 7, padding=3, config=ConvConfig(16, 16, 16, 1, 1)),
+    "9x9_gemm_81_taps_stride_2": Case(1, 9, 7, 8, 16, 9, stride=2, padding=4, config=ConvConfig(16, 16, 16, 1, 1)),
     "3x3_deep_k_tile": Case(1, 5, 6, 80, 33, 3, padding=1, config=ConvConfig(32, 64, 128, 4, 3)),
     "3x3_16_row_tile_fp32": Case(
         1, 5, 6, 80, 33, 3, stride=2, padding=1, dtype=F32, config=ConvConfig(16, 64, 128, 2, 3)

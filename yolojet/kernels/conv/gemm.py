@@ -29,10 +29,15 @@ def _split_range(steps, split, SPLIT_K: tl.constexpr):
     return first, tl.minimum(first + per_split, steps)
 
 
+# The most taps whose bounds `_taps_inside` holds as bits (an int64's, less its sign); a larger kernel compares a tap's
+# bounds at each step.
+_TAP_BITS = tl.constexpr(63)
+
+
 @triton.jit
 def _taps_inside(m_mask, iy0, ix0, H_up, W_up, dil_y, dil_x, KH: tl.constexpr, KW: tl.constexpr):
     """Bit ky·KW + kx of each GEMM row: whether tap (ky, kx) of its output pixel reads inside the (upsampled) input,
-    and the row is one of the output's (int64 bits past 31 taps)."""
+    and the row is one of the output's (int64 bits past 31 taps; at most 63, `_TAP_BITS`)."""
     bits = tl.zeros_like(iy0).to(tl.int64 if KH * KW > 31 else tl.int32)
     for ky in tl.static_range(KH):
         iy = iy0 + ky * dil_y
@@ -230,18 +235,22 @@ def _conv2d_nhwc_kernel(
         # worked out once, and a tap adds one scalar (a row's 64-bit multiply-adds a tap were most of the loop).
         x_first = x_img + iy0.to(tl.int64) * stride_xh + ix0.to(tl.int64) * stride_xw
         # Which taps of each row lie inside the input, a bit a tap, worked out once rather than four compares a tap.
-        inside = _taps_inside(m_mask, iy0, ix0, H_up, W_up, dil_y, dil_x, KH, KW)
+        if KH * KW <= _TAP_BITS:
+            inside = _taps_inside(m_mask, iy0, ix0, H_up, W_up, dil_y, dil_x, KH, KW)
         for it in range(first, end):
             tap = it // k_blocks
             k0 = (it - tap * k_blocks) * BLOCK_K
             ky = tap // KW
             kx = tap % KW
-            row_ok = ((inside >> tap) & 1) != 0
+            iy = iy0 + ky * dil_y
+            ix = ix0 + kx * dil_x
+            if KH * KW <= _TAP_BITS:
+                row_ok = ((inside >> tap) & 1) != 0
+            else:
+                row_ok = m_mask & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
             if UPSAMPLE == 1:
                 x_rows = x_first + ((ky * dil_y).to(tl.int64) * stride_xh + (kx * dil_x).to(tl.int64) * stride_xw)
             else:
-                iy = iy0 + ky * dil_y
-                ix = ix0 + kx * dil_x
                 x_rows = x_img + (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
             k_mask = offs_k < C_in - k0
             a = tl.load(
