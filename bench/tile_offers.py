@@ -1,0 +1,166 @@
+"""Wider tile offers against the product's, launch by launch: yolo11n's network of one input shape (640x480, the
+rectangle of a 4:3 photo, by default) at one batch is built and tuned once under each offer, then each tuned launch's
+pick is timed alone (`time_launch`, as the tuner times it), the networks' raw outputs are compared with the product's on
+the same random batch, and the whole predict path's `run(batch)` on staged frames is timed in turns, so every offer is
+measured in the same process on the same GPU.
+
+Offers (each widens the product's, which the tuner still chooses from):
+  product      the tiles the engine offers today
+  warps8       8-warp twins of the 128x128 and 128x64 tiles: the gathering GEMM's, the TMA 1x1's (persistent too) and
+               the TMA patches' (half the accumulator registers a thread: the counters found most of these kernels
+               at 12-18 % occupancy with 125-255 registers)
+  tma-small    the TMA kernels offered from 2^14 output pixels (the 20x15 maps at batch 64), not 2^16
+  persistent3  three persistent 1x1 programs an SM, with tiles whose pipelines fit three to an SM (2 stages of 128x128,
+               3 of 128x64), not two
+
+    python3 bench/tile_offers.py --batch 64 --offers product warps8 tma-small persistent3 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@contextlib.contextmanager
+def offer(name: str):
+    """The module constants an offer widens, set for the engine built and timed inside, then restored."""
+    from yolojet.kernels.conv import config, dispatch
+    from yolojet.kernels.conv.config import ConvConfig, ConvKind
+
+    patches: list[tuple[object, str, object]] = []
+    if name == "warps8":
+        gemm8 = (ConvConfig(128, 128, 64, 8, 3), ConvConfig(128, 64, 64, 8, 3))
+        tma8 = (
+            ConvConfig(128, 128, 64, 8, 3, ConvKind.TMA_1X1),
+            ConvConfig(128, 128, 64, 8, 3, ConvKind.TMA_1X1, persistent=True),
+            ConvConfig(128, 64, 64, 8, 3, ConvKind.TMA_1X1, persistent=True),
+        )
+        patch8 = tuple(replace(c, num_warps=8) for c in config._TMA_PATCH_TILES if c.block_m == 128)
+        patches = [
+            (config, "_CANDIDATES", config._CANDIDATES + gemm8),
+            (config, "_TMA_TILES", config._TMA_TILES + tma8),
+            (config, "_TMA_PATCH_TILES", config._TMA_PATCH_TILES + patch8),
+        ]
+    elif name == "tma-small":
+        patches = [(config, "_TMA_MIN_M", 1 << 14)]
+    elif name == "persistent3":
+        three = (
+            ConvConfig(128, 128, 64, 4, 2, ConvKind.TMA_1X1, persistent=True),
+            ConvConfig(128, 64, 64, 4, 3, ConvKind.TMA_1X1, persistent=True),
+        )
+        patches = [(config, "_TMA_TILES", config._TMA_TILES + three), (dispatch, "_PERSISTENT_PROGRAMS_PER_SM", 3)]
+    elif name != "product":
+        raise SystemExit(f"unknown offer {name!r}")
+    saved = [(module, attr, getattr(module, attr)) for module, attr, _ in patches]
+    for module, attr, value in patches:
+        setattr(module, attr, value)
+    dispatch._persistent_programs.cache_clear()
+    try:
+        yield
+    finally:
+        for module, attr, value in saved:
+            setattr(module, attr, value)
+        dispatch._persistent_programs.cache_clear()
+
+
+def tuned_picks(engine, batch: int) -> list[dict]:
+    """Each tuned launch of the network at `batch`: its nodes, its pick and the pick's time alone (ms)."""
+    from yolojet.engine.autotune import time_launch
+
+    picks = []
+    for launch in engine.network.launches[batch]:
+        if launch.tune_key is None:
+            continue
+        tile = launch.run.__self__.tile
+        picks.append(
+            {
+                "nodes": launch.nodes,
+                "family": launch.family,
+                "key": launch.tune_key,
+                "tile": repr(tile),
+                "ms": time_launch(launch, repeats=20, replays=10),
+            }
+        )
+    return picks
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--imgsz", type=int, nargs=2, default=(640, 480), metavar=("H", "W"))
+    parser.add_argument("--offers", nargs="+", default=["product", "warps8", "tma-small", "persistent3"])
+    parser.add_argument("--rounds", type=int, default=4, help="turns of run(batch) timings across the offers")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/tile_offers"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args()
+
+    from bench_images import engine_alone
+    from support import calibrated_model
+
+    import yolojet
+    from yolojet.engine.engine import Engine
+    from yolojet.timing import provenance
+
+    model_dir = args.work / "yolo11n"
+    if not (model_dir / "graph.json").exists():
+        yolojet.export(calibrated_model("yolo11n.yaml", 640), out=model_dir, imgsz=640)
+    torch.manual_seed(0)
+    x = torch.rand(args.batch, 3, *args.imgsz, device="cuda")
+    found: dict = {"provenance": provenance(), "batch": args.batch, "imgsz": list(args.imgsz), "offers": {}}
+    engines = {}
+    reference = None
+    for name in args.offers:
+        started = time.perf_counter()
+        with offer(name):
+            engine = Engine.load(
+                model_dir, device="cuda", half=True, max_batch=args.batch, buckets=[args.batch],
+                imgsz=tuple(args.imgsz), rect=False,
+            )  # fmt: skip
+            built = time.perf_counter() - started
+            picks = tuned_picks(engine, args.batch)
+            raw = engine.raw(x)
+        raw = raw[0] if isinstance(raw, tuple) else raw
+        if reference is None:
+            reference = raw
+        error = float((raw - reference).norm() / reference.norm())
+        engines[name] = engine
+        found["offers"][name] = {"build_s": built, "picks": picks, "raw_rel_l2_vs_first": error}
+        total = sum(p["ms"] for p in picks)
+        print(f"{name}: built and tuned in {built:.0f} s; tuned launches alone {total:.3f} ms; raw rel. L2 {error:.1e}")
+    for name in args.offers:
+        found["offers"][name]["img_per_s"] = []
+    for _ in range(args.rounds):
+        for name, engine in engines.items():
+            found["offers"][name]["img_per_s"].append(engine_alone(engine, args.batch))
+    first = found["offers"][args.offers[0]]["picks"]
+    for name in args.offers[1:]:
+        print(f"\n{name} against {args.offers[0]}, the launches whose pick changed (ms alone):")
+        for a, b in zip(first, found["offers"][name]["picks"], strict=True):
+            if a["tile"] != b["tile"]:
+                print(f"  {a['ms']:.4f} -> {b['ms']:.4f}  {','.join(a['nodes'])}: {a['tile']} -> {b['tile']}")
+    print(f"\n| offer | tuned launches alone (ms) | run({args.batch}) img/s, in turns | raw rel. L2 |")
+    print("|---|---|---|---|")
+    for name, row in found["offers"].items():
+        rates = " / ".join(f"{r:,.0f}" for r in row["img_per_s"])
+        print(f"| {name} | {sum(p['ms'] for p in row['picks']):.3f} | {rates} | {row['raw_rel_l2_vs_first']:.1e} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"tile-offers-b{args.batch}-{found['provenance'].get('commit', 'unknown')}.json"
+    path.write_text(json.dumps(found, indent=1))
+    for engine in engines.values():
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
