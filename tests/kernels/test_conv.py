@@ -578,6 +578,16 @@ TMA_CASES = {
         ConvConfig(16, 16, 16, 2, 2, ConvKind.TMA_1X1, persistent=True),
     ),
     "fp16_wide_tile": (1, 9, 7, 64, 48, F16, False, ConvConfig(64, 32, 32, 2, 3, ConvKind.TMA_1X1)),
+    "fp16_persistent_eight_warps": (  # the 8-warp persistent tile offered to large layers, with an N tail
+        2,
+        9,
+        7,
+        64,
+        80,
+        F16,
+        True,
+        ConvConfig(128, 64, 64, 8, 3, ConvKind.TMA_1X1, persistent=True),
+    ),
 }
 
 
@@ -750,7 +760,7 @@ def _aligned_slice(shape: tuple[int, ...], dtype: torch.dtype, spatial: bool):
 
 def test_tma_stores_offered_to_large_fp16_outputs_whose_views_allow_them() -> None:
     stored = [c for c in conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True) if c.tma_store]
-    assert [(c.block_n, c.persistent) for c in stored] == [(128, False), (256, False), (128, True)]
+    assert [(c.block_n, c.persistent) for c in stored] == [(128, False), (256, False), (128, True), (64, True)]
     stem = conv_candidate_configs(64 * 320 * 320, 64, 27, kernel_is_1x1=False, c_in=3, whole_pixels=True)
     assert [c.block_m for c in stem if c.tma_store and c.kind is ConvKind.PACKED and c.whole_pixels] == [128, 64]
     assert not any(c.tma_store for c in conv_candidate_configs(64 * 20 * 20, 512, 9 * 512, kernel_is_1x1=False))
@@ -775,10 +785,11 @@ def test_tma_stores_offered_to_large_fp16_outputs_whose_views_allow_them() -> No
 
 def test_tma_tiles_offered_only_to_large_1x1_layers_whose_operands_allow_them() -> None:
     large = conv_candidate_configs(64 * 160 * 160, 256, 192, kernel_is_1x1=True)
-    assert [(c.block_n, c.persistent) for c in large if c.loads_by_tma and not c.tma_store] == [
-        (128, False),
-        (256, False),
-        (128, True),
+    assert [(c.block_n, c.num_warps, c.persistent) for c in large if c.loads_by_tma and not c.tma_store] == [
+        (128, 4, False),
+        (256, 8, False),
+        (128, 4, True),
+        (64, 8, True),
     ]
     assert not untimed_gpu_config(64 * 160 * 160, 256, 192, True).loads_by_tma
     assert not any(

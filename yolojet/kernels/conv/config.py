@@ -151,12 +151,16 @@ _LARGE_M = 1 << 17
 # Wider tiles and a deeper pipeline for the big GEMMs (the 3x3 stride-2 convs of m models run at ~400 TFLOP/s on
 # 128x256x64 with 3 stages).
 _LARGE_M_TILES = (ConvConfig(256, 128, 64, 8, 3), ConvConfig(128, 256, 64, 8, 4))
-# TMA-loaded 1x1 tiles (where the layer's views allow, see tma_loadable): a program per tile, and the usual
-# winner's shape on a persistent grid of this many programs an SM.
+# TMA-loaded 1x1 tiles (where the layer's views allow, see tma_loadable): a program per tile, and on a persistent
+# grid the usual winner's shape and a 128x64 tile on 8 warps. YOLO's 1x1 convs have 1-3 K steps, so the epilogue is
+# most of a tile's work, and 8 warps share it (32 accumulator registers a thread, where the 4-warp 128x128 tile
+# holds 128 and ran at 12 % occupancy): it won 9 of yolo11n's 1x1 layers at batch 64 on an H100 by 2-10 %, and the
+# whole path by 1.6-2.2 % (bench/tile_offers.py, bench/NOTES.md).
 _TMA_TILES = (
     ConvConfig(128, 128, 64, 4, 3, ConvKind.TMA_1X1),
     ConvConfig(128, 256, 64, 8, 3, ConvKind.TMA_1X1),
     ConvConfig(128, 128, 64, 4, 3, ConvKind.TMA_1X1, persistent=True),
+    ConvConfig(128, 64, 64, 8, 3, ConvKind.TMA_1X1, persistent=True),
 )
 # The strides of the k x k convs the patch tiles are offered to (stride 2 through a view pairing rows and pixels).
 _TMA_PATCH_STRIDES = (1, 2)
