@@ -62,7 +62,7 @@ def main() -> int:
     frame = bus_rgb_cuda()
     found: dict = {"provenance": provenance(), "batch": args.batch, "decoders": {}}
     print("median device ms of replays 1-10, 11-50, 51-100, 101-")
-    for decoder in args.decoders:
+    for turn, decoder in enumerate(args.decoders):
         engine = Engine.load(
             model_dir, device="cuda", half=True, max_batch=args.batch, buckets=[args.batch], imgsz=tuple(args.imgsz),
             rect=False, decoder=decoder,
@@ -74,8 +74,9 @@ def main() -> int:
         after_load = time.perf_counter() - loaded
         time.sleep(args.idle)
         again = replay_times(engine, args.batch, args.replays)
-        found["decoders"][decoder] = {"first": first, "after_idle": again, "first_took_s": after_load}
-        print(f"{decoder}: right after the load: {summary(first)}; after {args.idle:.0f} s idle: {summary(again)}")
+        found["decoders"][f"{turn + 1}. {decoder}"] = {"first": first, "after_idle": again, "first_took_s": after_load}
+        name = f"{turn + 1}. {decoder}"
+        print(f"{name}: right after the load {summary(first)}; {args.idle:.0f} s idle later {summary(again)}")
         engine.close()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"first-replays-b{args.batch}-{found['provenance'].get('commit', 'unknown')}.json"
