@@ -449,9 +449,8 @@ def file_reads(files: list[Path], rounds: int = 20) -> dict:
 
 def engine_alone(engine, batch: int, repeats: int = 50, rounds: int = 3) -> float:
     """img/s of the whole path on `batch` staged GPU frames (no decode): the median of `rounds` rounds of run(batch)
-    repeated, after a round of warm-up. The first 50 runs of a newly built network ran 3-17 % slower than the rounds
-    after them on an H100 (on the device's clock too, at the same SM clock; bench/NOTES.md), and a labeling job's
-    rate is the later rounds'."""
+    repeated, after a round of warm-up. The first two runs after a load wait 19-47 ms each on the host's first use of
+    the path (bench/first_replays.py), which inside a timed round reads 7-17 % slow."""
 
     frame = bus_rgb_cuda()
     for slot in range(batch):
