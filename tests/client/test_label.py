@@ -771,6 +771,33 @@ def test_images_travel_several_a_message_within_the_window(photos, monkeypatch):
     assert len(next(messages).requests) == 2  # the second image takes it to the bound
 
 
+def test_a_refusal_for_load_holds_the_window_as_long_as_the_server_says(photos):
+    """A reply refusing an image for load carries the server's estimate of when it would be admitted (retry_delay_ms):
+    the labeler sends nothing before then (up to LONGEST_SUGGESTED_PAUSE_S), and at least its own growing backoff
+    where the server's estimate is shorter; the refused image goes back to be sent again."""
+    import grpc
+
+    from yolojet.client import remote
+    from yolojet.serve.proto.yolojet.v1 import inference_pb2 as pb
+
+    paths = [str(p) for p in sorted(photos.rglob("*.jpg"))]
+    labeler = remote.RemoteLabeler(remote.Connection("127.0.0.1:1"), window=20, options={})
+
+    def held_after(delay_ms: int) -> tuple[float, remote._Window]:
+        window = remote._Window(20)
+        message = next(labeler._requests(window, 0, iter(paths[:1]), on_error=lambda path, why: pytest.fail(why)))
+        full = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        refusal = pb.Error(code=full, reason="QUEUE_FULL", retry_delay_ms=delay_ms)
+        labeler._answered(window, pb.InferReply(id=message.requests[0].id, error=refusal), pytest.fail, pytest.fail)
+        return window.hold_until - time.monotonic(), window
+
+    held, window = held_after(400)
+    assert 0.35 < held <= 0.4
+    assert [path for _, path, _ in window.again] == paths[:1] and not window.sent
+    assert held_after(30_000)[0] == pytest.approx(remote.LONGEST_SUGGESTED_PAUSE_S, abs=0.05)
+    assert 0 < held_after(0)[0] <= remote.refusal_pause(1)
+
+
 @pytest.mark.parametrize("break_at", [15, 18])
 def test_a_stream_that_ends_while_its_message_is_made_gives_the_images_back(photos, break_at):
     """The call ends (a broken connection: its generation moves on) while the generator reads the image at `break_at`:

@@ -161,10 +161,17 @@ def _give_back(window: _Window, group: list[tuple[str, str, bytes]], held_over: 
     window.lock.notify_all()
 
 
-def refusal_pause(refused_in_a_row: int) -> float:
-    """Seconds to wait before sending to a server that refused for load that many times in a row: 5 ms (about one
-    batch of a small model) doubling to 200 ms, so that a full server is not kept busy refusing."""
-    return min(0.2, 0.005 * 2 ** min(max(refused_in_a_row - 1, 0), 6))
+# The longest pause a server's own estimate sets (a refusal's Error.retry_delay_ms): the whole window waits on it, so
+# one request's long estimate (a deep queue of a slow model) must not idle the stream for longer.
+LONGEST_SUGGESTED_PAUSE_S = 1.0
+
+
+def refusal_pause(refused_in_a_row: int, suggested_s: float = 0.0) -> float:
+    """Seconds to wait before sending to a server that refused for load that many times in a row: at least 5 ms (about
+    one batch of a small model) doubling to 200 ms, so that a full server is not kept busy refusing, and at least
+    `suggested_s`, the server's estimate of when the request would be admitted (up to LONGEST_SUGGESTED_PAUSE_S)."""
+    backoff = min(0.2, 0.005 * 2 ** min(max(refused_in_a_row - 1, 0), 6))
+    return max(backoff, min(suggested_s, LONGEST_SUGGESTED_PAUSE_S))
 
 
 class RemoteLabeler:
@@ -339,9 +346,11 @@ class RemoteLabeler:
             path, data = window.sent.pop(reply.id)
             if refused and not given_up:
                 window.again.append((reply.id, path, data))
-                # The server is full: sending pauses (the replies are still read meanwhile).
+                # The server is full: sending pauses (the replies are still read meanwhile), for as long as the server
+                # says the request would wait, and longer while refusals go on.
                 window.refused_in_a_row += 1
-                window.hold_until = time.monotonic() + refusal_pause(window.refused_in_a_row)
+                pause = refusal_pause(window.refused_in_a_row, reply.error.retry_delay_ms / 1000)
+                window.hold_until = max(window.hold_until, time.monotonic() + pause)
             elif not refused:
                 window.refused_in_a_row = 0
             window.lock.notify_all()
