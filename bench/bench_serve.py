@@ -103,6 +103,8 @@ def label(source: Path, out: Path, where: list[str], spy: Path | None = None) ->
     said = log.read_text(errors="replace")
     rate = re.search(r"(\d+) images labeled \(([\d,.]+) img/s\)", said)
     records = sum(1 for _ in out.open()) if out.exists() else 0
+    error_log = out.with_name(out.name + ".errors.jsonl")  # what --quiet keeps off the terminal: why images failed
+    errors = error_log.read_text(errors="replace").splitlines()[:5] if error_log.exists() else []
     return {
         "exit": done.returncode,
         "wall_s": wall,
@@ -110,6 +112,7 @@ def label(source: Path, out: Path, where: list[str], spy: Path | None = None) ->
         "labeled": int(rate[1]) if rate else 0,
         "img_per_s": float(rate[2].replace(",", "")) if rate else 0.0,
         "said": said[-1500:],
+        "first_errors": errors,
     }
 
 
