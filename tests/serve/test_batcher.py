@@ -131,6 +131,21 @@ def test_a_deadline_shorter_than_a_run_of_one_is_refused_as_such_busy_or_idle():
         s.admit(request("a", clock, slo=1.0))
 
 
+def test_time_the_server_lost_before_admission_is_a_refusal_to_retry_not_a_deadline_too_short():
+    """A request that arrived with 50 ms, admitted 45 ms later (the process paused: a garbage collection, the runner's
+    lock), has 5 ms left, less than a run of one (10 ms). Its budget was never too short, so it is refused as a
+    deadline the work would miss, with a time to try again, which a client does (a DEADLINE_TOO_SHORT is final)."""
+    clock = Clock()
+    s = scheduler(clock)
+    late = request("a", clock, slo=0.050)
+    clock.now += 0.045
+    with pytest.raises(Refused) as refused:
+        s.admit(late)
+    assert refused.value.reason == DEADLINE_CANNOT_BE_MET
+    assert refused.value.retry_after_s == pytest.approx(0.005)
+    s.admit(request("a", clock, slo=0.050))  # one arriving now is taken
+
+
 def test_requests_past_their_deadline_are_dropped_not_run():
     clock = Clock()
     s = scheduler(clock)

@@ -161,7 +161,10 @@ class Scheduler:
         # A run of one: its start-up time, or less where batches have shown it faster (never more: a transient
         # slowdown, a profiler's pauses, once left a server turning every request away for good).
         alone = queue.latency.run_seconds[queue.latency.bucket(1)] * min(1.0, queue.latency.slowdown)
-        if self.clock() + alone > request.deadline:
+        # Too short is judged on the time the request arrived with, not the time left now: the server's own pause
+        # between its arrival and here (a garbage collection, the runner's lock) is a delay that passes, which the
+        # checks below refuse with a time to try again, not a budget no run of one image fits.
+        if request.arrival + alone > request.deadline:
             message = f"model {request.model}: the deadline is shorter than a run of one image ({alone * 1000:.1f} ms)"
             raise Refused(message, DEADLINE_TOO_SHORT, None)
         # Nothing queued or running: the request starts at once. Refusing it on the decode average would refuse

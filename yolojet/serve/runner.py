@@ -148,14 +148,15 @@ class Runner:
         if self.watched:
             self._watchdog.start()
 
-    def enqueue(self, model: str, job: Job, deadline: float, key: Any) -> None:
-        """Queue a request for `model` (raises `Refused` when it cannot meet its deadline)."""
-        now = self.clock()
+    def enqueue(self, model: str, job: Job, deadline: float, key: Any, arrival: float | None = None) -> None:
+        """Queue a request for `model` that arrived at `arrival` (now where None; on `clock`), due at `deadline` (raises
+        `Refused` when it cannot meet it)."""
+        arrival = self.clock() if arrival is None else arrival
         with self._cond:
             if self._stopping:
                 job.done(Outcome(code=grpc.StatusCode.UNAVAILABLE, message=self._refusal))
                 return
-            self.scheduler.admit(Request(model, deadline, now, key, job))
+            self.scheduler.admit(Request(model, deadline, arrival, key, job))
             self.metrics.child(self.metrics.queue_depth, model).set(len(self.scheduler.queues[model].waiting))
             self._cond.notify()
 

@@ -100,9 +100,10 @@ class InferenceService(pb_grpc.InferenceServicer):
         return self.models[name]
 
     def _submit(
-        self, request: pb.InferRequest, deadline: float, loop: asyncio.AbstractEventLoop
+        self, request: pb.InferRequest, deadline: float, loop: asyncio.AbstractEventLoop, arrival: float | None = None
     ) -> tuple[ServedModel, asyncio.Future]:
-        """Check the request and queue it; the future gets its `Outcome`."""
+        """Check the request and queue it (it arrived at `arrival`: the clock reading its deadline was made from, or
+        now where None); the future gets its `Outcome`."""
         model = self._model(request.model)
         data = request.image  # each read of a bytes field makes a new copy (upb): once
         if not data:
@@ -123,14 +124,15 @@ class InferenceService(pb_grpc.InferenceServicer):
             settler = self._settlers[loop] = Settler(loop)
         job = Job(request.id, data, options, functools.partial(settler.put, future), gone=future.cancelled)
         try:
-            self.runner.enqueue(model.name, job, deadline, key=(options.iou, options.agnostic))
+            self.runner.enqueue(model.name, job, deadline, key=(options.iou, options.agnostic), arrival=arrival)
         except Refused as e:
             raise Problem(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), e.reason, e.retry_after_s, model.name) from None
         return model, future
 
-    def _deadline(self, context: grpc.aio.ServicerContext | None) -> float:
+    def _deadline(self, context: grpc.aio.ServicerContext | None, arrival: float) -> float:
+        """The call's gRPC deadline, else `arrival` (on `clock`) plus the server's SLO."""
         stream = self._stream_deadline(context)
-        return stream if stream is not None else self.clock() + self.slo_s
+        return stream if stream is not None else arrival + self.slo_s
 
     def _stream_deadline(self, context: grpc.aio.ServicerContext | None) -> float | None:
         """The call's gRPC deadline on `clock`, None where its client set none."""
@@ -145,10 +147,10 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     # -- what the methods do, without a grpc.aio context (scale/ray_serve's replicas answer through Ray's proxy) --
 
-    async def infer(self, request: pb.InferRequest, deadline: float) -> pb.InferReply:
-        """One request's reply; raises `Problem` with the status it fails with."""
+    async def infer(self, request: pb.InferRequest, deadline: float, arrival: float | None = None) -> pb.InferReply:
+        """One request's reply (`arrival` as `_submit`'s); raises `Problem` with the status it fails with."""
         try:
-            model, future = self._submit(request, deadline, asyncio.get_running_loop())
+            model, future = self._submit(request, deadline, asyncio.get_running_loop(), arrival)
         except Problem as p:
             self._count(request.model, p.code)
             raise
@@ -202,8 +204,9 @@ class InferenceService(pb_grpc.InferenceServicer):
                 waiting: list[tuple[str, ServedModel | None, asyncio.Future | Problem]] = []
                 for request in requests_of(message):
                     try:
-                        due = deadline if deadline is not None else self.clock() + self.slo_s
-                        model, future = self._submit(request, due, loop)
+                        arrival = self.clock()
+                        due = deadline if deadline is not None else arrival + self.slo_s
+                        model, future = self._submit(request, due, loop, arrival)
                         waiting.append((request.id, model, future))
                     except Problem as p:
                         self._count(request.model, p.code)
@@ -285,7 +288,8 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     async def Infer(self, request: pb.InferRequest, context: grpc.aio.ServicerContext) -> pb.InferReply:
         try:
-            return await self.infer(request, self._deadline(context))
+            arrival = self.clock()
+            return await self.infer(request, self._deadline(context, arrival), arrival)
         except Problem as p:
             await context.abort(p.code, p.message, p.trailing_metadata())
             raise  # abort raises; this only tells the type checker so
