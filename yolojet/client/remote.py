@@ -271,7 +271,12 @@ class RemoteLabeler:
             while len(group) < IMAGES_A_MESSAGE and size < MESSAGE_BYTES:
                 with window.lock:
                     while window.generation == generation and not group and self._held(window, 0):
-                        window.lock.wait(timeout=max(0.0, window.hold_until - time.monotonic()) or None)
+                        # A full window waits for a reply; a held one until its hold ends, at least a moment: a hold
+                        # that ended since the check above must not become a wait without end, which it would be
+                        # where every image in flight was refused and no reply is to come.
+                        left = window.hold_until - time.monotonic()
+                        full = len(window.sent) >= window.size
+                        window.lock.wait(timeout=None if full and left <= 0 else max(left, 0.001))
                     if window.generation != generation:
                         _give_back(window, group, held_over)
                         return

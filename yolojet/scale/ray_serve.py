@@ -67,7 +67,8 @@ class InferenceReplica:
 
     async def Infer(self, request: pb.InferRequest, grpc_context: Any) -> pb.InferReply:
         try:
-            return await self.service.infer(request, self.service.clock() + self.service.slo_s)
+            arrival = self.service.clock()
+            return await self.service.infer(request, arrival + self.service.slo_s, arrival)
         except Problem as p:
             grpc_context.set_code(p.code)
             grpc_context.set_details(p.message)

@@ -12,8 +12,9 @@ moving average of decode time per image, updated by every batch.
 - Admission: a request is refused at once (`Refused`, RESOURCE_EXHAUSTED) when its queue is full or when the work
   ahead of it (what is left of the batches in flight, the queued requests of any model with an earlier deadline, its
   own batch) would end past its deadline, rather than being left to time out. An idle server refuses only a request
-  whose deadline is shorter than a run of one, so a decode average inflated by a slow spell is corrected by the next
-  batch.
+  whose deadline is shorter than a run of one (judged on the time it arrived with: DEADLINE_TOO_SHORT, final), or one
+  that lost so much of its time before it reached the queue that a run of one no longer fits (to be sent again at
+  once), so a decode average inflated by a slow spell is corrected by the next batch.
 - The estimates learn from the batches: each batch's time from being taken to being answered, against its estimate,
   moves the model's `slowdown` (an average ratio), so that admission counts what the host adds under load.
 - A request whose deadline has passed while it waited is dropped from its queue (DEADLINE_EXCEEDED), never run.
@@ -169,8 +170,16 @@ class Scheduler:
             raise Refused(message, DEADLINE_TOO_SHORT, None)
         # Nothing queued or running: the request starts at once. Refusing it on the decode average would refuse
         # forever, since only batches update that average; the run of one above is all it is held to.
-        finish = self.clock() + (alone if self.idle() else self.work_ahead(request))
-        if finish > request.deadline:
+        now = self.clock()
+        if self.idle():
+            if now + alone > request.deadline:  # the time it came with went before it reached the queue
+                lost = now - request.arrival
+                message = (
+                    f"model {request.model}: {lost * 1000:.0f} ms of the deadline went before the request reached the "
+                    f"queue, and a run of one image ({alone * 1000:.1f} ms) no longer fits"
+                )
+                raise Refused(message, DEADLINE_CANNOT_BE_MET, 0.0)  # sent again, it is admitted at once
+        elif (finish := now + self.work_ahead(request)) > request.deadline:
             late = finish - request.deadline
             message = f"model {request.model}: the work queued ahead would end {late * 1000:.0f} ms past the deadline"
             raise Refused(message, DEADLINE_CANNOT_BE_MET, late)

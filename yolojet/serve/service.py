@@ -202,9 +202,9 @@ class InferenceService(pb_grpc.InferenceServicer):
                     room.clear()
                     await room.wait()
                 waiting: list[tuple[str, ServedModel | None, asyncio.Future | Problem]] = []
+                arrival = self.clock()  # the message's: the queueing of the requests before one is the server's time
                 for request in requests_of(message):
                     try:
-                        arrival = self.clock()
                         due = deadline if deadline is not None else arrival + self.slo_s
                         model, future = self._submit(request, due, loop, arrival)
                         waiting.append((request.id, model, future))
