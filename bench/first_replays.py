@@ -49,16 +49,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
-    from bench_images import bus_rgb_cuda
-    from support import calibrated_model
+    from bench_images import bus_rgb_cuda, exported_yolo11n
 
-    import yolojet
     from yolojet.engine.engine import Engine
     from yolojet.timing import provenance
 
-    model_dir = args.work / "yolo11n"
-    if not (model_dir / "graph.json").exists():
-        yolojet.export(calibrated_model("yolo11n.yaml", 640), out=model_dir, imgsz=640)
+    model_dir = exported_yolo11n(args.work)
     frame = bus_rgb_cuda()
     found: dict = {"provenance": provenance(), "batch": args.batch, "decoders": {}}
     print("median device ms of replays 1-10, 11-50, 51-100, 101-")

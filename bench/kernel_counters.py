@@ -32,15 +32,11 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernel_counters"), help="the exported model's folder")
     args = parser.parse_args()
 
-    from bench_images import bus_rgb_cuda
-    from support import calibrated_model
+    from bench_images import bus_rgb_cuda, exported_yolo11n
 
-    import yolojet
     from yolojet.engine.engine import Engine
 
-    model_dir = args.work / "yolo11n"
-    if not (model_dir / "graph.json").exists():
-        yolojet.export(calibrated_model("yolo11n.yaml", 640), out=model_dir, imgsz=640)
+    model_dir = exported_yolo11n(args.work)
     engine = Engine.load(
         model_dir, device="cuda", half=True, max_batch=args.batch, buckets=[args.batch], rect=not args.square
     )

@@ -152,16 +152,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
-    from bench_images import bus_rgb_cuda
-    from support import calibrated_model
+    from bench_images import bus_rgb_cuda, exported_yolo11n
 
-    import yolojet
     from yolojet.engine.engine import Engine
     from yolojet.timing import provenance
 
-    model_dir = args.work / "yolo11n"
-    if not (model_dir / "graph.json").exists():
-        yolojet.export(calibrated_model("yolo11n.yaml", 640), out=model_dir, imgsz=640)
+    model_dir = exported_yolo11n(args.work)
     torch.manual_seed(0)
     x = torch.rand(args.batch, 3, *args.imgsz, device="cuda")
     found: dict = {"provenance": provenance(), "batch": args.batch, "imgsz": list(args.imgsz), "offers": {}}

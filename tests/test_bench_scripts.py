@@ -33,6 +33,9 @@ def bench_on_path(monkeypatch):
         "launch_census",
         "probe_serve",
         "sampler",
+        "tile_offers",
+        "first_replays",
+        "kernel_counters",
     ],
 )
 def test_script_imports(script):
@@ -85,3 +88,32 @@ def test_label_formats_bench_makes_both_formats(tmp_path):
     )
     assert found["records"] == 40 and found["coco workers=default"]["seconds"] > 0
     assert found["yolo workers=default"]["peak_rss_mib"] > 0
+
+
+def test_tile_offers_widen_the_offer_inside_and_restore_it_after():
+    """Each offer of bench/tile_offers.py changes what the tuner is offered only while its engine is built and timed:
+    8-warp twins, TMA tiles from 2^14 output pixels, three persistent programs an SM, the product less its 8-warp
+    persistent tile; and the product's offer comes back after each."""
+    import tile_offers
+
+    from yolojet.kernels.conv import config, dispatch
+
+    def offered(m: int, n: int, k: int, is_1x1: bool) -> list:
+        return config.conv_candidate_configs(m, n, k, is_1x1)
+
+    large_1x1, small_3x3 = (64 * 80 * 60, 128, 96, True), (64 * 20 * 15, 128, 9 * 128, False)
+    product = (offered(*large_1x1), offered(*small_3x3), dispatch._PERSISTENT_PROGRAMS_PER_SM)
+    eight_warp_persistent = [c for c in product[0] if c.persistent and c.num_warps == 8]
+    assert eight_warp_persistent and not any(c.loads_by_tma for c in product[1])
+    with tile_offers.offer("warps8"):
+        assert sum(c.num_warps == 8 for c in offered(*large_1x1)) > sum(c.num_warps == 8 for c in product[0])
+    with tile_offers.offer("tma-small"):
+        assert any(c.loads_by_tma for c in offered(*small_3x3))
+    with tile_offers.offer("persistent3"):
+        assert dispatch._PERSISTENT_PROGRAMS_PER_SM == 3
+        assert any(c.persistent and c.num_stages == 2 for c in offered(*large_1x1))
+    with tile_offers.offer("no-eight-warp-1x1"):
+        assert not any(c in eight_warp_persistent for c in offered(*large_1x1))
+    assert (offered(*large_1x1), offered(*small_3x3), dispatch._PERSISTENT_PROGRAMS_PER_SM) == product
+    with pytest.raises(SystemExit, match="unknown offer"), tile_offers.offer("nothing"):
+        pass
