@@ -473,6 +473,38 @@ def test_calls_past_max_pending_are_turned_away_at_once_while_the_event_loop_is_
         running.stop()
 
 
+def test_each_request_arrives_at_the_clock_reading_its_deadline_was_made_from(model_dirs):
+    """The service hands the runner the reading it made a request's deadline from (arrival + --slo-ms), one for all
+    the requests of a stream's message: time the server loses before admitting a request is then never taken for a
+    deadline too short (which is final), but refused with a time to try again."""
+    running = RunningServer(
+        {"detect": served("detect", model_dirs["detect"])}, replace(ServeOptions(), port=0, slo_ms=60_000)
+    )
+    queued: dict[str, tuple[float, float | None]] = {}
+    runner = running.server.runner
+    enqueue = runner.enqueue
+
+    def recording(model, job, deadline, key, arrival=None):
+        queued[job.request_id] = (deadline, arrival)
+        return enqueue(model, job, deadline, key, arrival=arrival)
+
+    runner.enqueue = recording
+    try:
+        stub = running.stub()
+        # No gRPC deadlines (the calls' own would be the requests'); the waits here are bounded instead.
+        assert stub.Infer.future(pb.InferRequest(id="unary", image=BUS)).result(timeout=120).width == 810
+        message = pb.InferBatch(requests=[pb.InferRequest(id=f"m{i}", image=BUS) for i in range(3)])
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            (reply,) = pool.submit(lambda: list(stub.InferBatchStream(iter([message])))).result(timeout=300)
+        assert [r.id for r in reply.replies] == ["m0", "m1", "m2"]
+    finally:
+        running.stop()
+    assert sorted(queued) == ["m0", "m1", "m2", "unary"]
+    for deadline, arrival in queued.values():
+        assert arrival is not None and deadline - arrival == pytest.approx(60.0)
+    assert len({queued[f"m{i}"][1] for i in range(3)}) == 1
+
+
 def test_calls_past_max_calls_are_turned_away_at_once_with_resource_exhausted(model_dirs):
     """With `max_calls` calls under way, gRPC turns new ones away at once (RESOURCE_EXHAUSTED) before the service reads
     them; once a call ends its place is free again."""
