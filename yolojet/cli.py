@@ -832,6 +832,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         token=token,
         metrics_port=args.metrics_port,
+        health_port=args.health_port,
         grace_s=args.grace_s,
         drain_delay_s=args.drain_delay_s,
         engine={**_letterbox(args), **_engine_switches(args)},
@@ -867,7 +868,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     metrics = {} if args.metrics_port is None else {"--metrics-port": args.metrics_port}
     if args.metrics_port:
         metrics.update({f"--metrics-port (+{i})": args.metrics_port + i for i in range(1, args.processes)})
-    check_ports_free(options.host, {"--port": args.port, **metrics})
+    # The health port is one for all of them (shared, as --port is).
+    health = {"--health-port": args.health_port} if args.health_port is not None else {}
+    check_ports_free(options.host, {"--port": args.port, **metrics, **health})
     if args.processes > 1:
         from yolojet.scale.server_processes import serve_processes
 
@@ -1518,6 +1521,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_port,
         default=None,
         help="serve Prometheus metrics on this port (0: any free one; default: none)",
+    )
+    p.add_argument(
+        "--health-port",
+        type=_port,
+        default=None,
+        help="also answer gRPC health checks on this port, plain gRPC, outside --max-calls and the token: for a "
+        "liveness probe that must be answered while every call --max-calls allows is under way (0: any free one; "
+        "default: health on --port only)",
     )
     p.add_argument(
         "--grace-s",

@@ -164,6 +164,11 @@ def test_uvloop_asked_for_where_it_is_missing_is_a_clear_error(monkeypatch):
             "--metrics-port 50999: the same port as --port",
         ),
         (["--model", "m", "--metrics-port", "65535", "--processes", "2"], "65536: a port is a number from 0 to 65535"),
+        (["--model", "m", "--health-port", "70000"], "70000: a port is a number from 0 to 65535"),
+        (
+            ["--model", "m", "--port", "50998", "--health-port", "50998"],
+            "--health-port 50998: the same port as --port",
+        ),
         (["--model", "m", "--max-message-mb", "0"], "'0': expected a positive number"),
         (["--model", "m", "--grace-s", "nan"], "'nan': expected a number, 0 or more"),
         (["--model", "m", "--grace-s", "-1"], "'-1': expected a number, 0 or more"),
@@ -218,6 +223,7 @@ def test_ports_in_use_are_one_clear_line(model_dirs, capsys, tmp_path, monkeypat
         for flags, fragment in (
             (["--port", port], f"--port {port}: cannot listen there"),
             (["--port", "0", "--metrics-port", port], f"--metrics-port {port}: cannot listen there"),
+            (["--port", "0", "--health-port", port], f"--health-port {port}: cannot listen there"),
         ):
             code, _, stderr = run_cli(capsys, "serve", "--model", model, "--slo-ms", "60000", *flags)
             assert code == 2 and fragment in stderr and "Traceback" not in stderr, stderr

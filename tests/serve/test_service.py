@@ -548,6 +548,44 @@ def test_calls_past_max_calls_are_turned_away_at_once_with_resource_exhausted(mo
         running.stop()
 
 
+def test_a_health_port_answers_probes_while_every_call_the_limit_allows_is_under_way(model_dirs):
+    """With `max_calls` calls under way a health check on the main port is turned away like any call, so a liveness
+    probe would fail a server that is only busy; on `health_port` it is answered, SERVING, for the server and for the
+    service by name; it closes with the server."""
+    import time
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    running = RunningServer(
+        {"detect": served("detect", model_dirs["detect"])},
+        replace(ServeOptions(), port=0, slo_ms=60_000, max_calls=1, health_port=0),
+    )
+    try:
+        assert running.server.health_port not in (None, 0, running.server.port)
+        main = health_pb2_grpc.HealthStub(grpc.insecure_channel(running.address))
+        assert main.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        for _ in range(50):  # gRPC frees the check's place just after the client sees it end
+            try:
+                stream = OpenStream(running.stub(), BUS)  # the one call the limit allows
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                time.sleep(0.05)
+        with pytest.raises(grpc.RpcError) as info:
+            main.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        side = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{running.server.health_port}"))
+        for service in ("", "yolojet.v1.Inference"):
+            reply = side.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+        stream.close()
+    finally:
+        running.stop()
+    with pytest.raises(grpc.RpcError) as gone:  # closed with the server
+        side.Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert gone.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
 def test_a_bearer_token_is_required_where_set_but_not_for_health(model_dirs):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

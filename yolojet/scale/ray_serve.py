@@ -137,6 +137,7 @@ class RayService:
             ("--tls-cert", options.tls_cert),
             ("--token-file or YOLOJET_TOKEN", options.token),
             ("--metrics-port", options.metrics_port),
+            ("--health-port", options.health_port),
             ("--max-pending", options.max_pending),
             ("--max-calls", options.max_calls),
         ):

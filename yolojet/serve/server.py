@@ -123,6 +123,10 @@ class ServeOptions:
     tls_key: Path | None = None
     token: str | None = None
     metrics_port: int | None = None
+    # Health checks alone on a port of their own (plain gRPC: probes such as Kubernetes' speak no TLS), outside
+    # `max_calls` and the bearer token: a liveness probe is answered while every call the limit allows is under way,
+    # which on --port it is not. None: health on --port only; 0: any free port.
+    health_port: int | None = None
     grace_s: float = 30.0
     # On SIGTERM, seconds of serving on as before with health NOT_SERVING, so that a load balancer polling it takes
     # this server out before its listener closes (Kubernetes' endpoints lag the signal by a second or more).
@@ -222,6 +226,8 @@ class Server:
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port: int | None = None
+        self.health_port: int | None = None
+        self._health_grpc: grpc.aio.Server | None = None
         self._grpc: grpc.aio.Server | None = None
         self.service: InferenceService | None = None
         self._http: Any = None
@@ -278,9 +284,13 @@ class Server:
             raise EngineConfigError(f"--host {o.host} --port {o.port}: cannot listen there ({e})") from e
         if self.port == 0:
             raise EngineConfigError(f"--host {o.host} --port {o.port}: cannot listen there (in use, or no such host)")
+        if o.health_port is not None:
+            self._health_grpc = self._health_server(o)
         self.runner.start()
         await server.start()
         self._grpc = server
+        if self._health_grpc is not None:
+            await self._health_grpc.start()
         for name in ("", SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if o.metrics_port is not None:
@@ -297,12 +307,26 @@ class Server:
                     "address": host_port(o.host, self.port),
                     "tls": o.tls_cert is not None,
                     "metrics_port": self.metrics_port,
+                    "health_port": self.health_port,
                     "models": sorted(self.models),
                     "slo_ms": self.slo_ms,
                     "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
                 }
             )
         )
+
+    def _health_server(self, o: ServeOptions) -> grpc.aio.Server:
+        """The health service alone, on `o.health_port` (bound here: a port it cannot have is an error before the
+        runner starts), sharing the main server's statuses."""
+        server = grpc.aio.server(options=[("grpc.so_reuseport", int(o.reuse_port))])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        try:
+            self.health_port = server.add_insecure_port(host_port(o.host, o.health_port or 0))
+        except RuntimeError as e:
+            raise EngineConfigError(f"--health-port {o.health_port}: cannot listen there ({e})") from e
+        if self.health_port == 0:
+            raise EngineConfigError(f"--health-port {o.health_port}: cannot listen there (in use, or no such host)")
+        return server
 
     async def stop(self) -> None:
         """Stop taking calls (health says NOT_SERVING first, `drain_delay_s` before), answer every accepted request,
@@ -321,6 +345,8 @@ class Server:
         assert self.service is not None  # made with the grpc server
         self.service.drain()
         await stopping
+        if self._health_grpc is not None:  # NOT_SERVING there until the calls were answered
+            await self._health_grpc.stop(None)
         # Past the grace every call is ended: what is still queued has no one to answer, and running it would hold the
         # process for as long (259 queued images, 15 s on a 2-core machine, against a grace of 1 s).
         self.runner.forget_queued()
