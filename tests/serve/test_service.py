@@ -586,6 +586,27 @@ def test_a_health_port_answers_probes_while_every_call_the_limit_allows_is_under
     assert gone.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+def test_a_server_that_cannot_start_lets_its_health_port_go(model_dirs):
+    """The metrics port taken once the main and health ports are bound: the start fails naming it, and the health port
+    is free again (the server it was bound for is gone), as the main port is."""
+    import socket
+
+    from yolojet.errors import EngineConfigError
+
+    with socket.socket() as taken, socket.socket() as probe:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        probe.bind(("127.0.0.1", 0))
+        health_port = probe.getsockname()[1]
+        probe.close()
+        options = replace(ServeOptions(), port=0, metrics_port=taken.getsockname()[1], health_port=health_port)
+        with pytest.raises(EngineConfigError, match=r"--metrics-port \d+: cannot listen there"):
+            RunningServer({"detect": served("detect", model_dirs["detect"])}, options)
+        with socket.socket() as again:
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("127.0.0.1", health_port))
+
+
 def test_a_bearer_token_is_required_where_set_but_not_for_health(model_dirs):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -285,7 +285,7 @@ class Server:
         if self.port == 0:
             raise EngineConfigError(f"--host {o.host} --port {o.port}: cannot listen there (in use, or no such host)")
         if o.health_port is not None:
-            self._health_grpc = self._health_server(o)
+            self._health_grpc = self._health_server(o, o.health_port)
         self.runner.start()
         await server.start()
         self._grpc = server
@@ -298,6 +298,8 @@ class Server:
                 self._http = self.metrics.serve_http(bare_host(o.host), o.metrics_port)
             except OSError as e:
                 await server.stop(None)
+                if self._health_grpc is not None:
+                    await self._health_grpc.stop(None)
                 raise EngineConfigError(f"--metrics-port {o.metrics_port}: cannot listen there ({e.strerror})") from e
             self.metrics_port = self._http.server_port
         log.info(
@@ -315,17 +317,17 @@ class Server:
             )
         )
 
-    def _health_server(self, o: ServeOptions) -> grpc.aio.Server:
-        """The health service alone, on `o.health_port` (bound here: a port it cannot have is an error before the
-        runner starts), sharing the main server's statuses."""
+    def _health_server(self, o: ServeOptions, port: int) -> grpc.aio.Server:
+        """The health service alone, on `port` (bound here: a port it cannot have is an error before the runner
+        starts), sharing the main server's statuses."""
         server = grpc.aio.server(options=[("grpc.so_reuseport", int(o.reuse_port))])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
-            self.health_port = server.add_insecure_port(host_port(o.host, o.health_port or 0))
+            self.health_port = server.add_insecure_port(host_port(o.host, port))
         except RuntimeError as e:
-            raise EngineConfigError(f"--health-port {o.health_port}: cannot listen there ({e})") from e
+            raise EngineConfigError(f"--health-port {port}: cannot listen there ({e})") from e
         if self.health_port == 0:
-            raise EngineConfigError(f"--health-port {o.health_port}: cannot listen there (in use, or no such host)")
+            raise EngineConfigError(f"--health-port {port}: cannot listen there (in use, or no such host)")
         return server
 
     async def stop(self) -> None:

@@ -100,10 +100,10 @@ class InferenceService(pb_grpc.InferenceServicer):
         return self.models[name]
 
     def _submit(
-        self, request: pb.InferRequest, deadline: float, loop: asyncio.AbstractEventLoop, arrival: float | None = None
+        self, request: pb.InferRequest, deadline: float, loop: asyncio.AbstractEventLoop, arrival: float
     ) -> tuple[ServedModel, asyncio.Future]:
-        """Check the request and queue it (it arrived at `arrival`: the clock reading its deadline was made from, or
-        now where None); the future gets its `Outcome`."""
+        """Check the request and queue it (it arrived at `arrival`: the clock reading its deadline was made from); the
+        future gets its `Outcome`."""
         model = self._model(request.model)
         data = request.image  # each read of a bytes field makes a new copy (upb): once
         if not data:
@@ -147,7 +147,7 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     # -- what the methods do, without a grpc.aio context (scale/ray_serve's replicas answer through Ray's proxy) --
 
-    async def infer(self, request: pb.InferRequest, deadline: float, arrival: float | None = None) -> pb.InferReply:
+    async def infer(self, request: pb.InferRequest, deadline: float, arrival: float) -> pb.InferReply:
         """One request's reply (`arrival` as `_submit`'s); raises `Problem` with the status it fails with."""
         try:
             model, future = self._submit(request, deadline, asyncio.get_running_loop(), arrival)

@@ -155,7 +155,7 @@ _LARGE_M_TILES = (ConvConfig(256, 128, 64, 8, 3), ConvConfig(128, 256, 64, 8, 4)
 # grid the usual winner's shape and a 128x64 tile on 8 warps. YOLO's 1x1 convs have 1-3 K steps, so the epilogue is
 # most of a tile's work, and 8 warps share it (32 accumulator registers a thread, where the 4-warp 128x128 tile
 # holds 128 and ran at 12 % occupancy): it won 9 of yolo11n's 1x1 layers at batch 64 on an H100 by 2-10 %, and the
-# whole path by 1.6-2.2 % (bench/tile_offers.py, bench/NOTES.md).
+# whole path by 2.1-2.9 % in two A/B runs (bench/tile_offers.py, bench/NOTES.md).
 _TMA_TILES = (
     ConvConfig(128, 128, 64, 4, 3, ConvKind.TMA_1X1),
     ConvConfig(128, 256, 64, 8, 3, ConvKind.TMA_1X1),
