@@ -215,6 +215,26 @@ def test_conv_matches_reference(name: str) -> None:
         assert bool((out_buf == SENTINEL).all()), "conv wrote outside its output slice"
 
 
+@pytest.mark.parametrize("config", [ConvConfig(16, 16, 16, 1, 1), ConvConfig(16, 16, 32, 1, 1, ConvKind.PACKED)])
+def test_views_aligned_differently_each_get_their_own_divisor(config: ConvConfig) -> None:
+    """The gathering kernel is told what divides each view's strides and channels (8 for an 8-channel map, so its
+    pixels load as whole vectors): x is 8 channels of a 24-wide buffer, out 16 of a 24-wide one, the residual 16
+    of a 20-wide one, which holds the output's divisor to 4 (told 8, the kernel would read it at a 16-wide stride)."""
+    case = Case(2, 9, 7, 8, 16, 3, padding=1, residual=True)
+    torch.manual_seed(7)
+    n, h, w = case.batch, case.h * SPATIAL, case.w * SPATIAL
+    x = torch.randn(n, h, w, 24, device=DEVICE).half()[..., 8:16]
+    weight = (torch.randn(16, 3, 3, 8, device=DEVICE) / 72**0.5).half()
+    bias = torch.randn(16, device=DEVICE)
+    residual = torch.randn(n, h, w, 20, device=DEVICE).half()[..., 4:]
+    out_buf = torch.full((n, h, w, 24), SENTINEL, device=DEVICE).half()
+    out = out_buf[..., 8:]
+    out.fill_(float("nan"))
+    conv2d_nhwc(out, x, weight, bias, padding=1, residual=residual, config=config)
+    assert_close(out, _reference(case, x, weight, bias, residual), TOLERANCE[F16])
+    assert bool((out_buf[..., :8] == SENTINEL).all()), "conv wrote outside its output slice"
+
+
 @pytest.mark.parametrize(("dtype", "c_in"), [(F16, 40), (F32, 40), (F16, 5)])
 def test_every_candidate_config_runs(dtype: torch.dtype, c_in: int) -> None:
     case = Case(3, 9, 7, c_in, 33, 3, padding=1, dtype=dtype)

@@ -353,9 +353,23 @@ def _launch_gemm(call: _ConvCall, cfg: ConvConfig) -> None:
         sy, sx, py, px, dy, dx, KH=kh, KW=kw, UPSAMPLE=call.upsample, ACTIVATION=call.activation,
         HAS_RESIDUAL=call.residual is not None, PACK_TAPS=cfg.kind is ConvKind.PACKED, WHOLE_PIXELS=cfg.whole_pixels,
         TWO_INPUTS=second is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=_GROUP_M, SPLIT_K=cfg.split_k, TMA_STORE=cfg.tma_store, num_warps=cfg.num_warps,
+        GROUP_M=_GROUP_M, SPLIT_K=cfg.split_k, TMA_STORE=cfg.tma_store,
+        X_ALIGN=_common_divisor(*x.stride()[:3], c_in, *two.stride()[:3], c_second),
+        OUT_ALIGN=_common_divisor(*out.stride()[:3], *res.stride()[:3], c_out), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
+
+
+# What the JIT itself finds of integer arguments: divisibility by 16 (see _divisible).
+_JIT_DIVISOR = 16
+
+
+def _common_divisor(*values: int) -> int:
+    """The largest power of two up to _JIT_DIVISOR dividing every value (strides and channel counts, in elements)."""
+    divisor = _JIT_DIVISOR
+    while divisor > 1 and any(value % divisor for value in values):
+        divisor //= 2
+    return divisor
 
 
 # The launcher of each kind of tile.

@@ -29,6 +29,16 @@ def _split_range(steps, split, SPLIT_K: tl.constexpr):
     return first, tl.minimum(first + per_split, steps)
 
 
+@triton.jit
+def _divisible(value, BY: tl.constexpr):
+    """`value`, which the launcher found divisible by BY, in a form that tells the compiler so: Triton's JIT marks
+    integer arguments divisible by 16 and no less, so an 8-channel fp16 map's 16-byte pixels would otherwise be
+    loaded and stored as 2-byte halves. (tl.multiple_of marks only a tensor an operation made, not an argument.)"""
+    if BY > 1 and BY < 16:
+        return (value // BY) * BY
+    return value
+
+
 # The most taps whose bounds `_taps_inside` holds as bits (an int64's, less its sign); a larger kernel compares a tap's
 # bounds at each step.
 _TAP_BITS = tl.constexpr(63)
@@ -100,6 +110,8 @@ def _conv2d_nhwc_kernel(
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
     TMA_STORE: tl.constexpr,
+    X_ALIGN: tl.constexpr,
+    OUT_ALIGN: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """out[n, oy, ox, co] = act(bias[co] + Σ_{ky,kx,ci} xu[n, iy, ix, ci] · w[co, ky, kx, ci]) (+ res[n, oy, ox, co])
@@ -123,7 +135,21 @@ def _conv2d_nhwc_kernel(
     PACK_TAPS runs K over (ky, kx, ci) flattened, every tap in one K tile. With WHOLE_PIXELS too (fp16 input of
     at most 4 channels whose pixels are 8-byte words), K runs over (tap, the word's 4 halves): each tap's
     channels arrive as one 8-byte load and BLOCK_K = 4 · (taps rounded up to a power of two).
+
+    X_ALIGN divides x's (and second's) strides and channel counts, OUT_ALIGN out's and the residual's strides and
+    C_out (`_divisible`).
     """
+    stride_xn, stride_xh, stride_xw = (_divisible(stride_xn, X_ALIGN), _divisible(stride_xh, X_ALIGN),
+                                       _divisible(stride_xw, X_ALIGN))  # fmt: skip
+    stride_sn, stride_sh, stride_sw = (_divisible(stride_sn, X_ALIGN), _divisible(stride_sh, X_ALIGN),
+                                       _divisible(stride_sw, X_ALIGN))  # fmt: skip
+    C_in = _divisible(C_in, X_ALIGN)
+    C_second = _divisible(C_second, X_ALIGN)
+    stride_on, stride_oh, stride_ow = (_divisible(stride_on, OUT_ALIGN), _divisible(stride_oh, OUT_ALIGN),
+                                       _divisible(stride_ow, OUT_ALIGN))  # fmt: skip
+    stride_rn, stride_rh, stride_rw = (_divisible(stride_rn, OUT_ALIGN), _divisible(stride_rh, OUT_ALIGN),
+                                       _divisible(stride_rw, OUT_ALIGN))  # fmt: skip
+    C_out = _divisible(C_out, OUT_ALIGN)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
