@@ -587,9 +587,13 @@ def test_a_health_port_answers_probes_while_every_call_the_limit_allows_is_under
 
 
 def test_a_server_that_cannot_start_lets_its_health_port_go(model_dirs):
-    """The metrics port taken once the main and health ports are bound: the start fails naming it, and the health port
-    is free again (the server it was bound for is gone), as the main port is."""
+    """The metrics port taken once the main and health ports are bound: the start fails naming it, no runner thread is
+    left behind, and the health port is free again (the server it was bound for is gone), as the main port is."""
     import socket
+    import threading
+
+    def runners() -> int:
+        return sum(thread.name == "yolojet-serve-runner" for thread in threading.enumerate())
 
     from yolojet.errors import EngineConfigError
 
@@ -600,8 +604,10 @@ def test_a_server_that_cannot_start_lets_its_health_port_go(model_dirs):
         health_port = probe.getsockname()[1]
         probe.close()
         options = replace(ServeOptions(), port=0, metrics_port=taken.getsockname()[1], health_port=health_port)
+        before = runners()
         with pytest.raises(EngineConfigError, match=r"--metrics-port \d+: cannot listen there"):
             RunningServer({"detect": served("detect", model_dirs["detect"])}, options)
+        assert runners() == before
         with socket.socket() as again:
             again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             again.bind(("127.0.0.1", health_port))

@@ -286,22 +286,25 @@ class Server:
             raise EngineConfigError(f"--host {o.host} --port {o.port}: cannot listen there (in use, or no such host)")
         if o.health_port is not None:
             self._health_grpc = self._health_server(o, o.health_port)
-        self.runner.start()
         await server.start()
         self._grpc = server
         if self._health_grpc is not None:
             await self._health_grpc.start()
-        for name in ("", SERVICE):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if o.metrics_port is not None:
             try:
                 self._http = self.metrics.serve_http(bare_host(o.host), o.metrics_port)
             except OSError as e:
+                # gRPC lets a port go only once its server has started and stopped; the runner has not started yet,
+                # so no thread is left behind. (A call taken meanwhile is cancelled by the stop.)
                 await server.stop(None)
                 if self._health_grpc is not None:
                     await self._health_grpc.stop(None)
+                self._grpc = None
                 raise EngineConfigError(f"--metrics-port {o.metrics_port}: cannot listen there ({e.strerror})") from e
             self.metrics_port = self._http.server_port
+        self.runner.start()
+        for name in ("", SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
             json.dumps(
                 {
