@@ -144,6 +144,20 @@ CASES = {
     "packed_1x3_stride_pairs": Case(
         3, 9, 7, 4, 7, (1, 3), stride=(2, 1), padding=(0, 1), config=ConvConfig(16, 16, 16, 1, 1, ConvKind.PACKED)
     ),
+    # Packed tiles over a power of two of channels walk whole taps a K step (the channel count a constant): several
+    # taps a step, a tap split across steps, the last step's spare taps masked, strided and dilated.
+    "packed_taps_c16_stride2_sliced": Case(
+        3, 9, 7, 16, 33, 3, stride=2, padding=1, sliced=True, config=ConvConfig(32, 32, 64, 2, 2, ConvKind.PACKED)
+    ),
+    "packed_taps_c8_residual_dilation": Case(
+        1, 9, 7, 8, 16, 3, padding=2, dilation=2, residual=True, config=ConvConfig(16, 16, 16, 1, 1, ConvKind.PACKED)
+    ),
+    "packed_taps_c16_one_step_fp32": Case(
+        1, 5, 6, 16, 7, 3, padding=1, dtype=F32, config=ConvConfig(16, 16, 256, 1, 1, ConvKind.PACKED)
+    ),
+    "packed_taps_c32_half_a_tap_a_step": Case(
+        1, 5, 6, 32, 16, (3, 1), padding=(1, 0), config=ConvConfig(16, 16, 16, 1, 1, ConvKind.PACKED)
+    ),
     # A tap's bounds are a bit of one int32 up to 31 taps, of an int64 up to 63, and compared a step past that.
     "7x7_gemm_49_taps": Case(1, 9, 7, 8, 16, 7, padding=3, config=ConvConfig(16, 16, 16, 1, 1)),
     "9x9_gemm_81_taps_stride_2": Case(1, 9, 7, 8, 16, 9, stride=2, padding=4, config=ConvConfig(16, 16, 16, 1, 1)),
@@ -235,7 +249,7 @@ def test_views_aligned_differently_each_get_their_own_divisor(config: ConvConfig
     assert bool((out_buf[..., :8] == SENTINEL).all()), "conv wrote outside its output slice"
 
 
-@pytest.mark.parametrize(("dtype", "c_in"), [(F16, 40), (F32, 40), (F16, 5)])
+@pytest.mark.parametrize(("dtype", "c_in"), [(F16, 40), (F32, 40), (F16, 5), (F16, 16)])
 def test_every_candidate_config_runs(dtype: torch.dtype, c_in: int) -> None:
     case = Case(3, 9, 7, c_in, 33, 3, padding=1, dtype=dtype)
     _, x, weight, bias = _make_case(case, seed=100)
@@ -334,7 +348,7 @@ def test_direct_kernel_offered_only_for_few_input_channels() -> None:
         ConvConfig(64, 16, 16, 2, 1, ConvKind.DIRECT, split_k=2)
 
 
-def test_packed_taps_offered_only_for_few_input_channels_and_many_outputs() -> None:
+def test_packed_taps_offered_for_few_input_channels_and_many_outputs_or_whole_taps() -> None:
     wide_stem = conv_candidate_configs(64 * 320 * 320, 64, 27, kernel_is_1x1=False)
     packed = [c for c in wide_stem if c.kind is ConvKind.PACKED]
     assert packed and all(c.block_k == 32 and c.block_n == 64 for c in packed)
@@ -344,9 +358,13 @@ def test_packed_taps_offered_only_for_few_input_channels_and_many_outputs() -> N
         for c in conv_candidate_configs(6400, 32, 72, kernel_is_1x1=False)
     )
     assert not any(c.kind is ConvKind.PACKED for c in conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False))
-    assert not any(
-        c.kind is ConvKind.PACKED for c in conv_candidate_configs(160 * 160, 64, 9 * 16, kernel_is_1x1=False)
-    )
+    # 8 or 16 channels: whole taps a K step, for any output width; 32 or 5 channels, few outputs: none.
+    for c_in, c_out in ((16, 8), (8, 16), (16, 64)):
+        offered = conv_candidate_configs(160 * 160, c_out, 9 * c_in, kernel_is_1x1=False, c_in=c_in)
+        assert {c.block_k for c in offered if c.kind is ConvKind.PACKED} >= {64, 128}
+    for c_in in (32, 5):
+        offered = conv_candidate_configs(160 * 160, 16, 9 * c_in, kernel_is_1x1=False, c_in=c_in)
+        assert not any(c.kind is ConvKind.PACKED for c in offered)
     assert not any(c.kind is ConvKind.PACKED for c in conv_candidate_configs(160 * 160, 64, 4, kernel_is_1x1=True))
     with pytest.raises(ValueError, match="a packed tile has no split_k"):
         ConvConfig(64, 64, 32, 4, 2, ConvKind.PACKED, split_k=2)

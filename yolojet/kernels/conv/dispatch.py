@@ -26,7 +26,7 @@ from yolojet.kernels.conv.config import (
 )
 from yolojet.kernels.conv.direct import _conv2d_direct_kernel
 from yolojet.kernels.conv.feasibility import pixels_are_words, tma_loadable, tma_patch_loadable, tma_storable
-from yolojet.kernels.conv.gemm import _conv2d_nhwc_kernel
+from yolojet.kernels.conv.gemm import _TAP_BITS, _conv2d_nhwc_kernel
 from yolojet.kernels.conv.tma import _conv1x1_tma_kernel, _conv_tma_kernel
 from yolojet.kernels.launch import network_launcher
 
@@ -351,13 +351,29 @@ def _launch_gemm(call: _ConvCall, cfg: ConvConfig) -> None:
         out, *out.stride()[:3], out_desc, x, *x.stride()[:3], two, *two.stride()[:3], weight, call.bias, res,
         *res.stride()[:3], partials, arrivals, height, width, c_in, c_second, oh, ow, c_out, call.m,
         sy, sx, py, px, dy, dx, KH=kh, KW=kw, UPSAMPLE=call.upsample, ACTIVATION=call.activation,
-        HAS_RESIDUAL=call.residual is not None, PACK_TAPS=cfg.kind is ConvKind.PACKED, WHOLE_PIXELS=cfg.whole_pixels,
+        HAS_RESIDUAL=call.residual is not None, PACK_TAPS=cfg.kind is ConvKind.PACKED,
+        TAP_CHANNELS=_tap_channels_constant(call, cfg), WHOLE_PIXELS=cfg.whole_pixels,
         TWO_INPUTS=second is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=_GROUP_M, SPLIT_K=cfg.split_k, TMA_STORE=cfg.tma_store,
         X_ALIGN=_common_divisor(*x.stride()[:3], c_in, *two.stride()[:3], c_second),
         OUT_ALIGN=_common_divisor(*out.stride()[:3], *res.stride()[:3], c_out), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
+
+
+def _tap_channels_constant(call: _ConvCall, cfg: ConvConfig) -> int:
+    """C_in for a packed tile to walk as a constant (whole taps a K step, each tap's channels one vector run): a power
+    of two, no upsample, taps within `_TAP_BITS`; else 0, which the kernel reads as C_in unknown until it runs."""
+    c_in = call.x.shape[3]
+    kh, kw = call.weight.shape[1:3]
+    known = (
+        cfg.kind is ConvKind.PACKED
+        and not cfg.whole_pixels
+        and call.upsample == 1
+        and kh * kw <= _TAP_BITS.value
+        and c_in & (c_in - 1) == 0
+    )
+    return c_in if known else 0
 
 
 # What the JIT itself finds of integer arguments: divisibility by 16 (see _divisible).

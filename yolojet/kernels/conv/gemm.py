@@ -102,6 +102,7 @@ def _conv2d_nhwc_kernel(
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     PACK_TAPS: tl.constexpr,
+    TAP_CHANNELS: tl.constexpr,
     WHOLE_PIXELS: tl.constexpr,
     TWO_INPUTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -132,9 +133,11 @@ def _conv2d_nhwc_kernel(
     TMA_STORE (unsplit K): the output tile is stored through out_desc, the output as an (M, C_out) matrix, by the
     tensor memory accelerator, which clips it at the matrix's edges.
 
-    PACK_TAPS runs K over (ky, kx, ci) flattened, every tap in one K tile. With WHOLE_PIXELS too (fp16 input of
-    at most 4 channels whose pixels are 8-byte words), K runs over (tap, the word's 4 halves): each tap's
-    channels arrive as one 8-byte load and BLOCK_K = 4 · (taps rounded up to a power of two).
+    PACK_TAPS runs K over (ky, kx, ci) flattened, every tap in one K tile; with TAP_CHANNELS (C_in, a power of two,
+    no upsample, at most _TAP_BITS taps) known as a constant, in K tiles of BLOCK_K // TAP_CHANNELS whole taps.
+    With WHOLE_PIXELS too (fp16 input of at most 4 channels whose pixels are 8-byte words), K runs over (tap, the
+    word's 4 halves): each tap's channels arrive as one 8-byte load and BLOCK_K = 4 · (taps rounded up to a power
+    of two).
 
     X_ALIGN divides x's (and second's) strides and channel counts, OUT_ALIGN out's and the residual's strides and
     C_out (`_divisible`).
@@ -233,6 +236,26 @@ def _conv2d_nhwc_kernel(
         k_ok = (tap < KH * KW) & (ci < C_in)
         b = tl.load(w_rows[None, :] + (tap * C_in + ci)[:, None], mask=k_ok[:, None] & n_mask[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision="ieee")
+    elif PACK_TAPS and TAP_CHANNELS > 0:
+        # A power of two of input channels (C3k2's 8- and 16-channel bottlenecks, model.1's 16): K runs over (tap, ci)
+        # as the weight is packed, BLOCK_K // TAP_CHANNELS taps a K step, where the GEMM tiles pay a step's waits and
+        # bookkeeping for each tap's 8 or 16 channels. The channel count a constant, each tap's channels are one
+        # contiguous run the compiler loads as whole vectors; rows start at their first tap's address and test a
+        # tap's bit, as the GEMM tiles' loop does.
+        x_first = x_img + iy0.to(tl.int64) * stride_xh + ix0.to(tl.int64) * stride_xw
+        inside = _taps_inside(m_mask, iy0, ix0, H_up, W_up, dil_y, dil_x, KH, KW)
+        w_taps = w_ptr + offs_n * (KH * KW * TAP_CHANNELS)
+        for k0 in range(0, KH * KW * TAP_CHANNELS, BLOCK_K):
+            k = k0 + offs_k
+            tap = k // TAP_CHANNELS
+            tap_ok = tap < KH * KW
+            ky = tap // KW
+            kx = tap % KW
+            ok = (((inside[:, None] >> tl.where(tap_ok, tap, 0)[None, :]) & 1) != 0) & tap_ok[None, :]
+            offset = (ky * dil_y).to(tl.int64) * stride_xh + (kx * dil_x).to(tl.int64) * stride_xw + k % TAP_CHANNELS
+            a = tl.load(x_first[:, None] + offset[None, :], mask=ok, other=0.0)
+            b = tl.load(w_taps[None, :] + k[:, None], mask=tap_ok[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
     elif PACK_TAPS:
         # A handful of input channels feeding many outputs (the stem of the wider models): one tap's channels
         # would fill a sliver of a K tile, so K runs over (ky, kx, ci) flattened, as the weight is packed, and
