@@ -259,7 +259,7 @@ def test_row_walking_depthwise_tiles_on_every_3x3_stride_1_dwconv(model_dirs, mo
     engine = Engine.load(model_dir, device=DEVICE, half=True, max_batch=2, tune=False)
     walking = []
     for launch in engine.network.launch_list(2):
-        if launch.family == "dwconv" and ", 3, 3)|st[1, 1]|" in launch.tune_key:
+        if launch.family == "dwconv" and "|w(3, 3, " in launch.tune_key and "|st[1, 1]|" in launch.tune_key:
             launch.configure(DwConvTile(16, 16, 2, 4))
             walking += launch.outputs
     launches: list = []

@@ -32,16 +32,19 @@ class Case:
     padding: int = 1
     activation: str = "silu"
     residual: bool = False
-    sliced: bool = False  # input, output and residual are channel (and spatial) slices of wider buffers
+    sliced: bool = False  # input, output, residual and weight are channel (and spatial) slices of wider buffers
     dtype: torch.dtype = F16
+    fp32_weight: bool = False  # the weight in fp32, as the engine packs it, whatever x's dtype
 
 
 CASES = {
     "head_dw_c5": Case(1, 7, 5, 5),
     "head_dw_c13_b3_sliced_fp32": Case(3, 9, 9, 13, sliced=True, dtype=F32),
-    "psa_pe_residual_sliced": Case(1, 9, 9, 40, activation="identity", residual=True, sliced=True),
+    "psa_pe_residual_sliced_fp32_weight": Case(
+        1, 9, 9, 40, activation="identity", residual=True, sliced=True, fp32_weight=True
+    ),
     "psa_pe_residual_fp32": Case(3, 7, 5, 13, activation="identity", residual=True, dtype=F32),
-    "stride2_pad1_b3": Case(3, 9, 9, 40, stride=2),
+    "stride2_pad1_b3_fp32_weight": Case(3, 9, 9, 40, stride=2, fp32_weight=True),
     "stride2_pad0_relu_fp32": Case(1, 9, 9, 13, stride=2, padding=0, activation="relu", dtype=F32),
     "5x5_stride2_pad2_sigmoid_sliced": Case(
         3, 7, 5, 13, kernel=(5, 5), stride=2, padding=2, activation="sigmoid", sliced=True
@@ -72,11 +75,14 @@ def _residual(shape, dtype):
 def _reference_and_inputs(case: Case):
     kh, kw = case.kernel
     x = _nhwc((case.batch, case.h, case.w, case.c), case.dtype, case.sliced)[1]
-    weight = (torch.randn(case.c, kh, kw, dtype=torch.float64) / (kh * kw) ** 0.5).to(DEVICE, case.dtype)
+    # Tap-major (kh, kw, C), as the kernel reads it; sliced, its tap strides are not kw·C and C.
+    w_buf = torch.randn(kh, kw + 2, case.c + 3, dtype=torch.float64) / (kh * kw) ** 0.5
+    w_buf = w_buf.to(DEVICE, F32 if case.fp32_weight else case.dtype)
+    weight = w_buf[:, 1 : kw + 1, 2 : case.c + 2] if case.sliced else w_buf[:, :kw, : case.c].contiguous()
     bias = torch.randn(case.c, device=DEVICE)
     ref = F.conv2d(
         x.double().permute(0, 3, 1, 2),
-        weight.double()[:, None],
+        weight.double().permute(2, 0, 1)[:, None],
         bias.double(),
         case.stride,
         case.padding,
@@ -120,7 +126,7 @@ def _check_tile(case, ref, x, weight, bias, residual, tile):
 @pytest.mark.parametrize(
     "case",
     [
-        pytest.param(Case(2, 9, 7, 80, sliced=True), id="c80_in_blocks_of_16_64_128_sliced"),
+        pytest.param(Case(2, 9, 7, 80, sliced=True, fp32_weight=True), id="c80_in_blocks_of_16_64_128_sliced"),
         pytest.param(Case(1, 11, 9, 13, stride=2, activation="identity", residual=True), id="c13_stride2_residual"),
     ],
 )
@@ -164,7 +170,7 @@ def test_row_walking_tiles_are_offered_to_large_3x3_stride_1_layers_only():
         dwconv2d_nhwc(
             _t(1, 3, 3, 8),
             _t(1, 6, 6, 8),
-            _t(8, 3, 3),
+            _t(3, 3, 8),
             _t(8, dtype=F32),
             stride=2,
             padding=1,
@@ -193,13 +199,16 @@ def _t(*shape, dtype=F16):
     ("changes", "message"),
     [
         pytest.param(
-            lambda: {"weight": _t(7, 3, 3)}, r"weight: shape \(7, 3, 3\), expected \(8, \?, \?\)", id="weight_shape"
+            lambda: {"weight": _t(3, 3, 7)}, r"weight: shape \(3, 3, 7\), expected \(\?, \?, 8\)", id="weight_shape"
         ),
-        pytest.param(lambda: {"weight": _t(8, 3, 3, dtype=F32)}, "weight: dtype torch.float32", id="weight_dtype"),
         pytest.param(
-            lambda: {"weight": _t(3, 3, 8).permute(2, 0, 1)}, "weight: last-dimension stride 8", id="weight_stride"
+            lambda: {"weight": _t(3, 3, 8, dtype=torch.float64)},
+            r"weight: dtype torch.float64, expected torch.float16 \(x's\) or torch.float32",
+            id="weight_dtype",
         ),
-        pytest.param(lambda: {"weight": _t(8, 3, 4)[..., :3]}, "weight: expected a contiguous", id="weight_contiguous"),
+        pytest.param(
+            lambda: {"weight": _t(8, 3, 3).permute(1, 2, 0)}, "weight: last-dimension stride 9", id="weight_stride"
+        ),
         pytest.param(lambda: {"bias": _t(8, dtype=F16)}, "bias: dtype torch.float16", id="bias_dtype"),
         pytest.param(lambda: {"out": _t(1, 5, 6, 8, dtype=F32)}, "out: dtype torch.float32", id="out_dtype"),
         pytest.param(
@@ -215,7 +224,7 @@ def _t(*shape, dtype=F16):
     ],
 )
 def test_launcher_rejects_bad_arguments(changes, message):
-    args = {"out": _t(1, 5, 6, 8), "x": _t(1, 5, 6, 8), "weight": _t(8, 3, 3), "bias": _t(8, dtype=F32), "padding": 1}
+    args = {"out": _t(1, 5, 6, 8), "x": _t(1, 5, 6, 8), "weight": _t(3, 3, 8), "bias": _t(8, dtype=F32), "padding": 1}
     args.update(changes())
     with pytest.raises(ValueError, match=message):
         dwconv2d_nhwc(args.pop("out"), args.pop("x"), args.pop("weight"), args.pop("bias"), **args)

@@ -160,7 +160,8 @@ class SplitKScratch:
 
 
 class PackedWeights:
-    """Weights in the layouts the kernels read: conv [C_out, kh, kw, C_in], depthwise [C, kh, kw], bias fp32.
+    """Weights in the layouts the kernels read: conv [C_out, kh, kw, C_in], depthwise [kh, kw, C] in fp32 (a tap's
+    weights for a run of channels one vector load, needing no conversion), bias fp32.
 
     `widened` (the plan's) maps values to the channel count their convs work on: a conv writing such a value
     gets zero weight rows and zero bias for the extra output channels, a conv reading it zero weights for the
@@ -182,9 +183,9 @@ class PackedWeights:
                     extra_out = widened.get(node.outputs[0], packed.shape[0]) - packed.shape[0]
                     packed = torch.nn.functional.pad(packed, (0, extra_in, 0, 0, 0, 0, 0, extra_out))
                     bias = torch.nn.functional.pad(bias, (0, extra_out))
+                    self._put(node, "weight", packed, dtype, device)
                 else:
-                    packed = weight[:, 0]
-                self._put(node, "weight", packed, dtype, device)
+                    self._put(node, "weight", weight[:, 0].permute(1, 2, 0), torch.float32, device)
                 self._put(node, "bias", bias, torch.float32, device)
             elif node.op == "conv_transpose":
                 # One 1x1 conv per kernel tap (dy, dx): weight (C_in, C_out, 2, 2) -> 4 x (C_out, 1, 1, C_in).
@@ -246,7 +247,7 @@ def _lower_conv(
     weight, bias = weights.get(node, "weight"), weights.get(node, "bias")
     stride, padding, dilation = pair(a["stride"]), pair(a["padding"]), pair(a["dilation"])
     if a["groups"] != 1:
-        if a["groups"] != x.shape[3] or weight.shape[0] != x.shape[3] or dilation != (1, 1) or stride[0] != stride[1]:
+        if a["groups"] != x.shape[3] or weight.shape[2] != x.shape[3] or dilation != (1, 1) or stride[0] != stride[1]:
             raise GraphError(f"node {node.name}: grouped conv with groups={a['groups']} has no kernel")
         return _lower_depthwise(node, x, out, weight, bias, residual, stride[0], padding[0], pdl)
 
@@ -369,7 +370,7 @@ def _lower_depthwise(
         candidates=dwconv_candidate_tiles(
             x.shape[3],
             x.dtype,
-            walks_rows=tuple(weight.shape[1:]) == (3, 3) and stride == 1,
+            walks_rows=tuple(weight.shape[:2]) == (3, 3) and stride == 1,
             pixels=out[..., 0].numel(),
         ),
     )

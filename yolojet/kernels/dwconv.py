@@ -105,6 +105,8 @@ def _dwconv2d_kernel(
     sx_h,
     sx_w,
     w_ptr,
+    sw_i,
+    sw_j,
     b_ptr,
     r_ptr,
     sr_n,
@@ -143,7 +145,7 @@ def _dwconv2d_kernel(
             xv = tl.load(
                 x_base[:, None] + (i * sx_h + j * sx_w) + ch[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0
             )
-            wv = tl.load(w_ptr + ch * (KH * KW) + (i * KW + j), mask=c_ok, other=0.0)
+            wv = tl.load(w_ptr + (i * sw_i + j * sw_j) + ch, mask=c_ok, other=0.0)
             acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
     acc = apply_activation(acc + tl.load(b_ptr + ch, mask=c_ok, other=0.0)[None, :], ACT)
     mask = p_ok[:, None] & c_ok[None, :]
@@ -165,6 +167,8 @@ def _dwconv3x3_rows_kernel(
     sx_h,
     sx_w,
     w_ptr,
+    sw_i,
+    sw_j,
     b_ptr,
     r_ptr,
     sr_n,
@@ -197,21 +201,21 @@ def _dwconv3x3_rows_kernel(
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = ch < C
     ix = ox - PAD
-    # The three pixel shifts' bounds, and the taps' weights (w[c, ky, kx] at c·9 + ky·3 + kx), once per program.
+    # The three pixel shifts' bounds, and the taps' weights (w[ky, kx, c]), once per program.
     # Weights and bias are read before waiting for the previous kernel: no kernel writes them.
     left_ok = ((ix >= 0) & (ix < W))[:, None] & c_ok[None, :]
     mid_ok = ((ix + 1 >= 0) & (ix + 1 < W))[:, None] & c_ok[None, :]
     right_ok = ((ix + 2 >= 0) & (ix + 2 < W))[:, None] & c_ok[None, :]
-    w_c = w_ptr + ch * 9
-    w00 = tl.load(w_c + 0, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    w01 = tl.load(w_c + 1, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    w02 = tl.load(w_c + 2, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    w10 = tl.load(w_c + 3, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    w11 = tl.load(w_c + 4, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    w12 = tl.load(w_c + 5, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    w20 = tl.load(w_c + 6, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    w21 = tl.load(w_c + 7, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    w22 = tl.load(w_c + 8, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w_c = w_ptr + ch
+    w00 = tl.load(w_c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w01 = tl.load(w_c + sw_j, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w02 = tl.load(w_c + 2 * sw_j, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w10 = tl.load(w_c + sw_i, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w11 = tl.load(w_c + sw_i + sw_j, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w12 = tl.load(w_c + sw_i + 2 * sw_j, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w20 = tl.load(w_c + 2 * sw_i, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w21 = tl.load(w_c + 2 * sw_i + sw_j, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    w22 = tl.load(w_c + 2 * sw_i + 2 * sw_j, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     bias = tl.load(b_ptr + ch, mask=c_ok, other=0.0)[None, :]
     x_row0 = x_ptr + n.to(tl.int64) * sx_n + (ix.to(tl.int64) * sx_w)[:, None] + ch[None, :]
     out_cols = out_ptr + n.to(tl.int64) * so_n + (ox.to(tl.int64) * so_w)[:, None] + ch[None, :]
@@ -257,20 +261,21 @@ def dwconv2d_nhwc(
     out[n, oh, ow, c] = act(bias[c] + sum_{i, j} weight[c, i, j] · x[n, oh·stride − padding + i, ow·stride −
     padding + j, c]) + residual[n, oh, ow, c], with x zero outside the image and the residual added after the
     activation. x: (N, H, W, C) view; out, residual: (N, OH, OW, C) views of x's dtype (any N/H/W strides, unit
-    channel stride); weight: contiguous (C, kh, kw) of x's dtype; bias: fp32 (C,). `tile` picks the blocking
-    (`default_dwconv_tile` when None); `compile_only` compiles without launching.
+    channel stride); weight: (kh, kw, C) view with unit channel stride, of x's dtype or fp32 (a tap's weights for a
+    run of channels are then one vector load, and fp32 ones need no conversion: the engine's are); bias: fp32 (C,).
+    `tile` picks the blocking (`default_dwconv_tile` when None); `compile_only` compiles without launching.
     """
     check_view("x", x, (None,) * 4)
     n, h, w, c = x.shape
-    check_view("weight", weight, (c, None, None), x.dtype, x.device)
-    if not weight.is_contiguous():
-        raise ValueError(f"weight: expected a contiguous (C, kh, kw) tensor, got strides {weight.stride()}")
+    check_view("weight", weight, (None, None, c), None, x.device)
+    if weight.dtype not in (x.dtype, torch.float32):
+        raise ValueError(f"weight: dtype {weight.dtype}, expected {x.dtype} (x's) or torch.float32")
     check_view("bias", bias, (c,), torch.float32, x.device)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")
     if not isinstance(stride, int) or stride < 1 or not isinstance(padding, int) or padding < 0:
         raise ValueError(f"stride/padding: expected ints >= 1 / >= 0, got {stride!r} / {padding!r}")
-    kh, kw = weight.shape[1:]
+    kh, kw = weight.shape[:2]
     oh = (h + 2 * padding - kh) // stride + 1
     ow = (w + 2 * padding - kw) // stride + 1
     if oh < 1 or ow < 1:
@@ -286,8 +291,8 @@ def dwconv2d_nhwc(
         grid = (n * triton.cdiv(oh, tile.rows) * triton.cdiv(ow, tile.block_p), triton.cdiv(c, tile.block_c))
         kernel = network_launcher(_dwconv3x3_rows_kernel, grid, pdl, compile_only)
         kernel(
-            out, *out.stride()[:3], x, *x.stride()[:3], weight, bias, res, *res.stride()[:3], h, w, c, oh, ow,
-            PAD=padding, ACT=ACTIVATIONS[activation], HAS_RES=residual is not None, BLOCK_W=tile.block_p,
+            out, *out.stride()[:3], x, *x.stride()[:3], weight, *weight.stride()[:2], bias, res, *res.stride()[:3], h,
+            w, c, oh, ow, PAD=padding, ACT=ACTIVATIONS[activation], HAS_RES=residual is not None, BLOCK_W=tile.block_p,
             BLOCK_C=tile.block_c, ROWS=tile.rows, num_warps=tile.num_warps,
         )  # fmt: skip
         return
@@ -299,6 +304,7 @@ def dwconv2d_nhwc(
         x,
         *x.stride()[:3],
         weight,
+        *weight.stride()[:2],
         bias,
         res,
         *res.stride()[:3],
