@@ -218,12 +218,22 @@ def _conv2d_nhwc_kernel(
         taps = tl.arange(0, TAPS)
         ky = taps // KW
         kx = taps - ky * KW
-        iy = iy0[:, None] + (ky * dil_y)[None, :]
-        ix = ix0[:, None] + (kx * dil_x)[None, :]
-        ok = m_mask[:, None] & (taps < KH * KW)[None, :] & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
-        pixel = (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
-        words = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + (img * stride_xn)[:, None] // 4 + pixel // 4, mask=ok,
-                        other=0)  # fmt: skip
+        x_words = x_ptr.to(tl.pointer_type(tl.int64))
+        if UPSAMPLE == 1 and KH * KW <= _TAP_BITS:
+            # As the k x k loop does: each row's first word and its taps' bits once, then a tap is a fixed word offset
+            # and a bit (each (row, tap) pair worked out its pixel, four bounds and two 64-bit multiply-adds).
+            tap_ok = taps < KH * KW
+            inside = _taps_inside(m_mask, iy0, ix0, H_up, W_up, dil_y, dil_x, KH, KW)
+            ok = (((inside[:, None] >> tl.where(tap_ok, taps, 0)[None, :]) & 1) != 0) & tap_ok[None, :]
+            first = (img * stride_xn + iy0.to(tl.int64) * stride_xh + ix0.to(tl.int64) * stride_xw) // 4
+            tap_words = ((ky * dil_y).to(tl.int64) * stride_xh + (kx * dil_x).to(tl.int64) * stride_xw) // 4
+            words = tl.load(x_words + first[:, None] + tap_words[None, :], mask=ok, other=0)
+        else:
+            iy = iy0[:, None] + (ky * dil_y)[None, :]
+            ix = ix0[:, None] + (kx * dil_x)[None, :]
+            ok = m_mask[:, None] & (taps < KH * KW)[None, :] & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
+            pixel = (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
+            words = tl.load(x_words + (img * stride_xn)[:, None] // 4 + pixel // 4, mask=ok, other=0)
         h0 = _word_half(words, 0, C_in)
         h1 = _word_half(words, 1, C_in)
         h2 = _word_half(words, 2, C_in)
