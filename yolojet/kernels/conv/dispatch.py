@@ -362,17 +362,16 @@ def _launch_gemm(call: _ConvCall, cfg: ConvConfig) -> None:
 
 
 def _tap_channels_constant(call: _ConvCall, cfg: ConvConfig) -> int:
-    """C_in for a packed tile to walk as a constant (whole taps a K step, each tap's channels one vector run): a power
-    of two, no upsample, taps within `_TAP_BITS`; else 0, which the kernel reads as C_in unknown until it runs."""
+    """C_in for a packed tile to know as a constant: for word tiles always (at most 4 channels: a spare half is then a
+    zero); for the others a power of two, no upsample, taps within `_TAP_BITS` (whole taps a K step, each tap's
+    channels one vector run); else 0, which the kernel reads as C_in unknown until it runs."""
     c_in = call.x.shape[3]
     kh, kw = call.weight.shape[1:3]
-    known = (
-        cfg.kind is ConvKind.PACKED
-        and not cfg.whole_pixels
-        and call.upsample == 1
-        and kh * kw <= _TAP_BITS.value
-        and c_in & (c_in - 1) == 0
-    )
+    if cfg.kind is not ConvKind.PACKED:
+        return 0
+    if cfg.whole_pixels:
+        return c_in
+    known = call.upsample == 1 and kh * kw <= _TAP_BITS.value and c_in & (c_in - 1) == 0
     return c_in if known else 0
 
 

@@ -12,11 +12,12 @@ from yolojet.kernels.pdl import wait_for_previous_kernel
 
 
 @triton.jit
-def _word_half(words, half: tl.constexpr, C_in):
-    """fp16 channel `half` of 8-byte pixel words, zero past C_in: the word's spare halves are row padding that is
-    never written, and garbage times a zero weight can still be NaN."""
-    value = ((words >> (16 * half)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-    return tl.where(half < C_in, value, 0.0).to(tl.float16)
+def _word_half(words, half: tl.constexpr, C_IN: tl.constexpr):
+    """fp16 channel `half` of 8-byte pixel words, zero past C_IN: the word's spare halves are row padding, and garbage
+    times a zero weight can still be NaN."""
+    if half < C_IN:
+        return ((words >> (16 * half)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    return tl.zeros(words.shape, tl.float16)
 
 
 @triton.jit
@@ -135,9 +136,9 @@ def _conv2d_nhwc_kernel(
 
     PACK_TAPS runs K over (ky, kx, ci) flattened, every tap in one K tile; with TAP_CHANNELS (C_in, a power of two,
     no upsample, at most _TAP_BITS taps) known as a constant, in K tiles of BLOCK_K // TAP_CHANNELS whole taps.
-    With WHOLE_PIXELS too (fp16 input of at most 4 channels whose pixels are 8-byte words), K runs over (tap, the
-    word's 4 halves): each tap's channels arrive as one 8-byte load and BLOCK_K = 4 · (taps rounded up to a power
-    of two).
+    With WHOLE_PIXELS too (fp16 input of at most 4 channels, TAP_CHANNELS of them, whose pixels are 8-byte words), K
+    runs over (tap, the word's 4 halves): each tap's channels arrive as one 8-byte load and BLOCK_K = 4 · (taps
+    rounded up to a power of two).
 
     X_ALIGN divides x's (and second's) strides and channel counts, OUT_ALIGN out's and the residual's strides and
     C_out (`_divisible`).
@@ -234,17 +235,19 @@ def _conv2d_nhwc_kernel(
             ok = m_mask[:, None] & (taps < KH * KW)[None, :] & (iy >= 0) & (iy < H_up) & (ix >= 0) & (ix < W_up)
             pixel = (iy // UPSAMPLE).to(tl.int64) * stride_xh + (ix // UPSAMPLE).to(tl.int64) * stride_xw
             words = tl.load(x_words + (img * stride_xn)[:, None] // 4 + pixel // 4, mask=ok, other=0)
-        h0 = _word_half(words, 0, C_in)
-        h1 = _word_half(words, 1, C_in)
-        h2 = _word_half(words, 2, C_in)
-        h3 = _word_half(words, 3, C_in)
+        # The channel count is a constant here (TAP_CHANNELS), so a spare half is a zero and a used one needs no select.
+        h0 = _word_half(words, 0, TAP_CHANNELS)
+        h1 = _word_half(words, 1, TAP_CHANNELS)
+        h2 = _word_half(words, 2, TAP_CHANNELS)
+        h3 = _word_half(words, 3, TAP_CHANNELS)
         # join(join(h0, h2), join(h1, h3))[m, t, i, j] is half 2i + j of tap t: K index t·4 + half after the reshape.
         a = tl.reshape(tl.join(tl.join(h0, h2), tl.join(h1, h3)), (BLOCK_M, BLOCK_K))
         k = tl.arange(0, BLOCK_K)
         tap = k // 4
         ci = k % 4
-        k_ok = (tap < KH * KW) & (ci < C_in)
-        b = tl.load(w_rows[None, :] + (tap * C_in + ci)[:, None], mask=k_ok[:, None] & n_mask[None, :], other=0.0)
+        k_ok = (tap < KH * KW) & (ci < TAP_CHANNELS)
+        b = tl.load(w_rows[None, :] + (tap * TAP_CHANNELS + ci)[:, None], mask=k_ok[:, None] & n_mask[None, :],
+                    other=0.0)  # fmt: skip
         acc = tl.dot(a, b, acc, input_precision="ieee")
     elif PACK_TAPS and TAP_CHANNELS > 0:
         # A power of two of input channels (C3k2's 8- and 16-channel bottlenecks, model.1's 16): K runs over (tap, ci)
