@@ -24,6 +24,7 @@ from support import random_model
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
+import yolojet.kernels.conv.dispatch as conv_dispatch
 from yolojet.engine.lowering import PackedWeights, _lower_conv_transpose
 from yolojet.export.walker import export_graph
 from yolojet.kernels.conv import (
@@ -230,10 +231,11 @@ def test_conv_matches_reference(name: str) -> None:
 
 
 @pytest.mark.parametrize("config", [ConvConfig(16, 16, 16, 1, 1), ConvConfig(16, 16, 32, 1, 1, ConvKind.PACKED)])
-def test_views_aligned_differently_each_get_their_own_divisor(config: ConvConfig) -> None:
-    """The gathering kernel is told what divides each view's strides and channels (8 for an 8-channel map, so its
-    pixels load as whole vectors): x is 8 channels of a 24-wide buffer, out 16 of a 24-wide one, the residual 16
-    of a 20-wide one, which holds the output's divisor to 4 (told 8, the kernel would read it at a 16-wide stride)."""
+def test_the_input_and_output_divisors_hold_for_every_view_they_cover(config: ConvConfig) -> None:
+    """The gathering kernel is told what divides x's strides and channels, and apart what divides out's and the
+    residual's (8 for an 8-channel map, so its pixels load as whole vectors): x is 8 channels of a 24-wide buffer,
+    out 16 of a 24-wide one, the residual 16 of a 20-wide one, which holds the output side's divisor to 4 (told 8,
+    the kernel would read the residual at a 16-wide stride)."""
     case = Case(2, 9, 7, 8, 16, 3, padding=1, residual=True)
     torch.manual_seed(7)
     n, h, w = case.batch, case.h * SPATIAL, case.w * SPATIAL
@@ -247,6 +249,29 @@ def test_views_aligned_differently_each_get_their_own_divisor(config: ConvConfig
     conv2d_nhwc(out, x, weight, bias, padding=1, residual=residual, config=config)
     assert_close(out, _reference(case, x, weight, bias, residual), TOLERANCE[F16])
     assert bool((out_buf[..., :8] == SENTINEL).all()), "conv wrote outside its output slice"
+
+
+def test_eight_channel_maps_are_told_their_divisor_of_8(monkeypatch) -> None:
+    """yolo11n's narrow bottleneck convs (an 8-channel output, then an 8-channel input into a 48-wide buffer) are told
+    8, not 1, which is what lets their pixels load and store as 16-byte vectors; the stem's 3 channels in rows of 4,
+    1; 16-channel views, 16 (as Triton's JIT finds itself)."""
+    told: list[tuple[int, int]] = []
+
+    def recording(kernel, grid, pdl, compile_only=False):
+        return lambda *args, **named: told.append((named["X_ALIGN"], named["OUT_ALIGN"]))
+
+    monkeypatch.setattr(conv_dispatch, "network_launcher", recording)
+    gemm = ConvConfig(16, 16, 16, 1, 1)
+    wide = torch.empty(1, 6, 5, 48, dtype=F16, device=DEVICE)
+    narrow = torch.empty(1, 6, 5, 8, dtype=F16, device=DEVICE)
+    bias8, bias16 = torch.zeros(8, device=DEVICE), torch.zeros(16, device=DEVICE)
+    cv1_weight = torch.empty(8, 3, 3, 16, dtype=F16, device=DEVICE)
+    cv2_weight = torch.empty(16, 3, 3, 8, dtype=F16, device=DEVICE)
+    conv2d_nhwc(narrow, wide[..., 16:32], cv1_weight, bias8, padding=1, config=gemm)
+    conv2d_nhwc(wide[..., 32:], narrow, cv2_weight, bias16, padding=1, residual=wide[..., 16:32], config=gemm)
+    stem, stem_weight = torch.empty(1, 6, 5, 4, dtype=F16, device=DEVICE)[..., :3], cv2_weight[..., :3].contiguous()
+    conv2d_nhwc(wide[..., :16], stem, stem_weight, bias16, padding=1, config=gemm)
+    assert told == [(16, 8), (8, 16), (1, 16)]
 
 
 @pytest.mark.parametrize(("dtype", "c_in"), [(F16, 40), (F32, 40), (F16, 5), (F16, 16)])
@@ -358,12 +383,13 @@ def test_packed_taps_offered_for_few_input_channels_and_many_outputs_or_whole_ta
         for c in conv_candidate_configs(6400, 32, 72, kernel_is_1x1=False)
     )
     assert not any(c.kind is ConvKind.PACKED for c in conv_candidate_configs(320 * 320, 16, 27, kernel_is_1x1=False))
-    # 8 or 16 channels: whole taps a K step, for any output width; 32 or 5 channels, few outputs: none.
-    for c_in, c_out in ((16, 8), (8, 16), (16, 64)):
-        offered = conv_candidate_configs(160 * 160, c_out, 9 * c_in, kernel_is_1x1=False, c_in=c_in)
-        assert {c.block_k for c in offered if c.kind is ConvKind.PACKED} >= {64, 128}
-    for c_in in (32, 5):
-        offered = conv_candidate_configs(160 * 160, 16, 9 * c_in, kernel_is_1x1=False, c_in=c_in)
+    # 16 channels: whole taps a K step, for any output width; 8, 32 or 5 channels with few outputs, or more taps than
+    # the kernel's bits (9x9), none.
+    for c_out in (8, 32):
+        offered = conv_candidate_configs(160 * 160, c_out, 9 * 16, kernel_is_1x1=False, c_in=16)
+        assert [c.block_k for c in offered if c.kind is ConvKind.PACKED] == [64]
+    for c_in, taps in ((8, 9), (32, 9), (5, 9), (16, 81)):
+        offered = conv_candidate_configs(160 * 160, 16, taps * c_in, kernel_is_1x1=False, c_in=c_in)
         assert not any(c.kind is ConvKind.PACKED for c in offered)
     assert not any(c.kind is ConvKind.PACKED for c in conv_candidate_configs(160 * 160, 64, 4, kernel_is_1x1=True))
     with pytest.raises(ValueError, match="a packed tile has no split_k"):

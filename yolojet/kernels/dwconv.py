@@ -258,7 +258,7 @@ def dwconv2d_nhwc(
 ) -> None:
     """out = act(depthwise_conv2d(x, weight) + bias) (+ residual), written in place.
 
-    out[n, oh, ow, c] = act(bias[c] + sum_{i, j} weight[c, i, j] · x[n, oh·stride − padding + i, ow·stride −
+    out[n, oh, ow, c] = act(bias[c] + sum_{i, j} weight[i, j, c] · x[n, oh·stride − padding + i, ow·stride −
     padding + j, c]) + residual[n, oh, ow, c], with x zero outside the image and the residual added after the
     activation. x: (N, H, W, C) view; out, residual: (N, OH, OW, C) views of x's dtype (any N/H/W strides, unit
     channel stride); weight: (kh, kw, C) view with unit channel stride, of x's dtype or fp32 (a tap's weights for a
@@ -269,7 +269,8 @@ def dwconv2d_nhwc(
     n, h, w, c = x.shape
     check_view("weight", weight, (None, None, c), None, x.device)
     if weight.dtype not in (x.dtype, torch.float32):
-        raise ValueError(f"weight: dtype {weight.dtype}, expected {x.dtype} (x's) or torch.float32")
+        expected = "torch.float32" if x.dtype == torch.float32 else f"{x.dtype} (x's) or torch.float32"
+        raise ValueError(f"weight: dtype {weight.dtype}, expected {expected}")
     check_view("bias", bias, (c,), torch.float32, x.device)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")

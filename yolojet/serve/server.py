@@ -299,7 +299,7 @@ class Server:
                 await server.stop(None)
                 if self._health_grpc is not None:
                     await self._health_grpc.stop(None)
-                self._grpc = None
+                self._grpc = self._health_grpc = None
                 raise EngineConfigError(f"--metrics-port {o.metrics_port}: cannot listen there ({e.strerror})") from e
             self.metrics_port = self._http.server_port
         self.runner.start()

@@ -145,11 +145,14 @@ _HALVES_PER_WORD = 4  # fp16 channels in the 8-byte words of whole-pixel loads
 # work than a tile's gathers (measured on an H200 for yolo11n's 3->16 stem and 8->8 convs at batch 1 and 64).
 _PACKED_TILES = ((128, 64, 4, 2), (64, 64, 4, 2))
 _PACKED_MIN_C_OUT = 32
-# Packed tiles (BLOCK_M, BLOCK_N cap, BLOCK_K, warps, stages) walking whole taps of a power of two of input channels,
-# a constant to the kernel (TAP_CHANNELS): 4 or 8 taps a K step where the GEMM tiles take one, for the 8- and
-# 16-channel 3x3 convs of C3k2's bottlenecks and model.1, whatever their outputs.
-_WHOLE_TAP_CHANNELS = (8, 16)
-_WHOLE_TAP_TILES = ((128, 32, 64, 4, 3), (64, 32, 64, 4, 3), (128, 32, 128, 4, 2))
+# A packed tile (BLOCK_M, BLOCK_N cap, BLOCK_K, warps, stages) walking whole taps of 16 input channels, a constant to
+# the kernel (TAP_CHANNELS): 4 taps a K step where the GEMM tiles take one. Offered to k x k convs of 16 input channels
+# and at most _TAP_BITS taps: it won yolo11n's model.1 (3x3 stride 2, 16->32) at batch 64 on an H100, 139.0 us against
+# the GEMM tiles' best 143.1; it lost the 16->8 and 8->16 bottleneck convs by 12-46 %, as did a 64-row and a 128-deep
+# twin everywhere (bench/NOTES.md).
+_WHOLE_TAP_CHANNELS = (16,)
+_WHOLE_TAP_TILES = ((128, 32, 64, 4, 3),)
+_WHOLE_TAP_MOST_TAPS = 63  # the kernel's _TAP_BITS: more taps walk with C_in unknown, as any packed tile
 # Layers of at least this many output pixels (large batches: never at batch 1 for 640 inputs, whose largest maps
 # after the stem are 160x160) are also offered the tiles below.
 _LARGE_M = 1 << 17
@@ -226,6 +229,7 @@ def candidate_set_id() -> str:
         _PACKED_MIN_C_OUT,
         _WHOLE_TAP_CHANNELS,
         _WHOLE_TAP_TILES,
+        _WHOLE_TAP_MOST_TAPS,
         _SMEM_BUDGET,
         _LARGE_M,
         _LARGE_M_TILES,
@@ -303,7 +307,7 @@ def conv_candidate_configs(
                 )
                 if config not in few_channels:
                     few_channels.append(config)
-    if not kernel_is_1x1 and c_in in _WHOLE_TAP_CHANNELS:
+    if not kernel_is_1x1 and c_in in _WHOLE_TAP_CHANNELS and k // c_in <= _WHOLE_TAP_MOST_TAPS:
         for block_m, block_n, block_k, warps, stages in _WHOLE_TAP_TILES:
             config = ConvConfig(_fit(block_m, m), _fit(block_n, n), block_k, warps, stages, ConvKind.PACKED)
             smem = stages * (config.block_m + config.block_n) * block_k * dtype.itemsize

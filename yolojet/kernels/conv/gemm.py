@@ -1,7 +1,8 @@
 """The implicit-GEMM kernel `_conv2d_nhwc_kernel`, which gathers its operands with pointer loads: 1x1 convs (optionally
-reading a second input as the channels after x's), packed taps for a few input channels (also with each tap's
-channels loaded as one 8-byte word), and k x k convs walking (tap, channel block); its K steps can be split across
-programs. `_word_half` and `_split_range` are helpers only it calls.
+reading a second input as the channels after x's), packed taps, K over (tap, channel) flattened (for a few input
+channels, also with each tap's channels loaded as one 8-byte word; for a power of two of them, known as a constant),
+and k x k convs walking (tap, channel block); its K steps can be split across programs. `_divisible`, `_word_half`,
+`_split_range` and `_taps_inside` are helpers only it calls.
 """
 
 import triton
@@ -134,8 +135,9 @@ def _conv2d_nhwc_kernel(
     TMA_STORE (unsplit K): the output tile is stored through out_desc, the output as an (M, C_out) matrix, by the
     tensor memory accelerator, which clips it at the matrix's edges.
 
-    PACK_TAPS runs K over (ky, kx, ci) flattened, every tap in one K tile; with TAP_CHANNELS (C_in, a power of two,
-    no upsample, at most _TAP_BITS taps) known as a constant, in K tiles of BLOCK_K // TAP_CHANNELS whole taps.
+    PACK_TAPS runs K over (ky, kx, ci) flattened, in K tiles of BLOCK_K; with TAP_CHANNELS (C_in, a power of two, no
+    upsample, at most _TAP_BITS taps) known as a constant, each tap's channels are one contiguous run of a K tile
+    (BLOCK_K // TAP_CHANNELS whole taps a tile, or a tap over several where BLOCK_K is the smaller).
     With WHOLE_PIXELS too (fp16 input of at most 4 channels, TAP_CHANNELS of them, whose pixels are 8-byte words), K
     runs over (tap, the word's 4 halves): each tap's channels arrive as one 8-byte load and BLOCK_K = 4 · (taps
     rounded up to a power of two).
@@ -255,6 +257,7 @@ def _conv2d_nhwc_kernel(
         # bookkeeping for each tap's 8 or 16 channels. The channel count a constant, each tap's channels are one
         # contiguous run the compiler loads as whole vectors; rows start at their first tap's address and test a
         # tap's bit, as the GEMM tiles' loop does.
+        tl.static_assert(UPSAMPLE == 1 and KH * KW <= _TAP_BITS, "constant tap channels need no upsample, <= 63 taps")
         x_first = x_img + iy0.to(tl.int64) * stride_xh + ix0.to(tl.int64) * stride_xw
         inside = _taps_inside(m_mask, iy0, ix0, H_up, W_up, dil_y, dil_x, KH, KW)
         w_taps = w_ptr + offs_n * (KH * KW * TAP_CHANNELS)
