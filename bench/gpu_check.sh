@@ -9,7 +9,8 @@
 #                             # code needs, grpcio-health-checking, grpcio-reflection, grpcio-status with
 #                             # googleapis-common-protos, and orjson; nvidia-nvjpeg and nvidia-nvimgcodec-cu13 for the
 #                             # hardware decoders; cryptography and cffi for the TLS test)
-#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images reads formats switch serve overload one_to_one network compile
+#   STAGES="tests startup" TESTS=tests/pipeline bash bench/gpu_check.sh      # stages: pipeline tests startup images reads formats switch serve overload one_to_one network compile counters
+#   STAGES=counters COUNTERS_KERNEL=conv2d_nhwc COUNTERS_SKIP=4 COUNTERS_COUNT=1 bash bench/gpu_check.sh  # Nsight Compute's full set on run(64)'s fifth gathering conv
 #   STAGES=one_to_one bash bench/gpu_check.sh   # bench/bench_one_to_one.py: YOLO26's one-to-one selection, torch ops vs our kernels
 #   STAGES=images IMAGES_FLAGS="--stages decoders call --files 2000" bash bench/gpu_check.sh  # bench/bench_images.py
 #   STAGES=compile COMPILE_JOBS="yolov8n:1 yolo26n:1" bash bench/gpu_check.sh  # torch.compile's one-off timings, one job a GPU
@@ -136,6 +137,23 @@ print('\n'.join(f'{n:5d} {name}' for name, n in sorted(ran.items())))" "$OUT/tes
     timeout "${ONE_TO_ONE_SECONDS:-300}" python3 bench/bench_one_to_one.py --profile ${ONE_TO_ONE_FLAGS:-} \
       --out "$OUT/one_to_one.json" > "$OUT/one_to_one.log" 2>&1
     tail -12 "$OUT/one_to_one.log" ;;
+  counters)
+    # Nsight Compute's full set (stall reasons, occupancy, memory) on COUNTERS_COUNT launches of kernels matching
+    # COUNTERS_KERNEL in one run(COUNTERS_BATCH) of yolo11n's 640x480 path, after COUNTERS_SKIP matching ones
+    # (bench/kernel_counters.py), as CSV; without ncu on the machine, a line saying so.
+    ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    if [ -z "$ncu_bin" ]; then
+      echo "counters: no ncu on this machine" | tee "$OUT/counters.log"
+    else
+      timeout "${COUNTERS_SECONDS:-300}" "$ncu_bin" --profile-from-start off --clock-control none \
+        --target-processes application-only --kernel-name "regex:${COUNTERS_KERNEL:-conv2d_nhwc}" \
+        --launch-skip "${COUNTERS_SKIP:-0}" --launch-count "${COUNTERS_COUNT:-1}" --set full --csv --page details \
+        python3 bench/kernel_counters.py --batch "${COUNTERS_BATCH:-64}" > "$OUT/counters.csv" 2> "$OUT/counters.log"
+      tail -3 "$OUT/counters.log"
+      # Quoted fields: 5 the kernel, 13 the metric, 15 its value.
+      grep -E '"(Duration|Achieved Occupancy|Warp Cycles Per Issued Instruction|Registers Per Thread)"' \
+        "$OUT/counters.csv" | awk -F'","' '{print $1 "\t" $5 "\t" $13 "\t" $15}' | head -40
+    fi ;;
   network)
     timeout "${NETWORK_SECONDS:-300}" python3 bench/bench_network.py --models ${MODELS:-yolo11n yolov8n yolo26n} \
       --batches ${BATCHES:-1 64} --repeats 100 ${NETWORK_FLAGS:-} --out "$OUT" > "$OUT/network.log" 2>&1
