@@ -251,6 +251,22 @@ def test_the_input_and_output_divisors_hold_for_every_view_they_cover(config: Co
     assert bool((out_buf[..., :8] == SENTINEL).all()), "conv wrote outside its output slice"
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")  # the interpreter's numpy, at -1e4
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_the_logistic_holds_from_minus_to_plus_ten_thousand(activation: str) -> None:
+    """SiLU and the sigmoid through a 1x1 fp32 conv of identity weights (its GEMM passes x through exactly), on values
+    from -1e4 to 1e4: within a few fp32 ulp, and at the limits where e^-x overflows or vanishes (0 and 1, or 0 and x).
+    Compiled, the logistic is the flush-to-zero exp2 and reciprocal approximations; under the interpreter, a plain
+    division."""
+    values = [-1e4, -100.0, -88.7, -30.0, -5.0, -1.0, -1e-3, 0.0, 1e-3, 1.0, 5.0, 30.0, 88.7, 100.0, 1e4]
+    x = torch.tensor(values, dtype=F32, device=DEVICE)[:, None].repeat(1, 16).reshape(1, 1, len(values), 16)
+    out = torch.full_like(x, float("nan"))
+    identity = torch.eye(16, dtype=F32, device=DEVICE).reshape(16, 1, 1, 16)
+    conv2d_nhwc(out, x, identity, torch.zeros(16, device=DEVICE), activation=activation)
+    expected = REFERENCE_ACTIVATIONS[activation](x.double())
+    torch.testing.assert_close(out.double(), expected, rtol=4e-6, atol=1e-30)
+
+
 def test_eight_channel_maps_are_told_their_divisor_of_8(monkeypatch) -> None:
     """yolo11n's narrow bottleneck convs (an 8-channel output, then an 8-channel input into a 48-wide buffer) are told
     8, not 1, which is what lets their pixels load and store as 16-byte vectors; the stem's 3 channels in rows of 4,
