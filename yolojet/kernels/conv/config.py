@@ -1,8 +1,9 @@
 """The conv tiles: `ConvConfig` (block sizes, warps, stages, and the kernel and mode it names), the candidate tiles
 offered to the autotuner for a layer (`conv_candidate_configs`, `two_input_candidates`, with their split-K and
 TMA-store variants), `default_config`, the untimed choice, and `candidate_set_id`, a digest of everything that
-shapes the offer. The limits `feasibility` and `dispatch` check against (`_HALVES_PER_WORD`, `_TMA_ALIGN`,
-`_TMA_PATCH_STRIDES`, the persistent grid's programs an SM) are defined here with the tables they shape.
+shapes the offer. The limits `feasibility`, `dispatch` and the kernels check against (`_HALVES_PER_WORD`,
+`_TMA_ALIGN`, `_TMA_PATCH_STRIDES`, `_MOST_BIT_TAPS`, the persistent grid's programs an SM) are defined here with the
+tables they shape.
 """
 
 import enum
@@ -145,14 +146,16 @@ _HALVES_PER_WORD = 4  # fp16 channels in the 8-byte words of whole-pixel loads
 # work than a tile's gathers (measured on an H200 for yolo11n's 3->16 stem and 8->8 convs at batch 1 and 64).
 _PACKED_TILES = ((128, 64, 4, 2), (64, 64, 4, 2))
 _PACKED_MIN_C_OUT = 32
+# The most taps whose bounds the gathering kernel holds as bits of one int64 (less its sign); a kernel of more taps
+# compares a tap's bounds at each step, and its packed tiles take C_in at run time.
+_MOST_BIT_TAPS = 63
 # A packed tile (BLOCK_M, BLOCK_N cap, BLOCK_K, warps, stages) walking whole taps of 16 input channels, a constant to
 # the kernel (TAP_CHANNELS): 4 taps a K step where the GEMM tiles take one. Offered to k x k convs of 16 input channels
-# and at most _TAP_BITS taps: it won yolo11n's model.1 (3x3 stride 2, 16->32) at batch 64 on an H100, 139.0 us against
-# the GEMM tiles' best 143.1; it lost the 16->8 and 8->16 bottleneck convs by 12-46 %, as did a 64-row and a 128-deep
-# twin everywhere (bench/NOTES.md).
+# and at most _MOST_BIT_TAPS taps: it won yolo11n's model.1 (3x3 stride 2, 16->32) at batch 64 on an H100, 139.0 us
+# against the GEMM tiles' best 143.1; it lost the 16->8 and 8->16 bottleneck convs by 12-46 %, as did a 64-row and a
+# 128-deep twin everywhere (bench/NOTES.md).
 _WHOLE_TAP_CHANNELS = (16,)
 _WHOLE_TAP_TILES = ((128, 32, 64, 4, 3),)
-_WHOLE_TAP_MOST_TAPS = 63  # the kernel's _TAP_BITS: more taps walk with C_in unknown, as any packed tile
 # Layers of at least this many output pixels (large batches: never at batch 1 for 640 inputs, whose largest maps
 # after the stem are 160x160) are also offered the tiles below.
 _LARGE_M = 1 << 17
@@ -229,7 +232,7 @@ def candidate_set_id() -> str:
         _PACKED_MIN_C_OUT,
         _WHOLE_TAP_CHANNELS,
         _WHOLE_TAP_TILES,
-        _WHOLE_TAP_MOST_TAPS,
+        _MOST_BIT_TAPS,
         _SMEM_BUDGET,
         _LARGE_M,
         _LARGE_M_TILES,
@@ -307,7 +310,7 @@ def conv_candidate_configs(
                 )
                 if config not in few_channels:
                     few_channels.append(config)
-    if not kernel_is_1x1 and c_in in _WHOLE_TAP_CHANNELS and k // c_in <= _WHOLE_TAP_MOST_TAPS:
+    if not kernel_is_1x1 and c_in in _WHOLE_TAP_CHANNELS and k // c_in <= _MOST_BIT_TAPS:
         for block_m, block_n, block_k, warps, stages in _WHOLE_TAP_TILES:
             config = ConvConfig(_fit(block_m, m), _fit(block_n, n), block_k, warps, stages, ConvKind.PACKED)
             smem = stages * (config.block_m + config.block_n) * block_k * dtype.itemsize

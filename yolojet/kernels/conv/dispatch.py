@@ -18,6 +18,7 @@ from yolojet.kernels.activations import ACTIVATIONS
 from yolojet.kernels.conv.config import (
     _HALVES_PER_WORD,
     _INTERPRETER_PROGRAMS,
+    _MOST_BIT_TAPS,
     _PERSISTENT_PROGRAMS_PER_SM,
     _TMA_ALIGN,
     ConvConfig,
@@ -26,7 +27,7 @@ from yolojet.kernels.conv.config import (
 )
 from yolojet.kernels.conv.direct import _conv2d_direct_kernel
 from yolojet.kernels.conv.feasibility import pixels_are_words, tma_loadable, tma_patch_loadable, tma_storable
-from yolojet.kernels.conv.gemm import _TAP_BITS, _conv2d_nhwc_kernel
+from yolojet.kernels.conv.gemm import _conv2d_nhwc_kernel
 from yolojet.kernels.conv.tma import _conv1x1_tma_kernel, _conv_tma_kernel
 from yolojet.kernels.launch import network_launcher
 
@@ -363,7 +364,7 @@ def _launch_gemm(call: _ConvCall, cfg: ConvConfig) -> None:
 
 def _tap_channels_constant(call: _ConvCall, cfg: ConvConfig) -> int:
     """C_in for a packed tile to know as a constant: for word tiles always (at most 4 channels: a spare half is then a
-    zero); for the others a power of two, no upsample, taps within `_TAP_BITS` (whole taps a K step, each tap's
+    zero); for the others a power of two, no upsample, taps within `_MOST_BIT_TAPS` (whole taps a K step, each tap's
     channels one vector run); else 0, which the kernel reads as C_in unknown until it runs."""
     c_in = call.x.shape[3]
     kh, kw = call.weight.shape[1:3]
@@ -371,7 +372,7 @@ def _tap_channels_constant(call: _ConvCall, cfg: ConvConfig) -> int:
         return 0
     if cfg.whole_pixels:
         return c_in
-    known = call.upsample == 1 and kh * kw <= _TAP_BITS.value and c_in & (c_in - 1) == 0
+    known = call.upsample == 1 and kh * kw <= _MOST_BIT_TAPS and c_in & (c_in - 1) == 0
     return c_in if known else 0
 
 

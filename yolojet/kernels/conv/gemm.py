@@ -8,6 +8,7 @@ and k x k convs walking (tap, channel block); its K steps can be split across pr
 import triton
 import triton.language as tl
 
+from yolojet.kernels.conv.config import _MOST_BIT_TAPS
 from yolojet.kernels.conv.epilogue import _grouped_tile, _matrix_tile_epilogue, _output_pixels
 from yolojet.kernels.pdl import wait_for_previous_kernel
 
@@ -41,9 +42,8 @@ def _divisible(value, BY: tl.constexpr):
     return value
 
 
-# The most taps whose bounds `_taps_inside` holds as bits (an int64's, less its sign); a larger kernel compares a tap's
-# bounds at each step.
-_TAP_BITS = tl.constexpr(63)
+# The most taps whose bounds `_taps_inside` holds as bits (config's _MOST_BIT_TAPS, as jitted code reads it).
+_TAP_BITS = tl.constexpr(_MOST_BIT_TAPS)
 
 
 @triton.jit
@@ -252,11 +252,11 @@ def _conv2d_nhwc_kernel(
                     other=0.0)  # fmt: skip
         acc = tl.dot(a, b, acc, input_precision="ieee")
     elif PACK_TAPS and TAP_CHANNELS > 0:
-        # A power of two of input channels (C3k2's 8- and 16-channel bottlenecks, model.1's 16): K runs over (tap, ci)
+        # A power of two of input channels (model.1's 16; the few-channel convs' packed tiles): K runs over (tap, ci)
         # as the weight is packed, BLOCK_K // TAP_CHANNELS taps a K step, where the GEMM tiles pay a step's waits and
-        # bookkeeping for each tap's 8 or 16 channels. The channel count a constant, each tap's channels are one
-        # contiguous run the compiler loads as whole vectors; rows start at their first tap's address and test a
-        # tap's bit, as the GEMM tiles' loop does.
+        # bookkeeping for each tap's channels. The channel count a constant, each tap's channels are one contiguous
+        # run the compiler loads as whole vectors; rows start at their first tap's address and test a tap's bit, as
+        # the GEMM tiles' loop does.
         tl.static_assert(UPSAMPLE == 1 and KH * KW <= _TAP_BITS, "constant tap channels need no upsample, <= 63 taps")
         x_first = x_img + iy0.to(tl.int64) * stride_xh + ix0.to(tl.int64) * stride_xw
         inside = _taps_inside(m_mask, iy0, ix0, H_up, W_up, dil_y, dil_x, KH, KW)
