@@ -60,11 +60,12 @@ class Case:
     kernel: int | tuple[int, int]
     stride: int | tuple[int, int] = 1
     padding: int | tuple[int, int] = 0
-    dilation: int = 1
+    dilation: int | tuple[int, int] = 1
     upsample: int = 1
     activation: str = "silu"
     residual: bool = False
     sliced: bool = False  # input, output and residual are channel (and spatial) slices of wider buffers
+    dense_input: bool = False  # with `sliced`, the input stays a whole map (as tap rows need) and only the rest are
     dtype: torch.dtype = F16
     config: ConvConfig | None = None
 
@@ -159,6 +160,58 @@ CASES = {
     "packed_taps_c32_half_a_tap_a_step": Case(
         1, 5, 6, 32, 16, (3, 1), padding=(1, 0), config=ConvConfig(16, 16, 16, 1, 1, ConvKind.PACKED)
     ),
+    # Tap rows: a kernel row's neighbouring pixels one run of a dense input, the span past the kernel's width masked;
+    # a bottleneck's cv2 into a slice with a residual, stride 2, stride and padding pairs, rows dilated, a 5x5 kernel.
+    "tap_rows_c8_residual_sliced_output": Case(
+        3,
+        9,
+        7,
+        8,
+        16,
+        3,
+        padding=1,
+        residual=True,
+        sliced=True,
+        dense_input=True,
+        config=ConvConfig(32, 16, 32, 2, 2, ConvKind.PACKED, tap_rows=True),
+    ),
+    "tap_rows_c16_stride2_fp32": Case(
+        1,
+        9,
+        7,
+        16,
+        33,
+        3,
+        stride=2,
+        padding=1,
+        dtype=F32,
+        config=ConvConfig(16, 32, 64, 1, 1, ConvKind.PACKED, tap_rows=True),
+    ),
+    "tap_rows_c4_1x3_stride_pairs": Case(
+        3,
+        9,
+        7,
+        4,
+        7,
+        (1, 3),
+        stride=(2, 1),
+        padding=(0, 1),
+        config=ConvConfig(16, 16, 16, 1, 1, ConvKind.PACKED, tap_rows=True),
+    ),
+    "tap_rows_c8_rows_dilated_pad0": Case(
+        1,
+        9,
+        7,
+        8,
+        16,
+        3,
+        padding=(2, 0),
+        dilation=(2, 1),
+        config=ConvConfig(16, 16, 32, 1, 1, ConvKind.PACKED, tap_rows=True),
+    ),
+    "tap_rows_c4_5x5": Case(
+        2, 9, 7, 4, 16, 5, padding=2, config=ConvConfig(16, 16, 32, 1, 1, ConvKind.PACKED, tap_rows=True)
+    ),
     # A tap's bounds are a bit of one int32 up to 31 taps, of an int64 up to 63, and compared a step past that.
     "7x7_gemm_49_taps": Case(1, 9, 7, 8, 16, 7, padding=3, config=ConvConfig(16, 16, 16, 1, 1)),
     "9x9_gemm_81_taps_stride_2": Case(1, 9, 7, 8, 16, 9, stride=2, padding=4, config=ConvConfig(16, 16, 16, 1, 1)),
@@ -191,7 +244,8 @@ def _reference(case: Case, x, weight, bias, residual):
 def _make_case(case: Case, seed: int):
     torch.manual_seed(seed)
     kh, kw = (case.kernel, case.kernel) if isinstance(case.kernel, int) else case.kernel
-    x_buf, x = _nhwc((case.batch, case.h * SPATIAL, case.w * SPATIAL, case.c_in), case.dtype, case.sliced)
+    x_shape = (case.batch, case.h * SPATIAL, case.w * SPATIAL, case.c_in)
+    x_buf, x = _nhwc(x_shape, case.dtype, case.sliced and not case.dense_input)
     # fan-in scaling keeps fp16 outputs O(1), so the relative tolerance measures accumulation, not overflow
     weight = (torch.randn(case.c_out, kh, kw, case.c_in, dtype=torch.float64) / (kh * kw * case.c_in) ** 0.5).to(
         device=DEVICE, dtype=case.dtype
@@ -513,6 +567,35 @@ def test_packed_whole_pixels_need_words_of_at_most_4_channels_and_a_k_tile_of_ev
     assert {(c.block_k, c.block_n) for c in stem if c.kind is ConvKind.PACKED and c.whole_pixels} == {(64, 16)}
     eight = conv_candidate_configs(160 * 160, 16, 72, kernel_is_1x1=False, c_in=8, whole_pixels=True)
     assert not any(c.kind is ConvKind.PACKED and c.whole_pixels for c in eight)
+
+
+def test_tap_rows_need_a_dense_input_no_dilation_across_a_row_and_a_k_tile_of_a_row() -> None:
+    """A tap-row tile refuses a channel slice (its pixels are not one run), dilation across a row, an upsample and a K
+    tile other than a row's span of pixels; it is offered to 4, 8 and 16 channels of dense maps only."""
+    rows = ConvConfig(32, 16, 32, 2, 2, ConvKind.PACKED, tap_rows=True)
+    buffer = torch.randn(1, 5, 6, 16, device=DEVICE).to(F16)
+    out = torch.empty(1, 5, 6, 16, dtype=F16, device=DEVICE)
+    weight, bias = torch.zeros(16, 3, 3, 8, dtype=F16, device=DEVICE), torch.zeros(16, device=DEVICE)
+    with pytest.raises(ValueError, match="pixel stride to be its channel count"):
+        conv2d_nhwc(out, buffer[..., :8], weight, bias, padding=1, config=rows)
+    dense = buffer[..., :8].contiguous()
+    with pytest.raises(ValueError, match="no dilation across a row"):
+        conv2d_nhwc(out[:, :, 1:5], dense, weight, bias, padding=1, dilation=(1, 2), config=rows)
+    with pytest.raises(ValueError, match="block_k = 32 for a 3x3 kernel"):
+        conv2d_nhwc(out, dense, weight, bias, padding=1, config=replace(rows, block_k=64))
+    with pytest.raises(ValueError, match="whole pixels or tap rows"):
+        ConvConfig(32, 16, 32, 2, 2, ConvKind.PACKED, whole_pixels=True, tap_rows=True)
+    with pytest.raises(ValueError, match="a gemm tile has no tap_rows"):
+        ConvConfig(32, 16, 32, 2, 2, tap_rows=True)
+
+    def offered(c_in: int, **options) -> set[int]:
+        configs = conv_candidate_configs(160 * 120, 16, 9 * c_in, kernel_is_1x1=False, c_in=c_in, **options)
+        return {c.block_k for c in configs if c.tap_rows}
+
+    assert offered(8, dense_rows=True) == {32} and offered(16, dense_rows=True) == {64}
+    assert offered(4, dense_rows=True, kernel_w=5) == {32}
+    assert offered(8) == offered(32, dense_rows=True) == offered(5, dense_rows=True) == set()
+    assert not any(c.tap_rows for c in conv_candidate_configs(160 * 120, 16, 8, True, c_in=8, dense_rows=True))
 
 
 TWO_INPUT_CASES = {

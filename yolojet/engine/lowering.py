@@ -26,6 +26,7 @@ from yolojet.kernels.conv import (
     conv_candidate_configs,
     default_config,
     pixels_are_words,
+    rows_are_dense,
     tma_loadable,
     tma_patch_loadable,
     tma_storable,
@@ -255,9 +256,13 @@ def _lower_conv(
     m, k = batch * oh * ow, weight.shape[1] * weight.shape[2] * weight.shape[3]
     is_1x1 = weight.shape[1] == weight.shape[2] == 1
     whole_pixels = pixels_are_words(x)
+    dense_rows = rows_are_dense(x) and dilation[1] == 1 and scale == 1
     c_in = x.shape[3] + (0 if second is None else second.shape[3])
     if second is None:
-        candidates = conv_candidate_configs(m, c_out, k, is_1x1, x.dtype, c_in=c_in, whole_pixels=whole_pixels)
+        candidates = conv_candidate_configs(
+            m, c_out, k, is_1x1, x.dtype, c_in=c_in, whole_pixels=whole_pixels, dense_rows=dense_rows,
+            kernel_w=weight.shape[2],
+        )  # fmt: skip
     else:
         candidates = two_input_candidates(m, c_out, c_in, x.dtype)
 
@@ -305,6 +310,8 @@ def _lower_conv(
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
             config = replace(config, whole_pixels=False)
+        if config.tap_rows and not dense_rows:  # the same K tile over flattened taps
+            config = replace(config, tap_rows=False)
         if not tma_fits(config):  # nor TMA-store today's output (alignment): the same tile, stored by its threads
             config = replace(config, tma_store=False)
         if not tma_fits(config):  # nor TMA-load today's operands: the same tile, gathered

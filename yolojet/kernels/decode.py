@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from yolojet.kernels.activations import logistic
 from yolojet.kernels.launch import network_launcher
 from yolojet.kernels.nms import BestClassTargets, fold_best_class, store_best_class
 from yolojet.kernels.pdl import wait_for_previous_kernel
@@ -54,7 +55,7 @@ def _side_distance(box_ptr, pix, side: tl.constexpr, a_ok, REG_MAX: tl.constexpr
 @triton.jit
 def _angle(raw, ANGLE_SIGMOID: tl.constexpr):
     if ANGLE_SIGMOID:
-        return (tl.sigmoid(raw) - 0.25) * 3.141592653589793
+        return (logistic(raw) - 0.25) * 3.141592653589793
     return raw
 
 
@@ -160,7 +161,7 @@ def _decode_level(
         loaded = a_ok[:, None] & (ch < NC_MAP)[None, :]
         logits = tl.load(cls_ptr + cls_pix[:, None] + ch[None, :], mask=loaded, other=0.0).to(tl.float32)
         decoded = loaded & (ch < NC)[None, :]
-        scores = tl.sigmoid(logits)
+        scores = logistic(logits)
         tl.store(out_col[:, None] + (4 + ch)[None, :] * so_c, scores, mask=decoded)
         if BEST:
             best, best_class = fold_best_class(best, best_class, tl.where(decoded, scores, float("-inf")), ch, NC, 1)
@@ -182,7 +183,7 @@ def _decode_level(
             shift = 0.0 if KPT_V26 else 0.5
             kx = (value * scale + ax[:, None] - shift) * stride
             ky = (value * scale + ay[:, None] - shift) * stride
-            value = tl.where(part == 0, kx, tl.where(part == 1, ky, tl.sigmoid(value)))
+            value = tl.where(part == 0, kx, tl.where(part == 1, ky, logistic(value)))
         tl.store(out_col[:, None] + (4 + NC + ch)[None, :] * so_c, value, mask=loaded & (ch < EXTRA)[None, :])
 
 

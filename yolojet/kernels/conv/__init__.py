@@ -11,12 +11,12 @@ The modules, by what they hold:
   the autotuner times (`conv_candidate_configs`, `two_input_candidates`), the untimed `default_config`
   (`untimed_gpu_config` on a GPU, the interpreter's own largest tile under it) and `candidate_set_id`, with the
   tables and limits behind them.
-- `feasibility`: whether a layer's views allow TMA loads and stores and whole-pixel word loads (`tma_loadable`,
-  `tma_patch_loadable`, `tma_storable`, `pixels_are_words`).
+- `feasibility`: whether a layer's views allow TMA loads and stores, whole-pixel word loads and tap-row loads
+  (`tma_loadable`, `tma_patch_loadable`, `tma_storable`, `pixels_are_words`, `rows_are_dense`).
 - `epilogue`: the @triton.jit helpers several kernels call: output-pixel indices, the grouped tile order, and the
   bias + activation + residual epilogue with its stores.
-- `gemm`: `_conv2d_nhwc_kernel`, the implicit GEMM gathering its operands (1x1, two inputs, packed taps, k x k,
-  split-K).
+- `gemm`: `_conv2d_nhwc_kernel`, the implicit GEMM gathering its operands (1x1, two inputs, packed taps or tap
+  rows, k x k, split-K).
 - `direct`: `_conv2d_direct_kernel`, FMA outer products for a handful of input channels.
 - `tma`: `_conv1x1_tma_kernel` and `_conv_tma_kernel`, whose operands the tensor memory accelerator loads.
 - `dispatch`: `conv2d_nhwc`, which checks its arguments and hands them to the launcher of its config's kind.
@@ -36,7 +36,13 @@ from yolojet.kernels.conv.config import (
     untimed_gpu_config,
 )
 from yolojet.kernels.conv.dispatch import conv2d_nhwc
-from yolojet.kernels.conv.feasibility import pixels_are_words, tma_loadable, tma_patch_loadable, tma_storable
+from yolojet.kernels.conv.feasibility import (
+    pixels_are_words,
+    rows_are_dense,
+    tma_loadable,
+    tma_patch_loadable,
+    tma_storable,
+)
 
 __all__ = [
     "ConvConfig",
@@ -46,6 +52,7 @@ __all__ = [
     "conv_candidate_configs",
     "default_config",
     "pixels_are_words",
+    "rows_are_dense",
     "tma_loadable",
     "tma_patch_loadable",
     "tma_storable",

@@ -36,12 +36,19 @@ class ConvKind(str, enum.Enum):
 # The modifiers each kind takes; a kind leaves the others at their defaults (_MODIFIER_DEFAULTS).
 _MODIFIERS: dict[ConvKind, frozenset[str]] = {
     ConvKind.GEMM: frozenset({"split_k", "tma_store"}),
-    ConvKind.PACKED: frozenset({"whole_pixels", "tma_store"}),
+    ConvKind.PACKED: frozenset({"whole_pixels", "tap_rows", "tma_store"}),
     ConvKind.DIRECT: frozenset({"whole_pixels"}),
     ConvKind.TMA_1X1: frozenset({"persistent", "tma_store"}),
     ConvKind.TMA_PATCH: frozenset({"tile_w", "tma_store"}),
 }
-_MODIFIER_DEFAULTS = {"split_k": 1, "whole_pixels": False, "persistent": False, "tile_w": 0, "tma_store": False}
+_MODIFIER_DEFAULTS = {
+    "split_k": 1,
+    "whole_pixels": False,
+    "tap_rows": False,
+    "persistent": False,
+    "tile_w": 0,
+    "tma_store": False,
+}
 _TMA_KINDS = (ConvKind.TMA_1X1, ConvKind.TMA_PATCH)
 
 
@@ -58,6 +65,7 @@ class ConvConfig:
     kind: ConvKind = ConvKind.GEMM
     split_k: int = 1  # GEMM: programs sharing each output tile's K steps (see the kernel)
     whole_pixels: bool = False  # DIRECT, PACKED: each tap loads a pixel's channels as 8-byte words (WHOLE_PIXELS)
+    tap_rows: bool = False  # PACKED: K steps over kernel rows, a row's neighbouring pixels one load (TAP_ROWS)
     persistent: bool = False  # TMA_1X1: a fixed grid of programs walking the tiles, not a program per tile
     tile_w: int = 0  # TMA_PATCH: the output tile's width in pixels (a power of two dividing block_m)
     tma_store: bool = False  # all but DIRECT: the output tile stored by the tensor memory accelerator, K unsplit
@@ -81,6 +89,8 @@ class ConvConfig:
             if name not in _MODIFIERS[self.kind] and getattr(self, name) != default:
                 takes = ", ".join(sorted(_MODIFIERS[self.kind]))
                 raise ValueError(f"ConvConfig: a {self.kind.value} tile has no {name} (it takes {takes})")
+        if self.whole_pixels and self.tap_rows:
+            raise ValueError("ConvConfig: a packed tile loads whole pixels or tap rows, not both")
         if self.tma_store and self.split_k != 1:
             raise ValueError("ConvConfig: TMA stores end tiles whose K is not split")
         tile_w = self.tile_w
@@ -156,6 +166,12 @@ _MOST_BIT_TAPS = 63
 # 128-deep twin everywhere (bench/NOTES.md).
 _WHOLE_TAP_CHANNELS = (16,)
 _WHOLE_TAP_TILES = ((128, 32, 64, 4, 3),)
+# Packed tiles over kernel rows (BLOCK_M, BLOCK_N cap, warps, stages; BLOCK_K is a row's span of pixels, KW rounded up
+# to a power of two, times C_in), offered to k x k convs without dilation or upsample whose input's pixel stride is its
+# channel count, one of these: a row's taps are then one contiguous run a GEMM row. YOLO's bottleneck convs from 8 and
+# 16 channels (C3k2's cv2 at 160x120 and 80x60) read such maps, as does model.1 (16 -> 32, stride 2).
+_TAP_ROW_CHANNELS = (4, 8, 16)
+_TAP_ROW_TILES = ((128, 32, 4, 3), (64, 32, 2, 3))
 # Layers of at least this many output pixels (large batches: never at batch 1 for 640 inputs, whose largest maps
 # after the stem are 160x160) are also offered the tiles below.
 _LARGE_M = 1 << 17
@@ -232,6 +248,8 @@ def candidate_set_id() -> str:
         _PACKED_MIN_C_OUT,
         _WHOLE_TAP_CHANNELS,
         _WHOLE_TAP_TILES,
+        _TAP_ROW_CHANNELS,
+        _TAP_ROW_TILES,
         _MOST_BIT_TAPS,
         _SMEM_BUDGET,
         _LARGE_M,
@@ -271,6 +289,8 @@ def conv_candidate_configs(
     dtype: torch.dtype = torch.float16,
     c_in: int | None = None,
     whole_pixels: bool = False,
+    dense_rows: bool = False,
+    kernel_w: int = 3,
 ) -> list[ConvConfig]:
     """Tile configs worth timing for a conv with GEMM sizes M=m, N=C_out=n, K=kh·kw·C_in=k.
 
@@ -279,6 +299,8 @@ def conv_candidate_configs(
     kernels are taken to be 3x3 (all of YOLO's), which for other sizes only mis-sizes the offer, never breaks a
     launch. Configs whose pipeline would not fit in shared memory at ``dtype`` are left out. `whole_pixels`: the
     input's pixels are 8-byte words (see `pixels_are_words`), so the direct tiles also come in that mode.
+    `dense_rows`: a kernel row's taps read one contiguous run (see `rows_are_dense`; no dilation across a row, no
+    upsample), so the tap-row tiles are offered, K sized by the kernel's width `kernel_w`.
     """
     if c_in is None:
         c_in = _tap_channels(k, kernel_is_1x1)
@@ -314,6 +336,16 @@ def conv_candidate_configs(
         for block_m, block_n, block_k, warps, stages in _WHOLE_TAP_TILES:
             config = ConvConfig(_fit(block_m, m), _fit(block_n, n), block_k, warps, stages, ConvKind.PACKED)
             smem = stages * (config.block_m + config.block_n) * block_k * dtype.itemsize
+            if smem <= _SMEM_BUDGET and config not in few_channels:
+                few_channels.append(config)
+    span = 1 << (kernel_w - 1).bit_length()
+    row_bits = (k // c_in // kernel_w) * span  # the taps' bits a GEMM row holds: KH · span
+    rows_fit = c_in in _TAP_ROW_CHANNELS and span * c_in >= 16 and row_bits <= _MOST_BIT_TAPS
+    if not kernel_is_1x1 and dense_rows and rows_fit:
+        for block_m, block_n, warps, stages in _TAP_ROW_TILES:
+            config = ConvConfig(_fit(block_m, m), _fit(block_n, n), span * c_in, warps, stages, ConvKind.PACKED,
+                                tap_rows=True)  # fmt: skip
+            smem = stages * (config.block_m + config.block_n) * config.block_k * dtype.itemsize
             if smem <= _SMEM_BUDGET and config not in few_channels:
                 few_channels.append(config)
     tma = []

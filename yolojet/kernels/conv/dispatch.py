@@ -26,7 +26,13 @@ from yolojet.kernels.conv.config import (
     default_config,
 )
 from yolojet.kernels.conv.direct import _conv2d_direct_kernel
-from yolojet.kernels.conv.feasibility import pixels_are_words, tma_loadable, tma_patch_loadable, tma_storable
+from yolojet.kernels.conv.feasibility import (
+    pixels_are_words,
+    rows_are_dense,
+    tma_loadable,
+    tma_patch_loadable,
+    tma_storable,
+)
 from yolojet.kernels.conv.gemm import _conv2d_nhwc_kernel
 from yolojet.kernels.conv.tma import _conv1x1_tma_kernel, _conv_tma_kernel
 from yolojet.kernels.launch import network_launcher
@@ -343,6 +349,22 @@ def _launch_gemm(call: _ConvCall, cfg: ConvConfig) -> None:
                 f"{_HALVES_PER_WORD} fp16 channels (x: {x.dtype}, {c_in} channels, strides {x.stride()}) and "
                 f"block_k = {taps_block} for a {kh}x{kw} kernel"
             )
+    if cfg.tap_rows:
+        span = triton.next_power_of_2(kw)
+        if (
+            not rows_are_dense(x)
+            or c_in & (c_in - 1)
+            or dx != 1
+            or call.upsample != 1
+            or cfg.block_k != span * c_in
+            or kh * span > _MOST_BIT_TAPS
+        ):
+            raise ValueError(
+                f"config {cfg} loads tap rows: it needs x's pixel stride to be its channel count, a power of two "
+                f"(x: {c_in} channels, strides {x.stride()}), no dilation across a row ({dx}) nor upsample "
+                f"({call.upsample}), block_k = {span * c_in} for a {kh}x{kw} kernel, and at most {_MOST_BIT_TAPS} "
+                f"bits of taps ({kh * span})"
+            )
     partials, arrivals = _split_scratch(cfg, call.m, c_out, call.partials, call.arrivals, call.bias)
     grid = (triton.cdiv(call.m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)
     two = x if second is None else second  # never read without TWO_INPUTS; any valid pointer will do
@@ -353,7 +375,7 @@ def _launch_gemm(call: _ConvCall, cfg: ConvConfig) -> None:
         *res.stride()[:3], partials, arrivals, height, width, c_in, c_second, oh, ow, c_out, call.m,
         sy, sx, py, px, dy, dx, KH=kh, KW=kw, UPSAMPLE=call.upsample, ACTIVATION=call.activation,
         HAS_RESIDUAL=call.residual is not None, PACK_TAPS=cfg.kind is ConvKind.PACKED,
-        TAP_CHANNELS=_tap_channels_constant(call, cfg), WHOLE_PIXELS=cfg.whole_pixels,
+        TAP_CHANNELS=_tap_channels_constant(call, cfg), TAP_ROWS=cfg.tap_rows, WHOLE_PIXELS=cfg.whole_pixels,
         TWO_INPUTS=second is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=_GROUP_M, SPLIT_K=cfg.split_k, TMA_STORE=cfg.tma_store,
         X_ALIGN=_common_divisor(*x.stride()[:3], c_in, *two.stride()[:3], c_second),
@@ -364,13 +386,14 @@ def _launch_gemm(call: _ConvCall, cfg: ConvConfig) -> None:
 
 def _tap_channels_constant(call: _ConvCall, cfg: ConvConfig) -> int:
     """C_in for a packed tile to know as a constant: for word tiles always (at most 4 channels: a spare half is then a
-    zero); for the others a power of two, no upsample, taps within `_MOST_BIT_TAPS` (whole taps a K step, each tap's
-    channels one vector run); else 0, which the kernel reads as C_in unknown until it runs."""
+    zero) and tap rows (checked by the launcher); for the others a power of two, no upsample, taps within
+    `_MOST_BIT_TAPS` (whole taps a K step, each tap's channels one vector run); else 0, which the kernel reads as C_in
+    unknown until it runs."""
     c_in = call.x.shape[3]
     kh, kw = call.weight.shape[1:3]
     if cfg.kind is not ConvKind.PACKED:
         return 0
-    if cfg.whole_pixels:
+    if cfg.whole_pixels or cfg.tap_rows:
         return c_in
     known = call.upsample == 1 and kh * kw <= _MOST_BIT_TAPS and c_in & (c_in - 1) == 0
     return c_in if known else 0

@@ -1,7 +1,7 @@
 """Whether a layer's tensor views allow a kernel mode: TMA loads of a 1x1 conv's operands or of a k x k conv's input
-patches (`tma_loadable`, `tma_patch_loadable`), TMA stores of its output (`tma_storable`), and loads of each pixel
-as 8-byte words (`pixels_are_words`). Lowering asks them before offering or applying a tile; `conv2d_nhwc` asks
-them again before launching one.
+patches (`tma_loadable`, `tma_patch_loadable`), TMA stores of its output (`tma_storable`), loads of each pixel as
+8-byte words (`pixels_are_words`), and of a kernel row's neighbouring pixels as one run (`rows_are_dense`). Lowering
+asks them before offering or applying a tile; `conv2d_nhwc` asks them again before launching one.
 """
 
 import torch
@@ -78,3 +78,9 @@ def pixels_are_words(x: torch.Tensor) -> bool:
         and all(stride % _HALVES_PER_WORD == 0 for stride in x.stride()[:3])
         and x.data_ptr() % 8 == 0
     )
+
+
+def rows_are_dense(x: torch.Tensor) -> bool:
+    """Whether an NHWC view's neighbouring pixels in a row are one contiguous run: its pixel stride is its channel
+    count (a whole map, not a channel slice of a wider one), so a kernel row's taps can load as one vector run."""
+    return x.dim() == 4 and x.stride(3) == 1 and x.stride(2) == x.shape[3]

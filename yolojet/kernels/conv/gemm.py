@@ -1,6 +1,7 @@
 """The implicit-GEMM kernel `_conv2d_nhwc_kernel`, which gathers its operands with pointer loads: 1x1 convs (optionally
 reading a second input as the channels after x's), packed taps, K over (tap, channel) flattened (for a few input
-channels, also with each tap's channels loaded as one 8-byte word; for a power of two of them, known as a constant),
+channels, also with each tap's channels loaded as one 8-byte word; for a power of two of them, known as a constant,
+also with a kernel row's neighbouring pixels loaded as one run),
 and k x k convs walking (tap, channel block); its K steps can be split across programs. `_divisible`, `_word_half`,
 `_split_range` and `_taps_inside` are helpers only it calls.
 """
@@ -105,6 +106,7 @@ def _conv2d_nhwc_kernel(
     HAS_RESIDUAL: tl.constexpr,
     PACK_TAPS: tl.constexpr,
     TAP_CHANNELS: tl.constexpr,
+    TAP_ROWS: tl.constexpr,
     WHOLE_PIXELS: tl.constexpr,
     TWO_INPUTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -138,6 +140,8 @@ def _conv2d_nhwc_kernel(
     PACK_TAPS runs K over (ky, kx, ci) flattened, in K tiles of BLOCK_K; with TAP_CHANNELS (C_in, a power of two, no
     upsample, at most _TAP_BITS taps) known as a constant, each tap's channels are one contiguous run of a K tile
     (BLOCK_K // TAP_CHANNELS whole taps a tile, or a tap over several where BLOCK_K is the smaller).
+    With TAP_ROWS too (x's pixel stride TAP_CHANNELS, no dilation across a row), K runs over kernel rows instead:
+    a step loads BLOCK_K // TAP_CHANNELS neighbouring pixels from a row's first tap, those past KW masked.
     With WHOLE_PIXELS too (fp16 input of at most 4 channels, TAP_CHANNELS of them, whose pixels are 8-byte words), K
     runs over (tap, the word's 4 halves): each tap's channels arrive as one 8-byte load and BLOCK_K = 4 · (taps
     rounded up to a power of two).
@@ -251,6 +255,30 @@ def _conv2d_nhwc_kernel(
         b = tl.load(w_rows[None, :] + (tap * TAP_CHANNELS + ci)[:, None], mask=k_ok[:, None] & n_mask[None, :],
                     other=0.0)  # fmt: skip
         acc = tl.dot(a, b, acc, input_precision="ieee")
+    elif PACK_TAPS and TAP_ROWS:
+        # A kernel row's taps read neighbouring pixels, which in a map whose pixel stride is its channel count are one
+        # contiguous run: K steps over kernel rows, each row of the tile loading SPAN pixels' channels from its row's
+        # first tap (SPAN = BLOCK_K // TAP_CHANNELS, the power of two at or above KW). The pixels past KW have no
+        # weight and are never loaded. A step then costs about what a GEMM tile's step over one tap does: one
+        # address a row, one bounds test an input row, one predicate a channel vector.
+        SPAN: tl.constexpr = BLOCK_K // TAP_CHANNELS
+        tl.static_assert(UPSAMPLE == 1 and KH * SPAN <= _TAP_BITS and SPAN >= KW, "tap rows: no upsample, <= 63 bits")
+        x_first = x_img + iy0.to(tl.int64) * stride_xh + ix0.to(tl.int64) * TAP_CHANNELS  # the pixel stride
+        # Which of a row's KW pixels lie inside the input is the same for every kernel row: worked out once, a bit a
+        # pixel, then each step only adds whether its input row is inside.
+        columns = tl.zeros_like(ix0)
+        for kx in tl.static_range(KW):
+            columns = columns | (((ix0 + kx >= 0) & (ix0 + kx < W_up)).to(tl.int32) << kx)
+        pixel = offs_k // TAP_CHANNELS
+        column_ok = (((columns[:, None] >> pixel[None, :]) & 1) != 0) & (m_mask[:, None] & (pixel < KW)[None, :])
+        for ky in range(KH):
+            iy = iy0 + ky * dil_y
+            ok = column_ok & ((iy >= 0) & (iy < H_up))[:, None]
+            a = tl.load(x_first[:, None] + ((ky * dil_y).to(tl.int64) * stride_xh + offs_k)[None, :], mask=ok,
+                        other=0.0)  # fmt: skip
+            b = tl.load(w_rows[None, :] + (ky * KW * TAP_CHANNELS + offs_k)[:, None],
+                        mask=(pixel < KW)[:, None] & n_mask[None, :], other=0.0)  # fmt: skip
+            acc = tl.dot(a, b, acc, input_precision="ieee")
     elif PACK_TAPS and TAP_CHANNELS > 0:
         # A power of two of input channels (model.1's 16; the few-channel convs' packed tiles): K runs over (tap, ci)
         # as the weight is packed, BLOCK_K // TAP_CHANNELS taps a K step, where the GEMM tiles pay a step's waits and
