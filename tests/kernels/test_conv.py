@@ -65,7 +65,7 @@ class Case:
     activation: str = "silu"
     residual: bool = False
     sliced: bool = False  # input, output and residual are channel (and spatial) slices of wider buffers
-    dense_input: bool = False  # with `sliced`, the input stays a whole map (as tap rows need) and only the rest are
+    dense_input: bool = False  # with `sliced`, the input keeps all its channels (as tap rows need), cropped spatially
     dtype: torch.dtype = F16
     config: ConvConfig | None = None
 
@@ -245,7 +245,11 @@ def _make_case(case: Case, seed: int):
     torch.manual_seed(seed)
     kh, kw = (case.kernel, case.kernel) if isinstance(case.kernel, int) else case.kernel
     x_shape = (case.batch, case.h * SPATIAL, case.w * SPATIAL, case.c_in)
-    x_buf, x = _nhwc(x_shape, case.dtype, case.sliced and not case.dense_input)
+    if case.sliced and case.dense_input:  # a spatial crop keeping every channel: pixels dense, rows not W·C apart
+        x_buf, _ = _nhwc((x_shape[0], x_shape[1] + 2, x_shape[2] + 3, x_shape[3]), case.dtype, False)
+        x = x_buf[:, 1 : x_shape[1] + 1, 2 : x_shape[2] + 2]
+    else:
+        x_buf, x = _nhwc(x_shape, case.dtype, case.sliced)
     # fan-in scaling keeps fp16 outputs O(1), so the relative tolerance measures accumulation, not overflow
     weight = (torch.randn(case.c_out, kh, kw, case.c_in, dtype=torch.float64) / (kh * kw * case.c_in) ** 0.5).to(
         device=DEVICE, dtype=case.dtype
@@ -593,7 +597,8 @@ def test_tap_rows_need_a_dense_input_no_dilation_across_a_row_and_a_k_tile_of_a_
         return {c.block_k for c in configs if c.tap_rows}
 
     assert offered(8, dense_rows=True) == {32} and offered(16, dense_rows=True) == {64}
-    assert offered(4, dense_rows=True, kernel_w=5) == {32}
+    assert offered(4, dense_rows=True, kernel_w=5) == {32}  # (K as if 3x5: the offer reads only C_in and KW)
+    assert offered(4, dense_rows=True, kernel_w=33) == set()  # a row of 64 pixels: more bounds than an int32's bits
     assert offered(8) == offered(32, dense_rows=True) == offered(5, dense_rows=True) == set()
     assert not any(c.tap_rows for c in conv_candidate_configs(160 * 120, 16, 8, True, c_in=8, dense_rows=True))
 

@@ -167,11 +167,14 @@ _MOST_BIT_TAPS = 63
 _WHOLE_TAP_CHANNELS = (16,)
 _WHOLE_TAP_TILES = ((128, 32, 64, 4, 3),)
 # Packed tiles over kernel rows (BLOCK_M, BLOCK_N cap, warps, stages; BLOCK_K is a row's span of pixels, KW rounded up
-# to a power of two, times C_in), offered to k x k convs without dilation or upsample whose input's pixel stride is its
-# channel count, one of these: a row's taps are then one contiguous run a GEMM row. YOLO's bottleneck convs from 8 and
-# 16 channels (C3k2's cv2 at 160x120 and 80x60) read such maps, as does model.1 (16 -> 32, stride 2).
+# to a power of two, times C_in), offered to k x k convs without dilation across a row or upsample whose input's pixel
+# stride is its channel count, one of these: a row's taps are then one contiguous run a GEMM row. C3k2's bottleneck cv2
+# convs read whole 8- and 16-channel maps, as does model.1 (16 -> 32, stride 2). On an H100 at batch 64 they won the
+# 8-channel cv2 (98.9 against 114.1 us) and lost the 16-channel ones (38.9 against 31.7; bench/NOTES.md).
 _TAP_ROW_CHANNELS = (4, 8, 16)
 _TAP_ROW_TILES = ((128, 32, 4, 3), (64, 32, 2, 3))
+# The widest span of a tap row: which of its pixels lie inside the input are bits of one int32.
+_MOST_ROW_PIXELS = 32
 # Layers of at least this many output pixels (large batches: never at batch 1 for 640 inputs, whose largest maps
 # after the stem are 160x160) are also offered the tiles below.
 _LARGE_M = 1 << 17
@@ -250,6 +253,7 @@ def candidate_set_id() -> str:
         _WHOLE_TAP_TILES,
         _TAP_ROW_CHANNELS,
         _TAP_ROW_TILES,
+        _MOST_ROW_PIXELS,
         _MOST_BIT_TAPS,
         _SMEM_BUDGET,
         _LARGE_M,
@@ -339,8 +343,7 @@ def conv_candidate_configs(
             if smem <= _SMEM_BUDGET and config not in few_channels:
                 few_channels.append(config)
     span = 1 << (kernel_w - 1).bit_length()
-    row_bits = (k // c_in // kernel_w) * span  # the taps' bits a GEMM row holds: KH · span
-    rows_fit = c_in in _TAP_ROW_CHANNELS and span * c_in >= 16 and row_bits <= _MOST_BIT_TAPS
+    rows_fit = c_in in _TAP_ROW_CHANNELS and span * c_in >= 16 and span <= _MOST_ROW_PIXELS
     if not kernel_is_1x1 and dense_rows and rows_fit:
         for block_m, block_n, warps, stages in _TAP_ROW_TILES:
             config = ConvConfig(_fit(block_m, m), _fit(block_n, n), span * c_in, warps, stages, ConvKind.PACKED,

@@ -19,6 +19,7 @@ from yolojet.kernels.conv.config import (
     _HALVES_PER_WORD,
     _INTERPRETER_PROGRAMS,
     _MOST_BIT_TAPS,
+    _MOST_ROW_PIXELS,
     _PERSISTENT_PROGRAMS_PER_SM,
     _TMA_ALIGN,
     ConvConfig,
@@ -357,13 +358,13 @@ def _launch_gemm(call: _ConvCall, cfg: ConvConfig) -> None:
             or dx != 1
             or call.upsample != 1
             or cfg.block_k != span * c_in
-            or kh * span > _MOST_BIT_TAPS
+            or span > _MOST_ROW_PIXELS
         ):
             raise ValueError(
                 f"config {cfg} loads tap rows: it needs x's pixel stride to be its channel count, a power of two "
                 f"(x: {c_in} channels, strides {x.stride()}), no dilation across a row ({dx}) nor upsample "
-                f"({call.upsample}), block_k = {span * c_in} for a {kh}x{kw} kernel, and at most {_MOST_BIT_TAPS} "
-                f"bits of taps ({kh * span})"
+                f"({call.upsample}), block_k = {span * c_in} for a {kh}x{kw} kernel, and a row's span of at most "
+                f"{_MOST_ROW_PIXELS} pixels ({span})"
             )
     partials, arrivals = _split_scratch(cfg, call.m, c_out, call.partials, call.arrivals, call.bias)
     grid = (triton.cdiv(call.m, cfg.block_m) * triton.cdiv(c_out, cfg.block_n), cfg.split_k)

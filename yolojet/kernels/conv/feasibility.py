@@ -82,5 +82,6 @@ def pixels_are_words(x: torch.Tensor) -> bool:
 
 def rows_are_dense(x: torch.Tensor) -> bool:
     """Whether an NHWC view's neighbouring pixels in a row are one contiguous run: its pixel stride is its channel
-    count (a whole map, not a channel slice of a wider one), so a kernel row's taps can load as one vector run."""
+    count (not a channel slice of a wider map; a spatial crop of one is), so a kernel row's taps can load as one
+    vector run."""
     return x.dim() == 4 and x.stride(3) == 1 and x.stride(2) == x.shape[3]

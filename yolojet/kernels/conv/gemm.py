@@ -9,7 +9,7 @@ and k x k convs walking (tap, channel block); its K steps can be split across pr
 import triton
 import triton.language as tl
 
-from yolojet.kernels.conv.config import _MOST_BIT_TAPS
+from yolojet.kernels.conv.config import _MOST_BIT_TAPS, _MOST_ROW_PIXELS
 from yolojet.kernels.conv.epilogue import _grouped_tile, _matrix_tile_epilogue, _output_pixels
 from yolojet.kernels.pdl import wait_for_previous_kernel
 
@@ -43,8 +43,10 @@ def _divisible(value, BY: tl.constexpr):
     return value
 
 
-# The most taps whose bounds `_taps_inside` holds as bits (config's _MOST_BIT_TAPS, as jitted code reads it).
+# The most taps whose bounds `_taps_inside` holds as bits (config's _MOST_BIT_TAPS, as jitted code reads it), and the
+# widest tap row, whose pixels' bounds are bits of an int32 (config's _MOST_ROW_PIXELS).
 _TAP_BITS = tl.constexpr(_MOST_BIT_TAPS)
+_ROW_PIXELS = tl.constexpr(_MOST_ROW_PIXELS)
 
 
 @triton.jit
@@ -262,7 +264,7 @@ def _conv2d_nhwc_kernel(
         # weight and are never loaded. A step then costs about what a GEMM tile's step over one tap does: one
         # address a row, one bounds test an input row, one predicate a channel vector.
         SPAN: tl.constexpr = BLOCK_K // TAP_CHANNELS
-        tl.static_assert(UPSAMPLE == 1 and KH * SPAN <= _TAP_BITS and SPAN >= KW, "tap rows: no upsample, <= 63 bits")
+        tl.static_assert(UPSAMPLE == 1 and KW <= SPAN and SPAN <= _ROW_PIXELS, "tap rows: no upsample, KW <= span, 32")
         x_first = x_img + iy0.to(tl.int64) * stride_xh + ix0.to(tl.int64) * TAP_CHANNELS  # the pixel stride
         # Which of a row's KW pixels lie inside the input is the same for every kernel row: worked out once, a bit a
         # pixel, then each step only adds whether its input row is inside.
