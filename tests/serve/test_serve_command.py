@@ -256,3 +256,13 @@ def test_generated_code_is_what_the_proto_gives(tmp_path):
     assert done.returncode == 0, done.stderr
     for name in ("inference_pb2.py", "inference_pb2_grpc.py", "inference_pb2.pyi"):
         assert (out / relative / name).read_text() == (PROTO_DIR / name).read_text(), name
+
+
+def test_the_protobuf_requirement_spans_the_generated_codes_major_version():
+    """The package requires the protobuf release that generated the committed code, up to its next major version:
+    protobuf runs generated code only on its own release or a newer one of the same major version."""
+    generated = re.search(r"# Protobuf Python Version: ((\d+)\.\d+\.\d+)", (PROTO_DIR / "inference_pb2.py").read_text())
+    assert generated, "the generated code names no protobuf version"
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    required = re.findall(r'^\s*"protobuf([^";]*)"', pyproject, flags=re.MULTILINE)
+    assert required == [f">={generated.group(1)},<{int(generated.group(2)) + 1}"], required
