@@ -310,8 +310,6 @@ def _lower_conv(
         scratch.reserve(*config.split_scratch(m, c_out))  # a remembered pick may not be among today's candidates
         if config.whole_pixels and not whole_pixels:  # nor fit today's views (the tuning key has no addresses)
             config = replace(config, whole_pixels=False)
-        if config.tap_rows and not dense_rows:  # the same K tile over flattened taps
-            config = replace(config, tap_rows=False)
         if not tma_fits(config):  # nor TMA-store today's output (alignment): the same tile, stored by its threads
             config = replace(config, tma_store=False)
         if not tma_fits(config):  # nor TMA-load today's operands: the same tile, gathered

@@ -168,10 +168,11 @@ _WHOLE_TAP_CHANNELS = (16,)
 _WHOLE_TAP_TILES = ((128, 32, 64, 4, 3),)
 # Packed tiles over kernel rows (BLOCK_M, BLOCK_N cap, warps, stages; BLOCK_K is a row's span of pixels, KW rounded up
 # to a power of two, times C_in), offered to k x k convs without dilation across a row or upsample whose input's pixel
-# stride is its channel count, one of these: a row's taps are then one contiguous run a GEMM row. C3k2's bottleneck cv2
-# convs read whole 8- and 16-channel maps, as does model.1 (16 -> 32, stride 2). On an H100 at batch 64 they won the
-# 8-channel cv2 (98.9 against 114.1 us) and lost the 16-channel ones (38.9 against 31.7; bench/NOTES.md).
-_TAP_ROW_CHANNELS = (4, 8, 16)
+# stride is its channel count, one of these: a row's taps are then one contiguous run a GEMM row. On an H100 at batch
+# 64 they won the 8-channel bottleneck cv2 of yolo11n's first C3k2 (98.9 against 114.1 us), lost the 16-channel ones
+# (38.9 against 31.7) and tied model.1 (16 -> 32, stride 2; bench/NOTES.md): each tile offered is one more to compile
+# at start-up, so only 8 channels are offered (the kernel takes any power of two whose row spans 16 or more).
+_TAP_ROW_CHANNELS = (8,)
 _TAP_ROW_TILES = ((128, 32, 4, 3), (64, 32, 2, 3))
 # The widest span of a tap row: which of its pixels lie inside the input are bits of one int32.
 _MOST_ROW_PIXELS = 32

@@ -264,7 +264,8 @@ def _conv2d_nhwc_kernel(
         # weight and are never loaded. A step then costs about what a GEMM tile's step over one tap does: one
         # address a row, one bounds test an input row, one predicate a channel vector.
         SPAN: tl.constexpr = BLOCK_K // TAP_CHANNELS
-        tl.static_assert(UPSAMPLE == 1 and KW <= SPAN and SPAN <= _ROW_PIXELS, "tap rows: no upsample, KW <= span, 32")
+        rows_fit: tl.constexpr = UPSAMPLE == 1 and KW <= SPAN and SPAN <= _ROW_PIXELS
+        tl.static_assert(rows_fit, "tap rows: no upsample; KW <= span <= 32")
         x_first = x_img + iy0.to(tl.int64) * stride_xh + ix0.to(tl.int64) * TAP_CHANNELS  # the pixel stride
         # Which of a row's KW pixels lie inside the input is the same for every kernel row: worked out once, a bit a
         # pixel, then each step only adds whether its input row is inside.
