@@ -13,6 +13,9 @@ Offers (each widens the product's, which the tuner still chooses from):
   persistent3  three persistent 1x1 programs an SM, with tiles whose pipelines fit three to an SM (2 stages of 128x128,
                3 of 128x64), not two
   no-eight-warp-1x1  the product's offer less its 8-warp persistent 1x1 tile (what that tile is worth)
+  patch256     TMA patches of 16x16 pixels on 8 warps (64 and 128 outputs wide): a 128-pixel patch of a 3x3 64 -> 64
+               conv reads its 74 KB of weights for 128 pixels and each input pixel nine times, all through L2, which
+               the counters found at 5.5-6 TB/s in these kernels; twice the pixels halve the weights' share
 
 `run(batch)` is timed in turns of 50 runs an offer, on the device's clock (CUDA events) and the wall's; the first turn,
 in which a newly captured graph runs slower, is reported apart from the median of the others.
@@ -70,6 +73,12 @@ def offer(name: str):
         patches = [
             (config, "_TMA_TILES", tuple(c for c in config._TMA_TILES if not (c.persistent and c.num_warps == 8)))
         ]
+    elif name == "patch256":
+        wide = (
+            ConvConfig(256, 64, 64, 8, 3, ConvKind.TMA_PATCH, tile_w=16),
+            ConvConfig(256, 128, 64, 8, 3, ConvKind.TMA_PATCH, tile_w=16),
+        )
+        patches = [(config, "_TMA_PATCH_TILES", config._TMA_PATCH_TILES + wide)]
     elif name != "product":
         raise SystemExit(f"unknown offer {name!r}")
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in patches]
