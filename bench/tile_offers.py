@@ -13,6 +13,10 @@ Offers (each widens the product's, which the tuner still chooses from):
   persistent3  three persistent 1x1 programs an SM, with tiles whose pipelines fit three to an SM (2 stages of 128x128,
                3 of 128x64), not two
   no-eight-warp-1x1  the product's offer less its 8-warp persistent 1x1 tile (what that tile is worth)
+  one-stage    the narrow GEMM tiles (32 and 64 outputs wide) also unpipelined: Triton copies a pipelined tile's 16-byte
+               vectors with cp.async.cg, which bypasses L1, so each of a 3x3 conv's taps reads its input from L2 again
+               (model.2.m.0.cv1 pulls ~9x its 39 MB input through L2); plain loads allocate in L1, where a tap's row
+               shifted by a pixel is mostly the last tap's, and an SM's many small programs hide their latency
   patch256     TMA patches of 16x16 pixels on 8 warps (64 and 128 outputs wide): a 128-pixel patch of a 3x3 64 -> 64
                conv reads its 74 KB of weights for 128 pixels and each input pixel nine times, all through L2, which
                the counters found at 5.5-6 TB/s in these kernels; twice the pixels halve the weights' share
@@ -73,6 +77,9 @@ def offer(name: str):
         patches = [
             (config, "_TMA_TILES", tuple(c for c in config._TMA_TILES if not (c.persistent and c.num_warps == 8)))
         ]
+    elif name == "one-stage":
+        narrow = tuple(replace(c, num_stages=1) for c in config._CANDIDATES if c.block_n <= 64 and c.block_k <= 64)
+        patches = [(config, "_CANDIDATES", config._CANDIDATES + narrow)]
     elif name == "patch256":
         wide = (
             ConvConfig(256, 64, 64, 8, 3, ConvKind.TMA_PATCH, tile_w=16),
