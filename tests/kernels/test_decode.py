@@ -141,7 +141,7 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
     (−inf unless above conf and of a kept class) and its first best class, against torch's max over the decoded
     scores. Ties between classes of different chunks (a class past 32 repeating an earlier one's best score, in the
     same lane of a chunk or another) keep the earlier class; anchors past the images' rows and every other element
-    stay as they were."""
+    stay as they were. With store_scores=False the same pass, boxes and extras are written, and no score."""
     strides = [8 * 2**i for i in range(len(sizes))]
     attrs = dict(HEADS[head], levels=len(sizes), nc=nc, strides=strides)
     batch, conf = 2, 0.4
@@ -166,14 +166,19 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
         mask = torch.zeros(nc, dtype=torch.bool, device=DEVICE)
         mask[classes] = True
     thresholds = torch.tensor([conf, 0.7], device=DEVICE)
-    decode_heads(
-        out,
+    maps = (
         [nhwc_slice(b.to(DEVICE), 3) for b in boxes],
         [nhwc_slice(s.to(DEVICE), 1, widen) for s in scores],
         [nhwc_slice(e.to(DEVICE), 2) for e in extras] or None,
-        DecodeSpec.from_attrs(attrs),
-        best=BestClassTargets(best_score[:batch], best_class[:batch], thresholds, mask),
     )
+    spec = DecodeSpec.from_attrs(attrs)
+    decode_heads(out, *maps, spec, best=BestClassTargets(best_score[:batch], best_class[:batch], thresholds, mask))
+    unscored = torch.full_like(out, float("nan"))
+    again = (torch.full_like(best_score[:batch], 7.0), torch.full_like(best_class[:batch], -3))
+    decode_heads(unscored, *maps, spec, best=BestClassTargets(*again, thresholds, mask, store_scores=False))
+    assert bool(unscored[:, 4 : 4 + nc].isnan().all()), "no score may be stored"
+    assert torch.equal(unscored[:, :4], out[:, :4]) and torch.equal(unscored[:, 4 + nc :], out[:, 4 + nc :])
+    assert torch.equal(again[0], best_score[:batch]) and torch.equal(again[1], best_class[:batch])
     decoded = out[:, 4 : 4 + nc].cpu()
     top, first = decoded.max(1)
     keep = top > conf

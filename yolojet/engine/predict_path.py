@@ -365,11 +365,14 @@ class DetectionHead(CapturedPath):
         mask = inputs["class_mask"] if self.filtered[parity] else None
         thresholds, limits = inputs["thresholds"], inputs["limits"]
         kpt_shape = self.meta.kpt_shape or ()
-        # The decode writes the best-class pass for the bucket's images where NMS would run it, saving NMS a launch.
+        # The decode writes the best-class pass for the bucket's images where NMS would run it, saving NMS a launch,
+        # and then not the class scores, which NMS reads only in that pass.
         best = None
         if self.scratch is not None and best_class_pass(self.meta.nc, rotated=self.task == "obb"):
             bucket_scratch = self.scratch.first(bucket)
-            best = BestClassTargets(bucket_scratch.best_score, bucket_scratch.best_class, thresholds, mask)
+            best = BestClassTargets(
+                bucket_scratch.best_score, bucket_scratch.best_class, thresholds, mask, store_scores=False
+            )
         # A detector's greedy NMS pass maps its kept boxes itself (segment's masks need them in input pixels first).
         boxes_mapped_in_nms = self.task == "detect" and not self.end2end
         if self.segment:

@@ -103,6 +103,7 @@ def _decode_level(
     class_mask_ptr,
     BEST: tl.constexpr,
     HAS_CLASS_MASK: tl.constexpr,
+    STORE_SCORES: tl.constexpr,
 ):
     """BLOCK_A anchors of one level, starting at the level's anchor `block`·BLOCK_A.
 
@@ -111,7 +112,8 @@ def _decode_level(
     constant over 16 channels and loads 16-byte vectors, and the padding is never stored.
 
     With BEST, the anchors' best class and score also go to NMS's best-class scratch (rows of `best_row` anchors),
-    from the scores as stored: NMS then skips a pass that reads every score back (kernels/nms.py)."""
+    from the scores as stored: NMS then skips a pass that reads every score back (kernels/nms.py). Without
+    STORE_SCORES (only with BEST) the scores themselves are not stored."""
     idx = block * BLOCK_A + tl.arange(0, BLOCK_A)
     a_ok = idx < H * W
     gy = idx // W
@@ -162,7 +164,8 @@ def _decode_level(
         logits = tl.load(cls_ptr + cls_pix[:, None] + ch[None, :], mask=loaded, other=0.0).to(tl.float32)
         decoded = loaded & (ch < NC)[None, :]
         scores = logistic(logits)
-        tl.store(out_col[:, None] + (4 + ch)[None, :] * so_c, scores, mask=decoded)
+        if STORE_SCORES:
+            tl.store(out_col[:, None] + (4 + ch)[None, :] * so_c, scores, mask=decoded)
         if BEST:
             best, best_class = fold_best_class(best, best_class, tl.where(decoded, scores, float("-inf")), ch, NC, 1)
     if BEST:
@@ -217,6 +220,7 @@ def _decode_kernel(
     best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr,
     BEST: tl.constexpr,
     HAS_CLASS_MASK: tl.constexpr,
+    STORE_SCORES: tl.constexpr,
 ):  # fmt: skip
     # Every level in one launch: program ids are dealt out level by level (each level starts a fresh block), so a
     # program decodes anchors of exactly one level and the head costs one launch instead of one per level.
@@ -228,7 +232,7 @@ def _decode_kernel(
             box0, sb0_n, sb0_h, sb0_w, cls0, sc0_n, sc0_h, sc0_w, ext0, se0_n, se0_h, se0_w, H0, W0, off0, stride0,
             NC, EXTRA, NC_MAP, EXTRA_MAP,
             REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
-            best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK,
+            best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK, STORE_SCORES,
         )  # fmt: skip
     elif LEVELS > 1:
         if pid < end1:
@@ -237,7 +241,7 @@ def _decode_kernel(
                 box1, sb1_n, sb1_h, sb1_w, cls1, sc1_n, sc1_h, sc1_w, ext1, se1_n, se1_h, se1_w, H1, W1, off1, stride1,
                 NC, EXTRA, NC_MAP, EXTRA_MAP,
                 REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
-                best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK,
+                best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK, STORE_SCORES,
             )  # fmt: skip
         elif LEVELS > 2:
             if pid < end2:
@@ -247,6 +251,7 @@ def _decode_kernel(
                     stride2, NC, EXTRA, NC_MAP, EXTRA_MAP,
                     REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
                     best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK,
+                    STORE_SCORES,
                 )  # fmt: skip
             elif LEVELS > 3:
                 _decode_level(
@@ -255,6 +260,7 @@ def _decode_kernel(
                     stride3, NC, EXTRA, NC_MAP, EXTRA_MAP,
                     REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
                     best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK,
+                    STORE_SCORES,
                 )  # fmt: skip
 
 
@@ -309,7 +315,8 @@ def decode_heads(
     views with unit channel stride, levels in ultralytics' order (P3 first); extras None when spec.extra is 0.
     A score or extra map may instead be widened to the next multiple of 16 channels (the plan's widened
     rows), the same on every level: the padding is read with the real channels and never stored.
-    `best`: also write NMS's best-class pass's output there, (N, A) (kernels/nms.py). `compile_only`: compile this
+    `best`: also write NMS's best-class pass's output there, (N, A) (kernels/nms.py), and the class scores into
+    `out` only where it says to store them. `compile_only`: compile this
     launch's kernel without launching it.
     """
     if spec.task not in TASK_CODES:
@@ -404,4 +411,5 @@ def _launch(
         thresholds_ptr=best_args[3], class_mask_ptr=best_args[4],
         BEST=best is not None,
         HAS_CLASS_MASK=best is not None and best.class_mask is not None,
+        STORE_SCORES=best is None or best.store_scores,
     )  # fmt: skip

@@ -16,8 +16,8 @@ candidate's rank = #{candidates before it} counted over all anchors, scattered t
 per image runs the greedy pass over `order` in chunks (see _greedy_nms_kernel). With a single class (pose, and
 many custom detectors) there is no best class to find: launch (1) is skipped and the other two read the class's
 scores straight from preds, applying the confidence threshold and class filter as they load them. The engine's
-head decode writes launch (1)'s output itself as it stores the scores (BestClassTargets, `best_ready`), so there
-NMS is two launches for any number of classes. Thresholds and limits are read from device tensors, so a captured
+head decode writes launch (1)'s output itself, in place of the scores (BestClassTargets, `best_ready`), so there
+NMS is two launches for any number of classes and no score row of preds is written or read. Thresholds and limits are read from device tensors, so a captured
 graph follows changes to them without re-capture.
 """
 
@@ -372,12 +372,15 @@ class BestClassTargets:
     """Where a launch that already holds every anchor's class scores writes the best-class pass's output, so that
     NMS skips that pass (`best_ready`): the head's decode does, while the scores are still in its registers.
     best_score and best_class: NmsScratch's (N, A) tensors for the N images the launch decodes; thresholds and
-    class_mask: what NMS then reads (class_mask None: every class kept)."""
+    class_mask: what NMS then reads (class_mask None: every class kept). store_scores False: the launch leaves its
+    output's class-score rows unwritten, for an NMS that reads this pass instead (at batch 64 of yolo11n's 640x480
+    rectangle those rows are 129 MB of float32 nobody reads)."""
 
     best_score: torch.Tensor
     best_class: torch.Tensor
     thresholds: torch.Tensor
     class_mask: torch.Tensor | None
+    store_scores: bool = True
 
     def check(self, label: str, nc: int, shape: tuple[int, int], device: torch.device) -> None:
         for name in ("best_score", "best_class"):
