@@ -17,8 +17,8 @@ per image runs the greedy pass over `order` in chunks (see _greedy_nms_kernel). 
 many custom detectors) there is no best class to find: launch (1) is skipped and the other two read the class's
 scores straight from preds, applying the confidence threshold and class filter as they load them. The engine's
 head decode writes launch (1)'s output itself, in place of the scores (BestClassTargets, `best_ready`), so there
-NMS is two launches for any number of classes and no score row of preds is written or read. Thresholds and limits are read from device tensors, so a captured
-graph follows changes to them without re-capture.
+NMS is two launches for any number of classes and no score row of preds is written or read. Thresholds and limits
+are read from device tensors, so a captured graph follows changes to them without re-capture.
 """
 
 from __future__ import annotations
