@@ -63,7 +63,7 @@ def main() -> int:
         for store in (True, False):
             targets = BestClassTargets(best_score, best_class, thresholds, None, store_scores=store)
             row["scores stored" if store else "scores not stored"] = graph_us(
-                functools.partial(decode_heads, out, maps[64], maps[80], None, spec, best=targets)
+                functools.partial(decode_heads, out, maps[4 * spec.reg_max], maps[spec.nc], None, spec, best=targets)
             )
         found["shapes"][f"{width}x{height}"] = row
         print(f"{width}x{height}, batch {args.batch}: " + ", ".join(f"{k} {v:.1f} us" for k, v in row.items()))

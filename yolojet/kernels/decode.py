@@ -316,8 +316,7 @@ def decode_heads(
     A score or extra map may instead be widened to the next multiple of 16 channels (the plan's widened
     rows), the same on every level: the padding is read with the real channels and never stored.
     `best`: also write NMS's best-class pass's output there, (N, A) (kernels/nms.py), and the class scores into
-    `out` only where it says to store them. `compile_only`: compile this
-    launch's kernel without launching it.
+    `out` only where it says to store them. `compile_only`: compile this launch's kernel without launching it.
     """
     if spec.task not in TASK_CODES:
         raise ValueError(f"decode: unknown task {spec.task!r}")
