@@ -1679,7 +1679,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="--local: N labeling processes on each device (--device's, or each of --devices), each with its "
-        "own engine: one labeled about 7,900 images a second on an H200, four together 8,300 (README), "
+        "own engine: one labeled 6,500-7,900 images a second on an H200 in two runs, four together 8,300 (README), "
         "for a few seconds more of start-up (default 1: this process)",
     )
     _add_mps_flag(p, "--workers N: the processes sharing a GPU")
