@@ -179,6 +179,22 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
     assert bool(unscored[:, 4 : 4 + nc].isnan().all()), "no score may be stored"
     assert torch.equal(unscored[:, :4], out[:, :4]) and torch.equal(unscored[:, 4 + nc :], out[:, 4 + nc :])
     assert torch.equal(again[0], best_score[:batch]) and torch.equal(again[1], best_class[:batch])
+    # Level 1 folded: its score conv writes its rows of the pass, so its score map (NaN here) is never read and its
+    # rows stay as they were; the other levels' rows are as before.
+    poisoned = [torch.full_like(s, float("nan")) if i == 1 else s for i, s in enumerate(maps[1])]
+    left = (torch.full_like(best_score[:batch], 7.0), torch.full_like(best_class[:batch], -3))
+    folded = BestClassTargets(*left, thresholds, mask, store_scores=False)
+    decode_heads(unscored, maps[0], poisoned, maps[2], spec, best=folded, folded_levels=frozenset({1}))
+    first_anchor = sizes[0][0] * sizes[0][1]
+    level = slice(first_anchor, first_anchor + sizes[1][0] * sizes[1][1])
+    assert bool((left[0][:, level] == 7.0).all()) and bool((left[1][:, level] == -3).all())
+    for got, want in zip(left, (best_score[:batch], best_class[:batch]), strict=True):
+        assert torch.equal(got[:, : level.start], want[:, : level.start])
+        assert torch.equal(got[:, level.stop :], want[:, level.stop :])
+    with pytest.raises(ValueError, match="store no scores"):
+        decode_heads(
+            unscored, *maps, spec, best=BestClassTargets(*left, thresholds, mask), folded_levels=frozenset({1})
+        )
     decoded = out[:, 4 : 4 + nc].cpu()
     top, first = decoded.max(1)
     keep = top > conf

@@ -82,6 +82,7 @@ def _decode_level(
     W,
     anchor_offset,
     stride,
+    folded,
     NC,
     EXTRA,
     NC_MAP,
@@ -113,7 +114,8 @@ def _decode_level(
 
     With BEST, the anchors' best class and score also go to NMS's best-class scratch (rows of `best_row` anchors),
     from the scores as stored: NMS then skips a pass that reads every score back (kernels/nms.py). Without
-    STORE_SCORES (only with BEST) the scores themselves are not stored."""
+    STORE_SCORES (only with BEST) the scores themselves are not stored, and a level `folded` (nonzero; only then) has
+    had its pass written by its score conv: its scores are not read and its best-class rows not written."""
     idx = block * BLOCK_A + tl.arange(0, BLOCK_A)
     a_ok = idx < H * W
     gy = idx // W
@@ -158,7 +160,8 @@ def _decode_level(
     if BEST:
         best = tl.full([BLOCK_A], float("-inf"), tl.float32)
         best_class = tl.zeros([BLOCK_A], tl.int32)
-    for c0 in range(0, NC, BLOCK_C):
+    # A folded level's score conv wrote its best-class pass (kernels/conv/scores.py): its scores are never read.
+    for c0 in range(0, tl.where(folded != 0, 0, NC), BLOCK_C):
         ch = c0 + tl.arange(0, BLOCK_C)
         loaded = a_ok[:, None] & (ch < NC_MAP)[None, :]
         logits = tl.load(cls_ptr + cls_pix[:, None] + ch[None, :], mask=loaded, other=0.0).to(tl.float32)
@@ -170,8 +173,9 @@ def _decode_level(
             best, best_class = fold_best_class(best, best_class, tl.where(decoded, scores, float("-inf")), ch, NC, 1)
     if BEST:
         offsets = n * best_row + anchor_offset + idx
+        ours = a_ok & (folded == 0)
         store_best_class(
-            best_ptr, best_class_ptr, offsets, a_ok, best, best_class, thresholds_ptr, class_mask_ptr, HAS_CLASS_MASK
+            best_ptr, best_class_ptr, offsets, ours, best, best_class, thresholds_ptr, class_mask_ptr, HAS_CLASS_MASK
         )
 
     for c0 in range(0, EXTRA, BLOCK_C):
@@ -195,12 +199,16 @@ def _decode_kernel(
     out_ptr,
     so_n,
     so_c,
-    # Level 0..3: its maps (pointer and N/H/W strides), grid size, first anchor, stride, and the end of its
-    # range of program ids. Levels past LEVELS are never read (the launcher repeats level 0 there).
-    box0, sb0_n, sb0_h, sb0_w, cls0, sc0_n, sc0_h, sc0_w, ext0, se0_n, se0_h, se0_w, H0, W0, off0, stride0, end0,
-    box1, sb1_n, sb1_h, sb1_w, cls1, sc1_n, sc1_h, sc1_w, ext1, se1_n, se1_h, se1_w, H1, W1, off1, stride1, end1,
-    box2, sb2_n, sb2_h, sb2_w, cls2, sc2_n, sc2_h, sc2_w, ext2, se2_n, se2_h, se2_w, H2, W2, off2, stride2, end2,
-    box3, sb3_n, sb3_h, sb3_w, cls3, sc3_n, sc3_h, sc3_w, ext3, se3_n, se3_h, se3_w, H3, W3, off3, stride3,
+    # Level 0..3: its maps (pointer and N/H/W strides), grid size, first anchor, stride, whether its scores are
+    # folded, and the end of its range of program ids. Levels past LEVELS are never read (the launcher repeats level
+    # 0 there).
+    box0, sb0_n, sb0_h, sb0_w, cls0, sc0_n, sc0_h, sc0_w, ext0, se0_n, se0_h, se0_w, H0, W0, off0, stride0, fold0,
+    end0,
+    box1, sb1_n, sb1_h, sb1_w, cls1, sc1_n, sc1_h, sc1_w, ext1, se1_n, se1_h, se1_w, H1, W1, off1, stride1, fold1,
+    end1,
+    box2, sb2_n, sb2_h, sb2_w, cls2, sc2_n, sc2_h, sc2_w, ext2, se2_n, se2_h, se2_w, H2, W2, off2, stride2, fold2,
+    end2,
+    box3, sb3_n, sb3_h, sb3_w, cls3, sc3_n, sc3_h, sc3_w, ext3, se3_n, se3_h, se3_w, H3, W3, off3, stride3, fold3,
     NC,
     EXTRA,
     NC_MAP,
@@ -230,7 +238,7 @@ def _decode_kernel(
         _decode_level(
             out_ptr, so_n, so_c, n, pid,
             box0, sb0_n, sb0_h, sb0_w, cls0, sc0_n, sc0_h, sc0_w, ext0, se0_n, se0_h, se0_w, H0, W0, off0, stride0,
-            NC, EXTRA, NC_MAP, EXTRA_MAP,
+            fold0, NC, EXTRA, NC_MAP, EXTRA_MAP,
             REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
             best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK, STORE_SCORES,
         )  # fmt: skip
@@ -239,7 +247,7 @@ def _decode_kernel(
             _decode_level(
                 out_ptr, so_n, so_c, n, pid - end0,
                 box1, sb1_n, sb1_h, sb1_w, cls1, sc1_n, sc1_h, sc1_w, ext1, se1_n, se1_h, se1_w, H1, W1, off1, stride1,
-                NC, EXTRA, NC_MAP, EXTRA_MAP,
+                fold1, NC, EXTRA, NC_MAP, EXTRA_MAP,
                 REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
                 best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK, STORE_SCORES,
             )  # fmt: skip
@@ -248,7 +256,7 @@ def _decode_kernel(
                 _decode_level(
                     out_ptr, so_n, so_c, n, pid - end1,
                     box2, sb2_n, sb2_h, sb2_w, cls2, sc2_n, sc2_h, sc2_w, ext2, se2_n, se2_h, se2_w, H2, W2, off2,
-                    stride2, NC, EXTRA, NC_MAP, EXTRA_MAP,
+                    stride2, fold2, NC, EXTRA, NC_MAP, EXTRA_MAP,
                     REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
                     best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK,
                     STORE_SCORES,
@@ -257,7 +265,7 @@ def _decode_kernel(
                 _decode_level(
                     out_ptr, so_n, so_c, n, pid - end2,
                     box3, sb3_n, sb3_h, sb3_w, cls3, sc3_n, sc3_h, sc3_w, ext3, se3_n, se3_h, se3_w, H3, W3, off3,
-                    stride3, NC, EXTRA, NC_MAP, EXTRA_MAP,
+                    stride3, fold3, NC, EXTRA, NC_MAP, EXTRA_MAP,
                     REG_MAX, R_PAD, TASK, XYWH, ANGLE_SIGMOID, KPT_DIM, KPT_V26, BLOCK_A, BLOCK_C, PDL,
                     best_ptr, best_class_ptr, best_row, thresholds_ptr, class_mask_ptr, BEST, HAS_CLASS_MASK,
                     STORE_SCORES,
@@ -306,6 +314,7 @@ def decode_heads(
     spec: DecodeSpec,
     *,
     best: BestClassTargets | None = None,
+    folded_levels: frozenset[int] = frozenset(),
     pdl: bool = False,
     compile_only: bool = False,
 ) -> None:
@@ -316,7 +325,9 @@ def decode_heads(
     A score or extra map may instead be widened to the next multiple of 16 channels (the plan's widened
     rows), the same on every level: the padding is read with the real channels and never stored.
     `best`: also write NMS's best-class pass's output there, (N, A) (kernels/nms.py), and the class scores into
-    `out` only where it says to store them. `compile_only`: compile this launch's kernel without launching it.
+    `out` only where it says to store them. `folded_levels` (only with such a `best`): the levels whose score conv
+    wrote their part of the pass itself (kernels/conv/scores.py), whose score maps are then never read.
+    `compile_only`: compile this launch's kernel without launching it.
     """
     if spec.task not in TASK_CODES:
         raise ValueError(f"decode: unknown task {spec.task!r}")
@@ -337,6 +348,11 @@ def decode_heads(
         raise ValueError(f"decode: out must be float32 {expected} with contiguous anchors, got {tuple(out.shape)}")
     if best is not None:
         best.check("decode", spec.nc, (batch, anchors), out.device)
+    if folded_levels and (best is None or best.store_scores or not folded_levels <= set(range(levels))):
+        raise ValueError(
+            f"decode: levels {sorted(folded_levels)} folded need best-class targets that store no scores, and levels "
+            f"of the {levels}"
+        )
     # (maps, channels decoded, whether the maps may be widened)
     kinds = {
         "box": (boxes, 4 * spec.reg_max, False),
@@ -361,7 +377,7 @@ def decode_heads(
         ext = extras[i] if extras else box
         _, h, w, _ = box.shape
         views = (box, *box.stride()[:3], cls, *cls.stride()[:3], ext, *ext.stride()[:3])
-        level_args.append((*views, h, w, offset, float(spec.strides[i])))
+        level_args.append((*views, h, w, offset, float(spec.strides[i]), int(i in folded_levels)))
         offset += h * w
     map_widths = (spec.extra, scores[0].shape[3], extras[0].shape[3] if extras else 0)
     for first in range(0, levels, MAX_LEVELS_PER_LAUNCH):

@@ -1,0 +1,96 @@
+"""The class-score conv with NMS's best-class pass as its epilogue, against the conv and the pass done in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from yolojet.kernels.conv.scores import MOST_SCORE_CHANNELS, score_conv_best_class
+from yolojet.kernels.nms import BestClassTargets
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "c_in", "nc", "c_out", "classes", "conf"),
+    [
+        (torch.float16, 80, 80, 80, None, 0.9),  # yolo11n's 80 classes, two K blocks
+        (torch.float32, 24, 7, 16, [0, 3, 6], 0.3),  # a widened map (7 classes, 16 outputs) and a class filter
+    ],
+)
+def test_score_conv_writes_the_best_class_pass(dtype, c_in, nc, c_out, classes, conf):
+    """Each anchor of the level's rows gets the best score of logistic(conv(x)) (−inf unless above conf and of a kept
+    class) and its first best class; the anchors of other levels and the spare image's row stay as they were."""
+    batch, height, width, offset, anchors = 2, 5, 7, 9, 60
+    g = torch.Generator().manual_seed(c_in + nc)
+    buffer = torch.randn(batch, height, width, c_in + 8, generator=g, dtype=torch.float64)
+    weight = torch.randn(c_out, 1, 1, c_in, generator=g, dtype=torch.float64) / c_in**0.5
+    bias = torch.randn(c_out, generator=g, dtype=torch.float64)
+    x = buffer.to(DEVICE, dtype)[..., 3 : 3 + c_in]
+    w = weight.to(DEVICE, dtype).contiguous()
+    best_score = torch.full((batch + 1, anchors), 7.0, device=DEVICE)
+    best_class = torch.full((batch + 1, anchors), -3, dtype=torch.int32, device=DEVICE)
+    thresholds = torch.tensor([conf, 0.7], device=DEVICE)
+    mask = None
+    if classes is not None:
+        mask = torch.zeros(nc, dtype=torch.bool, device=DEVICE)
+        mask[classes] = True
+    targets = BestClassTargets(best_score[:batch], best_class[:batch], thresholds, mask, store_scores=False)
+    score_conv_best_class(x, w, bias.float().to(DEVICE), targets, anchor_offset=offset, nc=nc)
+
+    rounded = torch.einsum("nhwk,ck->nhwc", x.double().cpu(), w.double().cpu()[:, 0, 0]) + bias.float().double()
+    scores = torch.sigmoid(rounded.to(dtype).double())[..., :nc].reshape(batch, height * width, nc)
+    top, first = scores.max(-1)
+    keep = top > conf
+    if mask is not None:
+        keep &= mask.cpu()[first]
+    level = slice(offset, offset + height * width)
+    got_score, got_class = best_score[:batch, level].cpu(), best_class[:batch, level].cpu()
+    second = scores.topk(2, -1).values[..., 1]
+    clear = (top - second > 1e-3) & ((top - conf).abs() > 1e-3)  # no near-tie, not at the threshold
+    assert torch.equal(got_class[clear], first[clear].int())
+    assert torch.equal(torch.isinf(got_score)[clear], ~keep[clear])
+    torch.testing.assert_close(got_score[keep & clear].double(), top[keep & clear], rtol=0, atol=2e-3)
+    assert 0 < int(keep.sum()) < keep.numel(), "some anchors must be candidates and some not"
+    assert bool((best_score[:batch, :offset] == 7.0).all()) and bool((best_score[:batch, level.stop :] == 7.0).all())
+    assert bool((best_class[batch] == -3).all()) and bool((best_score[batch] == 7.0).all())
+
+
+def test_score_conv_breaks_ties_for_the_first_class():
+    """Two classes with identical weights and bias tie everywhere: the first is the best class, as torch's max."""
+    c_in, nc = 16, 20
+    x = torch.randn(1, 4, 4, c_in, device=DEVICE) * 0.05
+    weight = torch.randn(nc, 1, 1, c_in, device=DEVICE)
+    weight[3] = weight[12]
+    bias = torch.zeros(nc, device=DEVICE)
+    bias[3] = bias[12] = 5.0  # above every other class
+    best_score = torch.empty(1, 16, device=DEVICE)
+    best_class = torch.empty(1, 16, dtype=torch.int32, device=DEVICE)
+    thresholds = torch.tensor([0.0, 0.7], device=DEVICE)
+    targets = BestClassTargets(best_score, best_class, thresholds, None, store_scores=False)
+    score_conv_best_class(x, weight, bias, targets, anchor_offset=0, nc=nc)
+    assert bool((best_class == 3).all())
+
+
+def test_score_conv_refuses_what_does_not_fit():
+    x = torch.zeros(1, 2, 2, 16, device=DEVICE)
+    best = BestClassTargets(
+        torch.zeros(1, 4, device=DEVICE),
+        torch.zeros(1, 4, dtype=torch.int32, device=DEVICE),
+        torch.tensor([0.1, 0.7], device=DEVICE),
+        None,
+        store_scores=False,
+    )
+    bias = torch.zeros(8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"anchors 1\.\.5 past the 4"):
+        score_conv_best_class(x, torch.zeros(8, 1, 1, 16, device=DEVICE), bias, best, anchor_offset=1, nc=8)
+    with pytest.raises(ValueError, match="weight must be a contiguous"):
+        score_conv_best_class(x, torch.zeros(8, 3, 3, 16, device=DEVICE), bias, best, anchor_offset=0, nc=8)
+    with pytest.raises(ValueError, match="9 classes of 8 outputs"):
+        score_conv_best_class(x, torch.zeros(8, 1, 1, 16, device=DEVICE), bias, best, anchor_offset=0, nc=9)
+    wide = MOST_SCORE_CHANNELS + 16
+    with pytest.raises(ValueError, match=f"at most {MOST_SCORE_CHANNELS} outputs"):
+        score_conv_best_class(
+            x, torch.zeros(wide, 1, 1, 16, device=DEVICE), torch.zeros(wide, device=DEVICE), best, anchor_offset=0,
+            nc=wide,
+        )  # fmt: skip
