@@ -351,14 +351,16 @@ def test_a_batch_smaller_than_its_bucket_fills_it_with_its_last_frame(tmp_path):
 
 @pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo11n-obb.yaml"])
 def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path, monkeypatch):
-    """In the predict path the head's decode writes NMS's best-class pass (for the whole bucket, here 4 slots for 3
-    frames), so NMS never launches its own, and every detection, with and without a class filter, equals that of the
-    path whose NMS runs the pass (the network's `writing_best_class` block refused)."""
+    """In the predict path the head's decode and its score convs write NMS's best-class pass (for the whole bucket,
+    here 4 slots for 3 frames), so NMS never launches its own, and every detection, with and without a class filter,
+    equals that of the path whose NMS runs the pass (the network's `writing_best_class` block refused): the same
+    boxes and classes, the scores to float32 rounding (the score convs sum their products in another order)."""
     import contextlib
 
     import numpy as np
 
     from yolojet.kernels import nms
+    from yolojet.kernels.conv import scores
 
     imgsz = 64
     model_dir = yolojet.export(calibrated_model(cfg, imgsz), out=tmp_path / "m", imgsz=imgsz)
@@ -366,6 +368,8 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
     frames = [rng.integers(0, 255, (imgsz, imgsz + 16 * i, 3), dtype=np.uint8) for i in range(3)]
     launches: list = []
     monkeypatch.setattr(nms, "_best_class_kernel", _Counting(nms._best_class_kernel, launches))
+    score_convs: list = []
+    monkeypatch.setattr(scores, "_score_conv_kernel", _Counting(scores._score_conv_kernel, score_convs))
 
     @contextlib.contextmanager
     def refused(bucket, targets):
@@ -378,16 +382,22 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
         engine.shape_path(imgsz).fill_bucket = True
         if not fused:
             monkeypatch.setattr(engine.network, "writing_best_class", refused)
+        folded_before = len(score_convs)
         for classes in (None, (0, 2, 5)):
             before = len(launches)
             results = engine(frames, conf=0.01, classes=classes)
             assert (len(launches) == before) == fused, "the best-class pass ran where the decode wrote it"
             found[fused, classes] = [r.obb.data if r.obb is not None else r.boxes.data for r in results]
+        assert (len(score_convs) > folded_before) == fused, "the score convs write the pass in the block alone"
         engine.close()
     for classes in (None, (0, 2, 5)):
         assert sum(len(rows) for rows in found[True, classes]) > 0
         for fused_rows, unfused_rows in zip(found[True, classes], found[False, classes], strict=True):
-            np.testing.assert_array_equal(np.asarray(fused_rows), np.asarray(unfused_rows))
+            fused_rows, unfused_rows = np.asarray(fused_rows), np.asarray(unfused_rows)
+            assert fused_rows.shape == unfused_rows.shape
+            # The score is the second last column (boxes or rotated boxes, score, class).
+            np.testing.assert_array_equal(np.delete(fused_rows, -2, 1), np.delete(unfused_rows, -2, 1))
+            np.testing.assert_allclose(fused_rows[:, -2], unfused_rows[:, -2], rtol=1e-5, atol=0)
 
 
 def test_bad_inputs_and_options(model_dirs):

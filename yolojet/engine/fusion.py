@@ -9,7 +9,10 @@ alive; `EngineOptions(fuse=False)` turns every fusion off.
   no copy launch;
 - pool chains: maxpools chained on each other's outputs with one stride-1 'same' window (SPPF's) in one launch;
 - pooled heads: a global average pool feeding only the linear layer after it is pooled inside the classifier's
-  head launch.
+  head launch;
+- score folds: a detection head's last class-score conv (1x1, read by the decode alone) can write NMS's best-class
+  pass itself (kernels/conv/scores.py) wherever the decode would (inside the network's `writing_best_class`
+  block); the decode then reads none of that level's scores.
 """
 
 from __future__ import annotations
@@ -18,32 +21,48 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from yolojet.ir import Graph, Node, pair
+from yolojet.kernels.conv.scores import MOST_SCORE_CHANNELS
 
 if TYPE_CHECKING:
     from yolojet.engine.plan import MemoryPlan
 
 
 @dataclass(frozen=True)
+class ScoreFold:
+    """A head's score conv that can write its level's part of NMS's best-class pass: the level, the decode's box
+    inputs (whose maps' sizes place the level's anchors) and the head's classes."""
+
+    level: int
+    box_values: tuple[str, ...]
+    nc: int
+
+
+@dataclass(frozen=True)
 class Fusions:
     """What lowering fuses: conv -> the upsample it reads through; conv -> the concat whose copy it reads in place;
-    first maxpool -> the chain's node names; the global average pools pooled in the classifier's head."""
+    first maxpool -> the chain's node names; the global average pools pooled in the classifier's head; score conv ->
+    its ScoreFold."""
 
     upsample_folds: dict[str, str]
     concat_folds: dict[str, str]
     pool_chains: dict[str, list[str]]
     pooled_heads: frozenset[str]
+    score_folds: dict[str, ScoreFold]
 
 
 @dataclass(frozen=True)
 class LaunchGroup:
     """The nodes one launch completes (in graph order) and the lowering that builds it: `kind` names one of
     engine/lowering.py's LOWERINGS. A "conv" group's `fold` is (upsample or None, concat) where the conv reads
-    through a fold; a "concat_copy" group copies the concat's input `value` into place."""
+    through a fold, and its `score` where it can write the best-class pass; a "decode" group's `folded_levels` are
+    the levels whose score convs can; a "concat_copy" group copies the concat's input `value` into place."""
 
     kind: str
     nodes: tuple[Node, ...]
     fold: tuple[Node | None, Node] | None = None
     value: str | None = None
+    score: ScoreFold | None = None
+    folded_levels: frozenset[int] = frozenset()
 
 
 # Ops lowered one node a launch by a lowering of their own name; the rest of the one-node ops are "simple".
@@ -76,6 +95,12 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
             group = LaunchGroup("pool_chain", tuple(by_name[name] for name in fusions.pool_chains[node.name]))
         elif node.op == "linear" or node.name in fusions.pooled_heads:  # [pool,] linear, softmax
             group = LaunchGroup("classify_head", tuple(graph.nodes[i : i + (2 if node.op == "linear" else 3)]))
+        elif node.name in fusions.score_folds:
+            group = LaunchGroup("conv", (node,), score=fusions.score_folds[node.name])
+        elif node.op == "decode":
+            scores = set(node.inputs[node.attrs["levels"] : 2 * node.attrs["levels"]])
+            levels = {fold.level for name, fold in fusions.score_folds.items() if by_name[name].outputs[0] in scores}
+            group = LaunchGroup("decode", (node,), folded_levels=frozenset(levels))
         else:
             group = LaunchGroup(node.op if node.op in _OWN_LOWERINGS else "simple", (node,))
         groups.append(group)
@@ -85,14 +110,40 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
 
 def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool) -> Fusions:
     if not fuse:
-        return Fusions({}, {}, {}, frozenset())
+        return Fusions({}, {}, {}, frozenset(), {})
     chains: dict[str, list[str]] = {}
     for i, node in enumerate(graph.nodes):
         chain = pool_chain(graph, i) if node.op == "maxpool" else []
         if len(chain) > 1 and not any(node.name in c for c in chains.values()):
             chains[node.name] = [n.name for n in chain]
     heads = frozenset(n.name for i, n in enumerate(graph.nodes) if n.op == "global_avg_pool" and pooled_head(graph, i))
-    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads)
+    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, score_folds(graph))
+
+
+def score_folds(graph: Graph) -> dict[str, ScoreFold]:
+    """The head's score convs that can write NMS's best-class pass themselves: for each level of a decode node, the
+    conv producing its score map where that conv is 1x1 (stride 1, no padding, no residual, ungrouped) with at most
+    MOST_SCORE_CHANNELS outputs, and the map is read by the decode alone."""
+    readers = _reader_counts(graph)
+    producer = {value: node for node in graph.nodes for value in node.outputs}
+    folds = {}
+    for decode in (node for node in graph.nodes if node.op == "decode"):
+        levels = decode.attrs["levels"]
+        boxes = tuple(decode.inputs[:levels])
+        for level, score in enumerate(decode.inputs[levels : 2 * levels]):
+            conv = producer.get(score)
+            if conv is None or conv.op != "conv" or len(conv.inputs) != 1 or readers.get(score) != 1:
+                continue
+            a = conv.attrs
+            if (
+                tuple(graph.weight_shapes(conv)["weight"][2:]) == (1, 1)
+                and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (0, 0), (1, 1)]
+                and a["groups"] == 1
+                and int(graph.values[score].shape[1]) <= MOST_SCORE_CHANNELS
+                and score not in graph.outputs
+            ):
+                folds[conv.name] = ScoreFold(level, boxes, int(decode.attrs["nc"]))
+    return folds
 
 
 def _reader_counts(graph: Graph) -> dict[str, int]:

@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from yolojet.engine.fusion import LaunchGroup, decide_fusions, launch_groups
+from yolojet.engine.fusion import LaunchGroup, ScoreFold, decide_fusions, launch_groups
 from yolojet.engine.plan import MemoryPlan
 from yolojet.errors import GraphError
 from yolojet.ir import Graph, Node, pair
@@ -27,6 +27,7 @@ from yolojet.kernels.conv import (
     default_config,
     pixels_are_words,
     rows_are_dense,
+    score_conv_best_class,
     tma_loadable,
     tma_patch_loadable,
     tma_storable,
@@ -99,6 +100,27 @@ class _TunedTile:
             self.compile_tile(tile)
         else:
             self.launch_tile(tile, True)
+
+
+class _ScoreFoldingTile(_TunedTile):
+    """A head's score conv's tuned tile, which while its side target holds NMS's best-class targets writes its
+    level's part of that pass instead of its output (fusion.score_folds)."""
+
+    def __init__(
+        self,
+        tuned: _TunedTile,
+        best: _SideTarget[BestClassTargets],
+        write_best_class: Callable[[BestClassTargets, bool], None],
+    ) -> None:
+        super().__init__(tuned.launch_tile, tuned.tile, tuned.fit, tuned.compile_tile)
+        self.best, self.write_best_class = best, write_best_class
+
+    def run(self, compile_only: bool = False) -> None:
+        targets = self.best.value
+        if targets is None or targets.store_scores:  # a decode storing the scores reads them all
+            super().run(compile_only)
+        else:
+            self.write_best_class(targets, compile_only)
 
 
 class _SideTarget(Generic[T]):
@@ -226,11 +248,14 @@ def _lower_conv(
     scratch: SplitKScratch,
     pdl: bool,
     fold: tuple[Node | None, Node] | None = None,
+    score: ScoreFold | None = None,
 ) -> Launch:
     """A conv; with `fold` = (upsample, concat) nodes feeding it (plan.upsample_folds), it reads the upsample's
     input through a nearest upsample and the concat's other part as a second input, and the launch covers the
     upsample node too. With `fold` = (None, concat) (plan.concat_folds) it reads the concat's first part where
-    it lies, the part the concat would copy, and the concat's slice of its second part as a second input."""
+    it lies, the part the concat would copy, and the concat's slice of its second part as a second input. With
+    `score` (fusion.score_folds), inside the network's `writing_best_class` block it writes its level's part of
+    NMS's best-class pass instead of its output (kernels/conv/scores.py)."""
     a = node.attrs
     x, out = view(node.inputs[0], widened=True), view(node.outputs[0], widened=True)
     residual = view(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -320,6 +345,16 @@ def _lower_conv(
         conv(config, True, scratch.partials, scratch.arrivals)
 
     tuned = _TunedTile(launch_tile, default_config(m, c_out, k, is_1x1, x.dtype), fit, compile_config)
+    best: _SideTarget[BestClassTargets] = _SideTarget()
+    if score is not None:
+        # The level's anchors follow the earlier levels' (the decode's order), at this input's map sizes.
+        anchor_offset = sum(view(v).shape[1] * view(v).shape[2] for v in score.box_values[: score.level])
+
+        def write_best_class(targets: BestClassTargets, compile_only: bool) -> None:
+            score_conv_best_class(x, weight, bias, targets, anchor_offset=anchor_offset, nc=score.nc,
+                                  activation=a["activation"], pdl=pdl, compile_only=compile_only)  # fmt: skip
+
+        tuned = _ScoreFoldingTile(tuned, best, write_best_class)
     return Launch(
         "conv",
         nodes,
@@ -331,6 +366,7 @@ def _lower_conv(
         candidates=candidates,
         split_slot=slot,
         split_need=lambda: tuned.tile.split_scratch(m, c_out),
+        best_class_output=best.set if score is not None else None,
     )
 
 
@@ -474,22 +510,30 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
 
         family = "classify"
     elif node.op == "decode":
-        levels = a["levels"]
-        spec = DecodeSpec.from_attrs(a)
-        maps = [view(i, widened=True) for i in node.inputs]  # widened maps are read whole: aligned vector loads
-        boxes, scores, extras = maps[:levels], maps[levels : 2 * levels], maps[2 * levels :] or None
-
-        best: _SideTarget[BestClassTargets] = _SideTarget()
-
-        def run(compile_only: bool = False) -> None:
-            decode_heads(outs[0], boxes, scores, extras, spec, best=best.value, pdl=pdl, compile_only=compile_only)
-
-        return Launch("decode", [node.name], list(node.outputs), run, best_class_output=best.set)
+        return _lower_decode(node, view, pdl, frozenset())
     elif node.op == "topk":
         return _lower_one_to_one(node, ins[0], outs[0], pdl)
     else:
         raise GraphError(f"node {node.name}: op {node.op} has no GPU kernel")
     return Launch(family, [node.name], list(node.outputs), run)
+
+
+def _lower_decode(node: Node, view: ViewFn, pdl: bool, folded_levels: frozenset[int]) -> Launch:
+    """The head's decode. Inside the network's `writing_best_class` block it also writes NMS's best-class pass, for
+    every level but `folded_levels`, whose score convs write theirs (fusion.score_folds)."""
+    levels = node.attrs["levels"]
+    spec = DecodeSpec.from_attrs(node.attrs)
+    maps = [view(i, widened=True) for i in node.inputs]  # widened maps are read whole: aligned vector loads
+    boxes, scores, extras = maps[:levels], maps[levels : 2 * levels], maps[2 * levels :] or None
+    out = view(node.outputs[0])
+    best: _SideTarget[BestClassTargets] = _SideTarget()
+
+    def run(compile_only: bool = False) -> None:
+        folded = folded_levels if best.value is not None and not best.value.store_scores else frozenset()
+        decode_heads(out, boxes, scores, extras, spec, best=best.value, folded_levels=folded, pdl=pdl,
+                     compile_only=compile_only)  # fmt: skip
+
+    return Launch("decode", [node.name], list(node.outputs), run, best_class_output=best.set)
 
 
 def _lower_one_to_one(node: Node, preds: torch.Tensor, out: torch.Tensor, pdl: bool) -> Launch:
@@ -524,7 +568,8 @@ def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launc
 # The lowering of each kind of launch group (engine/fusion.py's LaunchGroup): the group's launches, in order.
 LOWERINGS: dict[str, Callable[[LaunchGroup, LoweringContext], list[Launch]]] = {
     "concat_copy": lambda g, c: [_copy_into_concat(g.nodes[0], str(g.value), c.view, c.pdl)],
-    "conv": lambda g, c: [_lower_conv(g.nodes[0], c.view, c.weights, c.scratch, c.pdl, g.fold)],
+    "conv": lambda g, c: [_lower_conv(g.nodes[0], c.view, c.weights, c.scratch, c.pdl, g.fold, g.score)],
+    "decode": lambda g, c: [_lower_decode(g.nodes[0], c.view, c.pdl, g.folded_levels)],
     "conv_transpose": lambda g, c: [_lower_conv_transpose(g.nodes[0], c.view, c.weights, c.pdl)],
     "maxpool": lambda g, c: [_lower_maxpool(g.nodes[0], c.view, c.pdl)],
     "pool_chain": lambda g, c: _lower_pool_chain(g.nodes, c),

@@ -333,17 +333,21 @@ class TritonNetwork:
     @contextlib.contextmanager
     def writing_best_class(self, bucket: int, targets: BestClassTargets) -> Iterator[bool]:
         """Within the block, the bucket's decode launch also writes NMS's best-class pass into `targets` (rows for the
-        bucket's images), so that NMS skips that pass (`best_ready`): a graph captured inside records it. Yields False,
-        changing nothing, where no launch can (a classifier). Outside the block the decode writes only its output."""
-        write = next((launch.best_class_output for launch in self.launches[bucket] if launch.best_class_output), None)
-        if write is None:
+        bucket's images), so that NMS skips that pass (`best_ready`): a graph captured inside records it. Where
+        `targets` store no scores, the head's score convs that can (fusion.score_folds) write their levels' part of
+        the pass themselves and the decode reads none of their scores. Yields False, changing nothing, where no
+        launch can (a classifier). Outside the block the decode writes only its output."""
+        writes = [launch.best_class_output for launch in self.launches[bucket] if launch.best_class_output]
+        if not writes:
             yield False
             return
-        write(targets)
+        for write in writes:
+            write(targets)
         try:
             yield True
         finally:
-            write(None)
+            for write in writes:
+                write(None)
 
     def input_view(self, batch: int) -> torch.Tensor:
         return self.value_view(self.graph.inputs[0], batch)

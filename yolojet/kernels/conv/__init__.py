@@ -20,6 +20,7 @@ The modules, by what they hold:
 - `direct`: `_conv2d_direct_kernel`, FMA outer products for a handful of input channels.
 - `tma`: `_conv1x1_tma_kernel` and `_conv_tma_kernel`, whose operands the tensor memory accelerator loads.
 - `dispatch`: `conv2d_nhwc`, which checks its arguments and hands them to the launcher of its config's kind.
+- `scores`: `score_conv_best_class`, a head's last class-score conv with NMS's best-class pass as its epilogue.
 
 The public names are re-exported here. A name is looked up in the module that uses it, so a test replacing one
 patches that module: the kernels and `pixels_are_words` as `conv2d_nhwc` sees them in `dispatch`, the candidate
@@ -43,8 +44,10 @@ from yolojet.kernels.conv.feasibility import (
     tma_patch_loadable,
     tma_storable,
 )
+from yolojet.kernels.conv.scores import MOST_SCORE_CHANNELS, score_conv_best_class
 
 __all__ = [
+    "MOST_SCORE_CHANNELS",
     "ConvConfig",
     "ConvKind",
     "candidate_set_id",
@@ -53,6 +56,7 @@ __all__ = [
     "default_config",
     "pixels_are_words",
     "rows_are_dense",
+    "score_conv_best_class",
     "tma_loadable",
     "tma_patch_loadable",
     "tma_storable",
