@@ -362,7 +362,7 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
     from yolojet.kernels import nms
     from yolojet.kernels.conv import scores
 
-    imgsz = 64
+    imgsz, size = 64, (64, 96)
     model_dir = yolojet.export(calibrated_model(cfg, imgsz), out=tmp_path / "m", imgsz=imgsz)
     rng = np.random.default_rng(5)
     frames = [rng.integers(0, 255, (imgsz, imgsz + 16 * i, 3), dtype=np.uint8) for i in range(3)]
@@ -378,8 +378,9 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
     found = {}
     for fused in (True, False):
         # An engine each: on a GPU the path's graphs are captured once, with or without the decode's pass.
-        engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=4, tune=False, rect=False)
-        engine.shape_path(imgsz).fill_bucket = True
+        # A rectangle: each level's map is wider than high, so its anchors lie H·W after the last level's.
+        engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=4, tune=False, rect=False, imgsz=size)
+        engine.shape_path(size).fill_bucket = True
         if not fused:
             monkeypatch.setattr(engine.network, "writing_best_class", refused)
         folded_before = len(score_convs)

@@ -12,15 +12,17 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize(
-    ("dtype", "c_in", "nc", "c_out", "classes", "conf"),
+    ("dtype", "c_in", "nc", "c_out", "classes", "conf", "activation"),
     [
-        (torch.float16, 80, 80, 80, None, 0.9),  # yolo11n's 80 classes, two K blocks
-        (torch.float32, 24, 7, 16, [0, 3, 6], 0.3),  # a widened map (7 classes, 16 outputs) and a class filter
+        (torch.float16, 80, 80, 80, None, 0.9, "identity"),  # yolo11n's 80 classes, two K blocks
+        # A widened map (7 classes, 16 outputs), a class filter, and an activation before the logistic.
+        (torch.float32, 24, 7, 16, [0, 3, 6], 0.6, "silu"),
     ],
 )
-def test_score_conv_writes_the_best_class_pass(dtype, c_in, nc, c_out, classes, conf):
-    """Each anchor of the level's rows gets the best score of logistic(conv(x)) (−inf unless above conf and of a kept
-    class) and its first best class; the anchors of other levels and the spare image's row stay as they were."""
+def test_score_conv_writes_the_best_class_pass(dtype, c_in, nc, c_out, classes, conf, activation):
+    """Each anchor of the level's rows gets the best score of logistic(act(conv(x))) with the logits rounded to the
+    map's dtype, as the conv's store would (−inf unless above conf and of a kept class), and its first best class;
+    the anchors of other levels and the spare image's row stay as they were."""
     batch, height, width, offset, anchors = 2, 5, 7, 9, 60
     g = torch.Generator().manual_seed(c_in + nc)
     buffer = torch.randn(batch, height, width, c_in + 8, generator=g, dtype=torch.float64)
@@ -36,10 +38,13 @@ def test_score_conv_writes_the_best_class_pass(dtype, c_in, nc, c_out, classes, 
         mask = torch.zeros(nc, dtype=torch.bool, device=DEVICE)
         mask[classes] = True
     targets = BestClassTargets(best_score[:batch], best_class[:batch], thresholds, mask, store_scores=False)
-    score_conv_best_class(x, w, bias.float().to(DEVICE), targets, anchor_offset=offset, nc=nc)
+    score_conv_best_class(x, w, bias.float().to(DEVICE), targets, anchor_offset=offset, nc=nc, activation=activation)
 
-    rounded = torch.einsum("nhwk,ck->nhwc", x.double().cpu(), w.double().cpu()[:, 0, 0]) + bias.float().double()
-    scores = torch.sigmoid(rounded.to(dtype).double())[..., :nc].reshape(batch, height * width, nc)
+    exact = torch.einsum("nhwk,ck->nhwc", x.double().cpu(), w.double().cpu()[:, 0, 0]) + bias.float().double()
+    if activation == "silu":
+        exact = exact * torch.sigmoid(exact)
+    exact = exact[..., :nc].reshape(batch, height * width, nc)
+    scores = torch.sigmoid(exact.to(dtype).double())
     top, first = scores.max(-1)
     keep = top > conf
     if mask is not None:
@@ -50,7 +55,18 @@ def test_score_conv_writes_the_best_class_pass(dtype, c_in, nc, c_out, classes, 
     clear = (top - second > 1e-3) & ((top - conf).abs() > 1e-3)  # no near-tie, not at the threshold
     assert torch.equal(got_class[clear], first[clear].int())
     assert torch.equal(torch.isinf(got_score)[clear], ~keep[clear])
-    torch.testing.assert_close(got_score[keep & clear].double(), top[keep & clear], rtol=0, atol=2e-3)
+    kept = keep & clear
+    if dtype == torch.float16:
+        # The logit the kernel rounds is the exact one or, summed in another order, a neighbour in fp16: its score is
+        # the logistic of one of the two fp16 values around the exact logit, unrounded it would be neither.
+        logit = exact.gather(-1, first[..., None])[..., 0][kept]
+        nearest = logit.half()
+        other = torch.nextafter(nearest, torch.where(logit > nearest.double(), 1e4, -1e4).half())
+        assert bool((nearest != other).all())
+        miss = torch.minimum(*((got_score[kept].double() - torch.sigmoid(v.double())).abs() for v in (nearest, other)))
+        assert float(miss.max()) < 1e-6
+    else:
+        torch.testing.assert_close(got_score[kept].double(), top[kept], rtol=0, atol=1e-5)
     assert 0 < int(keep.sum()) < keep.numel(), "some anchors must be candidates and some not"
     assert bool((best_score[:batch, :offset] == 7.0).all()) and bool((best_score[:batch, level.stop :] == 7.0).all())
     assert bool((best_class[batch] == -3).all()) and bool((best_score[batch] == 7.0).all())

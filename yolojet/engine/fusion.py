@@ -117,7 +117,14 @@ def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool) -> Fusions:
         if len(chain) > 1 and not any(node.name in c for c in chains.values()):
             chains[node.name] = [n.name for n in chain]
     heads = frozenset(n.name for i, n in enumerate(graph.nodes) if n.op == "global_avg_pool" and pooled_head(graph, i))
-    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, score_folds(graph))
+    # A conv reading through an upsample or concat fold launches as that fold: it cannot also fold its scores, and
+    # the decode must then read that level's scores.
+    scores = {
+        conv: fold
+        for conv, fold in score_folds(graph).items()
+        if conv not in plan.upsample_folds and conv not in plan.concat_folds
+    }
+    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, scores)
 
 
 def score_folds(graph: Graph) -> dict[str, ScoreFold]:
