@@ -352,15 +352,16 @@ def test_a_batch_smaller_than_its_bucket_fills_it_with_its_last_frame(tmp_path):
 @pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo11n-obb.yaml"])
 def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path, monkeypatch):
     """In the predict path the head's decode and its score convs write NMS's best-class pass (for the whole bucket,
-    here 4 slots for 3 frames), so NMS never launches its own, and every detection, with and without a class filter,
-    equals that of the path whose NMS runs the pass (the network's `writing_best_class` block refused): the same
-    boxes and classes, the scores to float32 rounding (the score convs sum their products in another order)."""
+    here 4 slots for 3 frames), so NMS never launches its own; a detector's box convs decode their boxes too, and its
+    decode no longer launches. Every detection, with and without a class filter, equals that of the path whose NMS
+    runs the pass (the network's `writing_best_class` block refused): the same classes, the boxes and scores to
+    float32 rounding (the folding convs sum their products in another order)."""
     import contextlib
 
     import numpy as np
 
-    from yolojet.kernels import nms
-    from yolojet.kernels.conv import scores
+    from yolojet.kernels import decode, nms
+    from yolojet.kernels.conv import boxes, scores
 
     imgsz, size = 64, (64, 96)
     model_dir = yolojet.export(calibrated_model(cfg, imgsz), out=tmp_path / "m", imgsz=imgsz)
@@ -370,6 +371,11 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
     monkeypatch.setattr(nms, "_best_class_kernel", _Counting(nms._best_class_kernel, launches))
     score_convs: list = []
     monkeypatch.setattr(scores, "_score_conv_kernel", _Counting(scores._score_conv_kernel, score_convs))
+    box_convs: list = []
+    monkeypatch.setattr(boxes, "_box_conv_kernel", _Counting(boxes._box_conv_kernel, box_convs))
+    decodes: list = []
+    monkeypatch.setattr(decode, "_decode_kernel", _Counting(decode._decode_kernel, decodes))
+    detector = "obb" not in cfg
 
     @contextlib.contextmanager
     def refused(bucket, targets):
@@ -383,22 +389,24 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
         engine.shape_path(size).fill_bucket = True
         if not fused:
             monkeypatch.setattr(engine.network, "writing_best_class", refused)
-        folded_before = len(score_convs)
+        folded_before, boxes_before = len(score_convs), len(box_convs)
         for classes in (None, (0, 2, 5)):
-            before = len(launches)
+            before, decodes_before = len(launches), len(decodes)
             results = engine(frames, conf=0.01, classes=classes)
             assert (len(launches) == before) == fused, "the best-class pass ran where the decode wrote it"
+            assert (len(decodes) == decodes_before) == (fused and detector), "a fully folded detector's decode ran"
             found[fused, classes] = [r.obb.data if r.obb is not None else r.boxes.data for r in results]
         assert (len(score_convs) > folded_before) == fused, "the score convs write the pass in the block alone"
+        assert (len(box_convs) > boxes_before) == (fused and detector), "a detector's box convs decode in the block"
         engine.close()
     for classes in (None, (0, 2, 5)):
         assert sum(len(rows) for rows in found[True, classes]) > 0
         for fused_rows, unfused_rows in zip(found[True, classes], found[False, classes], strict=True):
             fused_rows, unfused_rows = np.asarray(fused_rows), np.asarray(unfused_rows)
             assert fused_rows.shape == unfused_rows.shape
-            # The score is the second last column (boxes or rotated boxes, score, class).
-            np.testing.assert_array_equal(np.delete(fused_rows, -2, 1), np.delete(unfused_rows, -2, 1))
-            np.testing.assert_allclose(fused_rows[:, -2], unfused_rows[:, -2], rtol=1e-5, atol=0)
+            # Boxes or rotated boxes, score, class.
+            np.testing.assert_array_equal(fused_rows[:, -1], unfused_rows[:, -1])
+            np.testing.assert_allclose(fused_rows[:, :-1], unfused_rows[:, :-1], rtol=1e-5, atol=1e-3)
 
 
 def test_bad_inputs_and_options(model_dirs):

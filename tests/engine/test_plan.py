@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support import random_model
 
-from yolojet.engine.fusion import concat_folds, decide_fusions, launch_groups, upsample_folds
+from yolojet.engine.fusion import box_folds, concat_folds, decide_fusions, launch_groups, score_folds, upsample_folds
 from yolojet.engine.plan import ARENA_ALIGN, _reads_widened, plan_memory
 from yolojet.export.walker import export_graph
 from yolojet.ir import Graph, ModelMeta, Node, Value
@@ -214,8 +214,35 @@ def test_fusions_are_decided_in_one_place_and_all_off_without_fuse(cfg):
         ((first, chain),) = fusions.pool_chains.items()
         assert chain[0] == first and len(chain) == 3 and {by_name[n].op for n in chain} == {"maxpool"}
         assert not fusions.pooled_heads
+        # Each level's last score and box convs (cv3.i.2, cv2.i.2) fold into the decode's work.
+        (decode,) = [n for n in graph.nodes if n.op == "decode"]
+        levels = decode.attrs["levels"]
+        for folds, maps in (
+            (fusions.score_folds, decode.inputs[levels : 2 * levels]),
+            (fusions.box_folds, decode.inputs[:levels]),
+        ):
+            assert sorted(by_name[conv].outputs[0] for conv in folds) == sorted(maps)
+            assert sorted(fold.level for fold in folds.values()) == list(range(levels))
+        assert {fold.output for fold in fusions.box_folds.values()} == {decode.outputs[0]}
+        assert [fold.stride for fold in sorted(fusions.box_folds.values(), key=lambda f: f.level)] == [8.0, 16.0, 32.0]
     off = decide_fusions(graph, plan, fuse=False)
     assert not (off.upsample_folds or off.concat_folds or off.pool_chains or off.pooled_heads)
+    assert not (off.score_folds or off.box_folds)
+
+
+def test_an_obb_heads_boxes_do_not_fold_and_a_box_conv_writes_the_decodes_output_in_the_plan():
+    """An OBB head's boxes turn by its angle branch: only its scores fold. In a detector the decode's output is
+    written by the box convs that may fold, so its buffer is reserved from the node before the first of them (no
+    buffer live meanwhile can share its memory), not from the decode's."""
+    obb = export_graph(random_model("yolo11n-obb.yaml"), imgsz=64)
+    assert len(score_folds(obb)) == 3 and not box_folds(obb)
+    graph = export_graph(random_model("yolo11n.yaml"), imgsz=64)
+    plan = plan_memory(graph)
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    folds = box_folds(graph)
+    (output,) = {fold.output for fold in folds.values()}
+    preds = plan.buffers[plan.placements[output].buffer]
+    assert preds.first == min(index[conv] for conv in folds) - 1
 
 
 @pytest.mark.parametrize("fuse", [True, False])

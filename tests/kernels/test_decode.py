@@ -184,7 +184,7 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
     poisoned = [torch.full_like(s, float("nan")) if i == 1 else s for i, s in enumerate(maps[1])]
     left = (torch.full_like(best_score[:batch], 7.0), torch.full_like(best_class[:batch], -3))
     folded = BestClassTargets(*left, thresholds, mask, store_scores=False)
-    decode_heads(unscored, maps[0], poisoned, maps[2], spec, best=folded, folded_levels=frozenset({1}))
+    decode_heads(unscored, maps[0], poisoned, maps[2], spec, best=folded, folded_scores=frozenset({1}))
     first_anchor = sizes[0][0] * sizes[0][1]
     level = slice(first_anchor, first_anchor + sizes[1][0] * sizes[1][1])
     assert bool((left[0][:, level] == 7.0).all()) and bool((left[1][:, level] == -3).all())
@@ -193,8 +193,24 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
         assert torch.equal(got[:, level.stop :], want[:, level.stop :])
     with pytest.raises(ValueError, match="store no scores"):
         decode_heads(
-            unscored, *maps, spec, best=BestClassTargets(*left, thresholds, mask), folded_levels=frozenset({1})
+            unscored, *maps, spec, best=BestClassTargets(*left, thresholds, mask), folded_scores=frozenset({1})
         )
+    # Level 1's boxes folded too (its box conv decodes them, kernels/conv/boxes.py): its box map (NaN here) is never
+    # read and its box rows stay as they were; every other element is as before. An OBB head's boxes cannot fold.
+    no_boxes = [torch.full_like(b, float("nan")) if i == 1 else b for i, b in enumerate(maps[0])]
+    boxed = torch.full_like(out, float("nan"))
+    both = BestClassTargets(*(t.clone() for t in left), thresholds, mask, store_scores=False)
+    if head.startswith("obb"):
+        with pytest.raises(ValueError, match="OBB head's boxes need its angles"):
+            decode_heads(boxed, no_boxes, poisoned, maps[2], spec, best=both, folded_boxes=frozenset({1}))
+    else:
+        decode_heads(boxed, no_boxes, poisoned, maps[2], spec, best=both, folded_scores=frozenset({1}),
+                     folded_boxes=frozenset({1}))  # fmt: skip
+        assert bool(boxed[:, :4, level].isnan().all())
+        assert torch.equal(boxed[:, :4, : level.start], out[:, :4, : level.start])
+        assert torch.equal(boxed[:, :4, level.stop :], out[:, :4, level.stop :])
+        assert bool(boxed[:, 4 : 4 + nc].isnan().all()) and torch.equal(boxed[:, 4 + nc :], out[:, 4 + nc :])
+        assert torch.equal(both.best_score, left[0]) and torch.equal(both.best_class, left[1])
     decoded = out[:, 4 : 4 + nc].cpu()
     top, first = decoded.max(1)
     keep = top > conf
@@ -207,6 +223,47 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
         assert set(first.unique().tolist()) == {1, 10}, "a tie across chunks must keep the earlier class"
     if classes is not None:
         assert 0 < int(keep.sum()) < int((top > conf).sum()), "the class filter must drop some candidates, not all"
+
+
+@pytest.mark.parametrize("head", ["detect-dfl", "segment"])
+def test_a_detector_whose_every_level_is_folded_launches_no_decode(head, monkeypatch):
+    """Every level's scores and boxes written by their convs: a detector's decode has nothing left and launches no
+    kernel; a segment head's still decodes its mask coefficients, as does a detector with one level unfolded."""
+    from yolojet.kernels import decode as decode_module
+
+    launches = []
+    kernel = decode_module._decode_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(decode_module, "_decode_kernel", Counting())
+    sizes = LEVEL_SIZES["three"]
+    attrs = dict(HEADS[head], levels=3, nc=3, strides=[8, 16, 32])
+    spec = DecodeSpec.from_attrs(attrs)
+    extra = attrs["extra_channels"]
+    maps = [
+        [torch.randn(1, h, w, channels, device=DEVICE) for h, w in sizes]
+        for channels in (4 * attrs["reg_max"], 3, extra)
+    ]
+    anchors = sum(h * w for h, w in sizes)
+    out = torch.full((1, 4 + 3 + extra, anchors), float("nan"), device=DEVICE)
+    best = BestClassTargets(
+        torch.zeros(1, anchors, device=DEVICE),
+        torch.zeros(1, anchors, dtype=torch.int32, device=DEVICE),
+        torch.tensor([0.25, 0.7], device=DEVICE),
+        None,
+        store_scores=False,
+    )
+    every = frozenset(range(3))
+    for boxes_folded, expected in ((every, 0 if extra == 0 else 1), (frozenset({0, 2}), 1)):
+        before = len(launches)
+        decode_heads(out, maps[0], maps[1], maps[2] if extra else None, spec, best=best, folded_scores=every,
+                     folded_boxes=boxes_folded)  # fmt: skip
+        assert len(launches) - before == expected
+    assert bool(out[:, 4 : 4 + 3].isnan().all())
 
 
 def test_decode_refuses_best_class_targets_that_do_not_fit():

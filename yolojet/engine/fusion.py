@@ -12,7 +12,11 @@ alive; `EngineOptions(fuse=False)` turns every fusion off.
   head launch;
 - score folds: a detection head's last class-score conv (1x1, read by the decode alone) can write NMS's best-class
   pass itself (kernels/conv/scores.py) wherever the decode would (inside the network's `writing_best_class`
-  block); the decode then reads none of that level's scores.
+  block); the decode then reads none of that level's scores;
+- box folds: likewise a head's last box conv (not OBB's) can write its level's decoded boxes into the decode's
+  output itself (kernels/conv/boxes.py); the decode then reads none of that level's box map, and a detector whose
+  every level folds both has no decode launch left. The memory plan counts such a conv as a writer of the decode's
+  output.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from yolojet.ir import Graph, Node, pair
+from yolojet.kernels.conv.boxes import MOST_BOX_CHANNELS
 from yolojet.kernels.conv.scores import MOST_SCORE_CHANNELS
 
 if TYPE_CHECKING:
@@ -38,31 +43,48 @@ class ScoreFold:
 
 
 @dataclass(frozen=True)
+class BoxFold:
+    """A head's box conv that can decode its level's boxes into the decode's `output` itself: the level, the decode's
+    box inputs (whose maps' sizes place the level's anchors), the level's stride and the box encoding."""
+
+    level: int
+    box_values: tuple[str, ...]
+    output: str
+    stride: float
+    reg_max: int
+    xywh: bool
+
+
+@dataclass(frozen=True)
 class Fusions:
     """What lowering fuses: conv -> the upsample it reads through; conv -> the concat whose copy it reads in place;
     first maxpool -> the chain's node names; the global average pools pooled in the classifier's head; score conv ->
-    its ScoreFold."""
+    its ScoreFold; box conv -> its BoxFold."""
 
     upsample_folds: dict[str, str]
     concat_folds: dict[str, str]
     pool_chains: dict[str, list[str]]
     pooled_heads: frozenset[str]
     score_folds: dict[str, ScoreFold]
+    box_folds: dict[str, BoxFold]
 
 
 @dataclass(frozen=True)
 class LaunchGroup:
     """The nodes one launch completes (in graph order) and the lowering that builds it: `kind` names one of
     engine/lowering.py's LOWERINGS. A "conv" group's `fold` is (upsample or None, concat) where the conv reads
-    through a fold, and its `score` where it can write the best-class pass; a "decode" group's `folded_levels` are
-    the levels whose score convs can; a "concat_copy" group copies the concat's input `value` into place."""
+    through a fold, its `score` where it can write the best-class pass and its `box` where it can decode its boxes;
+    a "decode" group's `folded_scores` and `folded_boxes` are the levels whose score and box convs can; a
+    "concat_copy" group copies the concat's input `value` into place."""
 
     kind: str
     nodes: tuple[Node, ...]
     fold: tuple[Node | None, Node] | None = None
     value: str | None = None
     score: ScoreFold | None = None
-    folded_levels: frozenset[int] = frozenset()
+    box: BoxFold | None = None
+    folded_scores: frozenset[int] = frozenset()
+    folded_boxes: frozenset[int] = frozenset()
 
 
 # Ops lowered one node a launch by a lowering of their own name; the rest of the one-node ops are "simple".
@@ -97,10 +119,16 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
             group = LaunchGroup("classify_head", tuple(graph.nodes[i : i + (2 if node.op == "linear" else 3)]))
         elif node.name in fusions.score_folds:
             group = LaunchGroup("conv", (node,), score=fusions.score_folds[node.name])
+        elif node.name in fusions.box_folds:
+            group = LaunchGroup("conv", (node,), box=fusions.box_folds[node.name])
         elif node.op == "decode":
-            scores = set(node.inputs[node.attrs["levels"] : 2 * node.attrs["levels"]])
-            levels = {fold.level for name, fold in fusions.score_folds.items() if by_name[name].outputs[0] in scores}
-            group = LaunchGroup("decode", (node,), folded_levels=frozenset(levels))
+            levels = node.attrs["levels"]
+            boxes, scores = set(node.inputs[:levels]), set(node.inputs[levels : 2 * levels])
+            folded_scores = {f.level for name, f in fusions.score_folds.items() if by_name[name].outputs[0] in scores}
+            folded_boxes = {f.level for name, f in fusions.box_folds.items() if by_name[name].outputs[0] in boxes}
+            group = LaunchGroup(
+                "decode", (node,), folded_scores=frozenset(folded_scores), folded_boxes=frozenset(folded_boxes)
+            )
         else:
             group = LaunchGroup(node.op if node.op in _OWN_LOWERINGS else "simple", (node,))
         groups.append(group)
@@ -110,46 +138,69 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
 
 def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool) -> Fusions:
     if not fuse:
-        return Fusions({}, {}, {}, frozenset(), {})
+        return Fusions({}, {}, {}, frozenset(), {}, {})
     chains: dict[str, list[str]] = {}
     for i, node in enumerate(graph.nodes):
         chain = pool_chain(graph, i) if node.op == "maxpool" else []
         if len(chain) > 1 and not any(node.name in c for c in chains.values()):
             chains[node.name] = [n.name for n in chain]
     heads = frozenset(n.name for i, n in enumerate(graph.nodes) if n.op == "global_avg_pool" and pooled_head(graph, i))
-    # A conv reading through an upsample or concat fold launches as that fold: it cannot also fold its scores, and
-    # the decode must then read that level's scores.
-    scores = {
-        conv: fold
-        for conv, fold in score_folds(graph).items()
-        if conv not in plan.upsample_folds and conv not in plan.concat_folds
-    }
-    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, scores)
+    # A conv reading through an upsample or concat fold launches as that fold: it cannot also fold its scores or
+    # boxes, and the decode must then read that level's map.
+    unfolded = plan.upsample_folds.keys() | plan.concat_folds.keys()
+    scores = {conv: fold for conv, fold in score_folds(graph).items() if conv not in unfolded}
+    boxes = {conv: fold for conv, fold in box_folds(graph).items() if conv not in unfolded}
+    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, scores, boxes)
 
 
-def score_folds(graph: Graph) -> dict[str, ScoreFold]:
-    """The head's score convs that can write NMS's best-class pass themselves: for each level of a decode node, the
-    conv producing its score map where that conv is 1x1 (stride 1, no padding, no residual, ungrouped) with at most
-    MOST_SCORE_CHANNELS outputs, and the map is read by the decode alone."""
+def _head_convs(graph: Graph, first: int, most_channels: int) -> list[tuple[Node, int, Node]]:
+    """(decode node, level, conv) for each level's map among a decode node's inputs `first`·levels onward (0: box
+    maps, 1: score maps) that a conv produces which can fold into its epilogue what the decode does with it: a 1x1
+    conv (stride 1, no padding, no residual, ungrouped) of at most `most_channels` outputs whose map the decode
+    alone reads."""
     readers = _reader_counts(graph)
     producer = {value: node for node in graph.nodes for value in node.outputs}
-    folds = {}
+    found = []
     for decode in (node for node in graph.nodes if node.op == "decode"):
         levels = decode.attrs["levels"]
-        boxes = tuple(decode.inputs[:levels])
-        for level, score in enumerate(decode.inputs[levels : 2 * levels]):
-            conv = producer.get(score)
-            if conv is None or conv.op != "conv" or len(conv.inputs) != 1 or readers.get(score) != 1:
+        for level, value in enumerate(decode.inputs[first * levels : (first + 1) * levels]):
+            conv = producer.get(value)
+            if conv is None or conv.op != "conv" or len(conv.inputs) != 1 or readers.get(value) != 1:
                 continue
             a = conv.attrs
             if (
                 tuple(graph.weight_shapes(conv)["weight"][2:]) == (1, 1)
                 and [pair(a[k]) for k in ("stride", "padding", "dilation")] == [(1, 1), (0, 0), (1, 1)]
                 and a["groups"] == 1
-                and int(graph.values[score].shape[1]) <= MOST_SCORE_CHANNELS
-                and score not in graph.outputs
+                and int(graph.values[value].shape[1]) <= most_channels
+                and value not in graph.outputs
             ):
-                folds[conv.name] = ScoreFold(level, boxes, int(decode.attrs["nc"]))
+                found.append((decode, level, conv))
+    return found
+
+
+def score_folds(graph: Graph) -> dict[str, ScoreFold]:
+    """The head's score convs that can write NMS's best-class pass themselves (`_head_convs`, at most
+    MOST_SCORE_CHANNELS outputs)."""
+    return {
+        conv.name: ScoreFold(level, tuple(decode.inputs[: decode.attrs["levels"]]), int(decode.attrs["nc"]))
+        for decode, level, conv in _head_convs(graph, 1, MOST_SCORE_CHANNELS)
+    }
+
+
+def box_folds(graph: Graph) -> dict[str, BoxFold]:
+    """The head's box convs that can decode their level's boxes themselves (`_head_convs`): not an OBB head's (its
+    boxes turn by the angle of another branch), and a reg_max of 1 or a power of two whose 4·reg_max outputs fit
+    MOST_BOX_CHANNELS."""
+    folds = {}
+    for decode, level, conv in _head_convs(graph, 0, MOST_BOX_CHANNELS):
+        a = decode.attrs
+        reg_max = int(a["reg_max"])
+        if a["task"] == "obb" or reg_max & (reg_max - 1) or graph.values[conv.outputs[0]].shape[1] != 4 * reg_max:
+            continue
+        boxes = tuple(decode.inputs[: a["levels"]])
+        xywh = a.get("box_format", "xywh") == "xywh"
+        folds[conv.name] = BoxFold(level, boxes, decode.outputs[0], float(a["strides"][level]), reg_max, xywh)
     return folds
 
 

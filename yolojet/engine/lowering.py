@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from yolojet.engine.fusion import LaunchGroup, ScoreFold, decide_fusions, launch_groups
+from yolojet.engine.fusion import BoxFold, LaunchGroup, ScoreFold, decide_fusions, launch_groups
 from yolojet.engine.plan import MemoryPlan
 from yolojet.errors import GraphError
 from yolojet.ir import Graph, Node, pair
@@ -22,6 +22,7 @@ from yolojet.kernels.classify import classify_head, classify_head_scratch, globa
 from yolojet.kernels.conv import (
     ConvConfig,
     ConvKind,
+    box_conv_decode,
     conv2d_nhwc,
     conv_candidate_configs,
     default_config,
@@ -102,25 +103,27 @@ class _TunedTile:
             self.launch_tile(tile, True)
 
 
-class _ScoreFoldingTile(_TunedTile):
-    """A head's score conv's tuned tile, which while its side target holds NMS's best-class targets writes its
-    level's part of that pass instead of its output (fusion.score_folds)."""
+class _HeadFoldingTile(_TunedTile):
+    """A head's score or box conv's tuned tile, which while its side target holds NMS's best-class targets that
+    store no scores runs `fused` instead, writing what the decode would have made of its output (the level's part
+    of the best-class pass, or its boxes: fusion.score_folds, fusion.box_folds); the decode then skips that level's
+    map, as `_lower_decode` tells it under the same condition."""
 
     def __init__(
         self,
         tuned: _TunedTile,
         best: _SideTarget[BestClassTargets],
-        write_best_class: Callable[[BestClassTargets, bool], None],
+        fused: Callable[[BestClassTargets, bool], None],
     ) -> None:
         super().__init__(tuned.launch_tile, tuned.tile, tuned.fit, tuned.compile_tile)
-        self.best, self.write_best_class = best, write_best_class
+        self.best, self.fused = best, fused
 
     def run(self, compile_only: bool = False) -> None:
         targets = self.best.value
-        if targets is None or targets.store_scores:  # a decode storing the scores reads them all
+        if targets is None or targets.store_scores:  # a decode storing the scores reads every map
             super().run(compile_only)
         else:
-            self.write_best_class(targets, compile_only)
+            self.fused(targets, compile_only)
 
 
 class _SideTarget(Generic[T]):
@@ -249,13 +252,15 @@ def _lower_conv(
     pdl: bool,
     fold: tuple[Node | None, Node] | None = None,
     score: ScoreFold | None = None,
+    box: BoxFold | None = None,
 ) -> Launch:
     """A conv; with `fold` = (upsample, concat) nodes feeding it (plan.upsample_folds), it reads the upsample's
     input through a nearest upsample and the concat's other part as a second input, and the launch covers the
     upsample node too. With `fold` = (None, concat) (plan.concat_folds) it reads the concat's first part where
     it lies, the part the concat would copy, and the concat's slice of its second part as a second input. With
     `score` (fusion.score_folds), inside the network's `writing_best_class` block it writes its level's part of
-    NMS's best-class pass instead of its output (kernels/conv/scores.py)."""
+    NMS's best-class pass instead of its output (kernels/conv/scores.py); with `box` (fusion.box_folds), there it
+    writes its level's decoded boxes into the decode's output instead (kernels/conv/boxes.py)."""
     a = node.attrs
     x, out = view(node.inputs[0], widened=True), view(node.outputs[0], widened=True)
     residual = view(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -346,15 +351,21 @@ def _lower_conv(
 
     tuned = _TunedTile(launch_tile, default_config(m, c_out, k, is_1x1, x.dtype), fit, compile_config)
     best: _SideTarget[BestClassTargets] = _SideTarget()
-    if score is not None:
+    head_fold = score or box
+    if head_fold is not None:
         # The level's anchors follow the earlier levels' (the decode's order), at this input's map sizes.
-        anchor_offset = sum(view(v).shape[1] * view(v).shape[2] for v in score.box_values[: score.level])
+        anchor_offset = sum(view(v).shape[1] * view(v).shape[2] for v in head_fold.box_values[: head_fold.level])
 
-        def write_best_class(targets: BestClassTargets, compile_only: bool) -> None:
-            score_conv_best_class(x, weight, bias, targets, anchor_offset=anchor_offset, nc=score.nc,
-                                  activation=a["activation"], pdl=pdl, compile_only=compile_only)  # fmt: skip
+        def fused(targets: BestClassTargets, compile_only: bool) -> None:
+            if score is not None:
+                score_conv_best_class(x, weight, bias, targets, anchor_offset=anchor_offset, nc=score.nc,
+                                      activation=a["activation"], pdl=pdl, compile_only=compile_only)  # fmt: skip
+            elif box is not None:
+                box_conv_decode(x, weight, bias, view(box.output), anchor_offset=anchor_offset, stride=box.stride,
+                                reg_max=box.reg_max, xywh=box.xywh, activation=a["activation"], pdl=pdl,
+                                compile_only=compile_only)  # fmt: skip
 
-        tuned = _ScoreFoldingTile(tuned, best, write_best_class)
+        tuned = _HeadFoldingTile(tuned, best, fused)
     return Launch(
         "conv",
         nodes,
@@ -366,7 +377,7 @@ def _lower_conv(
         candidates=candidates,
         split_slot=slot,
         split_need=lambda: tuned.tile.split_scratch(m, c_out),
-        best_class_output=best.set if score is not None else None,
+        best_class_output=best.set if head_fold is not None else None,
     )
 
 
@@ -510,7 +521,7 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
 
         family = "classify"
     elif node.op == "decode":
-        return _lower_decode(node, view, pdl, frozenset())
+        return _lower_decode(node, view, pdl, frozenset(), frozenset())
     elif node.op == "topk":
         return _lower_one_to_one(node, ins[0], outs[0], pdl)
     else:
@@ -518,9 +529,12 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
     return Launch(family, [node.name], list(node.outputs), run)
 
 
-def _lower_decode(node: Node, view: ViewFn, pdl: bool, folded_levels: frozenset[int]) -> Launch:
+def _lower_decode(
+    node: Node, view: ViewFn, pdl: bool, folded_scores: frozenset[int], folded_boxes: frozenset[int]
+) -> Launch:
     """The head's decode. Inside the network's `writing_best_class` block it also writes NMS's best-class pass, for
-    every level but `folded_levels`, whose score convs write theirs (fusion.score_folds)."""
+    every level but `folded_scores`, whose score convs write theirs (fusion.score_folds), and the boxes of every
+    level but `folded_boxes`, whose box convs write theirs (fusion.box_folds)."""
     levels = node.attrs["levels"]
     spec = DecodeSpec.from_attrs(node.attrs)
     maps = [view(i, widened=True) for i in node.inputs]  # widened maps are read whole: aligned vector loads
@@ -529,9 +543,20 @@ def _lower_decode(node: Node, view: ViewFn, pdl: bool, folded_levels: frozenset[
     best: _SideTarget[BestClassTargets] = _SideTarget()
 
     def run(compile_only: bool = False) -> None:
-        folded = folded_levels if best.value is not None and not best.value.store_scores else frozenset()
-        decode_heads(out, boxes, scores, extras, spec, best=best.value, folded_levels=folded, pdl=pdl,
-                     compile_only=compile_only)  # fmt: skip
+        # The folding convs' condition (_HeadFoldingTile): targets that store no scores.
+        folding = best.value is not None and not best.value.store_scores
+        decode_heads(
+            out,
+            boxes,
+            scores,
+            extras,
+            spec,
+            best=best.value,
+            folded_scores=folded_scores if folding else frozenset(),
+            folded_boxes=folded_boxes if folding else frozenset(),
+            pdl=pdl,
+            compile_only=compile_only,
+        )
 
     return Launch("decode", [node.name], list(node.outputs), run, best_class_output=best.set)
 
@@ -568,8 +593,8 @@ def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launc
 # The lowering of each kind of launch group (engine/fusion.py's LaunchGroup): the group's launches, in order.
 LOWERINGS: dict[str, Callable[[LaunchGroup, LoweringContext], list[Launch]]] = {
     "concat_copy": lambda g, c: [_copy_into_concat(g.nodes[0], str(g.value), c.view, c.pdl)],
-    "conv": lambda g, c: [_lower_conv(g.nodes[0], c.view, c.weights, c.scratch, c.pdl, g.fold, g.score)],
-    "decode": lambda g, c: [_lower_decode(g.nodes[0], c.view, c.pdl, g.folded_levels)],
+    "conv": lambda g, c: [_lower_conv(g.nodes[0], c.view, c.weights, c.scratch, c.pdl, g.fold, g.score, g.box)],
+    "decode": lambda g, c: [_lower_decode(g.nodes[0], c.view, c.pdl, g.folded_scores, g.folded_boxes)],
     "conv_transpose": lambda g, c: [_lower_conv_transpose(g.nodes[0], c.view, c.weights, c.pdl)],
     "maxpool": lambda g, c: [_lower_maxpool(g.nodes[0], c.view, c.pdl)],
     "pool_chain": lambda g, c: _lower_pool_chain(g.nodes, c),

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from yolojet.engine.fusion import concat_folds, upsample_folds
+from yolojet.engine.fusion import box_folds, concat_folds, upsample_folds
 from yolojet.ir import Graph, Node
 
 CHANNEL_ALIGN = 8  # 16-byte pixel rows in fp16: vector loads stay aligned in every slice that starts aligned
@@ -207,8 +207,11 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     by_name = {node.name: node for node in graph.nodes}
     extra_reads = {node_index[conv]: by_name[up].inputs[0] for conv, up in folds.items()}
     extra_reads |= {node_index[conv]: by_name[cat].inputs[0] for conv, cat in cat_folds.items()}
-    _set_lifetimes(graph, buffers, placements, extra_reads)
-    ordered = _ordered_pairs(graph, buffers, placements, extra_reads)
+    # A box conv that may decode its level's boxes (fusion.box_folds) writes the decode's output: that buffer must
+    # be its own from the conv on.
+    extra_writes = {node_index[conv]: fold.output for conv, fold in box_folds(graph).items()}
+    _set_lifetimes(graph, buffers, placements, extra_reads, extra_writes)
+    ordered = _ordered_pairs(graph, buffers, placements, extra_reads, extra_writes)
     plan = MemoryPlan(buffers, placements, copies, widened, folds, cat_folds)
     plan.feature_elements = _allocate([b for b in buffers if b.kind == "feature"], ordered)
     plan.head_elements = _allocate([b for b in buffers if b.kind == "head"], ordered)
@@ -221,7 +224,11 @@ def plan_memory(graph: Graph) -> MemoryPlan:
 
 
 def _set_lifetimes(
-    graph: Graph, buffers: list[Buffer], placements: dict[str, Placement], extra_reads: dict[int, str]
+    graph: Graph,
+    buffers: list[Buffer],
+    placements: dict[str, Placement],
+    extra_reads: dict[int, str],
+    extra_writes: dict[int, str],
 ) -> None:
     end = len(graph.nodes)
     first = {b.index: end for b in buffers}
@@ -229,7 +236,7 @@ def _set_lifetimes(
     for name in graph.inputs:
         first[placements[name].buffer] = -1
     for i, node in enumerate(graph.nodes):
-        for name in node.outputs:
+        for name in [*node.outputs, *([extra_writes[i]] if i in extra_writes else [])]:
             index = placements[name].buffer
             first[index] = min(first[index], i)
             last[index] = max(last[index], i)
@@ -244,7 +251,11 @@ def _set_lifetimes(
 
 
 def _ordered_pairs(
-    graph: Graph, buffers: list[Buffer], placements: dict[str, Placement], extra_reads: dict[int, str]
+    graph: Graph,
+    buffers: list[Buffer],
+    placements: dict[str, Placement],
+    extra_reads: dict[int, str],
+    extra_writes: dict[int, str],
 ) -> Callable[[int, int], bool]:
     """Whether every node touching one buffer is an ancestor, in the graph, of every node writing the other.
 
@@ -265,7 +276,7 @@ def _ordered_pairs(
     for i, node in enumerate(graph.nodes):
         for name in [*node.inputs, *([extra_reads[i]] if i in extra_reads else [])]:
             touching[placements[name].buffer] |= 1 << i
-        for name in node.outputs:
+        for name in [*node.outputs, *([extra_writes[i]] if i in extra_writes else [])]:
             touching[placements[name].buffer] |= 1 << i
             writers[placements[name].buffer].append(i)
 

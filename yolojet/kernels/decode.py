@@ -28,6 +28,11 @@ DETECT, SEGMENT, OBB, POSE = 0, 1, 2, 3
 TASK_CODES = {"detect": DETECT, "segment": SEGMENT, "obb": OBB, "pose": POSE}
 _OBB = tl.constexpr(OBB)
 _POSE = tl.constexpr(POSE)
+# A level's `folded` bits: its score conv wrote its part of NMS's best-class pass (kernels/conv/scores.py), its box
+# conv its boxes (kernels/conv/boxes.py).
+SCORES_FOLDED, BOXES_FOLDED = 1, 2
+_SCORES_FOLDED = tl.constexpr(SCORES_FOLDED)
+_BOXES_FOLDED = tl.constexpr(BOXES_FOLDED)
 # A program: 32 anchors by chunks of 32 classes, on Triton's default 4 warps. On an H100 at batch 64 the decode with
 # NMS's best-class pass took 142 us for 640x640 (150 with 64 anchors, 148 with 64 on 8 warps, 174 with 32 on 8) and
 # 110 for 640x480 (112, 110, 115): bench/NOTES.md, "The decode's tile timed".
@@ -114,8 +119,9 @@ def _decode_level(
 
     With BEST, the anchors' best class and score also go to NMS's best-class scratch (rows of `best_row` anchors),
     from the scores as stored: NMS then skips a pass that reads every score back (kernels/nms.py). Without
-    STORE_SCORES (only with BEST) the scores themselves are not stored, and a level `folded` (nonzero; only then) has
-    had its pass written by its score conv: its scores are not read and its best-class rows not written."""
+    STORE_SCORES (only with BEST) the scores themselves are not stored, and a level's `folded` bits (only then) say
+    what its convs wrote themselves: with SCORES_FOLDED its pass (its scores are not read and its best-class rows not
+    written), with BOXES_FOLDED its boxes (its box map is not read and its box rows not written)."""
     idx = block * BLOCK_A + tl.arange(0, BLOCK_A)
     a_ok = idx < H * W
     gy = idx // W
@@ -125,43 +131,45 @@ def _decode_level(
     out_col = out_ptr + n * so_n + anchor_offset + idx
     wait_for_previous_kernel(PDL)
 
-    box_pix = n * sb_n + gy * sb_h + gx * sb_w
-    left = _side_distance(box_ptr, box_pix, 0, a_ok, REG_MAX, R_PAD)
-    top = _side_distance(box_ptr, box_pix, 1, a_ok, REG_MAX, R_PAD)
-    right = _side_distance(box_ptr, box_pix, 2, a_ok, REG_MAX, R_PAD)
-    bottom = _side_distance(box_ptr, box_pix, 3, a_ok, REG_MAX, R_PAD)
     ext_pix = n * se_n + gy * se_h + gx * se_w
-    if TASK == _OBB:
-        theta = _angle(tl.load(ext_ptr + ext_pix, mask=a_ok, other=0.0).to(tl.float32), ANGLE_SIGMOID)
-        cos = tl.cos(theta)
-        sin = tl.sin(theta)
-        xf = (right - left) / 2
-        yf = (bottom - top) / 2
-        b0 = (xf * cos - yf * sin + ax) * stride
-        b1 = (xf * sin + yf * cos + ay) * stride
-        b2 = (left + right) * stride
-        b3 = (top + bottom) * stride
-    elif XYWH:
-        b0 = (ax + (right - left) / 2) * stride
-        b1 = (ay + (bottom - top) / 2) * stride
-        b2 = (left + right) * stride
-        b3 = (top + bottom) * stride
-    else:
-        b0 = (ax - left) * stride
-        b1 = (ay - top) * stride
-        b2 = (ax + right) * stride
-        b3 = (ay + bottom) * stride
-    tl.store(out_col, b0, mask=a_ok)
-    tl.store(out_col + so_c, b1, mask=a_ok)
-    tl.store(out_col + 2 * so_c, b2, mask=a_ok)
-    tl.store(out_col + 3 * so_c, b3, mask=a_ok)
+    # A level whose box conv decoded its boxes (kernels/conv/boxes.py): its box map is never read.
+    if (folded & _BOXES_FOLDED) == 0:
+        box_pix = n * sb_n + gy * sb_h + gx * sb_w
+        left = _side_distance(box_ptr, box_pix, 0, a_ok, REG_MAX, R_PAD)
+        top = _side_distance(box_ptr, box_pix, 1, a_ok, REG_MAX, R_PAD)
+        right = _side_distance(box_ptr, box_pix, 2, a_ok, REG_MAX, R_PAD)
+        bottom = _side_distance(box_ptr, box_pix, 3, a_ok, REG_MAX, R_PAD)
+        if TASK == _OBB:
+            theta = _angle(tl.load(ext_ptr + ext_pix, mask=a_ok, other=0.0).to(tl.float32), ANGLE_SIGMOID)
+            cos = tl.cos(theta)
+            sin = tl.sin(theta)
+            xf = (right - left) / 2
+            yf = (bottom - top) / 2
+            b0 = (xf * cos - yf * sin + ax) * stride
+            b1 = (xf * sin + yf * cos + ay) * stride
+            b2 = (left + right) * stride
+            b3 = (top + bottom) * stride
+        elif XYWH:
+            b0 = (ax + (right - left) / 2) * stride
+            b1 = (ay + (bottom - top) / 2) * stride
+            b2 = (left + right) * stride
+            b3 = (top + bottom) * stride
+        else:
+            b0 = (ax - left) * stride
+            b1 = (ay - top) * stride
+            b2 = (ax + right) * stride
+            b3 = (ay + bottom) * stride
+        tl.store(out_col, b0, mask=a_ok)
+        tl.store(out_col + so_c, b1, mask=a_ok)
+        tl.store(out_col + 2 * so_c, b2, mask=a_ok)
+        tl.store(out_col + 3 * so_c, b3, mask=a_ok)
 
     cls_pix = n * sc_n + gy * sc_h + gx * sc_w
     if BEST:
         best = tl.full([BLOCK_A], float("-inf"), tl.float32)
         best_class = tl.zeros([BLOCK_A], tl.int32)
     # A folded level's score conv wrote its best-class pass (kernels/conv/scores.py): its scores are never read.
-    for c0 in range(0, tl.where(folded != 0, 0, NC), BLOCK_C):
+    for c0 in range(0, tl.where((folded & _SCORES_FOLDED) != 0, 0, NC), BLOCK_C):
         ch = c0 + tl.arange(0, BLOCK_C)
         loaded = a_ok[:, None] & (ch < NC_MAP)[None, :]
         logits = tl.load(cls_ptr + cls_pix[:, None] + ch[None, :], mask=loaded, other=0.0).to(tl.float32)
@@ -173,7 +181,7 @@ def _decode_level(
             best, best_class = fold_best_class(best, best_class, tl.where(decoded, scores, float("-inf")), ch, NC, 1)
     if BEST:
         offsets = n * best_row + anchor_offset + idx
-        ours = a_ok & (folded == 0)
+        ours = a_ok & ((folded & _SCORES_FOLDED) == 0)
         store_best_class(
             best_ptr, best_class_ptr, offsets, ours, best, best_class, thresholds_ptr, class_mask_ptr, HAS_CLASS_MASK
         )
@@ -199,8 +207,8 @@ def _decode_kernel(
     out_ptr,
     so_n,
     so_c,
-    # Level 0..3: its maps (pointer and N/H/W strides), grid size, first anchor, stride, whether its scores are
-    # folded, and the end of its range of program ids. Levels past LEVELS are never read (the launcher repeats level
+    # Level 0..3: its maps (pointer and N/H/W strides), grid size, first anchor, stride, its `folded` bits, and the
+    # end of its range of program ids. Levels past LEVELS are never read (the launcher repeats level
     # 0 there).
     box0, sb0_n, sb0_h, sb0_w, cls0, sc0_n, sc0_h, sc0_w, ext0, se0_n, se0_h, se0_w, H0, W0, off0, stride0, fold0,
     end0,
@@ -314,7 +322,8 @@ def decode_heads(
     spec: DecodeSpec,
     *,
     best: BestClassTargets | None = None,
-    folded_levels: frozenset[int] = frozenset(),
+    folded_scores: frozenset[int] = frozenset(),
+    folded_boxes: frozenset[int] = frozenset(),
     pdl: bool = False,
     compile_only: bool = False,
 ) -> None:
@@ -325,9 +334,12 @@ def decode_heads(
     A score or extra map may instead be widened to the next multiple of 16 channels (the plan's widened
     rows), the same on every level: the padding is read with the real channels and never stored.
     `best`: also write NMS's best-class pass's output there, (N, A) (kernels/nms.py), and the class scores into
-    `out` only where it says to store them. `folded_levels` (only with such a `best`): the levels whose score conv
-    wrote their part of the pass itself (kernels/conv/scores.py), whose score maps are then never read.
-    `compile_only`: compile this launch's kernel without launching it.
+    `out` only where it says to store them. Only with a `best` that stores no scores: `folded_scores`, the levels
+    whose score conv wrote their part of the pass itself (kernels/conv/scores.py), whose score maps are then never
+    read; `folded_boxes`, the levels whose box conv wrote their boxes (kernels/conv/boxes.py; not OBB, whose boxes
+    need the angle), whose box maps are then never read. Where every level is folded both ways and the head has no
+    extras, nothing is left to do and nothing launches. `compile_only`: compile this launch's kernel without
+    launching it.
     """
     if spec.task not in TASK_CODES:
         raise ValueError(f"decode: unknown task {spec.task!r}")
@@ -348,11 +360,14 @@ def decode_heads(
         raise ValueError(f"decode: out must be float32 {expected} with contiguous anchors, got {tuple(out.shape)}")
     if best is not None:
         best.check("decode", spec.nc, (batch, anchors), out.device)
-    if folded_levels and (best is None or best.store_scores or not folded_levels <= set(range(levels))):
+    folded = folded_scores | folded_boxes
+    if folded and (best is None or best.store_scores or not folded <= set(range(levels))):
         raise ValueError(
-            f"decode: levels {sorted(folded_levels)} folded need best-class targets that store no scores, and levels "
-            f"of the {levels}"
+            f"decode: levels {sorted(folded)} folded need best-class targets that store no scores, and levels of the "
+            f"{levels}"
         )
+    if folded_boxes and spec.task == "obb":
+        raise ValueError("decode: an OBB head's boxes need its angles; its box convs cannot decode them")
     # (maps, channels decoded, whether the maps may be widened)
     kinds = {
         "box": (boxes, 4 * spec.reg_max, False),
@@ -377,8 +392,11 @@ def decode_heads(
         ext = extras[i] if extras else box
         _, h, w, _ = box.shape
         views = (box, *box.stride()[:3], cls, *cls.stride()[:3], ext, *ext.stride()[:3])
-        level_args.append((*views, h, w, offset, float(spec.strides[i]), int(i in folded_levels)))
+        bits = (SCORES_FOLDED if i in folded_scores else 0) | (BOXES_FOLDED if i in folded_boxes else 0)
+        level_args.append((*views, h, w, offset, float(spec.strides[i]), bits))
         offset += h * w
+    if spec.extra == 0 and folded_scores == folded_boxes == set(range(levels)):
+        return
     map_widths = (spec.extra, scores[0].shape[3], extras[0].shape[3] if extras else 0)
     for first in range(0, levels, MAX_LEVELS_PER_LAUNCH):
         launched = level_args[first : first + MAX_LEVELS_PER_LAUNCH]

@@ -21,12 +21,14 @@ The modules, by what they hold:
 - `tma`: `_conv1x1_tma_kernel` and `_conv_tma_kernel`, whose operands the tensor memory accelerator loads.
 - `dispatch`: `conv2d_nhwc`, which checks its arguments and hands them to the launcher of its config's kind.
 - `scores`: `score_conv_best_class`, a head's last class-score conv with NMS's best-class pass as its epilogue.
+- `boxes`: `box_conv_decode`, a head's last box conv with its level's box decode as its epilogue.
 
 The public names are re-exported here. A name is looked up in the module that uses it, so a test replacing one
 patches that module: the kernels and `pixels_are_words` as `conv2d_nhwc` sees them in `dispatch`, the candidate
 tables in `config`.
 """
 
+from yolojet.kernels.conv.boxes import MOST_BOX_CHANNELS, box_conv_decode
 from yolojet.kernels.conv.config import (
     ConvConfig,
     ConvKind,
@@ -47,9 +49,11 @@ from yolojet.kernels.conv.feasibility import (
 from yolojet.kernels.conv.scores import MOST_SCORE_CHANNELS, score_conv_best_class
 
 __all__ = [
+    "MOST_BOX_CHANNELS",
     "MOST_SCORE_CHANNELS",
     "ConvConfig",
     "ConvKind",
+    "box_conv_decode",
     "candidate_set_id",
     "conv2d_nhwc",
     "conv_candidate_configs",
