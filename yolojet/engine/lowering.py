@@ -355,13 +355,14 @@ def _lower_conv(
     if head_fold is not None:
         # The level's anchors follow the earlier levels' (the decode's order), at this input's map sizes.
         anchor_offset = sum(view(v).shape[1] * view(v).shape[2] for v in head_fold.box_values[: head_fold.level])
+        decoded = view(box.output) if box is not None else None  # the decode's output, whose box rows it writes
 
         def fused(targets: BestClassTargets, compile_only: bool) -> None:
             if score is not None:
                 score_conv_best_class(x, weight, bias, targets, anchor_offset=anchor_offset, nc=score.nc,
                                       activation=a["activation"], pdl=pdl, compile_only=compile_only)  # fmt: skip
-            elif box is not None:
-                box_conv_decode(x, weight, bias, view(box.output), anchor_offset=anchor_offset, stride=box.stride,
+            elif box is not None and decoded is not None:
+                box_conv_decode(x, weight, bias, decoded, anchor_offset=anchor_offset, stride=box.stride,
                                 reg_max=box.reg_max, xywh=box.xywh, activation=a["activation"], pdl=pdl,
                                 compile_only=compile_only)  # fmt: skip
 
