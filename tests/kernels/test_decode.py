@@ -199,7 +199,10 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
     # read and its box rows stay as they were; every other element is as before. An OBB head's boxes cannot fold.
     no_boxes = [torch.full_like(b, float("nan")) if i == 1 else b for i, b in enumerate(maps[0])]
     boxed = torch.full_like(out, float("nan"))
-    both = BestClassTargets(*(t.clone() for t in left), thresholds, mask, store_scores=False)
+    # Poisoned everywhere: the unfolded levels' rows must be written again, level 1's left alone.
+    both = BestClassTargets(
+        torch.full_like(left[0], 9.0), torch.full_like(left[1], -5), thresholds, mask, store_scores=False
+    )
     if head.startswith("obb"):
         with pytest.raises(ValueError, match="OBB head's boxes need its angles"):
             decode_heads(boxed, no_boxes, poisoned, maps[2], spec, best=both, folded_boxes=frozenset({1}))
@@ -210,7 +213,10 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
         assert torch.equal(boxed[:, :4, : level.start], out[:, :4, : level.start])
         assert torch.equal(boxed[:, :4, level.stop :], out[:, :4, level.stop :])
         assert bool(boxed[:, 4 : 4 + nc].isnan().all()) and torch.equal(boxed[:, 4 + nc :], out[:, 4 + nc :])
-        assert torch.equal(both.best_score, left[0]) and torch.equal(both.best_class, left[1])
+        assert bool((both.best_score[:, level] == 9.0).all()) and bool((both.best_class[:, level] == -5).all())
+        for got, want in zip((both.best_score, both.best_class), (best_score[:batch], best_class[:batch]), strict=True):
+            assert torch.equal(got[:, : level.start], want[:, : level.start])
+            assert torch.equal(got[:, level.stop :], want[:, level.stop :])
     decoded = out[:, 4 : 4 + nc].cpu()
     top, first = decoded.max(1)
     keep = top > conf

@@ -355,7 +355,10 @@ def _lower_conv(
     if head_fold is not None:
         # The level's anchors follow the earlier levels' (the decode's order), at this input's map sizes.
         anchor_offset = sum(view(v).shape[1] * view(v).shape[2] for v in head_fold.box_values[: head_fold.level])
-        decoded = view(box.output) if box is not None else None  # the decode's output, whose box rows it writes
+        # The decode's output, whose box rows it writes. The launch's declared writes stay its own map's: each level
+        # writes its own anchors of the output, so declaring the whole buffer would chain the levels' convs for
+        # nothing, and the plan keeps every other value out of that buffer's memory from the first box conv on.
+        decoded = view(box.output) if box is not None else None
 
         def fused(targets: BestClassTargets, compile_only: bool) -> None:
             if score is not None:
