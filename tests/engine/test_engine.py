@@ -286,6 +286,9 @@ class _Counting:
 
         return launch
 
+    def __getattr__(self, name):  # the rest of the kernel (its warmup, for a compile without a launch) as it is
+        return getattr(self.kernel, name)
+
 
 def test_the_probability_copy_to_host_memory_holds_only_inside_its_block(model_dirs):
     """`copying_output` has the classifier's launch also store the probabilities in host memory (pinned on a GPU)

@@ -210,8 +210,11 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
         decode_heads(boxed, no_boxes, poisoned, maps[2], spec, best=both, folded_scores=frozenset({1}),
                      folded_boxes=frozenset({1}))  # fmt: skip
         assert bool(boxed[:, :4, level].isnan().all())
-        assert torch.equal(boxed[:, :4, : level.start], out[:, :4, : level.start])
-        assert torch.equal(boxed[:, :4, level.stop :], out[:, :4, level.stop :])
+        # Another specialization of the kernel (the levels' bits differ), so compiled for a GPU its arithmetic may
+        # contract otherwise: equal to float32 rounding.
+        close = dict(rtol=1e-6, atol=1e-4)
+        torch.testing.assert_close(boxed[:, :4, : level.start], out[:, :4, : level.start], **close)
+        torch.testing.assert_close(boxed[:, :4, level.stop :], out[:, :4, level.stop :], **close)
         assert bool(boxed[:, 4 : 4 + nc].isnan().all()) and torch.equal(boxed[:, 4 + nc :], out[:, 4 + nc :])
         assert bool((both.best_score[:, level] == 9.0).all()) and bool((both.best_class[:, level] == -5).all())
         for got, want in zip((both.best_score, both.best_class), (best_score[:batch], best_class[:batch]), strict=True):
