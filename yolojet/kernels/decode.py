@@ -58,6 +58,23 @@ def _side_distance(box_ptr, pix, side: tl.constexpr, a_ok, REG_MAX: tl.constexpr
 
 
 @triton.jit
+def _anchor_box(ax, ay, left, top, right, bottom, stride, XYWH: tl.constexpr):
+    """An anchor's axis-aligned box from its side distances, in input pixels: (cx, cy, w, h) with XYWH, else (x1, y1,
+    x2, y2) (ultralytics' dist2bbox). The box convs that decode their own boxes call it too (kernels/conv/boxes.py)."""
+    if XYWH:
+        b0 = (ax + (right - left) / 2) * stride
+        b1 = (ay + (bottom - top) / 2) * stride
+        b2 = (left + right) * stride
+        b3 = (top + bottom) * stride
+    else:
+        b0 = (ax - left) * stride
+        b1 = (ay - top) * stride
+        b2 = (ax + right) * stride
+        b3 = (ay + bottom) * stride
+    return b0, b1, b2, b3
+
+
+@triton.jit
 def _angle(raw, ANGLE_SIGMOID: tl.constexpr):
     if ANGLE_SIGMOID:
         return (logistic(raw) - 0.25) * 3.141592653589793
@@ -149,16 +166,8 @@ def _decode_level(
             b1 = (xf * sin + yf * cos + ay) * stride
             b2 = (left + right) * stride
             b3 = (top + bottom) * stride
-        elif XYWH:
-            b0 = (ax + (right - left) / 2) * stride
-            b1 = (ay + (bottom - top) / 2) * stride
-            b2 = (left + right) * stride
-            b3 = (top + bottom) * stride
         else:
-            b0 = (ax - left) * stride
-            b1 = (ay - top) * stride
-            b2 = (ax + right) * stride
-            b3 = (ay + bottom) * stride
+            b0, b1, b2, b3 = _anchor_box(ax, ay, left, top, right, bottom, stride, XYWH)
         tl.store(out_col, b0, mask=a_ok)
         tl.store(out_col + so_c, b1, mask=a_ok)
         tl.store(out_col + 2 * so_c, b2, mask=a_ok)

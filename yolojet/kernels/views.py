@@ -1,5 +1,5 @@
-"""What the NHWC kernels share: the checks of the views and tiles they are given, the pixel × channel tile of the
-single-pass kernels, and the pixel-index helpers their Triton code calls.
+"""What the NHWC kernels share: the checks of the views and tiles they are given (a head fold's conv among them), the
+pixel × channel tile of the single-pass kernels, and the pixel-index helpers their Triton code calls.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from typing import Protocol
 import torch
 import triton
 import triton.language as tl
+
+from yolojet.kernels.activations import ACTIVATIONS
 
 
 class _Tile(Protocol):
@@ -49,6 +51,39 @@ def check_view(
         raise ValueError(f"{name}: device {t.device}, expected {device}")
     if t.stride(-1) != 1:
         raise ValueError(f"{name}: last-dimension stride {t.stride(-1)}, expected 1 (contiguous)")
+
+
+def check_head_conv(
+    label: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    c_out: int,
+    activation: str,
+    anchor_offset: int,
+    anchors: int,
+) -> tuple[int, int, int, int]:
+    """What a head fold's 1x1 conv (kernels/conv/scores.py, boxes.py) is given, checked: x an NHWC fp16 or fp32 view
+    with unit channel stride; weight contiguous (c_out, 1, 1, C_in) of x's dtype; bias contiguous float32 (c_out,);
+    an activation by name; the map's anchors, `anchor_offset` + y·W + x, within a row of `anchors`. x's (N, H, W,
+    C_in)."""
+    if x.dim() != 4 or x.stride(3) != 1 or x.dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"{label}: x must be a 4-D NHWC fp16 or fp32 view with unit channel stride, got {x.shape}")
+    batch, height, width, c_in = x.shape
+    if tuple(weight.shape) != (c_out, 1, 1, c_in) or not weight.is_contiguous() or weight.dtype != x.dtype:
+        raise ValueError(
+            f"{label}: weight must be a contiguous ({c_out}, 1, 1, {c_in}) {x.dtype} tensor, got "
+            f"{tuple(weight.shape)} {weight.dtype}"
+        )
+    if tuple(bias.shape) != (c_out,) or bias.dtype != torch.float32 or bias.stride(0) != 1:
+        raise ValueError(f"{label}: bias must be contiguous float32 of shape ({c_out},)")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{label}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    if anchor_offset < 0 or anchor_offset + height * width > anchors:
+        raise ValueError(
+            f"{label}: anchors {anchor_offset}..{anchor_offset + height * width} past the {anchors} of a row"
+        )
+    return batch, height, width, c_in
 
 
 def nhwc_blocks(channels: int, tile: int = 2048) -> tuple[int, int]:

@@ -14,10 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.activations import ACTIVATIONS, apply_activation
-from yolojet.kernels.conv.epilogue import _output_pixels
+from yolojet.kernels.activations import ACTIVATIONS
+from yolojet.kernels.conv.epilogue import _head_conv_outputs
+from yolojet.kernels.decode import _anchor_box
 from yolojet.kernels.launch import network_launcher
-from yolojet.kernels.pdl import wait_for_previous_kernel
+from yolojet.kernels.views import check_head_conv
 
 # A program's pixels; its columns are the conv's every output (4 sides x reg_max bins), so that one program sees
 # each of its anchors' four distributions whole.
@@ -66,23 +67,10 @@ def _box_conv_kernel(
     dtype as the conv's output would be; each side's distance the expected bin of softmax(raw[p, side·R : side·R + R])
     (raw[p, side] when R = 1); the box from anchor (x + 0.5, y + 0.5) ± the distances, times `stride`, stored in rows
     0-3 of out at anchor `anchor_offset` + y·W + x of the image."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_mask = offs_m < M
-    n_mask = offs_n < 4 * REG_MAX
-    img, oy, ox, _, _ = _output_pixels(offs_m, H, W, 1, 1, 0, 0)
-    x_rows = x_ptr + img * stride_xn + oy.to(tl.int64) * stride_xh + ox.to(tl.int64) * stride_xw
-    w_rows = w_ptr + offs_n * C_in
-    wait_for_previous_kernel(PDL)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, C_in, BLOCK_K):
-        k_mask = offs_k < C_in - k0
-        a = tl.load(x_rows[:, None] + (k0 + offs_k)[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(w_rows[None, :] + (k0 + offs_k)[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    raw = apply_activation(acc + tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)[None, :], ACTIVATION)
-    raw = raw.to(x_ptr.dtype.element_ty).to(tl.float32)
+    raw, m_mask, img, oy, ox, offs_n, n_mask = _head_conv_outputs(
+        x_ptr, stride_xn, stride_xh, stride_xw, w_ptr, bias_ptr, H, W, C_in, 4 * REG_MAX, M,
+        ACTIVATION, BLOCK_M, BLOCK_N, BLOCK_K, PDL,
+    )  # fmt: skip
     # Columns past the conv's outputs belong to no side.
     side = tl.where(n_mask, offs_n // REG_MAX, 4)
     if REG_MAX == 1:
@@ -106,18 +94,9 @@ def _box_conv_kernel(
         top = _side_sum(weights * bins, side, 1) / tl.maximum(_side_sum(weights, side, 1), 1e-30)
         right = _side_sum(weights * bins, side, 2) / tl.maximum(_side_sum(weights, side, 2), 1e-30)
         bottom = _side_sum(weights * bins, side, 3) / tl.maximum(_side_sum(weights, side, 3), 1e-30)
-    ax = ox.to(tl.float32) + 0.5
-    ay = oy.to(tl.float32) + 0.5
-    if XYWH:
-        b0 = (ax + (right - left) / 2) * stride
-        b1 = (ay + (bottom - top) / 2) * stride
-        b2 = (left + right) * stride
-        b3 = (top + bottom) * stride
-    else:
-        b0 = (ax - left) * stride
-        b1 = (ay - top) * stride
-        b2 = (ax + right) * stride
-        b3 = (ay + bottom) * stride
+    b0, b1, b2, b3 = _anchor_box(
+        ox.to(tl.float32) + 0.5, oy.to(tl.float32) + 0.5, left, top, right, bottom, stride, XYWH
+    )
     out_col = out_ptr + img.to(tl.int64) * so_n + anchor_offset + (oy * W + ox)
     tl.store(out_col, b0, mask=m_mask)
     tl.store(out_col + so_c, b1, mask=m_mask)
@@ -148,33 +127,19 @@ def box_conv_decode(
     `anchor_offset` + y·W + x are this level's. Boxes are (cx, cy, w, h) with `xywh`, else (x1, y1, x2, y2), in
     input pixels of a level of stride `stride`: as kernels/decode.py writes them.
     """
-    if x.dim() != 4 or x.stride(3) != 1 or x.dtype not in (torch.float16, torch.float32):
-        raise ValueError(f"box conv: x must be a 4-D NHWC fp16 or fp32 view with unit channel stride, got {x.shape}")
-    batch, height, width, c_in = x.shape
-    c_out = 4 * reg_max
-    if reg_max < 1 or (reg_max > 1 and reg_max & (reg_max - 1)) or c_out > MOST_BOX_CHANNELS:
+    if reg_max < 1 or (reg_max > 1 and reg_max & (reg_max - 1)) or 4 * reg_max > MOST_BOX_CHANNELS:
         raise ValueError(f"box conv: reg_max must be 1 or a power of two up to {MOST_BOX_CHANNELS // 4}, got {reg_max}")
-    if tuple(weight.shape) != (c_out, 1, 1, c_in) or not weight.is_contiguous() or weight.dtype != x.dtype:
+    if out.dim() != 3 or out.dtype != torch.float32 or out.shape[1] < 4 or out.stride(2) != 1 or out.shape[0] != len(x):
         raise ValueError(
-            f"box conv: weight must be a contiguous ({c_out}, 1, 1, {c_in}) {x.dtype} tensor, got "
-            f"{tuple(weight.shape)} {weight.dtype}"
-        )
-    if tuple(bias.shape) != (c_out,) or bias.dtype != torch.float32 or bias.stride(0) != 1:
-        raise ValueError(f"box conv: bias must be contiguous float32 of shape ({c_out},)")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"box conv: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    if out.dim() != 3 or out.dtype != torch.float32 or out.shape[0] != batch or out.shape[1] < 4 or out.stride(2) != 1:
-        raise ValueError(
-            f"box conv: out must be the decode's float32 ({batch}, 4 + ..., A) output with contiguous anchors, got "
+            f"box conv: out must be the decode's float32 ({len(x)}, 4 + ..., A) output with contiguous anchors, got "
             f"{tuple(out.shape)} {out.dtype}"
         )
     if out.device != x.device:
         raise ValueError(f"box conv: out is on {out.device}, x on {x.device}")
-    anchors = out.shape[2]
-    if anchor_offset < 0 or anchor_offset + height * width > anchors:
-        raise ValueError(
-            f"box conv: anchors {anchor_offset}..{anchor_offset + height * width} past the {anchors} of a row"
-        )
+    c_out = 4 * reg_max
+    batch, height, width, c_in = check_head_conv(
+        "box conv", x, weight, bias, c_out, activation, anchor_offset, out.shape[2]
+    )
     m = batch * height * width
     if m == 0:
         return

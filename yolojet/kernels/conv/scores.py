@@ -13,11 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-from yolojet.kernels.activations import ACTIVATIONS, apply_activation, logistic
-from yolojet.kernels.conv.epilogue import _output_pixels
+from yolojet.kernels.activations import ACTIVATIONS, logistic
+from yolojet.kernels.conv.epilogue import _head_conv_outputs
 from yolojet.kernels.launch import network_launcher
 from yolojet.kernels.nms import BestClassTargets, fold_best_class, store_best_class
-from yolojet.kernels.pdl import wait_for_previous_kernel
+from yolojet.kernels.views import check_head_conv
 
 # A program's pixels; its columns are every output of the conv (the classes, and any padding to 16), up to
 # MOST_SCORE_CHANNELS, so that one program sees an anchor's every class.
@@ -56,23 +56,10 @@ def _score_conv_kernel(
     """For BLOCK_M pixels p of the (N, H, W) map: logits[p, c] = act(bias[c] + Σ_k x[p, k] · w[c, k]), rounded to x's
     dtype as the conv's output would be, scores = logistic(logits) over the first NC columns, and NMS's best-class
     pass of them (`store_best_class`) at anchor `anchor_offset` + y·W + x of the image's row of `best_row` anchors."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_mask = offs_m < M
-    n_mask = offs_n < C_out
-    img, oy, ox, _, _ = _output_pixels(offs_m, H, W, 1, 1, 0, 0)
-    x_rows = x_ptr + img * stride_xn + oy.to(tl.int64) * stride_xh + ox.to(tl.int64) * stride_xw
-    w_rows = w_ptr + offs_n * C_in
-    wait_for_previous_kernel(PDL)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, C_in, BLOCK_K):
-        k_mask = offs_k < C_in - k0
-        a = tl.load(x_rows[:, None] + (k0 + offs_k)[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(w_rows[None, :] + (k0 + offs_k)[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    logits = apply_activation(acc + tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)[None, :], ACTIVATION)
-    logits = logits.to(x_ptr.dtype.element_ty).to(tl.float32)
+    logits, m_mask, img, oy, ox, offs_n, _ = _head_conv_outputs(
+        x_ptr, stride_xn, stride_xh, stride_xw, w_ptr, bias_ptr, H, W, C_in, C_out, M,
+        ACTIVATION, BLOCK_M, BLOCK_N, BLOCK_K, PDL,
+    )  # fmt: skip
     decoded = m_mask[:, None] & (offs_n < NC)[None, :]
     scores = tl.where(decoded, logistic(logits), float("-inf"))
     best = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -102,26 +89,13 @@ def score_conv_best_class(
     x's dtype, C_out >= nc (the classes first, then any padding) and at most MOST_SCORE_CHANNELS; bias: contiguous
     float32 (C_out,). The map's anchors are `anchor_offset` + y·W + x of `best`'s (N, A) rows: one level of the head.
     """
-    if x.dim() != 4 or x.stride(3) != 1 or x.dtype not in (torch.float16, torch.float32):
-        raise ValueError(f"score conv: x must be a 4-D NHWC fp16 or fp32 view with unit channel stride, got {x.shape}")
-    batch, height, width, c_in = x.shape
     c_out = weight.shape[0]
-    if tuple(weight.shape) != (c_out, 1, 1, c_in) or not weight.is_contiguous() or weight.dtype != x.dtype:
-        raise ValueError(
-            f"score conv: weight must be a contiguous (C_out, 1, 1, {c_in}) {x.dtype} tensor, got "
-            f"{tuple(weight.shape)} {weight.dtype}"
-        )
     if not 1 <= nc <= c_out <= MOST_SCORE_CHANNELS:
         raise ValueError(f"score conv: {nc} classes of {c_out} outputs; at most {MOST_SCORE_CHANNELS} outputs")
-    if tuple(bias.shape) != (c_out,) or bias.dtype != torch.float32 or bias.stride(0) != 1:
-        raise ValueError(f"score conv: bias must be contiguous float32 of shape ({c_out},)")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"score conv: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     anchors = best.best_score.shape[1]
-    if anchor_offset < 0 or anchor_offset + height * width > anchors:
-        raise ValueError(
-            f"score conv: anchors {anchor_offset}..{anchor_offset + height * width} past the {anchors} of a row"
-        )
+    batch, height, width, c_in = check_head_conv(
+        "score conv", x, weight, bias, c_out, activation, anchor_offset, anchors
+    )
     best.check("score conv", nc, (batch, anchors), x.device)
     m = batch * height * width
     if m == 0:
