@@ -355,21 +355,8 @@ def _lower_conv(
     if head_fold is not None:
         # The level's anchors follow the earlier levels' (the decode's order), at this input's map sizes.
         anchor_offset = sum(view(v).shape[1] * view(v).shape[2] for v in head_fold.box_values[: head_fold.level])
-        # The decode's output, whose box rows it writes. The launch's declared writes stay its own map's: each level
-        # writes its own anchors of the output, so declaring the whole buffer would chain the levels' convs for
-        # nothing, and the plan keeps every other value out of that buffer's memory from the first box conv on.
-        decoded = view(box.output) if box is not None else None
-
-        def fused(targets: BestClassTargets, compile_only: bool) -> None:
-            if score is not None:
-                score_conv_best_class(x, weight, bias, targets, anchor_offset=anchor_offset, nc=score.nc,
-                                      activation=a["activation"], pdl=pdl, compile_only=compile_only)  # fmt: skip
-            elif box is not None and decoded is not None:
-                box_conv_decode(x, weight, bias, decoded, anchor_offset=anchor_offset, stride=box.stride,
-                                reg_max=box.reg_max, xywh=box.xywh, activation=a["activation"], pdl=pdl,
-                                compile_only=compile_only)  # fmt: skip
-
-        tuned = _HeadFoldingTile(tuned, best, fused)
+        tuned = _HeadFoldingTile(tuned, best, _head_fold_launch(x, weight, bias, a["activation"], anchor_offset,
+                                                                score, box, view, pdl))  # fmt: skip
     return Launch(
         "conv",
         nodes,
@@ -531,6 +518,39 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
     else:
         raise GraphError(f"node {node.name}: op {node.op} has no GPU kernel")
     return Launch(family, [node.name], list(node.outputs), run)
+
+
+def _head_fold_launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    activation: str,
+    anchor_offset: int,
+    score: ScoreFold | None,
+    box: BoxFold | None,
+    view: ViewFn,
+    pdl: bool,
+) -> Callable[[BestClassTargets, bool], None]:
+    """A head fold's fused launch: the score conv writing its level's part of the best-class pass, or the box conv
+    its level's boxes into the decode's output."""
+    if score is not None:
+
+        def write_best_class(targets: BestClassTargets, compile_only: bool) -> None:
+            score_conv_best_class(x, weight, bias, targets, anchor_offset=anchor_offset, nc=score.nc,
+                                  activation=activation, pdl=pdl, compile_only=compile_only)  # fmt: skip
+
+        return write_best_class
+    assert box is not None
+    # The launch's declared writes stay its own map's: each level writes its own anchors of the decode's output, so
+    # declaring the whole buffer would chain the levels' convs for nothing, and the plan keeps every other value out
+    # of that buffer's memory from the first box conv on.
+    decoded = view(box.output)
+
+    def write_boxes(_: BestClassTargets, compile_only: bool) -> None:
+        box_conv_decode(x, weight, bias, decoded, anchor_offset=anchor_offset, stride=box.stride, reg_max=box.reg_max,
+                        xywh=box.xywh, activation=activation, pdl=pdl, compile_only=compile_only)  # fmt: skip
+
+    return write_boxes
 
 
 def _lower_decode(

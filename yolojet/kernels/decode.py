@@ -217,8 +217,7 @@ def _decode_kernel(
     so_n,
     so_c,
     # Level 0..3: its maps (pointer and N/H/W strides), grid size, first anchor, stride, its `folded` bits, and the
-    # end of its range of program ids. Levels past LEVELS are never read (the launcher repeats level
-    # 0 there).
+    # end of its range of program ids. Levels past LEVELS are never read (the launcher repeats level 0 there).
     box0, sb0_n, sb0_h, sb0_w, cls0, sc0_n, sc0_h, sc0_w, ext0, se0_n, se0_h, se0_w, H0, W0, off0, stride0, fold0,
     end0,
     box1, sb1_n, sb1_h, sb1_w, cls1, sc1_n, sc1_h, sc1_w, ext1, se1_n, se1_h, se1_w, H1, W1, off1, stride1, fold1,

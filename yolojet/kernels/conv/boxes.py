@@ -35,6 +35,7 @@ def _side_sum(values, side, s: tl.constexpr):
 
 @triton.jit
 def _side_max(values, side, s: tl.constexpr):
+    """The largest of box side `s`'s columns of each row."""
     return tl.max(tl.where(side[None, :] == s, values, -1e30), axis=1)
 
 
