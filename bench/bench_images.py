@@ -109,16 +109,16 @@ def cv2_rgb(data: bytes) -> np.ndarray:
     return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
 
 
-def exported_yolo11n(work: Path) -> Path:
-    """yolo11n at 640 with random weights and calibrated BatchNorm statistics, exported into `work`/yolo11n once (a
-    later run with the same `work` finds it there)."""
+def exported_model(work: Path, name: str = "yolo11n") -> Path:
+    """An ultralytics architecture (yolo11n, yolo11n-seg, yolov8n-pose, ...) at 640 with random weights and calibrated
+    BatchNorm statistics, exported into `work`/`name` once (a later run with the same `work` finds it there)."""
     from support import calibrated_model
 
     import yolojet
 
-    model_dir = work / "yolo11n"
+    model_dir = work / name
     if not (model_dir / "graph.json").exists():
-        yolojet.export(calibrated_model("yolo11n.yaml", 640), out=model_dir, imgsz=640)
+        yolojet.export(calibrated_model(f"{name}.yaml", 640), out=model_dir, imgsz=640)
     return model_dir
 
 
@@ -1249,7 +1249,7 @@ def main() -> int:
 
     def model() -> Path:
         if not exported:
-            exported.append(exported_yolo11n(work))
+            exported.append(exported_model(work))
         return exported[0]
 
     files_dir = work / "jpegs"

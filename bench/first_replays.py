@@ -49,12 +49,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
-    from bench_images import bus_rgb_cuda, exported_yolo11n
+    from bench_images import bus_rgb_cuda, exported_model
 
     from yolojet.engine.engine import Engine
     from yolojet.timing import provenance
 
-    model_dir = exported_yolo11n(args.work)
+    model_dir = exported_model(args.work)
     frame = bus_rgb_cuda()
     found: dict = {"provenance": provenance(), "batch": args.batch, "decoders": {}}
     print("median device ms of replays 1-10, 11-50, 51-100, 101-")

@@ -32,11 +32,11 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernel_counters"), help="the exported model's folder")
     args = parser.parse_args()
 
-    from bench_images import bus_rgb_cuda, exported_yolo11n
+    from bench_images import bus_rgb_cuda, exported_model
 
     from yolojet.engine.engine import Engine
 
-    model_dir = exported_yolo11n(args.work)
+    model_dir = exported_model(args.work)
     engine = Engine.load(
         model_dir, device="cuda", half=True, max_batch=args.batch, buckets=[args.batch], rect=not args.square
     )

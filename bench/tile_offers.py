@@ -1,8 +1,8 @@
-"""Wider tile offers against the product's, launch by launch: yolo11n's network of one input shape (640x480, the
-rectangle of a 4:3 photo, by default) at one batch is built and tuned once under each offer, then each tuned launch's
-pick is timed alone (`time_launch`, as the tuner times it), the networks' raw outputs are compared with the product's on
-the same random batch, and the whole predict path's `run(batch)` on staged frames is timed in turns, so every offer is
-measured in the same process on the same GPU.
+"""Wider tile offers against the product's, launch by launch: yolo11n's network (or another architecture's, `--model`)
+of one input shape (640x480, the rectangle of a 4:3 photo, by default) at one batch is built and tuned once under each
+offer, then each tuned launch's pick is timed alone (`time_launch`, as the tuner times it), the networks' raw outputs
+are compared with the product's on the same random batch, and the whole predict path's `run(batch)` on staged frames
+is timed in turns, so every offer is measured in the same process on the same GPU.
 
 Offers (each widens the product's, which the tuner still chooses from):
   product      the tiles the engine offers today
@@ -158,6 +158,7 @@ def timed_turn(engine, batch: int, runs: int = 50) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--model", default="yolo11n", help="an ultralytics architecture: yolo11n-seg, yolov8n-pose")
     parser.add_argument("--imgsz", type=int, nargs=2, default=(640, 480), metavar=("H", "W"))
     parser.add_argument("--offers", nargs="+", default=["product", "warps8", "tma-small", "persistent3"])
     parser.add_argument("--rounds", type=int, default=6, help="turns of 50 run(batch) an offer")
@@ -168,15 +169,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
-    from bench_images import bus_rgb_cuda, exported_yolo11n
+    from bench_images import bus_rgb_cuda, exported_model
 
     from yolojet.engine.engine import Engine
     from yolojet.timing import provenance
 
-    model_dir = exported_yolo11n(args.work)
+    model_dir = exported_model(args.work, args.model)
     torch.manual_seed(0)
     x = torch.rand(args.batch, 3, *args.imgsz, device="cuda")
-    found: dict = {"provenance": provenance(), "batch": args.batch, "imgsz": list(args.imgsz), "offers": {}}
+    found: dict = {
+        "provenance": provenance(), "model": args.model, "batch": args.batch, "imgsz": list(args.imgsz), "offers": {}
+    }  # fmt: skip
     engines = {}
     reference = None
     for name in args.offers:
@@ -228,7 +231,8 @@ def main() -> int:
             f"({device:,.0f}) | {row['raw_rel_l2_vs_first']:.1e} |"
         )
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"tile-offers-b{args.batch}-{found['provenance'].get('commit', 'unknown')}.json"
+    model = "" if args.model == "yolo11n" else f"{args.model}-"
+    path = args.out / f"tile-offers-{model}b{args.batch}-{found['provenance'].get('commit', 'unknown')}.json"
     path.write_text(json.dumps(found, indent=1))
     for engine in engines.values():
         engine.close()
