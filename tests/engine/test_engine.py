@@ -352,20 +352,22 @@ def test_a_batch_smaller_than_its_bucket_fills_it_with_its_last_frame(tmp_path):
     engine.close()
 
 
-@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo11n-obb.yaml", "yolov8n-seg.yaml"])
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo11n-obb.yaml", "yolov8n-seg.yaml", "yolov8n-pose.yaml"])
 def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path, monkeypatch):
     """In the predict path the head's decode and its score convs write NMS's best-class pass (for the whole bucket,
-    here 4 slots for 3 frames), so NMS never launches its own; the box convs decode their boxes too (not OBB's, whose
-    boxes turn by its angles), and a detector's decode no longer launches (a segment head's still decodes its mask
-    coefficients). Every detection, with and without a class filter, equals that of the path whose NMS runs the pass
-    (the network's `writing_best_class` block refused): the same classes, the boxes and scores to float32 rounding
-    (the folding convs sum their products in another order)."""
+    here 4 slots for 3 frames), so NMS never launches its own; the box convs decode their boxes too and the extra
+    convs a segment head's mask coefficients or a pose head's keypoints (not OBB's, whose boxes turn by its angles),
+    and the decode no longer launches but for OBB; a single class (yolov8n-pose's) takes the pass too, where NMS
+    would otherwise read its score row. Every detection, with and without a class filter, equals that of
+    the path whose NMS runs the pass (the network's `writing_best_class` block refused): the same classes, the boxes,
+    scores and keypoints to float32 rounding (the folding convs sum their products in another order), masks but for
+    the odd pixel on a mask's edge."""
     import contextlib
 
     import numpy as np
 
     from yolojet.kernels import decode, nms
-    from yolojet.kernels.conv import boxes, scores
+    from yolojet.kernels.conv import boxes, extras, scores
 
     imgsz, size = 64, (64, 96)
     model_dir = yolojet.export(calibrated_model(cfg, imgsz), out=tmp_path / "m", imgsz=imgsz)
@@ -377,10 +379,14 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
     monkeypatch.setattr(scores, "_score_conv_kernel", _Counting(scores._score_conv_kernel, score_convs))
     box_convs: list = []
     monkeypatch.setattr(boxes, "_box_conv_kernel", _Counting(boxes._box_conv_kernel, box_convs))
+    extra_convs: list = []
+    monkeypatch.setattr(extras, "_extra_conv_kernel", _Counting(extras._extra_conv_kernel, extra_convs))
     decodes: list = []
     monkeypatch.setattr(decode, "_decode_kernel", _Counting(decode._decode_kernel, decodes))
-    boxes_fold = "obb" not in cfg
-    detector = cfg == "yolo11n.yaml"  # no extras: nothing left for its decode (a segment head's has the masks')
+    boxes_fold = "obb" not in cfg  # and with them every other part of the head: nothing left for the decode
+    extras_fold = "seg" in cfg or "pose" in cfg
+    single_class = "pose" in cfg
+    filters = (None, (0,) if single_class else (0, 2, 5))
 
     @contextlib.contextmanager
     def refused(bucket, targets):
@@ -394,17 +400,21 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
         engine.shape_path(size).fill_bucket = True
         if not fused:
             monkeypatch.setattr(engine.network, "writing_best_class", refused)
-        folded_before, boxes_before = len(score_convs), len(box_convs)
-        for classes in (None, (0, 2, 5)):
+        folded_before, boxes_before, extras_before = len(score_convs), len(box_convs), len(extra_convs)
+        for classes in filters:
             before, decodes_before = len(launches), len(decodes)
             results = engine(frames, conf=0.01, classes=classes)
-            assert (len(launches) == before) == fused, "the best-class pass ran where the decode wrote it"
-            assert (len(decodes) == decodes_before) == (fused and detector), "a fully folded detector's decode ran"
+            # NMS's own pass: never where the head wrote it, and never for a single class, whose row it reads.
+            assert (len(launches) == before) == (fused or single_class), "the best-class pass ran where written"
+            assert (len(decodes) == decodes_before) == (fused and boxes_fold), "a fully folded head's decode ran"
             found[fused, classes] = [r.obb.data if r.obb is not None else r.boxes.data for r in results]
+            found[fused, classes, "keypoints"] = [r.keypoints.data for r in results if r.keypoints is not None]
+            found[fused, classes, "masks"] = [r.masks.data for r in results if r.masks is not None]
         assert (len(score_convs) > folded_before) == fused, "the score convs write the pass in the block alone"
         assert (len(box_convs) > boxes_before) == (fused and boxes_fold), "the box convs decode in the block alone"
+        assert (len(extra_convs) > extras_before) == (fused and extras_fold), "the extra convs decode in the block"
         engine.close()
-    for classes in (None, (0, 2, 5)):
+    for classes in filters:
         assert sum(len(rows) for rows in found[True, classes]) > 0
         for fused_rows, unfused_rows in zip(found[True, classes], found[False, classes], strict=True):
             fused_rows, unfused_rows = np.asarray(fused_rows), np.asarray(unfused_rows)
@@ -412,6 +422,15 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
             # Boxes or rotated boxes, score, class.
             np.testing.assert_array_equal(fused_rows[:, -1], unfused_rows[:, -1])
             np.testing.assert_allclose(fused_rows[:, :-1], unfused_rows[:, :-1], rtol=1e-5, atol=1e-3)
+        keypoints = list(zip(found[True, classes, "keypoints"], found[False, classes, "keypoints"], strict=True))
+        for fused_points, unfused_points in keypoints:
+            np.testing.assert_allclose(np.asarray(fused_points), np.asarray(unfused_points), rtol=1e-5, atol=1e-3)
+        masks = list(zip(found[True, classes, "masks"], found[False, classes, "masks"], strict=True))
+        for fused_mask, unfused_mask in masks:
+            fused_mask, unfused_mask = np.asarray(fused_mask), np.asarray(unfused_mask)
+            assert fused_mask.shape == unfused_mask.shape
+            assert np.mean(fused_mask != unfused_mask) < 1e-3
+        assert len(masks) == 3 * ("seg" in cfg) and len(keypoints) == 3 * ("pose" in cfg)
 
 
 def test_bad_inputs_and_options(model_dirs):

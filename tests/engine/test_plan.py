@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from support import random_model
 
-from yolojet.engine.fusion import box_folds, concat_folds, decide_fusions, launch_groups, score_folds, upsample_folds
+from yolojet.engine.fusion import (
+    box_folds,
+    concat_folds,
+    decide_fusions,
+    extra_folds,
+    launch_groups,
+    score_folds,
+    upsample_folds,
+)
 from yolojet.engine.plan import ARENA_ALIGN, _reads_widened, plan_memory
 from yolojet.export.walker import export_graph
 from yolojet.ir import Graph, ModelMeta, Node, Value
@@ -243,6 +251,32 @@ def test_an_obb_heads_boxes_do_not_fold_and_a_box_conv_writes_the_decodes_output
     (output,) = {fold.output for fold in folds.values()}
     preds = plan.buffers[plan.placements[output].buffer]
     assert preds.first == min(index[conv] for conv in folds) - 1
+
+
+@pytest.mark.parametrize("cfg", ["yolo11n-seg.yaml", "yolo11n-pose.yaml"])
+def test_a_segment_or_pose_heads_extra_convs_write_the_decodes_output_in_the_plan(cfg):
+    """Each level's last mask-coefficient or keypoint conv folds into the decode's work: it writes the decode's rows
+    after the boxes and classes, keypoints decoded on its level's stride. The decode's output is reserved from the
+    node before the first box or extra conv, and the decode's group names every level folded every way."""
+    graph = export_graph(random_model(cfg), imgsz=64)
+    (decode,) = [n for n in graph.nodes if n.op == "decode"]
+    a = decode.attrs
+    levels, by_name = a["levels"], {n.name: n for n in graph.nodes}
+    folds = extra_folds(graph)
+    assert sorted(by_name[conv].outputs[0] for conv in folds) == sorted(decode.inputs[2 * levels :])
+    ordered = sorted(folds.values(), key=lambda f: f.level)
+    assert [f.level for f in ordered] == list(range(levels)) and [f.stride for f in ordered] == [8.0, 16.0, 32.0]
+    keypoint_dim = 3 if "pose" in cfg else None
+    for fold in ordered:
+        assert (fold.output, fold.first_row, fold.extra) == (decode.outputs[0], 4 + a["nc"], a["extra_channels"])
+        assert fold.keypoint_dim == keypoint_dim and not fold.keypoints_v26
+    plan = plan_memory(graph)
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    writers = [index[conv] for conv in (*box_folds(graph), *folds)]
+    assert plan.buffers[plan.placements[decode.outputs[0]].buffer].first == min(writers) - 1
+    (group,) = [g for g in launch_groups(graph, plan, decide_fusions(graph, plan, True)) if g.kind == "decode"]
+    assert group.folded() == (frozenset(range(levels)),) * 3
+    assert not extra_folds(export_graph(random_model("yolo11n-obb.yaml"), imgsz=64)), "an OBB head's angles fold"
 
 
 @pytest.mark.parametrize("fuse", [True, False])

@@ -195,27 +195,33 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
         decode_heads(
             unscored, *maps, spec, best=BestClassTargets(*left, thresholds, mask), folded_scores=frozenset({1})
         )
-    # Level 1's boxes folded too (its box conv decodes them, kernels/conv/boxes.py): its box map (NaN here) is never
-    # read and its box rows stay as they were; every other element is as before. An OBB head's boxes cannot fold.
+    # Level 1's boxes folded too (its box conv decodes them, kernels/conv/boxes.py), and a segment head's mask
+    # coefficients (kernels/conv/extras.py): those maps (NaN here) are never read and their rows stay as they were;
+    # every other element is as before. An OBB head's boxes and angles cannot fold.
     no_boxes = [torch.full_like(b, float("nan")) if i == 1 else b for i, b in enumerate(maps[0])]
+    no_extras = [torch.full_like(e, float("nan")) if i == 1 else e for i, e in enumerate(maps[2] or [])] or None
+    extras_folded = frozenset({1}) if extra else frozenset()
     boxed = torch.full_like(out, float("nan"))
     # Poisoned everywhere: the unfolded levels' rows must be written again, level 1's left alone.
     both = BestClassTargets(
         torch.full_like(left[0], 9.0), torch.full_like(left[1], -5), thresholds, mask, store_scores=False
     )
     if head.startswith("obb"):
-        with pytest.raises(ValueError, match="OBB head's boxes need its angles"):
-            decode_heads(boxed, no_boxes, poisoned, maps[2], spec, best=both, folded_boxes=frozenset({1}))
+        for folds in (dict(folded_boxes=frozenset({1})), dict(folded_extras=frozenset({1}))):
+            with pytest.raises(ValueError, match="OBB head's boxes need its angles"):
+                decode_heads(boxed, no_boxes, poisoned, maps[2], spec, best=both, **folds)
     else:
-        decode_heads(boxed, no_boxes, poisoned, maps[2], spec, best=both, folded_scores=frozenset({1}),
-                     folded_boxes=frozenset({1}))  # fmt: skip
-        assert bool(boxed[:, :4, level].isnan().all())
+        decode_heads(boxed, no_boxes, poisoned, no_extras, spec, best=both, folded_scores=frozenset({1}),
+                     folded_boxes=frozenset({1}), folded_extras=extras_folded)  # fmt: skip
+        assert bool(boxed[:, :4, level].isnan().all()) and bool(boxed[:, 4 + nc :, level].isnan().all())
         # Another specialization of the kernel (the levels' bits differ), so compiled for a GPU its arithmetic may
         # contract otherwise: equal to float32 rounding.
         close = dict(rtol=1e-6, atol=1e-4)
         torch.testing.assert_close(boxed[:, :4, : level.start], out[:, :4, : level.start], **close)
         torch.testing.assert_close(boxed[:, :4, level.stop :], out[:, :4, level.stop :], **close)
-        assert bool(boxed[:, 4 : 4 + nc].isnan().all()) and torch.equal(boxed[:, 4 + nc :], out[:, 4 + nc :])
+        assert bool(boxed[:, 4 : 4 + nc].isnan().all())
+        assert torch.equal(boxed[:, 4 + nc :, : level.start], out[:, 4 + nc :, : level.start])
+        assert torch.equal(boxed[:, 4 + nc :, level.stop :], out[:, 4 + nc :, level.stop :])
         assert bool((both.best_score[:, level] == 9.0).all()) and bool((both.best_class[:, level] == -5).all())
         for got, want in zip((both.best_score, both.best_class), (best_score[:batch], best_class[:batch]), strict=True):
             assert torch.equal(got[:, : level.start], want[:, : level.start])
@@ -234,10 +240,10 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
         assert 0 < int(keep.sum()) < int((top > conf).sum()), "the class filter must drop some candidates, not all"
 
 
-@pytest.mark.parametrize("head", ["detect-dfl", "segment"])
-def test_a_detector_whose_every_level_is_folded_launches_no_decode(head, monkeypatch):
-    """Every level's scores and boxes written by their convs: a detector's decode has nothing left and launches no
-    kernel; a segment head's still decodes its mask coefficients, as does a detector with one level unfolded."""
+@pytest.mark.parametrize("head", ["detect-dfl", "segment", "pose-v8"])
+def test_a_head_whose_every_level_is_folded_launches_no_decode(head, monkeypatch):
+    """Every level's scores, boxes and extras written by their convs: the decode has nothing left and launches no
+    kernel; it launches where one level's boxes or extras are its to decode."""
     from yolojet.kernels import decode as decode_module
 
     launches = []
@@ -266,12 +272,15 @@ def test_a_detector_whose_every_level_is_folded_launches_no_decode(head, monkeyp
         None,
         store_scores=False,
     )
-    every = frozenset(range(3))
-    for boxes_folded, expected in ((every, 0 if extra == 0 else 1), (frozenset({0, 2}), 1)):
-        before = len(launches)
-        decode_heads(out, maps[0], maps[1], maps[2] if extra else None, spec, best=best, folded_scores=every,
-                     folded_boxes=boxes_folded)  # fmt: skip
-        assert len(launches) - before == expected
+    every, some = frozenset(range(3)), frozenset({0, 2})
+    extras_ways = (every, some) if extra else (frozenset(),)
+    for boxes_folded in (every, some):
+        for extras_folded in extras_ways:
+            before = len(launches)
+            decode_heads(out, maps[0], maps[1], maps[2] if extra else None, spec, best=best, folded_scores=every,
+                         folded_boxes=boxes_folded, folded_extras=extras_folded)  # fmt: skip
+            everything = boxes_folded == every and extras_folded == (every if extra else frozenset())
+            assert len(launches) - before == (0 if everything else 1), (boxes_folded, extras_folded)
     assert bool(out[:, 4 : 4 + 3].isnan().all())
 
 
@@ -289,3 +298,9 @@ def test_decode_refuses_best_class_targets_that_do_not_fit():
     float_classes = BestClassTargets(*scores_twice, thresholds, None)
     with pytest.raises(ValueError, match="decode best_class"):
         decode_heads(out, [box], [score], None, spec, best=float_classes)
+    unscored = BestClassTargets(
+        torch.zeros(1, 4, device=DEVICE), torch.zeros(1, 4, dtype=torch.int32, device=DEVICE), thresholds, None,
+        store_scores=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="levels \\[0\\] of a detect head without extras folded"):
+        decode_heads(out, [box], [score], None, spec, best=unscored, folded_extras=frozenset({0}))

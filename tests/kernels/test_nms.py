@@ -61,8 +61,11 @@ def run(
     classes: list[int] | None = None,
     max_det: int = 300,
     max_nms: int = 30000,
+    best_ready: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Our NMS on poisoned buffers: (out, count) on the CPU."""
+    """Our NMS on poisoned buffers: (out, count) on the CPU. With `best_ready`, the best-class pass is written into
+    the scratch first, as the head's decode or score convs write it (BestClassTargets), and preds' score rows are
+    poisoned: NMS must read the pass alone."""
     batch, channels, anchors = preds.shape
     out = torch.full((batch, CAPACITY, 2 + channels - nc), float("nan"), device=DEVICE)
     count = torch.full((batch,), -7, dtype=torch.int32, device=DEVICE)
@@ -70,6 +73,14 @@ def run(
     if classes is not None:
         class_mask = torch.zeros(nc, dtype=torch.bool, device=DEVICE)
         class_mask[classes] = True
+    scratch = poisoned_scratch(batch, anchors)
+    if best_ready:
+        top, first = preds[:, 4 : 4 + nc].max(1)
+        keep = top > conf if class_mask is None else (top > conf) & class_mask.cpu()[first]
+        scratch.best_score.copy_(torch.where(keep, top, float("-inf")))
+        scratch.best_class.copy_(first)
+        preds = preds.clone()
+        preds[:, 4 : 4 + nc] = float("nan")
     non_max_suppression(
         out,
         count,
@@ -78,7 +89,8 @@ def run(
         thresholds=torch.tensor([conf, iou], device=DEVICE),
         limits=torch.tensor([max_det, max_nms, int(agnostic)], dtype=torch.int32, device=DEVICE),
         class_mask=class_mask,
-        scratch=poisoned_scratch(batch, anchors),
+        scratch=scratch,
+        best_ready=best_ready,
     )
     return out.cpu(), count.cpu()
 
@@ -127,6 +139,17 @@ def test_nms_matches_ultralytics(nc, anchors, extra, conf, iou, agnostic, classe
     out, count = run(preds, nc, conf, iou, **options)
     expected = reference(preds, nc, conf, iou, **options)
     assert any(0 < len(e) < (preds[b, 4 : 4 + nc].amax(0) > conf).sum() for b, e in enumerate(expected))
+    assert_matches(out, count, expected)
+
+
+@pytest.mark.parametrize(("nc", "extra", "classes"), [(1, 51, None), (1, 0, [0]), (80, 5, [1, 2, 3])])
+def test_nms_reads_the_best_class_pass_written_before_it(nc, extra, classes):
+    """With `best_ready` NMS reads the best scores and classes the head wrote (the engine's predict path, for one
+    class as for many), never preds' score rows, and keeps ultralytics' rows."""
+    preds = clustered(2, nc, 700, extra, seed=3 + nc)
+    out, count = run(preds, nc, 0.25, 0.6, classes=classes, best_ready=True)
+    expected = reference(preds, nc, 0.25, 0.6, classes=classes)
+    assert all(len(e) > 0 for e in expected)
     assert_matches(out, count, expected)
 
 

@@ -16,16 +16,20 @@ alive; `EngineOptions(fuse=False)` turns every fusion off.
 - box folds: likewise a head's last box conv (not OBB's) can write its level's decoded boxes into the decode's
   output itself (kernels/conv/boxes.py); the decode then reads none of that level's box map, and a detector whose
   every level folds both has no decode launch left. The memory plan counts such a conv as a writer of the decode's
-  output.
+  output;
+- extra folds: likewise a segment head's last mask-coefficient conv and a pose head's last keypoint conv write their
+  level's rows of the decode's output (kernels/conv/extras.py), so that such a head whose every level folds every
+  way has no decode launch left either; an OBB head's angle conv does not fold (its boxes need the angles).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from yolojet.ir import Graph, Node, pair
 from yolojet.kernels.conv.boxes import MOST_BOX_CHANNELS
+from yolojet.kernels.conv.extras import MOST_EXTRA_CHANNELS
 from yolojet.kernels.conv.scores import MOST_SCORE_CHANNELS
 
 if TYPE_CHECKING:
@@ -56,10 +60,31 @@ class BoxFold:
 
 
 @dataclass(frozen=True)
+class ExtraFold:
+    """A segment or pose head's extra conv that can write its level's extras into the decode's `output` itself: the
+    level, the decode's box inputs (whose maps' sizes place the level's anchors), the output's first extra row and
+    its extra channels, the level's stride, and for keypoints their values a keypoint (None for mask coefficients)
+    and whether they take YOLO26's offsets."""
+
+    level: int
+    box_values: tuple[str, ...]
+    output: str
+    first_row: int
+    extra: int
+    stride: float
+    keypoint_dim: int | None
+    keypoints_v26: bool
+
+
+# A head conv's fold: what it writes in the decode's stead.
+HeadFold = ScoreFold | BoxFold | ExtraFold
+
+
+@dataclass(frozen=True)
 class Fusions:
     """What lowering fuses: conv -> the upsample it reads through; conv -> the concat whose copy it reads in place;
     first maxpool -> the chain's node names; the global average pools pooled in the classifier's head; score conv ->
-    its ScoreFold; box conv -> its BoxFold."""
+    its ScoreFold; box conv -> its BoxFold; extra conv -> its ExtraFold."""
 
     upsample_folds: dict[str, str]
     concat_folds: dict[str, str]
@@ -67,24 +92,33 @@ class Fusions:
     pooled_heads: frozenset[str]
     score_folds: dict[str, ScoreFold]
     box_folds: dict[str, BoxFold]
+    extra_folds: dict[str, ExtraFold]
+
+    def head_fold(self, conv: str) -> HeadFold | None:
+        """The fold of head conv `conv`, if it has one."""
+        return self.score_folds.get(conv) or self.box_folds.get(conv) or self.extra_folds.get(conv)
 
 
 @dataclass(frozen=True)
 class LaunchGroup:
     """The nodes one launch completes (in graph order) and the lowering that builds it: `kind` names one of
     engine/lowering.py's LOWERINGS. A "conv" group's `fold` is (upsample or None, concat) where the conv reads
-    through a fold, its `score` where it can write the best-class pass and its `box` where it can decode its boxes;
-    a "decode" group's `folded_scores` and `folded_boxes` are the levels whose score and box convs can; a
-    "concat_copy" group copies the concat's input `value` into place."""
+    through a fold, its `head_fold` what it can write in the decode's stead (the best-class pass, its boxes or its
+    extras); a "decode" group's `folded_scores`, `folded_boxes` and `folded_extras` are the levels whose score, box
+    and extra convs can; a "concat_copy" group copies the concat's input `value` into place."""
 
     kind: str
     nodes: tuple[Node, ...]
     fold: tuple[Node | None, Node] | None = None
     value: str | None = None
-    score: ScoreFold | None = None
-    box: BoxFold | None = None
+    head_fold: HeadFold | None = None
     folded_scores: frozenset[int] = frozenset()
     folded_boxes: frozenset[int] = frozenset()
+    folded_extras: frozenset[int] = frozenset()
+
+    def folded(self) -> tuple[frozenset[int], frozenset[int], frozenset[int]]:
+        """A decode group's levels folded: (scores, boxes, extras)."""
+        return self.folded_scores, self.folded_boxes, self.folded_extras
 
 
 # Ops lowered one node a launch by a lowering of their own name; the rest of the one-node ops are "simple".
@@ -117,17 +151,15 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
             group = LaunchGroup("pool_chain", tuple(by_name[name] for name in fusions.pool_chains[node.name]))
         elif node.op == "linear" or node.name in fusions.pooled_heads:  # [pool,] linear, softmax
             group = LaunchGroup("classify_head", tuple(graph.nodes[i : i + (2 if node.op == "linear" else 3)]))
-        elif node.name in fusions.score_folds:
-            group = LaunchGroup("conv", (node,), score=fusions.score_folds[node.name])
-        elif node.name in fusions.box_folds:
-            group = LaunchGroup("conv", (node,), box=fusions.box_folds[node.name])
+        elif fusions.head_fold(node.name) is not None:
+            group = LaunchGroup("conv", (node,), head_fold=fusions.head_fold(node.name))
         elif node.op == "decode":
-            levels = node.attrs["levels"]
-            boxes, scores = set(node.inputs[:levels]), set(node.inputs[levels : 2 * levels])
-            folded_scores = {f.level for name, f in fusions.score_folds.items() if by_name[name].outputs[0] in scores}
-            folded_boxes = {f.level for name, f in fusions.box_folds.items() if by_name[name].outputs[0] in boxes}
             group = LaunchGroup(
-                "decode", (node,), folded_scores=frozenset(folded_scores), folded_boxes=frozenset(folded_boxes)
+                "decode",
+                (node,),
+                folded_scores=_folded_levels(node, 1, fusions.score_folds, by_name),
+                folded_boxes=_folded_levels(node, 0, fusions.box_folds, by_name),
+                folded_extras=_folded_levels(node, 2, fusions.extra_folds, by_name),
             )
         else:
             group = LaunchGroup(node.op if node.op in _OWN_LOWERINGS else "simple", (node,))
@@ -136,28 +168,36 @@ def launch_groups(graph: Graph, plan: MemoryPlan, fusions: Fusions) -> list[Laun
     return groups
 
 
+def _folded_levels(decode: Node, part: int, folds: dict[str, Any], by_name: dict[str, Node]) -> frozenset[int]:
+    """The levels of the decode's `part` (0: box maps, 1: score maps, 2: extra maps) whose conv folds."""
+    levels = decode.attrs["levels"]
+    maps = set(decode.inputs[part * levels : (part + 1) * levels])
+    return frozenset(fold.level for conv, fold in folds.items() if by_name[conv].outputs[0] in maps)
+
+
 def decide_fusions(graph: Graph, plan: MemoryPlan, fuse: bool) -> Fusions:
     if not fuse:
-        return Fusions({}, {}, {}, frozenset(), {}, {})
+        return Fusions({}, {}, {}, frozenset(), {}, {}, {})
     chains: dict[str, list[str]] = {}
     for i, node in enumerate(graph.nodes):
         chain = pool_chain(graph, i) if node.op == "maxpool" else []
         if len(chain) > 1 and not any(node.name in c for c in chains.values()):
             chains[node.name] = [n.name for n in chain]
     heads = frozenset(n.name for i, n in enumerate(graph.nodes) if n.op == "global_avg_pool" and pooled_head(graph, i))
-    # A conv reading through an upsample or concat fold launches as that fold: it cannot also fold its scores or
-    # boxes, and the decode must then read that level's map.
+    # A conv reading through an upsample or concat fold launches as that fold: it cannot also fold its scores, boxes
+    # or extras, and the decode must then read that level's map.
     unfolded = plan.upsample_folds.keys() | plan.concat_folds.keys()
     scores = {conv: fold for conv, fold in score_folds(graph).items() if conv not in unfolded}
     boxes = {conv: fold for conv, fold in box_folds(graph).items() if conv not in unfolded}
-    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, scores, boxes)
+    extras = {conv: fold for conv, fold in extra_folds(graph).items() if conv not in unfolded}
+    return Fusions(dict(plan.upsample_folds), dict(plan.concat_folds), chains, heads, scores, boxes, extras)
 
 
 def _head_convs(graph: Graph, first: int, most_channels: int) -> list[tuple[Node, int, Node]]:
     """(decode node, level, conv) for each level's map among a decode node's inputs `first`·levels onward (0: box
-    maps, 1: score maps) that a conv produces which can fold into its epilogue what the decode does with it: a 1x1
-    conv (stride 1, no padding, no residual, ungrouped) of at most `most_channels` outputs whose map the decode
-    alone reads."""
+    maps, 1: score maps, 2: extra maps) that a conv produces which can fold into its epilogue what the decode does
+    with it: a 1x1 conv (stride 1, no padding, no residual, ungrouped) of at most `most_channels` outputs whose map
+    the decode alone reads."""
     readers = _reader_counts(graph)
     producer = {value: node for node in graph.nodes for value in node.outputs}
     found = []
@@ -201,6 +241,28 @@ def box_folds(graph: Graph) -> dict[str, BoxFold]:
         boxes = tuple(decode.inputs[: a["levels"]])
         xywh = a.get("box_format", "xywh") == "xywh"
         folds[conv.name] = BoxFold(level, boxes, decode.outputs[0], float(a["strides"][level]), reg_max, xywh)
+    return folds
+
+
+def extra_folds(graph: Graph) -> dict[str, ExtraFold]:
+    """The segment and pose heads' extra convs that can write their level's extras themselves (`_head_convs`, at
+    most MOST_EXTRA_CHANNELS outputs): not an OBB head's angle conv, whose angles its boxes need."""
+    folds = {}
+    for decode, level, conv in _head_convs(graph, 2, MOST_EXTRA_CHANNELS):
+        a = decode.attrs
+        if a["task"] not in ("segment", "pose"):
+            continue
+        keypoint_dim = int((a.get("kpt_shape") or (0, 3))[1]) if a["task"] == "pose" else None
+        folds[conv.name] = ExtraFold(
+            level,
+            tuple(decode.inputs[: a["levels"]]),
+            decode.outputs[0],
+            4 + int(a["nc"]),
+            int(a["extra_channels"]),
+            float(a["strides"][level]),
+            keypoint_dim,
+            a.get("kpt_offset") == "v26",
+        )
     return folds
 
 

@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from yolojet.engine.fusion import BoxFold, LaunchGroup, ScoreFold, decide_fusions, launch_groups
+from yolojet.engine.fusion import BoxFold, ExtraFold, HeadFold, LaunchGroup, ScoreFold, decide_fusions, launch_groups
 from yolojet.engine.plan import MemoryPlan
 from yolojet.errors import GraphError
 from yolojet.ir import Graph, Node, pair
@@ -26,6 +26,7 @@ from yolojet.kernels.conv import (
     conv2d_nhwc,
     conv_candidate_configs,
     default_config,
+    extra_conv_decode,
     pixels_are_words,
     rows_are_dense,
     score_conv_best_class,
@@ -104,10 +105,10 @@ class _TunedTile:
 
 
 class _HeadFoldingTile(_TunedTile):
-    """A head's score or box conv's tuned tile, which while its side target holds NMS's best-class targets that
-    store no scores runs `fused` instead, writing what the decode would have made of its output (the level's part
-    of the best-class pass, or its boxes: fusion.score_folds, fusion.box_folds); the decode then skips that level's
-    map, as `_lower_decode` tells it under the same condition."""
+    """A head's score, box or extra conv's tuned tile, which while its side target holds NMS's best-class targets
+    that store no scores runs `fused` instead, writing what the decode would have made of its output (the level's
+    part of the best-class pass, its boxes or its extras: fusion.score_folds, box_folds, extra_folds); the decode then
+    skips that level's map, as `_lower_decode` tells it under the same condition."""
 
     def __init__(
         self,
@@ -251,16 +252,15 @@ def _lower_conv(
     scratch: SplitKScratch,
     pdl: bool,
     fold: tuple[Node | None, Node] | None = None,
-    score: ScoreFold | None = None,
-    box: BoxFold | None = None,
+    head_fold: HeadFold | None = None,
 ) -> Launch:
     """A conv; with `fold` = (upsample, concat) nodes feeding it (plan.upsample_folds), it reads the upsample's
     input through a nearest upsample and the concat's other part as a second input, and the launch covers the
     upsample node too. With `fold` = (None, concat) (plan.concat_folds) it reads the concat's first part where
-    it lies, the part the concat would copy, and the concat's slice of its second part as a second input. With
-    `score` (fusion.score_folds), inside the network's `writing_best_class` block it writes its level's part of
-    NMS's best-class pass instead of its output (kernels/conv/scores.py); with `box` (fusion.box_folds), there it
-    writes its level's decoded boxes into the decode's output instead (kernels/conv/boxes.py)."""
+    it lies, the part the concat would copy, and the concat's slice of its second part as a second input. With a
+    `head_fold`, inside the network's `writing_best_class` block it writes instead of its output its level's part of
+    NMS's best-class pass (a ScoreFold: kernels/conv/scores.py), or its level's decoded boxes (a BoxFold:
+    kernels/conv/boxes.py) or extras (an ExtraFold: kernels/conv/extras.py) into the decode's output."""
     a = node.attrs
     x, out = view(node.inputs[0], widened=True), view(node.outputs[0], widened=True)
     residual = view(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -351,12 +351,12 @@ def _lower_conv(
 
     tuned = _TunedTile(launch_tile, default_config(m, c_out, k, is_1x1, x.dtype), fit, compile_config)
     best: _SideTarget[BestClassTargets] = _SideTarget()
-    head_fold = score or box
     if head_fold is not None:
         # The level's anchors follow the earlier levels' (the decode's order), at this input's map sizes.
         anchor_offset = sum(view(v).shape[1] * view(v).shape[2] for v in head_fold.box_values[: head_fold.level])
-        tuned = _HeadFoldingTile(tuned, best, _head_fold_launch(x, weight, bias, a["activation"], anchor_offset,
-                                                                score, box, view, pdl))  # fmt: skip
+        tuned = _HeadFoldingTile(
+            tuned, best, _head_fold_launch(x, weight, bias, a["activation"], anchor_offset, head_fold, view, pdl)
+        )
     return Launch(
         "conv",
         nodes,
@@ -512,7 +512,7 @@ def _lower_simple(node: Node, view: ViewFn, pdl: bool) -> Launch:
 
         family = "classify"
     elif node.op == "decode":
-        return _lower_decode(node, view, pdl, frozenset(), frozenset())
+        return _lower_decode(node, view, pdl, frozenset(), frozenset(), frozenset())
     elif node.op == "topk":
         return _lower_one_to_one(node, ins[0], outs[0], pdl)
     else:
@@ -526,39 +526,55 @@ def _head_fold_launch(
     bias: torch.Tensor,
     activation: str,
     anchor_offset: int,
-    score: ScoreFold | None,
-    box: BoxFold | None,
+    fold: HeadFold,
     view: ViewFn,
     pdl: bool,
 ) -> Callable[[BestClassTargets, bool], None]:
-    """A head fold's fused launch: the score conv writing its level's part of the best-class pass, or the box conv
-    its level's boxes into the decode's output."""
-    if score is not None:
+    """A head fold's fused launch: the score conv writing its level's part of the best-class pass, or the box or
+    extra conv its level's boxes or extras into the decode's output."""
+    if isinstance(fold, ScoreFold):
 
         def write_best_class(targets: BestClassTargets, compile_only: bool) -> None:
-            score_conv_best_class(x, weight, bias, targets, anchor_offset=anchor_offset, nc=score.nc,
+            score_conv_best_class(x, weight, bias, targets, anchor_offset=anchor_offset, nc=fold.nc,
                                   activation=activation, pdl=pdl, compile_only=compile_only)  # fmt: skip
 
         return write_best_class
-    assert box is not None
     # The launch's declared writes stay its own map's: each level writes its own anchors of the decode's output, so
     # declaring the whole buffer would chain the levels' convs for nothing, and the plan keeps every other value out
-    # of that buffer's memory from the first box conv on.
-    decoded = view(box.output)
+    # of that buffer's memory from the first box or extra conv on.
+    decoded = view(fold.output)
+    if isinstance(fold, BoxFold):
+        box = fold
 
-    def write_boxes(_: BestClassTargets, compile_only: bool) -> None:
-        box_conv_decode(x, weight, bias, decoded, anchor_offset=anchor_offset, stride=box.stride, reg_max=box.reg_max,
-                        xywh=box.xywh, activation=activation, pdl=pdl, compile_only=compile_only)  # fmt: skip
+        def write_boxes(_: BestClassTargets, compile_only: bool) -> None:
+            box_conv_decode(x, weight, bias, decoded, anchor_offset=anchor_offset, stride=box.stride,
+                            reg_max=box.reg_max, xywh=box.xywh, activation=activation, pdl=pdl,
+                            compile_only=compile_only)  # fmt: skip
 
-    return write_boxes
+        return write_boxes
+    extra: ExtraFold = fold
+
+    def write_extras(_: BestClassTargets, compile_only: bool) -> None:
+        extra_conv_decode(x, weight, bias, decoded, first_row=extra.first_row, extra=extra.extra,
+                          anchor_offset=anchor_offset, stride=extra.stride, keypoint_dim=extra.keypoint_dim,
+                          keypoints_v26=extra.keypoints_v26, activation=activation, pdl=pdl,
+                          compile_only=compile_only)  # fmt: skip
+
+    return write_extras
 
 
 def _lower_decode(
-    node: Node, view: ViewFn, pdl: bool, folded_scores: frozenset[int], folded_boxes: frozenset[int]
+    node: Node,
+    view: ViewFn,
+    pdl: bool,
+    folded_scores: frozenset[int],
+    folded_boxes: frozenset[int],
+    folded_extras: frozenset[int],
 ) -> Launch:
     """The head's decode. Inside the network's `writing_best_class` block it also writes NMS's best-class pass, for
-    every level but `folded_scores`, whose score convs write theirs (fusion.score_folds), and the boxes of every
-    level but `folded_boxes`, whose box convs write theirs (fusion.box_folds)."""
+    every level but `folded_scores`, whose score convs write theirs (fusion.score_folds), the boxes of every level
+    but `folded_boxes` and the extras of every level but `folded_extras`, whose box and extra convs write theirs
+    (fusion.box_folds, fusion.extra_folds)."""
     levels = node.attrs["levels"]
     spec = DecodeSpec.from_attrs(node.attrs)
     maps = [view(i, widened=True) for i in node.inputs]  # widened maps are read whole: aligned vector loads
@@ -578,6 +594,7 @@ def _lower_decode(
             best=best.value,
             folded_scores=folded_scores if folding else frozenset(),
             folded_boxes=folded_boxes if folding else frozenset(),
+            folded_extras=folded_extras if folding else frozenset(),
             pdl=pdl,
             compile_only=compile_only,
         )
@@ -617,8 +634,8 @@ def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launc
 # The lowering of each kind of launch group (engine/fusion.py's LaunchGroup): the group's launches, in order.
 LOWERINGS: dict[str, Callable[[LaunchGroup, LoweringContext], list[Launch]]] = {
     "concat_copy": lambda g, c: [_copy_into_concat(g.nodes[0], str(g.value), c.view, c.pdl)],
-    "conv": lambda g, c: [_lower_conv(g.nodes[0], c.view, c.weights, c.scratch, c.pdl, g.fold, g.score, g.box)],
-    "decode": lambda g, c: [_lower_decode(g.nodes[0], c.view, c.pdl, g.folded_scores, g.folded_boxes)],
+    "conv": lambda g, c: [_lower_conv(g.nodes[0], c.view, c.weights, c.scratch, c.pdl, g.fold, g.head_fold)],
+    "decode": lambda g, c: [_lower_decode(g.nodes[0], c.view, c.pdl, *g.folded())],
     "conv_transpose": lambda g, c: [_lower_conv_transpose(g.nodes[0], c.view, c.weights, c.pdl)],
     "maxpool": lambda g, c: [_lower_maxpool(g.nodes[0], c.view, c.pdl)],
     "pool_chain": lambda g, c: _lower_pool_chain(g.nodes, c),

@@ -335,9 +335,9 @@ class TritonNetwork:
         """Within the block, the bucket's decode launch also writes NMS's best-class pass into `targets` (rows for the
         bucket's images), so that NMS skips that pass (`best_ready`): a graph captured inside records it. Where
         `targets` store no scores, the head's score convs that can (fusion.score_folds) write their levels' part of
-        the pass themselves, its box convs that can (fusion.box_folds) their levels' boxes, and the decode reads none
-        of their maps. Yields False, changing nothing, where no launch can (a classifier). Outside the block the
-        decode writes only its output."""
+        the pass themselves, its box and extra convs that can (fusion.box_folds, fusion.extra_folds) their levels'
+        boxes and extras, and the decode reads none of their maps. Yields False, changing nothing, where no launch
+        can (a classifier). Outside the block the decode writes only its output."""
         writes = [launch.best_class_output for launch in self.launches[bucket] if launch.best_class_output]
         if not writes:
             yield False

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from yolojet.engine.fusion import box_folds, concat_folds, upsample_folds
+from yolojet.engine.fusion import box_folds, concat_folds, extra_folds, upsample_folds
 from yolojet.ir import Graph, Node
 
 CHANNEL_ALIGN = 8  # 16-byte pixel rows in fp16: vector loads stay aligned in every slice that starts aligned
@@ -207,9 +207,10 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     by_name = {node.name: node for node in graph.nodes}
     extra_reads = {node_index[conv]: by_name[up].inputs[0] for conv, up in folds.items()}
     extra_reads |= {node_index[conv]: by_name[cat].inputs[0] for conv, cat in cat_folds.items()}
-    # A box conv that may decode its level's boxes (fusion.box_folds) writes the decode's output: that buffer must
-    # be its own from the conv on.
+    # A box or extra conv that may decode its level's boxes or extras (fusion.box_folds, fusion.extra_folds) writes
+    # the decode's output: that buffer must be its own from the conv on.
     extra_writes = {node_index[conv]: fold.output for conv, fold in box_folds(graph).items()}
+    extra_writes |= {node_index[conv]: fold.output for conv, fold in extra_folds(graph).items()}
     _set_lifetimes(graph, buffers, placements, extra_reads, extra_writes)
     ordered = _ordered_pairs(graph, buffers, placements, extra_reads, extra_writes)
     plan = MemoryPlan(buffers, placements, copies, widened, folds, cat_folds)

@@ -44,7 +44,7 @@ from yolojet.images import Frame
 from yolojet.kernels.boxes import scale_boxes, select_rows
 from yolojet.kernels.keypoints import scale_keypoints
 from yolojet.kernels.masks import assemble_masks, masks_to_original
-from yolojet.kernels.nms import BestClassTargets, NmsScratch, best_class_pass, non_max_suppression
+from yolojet.kernels.nms import BestClassTargets, NmsScratch, non_max_suppression
 from yolojet.kernels.preprocess import FRAME_FIELDS, frame_row, letterbox_frames
 from yolojet.kernels.rotated_nms import RotatedNmsScratch, rotated_non_max_suppression, scale_rotated_boxes
 from yolojet.reference.classify import classify_plan
@@ -365,10 +365,12 @@ class DetectionHead(CapturedPath):
         mask = inputs["class_mask"] if self.filtered[parity] else None
         thresholds, limits = inputs["thresholds"], inputs["limits"]
         kpt_shape = self.meta.kpt_shape or ()
-        # The decode writes the best-class pass for the bucket's images where NMS would run it, saving NMS a launch,
-        # and then not the class scores, which NMS reads only in that pass.
+        # The decode (or the head's score convs) writes the best-class pass for the bucket's images, saving NMS a
+        # launch, and then not the class scores, which NMS reads only in that pass. A single class takes the pass too,
+        # for 8 bytes an anchor where NMS would read its 4-byte score row: with it the head's convs fold the decode's
+        # work (engine/fusion.py), so that its decode does not launch.
         best = None
-        if self.scratch is not None and best_class_pass(self.meta.nc, rotated=self.task == "obb"):
+        if self.scratch is not None:
             bucket_scratch = self.scratch.first(bucket)
             best = BestClassTargets(
                 bucket_scratch.best_score, bucket_scratch.best_class, thresholds, mask, store_scores=False

@@ -29,10 +29,11 @@ TASK_CODES = {"detect": DETECT, "segment": SEGMENT, "obb": OBB, "pose": POSE}
 _OBB = tl.constexpr(OBB)
 _POSE = tl.constexpr(POSE)
 # A level's `folded` bits: its score conv wrote its part of NMS's best-class pass (kernels/conv/scores.py), its box
-# conv its boxes (kernels/conv/boxes.py).
-SCORES_FOLDED, BOXES_FOLDED = 1, 2
+# conv its boxes (kernels/conv/boxes.py), its extra conv its mask coefficients or keypoints (kernels/conv/extras.py).
+SCORES_FOLDED, BOXES_FOLDED, EXTRAS_FOLDED = 1, 2, 4
 _SCORES_FOLDED = tl.constexpr(SCORES_FOLDED)
 _BOXES_FOLDED = tl.constexpr(BOXES_FOLDED)
+_EXTRAS_FOLDED = tl.constexpr(EXTRAS_FOLDED)
 # A program: 32 anchors by chunks of 32 classes, on Triton's default 4 warps. On an H100 at batch 64 the decode with
 # NMS's best-class pass took 142 us for 640x640 (150 with 64 anchors, 148 with 64 on 8 warps, 174 with 32 on 8) and
 # 110 for 640x480 (112, 110, 115): bench/NOTES.md, "The decode's tile timed".
@@ -72,6 +73,19 @@ def _anchor_box(ax, ay, left, top, right, bottom, stride, XYWH: tl.constexpr):
         b2 = (ax + right) * stride
         b3 = (ay + bottom) * stride
     return b0, b1, b2, b3
+
+
+@triton.jit
+def _keypoint_values(value, ch, ax, ay, stride, KPT_DIM: tl.constexpr, KPT_V26: tl.constexpr):
+    """Keypoint channels `ch` (columns) of anchors (ax, ay) (rows) decoded: x = (2k + ax - 1/2)·s (v8) or (k + ax)·s
+    (v26), likewise y, the visibility's logistic (ultralytics' kpts_decode). The extra convs that decode their own
+    keypoints call it too (kernels/conv/extras.py)."""
+    part = (ch % KPT_DIM)[None, :]
+    scale = 1.0 if KPT_V26 else 2.0
+    shift = 0.0 if KPT_V26 else 0.5
+    kx = (value * scale + ax[:, None] - shift) * stride
+    ky = (value * scale + ay[:, None] - shift) * stride
+    return tl.where(part == 0, kx, tl.where(part == 1, ky, logistic(value)))
 
 
 @triton.jit
@@ -138,7 +152,8 @@ def _decode_level(
     from the scores as stored: NMS then skips a pass that reads every score back (kernels/nms.py). Without
     STORE_SCORES (only with BEST) the scores themselves are not stored, and a level's `folded` bits (only then) say
     what its convs wrote themselves: with SCORES_FOLDED its pass (its scores are not read and its best-class rows not
-    written), with BOXES_FOLDED its boxes (its box map is not read and its box rows not written)."""
+    written), with BOXES_FOLDED its boxes (its box map is not read and its box rows not written), with EXTRAS_FOLDED
+    its extras (likewise)."""
     idx = block * BLOCK_A + tl.arange(0, BLOCK_A)
     a_ok = idx < H * W
     gy = idx // W
@@ -195,19 +210,15 @@ def _decode_level(
             best_ptr, best_class_ptr, offsets, ours, best, best_class, thresholds_ptr, class_mask_ptr, HAS_CLASS_MASK
         )
 
-    for c0 in range(0, EXTRA, BLOCK_C):
+    # A folded level's extra conv wrote its rows (kernels/conv/extras.py): its extra map is never read.
+    for c0 in range(0, tl.where((folded & _EXTRAS_FOLDED) != 0, 0, EXTRA), BLOCK_C):
         ch = c0 + tl.arange(0, BLOCK_C)
         loaded = a_ok[:, None] & (ch < EXTRA_MAP)[None, :]
         value = tl.load(ext_ptr + ext_pix[:, None] + ch[None, :], mask=loaded, other=0.0).to(tl.float32)
         if TASK == _OBB:
             value = _angle(value, ANGLE_SIGMOID)
         elif TASK == _POSE:
-            part = (ch % KPT_DIM)[None, :]
-            scale = 1.0 if KPT_V26 else 2.0
-            shift = 0.0 if KPT_V26 else 0.5
-            kx = (value * scale + ax[:, None] - shift) * stride
-            ky = (value * scale + ay[:, None] - shift) * stride
-            value = tl.where(part == 0, kx, tl.where(part == 1, ky, logistic(value)))
+            value = _keypoint_values(value, ch, ax, ay, stride, KPT_DIM, KPT_V26)
         tl.store(out_col[:, None] + (4 + NC + ch)[None, :] * so_c, value, mask=loaded & (ch < EXTRA)[None, :])
 
 
@@ -332,6 +343,7 @@ def decode_heads(
     best: BestClassTargets | None = None,
     folded_scores: frozenset[int] = frozenset(),
     folded_boxes: frozenset[int] = frozenset(),
+    folded_extras: frozenset[int] = frozenset(),
     pdl: bool = False,
     compile_only: bool = False,
 ) -> None:
@@ -345,9 +357,10 @@ def decode_heads(
     `out` only where it says to store them. Only with a `best` that stores no scores: `folded_scores`, the levels
     whose score conv wrote their part of the pass itself (kernels/conv/scores.py), whose score maps are then never
     read; `folded_boxes`, the levels whose box conv wrote their boxes (kernels/conv/boxes.py; not OBB, whose boxes
-    need the angle), whose box maps are then never read. Where every level is folded both ways and the head has no
-    extras, nothing is left to do and nothing launches. `compile_only`: compile this launch's kernel without
-    launching it.
+    need the angle), whose box maps are then never read; `folded_extras`, the levels whose extra conv wrote their
+    mask coefficients or keypoints (kernels/conv/extras.py; not OBB's angles, which its boxes need), whose extra maps
+    are then never read. Where every level is folded every way, nothing is left to do and nothing launches.
+    `compile_only`: compile this launch's kernel without launching it.
     """
     if spec.task not in TASK_CODES:
         raise ValueError(f"decode: unknown task {spec.task!r}")
@@ -368,14 +381,16 @@ def decode_heads(
         raise ValueError(f"decode: out must be float32 {expected} with contiguous anchors, got {tuple(out.shape)}")
     if best is not None:
         best.check("decode", spec.nc, (batch, anchors), out.device)
-    folded = folded_scores | folded_boxes
+    folded = folded_scores | folded_boxes | folded_extras
     if folded and (best is None or best.store_scores or not folded <= set(range(levels))):
         raise ValueError(
             f"decode: levels {sorted(folded)} folded need best-class targets that store no scores, and levels of the "
             f"{levels}"
         )
-    if folded_boxes and spec.task == "obb":
-        raise ValueError("decode: an OBB head's boxes need its angles; its box convs cannot decode them")
+    if (folded_boxes or folded_extras) and spec.task == "obb":
+        raise ValueError("decode: an OBB head's boxes need its angles; neither its box nor its angle convs can fold")
+    if folded_extras and spec.extra == 0:
+        raise ValueError(f"decode: levels {sorted(folded_extras)} of a {spec.task} head without extras folded")
     # (maps, channels decoded, whether the maps may be widened)
     kinds = {
         "box": (boxes, 4 * spec.reg_max, False),
@@ -400,10 +415,15 @@ def decode_heads(
         ext = extras[i] if extras else box
         _, h, w, _ = box.shape
         views = (box, *box.stride()[:3], cls, *cls.stride()[:3], ext, *ext.stride()[:3])
-        bits = (SCORES_FOLDED if i in folded_scores else 0) | (BOXES_FOLDED if i in folded_boxes else 0)
+        bits = (
+            (SCORES_FOLDED if i in folded_scores else 0)
+            | (BOXES_FOLDED if i in folded_boxes else 0)
+            | (EXTRAS_FOLDED if i in folded_extras else 0)
+        )
         level_args.append((*views, h, w, offset, float(spec.strides[i]), bits))
         offset += h * w
-    if spec.extra == 0 and folded_scores == folded_boxes == set(range(levels)):
+    every = set(range(levels))
+    if folded_scores == folded_boxes == every and (spec.extra == 0 or folded_extras == every):
         return
     map_widths = (spec.extra, scores[0].shape[3], extras[0].shape[3] if extras else 0)
     for first in range(0, levels, MAX_LEVELS_PER_LAUNCH):

@@ -16,9 +16,9 @@ candidate's rank = #{candidates before it} counted over all anchors, scattered t
 per image runs the greedy pass over `order` in chunks (see _greedy_nms_kernel). With a single class (pose, and
 many custom detectors) there is no best class to find: launch (1) is skipped and the other two read the class's
 scores straight from preds, applying the confidence threshold and class filter as they load them. The engine's
-head decode writes launch (1)'s output itself, in place of the scores (BestClassTargets, `best_ready`), so there
-NMS is two launches for any number of classes and no score row of preds is written or read. Thresholds and limits
-are read from device tensors, so a captured graph follows changes to them without re-capture.
+head decode (or its score convs) writes launch (1)'s output itself, in place of the scores, for any number of
+classes (BestClassTargets, `best_ready`): NMS is then two launches and no score row of preds is written or read.
+Thresholds and limits are read from device tensors, so a captured graph follows changes to them without re-capture.
 """
 
 from __future__ import annotations
@@ -507,9 +507,10 @@ def non_max_suppression(
         if not box_params.is_contiguous():
             raise ValueError("nms box_params: expected a contiguous (N, 6) tensor")
 
-    raw_scores = not best_class_pass(nc, rotated=False)
+    # A pass written before NMS is read for any number of classes; without one a single class's row is read as it is.
+    raw_scores = not best_ready and not best_class_pass(nc, rotated=False)
     scores, mask = rank_candidates(
-        scratch, preds, nc, thresholds, class_mask, raw_scores=raw_scores, best_ready=best_ready and not raw_scores
+        scratch, preds, nc, thresholds, class_mask, raw_scores=raw_scores, best_ready=best_ready
     )
     _greedy_nms_kernel[(batch,)](
         out, out.stride(0), out.stride(1),

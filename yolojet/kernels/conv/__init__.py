@@ -22,6 +22,8 @@ The modules, by what they hold:
 - `dispatch`: `conv2d_nhwc`, which checks its arguments and hands them to the launcher of its config's kind.
 - `scores`: `score_conv_best_class`, a head's last class-score conv with NMS's best-class pass as its epilogue.
 - `boxes`: `box_conv_decode`, a head's last box conv with its level's box decode as its epilogue.
+- `extras`: `extra_conv_decode`, a segment or pose head's last extra conv with its level's extras decoded as its
+  epilogue.
 
 The public names are re-exported here. A name is looked up in the module that uses it, so a test replacing one
 patches that module: the kernels and `pixels_are_words` as `conv2d_nhwc` sees them in `dispatch`, the candidate
@@ -39,6 +41,7 @@ from yolojet.kernels.conv.config import (
     untimed_gpu_config,
 )
 from yolojet.kernels.conv.dispatch import conv2d_nhwc
+from yolojet.kernels.conv.extras import MOST_EXTRA_CHANNELS, extra_conv_decode
 from yolojet.kernels.conv.feasibility import (
     pixels_are_words,
     rows_are_dense,
@@ -50,6 +53,7 @@ from yolojet.kernels.conv.scores import MOST_SCORE_CHANNELS, score_conv_best_cla
 
 __all__ = [
     "MOST_BOX_CHANNELS",
+    "MOST_EXTRA_CHANNELS",
     "MOST_SCORE_CHANNELS",
     "ConvConfig",
     "ConvKind",
@@ -58,6 +62,7 @@ __all__ = [
     "conv2d_nhwc",
     "conv_candidate_configs",
     "default_config",
+    "extra_conv_decode",
     "pixels_are_words",
     "rows_are_dense",
     "score_conv_best_class",
