@@ -433,6 +433,46 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
         assert len(masks) == 3 * ("seg" in cfg) and len(keypoints) == 3 * ("pose" in cfg)
 
 
+@pytest.mark.parametrize("cfg", ["yolo11n-pose.yaml", "yolo11n-obb.yaml"])
+def test_compiling_the_network_compiles_what_its_predict_path_runs(cfg, tmp_path, monkeypatch):
+    """The start-up's compile pass (each launch compiled, nothing launched) also compiles the kernels the predict
+    path runs in their stead, with best-class targets shaped as that path's (NmsScratch rows of the bucket's images
+    and every anchor): each head fold's fused kernel, and the decode writing the pass (an OBB head's; a pose head
+    folded every way launches none). Else a cold engine compiled them one after another at its first frame."""
+    from yolojet.kernels import decode
+    from yolojet.kernels.conv import boxes, extras, scores
+
+    imgsz = 64
+    model_dir = yolojet.export(calibrated_model(cfg, imgsz), out=tmp_path / "m", imgsz=imgsz)
+    engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=2, tune=False, rect=False)
+    compiled: list = []
+
+    def recording(kernel, grid, pdl, compile_only=False):
+        def record(*args, **named):
+            rows = args[6] if kernel is scores._score_conv_kernel else named.get("best_ptr")  # the pass's best scores
+            named = dict(named, rows=None if rows is None else tuple(rows.shape))
+            compiled.append((kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__, compile_only, named))
+
+        return record
+
+    for module in (decode, boxes, extras, scores):
+        monkeypatch.setattr(module, "network_launcher", recording)
+    network, anchors = engine.network, (imgsz // 8) ** 2 + (imgsz // 16) ** 2 + (imgsz // 32) ** 2
+    for bucket in network.buckets:
+        compiled.clear()
+        for launch in network.launches[bucket]:
+            launch.run(compile_only=True)
+        assert compiled and all(only for _, only, _ in compiled), "a launch ran in the compile pass"
+        kinds = sorted(name for name, _, _ in compiled)
+        folds = ["_extra_conv_kernel"] * 3 if "pose" in cfg else []
+        folds += [] if "obb" in cfg else ["_box_conv_kernel"] * 3
+        assert kinds == sorted(["_decode_kernel"] * (1 + ("obb" in cfg)) + folds + ["_score_conv_kernel"] * 3)
+        best = [named for name, _, named in compiled if name == "_score_conv_kernel" or named.get("BEST")]
+        assert len(best) == 3 + ("obb" in cfg)
+        assert all(named["rows"] == (bucket, anchors) and named["HAS_CLASS_MASK"] is False for named in best)
+    engine.close()
+
+
 def test_bad_inputs_and_options(model_dirs):
     model_dir = model_dirs("yolov8n-cls.yaml", None)
     engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=1, tune=False)

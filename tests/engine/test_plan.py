@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from support import random_model
 
@@ -277,6 +279,8 @@ def test_a_segment_or_pose_heads_extra_convs_write_the_decodes_output_in_the_pla
     (group,) = [g for g in launch_groups(graph, plan, decide_fusions(graph, plan, True)) if g.kind == "decode"]
     assert group.folded() == (frozenset(range(levels)),) * 3
     assert not extra_folds(export_graph(random_model("yolo11n-obb.yaml"), imgsz=64)), "an OBB head's angles fold"
+    graph.meta = replace(graph.meta, end2end=True)  # YOLO26's one-to-one selection reads every row: nothing folds
+    assert not (score_folds(graph) or box_folds(graph) or extra_folds(graph))
 
 
 @pytest.mark.parametrize("fuse", [True, False])

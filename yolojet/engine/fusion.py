@@ -197,7 +197,10 @@ def _head_convs(graph: Graph, first: int, most_channels: int) -> list[tuple[Node
     """(decode node, level, conv) for each level's map among a decode node's inputs `first`·levels onward (0: box
     maps, 1: score maps, 2: extra maps) that a conv produces which can fold into its epilogue what the decode does
     with it: a 1x1 conv (stride 1, no padding, no residual, ungrouped) of at most `most_channels` outputs whose map
-    the decode alone reads."""
+    the decode alone reads. None of an end-to-end head's: the predict path's one-to-one selection reads every row of
+    the decode's output and takes no best-class pass, so its folds would never run."""
+    if graph.meta.end2end:
+        return []
     readers = _reader_counts(graph)
     producer = {value: node for node in graph.nodes for value in node.outputs}
     found = []

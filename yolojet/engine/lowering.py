@@ -38,7 +38,7 @@ from yolojet.kernels.conv import (
 from yolojet.kernels.decode import DecodeSpec, decode_heads
 from yolojet.kernels.dwconv import DwConvTile, default_dwconv_tile, dwconv2d_nhwc, dwconv_candidate_tiles
 from yolojet.kernels.elementwise import add_nhwc, copy_nhwc, upsample_nearest_nhwc
-from yolojet.kernels.nms import BestClassTargets
+from yolojet.kernels.nms import BestClassTargets, NmsScratch
 from yolojet.kernels.one_to_one import OneToOneScratch, select_one_to_one
 from yolojet.kernels.pool import maxpool2d_nhwc, sppf_pools
 from yolojet.options import EngineOptions
@@ -108,23 +108,47 @@ class _HeadFoldingTile(_TunedTile):
     """A head's score, box or extra conv's tuned tile, which while its side target holds NMS's best-class targets
     that store no scores runs `fused` instead, writing what the decode would have made of its output (the level's
     part of the best-class pass, its boxes or its extras: fusion.score_folds, box_folds, extra_folds); the decode then
-    skips that level's map, as `_lower_decode` tells it under the same condition."""
+    skips that level's map, as `_lower_decode` tells it under the same condition.
+
+    Compiling the conv (the start-up's compile pass, on every core) compiles the fused kernel too, for `stand_in`
+    targets shaped as the predict path's: else a cold engine compiled each fused kernel one after another at its
+    first frame, when the predict path first runs them."""
 
     def __init__(
         self,
         tuned: _TunedTile,
         best: _SideTarget[BestClassTargets],
         fused: Callable[[BestClassTargets, bool], None],
+        stand_in: Callable[[], BestClassTargets],
     ) -> None:
         super().__init__(tuned.launch_tile, tuned.tile, tuned.fit, tuned.compile_tile)
-        self.best, self.fused = best, fused
+        self.best, self.fused, self.stand_in = best, fused, stand_in
+
+    def compile(self, tile: Any) -> None:
+        super().compile(tile)
+        self.fused(self.stand_in(), True)
 
     def run(self, compile_only: bool = False) -> None:
         targets = self.best.value
         if targets is None or targets.store_scores:  # a decode storing the scores reads every map
             super().run(compile_only)
+            if compile_only:
+                self.fused(self.stand_in(), True)
         else:
             self.fused(targets, compile_only)
+
+
+def _stand_in_targets(batch: int, anchors: int, device: torch.device) -> Callable[[], BestClassTargets]:
+    """Best-class targets as the predict path hands them to a batch of `batch` images (NmsScratch rows of `anchors`,
+    thresholds at the start of their buffer, no class filter, no scores stored), made when asked: a compile-only
+    launch given them compiles the same specialization as the path's runs."""
+
+    def made() -> BestClassTargets:
+        scratch = NmsScratch.allocate(batch, anchors, device)
+        thresholds = torch.empty(2, dtype=torch.float32, device=device)
+        return BestClassTargets(scratch.best_score, scratch.best_class, thresholds, None, store_scores=False)
+
+    return made
 
 
 class _SideTarget(Generic[T]):
@@ -354,8 +378,12 @@ def _lower_conv(
     if head_fold is not None:
         # The level's anchors follow the earlier levels' (the decode's order), at this input's map sizes.
         anchor_offset = sum(view(v).shape[1] * view(v).shape[2] for v in head_fold.box_values[: head_fold.level])
+        anchors = sum(view(v).shape[1] * view(v).shape[2] for v in head_fold.box_values)
         tuned = _HeadFoldingTile(
-            tuned, best, _head_fold_launch(x, weight, bias, a["activation"], anchor_offset, head_fold, view, pdl)
+            tuned,
+            best,
+            _head_fold_launch(x, weight, bias, a["activation"], anchor_offset, head_fold, view, pdl),
+            _stand_in_targets(batch, anchors, x.device),
         )
     return Launch(
         "conv",
@@ -581,23 +609,29 @@ def _lower_decode(
     boxes, scores, extras = maps[:levels], maps[levels : 2 * levels], maps[2 * levels :] or None
     out = view(node.outputs[0])
     best: _SideTarget[BestClassTargets] = _SideTarget()
+    stand_in = _stand_in_targets(out.shape[0], out.shape[2], out.device)
 
-    def run(compile_only: bool = False) -> None:
+    def decode(targets: BestClassTargets | None, compile_only: bool) -> None:
         # The folding convs' condition (_HeadFoldingTile): targets that store no scores.
-        folding = best.value is not None and not best.value.store_scores
+        folding = targets is not None and not targets.store_scores
         decode_heads(
             out,
             boxes,
             scores,
             extras,
             spec,
-            best=best.value,
+            best=targets,
             folded_scores=folded_scores if folding else frozenset(),
             folded_boxes=folded_boxes if folding else frozenset(),
             folded_extras=folded_extras if folding else frozenset(),
             pdl=pdl,
             compile_only=compile_only,
         )
+
+    def run(compile_only: bool = False) -> None:
+        decode(best.value, compile_only)
+        if compile_only and best.value is None:  # the start-up's compile pass: the predict path's decode too
+            decode(stand_in(), True)
 
     return Launch("decode", [node.name], list(node.outputs), run, best_class_output=best.set)
 
