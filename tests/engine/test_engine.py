@@ -433,24 +433,31 @@ def test_the_decode_writes_the_best_class_pass_that_nms_then_skips(cfg, tmp_path
         assert len(masks) == 3 * ("seg" in cfg) and len(keypoints) == 3 * ("pose" in cfg)
 
 
-@pytest.mark.parametrize("cfg", ["yolo11n-pose.yaml", "yolo11n-obb.yaml"])
+@pytest.mark.parametrize("cfg", ["yolo11n-pose.yaml", "yolo11n-obb.yaml", "yolo26n.yaml"])
 def test_compiling_the_network_compiles_what_its_predict_path_runs(cfg, tmp_path, monkeypatch):
     """The start-up's compile pass (each launch compiled, nothing launched) also compiles the kernels the predict
     path runs in their stead, with best-class targets shaped as that path's (NmsScratch rows of the bucket's images
-    and every anchor): each head fold's fused kernel, and the decode writing the pass (an OBB head's; a pose head
-    folded every way launches none). Else a cold engine compiled them one after another at its first frame."""
+    and every anchor), without a class filter and with one (its mask off a 16-byte boundary, as the path's): each
+    head fold's fused kernel, and the decode writing the pass (an OBB head's; a pose head folded every way launches
+    none). Else a cold engine compiled them one after another at its first frame. An end-to-end head (YOLO26's
+    one-to-one selection) takes no pass: nothing of it is compiled."""
     from yolojet.kernels import decode
     from yolojet.kernels.conv import boxes, extras, scores
 
-    imgsz = 64
-    model_dir = yolojet.export(calibrated_model(cfg, imgsz), out=tmp_path / "m", imgsz=imgsz)
+    imgsz, end2end, obb = 64, "26" in cfg, "obb" in cfg
+    model = calibrated_model(cfg, imgsz)
+    model_dir = yolojet.export(model, out=tmp_path / "m", imgsz=imgsz, end2end=True if end2end else None)
     engine = Engine.load(model_dir, device=DEVICE, half=False, max_batch=2, tune=False, rect=False)
     compiled: list = []
 
     def recording(kernel, grid, pdl, compile_only=False):
         def record(*args, **named):
-            rows = args[6] if kernel is scores._score_conv_kernel else named.get("best_ptr")  # the pass's best scores
+            score = kernel is scores._score_conv_kernel
+            rows = args[6] if score else named.get("best_ptr")  # the pass's best scores
+            mask = args[11] if score else named.get("class_mask_ptr")
+            filtered = named.get("HAS_CLASS_MASK")
             named = dict(named, rows=None if rows is None else tuple(rows.shape))
+            named["mask_on_16"] = mask.data_ptr() % 16 == 0 if filtered else None
             compiled.append((kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__, compile_only, named))
 
         return record
@@ -464,12 +471,17 @@ def test_compiling_the_network_compiles_what_its_predict_path_runs(cfg, tmp_path
             launch.run(compile_only=True)
         assert compiled and all(only for _, only, _ in compiled), "a launch ran in the compile pass"
         kinds = sorted(name for name, _, _ in compiled)
-        folds = ["_extra_conv_kernel"] * 3 if "pose" in cfg else []
-        folds += [] if "obb" in cfg else ["_box_conv_kernel"] * 3
-        assert kinds == sorted(["_decode_kernel"] * (1 + ("obb" in cfg)) + folds + ["_score_conv_kernel"] * 3)
         best = [named for name, _, named in compiled if name == "_score_conv_kernel" or named.get("BEST")]
-        assert len(best) == 3 + ("obb" in cfg)
-        assert all(named["rows"] == (bucket, anchors) and named["HAS_CLASS_MASK"] is False for named in best)
+        if end2end:
+            assert kinds == ["_decode_kernel"] and not best
+            continue
+        folds = ["_extra_conv_kernel"] * 3 if "pose" in cfg else []
+        folds += [] if obb else ["_box_conv_kernel"] * 3
+        # The network's own decode, and for OBB the pass's two variants; two variants of each score conv.
+        assert kinds == sorted(["_decode_kernel"] * (1 + 2 * obb) + folds + ["_score_conv_kernel"] * 6)
+        assert len(best) == 2 * (3 + obb) and all(named["rows"] == (bucket, anchors) for named in best)
+        assert sorted(named["HAS_CLASS_MASK"] for named in best) == [False] * (3 + obb) + [True] * (3 + obb)
+        assert not any(named["mask_on_16"] for named in best if named["HAS_CLASS_MASK"])
     engine.close()
 
 

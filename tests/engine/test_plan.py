@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 from support import random_model
 
+from yolojet.engine import plan as plan_module
 from yolojet.engine.fusion import (
     box_folds,
     concat_folds,
@@ -256,7 +257,7 @@ def test_an_obb_heads_boxes_do_not_fold_and_a_box_conv_writes_the_decodes_output
 
 
 @pytest.mark.parametrize("cfg", ["yolo11n-seg.yaml", "yolo11n-pose.yaml"])
-def test_a_segment_or_pose_heads_extra_convs_write_the_decodes_output_in_the_plan(cfg):
+def test_a_segment_or_pose_heads_extra_convs_write_the_decodes_output_in_the_plan(cfg, monkeypatch):
     """Each level's last mask-coefficient or keypoint conv folds into the decode's work: it writes the decode's rows
     after the boxes and classes, keypoints decoded on its level's stride. The decode's output is reserved from the
     node before the first box or extra conv, and the decode's group names every level folded every way."""
@@ -276,6 +277,10 @@ def test_a_segment_or_pose_heads_extra_convs_write_the_decodes_output_in_the_pla
     index = {n.name: i for i, n in enumerate(graph.nodes)}
     writers = [index[conv] for conv in (*box_folds(graph), *folds)]
     assert plan.buffers[plan.placements[decode.outputs[0]].buffer].first == min(writers) - 1
+    # The extra convs come after the box convs here: with no box fold, the first extra conv sets the reservation.
+    monkeypatch.setattr(plan_module, "box_folds", lambda graph: {})
+    alone = plan_memory(graph)
+    assert alone.buffers[alone.placements[decode.outputs[0]].buffer].first == min(index[conv] for conv in folds) - 1
     (group,) = [g for g in launch_groups(graph, plan, decide_fusions(graph, plan, True)) if g.kind == "decode"]
     assert group.folded() == (frozenset(range(levels)),) * 3
     assert not extra_folds(export_graph(random_model("yolo11n-obb.yaml"), imgsz=64)), "an OBB head's angles fold"

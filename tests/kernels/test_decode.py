@@ -133,6 +133,7 @@ def test_decode_rejects_maps_and_outputs_that_do_not_fit_the_head():
     [
         ("detect-dfl", 40, LEVEL_SIZES["three"], None, True),  # two chunks of classes, widened score maps
         ("segment", 7, LEVEL_SIZES["three"], [0, 3, 6], False),
+        ("pose-v8", 1, LEVEL_SIZES["three"], None, True),  # one class, keypoints in a widened map
         ("obb-sigmoid", 1, LEVEL_SIZES["five"], None, False),  # rotated NMS's single class; two launches
     ],
 )
@@ -201,8 +202,9 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
     no_boxes = [torch.full_like(b, float("nan")) if i == 1 else b for i, b in enumerate(maps[0])]
     no_extras = [torch.full_like(e, float("nan")) if i == 1 else e for i, e in enumerate(maps[2] or [])] or None
     extras_folded = frozenset({1}) if extra else frozenset()
-    boxed = torch.full_like(out, float("nan"))
-    # Poisoned everywhere: the unfolded levels' rows must be written again, level 1's left alone.
+    # A finite sentinel everywhere (a decode reading the NaN maps would store NaN): the unfolded levels' rows must be
+    # written again, level 1's folded rows and every score row left as they are.
+    boxed = torch.full_like(out, 123.0)
     both = BestClassTargets(
         torch.full_like(left[0], 9.0), torch.full_like(left[1], -5), thresholds, mask, store_scores=False
     )
@@ -213,13 +215,13 @@ def test_decode_writes_the_best_class_pass(head, nc, sizes, classes, widen):
     else:
         decode_heads(boxed, no_boxes, poisoned, no_extras, spec, best=both, folded_scores=frozenset({1}),
                      folded_boxes=frozenset({1}), folded_extras=extras_folded)  # fmt: skip
-        assert bool(boxed[:, :4, level].isnan().all()) and bool(boxed[:, 4 + nc :, level].isnan().all())
+        assert bool((boxed[:, :4, level] == 123.0).all()) and bool((boxed[:, 4 + nc :, level] == 123.0).all())
         # Another specialization of the kernel (the levels' bits differ), so compiled for a GPU its arithmetic may
         # contract otherwise: equal to float32 rounding.
         close = dict(rtol=1e-6, atol=1e-4)
         torch.testing.assert_close(boxed[:, :4, : level.start], out[:, :4, : level.start], **close)
         torch.testing.assert_close(boxed[:, :4, level.stop :], out[:, :4, level.stop :], **close)
-        assert bool(boxed[:, 4 : 4 + nc].isnan().all())
+        assert bool((boxed[:, 4 : 4 + nc] == 123.0).all())
         assert torch.equal(boxed[:, 4 + nc :, : level.start], out[:, 4 + nc :, : level.start])
         assert torch.equal(boxed[:, 4 + nc :, level.stop :], out[:, 4 + nc :, level.stop :])
         assert bool((both.best_score[:, level] == 9.0).all()) and bool((both.best_class[:, level] == -5).all())

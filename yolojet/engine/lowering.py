@@ -110,8 +110,8 @@ class _HeadFoldingTile(_TunedTile):
     part of the best-class pass, its boxes or its extras: fusion.score_folds, box_folds, extra_folds); the decode then
     skips that level's map, as `_lower_decode` tells it under the same condition.
 
-    Compiling the conv (the start-up's compile pass, on every core) compiles the fused kernel too, for `stand_in`
-    targets shaped as the predict path's: else a cold engine compiled each fused kernel one after another at its
+    Compiling the conv (the start-up's compile pass, on every core) compiles the fused kernel too, for `stand_ins`
+    shaped as the predict path's targets: else a cold engine compiled each fused kernel one after another at its
     first frame, when the predict path first runs them."""
 
     def __init__(
@@ -119,34 +119,47 @@ class _HeadFoldingTile(_TunedTile):
         tuned: _TunedTile,
         best: _SideTarget[BestClassTargets],
         fused: Callable[[BestClassTargets, bool], None],
-        stand_in: Callable[[], BestClassTargets],
+        stand_ins: Callable[[], list[BestClassTargets]],
     ) -> None:
         super().__init__(tuned.launch_tile, tuned.tile, tuned.fit, tuned.compile_tile)
-        self.best, self.fused, self.stand_in = best, fused, stand_in
+        self.best, self.fused, self.stand_ins = best, fused, stand_ins
 
     def compile(self, tile: Any) -> None:
         super().compile(tile)
-        self.fused(self.stand_in(), True)
+        for targets in self.stand_ins():
+            self.fused(targets, True)
 
     def run(self, compile_only: bool = False) -> None:
         targets = self.best.value
         if targets is None or targets.store_scores:  # a decode storing the scores reads every map
             super().run(compile_only)
-            if compile_only:
-                self.fused(self.stand_in(), True)
+            for stand_in in self.stand_ins() if compile_only else []:
+                self.fused(stand_in, True)
         else:
             self.fused(targets, compile_only)
 
 
-def _stand_in_targets(batch: int, anchors: int, device: torch.device) -> Callable[[], BestClassTargets]:
-    """Best-class targets as the predict path hands them to a batch of `batch` images (NmsScratch rows of `anchors`,
-    thresholds at the start of their buffer, no class filter, no scores stored), made when asked: a compile-only
-    launch given them compiles the same specialization as the path's runs."""
+# The predict path's class mask lies 20 bytes into its inputs' buffer (predict_path.RunInputs), off a 16-byte boundary:
+# Triton specializes a pointer on whether it is on one, so a stand-in's mask lies off one too.
+_CLASS_MASK_OFFSET = 20
 
-    def made() -> BestClassTargets:
+
+def _stand_in_targets(
+    batch: int, anchors: int, device: torch.device, classes: int | None
+) -> Callable[[], list[BestClassTargets]]:
+    """Best-class targets as the predict path hands them to a batch of `batch` images (NmsScratch rows of `anchors`,
+    thresholds at the start of their buffer, no scores stored), made when asked, so that a compile-only launch given
+    them compiles the same specializations as the path's runs: without a class filter, and with `classes` also with
+    one (a mask of that many classes; None where the kernel takes no class filter)."""
+
+    def made() -> list[BestClassTargets]:
         scratch = NmsScratch.allocate(batch, anchors, device)
         thresholds = torch.empty(2, dtype=torch.float32, device=device)
-        return BestClassTargets(scratch.best_score, scratch.best_class, thresholds, None, store_scores=False)
+        found = [BestClassTargets(scratch.best_score, scratch.best_class, thresholds, None, store_scores=False)]
+        if classes is not None:
+            mask = torch.zeros(_CLASS_MASK_OFFSET + classes, dtype=torch.uint8, device=device)[_CLASS_MASK_OFFSET:]
+            found.append(replace(found[0], class_mask=mask))
+        return found
 
     return made
 
@@ -383,7 +396,7 @@ def _lower_conv(
             tuned,
             best,
             _head_fold_launch(x, weight, bias, a["activation"], anchor_offset, head_fold, view, pdl),
-            _stand_in_targets(batch, anchors, x.device),
+            _stand_in_targets(batch, anchors, x.device, head_fold.nc if isinstance(head_fold, ScoreFold) else None),
         )
     return Launch(
         "conv",
@@ -598,18 +611,20 @@ def _lower_decode(
     folded_scores: frozenset[int],
     folded_boxes: frozenset[int],
     folded_extras: frozenset[int],
+    takes_pass: bool = True,
 ) -> Launch:
     """The head's decode. Inside the network's `writing_best_class` block it also writes NMS's best-class pass, for
     every level but `folded_scores`, whose score convs write theirs (fusion.score_folds), the boxes of every level
     but `folded_boxes` and the extras of every level but `folded_extras`, whose box and extra convs write theirs
-    (fusion.box_folds, fusion.extra_folds)."""
+    (fusion.box_folds, fusion.extra_folds). Where its predict path `takes_pass` (not an end-to-end head's), compiling
+    it compiles the variant writing the pass too, for stand-in targets (`_stand_in_targets`)."""
     levels = node.attrs["levels"]
     spec = DecodeSpec.from_attrs(node.attrs)
     maps = [view(i, widened=True) for i in node.inputs]  # widened maps are read whole: aligned vector loads
     boxes, scores, extras = maps[:levels], maps[levels : 2 * levels], maps[2 * levels :] or None
     out = view(node.outputs[0])
     best: _SideTarget[BestClassTargets] = _SideTarget()
-    stand_in = _stand_in_targets(out.shape[0], out.shape[2], out.device)
+    stand_ins = _stand_in_targets(out.shape[0], out.shape[2], out.device, spec.nc)
 
     def decode(targets: BestClassTargets | None, compile_only: bool) -> None:
         # The folding convs' condition (_HeadFoldingTile): targets that store no scores.
@@ -630,8 +645,9 @@ def _lower_decode(
 
     def run(compile_only: bool = False) -> None:
         decode(best.value, compile_only)
-        if compile_only and best.value is None:  # the start-up's compile pass: the predict path's decode too
-            decode(stand_in(), True)
+        if compile_only and takes_pass and best.value is None:  # the start-up's compile pass: the path's decode too
+            for stand_in in stand_ins():
+                decode(stand_in, True)
 
     return Launch("decode", [node.name], list(node.outputs), run, best_class_output=best.set)
 
@@ -652,12 +668,14 @@ def _lower_one_to_one(node: Node, preds: torch.Tensor, out: torch.Tensor, pdl: b
 @dataclass(frozen=True)
 class LoweringContext:
     """What every lowering reads besides its nodes: the views at this batch size, the packed weights, the split-K
-    scratch, and whether launches use programmatic dependent launch."""
+    scratch, whether launches use programmatic dependent launch, and whether the model's head is end to end (YOLO26's
+    one-to-one selection, whose path takes no best-class pass)."""
 
     view: ViewFn
     weights: PackedWeights
     scratch: SplitKScratch
     pdl: bool
+    end2end: bool = False
 
 
 def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launch]:
@@ -669,7 +687,7 @@ def _lower_pool_chain(chain: tuple[Node, ...], c: LoweringContext) -> list[Launc
 LOWERINGS: dict[str, Callable[[LaunchGroup, LoweringContext], list[Launch]]] = {
     "concat_copy": lambda g, c: [_copy_into_concat(g.nodes[0], str(g.value), c.view, c.pdl)],
     "conv": lambda g, c: [_lower_conv(g.nodes[0], c.view, c.weights, c.scratch, c.pdl, g.fold, g.head_fold)],
-    "decode": lambda g, c: [_lower_decode(g.nodes[0], c.view, c.pdl, *g.folded())],
+    "decode": lambda g, c: [_lower_decode(g.nodes[0], c.view, c.pdl, *g.folded(), takes_pass=not c.end2end)],
     "conv_transpose": lambda g, c: [_lower_conv_transpose(g.nodes[0], c.view, c.weights, c.pdl)],
     "maxpool": lambda g, c: [_lower_maxpool(g.nodes[0], c.view, c.pdl)],
     "pool_chain": lambda g, c: _lower_pool_chain(g.nodes, c),
@@ -695,7 +713,7 @@ def lower(
     with programmatic dependent launch (yolojet.kernels.pdl).
     """
     groups = launch_groups(graph, plan, decide_fusions(graph, plan, options.fuse))
-    context = LoweringContext(view, weights, scratch, bool(options.pdl))
+    context = LoweringContext(view, weights, scratch, bool(options.pdl), graph.meta.end2end)
     launches = [launch for group in groups for launch in LOWERINGS[group.kind](group, context)]
     by_name = {node.name: node for node in graph.nodes}
     for launch in launches:

@@ -63,10 +63,10 @@ def check_head_conv(
     anchor_offset: int,
     anchors: int,
 ) -> tuple[int, int, int, int]:
-    """What a head fold's 1x1 conv (kernels/conv/scores.py, boxes.py) is given, checked: x an NHWC fp16 or fp32 view
-    with unit channel stride; weight contiguous (c_out, 1, 1, C_in) of x's dtype; bias contiguous float32 (c_out,);
-    an activation by name; the map's anchors, `anchor_offset` + y·W + x, within a row of `anchors`. x's (N, H, W,
-    C_in)."""
+    """What a head fold's 1x1 conv (kernels/conv/scores.py, boxes.py, extras.py) is given, checked: x an NHWC fp16
+    or fp32 view with unit channel stride; weight contiguous (c_out, 1, 1, C_in) of x's dtype; bias contiguous float32
+    (c_out,); an activation by name; the map's anchors, `anchor_offset` + y·W + x, within a row of `anchors`. x's (N,
+    H, W, C_in)."""
     if x.dim() != 4 or x.stride(3) != 1 or x.dtype not in (torch.float16, torch.float32):
         raise ValueError(f"{label}: x must be a 4-D NHWC fp16 or fp32 view with unit channel stride, got {x.shape}")
     batch, height, width, c_in = x.shape

@@ -89,9 +89,9 @@ def _head_conv_outputs(
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """A head fold's 1x1 conv (kernels/conv/scores.py, boxes.py) on this program's BLOCK_M pixels of the (N, H, W)
-    map and all its C_out <= BLOCK_N outputs: act(bias + x · wᵀ) rounded to x's dtype, as the conv's store would
-    round its map, in float32; with the rows' mask, image, y and x, and the columns (offs_n, their mask)."""
+    """A head fold's 1x1 conv (kernels/conv/scores.py, boxes.py, extras.py) on this program's BLOCK_M pixels of the
+    (N, H, W) map and all its C_out <= BLOCK_N outputs: act(bias + x · wᵀ) rounded to x's dtype, as the conv's store
+    would round its map, in float32; with the rows' mask, image, y and x, and the columns (offs_n, their mask)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
