@@ -112,6 +112,25 @@ def extreme_frames() -> dict[str, np.ndarray]:
     return {"wide 100x1000": cv2.resize(bus, (1000, 100)), "tall 1000x100": cv2.resize(bus, (100, 1000))}
 
 
+def head_conv_operands(
+    shape: tuple[int, int, int], c_in: int, c_out: int, dtype: torch.dtype, seed: int, scale: float, device: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A head fold's 1x1 conv operands (kernels/conv/scores.py, boxes.py, extras.py): x an (N, H, W) map of c_in
+    channels as a channel slice of a wider NHWC buffer, the weight (c_out, 1, 1, c_in) scaled by scale/sqrt(c_in), both
+    of `dtype` on `device`, and a float32 bias there."""
+    g = torch.Generator().manual_seed(seed)
+    buffer = torch.randn(*shape, c_in + 8, generator=g, dtype=torch.float64)
+    weight = torch.randn(c_out, 1, 1, c_in, generator=g, dtype=torch.float64) * scale / c_in**0.5
+    bias = torch.randn(c_out, generator=g, dtype=torch.float64)
+    return buffer.to(device, dtype)[..., 5 : 5 + c_in], weight.to(device, dtype).contiguous(), bias.float().to(device)
+
+
+def exact_head_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(bias + x · wᵀ) of a head fold's operands in float64 on the CPU, NHWC, unrounded ("identity" or "silu")."""
+    exact = torch.einsum("nhwk,ck->nhwc", x.double().cpu(), weight.double().cpu()[:, 0, 0]) + bias.double().cpu()
+    return exact * torch.sigmoid(exact) if activation == "silu" else exact
+
+
 def calibrate_batchnorm(model: nn.Module, imgsz: int = 640) -> nn.Module:
     """Measure every BatchNorm's statistics on the shipped photos (one pass in train mode); returns the model in
     eval mode.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import exact_head_conv, head_conv_operands
 
 from yolojet.ir import Node
 from yolojet.kernels.conv.boxes import MOST_BOX_CHANNELS, box_conv_decode
@@ -37,23 +38,16 @@ def test_box_conv_writes_the_levels_decoded_boxes(dtype, c_in, reg_max, box_form
     image stay as they were (NaN)."""
     batch, sizes, strides = 2, [(3, 5), (5, 7)], [8, 16]
     c_out = 4 * reg_max
-    g = torch.Generator().manual_seed(c_in + reg_max)
-    buffer = torch.randn(batch, *sizes[1], c_in + 8, generator=g, dtype=torch.float64)
     # Weights scaled so that each side's distribution is neither flat nor a single bin.
-    weight = torch.randn(c_out, 1, 1, c_in, generator=g, dtype=torch.float64) * 2 / c_in**0.5
-    bias = torch.randn(c_out, generator=g, dtype=torch.float64)
-    x = buffer.to(DEVICE, dtype)[..., 5 : 5 + c_in]
-    w = weight.to(DEVICE, dtype).contiguous()
+    x, w, bias = head_conv_operands((batch, *sizes[1]), c_in, c_out, dtype, c_in + reg_max, 2.0, DEVICE)
     anchors = sum(h * w for h, w in sizes)
     out = torch.full((batch + 1, 4 + 7, anchors), float("nan"), device=DEVICE)
     offset = sizes[0][0] * sizes[0][1]
-    box_conv_decode(x, w, bias.float().to(DEVICE), out[:batch], anchor_offset=offset, stride=strides[1],
-                    reg_max=reg_max, xywh=box_format == "xywh", activation=activation)  # fmt: skip
+    box_conv_decode(x, w, bias, out[:batch], anchor_offset=offset, stride=strides[1], reg_max=reg_max,
+                    xywh=box_format == "xywh", activation=activation)  # fmt: skip
 
-    exact = torch.einsum("nhwk,ck->nhwc", x.double().cpu(), w.double().cpu()[:, 0, 0]) + bias.float().double()
-    if activation == "silu":
-        exact = exact * torch.sigmoid(exact)
-    stored = exact.to(dtype).double().permute(0, 3, 1, 2)  # the map as the conv would store it
+    # The map as the conv would store it.
+    stored = exact_head_conv(x, w, bias, activation).to(dtype).double().permute(0, 3, 1, 2)
     level0 = torch.zeros(batch, c_out, *sizes[0], dtype=torch.float64)
     want = _reference_boxes([level0, stored], reg_max, box_format, strides)[..., offset:]
     got = out[:batch, :4, offset:].double().cpu()
@@ -84,3 +78,5 @@ def test_box_conv_refuses_what_does_not_fit():
         call(reg_max=wide)
     with pytest.raises(ValueError, match="out must be the decode's float32"):
         call(out=torch.zeros(1, 84, 4, device=DEVICE, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"rows 0\.\.4 are not rows of 3"):
+        call(out=torch.zeros(1, 3, 4, device=DEVICE))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import exact_head_conv, head_conv_operands
 
 from yolojet.ir import Node
 from yolojet.kernels.conv.extras import MOST_EXTRA_CHANNELS, extra_conv_decode
@@ -50,24 +51,17 @@ def test_extra_conv_writes_the_levels_decoded_extras(head, dtype, c_in, c_out, a
     attrs = HEADS[head]
     extra = attrs["extra_channels"]
     batch, sizes, strides = 2, [(3, 5), (5, 7)], [8, 16]
-    g = torch.Generator().manual_seed(c_in + c_out)
-    buffer = torch.randn(batch, *sizes[1], c_in + 8, generator=g, dtype=torch.float64)
-    weight = torch.randn(c_out, 1, 1, c_in, generator=g, dtype=torch.float64) * 2 / c_in**0.5
-    bias = torch.randn(c_out, generator=g, dtype=torch.float64)
-    x = buffer.to(DEVICE, dtype)[..., 5 : 5 + c_in]
-    w = weight.to(DEVICE, dtype).contiguous()
+    x, w, bias = head_conv_operands((batch, *sizes[1]), c_in, c_out, dtype, c_in + c_out, 2.0, DEVICE)
     anchors = sum(h * w for h, w in sizes)
     out = torch.full((batch + 1, 4 + NC + extra, anchors), float("nan"), device=DEVICE)
     offset = sizes[0][0] * sizes[0][1]
     keypoint_dim = attrs["kpt_shape"][1] if "kpt_shape" in attrs else None
-    extra_conv_decode(x, w, bias.float().to(DEVICE), out[:batch], first_row=4 + NC, extra=extra, anchor_offset=offset,
+    extra_conv_decode(x, w, bias, out[:batch], first_row=4 + NC, extra=extra, anchor_offset=offset,
                       stride=strides[1], keypoint_dim=keypoint_dim, keypoints_v26=attrs.get("kpt_offset") == "v26",
                       activation=activation)  # fmt: skip
 
-    exact = torch.einsum("nhwk,ck->nhwc", x.double().cpu(), w.double().cpu()[:, 0, 0]) + bias.float().double()
-    if activation == "silu":
-        exact = exact * torch.sigmoid(exact)
-    stored = exact.to(dtype).double().permute(0, 3, 1, 2)[:, :extra]  # the map as the conv would store it
+    # The map as the conv would store it.
+    stored = exact_head_conv(x, w, bias, activation).to(dtype).double().permute(0, 3, 1, 2)[:, :extra]
     level0 = torch.zeros(batch, extra, *sizes[0], dtype=torch.float64)
     want = _reference_extras([level0, stored], attrs, strides)[..., offset:]
     got = out[:batch, 4 + NC :, offset:].double().cpu()
@@ -99,8 +93,10 @@ def test_extra_conv_refuses_what_does_not_fit():
         call(weight=torch.zeros(wide, 1, 1, 16, device=DEVICE), bias=torch.zeros(wide, device=DEVICE))
     with pytest.raises(ValueError, match="not whole keypoints of 2"):
         call(keypoint_dim=2)
-    with pytest.raises(ValueError, match=r"rows 8\.\.59 are not extra rows of 58"):
+    with pytest.raises(ValueError, match=r"rows 8\.\.59 are not rows of 58"):
         call(first_row=8)
+    with pytest.raises(ValueError, match="row 3 is a box row"):
+        call(first_row=3)
     with pytest.raises(ValueError, match="out must be the decode's float32"):
         call(out=out.half())
     with pytest.raises(ValueError, match="weight must be a contiguous"):

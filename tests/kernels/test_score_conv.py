@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import exact_head_conv, head_conv_operands
 
 from yolojet.kernels.conv.scores import MOST_SCORE_CHANNELS, score_conv_best_class
 from yolojet.kernels.nms import BestClassTargets
@@ -14,7 +15,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize(
     ("dtype", "c_in", "nc", "c_out", "classes", "conf", "activation"),
     [
-        (torch.float16, 80, 80, 80, None, 0.9, "identity"),  # yolo11n's 80 classes, two K blocks
+        (torch.float16, 80, 80, 80, None, 0.95, "identity"),  # yolo11n's 80 classes, two K blocks
         # A widened map (7 classes, 16 outputs), a class filter, and an activation before the logistic.
         (torch.float32, 24, 7, 16, [0, 3, 6], 0.6, "silu"),
     ],
@@ -24,12 +25,7 @@ def test_score_conv_writes_the_best_class_pass(dtype, c_in, nc, c_out, classes, 
     map's dtype, as the conv's store would (−inf unless above conf and of a kept class), and its first best class;
     the anchors of other levels and the spare image's row stay as they were."""
     batch, height, width, offset, anchors = 2, 5, 7, 9, 60
-    g = torch.Generator().manual_seed(c_in + nc)
-    buffer = torch.randn(batch, height, width, c_in + 8, generator=g, dtype=torch.float64)
-    weight = torch.randn(c_out, 1, 1, c_in, generator=g, dtype=torch.float64) / c_in**0.5
-    bias = torch.randn(c_out, generator=g, dtype=torch.float64)
-    x = buffer.to(DEVICE, dtype)[..., 3 : 3 + c_in]
-    w = weight.to(DEVICE, dtype).contiguous()
+    x, w, bias = head_conv_operands((batch, height, width), c_in, c_out, dtype, c_in + nc, 1.0, DEVICE)
     best_score = torch.full((batch + 1, anchors), 7.0, device=DEVICE)
     best_class = torch.full((batch + 1, anchors), -3, dtype=torch.int32, device=DEVICE)
     thresholds = torch.tensor([conf, 0.7], device=DEVICE)
@@ -38,12 +34,9 @@ def test_score_conv_writes_the_best_class_pass(dtype, c_in, nc, c_out, classes, 
         mask = torch.zeros(nc, dtype=torch.bool, device=DEVICE)
         mask[classes] = True
     targets = BestClassTargets(best_score[:batch], best_class[:batch], thresholds, mask, store_scores=False)
-    score_conv_best_class(x, w, bias.float().to(DEVICE), targets, anchor_offset=offset, nc=nc, activation=activation)
+    score_conv_best_class(x, w, bias, targets, anchor_offset=offset, nc=nc, activation=activation)
 
-    exact = torch.einsum("nhwk,ck->nhwc", x.double().cpu(), w.double().cpu()[:, 0, 0]) + bias.float().double()
-    if activation == "silu":
-        exact = exact * torch.sigmoid(exact)
-    exact = exact[..., :nc].reshape(batch, height * width, nc)
+    exact = exact_head_conv(x, w, bias, activation)[..., :nc].reshape(batch, height * width, nc)
     scores = torch.sigmoid(exact.to(dtype).double())
     top, first = scores.max(-1)
     keep = top > conf

@@ -53,6 +53,21 @@ def check_view(
         raise ValueError(f"{name}: last-dimension stride {t.stride(-1)}, expected 1 (contiguous)")
 
 
+def check_decoded_rows(label: str, out: torch.Tensor, x: torch.Tensor, first_row: int, rows: int) -> None:
+    """What a head fold that decodes (kernels/conv/boxes.py, extras.py) writes into, checked: the decode's (N, C, A)
+    float32 output with contiguous anchors, for x's N images on x's device, holding rows `first_row` .. `first_row` +
+    `rows`."""
+    if out.dim() != 3 or out.dtype != torch.float32 or out.stride(2) != 1 or out.shape[0] != len(x):
+        raise ValueError(
+            f"{label}: out must be the decode's float32 ({len(x)}, C, A) output with contiguous anchors, got "
+            f"{tuple(out.shape)} {out.dtype}"
+        )
+    if not 0 <= first_row <= out.shape[1] - rows:
+        raise ValueError(f"{label}: rows {first_row}..{first_row + rows} are not rows of {out.shape[1]}")
+    if out.device != x.device:
+        raise ValueError(f"{label}: out is on {out.device}, x on {x.device}")
+
+
 def check_head_conv(
     label: str,
     x: torch.Tensor,

@@ -18,7 +18,7 @@ from yolojet.kernels.activations import ACTIVATIONS
 from yolojet.kernels.conv.epilogue import _head_conv_outputs
 from yolojet.kernels.decode import _anchor_box
 from yolojet.kernels.launch import network_launcher
-from yolojet.kernels.views import check_head_conv
+from yolojet.kernels.views import check_decoded_rows, check_head_conv
 
 # A program's pixels; its columns are the conv's every output (4 sides x reg_max bins), so that one program sees
 # each of its anchors' four distributions whole.
@@ -130,13 +130,7 @@ def box_conv_decode(
     """
     if reg_max < 1 or (reg_max > 1 and reg_max & (reg_max - 1)) or 4 * reg_max > MOST_BOX_CHANNELS:
         raise ValueError(f"box conv: reg_max must be 1 or a power of two up to {MOST_BOX_CHANNELS // 4}, got {reg_max}")
-    if out.dim() != 3 or out.dtype != torch.float32 or out.shape[1] < 4 or out.stride(2) != 1 or out.shape[0] != len(x):
-        raise ValueError(
-            f"box conv: out must be the decode's float32 ({len(x)}, 4 + ..., A) output with contiguous anchors, got "
-            f"{tuple(out.shape)} {out.dtype}"
-        )
-    if out.device != x.device:
-        raise ValueError(f"box conv: out is on {out.device}, x on {x.device}")
+    check_decoded_rows("box conv", out, x, 0, 4)
     c_out = 4 * reg_max
     batch, height, width, c_in = check_head_conv(
         "box conv", x, weight, bias, c_out, activation, anchor_offset, out.shape[2]

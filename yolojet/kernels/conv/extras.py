@@ -20,7 +20,7 @@ from yolojet.kernels.activations import ACTIVATIONS
 from yolojet.kernels.conv.epilogue import _head_conv_outputs
 from yolojet.kernels.decode import _keypoint_values
 from yolojet.kernels.launch import network_launcher
-from yolojet.kernels.views import check_head_conv
+from yolojet.kernels.views import check_decoded_rows, check_head_conv
 
 # A program's pixels; its columns are every output of the conv (the extras, and any padding to 16).
 _BLOCK_M = 64
@@ -103,15 +103,9 @@ def extra_conv_decode(
         raise ValueError(f"extra conv: {extra} extras of {c_out} outputs; at most {MOST_EXTRA_CHANNELS} outputs")
     if keypoint_dim is not None and (keypoint_dim not in (2, 3) or extra % keypoint_dim):
         raise ValueError(f"extra conv: {extra} keypoint channels are not whole keypoints of {keypoint_dim} values")
-    if out.dim() != 3 or out.dtype != torch.float32 or out.stride(2) != 1 or out.shape[0] != len(x):
-        raise ValueError(
-            f"extra conv: out must be the decode's float32 ({len(x)}, 4 + nc + extra, A) output with contiguous "
-            f"anchors, got {tuple(out.shape)} {out.dtype}"
-        )
-    if not 4 <= first_row <= out.shape[1] - extra:
-        raise ValueError(f"extra conv: rows {first_row}..{first_row + extra} are not extra rows of {out.shape[1]}")
-    if out.device != x.device:
-        raise ValueError(f"extra conv: out is on {out.device}, x on {x.device}")
+    if first_row < 4:
+        raise ValueError(f"extra conv: row {first_row} is a box row; the extras follow the boxes and classes")
+    check_decoded_rows("extra conv", out, x, first_row, extra)
     batch, height, width, c_in = check_head_conv(
         "extra conv", x, weight, bias, c_out, activation, anchor_offset, out.shape[2]
     )
